@@ -1,0 +1,591 @@
+//! `cubec`: the command line for a running `cubed`. Thin over
+//! `cube_client::Client`; its own job is arguments, output formats and exit
+//! codes, which scripts depend on and therefore never change meaning.
+
+use std::ffi::OsString;
+use std::io::{self, Read, Write};
+use std::os::unix::ffi::OsStringExt;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{ArgGroup, Args, Parser, Subcommand};
+use cube_client::{
+    Client, ClientError, Coord, DEFAULT_SOCKET_PATH, ErrorCode, NamespaceName, StatsEntry,
+    StatsValue, base64, json, parse_coord,
+};
+
+const EXIT_NOT_FOUND: u8 = 1;
+const EXIT_USAGE: u8 = 2;
+const EXIT_SERVER: u8 = 3;
+const EXIT_CONNECT: u8 = 4;
+
+const TOP_AFTER_HELP: &str = "\
+Exit codes (stable; scripts may rely on them):
+  0  success
+  1  not found: get or del of an empty cell
+  2  usage: bad arguments, coordinate or namespace name, an unreadable --file,
+     or a value over the server's max_value_bytes (checked before sending)
+  3  cubed answered with an error, or the connection broke mid-request
+  4  cannot connect to cubed (not running, or wrong --socket / CUBE_SOCKET)
+
+Examples:
+  cubec ping
+  cubec put default 1,-2,3 'hello'
+  cubec get default 1,-2,3 > value.bin
+  cubec --json stats";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "cubec",
+    version,
+    about = "Store, read and delete cells in a running cubed",
+    after_help = TOP_AFTER_HELP
+)]
+struct Cli {
+    /// Unix socket of the cubed to talk to
+    #[arg(
+        long,
+        global = true,
+        env = "CUBE_SOCKET",
+        default_value = DEFAULT_SOCKET_PATH,
+        value_name = "PATH"
+    )]
+    socket: PathBuf,
+
+    /// Print machine-readable JSON on stdout instead of text
+    #[arg(long, global = true)]
+    json: bool,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Check that cubed is up and answering
+    #[command(after_help = "Example:\n  cubec ping\n  cubec --socket /tmp/cubed.sock ping")]
+    Ping,
+
+    /// Store a value at a cell (binary-safe)
+    #[command(after_help = "\
+Exactly one value source: the VALUE argument, `-` for stdin, or --file.
+
+Examples:
+  cubec put default 1,2,3 'hello'
+  cubec put default -1,0,7 - < image.png
+  cubec put default 0,0,0 --file image.png")]
+    Put(PutArgs),
+
+    /// Print the value at a cell: exactly the stored bytes, nothing added
+    #[command(after_help = "\
+Exits 1 (printing nothing on stdout) when the cell is empty.
+
+Examples:
+  cubec get default 1,2,3
+  cubec get default -1,0,7 > image.png
+  cubec --json get default 1,2,3")]
+    Get(CellArgs),
+
+    /// Delete the value at a cell
+    #[command(after_help = "\
+Exits 1 when there was no value to delete.
+
+Example:
+  cubec del default 1,2,3")]
+    Del(CellArgs),
+
+    /// Show the server's counters and gauges
+    #[command(after_help = "Examples:\n  cubec stats\n  cubec --json stats")]
+    Stats,
+}
+
+#[derive(Debug, Args)]
+struct CellArgs {
+    /// Namespace: 1 to 64 of a-z, 0-9, '_' and '-' (a fresh server has `default`)
+    #[arg(value_parser = parse_namespace_arg, value_name = "NS")]
+    ns: NamespaceName,
+
+    /// Cell coordinate as X,Y,Z: three 32-bit signed integers, e.g. -1,2,3
+    #[arg(value_parser = parse_coord, allow_hyphen_values = true, value_name = "X,Y,Z")]
+    coord: Coord,
+}
+
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("source").required(true).args(["value", "file"])))]
+struct PutArgs {
+    #[command(flatten)]
+    cell: CellArgs,
+
+    /// The value's bytes, or `-` to read them from stdin
+    #[arg(allow_hyphen_values = true, value_name = "VALUE")]
+    value: Option<OsString>,
+
+    /// Read the value from this file
+    #[arg(long, value_name = "PATH")]
+    file: Option<PathBuf>,
+}
+
+fn parse_namespace_arg(text: &str) -> Result<NamespaceName, String> {
+    NamespaceName::new(text).map_err(|e| e.to_string())
+}
+
+/// A failure on its way to stderr: what went wrong, what to do about it,
+/// and the exit code that classifies it.
+struct Failure {
+    code: u8,
+    message: String,
+}
+
+impl Failure {
+    fn usage(message: String) -> Failure {
+        Failure {
+            code: EXIT_USAGE,
+            message,
+        }
+    }
+}
+
+impl From<ClientError> for Failure {
+    fn from(error: ClientError) -> Failure {
+        let code = match &error {
+            ClientError::Connect { .. } => EXIT_CONNECT,
+            ClientError::BadArgument(_) => EXIT_USAGE,
+            _ => EXIT_SERVER,
+        };
+        let message = match next_step(&error) {
+            Some(step) => format!("{error}; {step}"),
+            None => error.to_string(),
+        };
+        Failure { code, message }
+    }
+}
+
+/// What the user can do about `error`, unless its message already says.
+fn next_step(error: &ClientError) -> Option<&'static str> {
+    Some(match error {
+        ClientError::Connect { .. } | ClientError::VersionMismatch { .. } => return None,
+        ClientError::BadArgument(_) => "see `cubec help <command>`",
+        ClientError::Io(_) | ClientError::Protocol(_) => {
+            "cubed may have stopped or restarted; check its log, then retry"
+        }
+        ClientError::UnexpectedResponse(_) => {
+            "this is a bug; check that cubec and cubed come from the same build and report it"
+        }
+        ClientError::Daemon(_) => "check the daemon log above",
+        ClientError::Server(e) => match e.known_code() {
+            Some(ErrorCode::NoSuchNamespace) => {
+                "check the namespace name; a fresh data directory has only `default`"
+            }
+            Some(ErrorCode::BadNamespace) => "use 1 to 64 of a-z, 0-9, '_' and '-'",
+            Some(ErrorCode::ValueTooLarge | ErrorCode::FrameTooLarge) => "store a smaller value",
+            Some(ErrorCode::WritesDisabled) => {
+                "cubed refuses writes until restarted after a storage failure; \
+                 check its log, fix the cause and restart it"
+            }
+            Some(ErrorCode::ShuttingDown) => "retry once cubed is running again",
+            Some(ErrorCode::TooManyConnections | ErrorCode::Overloaded) => {
+                "retry shortly, or raise cubed's limits"
+            }
+            Some(ErrorCode::DiskFull) => "free space on cubed's data volume, then retry",
+            _ => "check cubed's log for details",
+        },
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(code) => ExitCode::from(code),
+        Err(failure) => {
+            eprintln!("cubec: {}", failure.message);
+            ExitCode::from(failure.code)
+        }
+    }
+}
+
+fn run(cli: &Cli) -> Result<u8, Failure> {
+    let mut client = Client::connect(&cli.socket)?;
+    let mut stdout = io::stdout().lock();
+    let outcome = match &cli.command {
+        Command::Ping => ping(&mut client, cli.json, &mut stdout),
+        Command::Put(args) => put(&mut client, args, cli.json, &mut stdout),
+        Command::Get(args) => get(&mut client, args, cli.json, &mut stdout),
+        Command::Del(args) => del(&mut client, args, cli.json, &mut stdout),
+        Command::Stats => stats(&mut client, cli.json, &mut stdout),
+    };
+    let code = outcome?;
+    match stdout.flush() {
+        // The reader went away (`cubec get ... | head -c1`): not our error.
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(code),
+        Err(e) => Err(output_failure(&e)),
+        Ok(()) => Ok(code),
+    }
+}
+
+fn output_failure(e: &io::Error) -> Failure {
+    Failure::usage(format!(
+        "cannot write to stdout: {e}; check where the output goes"
+    ))
+}
+
+/// Writes `bytes` to stdout, treating a closed pipe as the reader being done.
+fn emit(out: &mut impl Write, bytes: &[u8]) -> Result<(), Failure> {
+    match out.write_all(bytes) {
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(output_failure(&e)),
+        Ok(()) => Ok(()),
+    }
+}
+
+fn emit_line(out: &mut impl Write, line: &str) -> Result<(), Failure> {
+    emit(out, format!("{line}\n").as_bytes())
+}
+
+fn cell_json(cell: &CellArgs) -> String {
+    format!(
+        "\"ns\":{},\"coord\":[{},{},{}]",
+        json::string(cell.ns.as_str()),
+        cell.coord.x,
+        cell.coord.y,
+        cell.coord.z
+    )
+}
+
+fn ping(client: &mut Client, as_json: bool, out: &mut impl Write) -> Result<u8, Failure> {
+    let started = Instant::now();
+    client.ping()?;
+    let round_trip_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let line = if as_json {
+        format!(
+            "{{\"ok\":true,\"server_version\":{},\"round_trip_ms\":{}}}",
+            json::string(client.server_version()),
+            json::float(round_trip_ms)
+        )
+    } else {
+        format!(
+            "pong from cubed {} in {round_trip_ms:.3} ms",
+            client.server_version()
+        )
+    };
+    emit_line(out, &line)?;
+    Ok(0)
+}
+
+fn read_value(args: &PutArgs) -> Result<Vec<u8>, Failure> {
+    match (&args.value, &args.file) {
+        (Some(value), None) if value == "-" => {
+            let mut bytes = Vec::new();
+            io::stdin().lock().read_to_end(&mut bytes).map_err(|e| {
+                Failure::usage(format!(
+                    "cannot read the value from stdin: {e}; pipe the value in or pass it as an argument"
+                ))
+            })?;
+            Ok(bytes)
+        }
+        // Unix arguments are bytes; keep them exactly, even when not UTF-8.
+        (Some(value), None) => Ok(value.clone().into_vec()),
+        (None, Some(path)) => std::fs::read(path).map_err(|e| {
+            Failure::usage(format!(
+                "cannot read value file {}: {e}; check the path and permissions",
+                path.display()
+            ))
+        }),
+        // clap's "source" group already demands exactly one.
+        _ => Err(Failure::usage(
+            "give exactly one value source: VALUE, `-` for stdin, or --file PATH; \
+             see `cubec help put`"
+                .to_owned(),
+        )),
+    }
+}
+
+fn put(
+    client: &mut Client,
+    args: &PutArgs,
+    as_json: bool,
+    out: &mut impl Write,
+) -> Result<u8, Failure> {
+    let value = read_value(args)?;
+    let lsn = client.put(args.cell.ns.as_str(), args.cell.coord, &value)?;
+    let line = if as_json {
+        format!(
+            "{{{},\"bytes\":{},\"lsn\":{lsn}}}",
+            cell_json(&args.cell),
+            value.len()
+        )
+    } else {
+        format!(
+            "stored {} bytes at {} {} (lsn {lsn})",
+            value.len(),
+            args.cell.ns,
+            args.cell.coord
+        )
+    };
+    emit_line(out, &line)?;
+    Ok(0)
+}
+
+fn get(
+    client: &mut Client,
+    args: &CellArgs,
+    as_json: bool,
+    out: &mut impl Write,
+) -> Result<u8, Failure> {
+    let value = client.get(args.ns.as_str(), args.coord)?;
+    if as_json {
+        let line = match &value {
+            Some(bytes) => format!(
+                "{{{},\"found\":true,\"value\":{},\"value_base64\":{}}}",
+                cell_json(args),
+                json::string_or_null(std::str::from_utf8(bytes).ok()),
+                json::string(&base64::encode(bytes))
+            ),
+            None => format!(
+                "{{{},\"found\":false,\"value\":null,\"value_base64\":null}}",
+                cell_json(args)
+            ),
+        };
+        emit_line(out, &line)?;
+    } else if let Some(bytes) = &value {
+        emit(out, bytes)?;
+    } else {
+        eprintln!("cubec: no value at {} {}", args.ns, args.coord);
+    }
+    Ok(if value.is_some() { 0 } else { EXIT_NOT_FOUND })
+}
+
+fn del(
+    client: &mut Client,
+    args: &CellArgs,
+    as_json: bool,
+    out: &mut impl Write,
+) -> Result<u8, Failure> {
+    let existed = client.del(args.ns.as_str(), args.coord)?;
+    if as_json {
+        emit_line(
+            out,
+            &format!("{{{},\"existed\":{existed}}}", cell_json(args)),
+        )?;
+    } else if existed {
+        emit_line(out, &format!("deleted {} {}", args.ns, args.coord))?;
+    } else {
+        eprintln!(
+            "cubec: no value at {} {}; nothing deleted",
+            args.ns, args.coord
+        );
+    }
+    Ok(if existed { 0 } else { EXIT_NOT_FOUND })
+}
+
+fn stats(client: &mut Client, as_json: bool, out: &mut impl Write) -> Result<u8, Failure> {
+    let entries = client.stats()?;
+    let text = if as_json {
+        stats_json(&entries)
+    } else {
+        stats_table(&entries)
+    };
+    emit(out, text.as_bytes())?;
+    Ok(0)
+}
+
+fn stats_json(entries: &[StatsEntry]) -> String {
+    let fields: Vec<String> = entries
+        .iter()
+        .map(|entry| {
+            let value = match &entry.value {
+                StatsValue::Count(n) => n.to_string(),
+                StatsValue::Float(f) => json::float(*f),
+                StatsValue::Text(t) => json::string(t),
+            };
+            format!("{}:{value}", json::string(&entry.name))
+        })
+        .collect();
+    format!("{{{}}}\n", fields.join(","))
+}
+
+fn format_float(value: f64) -> String {
+    if value == 0.0 || value.abs() >= 0.001 || !value.is_finite() {
+        format!("{value:.3}")
+    } else {
+        format!("{value:e}")
+    }
+}
+
+/// Names left-aligned, numbers right-aligned on their last digit, text
+/// left-aligned where the numbers start, so columns read at a glance.
+fn stats_table(entries: &[StatsEntry]) -> String {
+    let rendered: Vec<(&str, String, bool)> = entries
+        .iter()
+        .map(|entry| match &entry.value {
+            StatsValue::Count(n) => (entry.name.as_str(), n.to_string(), true),
+            StatsValue::Float(f) => (entry.name.as_str(), format_float(*f), true),
+            StatsValue::Text(t) => (entry.name.as_str(), t.clone(), false),
+        })
+        .collect();
+    let name_width = rendered
+        .iter()
+        .map(|(n, _, _)| n.chars().count())
+        .max()
+        .unwrap_or(0);
+    let number_width = rendered
+        .iter()
+        .filter(|(_, _, numeric)| *numeric)
+        .map(|(_, v, _)| v.chars().count())
+        .max()
+        .unwrap_or(0);
+    let mut table = String::new();
+    for (name, value, numeric) in rendered {
+        let line = if numeric {
+            format!("{name:<name_width$}  {value:>number_width$}")
+        } else {
+            format!("{name:<name_width$}  {value}")
+        };
+        table.push_str(line.trim_end());
+        table.push('\n');
+    }
+    table
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use clap::CommandFactory;
+    use clap::error::ErrorKind;
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("cubec").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn negative_coordinates_are_positionals_not_flags() {
+        let cli = parse(&["get", "default", "-1,-2,-3"]).unwrap();
+        let Command::Get(args) = cli.command else {
+            panic!("not get")
+        };
+        assert_eq!(args.coord, Coord::new(-1, -2, -3));
+        let cli = parse(&["put", "default", "-5,0,5", "-"]).unwrap();
+        let Command::Put(args) = cli.command else {
+            panic!("not put")
+        };
+        assert_eq!(args.cell.coord, Coord::new(-5, 0, 5));
+        assert_eq!(args.value.as_deref(), Some(std::ffi::OsStr::new("-")));
+    }
+
+    #[test]
+    fn value_may_start_with_a_dash() {
+        let cli = parse(&["put", "default", "1,2,3", "-x-"]).unwrap();
+        let Command::Put(args) = cli.command else {
+            panic!("not put")
+        };
+        assert_eq!(args.value.as_deref(), Some(std::ffi::OsStr::new("-x-")));
+    }
+
+    #[test]
+    fn file_flag_and_globals_after_positionals() {
+        let cli = parse(&["put", "default", "1,2,3", "--file", "v.bin", "--json"]).unwrap();
+        assert!(cli.json);
+        let Command::Put(args) = cli.command else {
+            panic!("not put")
+        };
+        assert_eq!(args.file, Some(PathBuf::from("v.bin")));
+        assert_eq!(args.value, None);
+        let cli = parse(&["get", "default", "-1,2,3", "--socket", "/x.sock"]).unwrap();
+        assert_eq!(cli.socket, PathBuf::from("/x.sock"));
+    }
+
+    #[test]
+    fn put_needs_exactly_one_source() {
+        let err = parse(&["put", "default", "1,2,3"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::MissingRequiredArgument);
+        let err = parse(&["put", "default", "1,2,3", "v", "--file", "f"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ArgumentConflict);
+    }
+
+    #[test]
+    fn bad_coordinates_and_namespaces_are_usage_errors() {
+        let err = parse(&["get", "default", "1,2"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ValueValidation);
+        assert!(err.to_string().contains("X,Y,Z"), "{err}");
+        let err = parse(&["get", "default", "1,2,99999999999"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ValueValidation);
+        let err = parse(&["get", "Not-Valid", "1,2,3"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ValueValidation);
+        assert!(err.to_string().contains("only a-z"), "{err}");
+        assert_eq!(err.exit_code(), i32::from(EXIT_USAGE));
+    }
+
+    #[test]
+    fn help_documents_exit_codes_and_examples() {
+        let help = Cli::command().render_long_help().to_string();
+        assert!(help.contains("Exit codes"), "{help}");
+        assert!(help.contains("4  cannot connect"), "{help}");
+        let mut cmd = Cli::command();
+        for sub in ["ping", "put", "get", "del", "stats"] {
+            let help = cmd
+                .find_subcommand_mut(sub)
+                .unwrap()
+                .render_long_help()
+                .to_string();
+            assert!(help.contains("cubec "), "{sub} help has no example: {help}");
+        }
+    }
+
+    #[test]
+    fn stats_render_as_table_and_json() {
+        let entries = vec![
+            StatsEntry {
+                name: "puts".to_owned(),
+                value: StatsValue::Count(12345),
+            },
+            StatsEntry {
+                name: "fsync_p99_ms".to_owned(),
+                value: StatsValue::Float(1.5),
+            },
+            StatsEntry {
+                name: "sync_mode".to_owned(),
+                value: StatsValue::Text("always \"x\"".to_owned()),
+            },
+        ];
+        assert_eq!(
+            stats_table(&entries),
+            "puts          12345\nfsync_p99_ms  1.500\nsync_mode     always \"x\"\n"
+        );
+        assert_eq!(
+            stats_json(&entries),
+            "{\"puts\":12345,\"fsync_p99_ms\":1.5,\"sync_mode\":\"always \\\"x\\\"\"}\n"
+        );
+        assert_eq!(stats_json(&[]), "{}\n");
+    }
+
+    #[test]
+    fn failures_say_what_to_do_and_pick_the_exit_code() {
+        let f = Failure::from(ClientError::Server(cube_client::ServerError::new(
+            ErrorCode::NoSuchNamespace,
+            "no such namespace \"nosuch\"",
+        )));
+        assert_eq!(f.code, EXIT_SERVER);
+        assert!(f.message.contains("no such namespace"), "{}", f.message);
+        assert!(
+            f.message.contains("; check the namespace name"),
+            "{}",
+            f.message
+        );
+        let f = Failure::from(ClientError::BadArgument("value is too big".to_owned()));
+        assert_eq!(f.code, EXIT_USAGE);
+        let f = Failure::from(ClientError::Connect {
+            path: PathBuf::from("/nope.sock"),
+            source: io::Error::from(io::ErrorKind::NotFound),
+        });
+        assert_eq!(f.code, EXIT_CONNECT);
+        assert!(f.message.contains("make run"), "{}", f.message);
+    }
+}

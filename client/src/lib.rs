@@ -1,0 +1,23 @@
+//! Talk to `cubed`, the cube storage daemon.
+//!
+//! One job: be the synchronous, typed way in. [`Client`] speaks the wire
+//! protocol from `cube-protocol` over a Unix socket (handshake, request ids,
+//! limits, error frames), and [`LocalDaemon`] launches a throwaway `cubed`
+//! on a temporary data directory for integration tests, the stress driver
+//! and the `cubec` tests. The `cubec` binary is a thin command line over
+//! [`Client`].
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+pub mod base64;
+mod client;
+mod error;
+pub mod json;
+pub mod local_daemon;
+
+pub use client::{Client, DEFAULT_SOCKET_PATH, SOCKET_ENV_VAR, default_socket_path};
+pub use cube_protocol::{
+    Coord, ErrorCode, Limits, NamespaceName, Request, Response, ServerError, StatsEntry,
+    StatsValue, parse_coord,
+};
+pub use error::ClientError;
+pub use local_daemon::LocalDaemon;

@@ -1,0 +1,179 @@
+//! Protocol errors: what can go wrong decoding bytes, and the stable numeric
+//! codes the server sends back.
+
+use thiserror::Error;
+
+/// Why a frame body could not be decoded. Every variant leaves the
+/// connection's framing intact: the server answers with an error and keeps
+/// reading.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum DecodeError {
+    #[error("body truncated: needed {needed} more bytes at offset {offset}")]
+    Truncated { offset: usize, needed: usize },
+    #[error("{trailing} unexpected bytes after the end of the message")]
+    TrailingBytes { trailing: usize },
+    #[error("unknown opcode 0x{0:04x}")]
+    UnknownOpcode(u16),
+    #[error("{what} is {got} bytes, over the limit of {limit}")]
+    TooLarge {
+        what: &'static str,
+        got: u64,
+        limit: u64,
+    },
+    #[error("bad namespace: {0}")]
+    BadNamespace(String),
+    #[error("{0} is not valid UTF-8")]
+    BadUtf8(&'static str),
+    #[error("bad value for {what}: {got}")]
+    BadField { what: &'static str, got: u64 },
+}
+
+/// A frame-level failure: either the connection's framing is lost (the
+/// connection must be closed) or one frame is bad (answer and carry on).
+#[derive(Debug, Error)]
+pub enum ProtocolError {
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("connection closed")]
+    Closed,
+    #[error("connection closed in the middle of a frame ({got} of {expected} bytes)")]
+    TruncatedFrame { got: usize, expected: usize },
+    #[error("frame of {got} bytes is over the limit of {limit} bytes")]
+    FrameTooLarge { got: u64, limit: u64 },
+    #[error("body checksum mismatch: header says {expected:08x}, body has {actual:08x}")]
+    BadChecksum { expected: u32, actual: u32 },
+    #[error("protocol version {got} is not supported (this side speaks {supported})")]
+    VersionMismatch { got: u16, supported: u16 },
+    #[error("malformed message: {0}")]
+    Decode(#[from] DecodeError),
+}
+
+impl ProtocolError {
+    /// The wire code the server reports for this failure.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            ProtocolError::Io(_) | ProtocolError::Closed | ProtocolError::TruncatedFrame { .. } => {
+                ErrorCode::MalformedFrame
+            }
+            ProtocolError::FrameTooLarge { .. } => ErrorCode::FrameTooLarge,
+            ProtocolError::BadChecksum { .. } => ErrorCode::BadChecksum,
+            ProtocolError::VersionMismatch { .. } => ErrorCode::VersionMismatch,
+            ProtocolError::Decode(e) => e.code(),
+        }
+    }
+}
+
+impl DecodeError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            DecodeError::UnknownOpcode(_) => ErrorCode::UnknownOpcode,
+            DecodeError::TooLarge { what, .. } if *what == "value" => ErrorCode::ValueTooLarge,
+            DecodeError::BadNamespace(_) => ErrorCode::BadNamespace,
+            _ => ErrorCode::MalformedFrame,
+        }
+    }
+}
+
+/// Stable numeric error codes carried in error responses. Numbers never
+/// change meaning; new codes are only ever appended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u16)]
+pub enum ErrorCode {
+    /// The body did not decode as the message its opcode names.
+    MalformedFrame = 1,
+    /// The body's CRC32C does not match the header.
+    BadChecksum = 2,
+    /// The frame is larger than the server accepts.
+    FrameTooLarge = 3,
+    /// The opcode is not one this server knows.
+    UnknownOpcode = 4,
+    /// The frame's protocol version is not supported.
+    VersionMismatch = 5,
+    /// A value is larger than the server's value limit.
+    ValueTooLarge = 6,
+    /// A namespace name breaks the naming rules.
+    BadNamespace = 7,
+    /// The namespace does not exist.
+    NoSuchNamespace = 8,
+    /// An earlier storage failure latched the writer; writes are refused until restart.
+    WritesDisabled = 9,
+    /// The server is shutting down and takes no new requests.
+    ShuttingDown = 10,
+    /// The connection cap is reached.
+    TooManyConnections = 11,
+    /// A bug or unexpected condition inside the server.
+    Internal = 12,
+    /// Writing or syncing the log failed for this request.
+    StorageIo = 13,
+    /// The disk is full; this write was not stored.
+    DiskFull = 14,
+    /// The request is valid but not allowed in this state (e.g. hello twice).
+    BadRequest = 15,
+    /// The server is too busy to queue this request.
+    Overloaded = 16,
+}
+
+impl ErrorCode {
+    pub fn from_u16(code: u16) -> Option<ErrorCode> {
+        use ErrorCode::*;
+        Some(match code {
+            1 => MalformedFrame,
+            2 => BadChecksum,
+            3 => FrameTooLarge,
+            4 => UnknownOpcode,
+            5 => VersionMismatch,
+            6 => ValueTooLarge,
+            7 => BadNamespace,
+            8 => NoSuchNamespace,
+            9 => WritesDisabled,
+            10 => ShuttingDown,
+            11 => TooManyConnections,
+            12 => Internal,
+            13 => StorageIo,
+            14 => DiskFull,
+            15 => BadRequest,
+            16 => Overloaded,
+            _ => return None,
+        })
+    }
+
+    /// A short, stable, lowercase name for logs and `--json` output.
+    pub fn name(self) -> &'static str {
+        use ErrorCode::*;
+        match self {
+            MalformedFrame => "malformed_frame",
+            BadChecksum => "bad_checksum",
+            FrameTooLarge => "frame_too_large",
+            UnknownOpcode => "unknown_opcode",
+            VersionMismatch => "version_mismatch",
+            ValueTooLarge => "value_too_large",
+            BadNamespace => "bad_namespace",
+            NoSuchNamespace => "no_such_namespace",
+            WritesDisabled => "writes_disabled",
+            ShuttingDown => "shutting_down",
+            TooManyConnections => "too_many_connections",
+            Internal => "internal",
+            StorageIo => "storage_io",
+            DiskFull => "disk_full",
+            BadRequest => "bad_request",
+            Overloaded => "overloaded",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip() {
+        for n in 0..100u16 {
+            if let Some(code) = ErrorCode::from_u16(n) {
+                assert_eq!(code as u16, n);
+                assert!(!code.name().is_empty());
+            }
+        }
+        assert_eq!(ErrorCode::from_u16(16), Some(ErrorCode::Overloaded));
+        assert_eq!(ErrorCode::from_u16(17), None);
+    }
+}

@@ -1,0 +1,269 @@
+//! Frames: a fixed 20-byte header followed by a body.
+//!
+//! ```text
+//! offset size field
+//! 0      4    body_len     u32 LE, bytes after the header
+//! 4      4    body_crc32c  u32 LE, CRC32C (Castagnoli) of the body
+//! 8      2    version      u16 LE, PROTOCOL_VERSION
+//! 10     2    opcode       u16 LE, request opcode; responses set bit 15
+//! 12     8    request_id   u64 LE, chosen by the client, echoed back
+//! ```
+
+use std::io::{self, Read};
+
+use byteorder::{ByteOrder, LittleEndian};
+
+use crate::PROTOCOL_VERSION;
+use crate::error::ProtocolError;
+
+pub const HEADER_BYTES: usize = 20;
+
+/// Bit 15 of the opcode marks a response.
+pub const RESPONSE_BIT: u16 = 0x8000;
+
+/// Request opcodes. A response carries `opcode | RESPONSE_BIT`; a response
+/// to a frame whose opcode could not be decoded carries `RESPONSE_BIT` alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u16)]
+pub enum Opcode {
+    Hello = 0x0001,
+    Ping = 0x0002,
+    Stats = 0x0003,
+    Put = 0x0010,
+    Get = 0x0011,
+    Del = 0x0012,
+}
+
+impl Opcode {
+    pub const ALL: [Opcode; 6] = [
+        Opcode::Hello,
+        Opcode::Ping,
+        Opcode::Stats,
+        Opcode::Put,
+        Opcode::Get,
+        Opcode::Del,
+    ];
+
+    pub fn from_u16(raw: u16) -> Option<Opcode> {
+        Opcode::ALL.into_iter().find(|op| *op as u16 == raw)
+    }
+
+    /// The command name used in stats, logs and the CLI.
+    pub fn name(self) -> &'static str {
+        match self {
+            Opcode::Hello => "hello",
+            Opcode::Ping => "ping",
+            Opcode::Stats => "stats",
+            Opcode::Put => "put",
+            Opcode::Get => "get",
+            Opcode::Del => "del",
+        }
+    }
+}
+
+/// Size limits. Both sides enforce them; the server announces its own in
+/// the hello response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Header plus body.
+    pub max_frame_bytes: u32,
+    pub max_value_bytes: u32,
+}
+
+impl Limits {
+    pub const DEFAULT_MAX_FRAME_BYTES: u32 = 16 * 1024 * 1024;
+    pub const DEFAULT_MAX_VALUE_BYTES: u32 = 1024 * 1024;
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_frame_bytes: Limits::DEFAULT_MAX_FRAME_BYTES,
+            max_value_bytes: Limits::DEFAULT_MAX_VALUE_BYTES,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameHeader {
+    pub body_len: u32,
+    pub body_crc32c: u32,
+    pub version: u16,
+    pub opcode: u16,
+    pub request_id: u64,
+}
+
+impl FrameHeader {
+    pub fn parse(bytes: &[u8; HEADER_BYTES]) -> FrameHeader {
+        FrameHeader {
+            body_len: LittleEndian::read_u32(&bytes[0..4]),
+            body_crc32c: LittleEndian::read_u32(&bytes[4..8]),
+            version: LittleEndian::read_u16(&bytes[8..10]),
+            opcode: LittleEndian::read_u16(&bytes[10..12]),
+            request_id: LittleEndian::read_u64(&bytes[12..20]),
+        }
+    }
+
+    pub fn to_bytes(&self) -> [u8; HEADER_BYTES] {
+        let mut out = [0u8; HEADER_BYTES];
+        LittleEndian::write_u32(&mut out[0..4], self.body_len);
+        LittleEndian::write_u32(&mut out[4..8], self.body_crc32c);
+        LittleEndian::write_u16(&mut out[8..10], self.version);
+        LittleEndian::write_u16(&mut out[10..12], self.opcode);
+        LittleEndian::write_u64(&mut out[12..20], self.request_id);
+        out
+    }
+
+    /// Whole frame size, for limit checks.
+    pub fn frame_bytes(&self) -> u64 {
+        HEADER_BYTES as u64 + u64::from(self.body_len)
+    }
+
+    /// Checks the length against the limit before any body byte is read or
+    /// any buffer is sized: a failure here means framing is lost.
+    pub fn check_size(&self, limits: &Limits) -> Result<(), ProtocolError> {
+        if self.frame_bytes() > u64::from(limits.max_frame_bytes) {
+            return Err(ProtocolError::FrameTooLarge {
+                got: self.frame_bytes(),
+                limit: u64::from(limits.max_frame_bytes),
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks version and checksum once the body is in hand. A failure here
+    /// leaves framing intact: answer with an error and read the next frame.
+    pub fn verify_body(&self, body: &[u8]) -> Result<(), ProtocolError> {
+        if self.version != PROTOCOL_VERSION {
+            return Err(ProtocolError::VersionMismatch {
+                got: self.version,
+                supported: PROTOCOL_VERSION,
+            });
+        }
+        let actual = crc32c::crc32c(body);
+        if actual != self.body_crc32c {
+            return Err(ProtocolError::BadChecksum {
+                expected: self.body_crc32c,
+                actual,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Appends a whole frame to `out`: the header, then whatever `write_body`
+/// appends, with length and checksum filled in afterwards.
+pub fn encode_frame(
+    out: &mut Vec<u8>,
+    opcode: u16,
+    request_id: u64,
+    write_body: impl FnOnce(&mut Vec<u8>),
+) {
+    let start = out.len();
+    out.extend_from_slice(&[0u8; HEADER_BYTES]);
+    write_body(out);
+    let body = &out[start + HEADER_BYTES..];
+    let header = FrameHeader {
+        body_len: body.len() as u32,
+        body_crc32c: crc32c::crc32c(body),
+        version: PROTOCOL_VERSION,
+        opcode,
+        request_id,
+    };
+    out[start..start + HEADER_BYTES].copy_from_slice(&header.to_bytes());
+}
+
+/// Reads one frame into `body` (reused between calls). Only errors that lose
+/// framing are returned here; call [`FrameHeader::verify_body`] next.
+pub fn read_frame<R: Read>(
+    reader: &mut R,
+    limits: &Limits,
+    body: &mut Vec<u8>,
+) -> Result<FrameHeader, ProtocolError> {
+    let mut header_bytes = [0u8; HEADER_BYTES];
+    let got = read_full(reader, &mut header_bytes)?;
+    if got == 0 {
+        return Err(ProtocolError::Closed);
+    }
+    if got < HEADER_BYTES {
+        return Err(ProtocolError::TruncatedFrame {
+            got,
+            expected: HEADER_BYTES,
+        });
+    }
+    let header = FrameHeader::parse(&header_bytes);
+    header.check_size(limits)?;
+    body.clear();
+    body.resize(header.body_len as usize, 0);
+    let got = read_full(reader, body)?;
+    if got < body.len() {
+        return Err(ProtocolError::TruncatedFrame {
+            got: HEADER_BYTES + got,
+            expected: HEADER_BYTES + body.len(),
+        });
+    }
+    Ok(header)
+}
+
+/// Reads until `buf` is full or the peer closes; returns the bytes read.
+pub fn read_full<R: Read>(reader: &mut R, buf: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match reader.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trips() {
+        let h = FrameHeader {
+            body_len: 7,
+            body_crc32c: 0xdead_beef,
+            version: 1,
+            opcode: 0x8010,
+            request_id: u64::MAX - 3,
+        };
+        assert_eq!(FrameHeader::parse(&h.to_bytes()), h);
+    }
+
+    #[test]
+    fn oversized_frame_is_refused_before_reading_the_body() {
+        let h = FrameHeader {
+            body_len: u32::MAX,
+            body_crc32c: 0,
+            version: 1,
+            opcode: 2,
+            request_id: 1,
+        };
+        let mut bytes = h.to_bytes().to_vec();
+        bytes.extend_from_slice(b"short");
+        let mut body = Vec::new();
+        let err = read_frame(&mut bytes.as_slice(), &Limits::default(), &mut body).unwrap_err();
+        assert!(matches!(err, ProtocolError::FrameTooLarge { .. }));
+        assert!(body.capacity() < 1024, "no allocation for a refused frame");
+    }
+
+    #[test]
+    fn truncated_and_closed_are_told_apart() {
+        let mut body = Vec::new();
+        let empty: &[u8] = &[];
+        assert!(matches!(
+            read_frame(&mut &*empty, &Limits::default(), &mut body),
+            Err(ProtocolError::Closed)
+        ));
+        let partial: &[u8] = &[1, 2, 3];
+        assert!(matches!(
+            read_frame(&mut &*partial, &Limits::default(), &mut body),
+            Err(ProtocolError::TruncatedFrame { got: 3, .. })
+        ));
+    }
+}

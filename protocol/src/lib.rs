@@ -1,0 +1,25 @@
+//! The cube wire protocol: how a client and `cubed` talk over a Unix socket.
+//!
+//! One job: turn requests and responses into length-prefixed, CRC32C-checked
+//! frames and back, without ever panicking or over-allocating on hostile
+//! input. Everything here is pure (no I/O besides the `Read`/`Write` helpers
+//! in [`frame`]), so the server, the client, the stress driver and the fuzz
+//! targets all share one definition. `docs/protocol.md` specifies every byte.
+//!
+//! The data model types ([`Coord`], [`NamespaceName`]) live here too because
+//! they are the shared vocabulary of every crate above this one.
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+mod error;
+pub mod frame;
+mod message;
+mod model;
+mod wire;
+
+pub use error::{DecodeError, ErrorCode, ProtocolError};
+pub use frame::{FrameHeader, HEADER_BYTES, Limits, Opcode};
+pub use message::{MAX_STATS_ENTRIES, Request, Response, ServerError, StatsEntry, StatsValue};
+pub use model::{Coord, NamespaceName, parse_coord};
+
+/// The protocol version this crate speaks. Bumped on any incompatible change.
+pub const PROTOCOL_VERSION: u16 = 1;

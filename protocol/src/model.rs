@@ -1,0 +1,111 @@
+//! The data model shared by every crate: coordinates and namespace names.
+
+use std::fmt;
+
+use crate::error::DecodeError;
+
+/// A cell address: three signed 32-bit integers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Coord {
+    pub x: i32,
+    pub y: i32,
+    pub z: i32,
+}
+
+impl Coord {
+    pub const fn new(x: i32, y: i32, z: i32) -> Coord {
+        Coord { x, y, z }
+    }
+}
+
+impl fmt::Display for Coord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{},{},{}", self.x, self.y, self.z)
+    }
+}
+
+/// Parses `x,y,z` (spaces around the numbers are allowed).
+pub fn parse_coord(text: &str) -> Result<Coord, String> {
+    let parts: Vec<&str> = text.split(',').map(str::trim).collect();
+    if parts.len() != 3 {
+        return Err(format!(
+            "bad coordinate {text:?}: expected three integers as X,Y,Z (for example 1,-2,3)"
+        ));
+    }
+    let mut values = [0i32; 3];
+    for (slot, (part, axis)) in values.iter_mut().zip(parts.iter().zip(["x", "y", "z"])) {
+        *slot = part.parse::<i32>().map_err(|_| {
+            format!(
+                "bad coordinate {text:?}: {axis} = {part:?} is not an integer in {}..={}",
+                i32::MIN,
+                i32::MAX
+            )
+        })?;
+    }
+    Ok(Coord::new(values[0], values[1], values[2]))
+}
+
+/// A validated namespace name: 1 to 64 bytes of `[a-z0-9_-]`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NamespaceName(String);
+
+impl NamespaceName {
+    pub const MAX_BYTES: usize = 64;
+
+    /// Checks the name rules; the error says which rule was broken.
+    pub fn new(name: &str) -> Result<NamespaceName, DecodeError> {
+        if name.is_empty() || name.len() > Self::MAX_BYTES {
+            return Err(DecodeError::BadNamespace(format!(
+                "namespace name must be 1 to {} bytes long, got {}",
+                Self::MAX_BYTES,
+                name.len()
+            )));
+        }
+        if let Some(bad) = name
+            .chars()
+            .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_' || *c == '-'))
+        {
+            return Err(DecodeError::BadNamespace(format!(
+                "namespace name {name:?} has {bad:?}; only a-z, 0-9, '_' and '-' are allowed"
+            )));
+        }
+        Ok(NamespaceName(name.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for NamespaceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coordinates_parse_with_signs_and_spaces() {
+        assert_eq!(parse_coord("1,-2, 3").unwrap(), Coord::new(1, -2, 3));
+        assert_eq!(
+            parse_coord("-2147483648,2147483647,0").unwrap(),
+            Coord::new(i32::MIN, i32::MAX, 0)
+        );
+        assert!(parse_coord("1,2").unwrap_err().contains("three integers"));
+        assert!(parse_coord("1,2,x").unwrap_err().contains("z = \"x\""));
+        assert!(parse_coord("1,2,2147483648").is_err());
+    }
+
+    #[test]
+    fn namespace_rules() {
+        assert!(NamespaceName::new("default").is_ok());
+        assert!(NamespaceName::new("a-b_9").is_ok());
+        assert!(NamespaceName::new("").is_err());
+        assert!(NamespaceName::new("Upper").is_err());
+        assert!(NamespaceName::new(&"a".repeat(65)).is_err());
+        assert!(NamespaceName::new(&"a".repeat(64)).is_ok());
+    }
+}

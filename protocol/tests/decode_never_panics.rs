@@ -1,0 +1,1004 @@
+//! Guards the wire codec against hostile and damaged input: decoding never panics or trusts a length field, `read_frame` never reads past the frame limit, every message round-trips exactly, and bit flips or truncation are always caught.
+#![allow(clippy::unwrap_used)]
+
+use std::io::{self, Read};
+use std::time::{Duration, Instant};
+
+use cube_protocol::frame::{self, RESPONSE_BIT, read_frame};
+use cube_protocol::{
+    Coord, DecodeError, ErrorCode, FrameHeader, HEADER_BYTES, Limits, MAX_STATS_ENTRIES,
+    NamespaceName, Opcode, PROTOCOL_VERSION, ProtocolError, Request, Response, ServerError,
+    StatsEntry, StatsValue,
+};
+use proptest::collection::vec;
+use proptest::prelude::*;
+use proptest::sample::{Index, select};
+
+/// Longest hello name / server version / stats name the decoder accepts.
+const MAX_NAME_BYTES: usize = 256;
+/// Longest error message / stats text the decoder accepts.
+const MAX_MESSAGE_BYTES: usize = 4096;
+
+// ---------------------------------------------------------------------------
+// Strategies
+// ---------------------------------------------------------------------------
+
+fn namespace() -> impl Strategy<Value = NamespaceName> {
+    "[a-z0-9_-]{1,64}".prop_map(|s| NamespaceName::new(&s).unwrap())
+}
+
+fn coord() -> impl Strategy<Value = Coord> {
+    (any::<i32>(), any::<i32>(), any::<i32>()).prop_map(|(x, y, z)| Coord::new(x, y, z))
+}
+
+fn value() -> impl Strategy<Value = Vec<u8>> {
+    vec(any::<u8>(), 0..2048)
+}
+
+/// Any text of at most 64 chars, so at most 256 bytes: within the name limit.
+fn name_text() -> impl Strategy<Value = String> {
+    "\\PC{0,64}"
+}
+
+fn request() -> impl Strategy<Value = Request> {
+    prop_oneof![
+        (any::<u16>(), name_text()).prop_map(|(client_version, client_name)| Request::Hello {
+            client_version,
+            client_name
+        }),
+        Just(Request::Ping),
+        Just(Request::Stats),
+        (namespace(), coord(), value()).prop_map(|(ns, coord, value)| Request::Put {
+            ns,
+            coord,
+            value
+        }),
+        (namespace(), coord()).prop_map(|(ns, coord)| Request::Get { ns, coord }),
+        (namespace(), coord()).prop_map(|(ns, coord)| Request::Del { ns, coord }),
+    ]
+}
+
+fn stats_value() -> impl Strategy<Value = StatsValue> {
+    prop_oneof![
+        any::<u64>().prop_map(StatsValue::Count),
+        // NaN is excluded only because NaN != NaN would fail the equality
+        // check; its bits travel unchanged like any other float.
+        any::<f64>()
+            .prop_filter("NaN never compares equal", |f| !f.is_nan())
+            .prop_map(StatsValue::Float),
+        "\\PC{0,256}".prop_map(StatsValue::Text),
+    ]
+}
+
+fn stats_entry() -> impl Strategy<Value = StatsEntry> {
+    (name_text(), stats_value()).prop_map(|(name, value)| StatsEntry { name, value })
+}
+
+fn response() -> impl Strategy<Value = Response> {
+    prop_oneof![
+        (any::<u16>(), name_text(), any::<u32>(), any::<u32>()).prop_map(
+            |(protocol_version, server_version, max_frame_bytes, max_value_bytes)| {
+                Response::Hello {
+                    protocol_version,
+                    server_version,
+                    max_frame_bytes,
+                    max_value_bytes,
+                }
+            }
+        ),
+        Just(Response::Pong),
+        vec(stats_entry(), 0..32).prop_map(Response::Stats),
+        any::<u64>().prop_map(|lsn| Response::Put { lsn }),
+        proptest::option::of(value()).prop_map(Response::Get),
+        (any::<u64>(), any::<bool>()).prop_map(|(lsn, existed)| Response::Del { lsn, existed }),
+    ]
+}
+
+fn error_code() -> impl Strategy<Value = u16> {
+    prop_oneof![
+        // Every known code...
+        (1u16..=16).prop_map(|c| ErrorCode::from_u16(c).unwrap() as u16),
+        // ...and codes this build does not know, which must survive as raw numbers.
+        any::<u16>(),
+    ]
+}
+
+fn request_opcode() -> impl Strategy<Value = u16> {
+    prop_oneof![
+        select(Opcode::ALL.to_vec()).prop_map(|op| op as u16),
+        Just(0u16),
+        any::<u16>(),
+    ]
+}
+
+/// Anything that can be put on the wire.
+#[derive(Clone, Debug, PartialEq)]
+enum Msg {
+    Req(Request),
+    Resp(Response),
+    Err { opcode: u16, error: ServerError },
+}
+
+fn msg() -> impl Strategy<Value = Msg> {
+    prop_oneof![
+        request().prop_map(Msg::Req),
+        response().prop_map(Msg::Resp),
+        (request_opcode(), error_code(), "\\PC{0,200}").prop_map(|(opcode, code, message)| {
+            Msg::Err {
+                // The response bit is always set on the wire; keep the raw
+                // request opcode here so decoding gives back the same value.
+                opcode: opcode & !RESPONSE_BIT,
+                error: ServerError { code, message },
+            }
+        }),
+    ]
+}
+
+impl Msg {
+    fn encode(&self, request_id: u64, out: &mut Vec<u8>) {
+        match self {
+            Msg::Req(r) => r.encode(request_id, out),
+            Msg::Resp(r) => r.encode(request_id, out),
+            Msg::Err { opcode, error } => Response::encode_error(*opcode, request_id, error, out),
+        }
+    }
+
+    fn to_frame(&self, request_id: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.encode(request_id, &mut out);
+        out
+    }
+
+    fn expected_opcode(&self) -> u16 {
+        match self {
+            Msg::Req(r) => r.opcode() as u16,
+            Msg::Resp(r) => r.opcode() as u16 | RESPONSE_BIT,
+            Msg::Err { opcode, .. } => opcode | RESPONSE_BIT,
+        }
+    }
+
+    /// Decodes a body as the same kind of message this one is.
+    fn decode_like(&self, header: &FrameHeader, body: &[u8]) -> Result<Msg, DecodeError> {
+        let limits = Limits::default();
+        match self {
+            Msg::Req(_) => Request::decode(header, body, &limits).map(Msg::Req),
+            Msg::Resp(_) | Msg::Err { .. } => {
+                Response::decode(header, body, &limits).map(|r| match r {
+                    Ok(resp) => Msg::Resp(resp),
+                    Err(error) => Msg::Err {
+                        opcode: header.opcode & !RESPONSE_BIT,
+                        error,
+                    },
+                })
+            }
+        }
+    }
+}
+
+fn config(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases,
+        ..ProptestConfig::default()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------
+
+/// Wraps `encode_frame` so tests can build a frame with a correct checksum
+/// around any body bytes.
+fn frame_around(opcode: u16, request_id: u64, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    frame::encode_frame(&mut out, opcode, request_id, |b| b.extend_from_slice(body));
+    out
+}
+
+fn header_of(frame: &[u8]) -> FrameHeader {
+    FrameHeader::parse(frame[..HEADER_BYTES].try_into().unwrap())
+}
+
+/// If a decoder accepted `body`, re-encoding what it produced must give the
+/// same bytes back: the decoder accepts exactly one encoding per message, so
+/// nothing it lets through can be misread.
+fn assert_canonical(header: &FrameHeader, body: &[u8], limits: &Limits) {
+    if let Ok(req) = Request::decode(header, body, limits) {
+        let mut out = Vec::new();
+        req.encode(header.request_id, &mut out);
+        assert_eq!(&out[HEADER_BYTES..], body, "request {req:?} re-encodes differently");
+        assert_eq!(header_of(&out).opcode, header.opcode);
+        if let Request::Put { value, .. } = &req {
+            assert!(value.len() <= limits.max_value_bytes as usize);
+        }
+    }
+    match Response::decode(header, body, limits) {
+        Ok(Ok(resp)) => {
+            let mut out = Vec::new();
+            resp.encode(header.request_id, &mut out);
+            assert_eq!(&out[HEADER_BYTES..], body, "response {resp:?} re-encodes differently");
+            assert_eq!(header_of(&out).opcode, header.opcode);
+            if let Response::Get(Some(value)) = &resp {
+                assert!(value.len() <= limits.max_value_bytes as usize);
+            }
+        }
+        Ok(Err(error)) => {
+            let mut out = Vec::new();
+            Response::encode_error(header.opcode, header.request_id, &error, &mut out);
+            assert_eq!(&out[HEADER_BYTES..], body, "error {error:?} re-encodes differently");
+        }
+        Err(_) => {}
+    }
+}
+
+/// A reader that hands out its bytes in irregular pieces, sometimes fails
+/// with `Interrupted` (which `read_frame` must retry), and counts what it
+/// gave away.
+struct ChoppyReader {
+    data: Vec<u8>,
+    pos: usize,
+    chunks: Vec<usize>,
+    calls: usize,
+    interrupt_every: usize,
+}
+
+impl ChoppyReader {
+    fn new(data: Vec<u8>, chunks: Vec<usize>, interrupt_every: usize) -> ChoppyReader {
+        ChoppyReader {
+            data,
+            pos: 0,
+            chunks,
+            calls: 0,
+            interrupt_every,
+        }
+    }
+}
+
+impl Read for ChoppyReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.calls += 1;
+        if self.interrupt_every > 0 && self.calls % self.interrupt_every == 0 {
+            return Err(io::ErrorKind::Interrupted.into());
+        }
+        let chunk = self.chunks[self.calls % self.chunks.len()].max(1);
+        let n = chunk.min(buf.len()).min(self.data.len() - self.pos);
+        buf[..n].copy_from_slice(&self.data[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// (a) Decoders never panic, and never trust a length field
+// ---------------------------------------------------------------------------
+
+fn any_limits() -> impl Strategy<Value = Limits> {
+    prop_oneof![
+        Just(Limits::default()),
+        (0u32..4096).prop_map(|max_value_bytes| Limits {
+            max_value_bytes,
+            ..Limits::default()
+        }),
+        Just(Limits {
+            max_frame_bytes: u32::MAX,
+            max_value_bytes: u32::MAX,
+        }),
+    ]
+}
+
+fn any_opcode() -> impl Strategy<Value = u16> {
+    prop_oneof![
+        select(Opcode::ALL.to_vec()).prop_map(|op| op as u16),
+        select(Opcode::ALL.to_vec()).prop_map(|op| op as u16 | RESPONSE_BIT),
+        Just(RESPONSE_BIT),
+        any::<u16>(),
+    ]
+}
+
+/// A damaging edit to a body.
+#[derive(Clone, Debug)]
+enum Edit {
+    Xor(Index, u8),
+    Set(Index, u8),
+    Truncate(Index),
+    Insert(Index, u8),
+    Append(Vec<u8>),
+}
+
+fn edit() -> impl Strategy<Value = Edit> {
+    prop_oneof![
+        (any::<Index>(), 1u8..).prop_map(|(i, x)| Edit::Xor(i, x)),
+        (any::<Index>(), any::<u8>()).prop_map(|(i, b)| Edit::Set(i, b)),
+        any::<Index>().prop_map(Edit::Truncate),
+        (any::<Index>(), any::<u8>()).prop_map(|(i, b)| Edit::Insert(i, b)),
+        vec(any::<u8>(), 1..8).prop_map(Edit::Append),
+    ]
+}
+
+fn apply(body: &mut Vec<u8>, edit: &Edit) {
+    match edit {
+        Edit::Xor(i, x) if !body.is_empty() => {
+            let i = i.index(body.len());
+            body[i] ^= x;
+        }
+        Edit::Set(i, b) if !body.is_empty() => {
+            let i = i.index(body.len());
+            body[i] = *b;
+        }
+        Edit::Truncate(i) => {
+            let len = i.index(body.len() + 1);
+            body.truncate(len);
+        }
+        Edit::Insert(i, b) => {
+            let i = i.index(body.len() + 1);
+            body.insert(i, *b);
+        }
+        Edit::Append(bytes) => body.extend_from_slice(bytes),
+        Edit::Xor(..) | Edit::Set(..) => {}
+    }
+}
+
+proptest! {
+    #![proptest_config(config(512))]
+
+    /// Random headers (any opcode, any version, any length/checksum fields)
+    /// with random bodies: both decoders return, and whatever they accept is
+    /// the one canonical encoding of what they returned.
+    #[test]
+    fn decoders_never_panic_on_arbitrary_bodies(
+        opcode in any_opcode(),
+        version in any::<u16>(),
+        body_len in any::<u32>(),
+        body_crc32c in any::<u32>(),
+        request_id in any::<u64>(),
+        body in vec(any::<u8>(), 0..4096),
+        limits in any_limits(),
+    ) {
+        let header = FrameHeader { body_len, body_crc32c, version, opcode, request_id };
+        let _ = header.verify_body(&body);
+        let _ = Request::decode(&header, &body, &limits);
+        let _ = Response::decode(&header, &body, &limits);
+        assert_canonical(&header, &body, &limits);
+    }
+
+    /// Random bytes rarely get past the first field, so also damage valid
+    /// bodies (flip, overwrite, cut, insert, append) and decode them under
+    /// every opcode: the decoders reach their deep paths and still never
+    /// panic or accept a non-canonical body.
+    #[test]
+    fn decoders_never_panic_on_damaged_valid_bodies(
+        msg in msg(),
+        edits in vec(edit(), 1..4),
+        opcode in any_opcode(),
+        limits in any_limits(),
+    ) {
+        let frame = msg.to_frame(7);
+        let mut body = frame[HEADER_BYTES..].to_vec();
+        for e in &edits {
+            apply(&mut body, e);
+        }
+        for op in [header_of(&frame).opcode, opcode] {
+            let header = FrameHeader { opcode: op, ..header_of(&frame) };
+            let _ = Request::decode(&header, &body, &limits);
+            let _ = Response::decode(&header, &body, &limits);
+            assert_canonical(&header, &body, &limits);
+        }
+    }
+
+    /// A length field claiming up to 4 GiB inside a tiny body is refused at
+    /// once (Truncated or TooLarge), never allocated and never read past.
+    #[test]
+    fn huge_length_fields_in_tiny_bodies_fail_fast(
+        claim in prop_oneof![Just(u32::MAX), Just(1u32 << 31), 2048u32..],
+        tail in vec(any::<u8>(), 0..16),
+        limits in any_limits(),
+    ) {
+        for (opcode, body) in hostile_bodies(claim, &tail) {
+            let header = FrameHeader {
+                body_len: body.len() as u32,
+                body_crc32c: 0,
+                version: PROTOCOL_VERSION,
+                opcode,
+                request_id: 1,
+            };
+            let started = Instant::now();
+            let request = Request::decode(&header, &body, &limits);
+            let response = Response::decode(&header, &body, &limits);
+            prop_assert!(started.elapsed() < Duration::from_secs(1), "decode was slow");
+            let err = if opcode & RESPONSE_BIT == 0 {
+                request.unwrap_err()
+            } else {
+                response.unwrap_err()
+            };
+            prop_assert!(
+                matches!(err, DecodeError::Truncated { .. } | DecodeError::TooLarge { .. }),
+                "opcode {opcode:#06x}: {err:?}"
+            );
+        }
+    }
+}
+
+/// Bodies whose one length field (`u32` blob, `u16` string or count, `u8`
+/// namespace) claims far more than the few bytes that follow it.
+fn hostile_bodies(claim: u32, tail: &[u8]) -> Vec<(u16, Vec<u8>)> {
+    let short = claim.clamp(300, u32::from(u16::MAX)) as u16;
+    let ns_default = {
+        let mut b = vec![7u8];
+        b.extend_from_slice(b"default");
+        b
+    };
+    let coord = [0u8; 12];
+    let with_tail = |mut b: Vec<u8>| {
+        b.extend_from_slice(tail);
+        b
+    };
+    let mut out = Vec::new();
+    // put: value length
+    let mut put = ns_default.clone();
+    put.extend_from_slice(&coord);
+    put.extend_from_slice(&claim.to_le_bytes());
+    out.push((Opcode::Put as u16, with_tail(put)));
+    // put/get/del: namespace length 255 (more than the tail holds, unless it
+    // is all there, which the tail never is)
+    out.push((Opcode::Get as u16, with_tail(vec![255])));
+    // hello: client name length
+    let mut hello = 1u16.to_le_bytes().to_vec();
+    hello.extend_from_slice(&short.to_le_bytes());
+    out.push((Opcode::Hello as u16, with_tail(hello)));
+    // get response: found, value length
+    let mut get = vec![0u8, 1];
+    get.extend_from_slice(&claim.to_le_bytes());
+    out.push((Opcode::Get as u16 | RESPONSE_BIT, with_tail(get)));
+    // hello response: server version length
+    let mut hello_resp = vec![0u8];
+    hello_resp.extend_from_slice(&1u16.to_le_bytes());
+    hello_resp.extend_from_slice(&short.to_le_bytes());
+    out.push((Opcode::Hello as u16 | RESPONSE_BIT, with_tail(hello_resp)));
+    // stats response: entry count (4096 is allowed but the body is tiny;
+    // anything above is over the limit)
+    for count in [MAX_STATS_ENTRIES as u16, short] {
+        let mut stats = vec![0u8];
+        stats.extend_from_slice(&count.to_le_bytes());
+        out.push((Opcode::Stats as u16 | RESPONSE_BIT, stats));
+    }
+    // stats response: one text entry with a long text length
+    let mut text = vec![0u8];
+    text.extend_from_slice(&1u16.to_le_bytes());
+    text.extend_from_slice(&1u16.to_le_bytes());
+    text.push(b'n');
+    text.push(2);
+    text.extend_from_slice(&short.to_le_bytes());
+    out.push((Opcode::Stats as u16 | RESPONSE_BIT, with_tail(text)));
+    // error response: message length
+    let mut err = vec![1u8];
+    err.extend_from_slice(&(ErrorCode::Internal as u16).to_le_bytes());
+    err.extend_from_slice(&short.to_le_bytes());
+    out.push((RESPONSE_BIT, with_tail(err)));
+    out
+}
+
+#[test]
+fn four_gib_value_length_is_refused_by_the_value_limit() {
+    let mut body = vec![7u8];
+    body.extend_from_slice(b"default");
+    body.extend_from_slice(&[0u8; 12]);
+    body.extend_from_slice(&u32::MAX.to_le_bytes());
+    body.extend_from_slice(b"abc");
+    let header = FrameHeader {
+        body_len: body.len() as u32,
+        body_crc32c: 0,
+        version: PROTOCOL_VERSION,
+        opcode: Opcode::Put as u16,
+        request_id: 1,
+    };
+    let err = Request::decode(&header, &body, &Limits::default()).unwrap_err();
+    assert_eq!(
+        err,
+        DecodeError::TooLarge {
+            what: "value",
+            got: u64::from(u32::MAX),
+            limit: u64::from(Limits::DEFAULT_MAX_VALUE_BYTES),
+        }
+    );
+    assert_eq!(err.code(), ErrorCode::ValueTooLarge);
+
+    // Even with no value limit at all, the claim is checked against what is
+    // actually present before anything is allocated.
+    let unlimited = Limits {
+        max_frame_bytes: u32::MAX,
+        max_value_bytes: u32::MAX,
+    };
+    let err = Request::decode(&header, &body, &unlimited).unwrap_err();
+    assert_eq!(
+        err,
+        DecodeError::Truncated {
+            offset: 24,
+            needed: u32::MAX as usize - 3,
+        }
+    );
+}
+
+#[test]
+fn damaged_namespaces_are_bad_namespace() {
+    for name in [&b""[..], b"Upper", b"a b", b"\xff\xfe", &[b'a'; 65]] {
+        let mut body = vec![name.len() as u8];
+        body.extend_from_slice(name);
+        body.extend_from_slice(&[0u8; 12]);
+        let header = FrameHeader {
+            body_len: body.len() as u32,
+            body_crc32c: 0,
+            version: PROTOCOL_VERSION,
+            opcode: Opcode::Get as u16,
+            request_id: 1,
+        };
+        let err = Request::decode(&header, &body, &Limits::default()).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::BadNamespace, "{name:?}: {err:?}");
+    }
+}
+
+#[test]
+fn unknown_opcodes_are_unknown_opcode() {
+    for raw in [0u16, 0x0004, 0x0013, 0x7fff, 0x8001, 0xffff] {
+        let header = FrameHeader {
+            body_len: 0,
+            body_crc32c: 0,
+            version: PROTOCOL_VERSION,
+            opcode: raw,
+            request_id: 1,
+        };
+        let err = Request::decode(&header, &[], &Limits::default()).unwrap_err();
+        assert_eq!(err, DecodeError::UnknownOpcode(raw));
+        assert_eq!(err.code(), ErrorCode::UnknownOpcode);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// (b) read_frame on arbitrary streams
+// ---------------------------------------------------------------------------
+
+/// A stream that is either pure noise or a plausible header (with a body
+/// length that is small, around the limit or huge) followed by noise.
+fn stream() -> impl Strategy<Value = Vec<u8>> {
+    let header_then_noise = (
+        prop_oneof![0u32..64, 0u32..8192, any::<u32>()],
+        any::<[u8; 16]>(),
+        vec(any::<u8>(), 0..4096),
+    )
+        .prop_map(|(body_len, rest_of_header, noise)| {
+            let mut s = body_len.to_le_bytes().to_vec();
+            s.extend_from_slice(&rest_of_header);
+            s.extend_from_slice(&noise);
+            s
+        });
+    prop_oneof![vec(any::<u8>(), 0..4096), header_then_noise]
+}
+
+proptest! {
+    #![proptest_config(config(512))]
+
+    /// `read_frame` over any byte stream, delivered in any pieces: it never
+    /// panics, never takes more than one frame's bytes from the reader per
+    /// call, refuses an oversized frame after its header alone, and hands
+    /// back exactly the body bytes the header announced.
+    #[test]
+    fn read_frame_never_panics_or_reads_past_the_limit(
+        data in stream(),
+        max_frame_bytes in prop_oneof![0u32..64, 0u32..8192],
+        chunks in vec(1usize..64, 1..8),
+        interrupt_every in prop_oneof![Just(0usize), 2usize..5],
+    ) {
+        let limits = Limits { max_frame_bytes, ..Limits::default() };
+        let mut reader = ChoppyReader::new(data.clone(), chunks, interrupt_every);
+        let mut body = Vec::new();
+        loop {
+            let start = reader.pos;
+            let result = read_frame(&mut reader, &limits, &mut body);
+            let taken = reader.pos - start;
+            prop_assert!(
+                taken <= HEADER_BYTES.max(max_frame_bytes as usize),
+                "read {taken} bytes for one frame with a limit of {max_frame_bytes}"
+            );
+            prop_assert!(body.capacity() <= 2 * max_frame_bytes as usize + 64);
+            match result {
+                Ok(header) => {
+                    prop_assert!(header.frame_bytes() <= u64::from(max_frame_bytes));
+                    prop_assert_eq!(body.len(), header.body_len as usize);
+                    prop_assert_eq!(taken, HEADER_BYTES + body.len());
+                    prop_assert_eq!(&body[..], &data[start + HEADER_BYTES..reader.pos]);
+                }
+                Err(ProtocolError::FrameTooLarge { got, limit }) => {
+                    prop_assert_eq!(taken, HEADER_BYTES, "no body byte read");
+                    prop_assert!(got > limit);
+                    prop_assert_eq!(limit, u64::from(max_frame_bytes));
+                    break;
+                }
+                Err(ProtocolError::TruncatedFrame { got, expected }) => {
+                    prop_assert_eq!(reader.pos, data.len());
+                    prop_assert_eq!(got, taken);
+                    prop_assert!(got < expected);
+                    break;
+                }
+                Err(ProtocolError::Closed) => {
+                    prop_assert_eq!(start, data.len());
+                    break;
+                }
+                Err(other) => prop_assert!(false, "unexpected {other:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn default_limit_is_sixteen_mib_including_the_header() {
+    let limits = Limits::default();
+    assert_eq!(limits.max_frame_bytes, 16 * 1024 * 1024);
+    assert_eq!(limits.max_value_bytes, 1024 * 1024);
+    let largest_body = limits.max_frame_bytes - HEADER_BYTES as u32;
+    for (body_len, too_large) in [(largest_body, false), (largest_body + 1, true)] {
+        let header = FrameHeader {
+            body_len,
+            body_crc32c: 0,
+            version: PROTOCOL_VERSION,
+            opcode: Opcode::Ping as u16,
+            request_id: 1,
+        };
+        let mut reader = ChoppyReader::new(header.to_bytes().to_vec(), vec![4096], 0);
+        let mut body = Vec::new();
+        let err = read_frame(&mut reader, &limits, &mut body).unwrap_err();
+        if too_large {
+            assert!(matches!(err, ProtocolError::FrameTooLarge { .. }), "{err:?}");
+            assert_eq!(err.code(), ErrorCode::FrameTooLarge);
+            assert_eq!(body.capacity(), 0, "nothing allocated for a refused frame");
+        } else {
+            assert!(matches!(err, ProtocolError::TruncatedFrame { .. }), "{err:?}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// (c) Round trips
+// ---------------------------------------------------------------------------
+
+fn round_trip(msg: &Msg, request_id: u64) -> Result<(), TestCaseError> {
+    let frame = msg.to_frame(request_id);
+    let mut reader = &frame[..];
+    let mut body = Vec::new();
+    let header = read_frame(&mut reader, &Limits::default(), &mut body).unwrap();
+    prop_assert!(reader.is_empty(), "the frame is exactly header + body");
+    prop_assert_eq!(header.version, PROTOCOL_VERSION);
+    prop_assert_eq!(header.request_id, request_id);
+    prop_assert_eq!(header.opcode, msg.expected_opcode());
+    prop_assert_eq!(header.body_len as usize, frame.len() - HEADER_BYTES);
+    header.verify_body(&body).unwrap();
+    let decoded = msg.decode_like(&header, &body).unwrap();
+    prop_assert_eq!(&decoded, msg);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(config(512))]
+
+    #[test]
+    fn every_request_round_trips(req in request(), request_id in any::<u64>()) {
+        round_trip(&Msg::Req(req), request_id)?;
+    }
+
+    #[test]
+    fn every_response_round_trips(resp in response(), request_id in any::<u64>()) {
+        round_trip(&Msg::Resp(resp), request_id)?;
+    }
+
+    #[test]
+    fn every_error_response_round_trips(
+        opcode in request_opcode(),
+        code in error_code(),
+        message in "\\PC{0,200}",
+        request_id in any::<u64>(),
+    ) {
+        let msg = Msg::Err { opcode: opcode & !RESPONSE_BIT, error: ServerError { code, message } };
+        round_trip(&msg, request_id)?;
+    }
+
+    /// Pipelined frames on one stream come back one by one, in order, and the
+    /// stream then reports a clean close.
+    #[test]
+    fn pipelined_frames_read_back_in_order(msgs in vec(msg(), 1..8), first_id in any::<u64>()) {
+        let mut stream = Vec::new();
+        for (i, m) in msgs.iter().enumerate() {
+            m.encode(first_id.wrapping_add(i as u64), &mut stream);
+        }
+        let mut reader = ChoppyReader::new(stream, vec![1, 7, 100, 3], 3);
+        let mut body = Vec::new();
+        for (i, m) in msgs.iter().enumerate() {
+            let header = read_frame(&mut reader, &Limits::default(), &mut body).unwrap();
+            prop_assert_eq!(header.request_id, first_id.wrapping_add(i as u64));
+            header.verify_body(&body).unwrap();
+            let decoded = m.decode_like(&header, &body).unwrap();
+            prop_assert_eq!(&decoded, m);
+        }
+        prop_assert!(matches!(
+            read_frame(&mut reader, &Limits::default(), &mut body),
+            Err(ProtocolError::Closed)
+        ));
+    }
+
+    /// Whatever text the caller passes, the encoder emits something the
+    /// decoder takes back: names and messages are cut to the decoder's limits
+    /// at a character boundary, never sent whole and refused.
+    #[test]
+    fn long_texts_are_cut_to_decodable_lengths(
+        name in "\\PC{0,400}",
+        text in "\\PC{0,1500}",
+    ) {
+        let cut = |s: &str, limit: usize| {
+            let mut end = s.len().min(limit);
+            while !s.is_char_boundary(end) {
+                end -= 1;
+            }
+            s[..end].to_owned()
+        };
+        let msgs = [
+            (
+                Msg::Req(Request::Hello { client_version: 1, client_name: name.clone() }),
+                Msg::Req(Request::Hello { client_version: 1, client_name: cut(&name, MAX_NAME_BYTES) }),
+            ),
+            (
+                Msg::Resp(Response::Hello {
+                    protocol_version: 1,
+                    server_version: name.clone(),
+                    max_frame_bytes: 1,
+                    max_value_bytes: 1,
+                }),
+                Msg::Resp(Response::Hello {
+                    protocol_version: 1,
+                    server_version: cut(&name, MAX_NAME_BYTES),
+                    max_frame_bytes: 1,
+                    max_value_bytes: 1,
+                }),
+            ),
+            (
+                Msg::Resp(Response::Stats(vec![StatsEntry {
+                    name: name.clone(),
+                    value: StatsValue::Text(text.repeat(4)),
+                }])),
+                Msg::Resp(Response::Stats(vec![StatsEntry {
+                    name: cut(&name, MAX_NAME_BYTES),
+                    value: StatsValue::Text(cut(&text.repeat(4), MAX_MESSAGE_BYTES)),
+                }])),
+            ),
+            (
+                Msg::Err { opcode: 0, error: ServerError::new(ErrorCode::Internal, text.repeat(4)) },
+                Msg::Err {
+                    opcode: 0,
+                    error: ServerError::new(ErrorCode::Internal, cut(&text.repeat(4), MAX_MESSAGE_BYTES)),
+                },
+            ),
+        ];
+        for (sent, expected) in msgs {
+            let frame = sent.to_frame(1);
+            let header = header_of(&frame);
+            let decoded = sent.decode_like(&header, &frame[HEADER_BYTES..]).unwrap();
+            prop_assert_eq!(decoded, expected);
+        }
+    }
+}
+
+#[test]
+fn every_error_code_round_trips() {
+    let mut seen = 0;
+    for raw in 0..=u16::MAX {
+        let Some(code) = ErrorCode::from_u16(raw) else {
+            continue;
+        };
+        seen += 1;
+        let error = ServerError::new(code, format!("{} happened", code.name()));
+        for opcode in [0, Opcode::Put as u16] {
+            let mut frame = Vec::new();
+            Response::encode_error(opcode, 3, &error, &mut frame);
+            let header = header_of(&frame);
+            assert_eq!(header.opcode, opcode | RESPONSE_BIT);
+            header.verify_body(&frame[HEADER_BYTES..]).unwrap();
+            let decoded = Response::decode(&header, &frame[HEADER_BYTES..], &Limits::default());
+            assert_eq!(decoded, Ok(Err(error.clone())));
+            assert_eq!(decoded.unwrap().unwrap_err().known_code(), Some(code));
+        }
+    }
+    assert_eq!(seen, 16);
+}
+
+#[test]
+fn largest_messages_round_trip() {
+    let limits = Limits::default();
+    let msgs = [
+        Msg::Req(Request::Put {
+            ns: NamespaceName::new(&"n".repeat(64)).unwrap(),
+            coord: Coord::new(i32::MIN, i32::MAX, -1),
+            value: vec![0xa5; limits.max_value_bytes as usize],
+        }),
+        Msg::Resp(Response::Get(Some(vec![0x5a; limits.max_value_bytes as usize]))),
+        Msg::Resp(Response::Stats(
+            (0..MAX_STATS_ENTRIES)
+                .map(|i| StatsEntry {
+                    name: format!("{i:0>256}"),
+                    // 4096 × (256-byte name + 2 KiB text) ≈ 9.4 MiB, under 16 MiB.
+                    value: StatsValue::Text("t".repeat(MAX_MESSAGE_BYTES / 2)),
+                })
+                .collect(),
+        )),
+        Msg::Err {
+            opcode: Opcode::Stats as u16,
+            error: ServerError::new(ErrorCode::Overloaded, "é".repeat(MAX_MESSAGE_BYTES / 2)),
+        },
+    ];
+    for msg in &msgs {
+        round_trip(msg, u64::MAX).unwrap();
+    }
+    // More stats entries than the limit: the encoder sends the first 4096.
+    let entries: Vec<StatsEntry> = (0..MAX_STATS_ENTRIES + 5)
+        .map(|i| StatsEntry {
+            name: i.to_string(),
+            value: StatsValue::Count(i as u64),
+        })
+        .collect();
+    let frame = Msg::Resp(Response::Stats(entries.clone())).to_frame(1);
+    let decoded = Response::decode(&header_of(&frame), &frame[HEADER_BYTES..], &limits);
+    assert_eq!(
+        decoded,
+        Ok(Ok(Response::Stats(entries[..MAX_STATS_ENTRIES].to_vec())))
+    );
+}
+
+// ---------------------------------------------------------------------------
+// (d) Bit flips are caught by the checksum
+// ---------------------------------------------------------------------------
+
+/// Frames with at least one body byte (every response; every request but
+/// ping and stats).
+fn frame_with_body() -> impl Strategy<Value = Vec<u8>> {
+    (msg(), any::<u64>())
+        .prop_map(|(m, id)| m.to_frame(id))
+        .prop_filter("needs a body", |f| f.len() > HEADER_BYTES)
+}
+
+fn read_and_verify(frame: &[u8]) -> Result<FrameHeader, ProtocolError> {
+    let mut body = Vec::new();
+    let header = read_frame(&mut &frame[..], &Limits::default(), &mut body)?;
+    header.verify_body(&body)?;
+    Ok(header)
+}
+
+proptest! {
+    #![proptest_config(config(512))]
+
+    #[test]
+    fn any_single_bit_flip_in_the_body_is_a_bad_checksum(frame in frame_with_body(), bit in any::<Index>()) {
+        let original = header_of(&frame);
+        let bit = bit.index((frame.len() - HEADER_BYTES) * 8);
+        let mut damaged = frame.clone();
+        damaged[HEADER_BYTES + bit / 8] ^= 1 << (bit % 8);
+        match read_and_verify(&damaged) {
+            Err(ProtocolError::BadChecksum { expected, actual }) => {
+                prop_assert_eq!(expected, original.body_crc32c);
+                prop_assert_ne!(actual, expected);
+            }
+            other => prop_assert!(false, "bit {bit}: {other:?}"),
+        }
+    }
+
+    /// CRC32C catches every error burst of up to 32 bits, not just single flips.
+    #[test]
+    fn any_burst_of_up_to_32_bits_is_a_bad_checksum(
+        frame in frame_with_body(),
+        start in any::<Index>(),
+        pattern in any::<u32>(),
+    ) {
+        let bits = (frame.len() - HEADER_BYTES) * 8;
+        let start = start.index(bits);
+        let pattern = pattern | 1; // the burst starts at `start`
+        let mut damaged = frame.clone();
+        for i in 0..32 {
+            let bit = start + i;
+            if pattern >> i & 1 == 1 && bit < bits {
+                damaged[HEADER_BYTES + bit / 8] ^= 1 << (bit % 8);
+            }
+        }
+        let result = read_and_verify(&damaged);
+        prop_assert!(matches!(result, Err(ProtocolError::BadChecksum { .. })), "{result:?}");
+    }
+
+    /// A flipped bit in the checksum field is a bad checksum; one in the
+    /// version field is a version mismatch (checked first).
+    #[test]
+    fn bit_flips_in_the_checked_header_fields_are_caught(frame in frame_with_body(), bit in 0usize..48) {
+        let mut damaged = frame.clone();
+        damaged[4 + bit / 8] ^= 1 << (bit % 8);
+        let result = read_and_verify(&damaged);
+        if bit < 32 {
+            prop_assert!(matches!(result, Err(ProtocolError::BadChecksum { .. })), "{result:?}");
+        } else {
+            prop_assert!(
+                matches!(result, Err(ProtocolError::VersionMismatch { supported: PROTOCOL_VERSION, .. })),
+                "{result:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_single_bit_flip_is_caught_in_small_frames() {
+    let frames = [
+        Msg::Req(Request::Put {
+            ns: NamespaceName::new("default").unwrap(),
+            coord: Coord::new(1, -2, 3),
+            value: b"hello".to_vec(),
+        })
+        .to_frame(7),
+        Msg::Resp(Response::Pong).to_frame(1),
+        Msg::Resp(Response::Del {
+            lsn: 42,
+            existed: true,
+        })
+        .to_frame(9),
+        frame_around(Opcode::Ping as u16, 1, &[0; 64]),
+    ];
+    for frame in frames {
+        assert!(read_and_verify(&frame).is_ok());
+        for bit in 0..(frame.len() - HEADER_BYTES) * 8 {
+            let mut damaged = frame.clone();
+            damaged[HEADER_BYTES + bit / 8] ^= 1 << (bit % 8);
+            assert!(
+                matches!(read_and_verify(&damaged), Err(ProtocolError::BadChecksum { .. })),
+                "bit {bit} of {frame:02x?}"
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// (e) Truncation is never a message
+// ---------------------------------------------------------------------------
+
+proptest! {
+    #![proptest_config(config(256))]
+
+    /// Cutting a frame at any byte gives `Closed` (nothing sent) or
+    /// `TruncatedFrame` with the right counts, never a header or message;
+    /// the same holds after a complete frame on the same stream.
+    #[test]
+    fn truncation_at_every_offset_is_closed_or_truncated(m in msg(), id in any::<u64>()) {
+        let frame = m.to_frame(id);
+        let mut body = Vec::new();
+        let limits = Limits::default();
+        for cut in 0..frame.len() {
+            let result = read_frame(&mut &frame[..cut], &limits, &mut body);
+            let expected = if cut < HEADER_BYTES { HEADER_BYTES } else { frame.len() };
+            match result {
+                Err(ProtocolError::Closed) => prop_assert_eq!(cut, 0),
+                Err(ProtocolError::TruncatedFrame { got, expected: e }) => {
+                    prop_assert!(cut > 0);
+                    prop_assert_eq!(got, cut);
+                    prop_assert_eq!(e, expected);
+                }
+                other => prop_assert!(false, "cut at {cut}: {other:?}"),
+            }
+        }
+        // A whole frame, then the same frame cut short, in one stream.
+        let cut = frame.len() / 2;
+        let mut stream = frame.clone();
+        stream.extend_from_slice(&frame[..cut]);
+        let mut reader = &stream[..];
+        prop_assert!(read_frame(&mut reader, &limits, &mut body).is_ok());
+        let second = read_frame(&mut reader, &limits, &mut body);
+        if cut == 0 {
+            prop_assert!(matches!(second, Err(ProtocolError::Closed)));
+        } else {
+            prop_assert!(matches!(second, Err(ProtocolError::TruncatedFrame { .. })), "{second:?}");
+        }
+    }
+}
+
+#[test]
+fn truncated_and_closed_map_to_malformed_frame() {
+    // They close the connection; the code is only for logs.
+    let err = read_frame(&mut &[1u8, 2, 3][..], &Limits::default(), &mut Vec::new()).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::MalformedFrame);
+}

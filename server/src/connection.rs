@@ -1,0 +1,274 @@
+//! One client connection, served synchronously by its own thread.
+//!
+//! Frames are read one at a time and answered in order. Reads are served
+//! from the in-memory store; writes go to the writer thread and the answer
+//! waits for their group's fdatasync. A connection that idles past the idle
+//! timeout, stalls mid-frame past the frame timeout, or stops reading its
+//! responses past the write timeout is closed, so no client can hold a
+//! thread or a buffer forever.
+
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use cube_protocol::frame::read_frame;
+use cube_protocol::{
+    ErrorCode, FrameHeader, HEADER_BYTES, PROTOCOL_VERSION, ProtocolError, Request, Response,
+    ServerError, StatsEntry, StatsValue,
+};
+use cube_store::{Mutation, WriteError, WriteErrorKind, WriteSession};
+
+use crate::server::Shared;
+
+/// Read buffer per connection; frames larger than this are read straight
+/// into the body buffer.
+const READ_BUFFER_BYTES: usize = 64 * 1024;
+
+/// Why a connection ended.
+#[derive(Debug)]
+pub(crate) enum Close {
+    PeerClosed,
+    IdleTimeout,
+    StalledMidFrame,
+    FramingLost(String),
+    WriteFailed(io::Error),
+    Refused(String),
+}
+
+impl std::fmt::Display for Close {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Close::PeerClosed => write!(f, "peer closed"),
+            Close::IdleTimeout => write!(f, "idle timeout"),
+            Close::StalledMidFrame => write!(f, "stalled in the middle of a frame (frame timeout)"),
+            Close::FramingLost(why) => write!(f, "framing lost: {why}"),
+            Close::WriteFailed(e) => write!(f, "could not send a response: {e}"),
+            Close::Refused(why) => write!(f, "{why}"),
+        }
+    }
+}
+
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
+}
+
+pub(crate) struct Connection {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+    shared: Arc<Shared>,
+    body: Vec<u8>,
+    out: Vec<u8>,
+    session: Option<WriteSession>,
+    greeted: bool,
+    read_timeout: Option<Duration>,
+}
+
+impl Connection {
+    pub(crate) fn new(stream: UnixStream, shared: Arc<Shared>) -> io::Result<Connection> {
+        stream.set_nonblocking(false)?;
+        stream.set_write_timeout(Some(shared.args.write_timeout()))?;
+        let read_timeout = shared.args.idle_timeout();
+        stream.set_read_timeout(read_timeout)?;
+        Ok(Connection {
+            reader: BufReader::with_capacity(READ_BUFFER_BYTES, stream.try_clone()?),
+            writer: stream,
+            shared,
+            body: Vec::new(),
+            out: Vec::with_capacity(4096),
+            session: None,
+            greeted: false,
+            read_timeout,
+        })
+    }
+
+    /// Serves frames until the peer leaves or the connection must close.
+    pub(crate) fn run(&mut self) -> Close {
+        loop {
+            let header = match self.next_frame() {
+                Ok(header) => header,
+                Err(close) => return close,
+            };
+            let started = Instant::now();
+            let limits = self.shared.args.limits();
+            let request = match header.verify_body(&self.body).map_err(|e| (e.code(), e.to_string())).and_then(|()| {
+                Request::decode(&header, &self.body, &limits).map_err(|e| (e.code(), e.to_string()))
+            }) {
+                Ok(request) => request,
+                Err((code, message)) => {
+                    self.shared.stats.bad_frames.fetch_add(1, Ordering::Relaxed);
+                    let error = ServerError::new(code, message);
+                    if let Err(close) = self.send_error(header.opcode, header.request_id, &error) {
+                        return close;
+                    }
+                    continue;
+                }
+            };
+            let opcode = request.opcode();
+            if !self.greeted && !matches!(request, Request::Hello { .. }) {
+                let error = ServerError::new(
+                    ErrorCode::BadRequest,
+                    "the first frame on a connection must be hello (see docs/protocol.md)",
+                );
+                let _ = self.send_error(header.opcode, header.request_id, &error);
+                return Close::Refused("no hello".into());
+            }
+            if self.shared.shutting_down.load(Ordering::Relaxed) {
+                let error = ServerError::new(ErrorCode::ShuttingDown, "cubed is shutting down; reconnect after it restarts");
+                let _ = self.send_error(header.opcode, header.request_id, &error);
+                return Close::Refused("shutting down".into());
+            }
+            let result = self.handle(request);
+            self.out.clear();
+            match &result {
+                Ok(response) => response.encode(header.request_id, &mut self.out),
+                Err(error) => Response::encode_error(header.opcode, header.request_id, error, &mut self.out),
+            }
+            if let Err(e) = self.writer.write_all(&self.out) {
+                return Close::WriteFailed(e);
+            }
+            let latency_us = started.elapsed().as_micros() as u64;
+            self.shared.stats.record(opcode, latency_us, result.is_ok());
+        }
+    }
+
+    fn set_read_timeout(&mut self, timeout: Option<Duration>) -> Result<(), Close> {
+        if self.read_timeout != timeout {
+            self.writer
+                .set_read_timeout(timeout)
+                .map_err(|e| Close::FramingLost(format!("setting a read timeout: {e}")))?;
+            self.read_timeout = timeout;
+        }
+        Ok(())
+    }
+
+    /// Waits (idle timeout) for a frame to start, then reads the rest of it
+    /// (frame timeout, only switched to when the frame is not yet buffered,
+    /// so the common case costs no extra system call).
+    fn next_frame(&mut self) -> Result<FrameHeader, Close> {
+        if self.reader.buffer().is_empty() {
+            self.set_read_timeout(self.shared.args.idle_timeout())?;
+            match self.reader.fill_buf() {
+                Ok([]) => return Err(Close::PeerClosed),
+                Ok(_) => {}
+                Err(e) if is_timeout(&e) => return Err(Close::IdleTimeout),
+                Err(e) => return Err(Close::FramingLost(e.to_string())),
+            }
+        }
+        let peeked = self.peek_header();
+        let complete = peeked.is_some_and(|h| self.reader.buffer().len() as u64 >= h.frame_bytes());
+        if !complete {
+            self.set_read_timeout(Some(self.shared.args.frame_timeout()))?;
+        }
+        let limits = self.shared.args.limits();
+        match read_frame(&mut self.reader, &limits, &mut self.body) {
+            Ok(header) => Ok(header),
+            Err(ProtocolError::Closed) => Err(Close::PeerClosed),
+            Err(ProtocolError::Io(e)) if is_timeout(&e) => Err(Close::StalledMidFrame),
+            Err(e @ ProtocolError::FrameTooLarge { .. }) => {
+                // The body cannot be skipped safely (it may never come), so
+                // framing is lost: say why, then close.
+                self.shared.stats.bad_frames.fetch_add(1, Ordering::Relaxed);
+                let (opcode, request_id) = peeked.map_or((0, 0), |h| (h.opcode, h.request_id));
+                let error = ServerError::new(ErrorCode::FrameTooLarge, e.to_string());
+                let _ = self.send_error(opcode, request_id, &error);
+                Err(Close::FramingLost(e.to_string()))
+            }
+            Err(e) => Err(Close::FramingLost(e.to_string())),
+        }
+    }
+
+    fn peek_header(&self) -> Option<FrameHeader> {
+        let bytes: &[u8; HEADER_BYTES] = self.reader.buffer().get(..HEADER_BYTES)?.try_into().ok()?;
+        Some(FrameHeader::parse(bytes))
+    }
+
+    fn send_error(&mut self, opcode: u16, request_id: u64, error: &ServerError) -> Result<(), Close> {
+        self.out.clear();
+        Response::encode_error(opcode, request_id, error, &mut self.out);
+        self.writer.write_all(&self.out).map_err(Close::WriteFailed)
+    }
+
+    fn handle(&mut self, request: Request) -> Result<Response, ServerError> {
+        let engine = &self.shared.engine;
+        match request {
+            Request::Hello { client_version, .. } => {
+                if self.greeted {
+                    return Err(ServerError::new(ErrorCode::BadRequest, "hello was already sent on this connection"));
+                }
+                if client_version != PROTOCOL_VERSION {
+                    return Err(ServerError::new(
+                        ErrorCode::VersionMismatch,
+                        format!(
+                            "client speaks protocol version {client_version}, this cubed speaks {PROTOCOL_VERSION}; \
+                             use a cubec from the same release"
+                        ),
+                    ));
+                }
+                self.greeted = true;
+                let limits = self.shared.args.limits();
+                Ok(Response::Hello {
+                    protocol_version: PROTOCOL_VERSION,
+                    server_version: env!("CARGO_PKG_VERSION").to_string(),
+                    max_frame_bytes: limits.max_frame_bytes,
+                    max_value_bytes: limits.max_value_bytes,
+                })
+            }
+            Request::Ping => Ok(Response::Pong),
+            Request::Stats => Ok(Response::Stats(self.shared.stats_entries())),
+            Request::Get { ns, coord } => match engine.get(&ns, coord) {
+                Some(value) => Ok(Response::Get(value.map(|v| v.to_vec()))),
+                None => Err(no_such_namespace(&ns)),
+            },
+            Request::Put { ns, coord, value } => {
+                let ack = self.write(Mutation::Put { ns, coord, value })?;
+                Ok(Response::Put { lsn: ack.lsn })
+            }
+            Request::Del { ns, coord } => {
+                let ack = self.write(Mutation::Del { ns, coord })?;
+                Ok(Response::Del {
+                    lsn: ack.lsn,
+                    existed: ack.existed,
+                })
+            }
+        }
+    }
+
+    fn write(&mut self, mutation: Mutation) -> Result<cube_store::WriteAck, ServerError> {
+        if self.session.is_none() {
+            self.session = self.shared.engine.session();
+        }
+        let session = self
+            .session
+            .as_ref()
+            .ok_or_else(|| ServerError::new(ErrorCode::ShuttingDown, "cubed is shutting down; the write was not stored"))?;
+        session.write(mutation).map_err(|e| write_error(&e))
+    }
+}
+
+fn no_such_namespace(ns: &cube_protocol::NamespaceName) -> ServerError {
+    ServerError::new(
+        ErrorCode::NoSuchNamespace,
+        format!("no such namespace {:?}; this version has only \"default\"", ns.as_str()),
+    )
+}
+
+fn write_error(e: &WriteError) -> ServerError {
+    let code = match e.kind {
+        WriteErrorKind::NoSuchNamespace => ErrorCode::NoSuchNamespace,
+        WriteErrorKind::WritesDisabled => ErrorCode::WritesDisabled,
+        WriteErrorKind::StorageIo => ErrorCode::StorageIo,
+        WriteErrorKind::DiskFull => ErrorCode::DiskFull,
+        WriteErrorKind::ShuttingDown => ErrorCode::ShuttingDown,
+        WriteErrorKind::Invalid => ErrorCode::BadRequest,
+    };
+    ServerError::new(code, e.message.clone())
+}
+
+pub(crate) fn count(name: &str, value: u64) -> StatsEntry {
+    StatsEntry {
+        name: name.to_string(),
+        value: StatsValue::Count(value),
+    }
+}

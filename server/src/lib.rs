@@ -1,0 +1,20 @@
+//! `cubed`, the cube daemon: one job, serve the store over a Unix socket.
+//!
+//! Threads (see `docs/ARCHITECTURE.md`):
+//! - the **reactor** ([`server`]): a mio `Poll` accepting on the listener,
+//!   woken by a `Waker` on SIGINT/SIGTERM;
+//! - one **connection thread** per client ([`connection`]): reads a frame,
+//!   serves reads straight from the in-memory store, hands writes to the
+//!   writer, answers in request order;
+//! - the **writer** (in `cube-store`): group commit to the WAL.
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+pub mod command_stats;
+pub mod config;
+mod connection;
+#[macro_use]
+pub mod log;
+pub mod server;
+
+pub use config::Args;
+pub use server::run;

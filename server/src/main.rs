@@ -1,0 +1,12 @@
+//! The `cubed` binary: parse flags, run the server, map failure to exit 1.
+
+use clap::Parser;
+
+fn main() {
+    let args = cube_server::Args::parse();
+    cube_server::log::set_level(args.log_level);
+    if let Err(e) = cube_server::run(args) {
+        eprintln!("cubed: error: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,382 @@
+//! The reactor: binds the socket, accepts clients, hands each to its own
+//! thread, and runs the clean shutdown on SIGINT/SIGTERM.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{self, Write};
+use std::net::Shutdown;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use cube_protocol::{ErrorCode, Response, ServerError, StatsEntry, StatsValue};
+use cube_store::{Engine, EngineConfig, GroupCommitConfig, RecoveryOptions, StoreError, SyncPolicy};
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token, Waker};
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+
+use crate::command_stats::CommandStats;
+use crate::config::Args;
+use crate::connection::{Connection, count};
+
+const LISTENER: Token = Token(0);
+const WAKER: Token = Token(1);
+
+/// Stack of each connection thread: request handling is shallow, and a
+/// small stack is what lets a thousand connections cost little memory.
+const CONNECTION_STACK_BYTES: usize = 256 * 1024;
+
+/// How long a clean shutdown waits for in-flight requests.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// The daemon's one error enum.
+#[derive(Debug)]
+pub enum DaemonError {
+    Store(StoreError),
+    AlreadyRunning(PathBuf),
+    Socket { path: PathBuf, source: io::Error },
+    Io(io::Error),
+}
+
+impl std::fmt::Display for DaemonError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DaemonError::Store(e) => write!(f, "{e}"),
+            DaemonError::AlreadyRunning(path) => write!(
+                f,
+                "another cubed is already listening on {}; stop it first or pass a different --socket",
+                path.display()
+            ),
+            DaemonError::Socket { path, source } => {
+                write!(f, "cannot listen on {}: {source}", path.display())
+            }
+            DaemonError::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for DaemonError {}
+
+impl From<StoreError> for DaemonError {
+    fn from(e: StoreError) -> DaemonError {
+        DaemonError::Store(e)
+    }
+}
+
+/// State every connection thread shares.
+pub(crate) struct Shared {
+    pub(crate) engine: Engine,
+    pub(crate) args: Args,
+    pub(crate) stats: CommandStats,
+    pub(crate) shutting_down: AtomicBool,
+    connections: Mutex<HashMap<u64, UnixStream>>,
+    active: AtomicUsize,
+    started: Instant,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Runs the daemon until SIGINT/SIGTERM, then shuts down cleanly.
+pub fn run(args: Args) -> Result<(), DaemonError> {
+    let socket_path = args.socket_path();
+    if UnixStream::connect(&socket_path).is_ok() {
+        return Err(DaemonError::AlreadyRunning(socket_path));
+    }
+    if args.sync == SyncPolicy::Never {
+        warn!("--sync never: writes are NEVER fsynced; a crash of the machine loses acknowledged writes. Benchmarks only.");
+    } else if let SyncPolicy::Interval { every, max_writes } = args.sync {
+        warn!(
+            "--sync {}: writes are acknowledged before fsync; a crash can lose up to {} ms or {max_writes} writes",
+            args.sync,
+            every.as_millis()
+        );
+    }
+    let engine = Engine::open(EngineConfig {
+        data_dir: args.data.clone(),
+        group_commit: GroupCommitConfig {
+            sync: args.sync,
+            segment_bytes: args.wal_segment_bytes,
+            max_group_records: args.max_group_records.max(1),
+            ..GroupCommitConfig::default()
+        },
+        recovery: RecoveryOptions { repair: args.repair },
+    })?;
+    log_recovery(&engine);
+
+    let listener = bind_socket(&socket_path, args.socket_mode)?;
+    let shared = Arc::new(Shared {
+        engine,
+        args,
+        stats: CommandStats::default(),
+        shutting_down: AtomicBool::new(false),
+        connections: Mutex::new(HashMap::new()),
+        active: AtomicUsize::new(0),
+        started: Instant::now(),
+    });
+
+    let mut poll = Poll::new().map_err(DaemonError::Io)?;
+    let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(DaemonError::Io)?);
+    poll.registry()
+        .register(&mut SourceFd(&listener.as_raw_fd()), LISTENER, Interest::READABLE)
+        .map_err(DaemonError::Io)?;
+    let stop_requested = Arc::new(AtomicBool::new(false));
+    watch_signals(Arc::clone(&stop_requested), Arc::clone(&waker))?;
+
+    info!(
+        "listening on {} (data {}, sync {}, pid {})",
+        socket_path.display(),
+        shared.args.data.display(),
+        shared.args.sync,
+        std::process::id()
+    );
+    let next_id = AtomicU64::new(1);
+    let mut events = Events::with_capacity(64);
+    while !stop_requested.load(Ordering::SeqCst) {
+        if let Err(e) = poll.poll(&mut events, None) {
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(DaemonError::Io(e));
+        }
+        for event in events.iter() {
+            if event.token() == LISTENER {
+                accept_all(&listener, &shared, &next_id);
+            }
+        }
+    }
+
+    info!("shutting down: no new connections; finishing in-flight requests");
+    drop(listener);
+    let _ = fs::remove_file(&socket_path);
+    shutdown(&shared);
+    Ok(())
+}
+
+fn log_recovery(engine: &Engine) {
+    let r = engine.recovery_report();
+    if let Some(repair) = &r.repaired {
+        warn!(
+            "REPAIRED the log: cut {} at offset {} ({}); dropped {} bytes and {} later segment(s); saved in {}",
+            repair.path.display(),
+            repair.offset,
+            repair.reason,
+            repair.bytes_dropped,
+            repair.segments_dropped,
+            repair.saved_to.display()
+        );
+    }
+    if let Some(torn) = &r.torn_tail {
+        warn!(
+            "truncated a torn tail of {} bytes at offset {} of {} (a write that was never acknowledged)",
+            torn.bytes_truncated,
+            torn.offset,
+            torn.path.display()
+        );
+    }
+    if let Some(path) = &r.torn_segment_removed {
+        warn!("removed {}: its creation was torn and it held no records", path.display());
+    }
+    info!(
+        "recovered {} records from {} segment(s) in {} ms; next LSN {}",
+        r.records_replayed,
+        r.segments,
+        r.duration.as_millis(),
+        r.next_lsn
+    );
+}
+
+/// Binds at a temporary name, sets the mode, then renames into place, so
+/// the socket is never reachable with looser permissions than asked for,
+/// and a stale socket file from a dead daemon is replaced atomically.
+fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, DaemonError> {
+    let socket_error = |source| DaemonError::Socket {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".{}.tmp", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let _ = fs::remove_file(&tmp);
+    let listener = UnixListener::bind(&tmp).map_err(socket_error)?;
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(mode)).map_err(socket_error)?;
+    fs::rename(&tmp, path).map_err(socket_error)?;
+    listener.set_nonblocking(true).map_err(socket_error)?;
+    Ok(listener)
+}
+
+fn watch_signals(stop: Arc<AtomicBool>, waker: Arc<Waker>) -> Result<(), DaemonError> {
+    let mut signals = Signals::new([SIGINT, SIGTERM]).map_err(DaemonError::Io)?;
+    thread::Builder::new()
+        .name("cube-signals".into())
+        .spawn(move || {
+            let mut seen = 0;
+            for signal in signals.forever() {
+                seen += 1;
+                if seen == 1 {
+                    info!("signal {signal} received: shutting down cleanly");
+                    stop.store(true, Ordering::SeqCst);
+                    let _ = waker.wake();
+                } else {
+                    // Acknowledged writes are already durable; a second
+                    // signal only gives up on waiting for slow clients.
+                    warn!("second signal {signal}: exiting now");
+                    std::process::exit(1);
+                }
+            }
+        })
+        .map_err(DaemonError::Io)?;
+    Ok(())
+}
+
+fn accept_all(listener: &UnixListener, shared: &Arc<Shared>, next_id: &AtomicU64) {
+    loop {
+        let stream = match listener.accept() {
+            Ok((stream, _)) => stream,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                // EMFILE and friends: log and let the next readiness event retry.
+                warn!("accept failed: {e}");
+                return;
+            }
+        };
+        let active = shared.active.load(Ordering::SeqCst);
+        if active >= shared.args.max_connections {
+            refuse(
+                stream,
+                ErrorCode::TooManyConnections,
+                &format!(
+                    "too many connections ({active} of --max-connections {}); retry later or raise the cap",
+                    shared.args.max_connections
+                ),
+            );
+            shared.stats.connections_refused.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        let id = next_id.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = spawn_connection(id, stream, shared) {
+            warn!("could not start a connection thread: {e}");
+            shared.stats.connections_refused.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+fn spawn_connection(id: u64, stream: UnixStream, shared: &Arc<Shared>) -> io::Result<()> {
+    let registered = stream.try_clone()?;
+    let mut connection = Connection::new(stream, Arc::clone(shared))?;
+    shared.active.fetch_add(1, Ordering::SeqCst);
+    lock(&shared.connections).insert(id, registered);
+    shared.stats.connections_accepted.fetch_add(1, Ordering::Relaxed);
+    let thread_shared = Arc::clone(shared);
+    let spawned = thread::Builder::new()
+        .name(format!("cube-conn-{id}"))
+        .stack_size(CONNECTION_STACK_BYTES)
+        .spawn(move || {
+            let close = connection.run();
+            if matches!(close, crate::connection::Close::IdleTimeout | crate::connection::Close::StalledMidFrame) {
+                thread_shared.stats.connections_timed_out.fetch_add(1, Ordering::Relaxed);
+            }
+            debug!("connection {id} closed: {close}");
+            drop(connection);
+            lock(&thread_shared.connections).remove(&id);
+            thread_shared.active.fetch_sub(1, Ordering::SeqCst);
+        });
+    if let Err(e) = spawned {
+        lock(&shared.connections).remove(&id);
+        shared.active.fetch_sub(1, Ordering::SeqCst);
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Tells a client why it is not being served, without letting a slow peer
+/// stall the reactor.
+fn refuse(stream: UnixStream, code: ErrorCode, message: &str) {
+    let mut out = Vec::new();
+    Response::encode_error(0, 0, &ServerError::new(code, message), &mut out);
+    let mut stream = stream;
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+    let _ = stream.write_all(&out);
+}
+
+fn shutdown(shared: &Arc<Shared>) {
+    shared.shutting_down.store(true, Ordering::SeqCst);
+    // Wake every connection blocked in read: it sees end-of-file after
+    // answering whatever it is in the middle of.
+    for stream in lock(&shared.connections).values() {
+        let _ = stream.shutdown(Shutdown::Read);
+    }
+    let deadline = Instant::now() + SHUTDOWN_GRACE;
+    while shared.active.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(5));
+    }
+    let left = shared.active.load(Ordering::SeqCst);
+    if left > 0 {
+        warn!("{left} connection(s) still busy after {SHUTDOWN_GRACE:?}; stopping the writer anyway");
+    }
+    shared.engine.shutdown();
+    let s = shared.engine.stats();
+    info!("stopped cleanly at LSN {} ({} WAL records written this run)", s.last_lsn, s.wal_records);
+}
+
+impl Shared {
+    pub(crate) fn stats_entries(&self) -> Vec<StatsEntry> {
+        let text = |name: &str, value: String| StatsEntry {
+            name: name.to_string(),
+            value: StatsValue::Text(value),
+        };
+        let float = |name: &str, value: f64| StatsEntry {
+            name: name.to_string(),
+            value: StatsValue::Float(value),
+        };
+        let s = self.engine.stats();
+        let r = self.engine.recovery_report();
+        let mut entries = vec![
+            text("server.version", env!("CARGO_PKG_VERSION").to_string()),
+            count("server.uptime_s", self.started.elapsed().as_secs()),
+            text("server.sync", self.args.sync.to_string()),
+            count("connections.active", self.active.load(Ordering::Relaxed) as u64),
+            count("connections.accepted", self.stats.connections_accepted.load(Ordering::Relaxed)),
+            count("connections.refused", self.stats.connections_refused.load(Ordering::Relaxed)),
+            count("connections.timed_out", self.stats.connections_timed_out.load(Ordering::Relaxed)),
+            count("frames.bad", self.stats.bad_frames.load(Ordering::Relaxed)),
+            count("store.cells", self.engine.memstore().cell_count()),
+        ];
+        for c in self.stats.figures() {
+            entries.push(count(&format!("cmd.{}.count", c.name), c.count));
+            entries.push(count(&format!("cmd.{}.errors", c.name), c.errors));
+            entries.push(float(&format!("cmd.{}.latency_us_mean", c.name), c.latency_us_mean));
+            entries.push(count(&format!("cmd.{}.latency_us_max", c.name), c.latency_us_max));
+        }
+        entries.extend([
+            count("wal.records", s.wal_records),
+            count("wal.bytes", s.wal_bytes),
+            count("wal.fsyncs", s.wal_fsyncs),
+            count("wal.groups", s.wal_groups),
+            float("wal.group_records_mean", s.group_records_mean),
+            count("wal.group_records_max", s.group_records_max),
+            float("wal.fsync_us_mean", s.fsync_us_mean),
+            count("wal.fsync_us_max", s.fsync_us_max),
+            count("wal.segments_created", s.segments_created),
+            count("wal.last_lsn", s.last_lsn),
+            count("wal.write_errors", s.write_errors),
+            text("writer.failure", s.writer_failure.unwrap_or_else(|| "none".into())),
+            count("recovery.records_replayed", r.records_replayed),
+            count("recovery.ms", r.duration.as_millis() as u64),
+            count(
+                "recovery.torn_bytes_truncated",
+                r.torn_tail.as_ref().map_or(0, |t| t.bytes_truncated),
+            ),
+        ]);
+        entries
+    }
+}

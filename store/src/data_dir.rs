@@ -1,0 +1,101 @@
+//! The data directory: its layout, and the lock that keeps a second daemon out.
+//!
+//! ```text
+//! DATA/
+//!   LOCK              flock(2)-held by the running daemon; holds its pid
+//!   wal/              write-ahead log segments, <first-lsn:020>.wal
+//!   cubed.sock        default socket path
+//! ```
+
+use std::fs::{self, File, OpenOptions, TryLockError};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use crate::error::StoreError;
+
+pub struct DataDir {
+    root: PathBuf,
+    // Held for the life of the process; the kernel drops the lock when the
+    // process dies, so a `kill -9` never leaves a stale lock behind.
+    _lock: File,
+}
+
+impl DataDir {
+    /// Creates the directory tree if needed and takes the exclusive lock.
+    pub fn open(root: &Path) -> Result<DataDir, StoreError> {
+        create_dir_durably(root)?;
+        let lock_path = root.join("LOCK");
+        let mut lock = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock_path)
+            .map_err(|e| StoreError::io(&lock_path, e))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                let mut holder = String::new();
+                let _ = lock.read_to_string(&mut holder);
+                return Err(StoreError::Locked {
+                    path: root.to_path_buf(),
+                    holder: holder.trim().to_string(),
+                });
+            }
+            Err(TryLockError::Error(e)) => return Err(StoreError::io(&lock_path, e)),
+        }
+        // The pid is informational (for the "locked by" message); the lock
+        // itself is what matters, so failures here are not fatal.
+        let _ = lock.set_len(0);
+        let _ = lock.seek(SeekFrom::Start(0));
+        let _ = write!(lock, "{}", std::process::id());
+        let dir = DataDir {
+            root: root.to_path_buf(),
+            _lock: lock,
+        };
+        create_dir_durably(&dir.wal_dir())?;
+        Ok(dir)
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn wal_dir(&self) -> PathBuf {
+        self.root.join("wal")
+    }
+}
+
+/// Creates `dir` (and parents) and fsyncs its parent so the new entry survives a crash.
+fn create_dir_durably(dir: &Path) -> Result<(), StoreError> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    fs::create_dir_all(dir).map_err(|e| StoreError::io(dir, e))?;
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        sync_dir(parent)?;
+    }
+    Ok(())
+}
+
+/// fsyncs a directory, making creations, renames and removals in it durable.
+pub fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| StoreError::io(dir, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn second_open_is_refused_with_the_holder_pid() {
+        let tmp = tempfile::tempdir().unwrap();
+        let _first = DataDir::open(tmp.path()).unwrap();
+        let err = DataDir::open(tmp.path()).err().unwrap();
+        let text = err.to_string();
+        assert!(text.contains("locked by another cubed"), "{text}");
+        assert!(text.contains(&std::process::id().to_string()), "{text}");
+    }
+}

@@ -1,0 +1,72 @@
+//! The store's one error enum, plus the per-request write error that the
+//! writer thread sends back to a waiting connection.
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum StoreError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "data dir {path} is locked by another cubed (pid {holder}); stop it first, or use another --data"
+    )]
+    Locked { path: PathBuf, holder: String },
+    #[error(
+        "corruption in {path} at offset {offset}: {reason}; refusing to start. \
+         Run `cubed --repair` to truncate the log at this point (what is dropped is reported and saved)"
+    )]
+    Corruption {
+        path: PathBuf,
+        offset: u64,
+        reason: String,
+    },
+    #[error("writes are disabled: {0}")]
+    WritesDisabled(String),
+}
+
+impl StoreError {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> StoreError {
+        StoreError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// Why one write was not acknowledged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteErrorKind {
+    NoSuchNamespace,
+    /// An earlier I/O failure latched the writer.
+    WritesDisabled,
+    /// This group's `write` or `fsync` failed.
+    StorageIo,
+    /// This group's `write` hit ENOSPC.
+    DiskFull,
+    /// The writer has stopped (shutdown).
+    ShuttingDown,
+    /// The request broke a store limit the protocol layer did not catch.
+    Invalid,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+#[error("{message}")]
+pub struct WriteError {
+    pub kind: WriteErrorKind,
+    pub message: String,
+}
+
+impl WriteError {
+    pub(crate) fn new(kind: WriteErrorKind, message: impl Into<String>) -> WriteError {
+        WriteError {
+            kind,
+            message: message.into(),
+        }
+    }
+}

@@ -1,0 +1,445 @@
+//! The single writer thread and its group commit.
+//!
+//! Connection threads send [`Mutation`]s over a bounded channel. The writer
+//! blocks for the first, drains whatever else is already waiting (up to
+//! [`GroupCommitConfig::max_group_records`] and `max_group_bytes`), encodes
+//! the group into one buffer, issues one `write` and one `fdatasync`,
+//! applies the group to the [`MemStore`], and only then answers each
+//! request. While it syncs, the next group queues up behind it, which is
+//! what makes many concurrent writers cheap.
+
+use std::io;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
+
+use crate::error::{WriteError, WriteErrorKind};
+use crate::memstore::MemStore;
+use crate::mutation::Mutation;
+use crate::stats::StoreStats;
+use crate::wal::WalSegment;
+use crate::wal::record::encode_record;
+use crate::wal::segment::SEGMENT_HEADER_BYTES;
+
+/// When a write is acknowledged relative to its `fdatasync`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncPolicy {
+    /// Acknowledge only after the group's fdatasync. The default.
+    Always,
+    /// Acknowledge after the `write`; fdatasync at least every `every` or
+    /// every `max_writes` writes. A crash loses at most that window.
+    Interval { every: Duration, max_writes: u64 },
+    /// Never fdatasync (benchmarks only): a crash of the machine loses
+    /// everything the kernel had not flushed.
+    Never,
+}
+
+impl SyncPolicy {
+    pub const INTERVAL_MAX_WRITES: u64 = 1000;
+}
+
+impl FromStr for SyncPolicy {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<SyncPolicy, String> {
+        match text {
+            "always" => Ok(SyncPolicy::Always),
+            "never" => Ok(SyncPolicy::Never),
+            _ => {
+                let ms = text
+                    .strip_prefix("interval=")
+                    .and_then(|ms| ms.parse::<u64>().ok())
+                    .filter(|ms| *ms > 0)
+                    .ok_or_else(|| {
+                        format!("bad sync policy {text:?}: use always, interval=MS (MS > 0) or never")
+                    })?;
+                Ok(SyncPolicy::Interval {
+                    every: Duration::from_millis(ms),
+                    max_writes: SyncPolicy::INTERVAL_MAX_WRITES,
+                })
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for SyncPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SyncPolicy::Always => write!(f, "always"),
+            SyncPolicy::Interval { every, .. } => write!(f, "interval={}", every.as_millis()),
+            SyncPolicy::Never => write!(f, "never"),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct GroupCommitConfig {
+    pub sync: SyncPolicy,
+    /// A segment is closed and a new one started past this size.
+    pub segment_bytes: u64,
+    pub max_group_records: usize,
+    pub max_group_bytes: usize,
+    /// Requests waiting for the writer; senders block beyond it.
+    pub queue_capacity: usize,
+}
+
+impl Default for GroupCommitConfig {
+    fn default() -> GroupCommitConfig {
+        GroupCommitConfig {
+            sync: SyncPolicy::Always,
+            segment_bytes: 64 * 1024 * 1024,
+            max_group_records: 4096,
+            max_group_bytes: 8 * 1024 * 1024,
+            queue_capacity: 8192,
+        }
+    }
+}
+
+/// What a durable write answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriteAck {
+    pub lsn: u64,
+    /// Whether the cell had a value before this write.
+    pub existed: bool,
+}
+
+type Reply = Result<WriteAck, WriteError>;
+
+enum WriterCommand {
+    Write {
+        mutation: Mutation,
+        reply: Sender<Reply>,
+    },
+    Stop,
+}
+
+/// A connection's handle to the writer, with its own reusable reply slot.
+pub struct WriteSession {
+    tx: Sender<WriterCommand>,
+    reply_tx: Sender<Reply>,
+    reply_rx: Receiver<Reply>,
+}
+
+impl WriteSession {
+    /// Blocks until the write is durable (under [`SyncPolicy::Always`]) or refused.
+    pub fn write(&self, mutation: Mutation) -> Result<WriteAck, WriteError> {
+        let stopped = || WriteError::new(WriteErrorKind::ShuttingDown, "the writer has stopped");
+        self.tx
+            .send(WriterCommand::Write {
+                mutation,
+                reply: self.reply_tx.clone(),
+            })
+            .map_err(|_| stopped())?;
+        self.reply_rx.recv().map_err(|_| stopped())?
+    }
+}
+
+/// Owner of the writer thread. Shared by reference (shutdown takes `&self`)
+/// so the server can stop it while connection threads still hold the engine.
+pub struct GroupCommit {
+    tx: Mutex<Option<Sender<WriterCommand>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl GroupCommit {
+    pub(crate) fn start(
+        wal_dir: PathBuf,
+        segment: WalSegment,
+        next_lsn: u64,
+        mem: Arc<MemStore>,
+        stats: Arc<StoreStats>,
+        config: GroupCommitConfig,
+    ) -> io::Result<GroupCommit> {
+        assert!(config.max_group_records > 0 && config.queue_capacity > 0);
+        let (tx, rx) = bounded(config.queue_capacity);
+        let writer = Writer {
+            wal_dir,
+            segment,
+            next_lsn,
+            mem,
+            stats,
+            failed: None,
+            unsynced_writes: 0,
+            last_sync: Instant::now(),
+            buf: Vec::with_capacity(1024 * 1024),
+            config,
+        };
+        let thread = thread::Builder::new()
+            .name("cube-writer".into())
+            .spawn(move || writer.run(&rx))?;
+        Ok(GroupCommit {
+            tx: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// A new session, or `None` once shutdown has begun.
+    pub fn session(&self) -> Option<WriteSession> {
+        let (reply_tx, reply_rx) = bounded(1);
+        Some(WriteSession {
+            tx: lock(&self.tx).clone()?,
+            reply_tx,
+            reply_rx,
+        })
+    }
+
+    /// Lets everything already queued commit, syncs, and stops the thread.
+    pub fn shutdown(&self) {
+        if let Some(tx) = lock(&self.tx).take() {
+            let _ = tx.send(WriterCommand::Stop);
+        }
+        let thread = lock(&self.thread).take();
+        if let Some(thread) = thread {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for GroupCommit {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+struct PendingWrite {
+    mutation: Mutation,
+    reply: Sender<Reply>,
+    lsn: u64,
+}
+
+struct Writer {
+    wal_dir: PathBuf,
+    segment: WalSegment,
+    next_lsn: u64,
+    mem: Arc<MemStore>,
+    stats: Arc<StoreStats>,
+    /// Set by the first I/O failure; from then on every write is refused.
+    failed: Option<String>,
+    unsynced_writes: u64,
+    last_sync: Instant,
+    buf: Vec<u8>,
+    config: GroupCommitConfig,
+}
+
+impl Writer {
+    fn run(mut self, rx: &Receiver<WriterCommand>) {
+        let mut group: Vec<PendingWrite> = Vec::with_capacity(self.config.max_group_records);
+        let mut stopping = false;
+        while !stopping {
+            let first = match self.sync_deadline() {
+                None => rx.recv().ok(),
+                Some(deadline) => match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                    Ok(command) => Some(command),
+                    Err(RecvTimeoutError::Timeout) => {
+                        self.sync_relaxed();
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => None,
+                },
+            };
+            let Some(first) = first else { break };
+            let mut group_bytes = 0usize;
+            let mut next = Some(first);
+            while let Some(command) = next.take() {
+                match command {
+                    WriterCommand::Stop => {
+                        stopping = true;
+                        break;
+                    }
+                    WriterCommand::Write { mutation, reply } => {
+                        group_bytes += mutation.payload_len();
+                        group.push(PendingWrite {
+                            mutation,
+                            reply,
+                            lsn: 0,
+                        });
+                    }
+                }
+                if group.len() < self.config.max_group_records && group_bytes < self.config.max_group_bytes {
+                    next = rx.try_recv().ok();
+                }
+            }
+            if !group.is_empty() {
+                self.commit(&mut group);
+            }
+        }
+        // Whatever was acknowledged under a relaxed policy gets its sync now.
+        if self.unsynced_writes > 0 && self.failed.is_none() {
+            self.sync_relaxed();
+        }
+    }
+
+    /// Under the interval policy, the moment the pending writes must be synced.
+    fn sync_deadline(&self) -> Option<Instant> {
+        match self.config.sync {
+            SyncPolicy::Interval { every, .. } if self.unsynced_writes > 0 => Some(self.last_sync + every),
+            _ => None,
+        }
+    }
+
+    fn commit(&mut self, group: &mut Vec<PendingWrite>) {
+        if let Some(reason) = &self.failed {
+            let error = WriteError::new(
+                WriteErrorKind::WritesDisabled,
+                format!("writes are disabled after an earlier storage failure: {reason}; restart cubed to recover from the log"),
+            );
+            for pending in group.drain(..) {
+                let _ = pending.reply.send(Err(error.clone()));
+            }
+            return;
+        }
+        group.retain(|pending| {
+            let ns = pending.mutation.namespace();
+            if self.mem.has_namespace(ns) {
+                return true;
+            }
+            let _ = pending.reply.send(Err(WriteError::new(
+                WriteErrorKind::NoSuchNamespace,
+                format!("no such namespace {ns:?}"),
+            )));
+            false
+        });
+        if group.is_empty() {
+            return;
+        }
+        self.buf.clear();
+        let first_lsn = self.next_lsn;
+        for pending in group.iter_mut() {
+            pending.lsn = self.next_lsn;
+            encode_record(&mut self.buf, self.next_lsn, &pending.mutation);
+            self.next_lsn += 1;
+        }
+        let last_lsn = self.next_lsn - 1;
+        assert_eq!(last_lsn - first_lsn + 1, group.len() as u64, "LSNs in a group are contiguous");
+        assert!(group.len() <= self.config.max_group_records, "group within its cap");
+
+        if let Err(failure) = self.write_group(first_lsn, group.len() as u64) {
+            self.fail(group, &failure);
+            return;
+        }
+        self.stats.record_group(group.len() as u64, self.buf.len() as u64, last_lsn);
+
+        let mutations: Vec<&Mutation> = group.iter().map(|p| &p.mutation).collect();
+        let mut existed = Vec::with_capacity(group.len());
+        self.mem.apply_group(&mutations, &mut existed);
+        drop(mutations);
+        for (pending, existed) in group.drain(..).zip(existed) {
+            let _ = pending.reply.send(Ok(WriteAck {
+                lsn: pending.lsn,
+                existed,
+            }));
+        }
+    }
+
+    /// Appends the encoded group (rolling the segment first if it is full)
+    /// and syncs as the policy says.
+    fn write_group(&mut self, first_lsn: u64, records: u64) -> Result<(), (WriteErrorKind, String)> {
+        let io_failure = |what: &str, path: &std::path::Path, e: &io::Error| {
+            let kind = if e.kind() == io::ErrorKind::StorageFull {
+                WriteErrorKind::DiskFull
+            } else {
+                WriteErrorKind::StorageIo
+            };
+            (kind, format!("{what} {} failed: {e}", path.display()))
+        };
+        if self.segment.len_bytes() > SEGMENT_HEADER_BYTES as u64
+            && self.segment.len_bytes() + self.buf.len() as u64 > self.config.segment_bytes
+        {
+            // The closed segment must be complete on disk before records
+            // land in its successor, whatever the sync policy.
+            self.segment
+                .sync()
+                .map_err(|e| io_failure("fdatasync of", self.segment.path(), &e))?;
+            self.segment = WalSegment::create(&self.wal_dir, first_lsn).map_err(|e| {
+                let kind = match &e {
+                    crate::StoreError::Io { source, .. } if source.kind() == io::ErrorKind::StorageFull => {
+                        WriteErrorKind::DiskFull
+                    }
+                    _ => WriteErrorKind::StorageIo,
+                };
+                (kind, format!("creating a WAL segment failed: {e}"))
+            })?;
+            self.stats.segments_created.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.segment
+            .append(&self.buf)
+            .map_err(|e| io_failure("write to", self.segment.path(), &e))?;
+        match self.config.sync {
+            SyncPolicy::Always => self.sync_now().map_err(|e| io_failure("fdatasync of", self.segment.path(), &e)),
+            SyncPolicy::Interval { every, max_writes } => {
+                self.unsynced_writes += records;
+                if self.unsynced_writes >= max_writes || self.last_sync.elapsed() >= every {
+                    self.sync_relaxed();
+                }
+                Ok(())
+            }
+            SyncPolicy::Never => Ok(()),
+        }
+    }
+
+    fn sync_now(&mut self) -> io::Result<()> {
+        let started = Instant::now();
+        self.segment.sync()?;
+        self.stats.record_fsync(started.elapsed().as_micros() as u64);
+        self.unsynced_writes = 0;
+        self.last_sync = Instant::now();
+        Ok(())
+    }
+
+    /// A sync of writes that were already acknowledged: a failure cannot be
+    /// reported to them, so it latches the writer and is logged loudly.
+    fn sync_relaxed(&mut self) {
+        if let Err(e) = self.sync_now() {
+            let reason = format!(
+                "fdatasync of {} failed: {e}; writes acknowledged since the last sync may be lost",
+                self.segment.path().display()
+            );
+            eprintln!("cubed: error: {reason}");
+            self.failed = Some(reason.clone());
+            self.stats.set_failure(&reason);
+        }
+    }
+
+    /// Latches the writer and tells every request in the group why.
+    fn fail(&mut self, group: &mut Vec<PendingWrite>, failure: &(WriteErrorKind, String)) {
+        let (kind, reason) = failure;
+        eprintln!("cubed: error: {reason}; refusing all further writes until restart (reads continue)");
+        self.failed = Some(reason.clone());
+        self.stats.set_failure(reason);
+        self.stats
+            .write_errors
+            .fetch_add(group.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        let error = WriteError::new(*kind, format!("write not stored: {reason}"));
+        for pending in group.drain(..) {
+            let _ = pending.reply.send(Err(error.clone()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sync_policies_parse() {
+        assert_eq!("always".parse::<SyncPolicy>(), Ok(SyncPolicy::Always));
+        assert_eq!("never".parse::<SyncPolicy>(), Ok(SyncPolicy::Never));
+        assert_eq!(
+            "interval=250".parse::<SyncPolicy>(),
+            Ok(SyncPolicy::Interval {
+                every: Duration::from_millis(250),
+                max_writes: SyncPolicy::INTERVAL_MAX_WRITES
+            })
+        );
+        assert!("interval=0".parse::<SyncPolicy>().is_err());
+        assert!("sometimes".parse::<SyncPolicy>().is_err());
+    }
+}

@@ -1,0 +1,39 @@
+//! cube's storage engine: one job, keep acknowledged writes.
+//!
+//! Every mutation becomes a CRC32C-framed record in an append-only
+//! write-ahead log ([`wal`]). One writer thread ([`GroupCommit`]) batches
+//! whatever requests are waiting into a single `write` + `fdatasync`, applies
+//! the group to the in-memory [`MemStore`], and only then acknowledges. At
+//! start, [`recovery`](wal::recover) replays the log, truncating a torn tail
+//! and refusing, with file and offset, to start on corruption in the middle.
+//!
+//! Invariants (asserted in code, not only here):
+//! - LSNs are contiguous: record N+1 follows record N, across segments.
+//! - A reader of [`MemStore`] never sees a write whose group has not been
+//!   synced (under the default [`SyncPolicy::Always`]).
+//! - After a failed `write` or `fsync` the writer is latched: it refuses every
+//!   later write until restart. It never retries a failed fsync.
+//!
+//! File formats are specified byte by byte in `docs/storage-format.md`.
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+mod curve;
+mod data_dir;
+mod error;
+mod group_commit;
+mod memstore;
+mod mutation;
+mod stats;
+pub mod wal;
+
+pub use curve::morton_key;
+pub use data_dir::{DataDir, sync_dir};
+pub use error::{StoreError, WriteError, WriteErrorKind};
+pub use group_commit::{GroupCommit, GroupCommitConfig, SyncPolicy, WriteAck, WriteSession};
+pub use memstore::MemStore;
+pub use mutation::Mutation;
+pub use stats::{StoreStats, StoreStatsSnapshot};
+pub use wal::{RecoveryOptions, RecoveryReport};
+
+mod engine;
+pub use engine::{Engine, EngineConfig};

@@ -1,0 +1,89 @@
+//! Counters the writer and recovery keep, read lock-free by `stats`.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+#[derive(Default)]
+pub struct StoreStats {
+    pub(crate) wal_records: AtomicU64,
+    pub(crate) wal_bytes: AtomicU64,
+    pub(crate) wal_fsyncs: AtomicU64,
+    pub(crate) wal_groups: AtomicU64,
+    pub(crate) group_records_max: AtomicU64,
+    pub(crate) fsync_us_total: AtomicU64,
+    pub(crate) fsync_us_max: AtomicU64,
+    pub(crate) segments_created: AtomicU64,
+    pub(crate) last_lsn: AtomicU64,
+    pub(crate) write_errors: AtomicU64,
+    pub(crate) writer_failure: Mutex<Option<String>>,
+}
+
+/// A consistent-enough copy of the counters (each read is atomic; the set
+/// is not a snapshot across counters, which stats do not need).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StoreStatsSnapshot {
+    pub wal_records: u64,
+    pub wal_bytes: u64,
+    pub wal_fsyncs: u64,
+    pub wal_groups: u64,
+    pub group_records_mean: f64,
+    pub group_records_max: u64,
+    pub fsync_us_mean: f64,
+    pub fsync_us_max: u64,
+    pub segments_created: u64,
+    pub last_lsn: u64,
+    pub write_errors: u64,
+    pub writer_failure: Option<String>,
+}
+
+impl StoreStats {
+    pub(crate) fn record_group(&self, records: u64, bytes: u64, last_lsn: u64) {
+        self.wal_records.fetch_add(records, Relaxed);
+        self.wal_bytes.fetch_add(bytes, Relaxed);
+        self.wal_groups.fetch_add(1, Relaxed);
+        self.group_records_max.fetch_max(records, Relaxed);
+        self.last_lsn.store(last_lsn, Relaxed);
+    }
+
+    pub(crate) fn record_fsync(&self, micros: u64) {
+        self.wal_fsyncs.fetch_add(1, Relaxed);
+        self.fsync_us_total.fetch_add(micros, Relaxed);
+        self.fsync_us_max.fetch_max(micros, Relaxed);
+    }
+
+    pub(crate) fn set_failure(&self, reason: &str) {
+        let mut slot = self
+            .writer_failure
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        slot.get_or_insert_with(|| reason.to_string());
+    }
+
+    pub fn snapshot(&self) -> StoreStatsSnapshot {
+        let groups = self.wal_groups.load(Relaxed);
+        let fsyncs = self.wal_fsyncs.load(Relaxed);
+        let records = self.wal_records.load(Relaxed);
+        StoreStatsSnapshot {
+            wal_records: records,
+            wal_bytes: self.wal_bytes.load(Relaxed),
+            wal_fsyncs: fsyncs,
+            wal_groups: groups,
+            group_records_mean: if groups == 0 { 0.0 } else { records as f64 / groups as f64 },
+            group_records_max: self.group_records_max.load(Relaxed),
+            fsync_us_mean: if fsyncs == 0 {
+                0.0
+            } else {
+                self.fsync_us_total.load(Relaxed) as f64 / fsyncs as f64
+            },
+            fsync_us_max: self.fsync_us_max.load(Relaxed),
+            segments_created: self.segments_created.load(Relaxed),
+            last_lsn: self.last_lsn.load(Relaxed),
+            write_errors: self.write_errors.load(Relaxed),
+            writer_failure: self
+                .writer_failure
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .clone(),
+        }
+    }
+}

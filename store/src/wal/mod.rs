@@ -1,0 +1,13 @@
+//! The write-ahead log: append-only segment files of CRC32C-framed records.
+//!
+//! - [`record`]: one record's framing (`crc | len | lsn | kind | payload`).
+//! - [`segment`]: one file, named by its first LSN, with a fixed header.
+//! - [`recovery`]: reading every segment back at start, deciding torn tail
+//!   versus corruption, and the explicit `--repair`.
+
+pub mod record;
+pub mod recovery;
+pub mod segment;
+
+pub use recovery::{RecoveryOptions, RecoveryReport, recover};
+pub use segment::WalSegment;

@@ -1,0 +1,336 @@
+//! Reading the log back at start.
+//!
+//! Segments are read in LSN order and every record's CRC is checked. The
+//! rules, from the strictest:
+//! - A damaged header in any segment, a bad record in any segment but the
+//!   last, a record whose LSN is not the next one, or a gap in LSNs between
+//!   segments: **corruption**. Recovery refuses with file, offset and reason.
+//! - A bad record in the last segment followed by no valid record: a **torn
+//!   tail** (a crash mid-write of a group that was never acknowledged). It
+//!   is truncated and reported.
+//! - A bad record in the last segment followed by a valid one: corruption.
+//! - A last segment shorter than its header: a segment whose creation was
+//!   torn; it holds no records, so it is removed.
+//!
+//! With [`RecoveryOptions::repair`], corruption is cut instead of refused:
+//! the log is truncated at the first bad point, later segments are moved
+//! aside, and the dropped bytes are saved under `wal/repair-<unix-secs>/`.
+
+use std::fs::{self, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::data_dir::sync_dir;
+use crate::error::StoreError;
+use crate::mutation::{KIND_DEL, KIND_PUT, Mutation};
+use crate::wal::record::{MAX_RECORD_PAYLOAD_BYTES, RECORD_HEADER_BYTES, parse_record};
+use crate::wal::segment::{SEGMENT_HEADER_BYTES, parse_segment_file_name, parse_segment_header};
+
+#[derive(Clone, Debug, Default)]
+pub struct RecoveryOptions {
+    /// Truncate at the first bad record instead of refusing to start.
+    pub repair: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TornTail {
+    pub path: PathBuf,
+    pub offset: u64,
+    pub bytes_truncated: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RepairReport {
+    pub path: PathBuf,
+    pub offset: u64,
+    pub reason: String,
+    pub bytes_dropped: u64,
+    pub segments_dropped: usize,
+    pub saved_to: PathBuf,
+}
+
+/// The segment recovery ended on, for the writer to append to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TailSegment {
+    pub path: PathBuf,
+    pub first_lsn: u64,
+    pub len_bytes: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct RecoveryReport {
+    pub segments: usize,
+    pub records_replayed: u64,
+    /// The LSN the next record gets.
+    pub next_lsn: u64,
+    pub wal_bytes: u64,
+    pub torn_tail: Option<TornTail>,
+    pub torn_segment_removed: Option<PathBuf>,
+    pub repaired: Option<RepairReport>,
+    pub tail: Option<TailSegment>,
+    pub duration: Duration,
+}
+
+struct BadPoint {
+    segment: usize,
+    offset: u64,
+    reason: String,
+}
+
+/// Replays every record in `wal_dir`, in LSN order, into `apply`.
+pub fn recover(
+    wal_dir: &Path,
+    options: &RecoveryOptions,
+    mut apply: impl FnMut(u64, Mutation),
+) -> Result<RecoveryReport, StoreError> {
+    let started = Instant::now();
+    let mut segments = list_segments(wal_dir)?;
+    let mut report = RecoveryReport {
+        segments: 0,
+        records_replayed: 0,
+        next_lsn: 1,
+        wal_bytes: 0,
+        torn_tail: None,
+        torn_segment_removed: None,
+        repaired: None,
+        tail: None,
+        duration: Duration::ZERO,
+    };
+    let mut expected_lsn: Option<u64> = None;
+    let mut index = 0;
+    while index < segments.len() {
+        let (first_lsn, path) = segments[index].clone();
+        let is_last = index + 1 == segments.len();
+        let bytes = fs::read(&path).map_err(|e| StoreError::io(&path, e))?;
+        if bytes.len() < SEGMENT_HEADER_BYTES && is_last {
+            // Creation was torn before the header reached the disk: the
+            // writer only appends after the header is synced, so no record
+            // can have been acknowledged from this file.
+            fs::remove_file(&path).map_err(|e| StoreError::io(&path, e))?;
+            sync_dir(wal_dir)?;
+            report.torn_segment_removed = Some(path);
+            segments.pop();
+            break;
+        }
+        let outcome = replay_segment(&bytes, first_lsn, expected_lsn, is_last, &mut apply, &mut report);
+        match outcome {
+            Ok(SegmentEnd::Clean { next_lsn }) => {
+                expected_lsn = Some(next_lsn);
+                report.wal_bytes += bytes.len() as u64;
+            }
+            Ok(SegmentEnd::TornAt { offset, next_lsn }) => {
+                truncate_durably(&path, offset)?;
+                report.torn_tail = Some(TornTail {
+                    path: path.clone(),
+                    offset,
+                    bytes_truncated: bytes.len() as u64 - offset,
+                });
+                expected_lsn = Some(next_lsn);
+                report.wal_bytes += offset;
+            }
+            Err((offset, reason, next_lsn)) => {
+                let bad = BadPoint {
+                    segment: index,
+                    offset,
+                    reason,
+                };
+                if !options.repair {
+                    return Err(StoreError::Corruption {
+                        path,
+                        offset: bad.offset,
+                        reason: bad.reason,
+                    });
+                }
+                let repair = repair_at(wal_dir, &segments, &bad, bytes.len() as u64)?;
+                segments.truncate(if bad.offset == 0 { index } else { index + 1 });
+                report.repaired = Some(repair);
+                if bad.offset > 0 {
+                    expected_lsn = Some(next_lsn);
+                    report.wal_bytes += bad.offset;
+                }
+                break;
+            }
+        }
+        index += 1;
+    }
+    report.segments = segments.len();
+    if let Some(next) = expected_lsn {
+        report.next_lsn = next;
+    }
+    if let Some((first_lsn, path)) = segments.last() {
+        let len_bytes = fs::metadata(path).map_err(|e| StoreError::io(path, e))?.len();
+        report.tail = Some(TailSegment {
+            path: path.clone(),
+            first_lsn: *first_lsn,
+            len_bytes,
+        });
+    }
+    report.duration = started.elapsed();
+    Ok(report)
+}
+
+enum SegmentEnd {
+    Clean { next_lsn: u64 },
+    TornAt { offset: u64, next_lsn: u64 },
+}
+
+/// Replays one segment. The error carries (offset, reason, next_lsn at that point).
+fn replay_segment(
+    bytes: &[u8],
+    name_lsn: u64,
+    expected_lsn: Option<u64>,
+    is_last: bool,
+    apply: &mut impl FnMut(u64, Mutation),
+    report: &mut RecoveryReport,
+) -> Result<SegmentEnd, (u64, String, u64)> {
+    let first_lsn = parse_segment_header(bytes).map_err(|reason| (0, reason, name_lsn))?;
+    if first_lsn != name_lsn {
+        return Err((
+            0,
+            format!("header says first LSN {first_lsn}, the file name says {name_lsn}"),
+            name_lsn,
+        ));
+    }
+    if let Some(expected) = expected_lsn
+        && first_lsn != expected
+    {
+        return Err((
+            0,
+            format!(
+                "LSN gap: this segment starts at LSN {first_lsn}, the previous one ended before LSN {expected}"
+            ),
+            expected,
+        ));
+    }
+    let mut offset = SEGMENT_HEADER_BYTES;
+    let mut next_lsn = first_lsn;
+    while offset < bytes.len() {
+        match parse_record(&bytes[offset..]) {
+            Ok(record) => {
+                if record.lsn != next_lsn {
+                    return Err((
+                        offset as u64,
+                        format!("record has LSN {}, expected {next_lsn}", record.lsn),
+                        next_lsn,
+                    ));
+                }
+                let mutation = Mutation::decode(record.kind, record.payload)
+                    .map_err(|reason| (offset as u64, reason, next_lsn))?;
+                apply(record.lsn, mutation);
+                report.records_replayed += 1;
+                next_lsn += 1;
+                offset += record.total_bytes;
+            }
+            Err(damage) => {
+                if is_last && !valid_record_follows(bytes, offset + 1, next_lsn) {
+                    return Ok(SegmentEnd::TornAt {
+                        offset: offset as u64,
+                        next_lsn,
+                    });
+                }
+                let why = if is_last {
+                    format!("{damage}, and valid records follow it")
+                } else {
+                    format!("{damage} in a segment that is not the last")
+                };
+                return Err((offset as u64, why, next_lsn));
+            }
+        }
+    }
+    Ok(SegmentEnd::Clean { next_lsn })
+}
+
+/// Whether any valid record with a plausible LSN starts at or after `from`.
+/// Cheap field checks run before the CRC, so scanning a damaged tail costs
+/// little; this runs only when recovery already found damage.
+fn valid_record_follows(bytes: &[u8], from: usize, min_lsn: u64) -> bool {
+    let max_lsn = min_lsn.saturating_add((bytes.len() / RECORD_HEADER_BYTES) as u64 + 1);
+    let mut at = from;
+    while at + RECORD_HEADER_BYTES <= bytes.len() {
+        let h = &bytes[at..];
+        let len = u32::from_le_bytes([h[4], h[5], h[6], h[7]]) as usize;
+        let lsn = u64::from_le_bytes([h[8], h[9], h[10], h[11], h[12], h[13], h[14], h[15]]);
+        let kind = h[16];
+        let plausible = (kind == KIND_PUT || kind == KIND_DEL)
+            && (min_lsn..=max_lsn).contains(&lsn)
+            && len <= MAX_RECORD_PAYLOAD_BYTES
+            && RECORD_HEADER_BYTES + len <= h.len();
+        if plausible && parse_record(h).is_ok() {
+            return true;
+        }
+        at += 1;
+    }
+    false
+}
+
+fn list_segments(wal_dir: &Path) -> Result<Vec<(u64, PathBuf)>, StoreError> {
+    let mut segments = Vec::new();
+    let entries = fs::read_dir(wal_dir).map_err(|e| StoreError::io(wal_dir, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| StoreError::io(wal_dir, e))?;
+        let name = entry.file_name();
+        if let Some(lsn) = name.to_str().and_then(parse_segment_file_name) {
+            segments.push((lsn, entry.path()));
+        }
+    }
+    segments.sort();
+    Ok(segments)
+}
+
+fn truncate_durably(path: &Path, len: u64) -> Result<(), StoreError> {
+    let file = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| StoreError::io(path, e))?;
+    file.set_len(len)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| StoreError::io(path, e))
+}
+
+/// Cuts the log at `bad`: saves the dropped tail and moves later segments
+/// into a repair folder, then truncates (or removes) the damaged segment.
+fn repair_at(
+    wal_dir: &Path,
+    segments: &[(u64, PathBuf)],
+    bad: &BadPoint,
+    bad_segment_len: u64,
+) -> Result<RepairReport, StoreError> {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let saved_to = wal_dir.join(format!("repair-{secs}"));
+    fs::create_dir_all(&saved_to).map_err(|e| StoreError::io(&saved_to, e))?;
+    let (_, bad_path) = &segments[bad.segment];
+    let file_name = bad_path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let bytes = fs::read(bad_path).map_err(|e| StoreError::io(bad_path, e))?;
+    let cut = (bad.offset as usize).min(bytes.len());
+    let tail_path = saved_to.join(format!("{file_name}.from-{}", bad.offset));
+    fs::write(&tail_path, &bytes[cut..]).map_err(|e| StoreError::io(&tail_path, e))?;
+    let mut bytes_dropped = bad_segment_len - bad.offset;
+    let mut segments_dropped = 0;
+    for (_, later) in &segments[bad.segment + 1..] {
+        bytes_dropped += fs::metadata(later).map_err(|e| StoreError::io(later, e))?.len();
+        let target = saved_to.join(later.file_name().unwrap_or_default());
+        fs::rename(later, &target).map_err(|e| StoreError::io(later, e))?;
+        segments_dropped += 1;
+    }
+    if bad.offset == 0 {
+        fs::remove_file(bad_path).map_err(|e| StoreError::io(bad_path, e))?;
+        segments_dropped += 1;
+    } else {
+        truncate_durably(bad_path, bad.offset)?;
+    }
+    sync_dir(&saved_to)?;
+    sync_dir(wal_dir)?;
+    Ok(RepairReport {
+        path: bad_path.clone(),
+        offset: bad.offset,
+        reason: bad.reason.clone(),
+        bytes_dropped,
+        segments_dropped,
+        saved_to,
+    })
+}
