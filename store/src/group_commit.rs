@@ -303,7 +303,7 @@ impl Writer {
             }
             let _ = pending.reply.send(Err(WriteError::new(
                 WriteErrorKind::NoSuchNamespace,
-                format!("no such namespace {ns:?}"),
+                format!("no such namespace {:?}; this version has only \"default\"", ns.as_str()),
             )));
             false
         });

@@ -68,13 +68,16 @@ enum Command {
     Ping,
 
     /// Store a value at a cell (binary-safe)
-    #[command(after_help = "\
+    #[command(
+        override_usage = "cubec put [OPTIONS] <NS> <X,Y,Z> <VALUE | - | --file PATH>",
+        after_help = "\
 Exactly one value source: the VALUE argument, `-` for stdin, or --file.
 
 Examples:
   cubec put default 1,2,3 'hello'
   cubec put default -1,0,7 - < image.png
-  cubec put default 0,0,0 --file image.png")]
+  cubec put default 0,0,0 --file image.png"
+    )]
     Put(PutArgs),
 
     /// Print the value at a cell: exactly the stored bytes, nothing added

@@ -1,0 +1,434 @@
+//! Keeps `docs/protocol.md` true: every worked hex example in it must be exactly what the real encoders produce, and its opcode, error-code, limit and checksum tables must match the code.
+//!
+//! To regenerate the examples after a deliberate wire change, run
+//! `cargo test -p cube-protocol --test protocol_doc -- --ignored --nocapture`
+//! and paste the printed blocks over the old ones.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+
+use cube_protocol::frame::{self, RESPONSE_BIT};
+use cube_protocol::{
+    Coord, ErrorCode, FrameHeader, HEADER_BYTES, Limits, MAX_STATS_ENTRIES, NamespaceName, Opcode,
+    PROTOCOL_VERSION, Request, Response, ServerError, StatsEntry, StatsValue,
+};
+
+const DOC: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/protocol.md"));
+
+/// One worked example: its name in the doc, the frame the encoder makes, and
+/// a label for each body field (byte count, description).
+struct Example {
+    name: &'static str,
+    frame: Vec<u8>,
+    fields: Vec<(usize, String)>,
+}
+
+fn request(name: &'static str, id: u64, req: Request, fields: Vec<(usize, String)>) -> Example {
+    let mut frame = Vec::new();
+    req.encode(id, &mut frame);
+    Example { name, frame, fields }
+}
+
+fn response(name: &'static str, id: u64, resp: Response, fields: Vec<(usize, String)>) -> Example {
+    let mut frame = Vec::new();
+    resp.encode(id, &mut frame);
+    Example { name, frame, fields }
+}
+
+fn error(
+    name: &'static str,
+    opcode: u16,
+    id: u64,
+    code: ErrorCode,
+    message: &str,
+) -> Example {
+    let mut frame = Vec::new();
+    Response::encode_error(opcode, id, &ServerError::new(code, message), &mut frame);
+    let fields = vec![
+        (1, "status = 1 (error)".to_owned()),
+        (2, format!("code = {} ({})", code as u16, code.name())),
+        (2, format!("message length = {}", message.len())),
+        (message.len(), format!("message = {message:?}")),
+    ];
+    Example { name, frame, fields }
+}
+
+fn f(len: usize, label: impl Into<String>) -> (usize, String) {
+    (len, label.into())
+}
+
+fn default_ns() -> NamespaceName {
+    NamespaceName::new("default").unwrap()
+}
+
+fn ns_and_coord_fields() -> Vec<(usize, String)> {
+    vec![
+        f(1, "namespace length = 7"),
+        f(7, "namespace = \"default\""),
+        f(4, "x = 1 (i32)"),
+        f(4, "y = -2 (i32)"),
+        f(4, "z = 3 (i32)"),
+    ]
+}
+
+fn examples() -> Vec<Example> {
+    let coord = Coord::new(1, -2, 3);
+    let limits = Limits::default();
+    let mut put_fields = ns_and_coord_fields();
+    put_fields.extend([f(4, "value length = 5"), f(5, "value = \"hello\"")]);
+    vec![
+        request(
+            "hello-request",
+            1,
+            Request::Hello {
+                client_version: PROTOCOL_VERSION,
+                client_name: "cubec 0.1.0".to_owned(),
+            },
+            vec![
+                f(2, "client_version = 1"),
+                f(2, "client_name length = 11"),
+                f(11, "client_name = \"cubec 0.1.0\""),
+            ],
+        ),
+        response(
+            "hello-response",
+            1,
+            Response::Hello {
+                protocol_version: PROTOCOL_VERSION,
+                server_version: "cubed 0.1.0".to_owned(),
+                max_frame_bytes: limits.max_frame_bytes,
+                max_value_bytes: limits.max_value_bytes,
+            },
+            vec![
+                f(1, "status = 0 (ok)"),
+                f(2, "protocol_version = 1"),
+                f(2, "server_version length = 11"),
+                f(11, "server_version = \"cubed 0.1.0\""),
+                f(4, "max_frame_bytes = 16777216"),
+                f(4, "max_value_bytes = 1048576"),
+            ],
+        ),
+        request("ping-request", 2, Request::Ping, vec![]),
+        response("ping-response", 2, Response::Pong, vec![f(1, "status = 0 (ok)")]),
+        request("stats-request", 3, Request::Stats, vec![]),
+        response(
+            "stats-response",
+            3,
+            Response::Stats(vec![
+                StatsEntry {
+                    name: "connections".to_owned(),
+                    value: StatsValue::Count(1),
+                },
+                StatsEntry {
+                    name: "uptime_s".to_owned(),
+                    value: StatsValue::Float(12.5),
+                },
+                StatsEntry {
+                    name: "sync".to_owned(),
+                    value: StatsValue::Text("always".to_owned()),
+                },
+            ]),
+            vec![
+                f(1, "status = 0 (ok)"),
+                f(2, "entry count = 3"),
+                f(2, "name length = 11"),
+                f(11, "name = \"connections\""),
+                f(1, "tag = 0 (count)"),
+                f(8, "count = 1 (u64)"),
+                f(2, "name length = 8"),
+                f(8, "name = \"uptime_s\""),
+                f(1, "tag = 1 (float)"),
+                f(8, "float = 12.5 (f64 bits 0x4029000000000000)"),
+                f(2, "name length = 4"),
+                f(4, "name = \"sync\""),
+                f(1, "tag = 2 (text)"),
+                f(2, "text length = 6"),
+                f(6, "text = \"always\""),
+            ],
+        ),
+        request(
+            "put-request",
+            4,
+            Request::Put {
+                ns: default_ns(),
+                coord,
+                value: b"hello".to_vec(),
+            },
+            put_fields,
+        ),
+        response(
+            "put-response",
+            4,
+            Response::Put { lsn: 17 },
+            vec![f(1, "status = 0 (ok)"), f(8, "lsn = 17 (u64)")],
+        ),
+        request(
+            "get-request",
+            5,
+            Request::Get {
+                ns: default_ns(),
+                coord,
+            },
+            ns_and_coord_fields(),
+        ),
+        response(
+            "get-response",
+            5,
+            Response::Get(Some(b"hello".to_vec())),
+            vec![
+                f(1, "status = 0 (ok)"),
+                f(1, "found = 1"),
+                f(4, "value length = 5"),
+                f(5, "value = \"hello\""),
+            ],
+        ),
+        response(
+            "get-response-not-found",
+            6,
+            Response::Get(None),
+            vec![f(1, "status = 0 (ok)"), f(1, "found = 0 (no value field follows)")],
+        ),
+        request(
+            "del-request",
+            7,
+            Request::Del {
+                ns: default_ns(),
+                coord,
+            },
+            ns_and_coord_fields(),
+        ),
+        response(
+            "del-response",
+            7,
+            Response::Del {
+                lsn: 18,
+                existed: true,
+            },
+            vec![
+                f(1, "status = 0 (ok)"),
+                f(8, "lsn = 18 (u64)"),
+                f(1, "existed = 1"),
+            ],
+        ),
+        error(
+            "error-response",
+            Opcode::Get as u16,
+            8,
+            ErrorCode::NoSuchNamespace,
+            "no namespace \"nope\"",
+        ),
+        error(
+            "refusal-frame",
+            0,
+            0,
+            ErrorCode::TooManyConnections,
+            "too many connections",
+        ),
+    ]
+}
+
+fn header_fields(h: &FrameHeader) -> Vec<(usize, String)> {
+    let opcode = if h.opcode & RESPONSE_BIT != 0 {
+        match Opcode::from_u16(h.opcode & !RESPONSE_BIT) {
+            Some(op) => format!("opcode = 0x{:04x} ({} response)", h.opcode, op.name()),
+            None => format!("opcode = 0x{:04x} (response, no request opcode)", h.opcode),
+        }
+    } else {
+        let op = Opcode::from_u16(h.opcode).unwrap();
+        format!("opcode = 0x{:04x} ({})", h.opcode, op.name())
+    };
+    vec![
+        f(4, format!("body_len = {}", h.body_len)),
+        f(4, format!("body_crc32c = 0x{:08x}", h.body_crc32c)),
+        f(2, format!("version = {}", h.version)),
+        f(2, opcode),
+        f(8, format!("request_id = {}", h.request_id)),
+    ]
+}
+
+/// The annotated hex block for an example, as it appears in the doc.
+fn render(example: &Example) -> String {
+    let header = FrameHeader::parse(example.frame[..HEADER_BYTES].try_into().unwrap());
+    let mut fields = header_fields(&header);
+    fields.extend(example.fields.iter().cloned());
+    let total: usize = fields.iter().map(|(len, _)| len).sum();
+    assert_eq!(
+        total,
+        example.frame.len(),
+        "the field labels of {} do not cover the frame",
+        example.name
+    );
+    let mut out = format!("<!-- example: {} -->\n```text\n", example.name);
+    let mut offset = 0;
+    for (len, label) in fields {
+        let bytes = &example.frame[offset..offset + len];
+        for (i, chunk) in bytes.chunks(16).enumerate() {
+            let hex: Vec<String> = chunk.iter().map(|b| format!("{b:02x}")).collect();
+            let hex = hex.join(" ");
+            if i == 0 {
+                out.push_str(&format!("{hex:<48} # {label}\n"));
+            } else {
+                out.push_str(&format!("{hex}\n"));
+            }
+        }
+        offset += len;
+    }
+    out.push_str("```\n");
+    out
+}
+
+/// Every `<!-- example: NAME -->` block in the doc, as bytes. Each line of a
+/// block is hex byte pairs, optionally followed by `# comment`.
+fn doc_examples() -> BTreeMap<String, Vec<u8>> {
+    let mut found = BTreeMap::new();
+    let mut lines = DOC.lines();
+    while let Some(line) = lines.next() {
+        let Some(name) = line
+            .trim()
+            .strip_prefix("<!-- example:")
+            .and_then(|rest| rest.strip_suffix("-->"))
+        else {
+            continue;
+        };
+        let name = name.trim().to_owned();
+        assert_eq!(
+            lines.next().map(str::trim),
+            Some("```text"),
+            "example {name}: the marker must be followed by a ```text block"
+        );
+        let mut bytes = Vec::new();
+        for line in lines.by_ref() {
+            if line.trim() == "```" {
+                break;
+            }
+            let hex = line.split('#').next().unwrap();
+            for token in hex.split_whitespace() {
+                assert!(
+                    token.len() == 2 && token.chars().all(|c| c.is_ascii_hexdigit()),
+                    "example {name}: {token:?} is not a hex byte"
+                );
+                bytes.push(u8::from_str_radix(token, 16).unwrap());
+            }
+        }
+        assert!(
+            found.insert(name.clone(), bytes).is_none(),
+            "example {name} appears twice"
+        );
+    }
+    found
+}
+
+#[test]
+fn doc_examples_match_the_encoders() {
+    let in_doc = doc_examples();
+    let examples = examples();
+    let mut stale = Vec::new();
+    for example in &examples {
+        match in_doc.get(example.name) {
+            Some(bytes) if *bytes == example.frame => {}
+            _ => stale.push(render(example)),
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "docs/protocol.md examples are missing or stale; the encoders produce:\n\n{}",
+        stale.join("\n")
+    );
+    let known: Vec<&str> = examples.iter().map(|e| e.name).collect();
+    for name in in_doc.keys() {
+        assert!(
+            known.contains(&name.as_str()),
+            "docs/protocol.md has an example {name:?} this test does not check"
+        );
+    }
+}
+
+#[test]
+fn every_opcode_has_a_request_and_a_response_example() {
+    let names: Vec<&str> = examples().iter().map(|e| e.name).collect();
+    for op in Opcode::ALL {
+        for side in ["request", "response"] {
+            let name = format!("{}-{side}", op.name());
+            assert!(names.contains(&name.as_str()), "no example {name}");
+        }
+    }
+}
+
+#[test]
+fn examples_decode_to_what_they_say() {
+    // The examples are built from real messages, so decoding them must work,
+    // and exactly the error examples must decode as server errors.
+    for example in examples() {
+        let header = FrameHeader::parse(example.frame[..HEADER_BYTES].try_into().unwrap());
+        let body = &example.frame[HEADER_BYTES..];
+        header.verify_body(body).unwrap();
+        if header.opcode & RESPONSE_BIT == 0 {
+            Request::decode(&header, body, &Limits::default()).unwrap();
+        } else {
+            let answer = Response::decode(&header, body, &Limits::default()).unwrap();
+            let is_error = matches!(example.name, "error-response" | "refusal-frame");
+            assert_eq!(answer.is_err(), is_error, "{}", example.name);
+        }
+    }
+}
+
+fn doc_has_row(prefix: &str) -> bool {
+    DOC.lines()
+        .any(|line| line.replace(' ', "").starts_with(&prefix.replace(' ', "")))
+}
+
+#[test]
+fn opcode_table_matches() {
+    for op in Opcode::ALL {
+        let row = format!("| `0x{:04x}` | `{}` |", op as u16, op.name());
+        assert!(doc_has_row(&row), "docs/protocol.md lacks the opcode row {row}");
+    }
+}
+
+#[test]
+fn error_code_table_matches() {
+    let mut rows = 0;
+    for n in 0..=u16::MAX {
+        if let Some(code) = ErrorCode::from_u16(n) {
+            let row = format!("| {n} | `{}` |", code.name());
+            assert!(doc_has_row(&row), "docs/protocol.md lacks the error row {row}");
+            rows += 1;
+        }
+    }
+    // No row for a code that does not exist.
+    let next = format!("| {} | `", rows + 1);
+    assert!(!doc_has_row(&next), "docs/protocol.md lists error code {}", rows + 1);
+}
+
+#[test]
+fn stated_constants_match() {
+    let limits = Limits::default();
+    let facts = [
+        format!("`max_frame_bytes` | {}", limits.max_frame_bytes),
+        format!("`max_value_bytes` | {}", limits.max_value_bytes),
+        format!("stats entries | {MAX_STATS_ENTRIES}"),
+        format!("header | {HEADER_BYTES}"),
+        format!("protocol version | {PROTOCOL_VERSION}"),
+    ];
+    for fact in facts {
+        assert!(
+            DOC.lines().any(|l| l.replace(' ', "").contains(&fact.replace(' ', ""))),
+            "docs/protocol.md does not state {fact:?}"
+        );
+    }
+    // The CRC check value quoted in the doc is what the frame encoder computes.
+    let mut frame = Vec::new();
+    frame::encode_frame(&mut frame, 0, 0, |b| b.extend_from_slice(b"123456789"));
+    let crc = FrameHeader::parse(frame[..HEADER_BYTES].try_into().unwrap()).body_crc32c;
+    assert_eq!(crc, 0xE306_9283);
+    assert!(DOC.contains("0xE3069283"));
+}
+
+/// Prints every example block; see the module comment.
+#[test]
+#[ignore = "prints the doc's example blocks for regeneration"]
+fn print_examples() {
+    for example in examples() {
+        println!("{}", render(&example));
+    }
+}

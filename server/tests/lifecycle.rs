@@ -1,0 +1,147 @@
+//! Guards the daemon's lifecycle: clean shutdown loses nothing, a second
+//! daemon cannot share a data dir or socket, the socket is private, and
+//! connection caps and timeouts protect everyone else.
+#![allow(clippy::unwrap_used)]
+
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use cube_client::{ClientError, Coord, ErrorCode, LocalDaemon, Request};
+
+#[test]
+fn sigterm_finishes_in_flight_work_and_loses_nothing() {
+    let mut daemon = LocalDaemon::start_fresh(&[]).unwrap();
+    let mut writers = Vec::new();
+    for t in 0..4 {
+        let mut c = daemon.client().unwrap();
+        writers.push(std::thread::spawn(move || {
+            let mut acked = Vec::new();
+            for i in 0..10_000 {
+                match c.put("default", Coord::new(t, i, 0), format!("{t}:{i}").as_bytes()) {
+                    Ok(_) => acked.push(i),
+                    Err(_) => break,
+                }
+            }
+            acked
+        }));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let status = daemon.terminate().unwrap();
+    assert!(status.success(), "clean shutdown exits 0, got {status:?}\n{}", daemon.log_text());
+    let acked: Vec<Vec<i32>> = writers.into_iter().map(|w| w.join().unwrap()).collect();
+    assert!(!daemon.socket().exists(), "the socket file is removed on clean shutdown");
+    let log = daemon.log_text();
+    assert!(log.contains("stopped cleanly"), "{log}");
+
+    daemon.restart().unwrap();
+    let mut c = daemon.client().unwrap();
+    for (t, keys) in acked.iter().enumerate() {
+        assert!(!keys.is_empty());
+        for &i in keys {
+            let v = c.get("default", Coord::new(t as i32, i, 0)).unwrap();
+            assert_eq!(v.as_deref(), Some(format!("{t}:{i}").as_bytes()), "{t}:{i} lost");
+        }
+    }
+}
+
+#[test]
+fn a_second_daemon_on_the_same_data_dir_or_socket_refuses_to_start() {
+    let daemon = LocalDaemon::start_fresh(&[]).unwrap();
+    let bin = LocalDaemon::find_binary().unwrap();
+    let other_socket = daemon.data_dir().parent().unwrap().join("other.sock");
+    let out = Command::new(&bin)
+        .arg("--data")
+        .arg(daemon.data_dir())
+        .arg("--socket")
+        .arg(&other_socket)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("locked by another cubed"), "{err}");
+    assert!(err.contains(&daemon.pid().to_string()), "names the holder's pid: {err}");
+
+    let other_data = daemon.data_dir().parent().unwrap().join("other-data");
+    let out = Command::new(&bin)
+        .arg("--data")
+        .arg(&other_data)
+        .arg("--socket")
+        .arg(daemon.socket())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("already listening"), "{err}");
+    // The first daemon is unharmed.
+    daemon.client().unwrap().ping().unwrap();
+}
+
+#[test]
+fn the_socket_is_private_and_a_stale_socket_is_replaced() {
+    let mut daemon = LocalDaemon::start_fresh(&[]).unwrap();
+    let mode = std::fs::metadata(daemon.socket()).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    // kill -9 leaves the socket file behind; the next start replaces it.
+    daemon.kill9().unwrap();
+    assert!(daemon.socket().exists());
+    daemon.restart().unwrap();
+    daemon.client().unwrap().ping().unwrap();
+}
+
+#[test]
+fn connections_over_the_cap_are_refused_with_a_clear_error() {
+    let daemon = LocalDaemon::start_fresh(&["--max-connections", "2"]).unwrap();
+    let mut a = daemon.client().unwrap();
+    let _b = daemon.client().unwrap();
+    match daemon.client() {
+        Err(ClientError::Server(e)) => {
+            assert_eq!(e.known_code(), Some(ErrorCode::TooManyConnections));
+            assert!(e.message.contains("--max-connections"), "{e}");
+        }
+        Err(other) => panic!("expected too_many_connections, got {other}"),
+        Ok(_) => panic!("a third connection was accepted over a cap of 2"),
+    }
+    a.ping().unwrap();
+    drop(a);
+    // Once a slot frees, a new client gets in.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match daemon.client() {
+            Ok(mut c) => {
+                c.ping().unwrap();
+                break;
+            }
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("slot never freed: {e}"),
+        }
+    }
+}
+
+#[test]
+fn idle_and_half_sent_connections_are_timed_out_without_slowing_others() {
+    let daemon = LocalDaemon::start_fresh(&["--idle-timeout-secs", "1", "--frame-timeout-ms", "200"]).unwrap();
+    // Half a frame, then silence.
+    let mut staller = UnixStream::connect(daemon.socket()).unwrap();
+    let mut out = Vec::new();
+    Request::Ping.encode(1, &mut out);
+    staller.write_all(&out[..7]).unwrap();
+    let mut idler = UnixStream::connect(daemon.socket()).unwrap();
+    let started = Instant::now();
+    let mut c = daemon.client().unwrap();
+    c.ping().unwrap();
+    assert!(started.elapsed() < Duration::from_millis(150), "a stalled peer slowed another client");
+
+    staller.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 16];
+    assert_eq!(staller.read(&mut buf).unwrap(), 0, "stalled mid-frame connection was closed");
+    assert!(started.elapsed() < Duration::from_secs(3));
+
+    idler.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(idler.read(&mut buf).unwrap(), 0, "idle connection was closed");
+    let stats = c.stats();
+    // The client that kept talking within the idle timeout is still fine.
+    assert!(stats.is_ok() || matches!(stats, Err(ClientError::Io(_))));
+}
