@@ -81,7 +81,11 @@ impl Request {
 
     /// Decodes a verified frame body. Never panics; allocates at most the
     /// body's length.
-    pub fn decode(header: &FrameHeader, body: &[u8], limits: &Limits) -> Result<Request, DecodeError> {
+    pub fn decode(
+        header: &FrameHeader,
+        body: &[u8],
+        limits: &Limits,
+    ) -> Result<Request, DecodeError> {
         let opcode =
             Opcode::from_u16(header.opcode).ok_or(DecodeError::UnknownOpcode(header.opcode))?;
         let mut r = BodyReader::new(body);
@@ -245,11 +249,16 @@ impl Response {
     /// Appends an error frame. `opcode` is the raw request opcode (0 when
     /// the request could not be read at all).
     pub fn encode_error(opcode: u16, request_id: u64, error: &ServerError, out: &mut Vec<u8>) {
-        encode_frame(out, (opcode & !RESPONSE_BIT) | RESPONSE_BIT, request_id, |b| {
-            b.push(STATUS_ERROR);
-            put_u16(b, error.code);
-            put_short_string(b, &error.message, MAX_MESSAGE_BYTES);
-        });
+        encode_frame(
+            out,
+            (opcode & !RESPONSE_BIT) | RESPONSE_BIT,
+            request_id,
+            |b| {
+                b.push(STATUS_ERROR);
+                put_u16(b, error.code);
+                put_short_string(b, &error.message, MAX_MESSAGE_BYTES);
+            },
+        );
     }
 
     /// Decodes a verified response body: the outer `Result` is about bytes,
@@ -358,7 +367,10 @@ mod tests {
         req.encode(42, &mut out);
         let (header, body) = split(&out);
         assert_eq!(header.request_id, 42);
-        assert_eq!(Request::decode(&header, body, &Limits::default()).unwrap(), req);
+        assert_eq!(
+            Request::decode(&header, body, &Limits::default()).unwrap(),
+            req
+        );
     }
 
     #[test]

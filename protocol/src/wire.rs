@@ -98,7 +98,11 @@ impl<'a> BodyReader<'a> {
     }
 
     /// A `u32` length followed by that many bytes, at most `limit`.
-    pub(crate) fn blob(&mut self, what: &'static str, limit: usize) -> Result<Vec<u8>, DecodeError> {
+    pub(crate) fn blob(
+        &mut self,
+        what: &'static str,
+        limit: usize,
+    ) -> Result<Vec<u8>, DecodeError> {
         let len = self.u32()? as usize;
         if len > limit {
             return Err(DecodeError::TooLarge {

@@ -111,9 +111,8 @@ fn four_gib_claims_allocate_nothing() {
     get.extend_from_slice(&u32::MAX.to_le_bytes());
     get.extend_from_slice(b"abc");
     for limits in [Limits::default(), unlimited] {
-        let (result, largest, total) = measure(|| {
-            Request::decode(&header(Opcode::Put as u16, &put), &put, &limits).map(drop)
-        });
+        let (result, largest, total) =
+            measure(|| Request::decode(&header(Opcode::Put as u16, &put), &put, &limits).map(drop));
         assert!(
             matches!(
                 result,
@@ -123,7 +122,10 @@ fn four_gib_claims_allocate_nothing() {
         );
         // Only the 7-byte namespace name is allocated before the value
         // length is read and refused.
-        assert!(largest <= 7 && total <= 7, "put decode allocated {total} bytes");
+        assert!(
+            largest <= 7 && total <= 7,
+            "put decode allocated {total} bytes"
+        );
 
         let opcode = Opcode::Get as u16 | RESPONSE_BIT;
         let (result, largest, total) =
@@ -143,7 +145,10 @@ fn four_gib_claims_allocate_nothing() {
     let opcode = Opcode::Stats as u16 | RESPONSE_BIT;
     let (result, largest, _) =
         measure(|| Response::decode(&header(opcode, &stats), &stats, &Limits::default()).map(drop));
-    assert!(matches!(result, Err(DecodeError::Truncated { .. })), "{result:?}");
+    assert!(
+        matches!(result, Err(DecodeError::Truncated { .. })),
+        "{result:?}"
+    );
     assert_eq!(largest, 0, "no entries reserved for a body that holds none");
 }
 

@@ -26,22 +26,24 @@ struct Example {
 fn request(name: &'static str, id: u64, req: Request, fields: Vec<(usize, String)>) -> Example {
     let mut frame = Vec::new();
     req.encode(id, &mut frame);
-    Example { name, frame, fields }
+    Example {
+        name,
+        frame,
+        fields,
+    }
 }
 
 fn response(name: &'static str, id: u64, resp: Response, fields: Vec<(usize, String)>) -> Example {
     let mut frame = Vec::new();
     resp.encode(id, &mut frame);
-    Example { name, frame, fields }
+    Example {
+        name,
+        frame,
+        fields,
+    }
 }
 
-fn error(
-    name: &'static str,
-    opcode: u16,
-    id: u64,
-    code: ErrorCode,
-    message: &str,
-) -> Example {
+fn error(name: &'static str, opcode: u16, id: u64, code: ErrorCode, message: &str) -> Example {
     let mut frame = Vec::new();
     Response::encode_error(opcode, id, &ServerError::new(code, message), &mut frame);
     let fields = vec![
@@ -50,7 +52,11 @@ fn error(
         (2, format!("message length = {}", message.len())),
         (message.len(), format!("message = {message:?}")),
     ];
-    Example { name, frame, fields }
+    Example {
+        name,
+        frame,
+        fields,
+    }
 }
 
 fn f(len: usize, label: impl Into<String>) -> (usize, String) {
@@ -109,7 +115,12 @@ fn examples() -> Vec<Example> {
             ],
         ),
         request("ping-request", 2, Request::Ping, vec![]),
-        response("ping-response", 2, Response::Pong, vec![f(1, "status = 0 (ok)")]),
+        response(
+            "ping-response",
+            2,
+            Response::Pong,
+            vec![f(1, "status = 0 (ok)")],
+        ),
         request("stats-request", 3, Request::Stats, vec![]),
         response(
             "stats-response",
@@ -186,7 +197,10 @@ fn examples() -> Vec<Example> {
             "get-response-not-found",
             6,
             Response::Get(None),
-            vec![f(1, "status = 0 (ok)"), f(1, "found = 0 (no value field follows)")],
+            vec![
+                f(1, "status = 0 (ok)"),
+                f(1, "found = 0 (no value field follows)"),
+            ],
         ),
         request(
             "del-request",
@@ -381,7 +395,10 @@ fn doc_has_row(prefix: &str) -> bool {
 fn opcode_table_matches() {
     for op in Opcode::ALL {
         let row = format!("| `0x{:04x}` | `{}` |", op as u16, op.name());
-        assert!(doc_has_row(&row), "docs/protocol.md lacks the opcode row {row}");
+        assert!(
+            doc_has_row(&row),
+            "docs/protocol.md lacks the opcode row {row}"
+        );
     }
 }
 
@@ -391,13 +408,20 @@ fn error_code_table_matches() {
     for n in 0..=u16::MAX {
         if let Some(code) = ErrorCode::from_u16(n) {
             let row = format!("| {n} | `{}` |", code.name());
-            assert!(doc_has_row(&row), "docs/protocol.md lacks the error row {row}");
+            assert!(
+                doc_has_row(&row),
+                "docs/protocol.md lacks the error row {row}"
+            );
             rows += 1;
         }
     }
     // No row for a code that does not exist.
     let next = format!("| {} | `", rows + 1);
-    assert!(!doc_has_row(&next), "docs/protocol.md lists error code {}", rows + 1);
+    assert!(
+        !doc_has_row(&next),
+        "docs/protocol.md lists error code {}",
+        rows + 1
+    );
 }
 
 #[test]
@@ -412,7 +436,8 @@ fn stated_constants_match() {
     ];
     for fact in facts {
         assert!(
-            DOC.lines().any(|l| l.replace(' ', "").contains(&fact.replace(' ', ""))),
+            DOC.lines()
+                .any(|l| l.replace(' ', "").contains(&fact.replace(' ', ""))),
             "docs/protocol.md does not state {fact:?}"
         );
     }

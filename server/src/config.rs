@@ -59,7 +59,7 @@ pub struct Args {
     pub max_frame_bytes: u32,
 
     /// A WAL segment is closed and a new one started past this size.
-    #[arg(long, value_name = "BYTES", default_value_t = 64 * 1024 * 1024)]
+    #[arg(long, value_name = "BYTES", default_value_t = 32 * 1024 * 1024)]
     pub wal_segment_bytes: u64,
 
     /// Most writes committed by one fdatasync.
@@ -88,12 +88,16 @@ fn parse_mode(text: &str) -> Result<u32, String> {
     u32::from_str_radix(text, 8)
         .ok()
         .filter(|mode| *mode <= 0o777)
-        .ok_or_else(|| format!("bad socket mode {text:?}: give octal permissions such as 600 or 660"))
+        .ok_or_else(|| {
+            format!("bad socket mode {text:?}: give octal permissions such as 600 or 660")
+        })
 }
 
 impl Args {
     pub fn socket_path(&self) -> PathBuf {
-        self.socket.clone().unwrap_or_else(|| self.data.join("cubed.sock"))
+        self.socket
+            .clone()
+            .unwrap_or_else(|| self.data.join("cubed.sock"))
     }
 
     pub fn limits(&self) -> Limits {

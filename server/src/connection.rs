@@ -51,7 +51,10 @@ impl std::fmt::Display for Close {
 }
 
 fn is_timeout(e: &io::Error) -> bool {
-    matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
 }
 
 pub(crate) struct Connection {
@@ -92,9 +95,13 @@ impl Connection {
             };
             let started = Instant::now();
             let limits = self.shared.args.limits();
-            let request = match header.verify_body(&self.body).map_err(|e| (e.code(), e.to_string())).and_then(|()| {
-                Request::decode(&header, &self.body, &limits).map_err(|e| (e.code(), e.to_string()))
-            }) {
+            let request = match header
+                .verify_body(&self.body)
+                .map_err(|e| (e.code(), e.to_string()))
+                .and_then(|()| {
+                    Request::decode(&header, &self.body, &limits)
+                        .map_err(|e| (e.code(), e.to_string()))
+                }) {
                 Ok(request) => request,
                 Err((code, message)) => {
                     self.shared.stats.bad_frames.fetch_add(1, Ordering::Relaxed);
@@ -115,7 +122,10 @@ impl Connection {
                 return Close::Refused("no hello".into());
             }
             if self.shared.shutting_down.load(Ordering::Relaxed) {
-                let error = ServerError::new(ErrorCode::ShuttingDown, "cubed is shutting down; reconnect after it restarts");
+                let error = ServerError::new(
+                    ErrorCode::ShuttingDown,
+                    "cubed is shutting down; reconnect after it restarts",
+                );
                 let _ = self.send_error(header.opcode, header.request_id, &error);
                 return Close::Refused("shutting down".into());
             }
@@ -123,7 +133,9 @@ impl Connection {
             self.out.clear();
             match &result {
                 Ok(response) => response.encode(header.request_id, &mut self.out),
-                Err(error) => Response::encode_error(header.opcode, header.request_id, error, &mut self.out),
+                Err(error) => {
+                    Response::encode_error(header.opcode, header.request_id, error, &mut self.out)
+                }
             }
             if let Err(e) = self.writer.write_all(&self.out) {
                 return Close::WriteFailed(e);
@@ -180,11 +192,17 @@ impl Connection {
     }
 
     fn peek_header(&self) -> Option<FrameHeader> {
-        let bytes: &[u8; HEADER_BYTES] = self.reader.buffer().get(..HEADER_BYTES)?.try_into().ok()?;
+        let bytes: &[u8; HEADER_BYTES] =
+            self.reader.buffer().get(..HEADER_BYTES)?.try_into().ok()?;
         Some(FrameHeader::parse(bytes))
     }
 
-    fn send_error(&mut self, opcode: u16, request_id: u64, error: &ServerError) -> Result<(), Close> {
+    fn send_error(
+        &mut self,
+        opcode: u16,
+        request_id: u64,
+        error: &ServerError,
+    ) -> Result<(), Close> {
         self.out.clear();
         Response::encode_error(opcode, request_id, error, &mut self.out);
         self.writer.write_all(&self.out).map_err(Close::WriteFailed)
@@ -195,7 +213,10 @@ impl Connection {
         match request {
             Request::Hello { client_version, .. } => {
                 if self.greeted {
-                    return Err(ServerError::new(ErrorCode::BadRequest, "hello was already sent on this connection"));
+                    return Err(ServerError::new(
+                        ErrorCode::BadRequest,
+                        "hello was already sent on this connection",
+                    ));
                 }
                 if client_version != PROTOCOL_VERSION {
                     return Err(ServerError::new(
@@ -239,10 +260,12 @@ impl Connection {
         if self.session.is_none() {
             self.session = self.shared.engine.session();
         }
-        let session = self
-            .session
-            .as_ref()
-            .ok_or_else(|| ServerError::new(ErrorCode::ShuttingDown, "cubed is shutting down; the write was not stored"))?;
+        let session = self.session.as_ref().ok_or_else(|| {
+            ServerError::new(
+                ErrorCode::ShuttingDown,
+                "cubed is shutting down; the write was not stored",
+            )
+        })?;
         session.write(mutation).map_err(|e| write_error(&e))
     }
 }
@@ -250,7 +273,10 @@ impl Connection {
 fn no_such_namespace(ns: &cube_protocol::NamespaceName) -> ServerError {
     ServerError::new(
         ErrorCode::NoSuchNamespace,
-        format!("no such namespace {:?}; this version has only \"default\"", ns.as_str()),
+        format!(
+            "no such namespace {:?}; this version has only \"default\"",
+            ns.as_str()
+        ),
     )
 }
 

@@ -22,7 +22,9 @@ impl std::str::FromStr for Level {
             "warn" => Ok(Level::Warn),
             "info" => Ok(Level::Info),
             "debug" => Ok(Level::Debug),
-            _ => Err(format!("bad log level {s:?}: use error, warn, info or debug")),
+            _ => Err(format!(
+                "bad log level {s:?}: use error, warn, info or debug"
+            )),
         }
     }
 }
@@ -50,7 +52,9 @@ pub fn emit(level: Level, message: std::fmt::Arguments<'_>) {
 /// RFC 3339 UTC with milliseconds, computed without a date crate
 /// (Howard Hinnant's days-to-civil algorithm).
 fn utc_timestamp() -> String {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
     let secs = now.as_secs() as i64;
     let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);

@@ -15,7 +15,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use cube_protocol::{ErrorCode, Response, ServerError, StatsEntry, StatsValue};
-use cube_store::{Engine, EngineConfig, GroupCommitConfig, RecoveryOptions, StoreError, SyncPolicy};
+use cube_store::{
+    Engine, EngineConfig, GroupCommitConfig, RecoveryOptions, StoreError, SyncPolicy,
+};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -91,7 +93,9 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
         return Err(DaemonError::AlreadyRunning(socket_path));
     }
     if args.sync == SyncPolicy::Never {
-        warn!("--sync never: writes are NEVER fsynced; a crash of the machine loses acknowledged writes. Benchmarks only.");
+        warn!(
+            "--sync never: writes are NEVER fsynced; a crash of the machine loses acknowledged writes. Benchmarks only."
+        );
     } else if let SyncPolicy::Interval { every, max_writes } = args.sync {
         warn!(
             "--sync {}: writes are acknowledged before fsync; a crash can lose up to {} ms or {max_writes} writes",
@@ -107,7 +111,9 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
             max_group_records: args.max_group_records.max(1),
             ..GroupCommitConfig::default()
         },
-        recovery: RecoveryOptions { repair: args.repair },
+        recovery: RecoveryOptions {
+            repair: args.repair,
+        },
     })?;
     log_recovery(&engine);
 
@@ -125,7 +131,11 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
     let mut poll = Poll::new().map_err(DaemonError::Io)?;
     let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(DaemonError::Io)?);
     poll.registry()
-        .register(&mut SourceFd(&listener.as_raw_fd()), LISTENER, Interest::READABLE)
+        .register(
+            &mut SourceFd(&listener.as_raw_fd()),
+            LISTENER,
+            Interest::READABLE,
+        )
         .map_err(DaemonError::Io)?;
     let stop_requested = Arc::new(AtomicBool::new(false));
     watch_signals(Arc::clone(&stop_requested), Arc::clone(&waker))?;
@@ -182,7 +192,10 @@ fn log_recovery(engine: &Engine) {
         );
     }
     if let Some(path) = &r.torn_segment_removed {
-        warn!("removed {}: its creation was torn and it held no records", path.display());
+        warn!(
+            "removed {}: its creation was torn and it held no records",
+            path.display()
+        );
     }
     info!(
         "recovered {} records from {} segment(s) in {} ms; next LSN {}",
@@ -258,13 +271,19 @@ fn accept_all(listener: &UnixListener, shared: &Arc<Shared>, next_id: &AtomicU64
                     shared.args.max_connections
                 ),
             );
-            shared.stats.connections_refused.fetch_add(1, Ordering::Relaxed);
+            shared
+                .stats
+                .connections_refused
+                .fetch_add(1, Ordering::Relaxed);
             continue;
         }
         let id = next_id.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = spawn_connection(id, stream, shared) {
             warn!("could not start a connection thread: {e}");
-            shared.stats.connections_refused.fetch_add(1, Ordering::Relaxed);
+            shared
+                .stats
+                .connections_refused
+                .fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -274,15 +293,24 @@ fn spawn_connection(id: u64, stream: UnixStream, shared: &Arc<Shared>) -> io::Re
     let mut connection = Connection::new(stream, Arc::clone(shared))?;
     shared.active.fetch_add(1, Ordering::SeqCst);
     lock(&shared.connections).insert(id, registered);
-    shared.stats.connections_accepted.fetch_add(1, Ordering::Relaxed);
+    shared
+        .stats
+        .connections_accepted
+        .fetch_add(1, Ordering::Relaxed);
     let thread_shared = Arc::clone(shared);
     let spawned = thread::Builder::new()
         .name(format!("cube-conn-{id}"))
         .stack_size(CONNECTION_STACK_BYTES)
         .spawn(move || {
             let close = connection.run();
-            if matches!(close, crate::connection::Close::IdleTimeout | crate::connection::Close::StalledMidFrame) {
-                thread_shared.stats.connections_timed_out.fetch_add(1, Ordering::Relaxed);
+            if matches!(
+                close,
+                crate::connection::Close::IdleTimeout | crate::connection::Close::StalledMidFrame
+            ) {
+                thread_shared
+                    .stats
+                    .connections_timed_out
+                    .fetch_add(1, Ordering::Relaxed);
             }
             debug!("connection {id} closed: {close}");
             drop(connection);
@@ -321,11 +349,16 @@ fn shutdown(shared: &Arc<Shared>) {
     }
     let left = shared.active.load(Ordering::SeqCst);
     if left > 0 {
-        warn!("{left} connection(s) still busy after {SHUTDOWN_GRACE:?}; stopping the writer anyway");
+        warn!(
+            "{left} connection(s) still busy after {SHUTDOWN_GRACE:?}; stopping the writer anyway"
+        );
     }
     shared.engine.shutdown();
     let s = shared.engine.stats();
-    info!("stopped cleanly at LSN {} ({} WAL records written this run)", s.last_lsn, s.wal_records);
+    info!(
+        "stopped cleanly at LSN {} ({} WAL records written this run)",
+        s.last_lsn, s.wal_records
+    );
 }
 
 impl Shared {
@@ -344,18 +377,36 @@ impl Shared {
             text("server.version", env!("CARGO_PKG_VERSION").to_string()),
             count("server.uptime_s", self.started.elapsed().as_secs()),
             text("server.sync", self.args.sync.to_string()),
-            count("connections.active", self.active.load(Ordering::Relaxed) as u64),
-            count("connections.accepted", self.stats.connections_accepted.load(Ordering::Relaxed)),
-            count("connections.refused", self.stats.connections_refused.load(Ordering::Relaxed)),
-            count("connections.timed_out", self.stats.connections_timed_out.load(Ordering::Relaxed)),
+            count(
+                "connections.active",
+                self.active.load(Ordering::Relaxed) as u64,
+            ),
+            count(
+                "connections.accepted",
+                self.stats.connections_accepted.load(Ordering::Relaxed),
+            ),
+            count(
+                "connections.refused",
+                self.stats.connections_refused.load(Ordering::Relaxed),
+            ),
+            count(
+                "connections.timed_out",
+                self.stats.connections_timed_out.load(Ordering::Relaxed),
+            ),
             count("frames.bad", self.stats.bad_frames.load(Ordering::Relaxed)),
             count("store.cells", self.engine.memstore().cell_count()),
         ];
         for c in self.stats.figures() {
             entries.push(count(&format!("cmd.{}.count", c.name), c.count));
             entries.push(count(&format!("cmd.{}.errors", c.name), c.errors));
-            entries.push(float(&format!("cmd.{}.latency_us_mean", c.name), c.latency_us_mean));
-            entries.push(count(&format!("cmd.{}.latency_us_max", c.name), c.latency_us_max));
+            entries.push(float(
+                &format!("cmd.{}.latency_us_mean", c.name),
+                c.latency_us_mean,
+            ));
+            entries.push(count(
+                &format!("cmd.{}.latency_us_max", c.name),
+                c.latency_us_max,
+            ));
         }
         entries.extend([
             count("wal.records", s.wal_records),
@@ -369,7 +420,10 @@ impl Shared {
             count("wal.segments_created", s.segments_created),
             count("wal.last_lsn", s.last_lsn),
             count("wal.write_errors", s.write_errors),
-            text("writer.failure", s.writer_failure.unwrap_or_else(|| "none".into())),
+            text(
+                "writer.failure",
+                s.writer_failure.unwrap_or_else(|| "none".into()),
+            ),
             count("recovery.records_replayed", r.records_replayed),
             count("recovery.ms", r.duration.as_millis() as u64),
             count(

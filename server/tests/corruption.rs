@@ -19,15 +19,24 @@ fn a_flipped_bit_mid_log_is_refused_with_file_and_offset_and_repair_cuts_there()
     let mut daemon = LocalDaemon::start_fresh(&[]).unwrap();
     let mut c = daemon.client().unwrap();
     for i in 0..RECORDS {
-        c.put("default", Coord::new(i, 0, 0), format!("value-{i:03}").as_bytes())
-            .unwrap();
+        c.put(
+            "default",
+            Coord::new(i, 0, 0),
+            format!("value-{i:03}").as_bytes(),
+        )
+        .unwrap();
     }
     drop(c);
     assert!(daemon.terminate().unwrap().success());
 
-    let segment = daemon.data_dir().join("wal").join("00000000000000000001.wal");
+    let segment = daemon
+        .data_dir()
+        .join("wal")
+        .join("00000000000000000001.wal");
     let mut bytes = std::fs::read(&segment).unwrap();
-    assert_eq!(bytes.len() as u64, SEGMENT_HEADER + RECORD_BYTES * RECORDS as u64);
+    // Records end where the segment's preallocated zeros begin.
+    let records_end = (SEGMENT_HEADER + RECORD_BYTES * RECORDS as u64) as usize;
+    assert!(bytes[records_end - 1] != 0 && bytes[records_end..].iter().all(|b| *b == 0));
     let bad_offset = SEGMENT_HEADER + RECORD_BYTES * BAD_RECORD as u64;
     bytes[bad_offset as usize + 30] ^= 0x10;
     std::fs::write(&segment, &bytes).unwrap();
@@ -41,11 +50,18 @@ fn a_flipped_bit_mid_log_is_refused_with_file_and_offset_and_repair_cuts_there()
         .unwrap();
     assert_eq!(out.status.code(), Some(1), "refuses to start");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains(&segment.display().to_string()), "names the file: {err}");
-    assert!(err.contains(&format!("offset {bad_offset}")), "names the offset: {err}");
+    assert!(
+        err.contains(&segment.display().to_string()),
+        "names the file: {err}"
+    );
+    assert!(
+        err.contains(&format!("offset {bad_offset}")),
+        "names the offset: {err}"
+    );
     assert!(err.contains("--repair"), "says what to do next: {err}");
 
-    let mut repaired = LocalDaemon::start_in(daemon.data_dir(), daemon.socket(), &["--repair"]).unwrap();
+    let mut repaired =
+        LocalDaemon::start_in(daemon.data_dir(), daemon.socket(), &["--repair"]).unwrap();
     let log = repaired.log_text();
     assert!(log.contains("REPAIRED"), "{log}");
     assert!(log.contains(&format!("offset {bad_offset}")), "{log}");
@@ -59,7 +75,9 @@ fn a_flipped_bit_mid_log_is_refused_with_file_and_offset_and_repair_cuts_there()
         }
     }
     // The log continues cleanly after the cut, and survives a crash.
-    let lsn = c.put("default", Coord::new(-1, -1, -1), b"after repair").unwrap();
+    let lsn = c
+        .put("default", Coord::new(-1, -1, -1), b"after repair")
+        .unwrap();
     assert_eq!(lsn, BAD_RECORD as u64 + 1);
     drop(c);
     repaired.kill9().unwrap();
@@ -67,8 +85,14 @@ fn a_flipped_bit_mid_log_is_refused_with_file_and_offset_and_repair_cuts_there()
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    assert!(saved.iter().any(|n| n.starts_with("repair-")), "dropped bytes saved: {saved:?}");
+    assert!(
+        saved.iter().any(|n| n.starts_with("repair-")),
+        "dropped bytes saved: {saved:?}"
+    );
     repaired.restart().unwrap();
     let mut c = repaired.client().unwrap();
-    assert_eq!(c.get("default", Coord::new(-1, -1, -1)).unwrap().unwrap(), b"after repair");
+    assert_eq!(
+        c.get("default", Coord::new(-1, -1, -1)).unwrap().unwrap(),
+        b"after repair"
+    );
 }

@@ -20,7 +20,11 @@ fn sigterm_finishes_in_flight_work_and_loses_nothing() {
         writers.push(std::thread::spawn(move || {
             let mut acked = Vec::new();
             for i in 0..10_000 {
-                match c.put("default", Coord::new(t, i, 0), format!("{t}:{i}").as_bytes()) {
+                match c.put(
+                    "default",
+                    Coord::new(t, i, 0),
+                    format!("{t}:{i}").as_bytes(),
+                ) {
                     Ok(_) => acked.push(i),
                     Err(_) => break,
                 }
@@ -30,9 +34,16 @@ fn sigterm_finishes_in_flight_work_and_loses_nothing() {
     }
     std::thread::sleep(Duration::from_millis(300));
     let status = daemon.terminate().unwrap();
-    assert!(status.success(), "clean shutdown exits 0, got {status:?}\n{}", daemon.log_text());
+    assert!(
+        status.success(),
+        "clean shutdown exits 0, got {status:?}\n{}",
+        daemon.log_text()
+    );
     let acked: Vec<Vec<i32>> = writers.into_iter().map(|w| w.join().unwrap()).collect();
-    assert!(!daemon.socket().exists(), "the socket file is removed on clean shutdown");
+    assert!(
+        !daemon.socket().exists(),
+        "the socket file is removed on clean shutdown"
+    );
     let log = daemon.log_text();
     assert!(log.contains("stopped cleanly"), "{log}");
 
@@ -42,7 +53,11 @@ fn sigterm_finishes_in_flight_work_and_loses_nothing() {
         assert!(!keys.is_empty());
         for &i in keys {
             let v = c.get("default", Coord::new(t as i32, i, 0)).unwrap();
-            assert_eq!(v.as_deref(), Some(format!("{t}:{i}").as_bytes()), "{t}:{i} lost");
+            assert_eq!(
+                v.as_deref(),
+                Some(format!("{t}:{i}").as_bytes()),
+                "{t}:{i} lost"
+            );
         }
     }
 }
@@ -62,7 +77,10 @@ fn a_second_daemon_on_the_same_data_dir_or_socket_refuses_to_start() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("locked by another cubed"), "{err}");
-    assert!(err.contains(&daemon.pid().to_string()), "names the holder's pid: {err}");
+    assert!(
+        err.contains(&daemon.pid().to_string()),
+        "names the holder's pid: {err}"
+    );
 
     let other_data = daemon.data_dir().parent().unwrap().join("other-data");
     let out = Command::new(&bin)
@@ -82,7 +100,11 @@ fn a_second_daemon_on_the_same_data_dir_or_socket_refuses_to_start() {
 #[test]
 fn the_socket_is_private_and_a_stale_socket_is_replaced() {
     let mut daemon = LocalDaemon::start_fresh(&[]).unwrap();
-    let mode = std::fs::metadata(daemon.socket()).unwrap().permissions().mode() & 0o777;
+    let mode = std::fs::metadata(daemon.socket())
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
     assert_eq!(mode, 0o600);
     // kill -9 leaves the socket file behind; the next start replaces it.
     daemon.kill9().unwrap();
@@ -122,7 +144,9 @@ fn connections_over_the_cap_are_refused_with_a_clear_error() {
 
 #[test]
 fn idle_and_half_sent_connections_are_timed_out_without_slowing_others() {
-    let daemon = LocalDaemon::start_fresh(&["--idle-timeout-secs", "1", "--frame-timeout-ms", "200"]).unwrap();
+    let daemon =
+        LocalDaemon::start_fresh(&["--idle-timeout-secs", "1", "--frame-timeout-ms", "200"])
+            .unwrap();
     // Half a frame, then silence.
     let mut staller = UnixStream::connect(daemon.socket()).unwrap();
     let mut out = Vec::new();
@@ -132,15 +156,30 @@ fn idle_and_half_sent_connections_are_timed_out_without_slowing_others() {
     let started = Instant::now();
     let mut c = daemon.client().unwrap();
     c.ping().unwrap();
-    assert!(started.elapsed() < Duration::from_millis(150), "a stalled peer slowed another client");
+    assert!(
+        started.elapsed() < Duration::from_millis(150),
+        "a stalled peer slowed another client"
+    );
 
-    staller.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    staller
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
     let mut buf = [0u8; 16];
-    assert_eq!(staller.read(&mut buf).unwrap(), 0, "stalled mid-frame connection was closed");
+    assert_eq!(
+        staller.read(&mut buf).unwrap(),
+        0,
+        "stalled mid-frame connection was closed"
+    );
     assert!(started.elapsed() < Duration::from_secs(3));
 
-    idler.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    assert_eq!(idler.read(&mut buf).unwrap(), 0, "idle connection was closed");
+    idler
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    assert_eq!(
+        idler.read(&mut buf).unwrap(),
+        0,
+        "idle connection was closed"
+    );
     let stats = c.stats();
     // The client that kept talking within the idle timeout is still fine.
     assert!(stats.is_ok() || matches!(stats, Err(ClientError::Io(_))));

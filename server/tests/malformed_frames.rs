@@ -5,8 +5,8 @@
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::Duration;
 
@@ -64,7 +64,11 @@ fn assert_closed(s: &mut UnixStream) {
 
 /// Puts and reads back in a loop until told to stop; counts successes and
 /// panics on any failure, so harm to a bystander fails the test.
-fn bystander(daemon: &LocalDaemon, stop: Arc<AtomicBool>, done: Arc<AtomicU64>) -> thread::JoinHandle<()> {
+fn bystander(
+    daemon: &LocalDaemon,
+    stop: Arc<AtomicBool>,
+    done: Arc<AtomicU64>,
+) -> thread::JoinHandle<()> {
     let mut client = daemon.client().unwrap();
     thread::spawn(move || {
         let mut i = 0;
@@ -152,12 +156,14 @@ fn each_malformed_frame_gets_its_error_and_others_are_unharmed() {
     };
     big.write_all(&header.to_bytes()).unwrap();
     let err = expect_error(&mut big, ErrorCode::FrameTooLarge);
-    assert_eq!(err.message.contains("limit"), true, "{err}");
+    assert!(err.message.contains("limit"), "{err}");
     assert_closed(&mut big);
 
     // Garbage bytes: whatever they parse as, the daemon answers or closes.
     let mut junk = raw_connect(&daemon);
-    let garbage: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    let garbage: Vec<u8> = (0..4096u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
     let _ = junk.write_all(&garbage);
     drop(junk);
 
@@ -170,7 +176,8 @@ fn each_malformed_frame_gets_its_error_and_others_are_unharmed() {
 
     // A frame before hello is refused.
     let mut rude = UnixStream::connect(daemon.socket()).unwrap();
-    rude.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    rude.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     let mut out = Vec::new();
     Request::Ping.encode(1, &mut out);
     rude.write_all(&out).unwrap();
@@ -180,7 +187,13 @@ fn each_malformed_frame_gets_its_error_and_others_are_unharmed() {
     ping_works(&mut s);
     stop.store(true, Ordering::Relaxed);
     other.join().unwrap();
-    assert!(done.load(Ordering::Relaxed) > 0, "the bystander made progress");
+    assert!(
+        done.load(Ordering::Relaxed) > 0,
+        "the bystander made progress"
+    );
     let text = daemon.log_text();
-    assert!(!text.contains("panicked"), "daemon log shows a panic:\n{text}");
+    assert!(
+        !text.contains("panicked"),
+        "daemon log shows a panic:\n{text}"
+    );
 }

@@ -29,7 +29,13 @@ struct ClientLog {
     in_flight: Option<(Coord, State)>,
 }
 
-fn drive(daemon_socket: std::path::PathBuf, client: i32, acks: Arc<AtomicU64>, stop: Arc<AtomicBool>, start: Arc<Barrier>) -> ClientLog {
+fn drive(
+    daemon_socket: std::path::PathBuf,
+    client: i32,
+    acks: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    start: Arc<Barrier>,
+) -> ClientLog {
     let mut conn = cube_client::Client::connect(&daemon_socket).unwrap();
     let mut log = ClientLog {
         acked: HashMap::new(),
@@ -45,11 +51,13 @@ fn drive(daemon_socket: std::path::PathBuf, client: i32, acks: Arc<AtomicU64>, s
         rng ^= rng >> 7;
         rng ^= rng << 17;
         let coord = Coord::new(client, (rng % KEYS_PER_CLIENT as u64) as i32, -(client));
-        let delete = rng % 5 == 0;
+        let delete = rng.is_multiple_of(5);
         let next = if delete {
             State::Absent
         } else {
-            State::Value(format!("c{client}-op{op}-{}", "x".repeat((rng % 40) as usize)).into_bytes())
+            State::Value(
+                format!("c{client}-op{op}-{}", "x".repeat((rng % 40) as usize)).into_bytes(),
+            )
         };
         log.in_flight = Some((coord, next.clone()));
         let result = match &next {
@@ -75,14 +83,23 @@ fn wal_recovery_after_crash() {
     let start = Arc::new(Barrier::new(CLIENTS as usize + 1));
     let workers: Vec<_> = (0..CLIENTS)
         .map(|c| {
-            let (socket, acks, stop, start) = (daemon.socket().to_path_buf(), acks.clone(), stop.clone(), start.clone());
+            let (socket, acks, stop, start) = (
+                daemon.socket().to_path_buf(),
+                acks.clone(),
+                stop.clone(),
+                start.clone(),
+            );
             thread::spawn(move || drive(socket, c, acks, stop, start))
         })
         .collect();
     start.wait();
     let deadline = Instant::now() + Duration::from_secs(120);
     while acks.load(Ordering::Relaxed) < ACKS_BEFORE_KILL {
-        assert!(Instant::now() < deadline, "daemon too slow: {} acks", acks.load(Ordering::Relaxed));
+        assert!(
+            Instant::now() < deadline,
+            "daemon too slow: {} acks",
+            acks.load(Ordering::Relaxed)
+        );
         thread::sleep(Duration::from_millis(2));
     }
     // Mid-stream: every client has a request in the air right now.
@@ -111,7 +128,10 @@ fn wal_recovery_after_crash() {
                     );
                     in_flight_landed += usize::from(found == *maybe && found != acked);
                 }
-                _ => assert_eq!(found, acked, "{coord}: acknowledged state lost after kill -9"),
+                _ => assert_eq!(
+                    found, acked,
+                    "{coord}: acknowledged state lost after kill -9"
+                ),
             }
         }
     }
@@ -123,7 +143,16 @@ fn wal_recovery_after_crash() {
         .map(|e| format!("{:?}", e.value))
         .unwrap();
     let expected_max = logs.len() * KEYS_PER_CLIENT as usize;
-    let cells: usize = cells.trim_start_matches("Count(").trim_end_matches(')').parse().unwrap();
-    assert!(cells <= expected_max, "{cells} cells, at most {expected_max} keys were ever written");
-    eprintln!("verified {total} acknowledged keys; {in_flight_landed} unacknowledged in-flight writes landed");
+    let cells: usize = cells
+        .trim_start_matches("Count(")
+        .trim_end_matches(')')
+        .parse()
+        .unwrap();
+    assert!(
+        cells <= expected_max,
+        "{cells} cells, at most {expected_max} keys were ever written"
+    );
+    eprintln!(
+        "verified {total} acknowledged keys; {in_flight_landed} unacknowledged in-flight writes landed"
+    );
 }

@@ -32,7 +32,9 @@ fn spread3(v: u32) -> u128 {
 /// The 96-bit Morton key of a coordinate: bit 3i+2 from x, 3i+1 from y, 3i from z.
 #[inline]
 pub fn morton_key(c: Coord) -> u128 {
-    (spread3(ordered_bits(c.x)) << 2) | (spread3(ordered_bits(c.y)) << 1) | spread3(ordered_bits(c.z))
+    (spread3(ordered_bits(c.x)) << 2)
+        | (spread3(ordered_bits(c.y)) << 1)
+        | spread3(ordered_bits(c.z))
 }
 
 #[cfg(test)]
@@ -52,7 +54,20 @@ mod tests {
 
     #[test]
     fn matches_the_bit_by_bit_definition() {
-        let samples = [0, 1, -1, 2, 7, -8, 1000, -12345, i32::MIN, i32::MAX, 0x5555_5555, -0x2aaa_aaab];
+        let samples = [
+            0,
+            1,
+            -1,
+            2,
+            7,
+            -8,
+            1000,
+            -12345,
+            i32::MIN,
+            i32::MAX,
+            0x5555_5555,
+            -0x2aaa_aaab,
+        ];
         for &x in &samples {
             for &y in &samples {
                 for &z in &samples {

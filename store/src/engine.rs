@@ -57,7 +57,11 @@ impl Engine {
 
         let segment = match &recovery.tail {
             Some(tail) => WalSegment::open_for_append(&tail.path, tail.first_lsn, tail.len_bytes)?,
-            None => WalSegment::create(&wal_dir, recovery.next_lsn)?,
+            None => WalSegment::create(
+                &wal_dir,
+                recovery.next_lsn,
+                config.group_commit.segment_bytes,
+            )?,
         };
         let stats = Arc::new(StoreStats::default());
         stats

@@ -21,9 +21,9 @@ use crate::error::{WriteError, WriteErrorKind};
 use crate::memstore::MemStore;
 use crate::mutation::Mutation;
 use crate::stats::StoreStats;
-use crate::wal::WalSegment;
 use crate::wal::record::encode_record;
 use crate::wal::segment::SEGMENT_HEADER_BYTES;
+use crate::wal::{SegmentPreallocator, WalSegment};
 
 /// When a write is acknowledged relative to its `fdatasync`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,7 +55,9 @@ impl FromStr for SyncPolicy {
                     .and_then(|ms| ms.parse::<u64>().ok())
                     .filter(|ms| *ms > 0)
                     .ok_or_else(|| {
-                        format!("bad sync policy {text:?}: use always, interval=MS (MS > 0) or never")
+                        format!(
+                            "bad sync policy {text:?}: use always, interval=MS (MS > 0) or never"
+                        )
                     })?;
                 Ok(SyncPolicy::Interval {
                     every: Duration::from_millis(ms),
@@ -91,7 +93,7 @@ impl Default for GroupCommitConfig {
     fn default() -> GroupCommitConfig {
         GroupCommitConfig {
             sync: SyncPolicy::Always,
-            segment_bytes: 64 * 1024 * 1024,
+            segment_bytes: 32 * 1024 * 1024,
             max_group_records: 4096,
             max_group_bytes: 8 * 1024 * 1024,
             queue_capacity: 8192,
@@ -156,9 +158,11 @@ impl GroupCommit {
     ) -> io::Result<GroupCommit> {
         assert!(config.max_group_records > 0 && config.queue_capacity > 0);
         let (tx, rx) = bounded(config.queue_capacity);
+        let preallocator = SegmentPreallocator::start(wal_dir.clone(), config.segment_bytes)?;
         let writer = Writer {
             wal_dir,
             segment,
+            preallocator,
             next_lsn,
             mem,
             stats,
@@ -206,7 +210,9 @@ impl Drop for GroupCommit {
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 struct PendingWrite {
@@ -218,6 +224,7 @@ struct PendingWrite {
 struct Writer {
     wal_dir: PathBuf,
     segment: WalSegment,
+    preallocator: SegmentPreallocator,
     next_lsn: u64,
     mem: Arc<MemStore>,
     stats: Arc<StoreStats>,
@@ -236,14 +243,16 @@ impl Writer {
         while !stopping {
             let first = match self.sync_deadline() {
                 None => rx.recv().ok(),
-                Some(deadline) => match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                    Ok(command) => Some(command),
-                    Err(RecvTimeoutError::Timeout) => {
-                        self.sync_relaxed();
-                        continue;
+                Some(deadline) => {
+                    match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                        Ok(command) => Some(command),
+                        Err(RecvTimeoutError::Timeout) => {
+                            self.sync_relaxed();
+                            continue;
+                        }
+                        Err(RecvTimeoutError::Disconnected) => None,
                     }
-                    Err(RecvTimeoutError::Disconnected) => None,
-                },
+                }
             };
             let Some(first) = first else { break };
             let mut group_bytes = 0usize;
@@ -263,7 +272,9 @@ impl Writer {
                         });
                     }
                 }
-                if group.len() < self.config.max_group_records && group_bytes < self.config.max_group_bytes {
+                if group.len() < self.config.max_group_records
+                    && group_bytes < self.config.max_group_bytes
+                {
                     next = rx.try_recv().ok();
                 }
             }
@@ -280,7 +291,9 @@ impl Writer {
     /// Under the interval policy, the moment the pending writes must be synced.
     fn sync_deadline(&self) -> Option<Instant> {
         match self.config.sync {
-            SyncPolicy::Interval { every, .. } if self.unsynced_writes > 0 => Some(self.last_sync + every),
+            SyncPolicy::Interval { every, .. } if self.unsynced_writes > 0 => {
+                Some(self.last_sync + every)
+            }
             _ => None,
         }
     }
@@ -289,7 +302,9 @@ impl Writer {
         if let Some(reason) = &self.failed {
             let error = WriteError::new(
                 WriteErrorKind::WritesDisabled,
-                format!("writes are disabled after an earlier storage failure: {reason}; restart cubed to recover from the log"),
+                format!(
+                    "writes are disabled after an earlier storage failure: {reason}; restart cubed to recover from the log"
+                ),
             );
             for pending in group.drain(..) {
                 let _ = pending.reply.send(Err(error.clone()));
@@ -303,7 +318,10 @@ impl Writer {
             }
             let _ = pending.reply.send(Err(WriteError::new(
                 WriteErrorKind::NoSuchNamespace,
-                format!("no such namespace {:?}; this version has only \"default\"", ns.as_str()),
+                format!(
+                    "no such namespace {:?}; this version has only \"default\"",
+                    ns.as_str()
+                ),
             )));
             false
         });
@@ -318,14 +336,22 @@ impl Writer {
             self.next_lsn += 1;
         }
         let last_lsn = self.next_lsn - 1;
-        assert_eq!(last_lsn - first_lsn + 1, group.len() as u64, "LSNs in a group are contiguous");
-        assert!(group.len() <= self.config.max_group_records, "group within its cap");
+        assert_eq!(
+            last_lsn - first_lsn + 1,
+            group.len() as u64,
+            "LSNs in a group are contiguous"
+        );
+        assert!(
+            group.len() <= self.config.max_group_records,
+            "group within its cap"
+        );
 
         if let Err(failure) = self.write_group(first_lsn, group.len() as u64) {
             self.fail(group, &failure);
             return;
         }
-        self.stats.record_group(group.len() as u64, self.buf.len() as u64, last_lsn);
+        self.stats
+            .record_group(group.len() as u64, self.buf.len() as u64, last_lsn);
 
         let mutations: Vec<&Mutation> = group.iter().map(|p| &p.mutation).collect();
         let mut existed = Vec::with_capacity(group.len());
@@ -341,7 +367,11 @@ impl Writer {
 
     /// Appends the encoded group (rolling the segment first if it is full)
     /// and syncs as the policy says.
-    fn write_group(&mut self, first_lsn: u64, records: u64) -> Result<(), (WriteErrorKind, String)> {
+    fn write_group(
+        &mut self,
+        first_lsn: u64,
+        records: u64,
+    ) -> Result<(), (WriteErrorKind, String)> {
         let io_failure = |what: &str, path: &std::path::Path, e: &io::Error| {
             let kind = if e.kind() == io::ErrorKind::StorageFull {
                 WriteErrorKind::DiskFull
@@ -358,22 +388,32 @@ impl Writer {
             self.segment
                 .sync()
                 .map_err(|e| io_failure("fdatasync of", self.segment.path(), &e))?;
-            self.segment = WalSegment::create(&self.wal_dir, first_lsn).map_err(|e| {
+            let roll_failure = |e: crate::StoreError| {
                 let kind = match &e {
-                    crate::StoreError::Io { source, .. } if source.kind() == io::ErrorKind::StorageFull => {
+                    crate::StoreError::Io { source, .. }
+                        if source.kind() == io::ErrorKind::StorageFull =>
+                    {
                         WriteErrorKind::DiskFull
                     }
                     _ => WriteErrorKind::StorageIo,
                 };
-                (kind, format!("creating a WAL segment failed: {e}"))
-            })?;
-            self.stats.segments_created.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                (kind, format!("starting a new WAL segment failed: {e}"))
+            };
+            let prepared = self.preallocator.take().map_err(roll_failure)?;
+            self.segment = prepared
+                .install(&self.wal_dir, first_lsn)
+                .map_err(roll_failure)?;
+            self.stats
+                .segments_created
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         self.segment
             .append(&self.buf)
             .map_err(|e| io_failure("write to", self.segment.path(), &e))?;
         match self.config.sync {
-            SyncPolicy::Always => self.sync_now().map_err(|e| io_failure("fdatasync of", self.segment.path(), &e)),
+            SyncPolicy::Always => self
+                .sync_now()
+                .map_err(|e| io_failure("fdatasync of", self.segment.path(), &e)),
             SyncPolicy::Interval { every, max_writes } => {
                 self.unsynced_writes += records;
                 if self.unsynced_writes >= max_writes || self.last_sync.elapsed() >= every {
@@ -388,7 +428,8 @@ impl Writer {
     fn sync_now(&mut self) -> io::Result<()> {
         let started = Instant::now();
         self.segment.sync()?;
-        self.stats.record_fsync(started.elapsed().as_micros() as u64);
+        self.stats
+            .record_fsync(started.elapsed().as_micros() as u64);
         self.unsynced_writes = 0;
         self.last_sync = Instant::now();
         Ok(())
@@ -411,7 +452,9 @@ impl Writer {
     /// Latches the writer and tells every request in the group why.
     fn fail(&mut self, group: &mut Vec<PendingWrite>, failure: &(WriteErrorKind, String)) {
         let (kind, reason) = failure;
-        eprintln!("cubed: error: {reason}; refusing all further writes until restart (reads continue)");
+        eprintln!(
+            "cubed: error: {reason}; refusing all further writes until restart (reads continue)"
+        );
         self.failed = Some(reason.clone());
         self.stats.set_failure(reason);
         self.stats

@@ -33,7 +33,8 @@ fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
 }
 
 fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
-    lock.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+    lock.write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl MemStore {
@@ -141,7 +142,10 @@ mod tests {
         assert!(!store.apply(&put));
         assert!(store.apply(&put));
         assert_eq!(store.get(&ns, c).unwrap().unwrap().as_ref(), b"v");
-        assert!(store.apply(&Mutation::Del { ns: ns.clone(), coord: c }));
+        assert!(store.apply(&Mutation::Del {
+            ns: ns.clone(),
+            coord: c
+        }));
         assert_eq!(store.get(&ns, c), Some(None));
         assert_eq!(store.get(&NamespaceName::new("other").unwrap(), c), None);
     }

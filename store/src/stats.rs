@@ -68,7 +68,11 @@ impl StoreStats {
             wal_bytes: self.wal_bytes.load(Relaxed),
             wal_fsyncs: fsyncs,
             wal_groups: groups,
-            group_records_mean: if groups == 0 { 0.0 } else { records as f64 / groups as f64 },
+            group_records_mean: if groups == 0 {
+                0.0
+            } else {
+                records as f64 / groups as f64
+            },
             group_records_max: self.group_records_max.load(Relaxed),
             fsync_us_mean: if fsyncs == 0 {
                 0.0

@@ -9,12 +9,36 @@ use std::path::Path;
 use cube_protocol::{Coord, NamespaceName};
 use cube_store::{Engine, EngineConfig, GroupCommitConfig, Mutation, RecoveryOptions};
 
+/// Small preallocated segments keep the per-cut copies cheap.
+const SEGMENT_BYTES: u64 = 4096;
+
 fn config(dir: &Path) -> EngineConfig {
     EngineConfig {
         data_dir: dir.to_path_buf(),
-        group_commit: GroupCommitConfig::default(),
+        group_commit: GroupCommitConfig {
+            segment_bytes: SEGMENT_BYTES,
+            ..GroupCommitConfig::default()
+        },
         recovery: RecoveryOptions::default(),
     }
+}
+
+/// End offset of each record in a segment's bytes.
+fn record_ends(bytes: &[u8]) -> Vec<u64> {
+    let mut ends = Vec::new();
+    let mut at = 24;
+    while let Ok(record) = cube_store::wal::record::parse_record(&bytes[at..]) {
+        at += record.total_bytes;
+        ends.push(at as u64);
+    }
+    ends
+}
+
+fn nonzero_len(bytes: &[u8]) -> u64 {
+    bytes
+        .iter()
+        .rposition(|b| *b != 0)
+        .map_or(0, |i| i as u64 + 1)
 }
 
 fn ns() -> NamespaceName {
@@ -41,31 +65,49 @@ const TORN_RECORDS: i32 = 3;
 fn every_cut_in_the_last_records_recovers_the_acknowledged_prefix() {
     let tmp = tempfile::tempdir().unwrap();
     let original = tmp.path().join("original");
-    // Record boundaries, learned from the file size after each write.
     let segment = original.join("wal").join("00000000000000000001.wal");
-    let mut ends = Vec::new();
     {
         let engine = Engine::open(config(&original)).unwrap();
         let session = engine.session().unwrap();
         for i in 0..RECORDS {
             let m = if i % 4 == 3 {
-                Mutation::Del { ns: ns(), coord: Coord::new(i - 1, 0, 0) }
+                Mutation::Del {
+                    ns: ns(),
+                    coord: Coord::new(i - 1, 0, 0),
+                }
             } else {
-                Mutation::Put { ns: ns(), coord: Coord::new(i, 0, 0), value: vec![i as u8; (i as usize) * 3] }
+                Mutation::Put {
+                    ns: ns(),
+                    coord: Coord::new(i, 0, 0),
+                    value: vec![i as u8; (i as usize) * 3],
+                }
             };
             let ack = session.write(m).unwrap();
             assert_eq!(ack.lsn, i as u64 + 1);
-            ends.push(fs::metadata(&segment).unwrap().len());
         }
         engine.shutdown();
     }
     let full = fs::read(&segment).unwrap();
+    assert_eq!(
+        full.len() as u64,
+        SEGMENT_BYTES,
+        "the segment is preallocated"
+    );
+    let ends = record_ends(&full);
+    assert_eq!(ends.len(), RECORDS as usize);
     let first_cut = ends[(RECORDS - TORN_RECORDS - 1) as usize];
-    for cut in first_cut..full.len() as u64 {
-        let dir = tmp.path().join(format!("cut-{cut}"));
+    let last_end = ends[RECORDS as usize - 1];
+    // A write torn at `cut` leaves zeros after it in preallocated space, or
+    // a short file where the segment grew past its preallocation.
+    for (cut, truncate) in (first_cut..last_end).flat_map(|cut| [(cut, false), (cut, true)]) {
+        let dir = tmp.path().join(format!("cut-{cut}-{truncate}"));
         copy_dir(&original, &dir);
         let torn_segment = dir.join("wal").join("00000000000000000001.wal");
-        fs::write(&torn_segment, &full[..cut as usize]).unwrap();
+        let mut torn = full[..cut as usize].to_vec();
+        if !truncate {
+            torn.resize(full.len(), 0);
+        }
+        fs::write(&torn_segment, &torn).unwrap();
 
         let engine = Engine::open(config(&dir)).unwrap();
         let whole = ends.iter().filter(|end| **end <= cut).count() as i32;
@@ -73,7 +115,12 @@ fn every_cut_in_the_last_records_recovers_the_acknowledged_prefix() {
         assert_eq!(report.records_replayed, whole as u64, "cut at {cut}");
         assert_eq!(report.next_lsn, whole as u64 + 1);
         let torn = report.torn_tail.as_ref().map_or(0, |t| t.bytes_truncated);
-        assert_eq!(torn, cut - ends[whole as usize - 1], "cut at {cut}");
+        let valid_end = ends[whole as usize - 1] as usize;
+        assert_eq!(
+            torn,
+            nonzero_len(&full[valid_end..cut as usize]),
+            "cut at {cut}"
+        );
         // The state is exactly the first `whole` writes.
         for i in 0..RECORDS {
             let expect_present = i < whole && i % 4 != 3 && !(i % 4 == 2 && i + 1 < whole);
@@ -84,7 +131,11 @@ fn every_cut_in_the_last_records_recovers_the_acknowledged_prefix() {
         let ack = engine
             .session()
             .unwrap()
-            .write(Mutation::Put { ns: ns(), coord: Coord::new(99, 0, 0), value: b"next".to_vec() })
+            .write(Mutation::Put {
+                ns: ns(),
+                coord: Coord::new(99, 0, 0),
+                value: b"next".to_vec(),
+            })
             .unwrap();
         assert_eq!(ack.lsn, whole as u64 + 1);
         engine.shutdown();
@@ -103,24 +154,35 @@ fn a_bad_record_in_an_earlier_segment_is_corruption_not_a_torn_tail() {
     let dir = tmp.path().join("d");
     let mut cfg = config(&dir);
     cfg.group_commit.segment_bytes = 200;
+    cfg.group_commit.max_group_records = 1;
     {
         let engine = Engine::open(cfg.clone()).unwrap();
         let session = engine.session().unwrap();
         for i in 0..20 {
             session
-                .write(Mutation::Put { ns: ns(), coord: Coord::new(i, 0, 0), value: vec![1; 40] })
+                .write(Mutation::Put {
+                    ns: ns(),
+                    coord: Coord::new(i, 0, 0),
+                    value: vec![1; 40],
+                })
                 .unwrap();
         }
         engine.shutdown();
     }
-    let mut segments: Vec<_> = fs::read_dir(dir.join("wal")).unwrap().map(|e| e.unwrap().path()).collect();
+    let mut segments: Vec<_> = fs::read_dir(dir.join("wal"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
     segments.sort();
     assert!(segments.len() >= 3, "{segments:?}");
-    // Chop the end off the first segment: in any but the last, that is corruption.
+    // Damage a record of the first segment: in any but the last segment,
+    // that is corruption even with nothing valid after it.
     let first = &segments[0];
-    let len = fs::metadata(first).unwrap().len();
     let bytes = fs::read(first).unwrap();
-    fs::write(first, &bytes[..len as usize - 5]).unwrap();
+    let last_record_end = *record_ends(&bytes).last().unwrap() as usize;
+    let mut damaged = bytes.clone();
+    damaged[last_record_end - 3] ^= 0x40;
+    fs::write(first, &damaged).unwrap();
     let err = Engine::open(cfg.clone()).err().unwrap().to_string();
     assert!(err.contains(&first.display().to_string()), "{err}");
     assert!(err.contains("not the last"), "{err}");

@@ -1,1 +1,28 @@
-//! placeholder
+//! Drive a storage daemon hard and report how it held up.
+//!
+//! One job: the stress driver behind `cube-stress`, `make stress` and
+//! `make compare`. Client threads with persistent connections run a
+//! workload against a target (a throwaway `cubed` by default, or Redis or
+//! SQLite for comparison), record per-command latency histograms, track
+//! every acknowledged write and read it back at the end (and after every
+//! `--crash-every` SIGKILL), then print a table and optionally write JSON
+//! and an SVG latency-by-percentile plot. `docs/benchmarks.md` documents
+//! the output and keeps the latest comparison.
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+pub mod cli;
+pub mod compare;
+mod error;
+pub mod json;
+pub mod keyspace;
+pub mod latency;
+pub mod ledger;
+pub mod plot;
+pub mod report;
+pub mod rng;
+pub mod run;
+pub mod target;
+pub mod verify;
+pub mod workload;
+
+pub use error::StressError;

@@ -5,9 +5,11 @@
 //! - [`recovery`]: reading every segment back at start, deciding torn tail
 //!   versus corruption, and the explicit `--repair`.
 
+pub mod preallocator;
 pub mod record;
 pub mod recovery;
 pub mod segment;
 
+pub use preallocator::SegmentPreallocator;
 pub use recovery::{RecoveryOptions, RecoveryReport, recover};
 pub use segment::WalSegment;

@@ -56,7 +56,10 @@ pub enum RecordDamage {
     Short,
     /// The length field is beyond [`MAX_RECORD_PAYLOAD_BYTES`].
     BadLength(u32),
-    BadChecksum { stored: u32, computed: u32 },
+    BadChecksum {
+        stored: u32,
+        computed: u32,
+    },
 }
 
 impl std::fmt::Display for RecordDamage {
@@ -117,7 +120,10 @@ mod tests {
         for bit in 0..buf.len() * 8 {
             let mut bad = buf.clone();
             bad[bit / 8] ^= 1 << (bit % 8);
-            assert!(parse_record(&bad).is_err(), "flip of bit {bit} went unnoticed");
+            assert!(
+                parse_record(&bad).is_err(),
+                "flip of bit {bit} went unnoticed"
+            );
         }
     }
 }

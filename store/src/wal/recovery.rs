@@ -24,7 +24,9 @@ use crate::data_dir::sync_dir;
 use crate::error::StoreError;
 use crate::mutation::{KIND_DEL, KIND_PUT, Mutation};
 use crate::wal::record::{MAX_RECORD_PAYLOAD_BYTES, RECORD_HEADER_BYTES, parse_record};
-use crate::wal::segment::{SEGMENT_HEADER_BYTES, parse_segment_file_name, parse_segment_header};
+use crate::wal::segment::{
+    PREPARED_SUFFIX, SEGMENT_HEADER_BYTES, parse_segment_file_name, parse_segment_header,
+};
 
 #[derive(Clone, Debug, Default)]
 pub struct RecoveryOptions {
@@ -97,12 +99,14 @@ pub fn recover(
         duration: Duration::ZERO,
     };
     let mut expected_lsn: Option<u64> = None;
+    // Where the valid records of the last segment read end.
+    let mut tail_end: u64 = 0;
     let mut index = 0;
     while index < segments.len() {
         let (first_lsn, path) = segments[index].clone();
         let is_last = index + 1 == segments.len();
         let bytes = fs::read(&path).map_err(|e| StoreError::io(&path, e))?;
-        if bytes.len() < SEGMENT_HEADER_BYTES && is_last {
+        if is_last && (bytes.len() < SEGMENT_HEADER_BYTES || is_zero(&bytes)) {
             // Creation was torn before the header reached the disk: the
             // writer only appends after the header is synced, so no record
             // can have been acknowledged from this file.
@@ -112,21 +116,31 @@ pub fn recover(
             segments.pop();
             break;
         }
-        let outcome = replay_segment(&bytes, first_lsn, expected_lsn, is_last, &mut apply, &mut report);
+        let outcome = replay_segment(
+            &bytes,
+            first_lsn,
+            expected_lsn,
+            is_last,
+            &mut apply,
+            &mut report,
+        );
         match outcome {
-            Ok(SegmentEnd::Clean { next_lsn }) => {
+            Ok(SegmentEnd::Clean { next_lsn, end }) => {
                 expected_lsn = Some(next_lsn);
-                report.wal_bytes += bytes.len() as u64;
+                report.wal_bytes += end;
+                tail_end = end;
             }
             Ok(SegmentEnd::TornAt { offset, next_lsn }) => {
-                truncate_durably(&path, offset)?;
+                let torn_end = offset + nonzero_len(&bytes[offset as usize..]) as u64;
+                zero_durably(&path, offset, torn_end)?;
                 report.torn_tail = Some(TornTail {
                     path: path.clone(),
                     offset,
-                    bytes_truncated: bytes.len() as u64 - offset,
+                    bytes_truncated: torn_end - offset,
                 });
                 expected_lsn = Some(next_lsn);
                 report.wal_bytes += offset;
+                tail_end = offset;
             }
             Err((offset, reason, next_lsn)) => {
                 let bad = BadPoint {
@@ -147,6 +161,11 @@ pub fn recover(
                 if bad.offset > 0 {
                     expected_lsn = Some(next_lsn);
                     report.wal_bytes += bad.offset;
+                    tail_end = bad.offset;
+                } else if let Some((_, previous)) = segments.last() {
+                    // The damaged segment is gone; the previous one is now
+                    // the tail and ends where its records end.
+                    tail_end = end_of_records(previous)?;
                 }
                 break;
             }
@@ -158,11 +177,14 @@ pub fn recover(
         report.next_lsn = next;
     }
     if let Some((first_lsn, path)) = segments.last() {
-        let len_bytes = fs::metadata(path).map_err(|e| StoreError::io(path, e))?.len();
+        assert!(
+            tail_end >= SEGMENT_HEADER_BYTES as u64,
+            "a kept segment has a whole header"
+        );
         report.tail = Some(TailSegment {
             path: path.clone(),
             first_lsn: *first_lsn,
-            len_bytes,
+            len_bytes: tail_end,
         });
     }
     report.duration = started.elapsed();
@@ -170,8 +192,16 @@ pub fn recover(
 }
 
 enum SegmentEnd {
-    Clean { next_lsn: u64 },
-    TornAt { offset: u64, next_lsn: u64 },
+    /// Records end at `end`: the file ends there or only zeros follow
+    /// (preallocated space).
+    Clean {
+        next_lsn: u64,
+        end: u64,
+    },
+    TornAt {
+        offset: u64,
+        next_lsn: u64,
+    },
 }
 
 /// Replays one segment. The error carries (offset, reason, next_lsn at that point).
@@ -221,6 +251,12 @@ fn replay_segment(
                 next_lsn += 1;
                 offset += record.total_bytes;
             }
+            Err(_) if is_zero(&bytes[offset..]) => {
+                return Ok(SegmentEnd::Clean {
+                    next_lsn,
+                    end: offset as u64,
+                });
+            }
             Err(damage) => {
                 if is_last && !valid_record_follows(bytes, offset + 1, next_lsn) {
                     return Ok(SegmentEnd::TornAt {
@@ -237,13 +273,37 @@ fn replay_segment(
             }
         }
     }
-    Ok(SegmentEnd::Clean { next_lsn })
+    Ok(SegmentEnd::Clean {
+        next_lsn,
+        end: bytes.len() as u64,
+    })
+}
+
+fn is_zero(bytes: &[u8]) -> bool {
+    bytes.iter().all(|b| *b == 0)
+}
+
+/// Length of `bytes` up to and including its last non-zero byte.
+fn nonzero_len(bytes: &[u8]) -> usize {
+    bytes.iter().rposition(|b| *b != 0).map_or(0, |i| i + 1)
+}
+
+/// Where the records of a segment already verified end.
+fn end_of_records(path: &Path) -> Result<u64, StoreError> {
+    let bytes = fs::read(path).map_err(|e| StoreError::io(path, e))?;
+    let mut offset = SEGMENT_HEADER_BYTES;
+    while let Ok(record) = parse_record(&bytes[offset.min(bytes.len())..]) {
+        offset += record.total_bytes;
+    }
+    Ok(offset as u64)
 }
 
 /// Whether any valid record with a plausible LSN starts at or after `from`.
 /// Cheap field checks run before the CRC, so scanning a damaged tail costs
 /// little; this runs only when recovery already found damage.
 fn valid_record_follows(bytes: &[u8], from: usize, min_lsn: u64) -> bool {
+    // No record can start in the zeros of preallocated space.
+    let bytes = &bytes[..nonzero_len(bytes)];
     let max_lsn = min_lsn.saturating_add((bytes.len() / RECORD_HEADER_BYTES) as u64 + 1);
     let mut at = from;
     while at + RECORD_HEADER_BYTES <= bytes.len() {
@@ -271,10 +331,29 @@ fn list_segments(wal_dir: &Path) -> Result<Vec<(u64, PathBuf)>, StoreError> {
         let name = entry.file_name();
         if let Some(lsn) = name.to_str().and_then(parse_segment_file_name) {
             segments.push((lsn, entry.path()));
+        } else if name.to_str().is_some_and(|n| n.ends_with(PREPARED_SUFFIX)) {
+            // A preallocated file a crash left before it was installed:
+            // it never held a record.
+            let path = entry.path();
+            fs::remove_file(&path).map_err(|e| StoreError::io(&path, e))?;
         }
     }
     segments.sort();
     Ok(segments)
+}
+
+/// Overwrites `[from, to)` with zeros and syncs: a torn tail becomes
+/// preallocated space again, and the file keeps its size.
+fn zero_durably(path: &Path, from: u64, to: u64) -> Result<(), StoreError> {
+    use std::os::unix::fs::FileExt;
+    let file = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| StoreError::io(path, e))?;
+    let zeros = vec![0u8; (to - from) as usize];
+    file.write_all_at(&zeros, from)
+        .and_then(|()| file.sync_data())
+        .map_err(|e| StoreError::io(path, e))
 }
 
 fn truncate_durably(path: &Path, len: u64) -> Result<(), StoreError> {
@@ -312,7 +391,9 @@ fn repair_at(
     let mut bytes_dropped = bad_segment_len - bad.offset;
     let mut segments_dropped = 0;
     for (_, later) in &segments[bad.segment + 1..] {
-        bytes_dropped += fs::metadata(later).map_err(|e| StoreError::io(later, e))?.len();
+        bytes_dropped += fs::metadata(later)
+            .map_err(|e| StoreError::io(later, e))?
+            .len();
         let target = saved_to.join(later.file_name().unwrap_or_default());
         fs::rename(later, &target).map_err(|e| StoreError::io(later, e))?;
         segments_dropped += 1;

@@ -10,10 +10,19 @@
 //! 12     8    first_lsn   u64 LE, LSN of the first record (equals the name)
 //! 20     4    header_crc  u32 LE, CRC32C of bytes 0..20
 //! ```
+//!
+//! Segments are **preallocated**: the file is zero-filled to its full size
+//! (and synced) before records land in it, so that each group's
+//! `fdatasync` only flushes data, not a file-size change. On this class of
+//! disk that is the difference between about 100 us and 250-800 us per sync.
+//! Records therefore end where the zeros begin; recovery treats an all-zero
+//! remainder as the end of the log.
 
-use std::fs::{File, OpenOptions};
+use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use byteorder::{ByteOrder, LittleEndian};
 
@@ -74,18 +83,41 @@ pub fn parse_segment_header(bytes: &[u8]) -> Result<u64, String> {
     Ok(LittleEndian::read_u64(&bytes[12..20]))
 }
 
+/// Zero-fill chunk for preallocation.
+const ZERO_CHUNK_BYTES: usize = 1024 * 1024;
+
+/// Temp files of preallocated segments not yet installed; recovery deletes
+/// leftovers from a crash.
+pub const PREPARED_SUFFIX: &str = ".prealloc.tmp";
+
+fn zero_fill(file: &mut File, from: u64, to: u64) -> io::Result<()> {
+    let zeros = vec![0u8; ZERO_CHUNK_BYTES];
+    let mut at = from;
+    while at < to {
+        let n = (to - at).min(ZERO_CHUNK_BYTES as u64) as usize;
+        file.write_all_at(&zeros[..n], at)?;
+        at += n as u64;
+    }
+    Ok(())
+}
+
 /// The segment the writer appends to.
 pub struct WalSegment {
     path: PathBuf,
     file: File,
     first_lsn: u64,
+    /// Where the next record goes: the end of the valid records.
     len_bytes: u64,
 }
 
 impl WalSegment {
-    /// Creates a new segment durably: the header is synced and so is the
-    /// directory entry, before any record can land in it.
-    pub fn create(dir: &Path, first_lsn: u64) -> Result<WalSegment, StoreError> {
+    /// Creates and preallocates a segment durably: header and zeros are
+    /// synced, and so is the directory entry, before any record lands.
+    pub fn create(
+        dir: &Path,
+        first_lsn: u64,
+        preallocate_bytes: u64,
+    ) -> Result<WalSegment, StoreError> {
         let path = dir.join(segment_file_name(first_lsn));
         let mut file = OpenOptions::new()
             .write(true)
@@ -93,6 +125,7 @@ impl WalSegment {
             .open(&path)
             .map_err(|e| StoreError::io(&path, e))?;
         file.write_all(&encode_segment_header(first_lsn))
+            .and_then(|()| zero_fill(&mut file, SEGMENT_HEADER_BYTES as u64, preallocate_bytes))
             .and_then(|()| file.sync_all())
             .map_err(|e| StoreError::io(&path, e))?;
         sync_dir(dir)?;
@@ -104,15 +137,22 @@ impl WalSegment {
         })
     }
 
-    /// Reopens a segment that recovery verified, to append after its last
-    /// valid record (recovery already truncated anything beyond).
-    pub fn open_for_append(path: &Path, first_lsn: u64, len_bytes: u64) -> Result<WalSegment, StoreError> {
+    /// Reopens the segment recovery ended on, to append after its last
+    /// valid record (recovery already zeroed anything torn beyond it).
+    pub fn open_for_append(
+        path: &Path,
+        first_lsn: u64,
+        len_bytes: u64,
+    ) -> Result<WalSegment, StoreError> {
         let file = OpenOptions::new()
-            .append(true)
+            .write(true)
             .open(path)
             .map_err(|e| StoreError::io(path, e))?;
         let actual = file.metadata().map_err(|e| StoreError::io(path, e))?.len();
-        assert_eq!(actual, len_bytes, "recovery must leave the segment at its valid length");
+        assert!(
+            actual >= len_bytes,
+            "recovery's end of log lies within the file"
+        );
         Ok(WalSegment {
             path: path.to_path_buf(),
             file,
@@ -133,18 +173,77 @@ impl WalSegment {
         self.len_bytes
     }
 
-    /// One `write` for a whole group. On error the segment's tail is
-    /// unknown; the caller must latch and never append again.
+    /// One positioned write for a whole group, into preallocated space (or
+    /// past it, growing the file, if a group is larger than the segment).
+    /// On error the segment's tail is unknown; the caller must latch and
+    /// never append again.
     pub fn append(&mut self, bytes: &[u8]) -> io::Result<()> {
-        self.file.write_all(bytes)?;
+        self.file.write_all_at(bytes, self.len_bytes)?;
         self.len_bytes += bytes.len() as u64;
         Ok(())
     }
 
-    /// `fdatasync`: data plus the size change. Never retried on failure
-    /// (after a failed fsync the kernel may have dropped the dirty pages).
+    /// `fdatasync`. Never retried on failure (after a failed fsync the
+    /// kernel may have dropped the dirty pages).
     pub fn sync(&mut self) -> io::Result<()> {
         self.file.sync_data()
+    }
+}
+
+/// A zero-filled, synced file waiting under a temp name to become the next
+/// segment. Preparing it off the writer's path keeps the 10-100 ms of
+/// zero-filling out of write latency.
+pub struct PreparedSegment {
+    tmp_path: PathBuf,
+    file: File,
+}
+
+static PREPARED_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+impl PreparedSegment {
+    pub fn prepare(dir: &Path, bytes: u64) -> Result<PreparedSegment, StoreError> {
+        let n = PREPARED_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let tmp_path = dir.join(format!("{}-{n}{PREPARED_SUFFIX}", std::process::id()));
+        let result = (|| {
+            let mut file = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&tmp_path)?;
+            zero_fill(&mut file, 0, bytes.max(SEGMENT_HEADER_BYTES as u64))?;
+            file.sync_all()?;
+            Ok(file)
+        })();
+        match result {
+            Ok(file) => Ok(PreparedSegment { tmp_path, file }),
+            Err(e) => {
+                let _ = fs::remove_file(&tmp_path);
+                Err(StoreError::io(&tmp_path, e))
+            }
+        }
+    }
+
+    /// Writes the header, syncs it, renames the file into place and syncs
+    /// the directory: only then may records be appended.
+    pub fn install(self, dir: &Path, first_lsn: u64) -> Result<WalSegment, StoreError> {
+        let path = dir.join(segment_file_name(first_lsn));
+        self.file
+            .write_all_at(&encode_segment_header(first_lsn), 0)
+            .and_then(|()| self.file.sync_data())
+            .map_err(|e| StoreError::io(&self.tmp_path, e))?;
+        fs::rename(&self.tmp_path, &path).map_err(|e| StoreError::io(&path, e))?;
+        sync_dir(dir)?;
+        Ok(WalSegment {
+            path,
+            file: self.file,
+            first_lsn,
+            len_bytes: SEGMENT_HEADER_BYTES as u64,
+        })
+    }
+
+    /// Removes an unused prepared file.
+    pub fn discard(self) {
+        let _ = fs::remove_file(&self.tmp_path);
     }
 }
 
@@ -155,7 +254,10 @@ mod tests {
     #[test]
     fn names_sort_by_lsn_and_parse_back() {
         assert_eq!(segment_file_name(42), "00000000000000000042.wal");
-        assert_eq!(parse_segment_file_name(&segment_file_name(u64::MAX)), Some(u64::MAX));
+        assert_eq!(
+            parse_segment_file_name(&segment_file_name(u64::MAX)),
+            Some(u64::MAX)
+        );
         assert_eq!(parse_segment_file_name("42.wal"), None);
         assert_eq!(parse_segment_file_name("0000000000000000004x.wal"), None);
     }
