@@ -193,17 +193,29 @@ pub fn read_frame<R: Read>(
     }
     let header = FrameHeader::parse(&header_bytes);
     header.check_size(limits)?;
+    // Grow the buffer with the bytes that actually arrive, a chunk at a
+    // time, rather than to the declared length up front: a peer that sends
+    // only a header cannot make the reader reserve 16 MiB.
+    let declared = header.body_len as usize;
     body.clear();
-    body.resize(header.body_len as usize, 0);
-    let got = read_full(reader, body)?;
-    if got < body.len() {
-        return Err(ProtocolError::TruncatedFrame {
-            got: HEADER_BYTES + got,
-            expected: HEADER_BYTES + body.len(),
-        });
+    while body.len() < declared {
+        let start = body.len();
+        let chunk = (declared - start).min(BODY_CHUNK_BYTES);
+        body.resize(start + chunk, 0);
+        let got = read_full(reader, &mut body[start..])?;
+        if got < chunk {
+            body.truncate(start + got);
+            return Err(ProtocolError::TruncatedFrame {
+                got: HEADER_BYTES + body.len(),
+                expected: HEADER_BYTES + declared,
+            });
+        }
     }
     Ok(header)
 }
+
+/// How much of a frame body is read (and allocated) at a time.
+const BODY_CHUNK_BYTES: usize = 64 * 1024;
 
 /// Reads until `buf` is full or the peer closes; returns the bytes read.
 pub fn read_full<R: Read>(reader: &mut R, buf: &mut [u8]) -> io::Result<usize> {

@@ -106,7 +106,10 @@ impl Connection {
                 Err((code, message)) => {
                     self.shared.stats.bad_frames.fetch_add(1, Ordering::Relaxed);
                     let error = ServerError::new(code, message);
-                    if let Err(close) = self.send_error(header.opcode, header.request_id, &error) {
+                    // An opcode we do not know cannot be echoed as a
+                    // response opcode; docs/protocol.md says 0x8000 alone.
+                    let opcode = if code == ErrorCode::UnknownOpcode { 0 } else { header.opcode };
+                    if let Err(close) = self.send_error(opcode, header.request_id, &error) {
                         return close;
                     }
                     continue;
@@ -118,8 +121,10 @@ impl Connection {
                     ErrorCode::BadRequest,
                     "the first frame on a connection must be hello (see docs/protocol.md)",
                 );
-                let _ = self.send_error(header.opcode, header.request_id, &error);
-                return Close::Refused("no hello".into());
+                if let Err(close) = self.send_error(header.opcode, header.request_id, &error) {
+                    return close;
+                }
+                continue;
             }
             if self.shared.shutting_down.load(Ordering::Relaxed) {
                 let error = ServerError::new(
