@@ -29,6 +29,33 @@ fn spread3(v: u32) -> u128 {
     u128::from(lo) | (u128::from(hi) << 48)
 }
 
+/// Inverse of [`spread3`]: gathers every third bit (from bit 0) into 32 bits.
+#[inline]
+fn compact3(v: u128) -> u32 {
+    fn compact16(v: u64) -> u64 {
+        let mut x = v & 0x1249_2492_4924_9249;
+        x = (x | (x >> 2)) & 0x10c3_0c30_c30c_30c3;
+        x = (x | (x >> 4)) & 0x100f_00f0_0f00_f00f;
+        x = (x | (x >> 8)) & 0x001f_0000_ff00_00ff;
+        x = (x | (x >> 16)) & 0xffff;
+        x
+    }
+    let lo = compact16((v & 0xffff_ffff_ffff) as u64);
+    let hi = compact16(((v >> 48) & 0xffff_ffff_ffff) as u64);
+    (lo | (hi << 16)) as u32
+}
+
+/// The coordinate of a Morton key made by [`morton_key`].
+#[inline]
+pub fn morton_decode(key: u128) -> Coord {
+    let unflip = |bits: u32| (bits ^ 0x8000_0000) as i32;
+    Coord::new(
+        unflip(compact3(key >> 2)),
+        unflip(compact3(key >> 1)),
+        unflip(compact3(key)),
+    )
+}
+
 /// The 96-bit Morton key of a coordinate: bit 3i+2 from x, 3i+1 from y, 3i from z.
 #[inline]
 pub fn morton_key(c: Coord) -> u128 {
@@ -73,6 +100,7 @@ mod tests {
                 for &z in &samples {
                     let c = Coord::new(x, y, z);
                     assert_eq!(morton_key(c), slow_key(c), "{c}");
+                    assert_eq!(morton_decode(morton_key(c)), c, "{c}");
                 }
             }
         }

@@ -26,7 +26,7 @@ mod mutation;
 mod stats;
 pub mod wal;
 
-pub use curve::morton_key;
+pub use curve::{morton_decode, morton_key};
 pub use data_dir::{DataDir, sync_dir};
 pub use error::{StoreError, WriteError, WriteErrorKind};
 pub use group_commit::{GroupCommit, GroupCommitConfig, SyncPolicy, WriteAck, WriteSession};
