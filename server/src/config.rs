@@ -66,6 +66,15 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 4096)]
     pub max_group_records: usize,
 
+    /// Fold closed WAL segments into a checkpoint delta once they hold this many bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = 64 * 1024 * 1024)]
+    pub checkpoint_wal_bytes: u64,
+
+    /// Merge deltas into a new base once they exceed this many bytes (or
+    /// half the base, whichever is larger).
+    #[arg(long, value_name = "BYTES", default_value_t = 64 * 1024 * 1024)]
+    pub delta_compact_bytes: u64,
+
     /// Truncate the log at the first bad record instead of refusing to start.
     /// What is dropped is reported and saved under DATA/wal/repair-*/.
     #[arg(long)]

@@ -114,6 +114,11 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
         recovery: RecoveryOptions {
             repair: args.repair,
         },
+        checkpoint: CheckpointConfig {
+            checkpoint_wal_bytes: args.checkpoint_wal_bytes,
+            delta_compact_bytes: args.delta_compact_bytes,
+            ..CheckpointConfig::default()
+        },
     })?;
     log_recovery(&engine);
 
@@ -197,8 +202,16 @@ fn log_recovery(engine: &Engine) {
             path.display()
         );
     }
+    let c = engine.checkpoint_load();
     info!(
-        "recovered {} records from {} segment(s) in {} ms; next LSN {}",
+        "recovered: {} entries from checkpoint files ({} bytes base, {} bytes in {} delta(s), up to LSN {}) in {} ms, \
+         then {} WAL records from {} segment(s) in {} ms; next LSN {}",
+        c.entries,
+        c.base_bytes,
+        c.delta_bytes,
+        c.delta_files,
+        c.checkpoint_lsn,
+        c.duration.as_millis(),
         r.records_replayed,
         r.segments,
         r.duration.as_millis(),
@@ -353,7 +366,18 @@ fn shutdown(shared: &Arc<Shared>) {
             "{left} connection(s) still busy after {SHUTDOWN_GRACE:?}; stopping the writer anyway"
         );
     }
-    shared.engine.shutdown();
+    match shared.engine.shutdown() {
+        Ok(Some(report)) => info!(
+            "final checkpoint: folded {} records from {} segment(s) into {} bytes in {} ms; checkpoint LSN {}",
+            report.records_folded,
+            report.segments_folded,
+            report.delta_bytes,
+            report.duration.as_millis(),
+            report.checkpoint_lsn
+        ),
+        Ok(None) => {}
+        Err(e) => error!("final checkpoint failed (the WAL is kept; the next start replays it): {e}"),
+    }
     let s = shared.engine.stats();
     info!(
         "stopped cleanly at LSN {} ({} WAL records written this run)",
@@ -424,6 +448,24 @@ impl Shared {
                 "writer.failure",
                 s.writer_failure.unwrap_or_else(|| "none".into()),
             ),
+            count("wal.disk_bytes", s.wal_disk_bytes),
+            count("checkpoint.count", s.checkpoints),
+            count("checkpoint.compactions", s.compactions),
+            count("checkpoint.failures", s.checkpoint_failures),
+            count("checkpoint.lsn", s.checkpoint_lsn),
+            count("checkpoint.last_us", s.last_checkpoint_us),
+            count("checkpoint.last_bytes", s.last_checkpoint_bytes),
+            count("checkpoint.last_compaction_us", s.last_compaction_us),
+            count("checkpoint.last_compaction_bytes", s.last_compaction_bytes),
+            count("checkpoint.base_bytes", s.base_bytes),
+            count("checkpoint.delta_bytes", s.delta_bytes),
+            count("checkpoint.delta_files", s.delta_files),
+            text(
+                "checkpoint.last_failure",
+                s.last_checkpoint_failure.clone().unwrap_or_else(|| "none".into()),
+            ),
+            count("recovery.checkpoint_entries", self.engine.checkpoint_load().entries),
+            count("recovery.checkpoint_ms", self.engine.checkpoint_load().duration.as_millis() as u64),
             count("recovery.records_replayed", r.records_replayed),
             count("recovery.ms", r.duration.as_millis() as u64),
             count(

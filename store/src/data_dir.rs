@@ -4,6 +4,7 @@
 //! DATA/
 //!   LOCK              flock(2)-held by the running daemon; holds its pid
 //!   wal/              write-ahead log segments, <first-lsn:020>.wal
+//!   checkpoint/       MANIFEST, base-<id>.ckpt, delta-<id>.ckpt
 //!   cubed.sock        default socket path
 //! ```
 
@@ -54,6 +55,7 @@ impl DataDir {
             _lock: lock,
         };
         create_dir_durably(&dir.wal_dir())?;
+        create_dir_durably(&dir.checkpoint_dir())?;
         Ok(dir)
     }
 
@@ -63,6 +65,10 @@ impl DataDir {
 
     pub fn wal_dir(&self) -> PathBuf {
         self.root.join("wal")
+    }
+
+    pub fn checkpoint_dir(&self) -> PathBuf {
+        self.root.join("checkpoint")
     }
 }
 

@@ -1,11 +1,15 @@
-//! The engine: a locked data dir, the recovered in-memory store, and the
-//! writer thread, opened and closed as one.
+//! The engine: a locked data dir, the recovered in-memory store, the writer
+//! thread and the checkpointer, opened and closed as one.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use cube_protocol::{Coord, NamespaceName};
 
+use crate::checkpoint::checkpointer::{Checkpointer, record};
+use crate::checkpoint::{CheckpointConfig, CheckpointReport, CheckpointStore};
 use crate::data_dir::DataDir;
 use crate::error::StoreError;
 use crate::group_commit::{GroupCommit, GroupCommitConfig, WriteSession};
@@ -13,60 +17,117 @@ use crate::memstore::MemStore;
 use crate::mutation::Mutation;
 use crate::stats::{StoreStats, StoreStatsSnapshot};
 use crate::wal::segment::WalSegment;
-use crate::wal::{RecoveryOptions, RecoveryReport, recover};
+use crate::wal::{RecoveryOptions, RecoveryReport, list_segments, recover};
 
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     pub data_dir: PathBuf,
     pub group_commit: GroupCommitConfig,
     pub recovery: RecoveryOptions,
+    pub checkpoint: CheckpointConfig,
+}
+
+impl EngineConfig {
+    pub fn new(data_dir: impl Into<PathBuf>) -> EngineConfig {
+        EngineConfig {
+            data_dir: data_dir.into(),
+            group_commit: GroupCommitConfig::default(),
+            recovery: RecoveryOptions::default(),
+            checkpoint: CheckpointConfig::default(),
+        }
+    }
 }
 
 /// Recovery applies records in batches of this many, taking each
 /// namespace's lock once per batch rather than once per record.
 const RECOVERY_BATCH_RECORDS: usize = 4096;
 
+/// What startup loaded from checkpoint files.
+#[derive(Clone, Debug, Default)]
+pub struct CheckpointLoad {
+    pub entries: u64,
+    pub checkpoint_lsn: u64,
+    pub base_bytes: u64,
+    pub delta_bytes: u64,
+    pub delta_files: usize,
+    pub duration: Duration,
+}
+
 pub struct Engine {
     data_dir: DataDir,
     mem: Arc<MemStore>,
     stats: Arc<StoreStats>,
     writer: GroupCommit,
+    checkpointer: Mutex<Checkpointer>,
+    checkpoint_load: CheckpointLoad,
     recovery: RecoveryReport,
 }
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Applies mutations to the store in batches.
+struct BatchApplier<'a> {
+    mem: &'a MemStore,
+    batch: Vec<Mutation>,
+    existed: Vec<bool>,
+}
+
+impl BatchApplier<'_> {
+    fn push(&mut self, mutation: Mutation) {
+        self.batch.push(mutation);
+        if self.batch.len() == RECOVERY_BATCH_RECORDS {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        let refs: Vec<&Mutation> = self.batch.iter().collect();
+        self.mem.apply_group(&refs, &mut self.existed);
+        self.batch.clear();
+    }
+}
+
 impl Engine {
-    /// Locks the data dir, replays the log, and starts the writer.
+    /// Locks the data dir, loads the checkpoint, replays the WAL tail, and
+    /// starts the writer and the checkpointer.
     pub fn open(config: EngineConfig) -> Result<Engine, StoreError> {
         let data_dir = DataDir::open(&config.data_dir)?;
         let wal_dir = data_dir.wal_dir();
         let mem = Arc::new(MemStore::new());
-        let mut batch: Vec<Mutation> = Vec::with_capacity(RECOVERY_BATCH_RECORDS);
-        let mut existed = Vec::with_capacity(RECOVERY_BATCH_RECORDS);
-        let flush = |batch: &mut Vec<Mutation>, existed: &mut Vec<bool>| {
-            let refs: Vec<&Mutation> = batch.iter().collect();
-            mem.apply_group(&refs, existed);
-            batch.clear();
+        let mut applier = BatchApplier {
+            mem: &mem,
+            batch: Vec::with_capacity(RECOVERY_BATCH_RECORDS),
+            existed: Vec::with_capacity(RECOVERY_BATCH_RECORDS),
         };
-        let recovery = recover(&wal_dir, &config.recovery, |_lsn, mutation| {
-            batch.push(mutation);
-            if batch.len() == RECOVERY_BATCH_RECORDS {
-                flush(&mut batch, &mut existed);
-            }
+
+        let load_started = Instant::now();
+        let checkpoints = CheckpointStore::open(&data_dir.checkpoint_dir(), &wal_dir, config.checkpoint.clone())?;
+        let entries = checkpoints.load(|mutation| applier.push(mutation))?;
+        applier.flush();
+        let (base_bytes, delta_bytes) = checkpoints.sizes();
+        let checkpoint_load = CheckpointLoad {
+            entries,
+            checkpoint_lsn: checkpoints.checkpoint_lsn(),
+            base_bytes,
+            delta_bytes,
+            delta_files: checkpoints.delta_count(),
+            duration: load_started.elapsed(),
+        };
+
+        let recovery = recover(&wal_dir, checkpoints.checkpoint_lsn(), &config.recovery, |_lsn, mutation| {
+            applier.push(mutation)
         })?;
-        flush(&mut batch, &mut existed);
+        applier.flush();
 
         let segment = match &recovery.tail {
             Some(tail) => WalSegment::open_for_append(&tail.path, tail.first_lsn, tail.len_bytes)?,
-            None => WalSegment::create(
-                &wal_dir,
-                recovery.next_lsn,
-                config.group_commit.segment_bytes,
-            )?,
+            None => WalSegment::create(&wal_dir, recovery.next_lsn, config.group_commit.segment_bytes)?,
         };
         let stats = Arc::new(StoreStats::default());
-        stats
-            .last_lsn
-            .store(recovery.next_lsn - 1, std::sync::atomic::Ordering::Relaxed);
+        stats.last_lsn.store(recovery.next_lsn - 1, Relaxed);
+        record(&stats, &checkpoints, &Ok(CheckpointReport::default()));
         let writer = GroupCommit::start(
             wal_dir.clone(),
             segment,
@@ -76,17 +137,28 @@ impl Engine {
             config.group_commit.clone(),
         )
         .map_err(|e| StoreError::io(&wal_dir, e))?;
+        let roller = writer
+            .roller()
+            .ok_or_else(|| StoreError::WritesDisabled("the writer stopped while starting".into()))?;
+        let checkpointer = Checkpointer::start(checkpoints, roller, wal_dir.clone(), Arc::clone(&stats))
+            .map_err(|e| StoreError::io(&wal_dir, e))?;
         Ok(Engine {
             data_dir,
             mem,
             stats,
             writer,
+            checkpointer: Mutex::new(checkpointer),
+            checkpoint_load,
             recovery,
         })
     }
 
     pub fn recovery_report(&self) -> &RecoveryReport {
         &self.recovery
+    }
+
+    pub fn checkpoint_load(&self) -> &CheckpointLoad {
+        &self.checkpoint_load
     }
 
     pub fn data_dir(&self) -> &std::path::Path {
@@ -107,12 +179,48 @@ impl Engine {
         self.writer.session()
     }
 
-    pub fn stats(&self) -> StoreStatsSnapshot {
-        self.stats.snapshot()
+    /// Closes the current WAL segment and folds every closed one into a
+    /// delta (compacting if the deltas are due). Waits for it to finish.
+    pub fn checkpoint(&self) -> Result<CheckpointReport, StoreError> {
+        lock(&self.checkpointer).checkpoint_now(false)
     }
 
-    /// Commits what is queued, syncs, and stops the writer.
-    pub fn shutdown(&self) {
+    /// A checkpoint followed by merging base + deltas into a new base.
+    pub fn compact(&self) -> Result<CheckpointReport, StoreError> {
+        lock(&self.checkpointer).checkpoint_now(true)
+    }
+
+    pub fn stats(&self) -> StoreStatsSnapshot {
+        let mut snapshot = self.stats.snapshot();
+        snapshot.wal_disk_bytes = list_segments(&self.data_dir.wal_dir(), false)
+            .map(|segments| {
+                segments
+                    .iter()
+                    .map(|(_, path)| std::fs::metadata(path).map_or(0, |m| m.len()))
+                    .sum()
+            })
+            .unwrap_or(0);
+        snapshot
+    }
+
+    /// Commits what is queued, syncs, stops the writer, then folds the whole
+    /// WAL into the checkpoint so the next start replays nothing.
+    pub fn shutdown(&self) -> Result<Option<CheckpointReport>, StoreError> {
         self.writer.shutdown();
+        let Some(mut store) = lock(&self.checkpointer).stop() else {
+            return Ok(None);
+        };
+        // The writer has stopped and synced: every segment is closed.
+        let result = store.fold(u64::MAX).map(Option::unwrap_or_default);
+        record(&self.stats, &store, &result);
+        result.map(Some)
+    }
+
+    /// Stops the threads without the final checkpoint: what a crash leaves
+    /// behind (minus unsynced writes, of which `--sync always` has none).
+    /// For crash tests.
+    pub fn close_without_checkpoint(&self) {
+        self.writer.shutdown();
+        let _ = lock(&self.checkpointer).stop();
     }
 }

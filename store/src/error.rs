@@ -28,6 +28,10 @@ pub enum StoreError {
     },
     #[error("writes are disabled: {0}")]
     WritesDisabled(String),
+    /// A crash injected by a test at a named step of a protocol.
+    #[doc(hidden)]
+    #[error("simulated crash at {0}")]
+    SimulatedCrash(String),
 }
 
 impl StoreError {

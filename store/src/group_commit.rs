@@ -116,7 +116,28 @@ enum WriterCommand {
         mutation: Mutation,
         reply: Sender<Reply>,
     },
+    /// Close the current segment (sync it) and start the next; answers the
+    /// first LSN of the new segment: every LSN below it is in closed segments.
+    Roll {
+        reply: Sender<Result<u64, WriteError>>,
+    },
     Stop,
+}
+
+/// Lets the checkpointer ask the writer to close its segment.
+pub(crate) struct SegmentRoller {
+    tx: Sender<WriterCommand>,
+}
+
+impl SegmentRoller {
+    pub(crate) fn roll(&self) -> Result<u64, WriteError> {
+        let stopped = || WriteError::new(WriteErrorKind::ShuttingDown, "the writer has stopped");
+        let (reply, answer) = bounded(1);
+        self.tx
+            .send(WriterCommand::Roll { reply })
+            .map_err(|_| stopped())?;
+        answer.recv().map_err(|_| stopped())?
+    }
 }
 
 /// A connection's handle to the writer, with its own reusable reply slot.
@@ -178,6 +199,12 @@ impl GroupCommit {
         Ok(GroupCommit {
             tx: Mutex::new(Some(tx)),
             thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    pub(crate) fn roller(&self) -> Option<SegmentRoller> {
+        Some(SegmentRoller {
+            tx: lock(&self.tx).clone()?,
         })
     }
 
@@ -257,10 +284,16 @@ impl Writer {
             let Some(first) = first else { break };
             let mut group_bytes = 0usize;
             let mut next = Some(first);
+            let mut roll_reply = None;
             while let Some(command) = next.take() {
                 match command {
                     WriterCommand::Stop => {
                         stopping = true;
+                        break;
+                    }
+                    WriterCommand::Roll { reply } => {
+                        // Writes queued before the roll go into the old segment.
+                        roll_reply = Some(reply);
                         break;
                     }
                     WriterCommand::Write { mutation, reply } => {
@@ -281,11 +314,63 @@ impl Writer {
             if !group.is_empty() {
                 self.commit(&mut group);
             }
+            if let Some(reply) = roll_reply {
+                let _ = reply.send(self.roll());
+            }
         }
         // Whatever was acknowledged under a relaxed policy gets its sync now.
         if self.unsynced_writes > 0 && self.failed.is_none() {
             self.sync_relaxed();
         }
+    }
+
+    fn roll(&mut self) -> Result<u64, WriteError> {
+        if let Some(reason) = &self.failed {
+            return Err(WriteError::new(
+                WriteErrorKind::WritesDisabled,
+                format!("writes are disabled after an earlier storage failure: {reason}"),
+            ));
+        }
+        if self.segment.len_bytes() == SEGMENT_HEADER_BYTES as u64 {
+            return Ok(self.segment.first_lsn());
+        }
+        let first_lsn = self.next_lsn;
+        let result = self.roll_segment(first_lsn);
+        if let Err((kind, reason)) = result {
+            self.failed = Some(reason.clone());
+            self.stats.set_failure(&reason);
+            return Err(WriteError::new(kind, reason));
+        }
+        Ok(first_lsn)
+    }
+
+    /// Syncs the current segment and installs the prepared next one.
+    fn roll_segment(&mut self, first_lsn: u64) -> Result<(), (WriteErrorKind, String)> {
+        let failure = |what: String, e: &dyn std::fmt::Display, full: bool| {
+            let kind = if full { WriteErrorKind::DiskFull } else { WriteErrorKind::StorageIo };
+            (kind, format!("{what}: {e}"))
+        };
+        self.segment.sync().map_err(|e| {
+            failure(
+                format!("fdatasync of {}", self.segment.path().display()),
+                &e,
+                e.kind() == io::ErrorKind::StorageFull,
+            )
+        })?;
+        let is_full = |e: &crate::StoreError| {
+            matches!(e, crate::StoreError::Io { source, .. } if source.kind() == io::ErrorKind::StorageFull)
+        };
+        let prepared = self
+            .preallocator
+            .take()
+            .map_err(|e| failure("starting a new WAL segment failed".into(), &e, is_full(&e)))?;
+        self.segment = prepared
+            .install(&self.wal_dir, first_lsn)
+            .map_err(|e| failure("starting a new WAL segment failed".into(), &e, is_full(&e)))?;
+        self.stats
+            .segments_created
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
     /// Under the interval policy, the moment the pending writes must be synced.
@@ -385,27 +470,7 @@ impl Writer {
         {
             // The closed segment must be complete on disk before records
             // land in its successor, whatever the sync policy.
-            self.segment
-                .sync()
-                .map_err(|e| io_failure("fdatasync of", self.segment.path(), &e))?;
-            let roll_failure = |e: crate::StoreError| {
-                let kind = match &e {
-                    crate::StoreError::Io { source, .. }
-                        if source.kind() == io::ErrorKind::StorageFull =>
-                    {
-                        WriteErrorKind::DiskFull
-                    }
-                    _ => WriteErrorKind::StorageIo,
-                };
-                (kind, format!("starting a new WAL segment failed: {e}"))
-            };
-            let prepared = self.preallocator.take().map_err(roll_failure)?;
-            self.segment = prepared
-                .install(&self.wal_dir, first_lsn)
-                .map_err(roll_failure)?;
-            self.stats
-                .segments_created
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.roll_segment(first_lsn)?;
         }
         self.segment
             .append(&self.buf)

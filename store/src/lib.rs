@@ -17,6 +17,7 @@
 //! File formats are specified byte by byte in `docs/storage-format.md`.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+pub mod checkpoint;
 mod curve;
 mod data_dir;
 mod error;
@@ -36,4 +37,5 @@ pub use stats::{StoreStats, StoreStatsSnapshot};
 pub use wal::{RecoveryOptions, RecoveryReport};
 
 mod engine;
-pub use engine::{Engine, EngineConfig};
+pub use checkpoint::{CheckpointConfig, CheckpointReport, CompactionReport, CrashPoint};
+pub use engine::{CheckpointLoad, Engine, EngineConfig};

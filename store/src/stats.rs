@@ -16,6 +16,18 @@ pub struct StoreStats {
     pub(crate) last_lsn: AtomicU64,
     pub(crate) write_errors: AtomicU64,
     pub(crate) writer_failure: Mutex<Option<String>>,
+    pub(crate) checkpoints: AtomicU64,
+    pub(crate) compactions: AtomicU64,
+    pub(crate) checkpoint_failures: AtomicU64,
+    pub(crate) last_checkpoint_us: AtomicU64,
+    pub(crate) last_checkpoint_bytes: AtomicU64,
+    pub(crate) last_compaction_us: AtomicU64,
+    pub(crate) last_compaction_bytes: AtomicU64,
+    pub(crate) base_bytes: AtomicU64,
+    pub(crate) delta_bytes: AtomicU64,
+    pub(crate) delta_files: AtomicU64,
+    pub(crate) checkpoint_lsn: AtomicU64,
+    pub(crate) checkpoint_failure: Mutex<Option<String>>,
 }
 
 /// A consistent-enough copy of the counters (each read is atomic; the set
@@ -34,6 +46,20 @@ pub struct StoreStatsSnapshot {
     pub last_lsn: u64,
     pub write_errors: u64,
     pub writer_failure: Option<String>,
+    pub checkpoints: u64,
+    pub compactions: u64,
+    pub checkpoint_failures: u64,
+    pub last_checkpoint_us: u64,
+    pub last_checkpoint_bytes: u64,
+    pub last_compaction_us: u64,
+    pub last_compaction_bytes: u64,
+    pub base_bytes: u64,
+    pub delta_bytes: u64,
+    pub delta_files: u64,
+    pub checkpoint_lsn: u64,
+    pub last_checkpoint_failure: Option<String>,
+    /// Size of the WAL segment files now on disk (filled by the engine).
+    pub wal_disk_bytes: u64,
 }
 
 impl StoreStats {
@@ -57,6 +83,13 @@ impl StoreStats {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         slot.get_or_insert_with(|| reason.to_string());
+    }
+
+    pub(crate) fn set_checkpoint_failure(&self, reason: &str) {
+        *self
+            .checkpoint_failure
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(reason.to_string());
     }
 
     pub fn snapshot(&self) -> StoreStatsSnapshot {
@@ -88,6 +121,23 @@ impl StoreStats {
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
                 .clone(),
+            checkpoints: self.checkpoints.load(Relaxed),
+            compactions: self.compactions.load(Relaxed),
+            checkpoint_failures: self.checkpoint_failures.load(Relaxed),
+            last_checkpoint_us: self.last_checkpoint_us.load(Relaxed),
+            last_checkpoint_bytes: self.last_checkpoint_bytes.load(Relaxed),
+            last_compaction_us: self.last_compaction_us.load(Relaxed),
+            last_compaction_bytes: self.last_compaction_bytes.load(Relaxed),
+            base_bytes: self.base_bytes.load(Relaxed),
+            delta_bytes: self.delta_bytes.load(Relaxed),
+            delta_files: self.delta_files.load(Relaxed),
+            checkpoint_lsn: self.checkpoint_lsn.load(Relaxed),
+            last_checkpoint_failure: self
+                .checkpoint_failure
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .clone(),
+            wal_disk_bytes: 0,
         }
     }
 }

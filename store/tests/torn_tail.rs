@@ -7,20 +7,15 @@ use std::fs;
 use std::path::Path;
 
 use cube_protocol::{Coord, NamespaceName};
-use cube_store::{Engine, EngineConfig, GroupCommitConfig, Mutation, RecoveryOptions};
+use cube_store::{Engine, EngineConfig, Mutation};
 
 /// Small preallocated segments keep the per-cut copies cheap.
 const SEGMENT_BYTES: u64 = 4096;
 
 fn config(dir: &Path) -> EngineConfig {
-    EngineConfig {
-        data_dir: dir.to_path_buf(),
-        group_commit: GroupCommitConfig {
-            segment_bytes: SEGMENT_BYTES,
-            ..GroupCommitConfig::default()
-        },
-        recovery: RecoveryOptions::default(),
-    }
+    let mut config = EngineConfig::new(dir);
+    config.group_commit.segment_bytes = SEGMENT_BYTES;
+    config
 }
 
 /// End offset of each record in a segment's bytes.
@@ -85,7 +80,7 @@ fn every_cut_in_the_last_records_recovers_the_acknowledged_prefix() {
             let ack = session.write(m).unwrap();
             assert_eq!(ack.lsn, i as u64 + 1);
         }
-        engine.shutdown();
+        engine.close_without_checkpoint();
     }
     let full = fs::read(&segment).unwrap();
     assert_eq!(
@@ -110,17 +105,19 @@ fn every_cut_in_the_last_records_recovers_the_acknowledged_prefix() {
         fs::write(&torn_segment, &torn).unwrap();
 
         let engine = Engine::open(config(&dir)).unwrap();
-        let whole = ends.iter().filter(|end| **end <= cut).count() as i32;
+        let mut whole = ends.iter().filter(|end| **end <= cut).count() as i32;
+        // A record whose missing bytes were zeros anyway is whole again once
+        // the zeros of preallocated space stand in for them.
+        if !truncate && full[cut as usize..ends[whole as usize] as usize].iter().all(|b| *b == 0) {
+            whole += 1;
+        }
         let report = engine.recovery_report();
         assert_eq!(report.records_replayed, whole as u64, "cut at {cut}");
         assert_eq!(report.next_lsn, whole as u64 + 1);
         let torn = report.torn_tail.as_ref().map_or(0, |t| t.bytes_truncated);
         let valid_end = ends[whole as usize - 1] as usize;
-        assert_eq!(
-            torn,
-            nonzero_len(&full[valid_end..cut as usize]),
-            "cut at {cut}"
-        );
+        let torn_expected = nonzero_len(&full[valid_end..(cut as usize).max(valid_end)]);
+        assert_eq!(torn, torn_expected, "cut at {cut}");
         // The state is exactly the first `whole` writes.
         for i in 0..RECORDS {
             let expect_present = i < whole && i % 4 != 3 && !(i % 4 == 2 && i + 1 < whole);
@@ -138,12 +135,12 @@ fn every_cut_in_the_last_records_recovers_the_acknowledged_prefix() {
             })
             .unwrap();
         assert_eq!(ack.lsn, whole as u64 + 1);
-        engine.shutdown();
+        engine.close_without_checkpoint();
         drop(engine);
         let engine = Engine::open(config(&dir)).unwrap();
         assert_eq!(engine.recovery_report().records_replayed, whole as u64 + 1);
         assert!(engine.recovery_report().torn_tail.is_none());
-        engine.shutdown();
+        engine.close_without_checkpoint();
         fs::remove_dir_all(&dir).unwrap();
     }
 }
@@ -167,7 +164,7 @@ fn a_bad_record_in_an_earlier_segment_is_corruption_not_a_torn_tail() {
                 })
                 .unwrap();
         }
-        engine.shutdown();
+        engine.close_without_checkpoint();
     }
     let mut segments: Vec<_> = fs::read_dir(dir.join("wal"))
         .unwrap()

@@ -11,5 +11,5 @@ pub mod recovery;
 pub mod segment;
 
 pub use preallocator::SegmentPreallocator;
-pub use recovery::{RecoveryOptions, RecoveryReport, recover};
+pub use recovery::{RecoveryOptions, RecoveryReport, list_segments, read_closed_segment, recover};
 pub use segment::WalSegment;

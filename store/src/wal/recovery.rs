@@ -79,18 +79,31 @@ struct BadPoint {
     reason: String,
 }
 
-/// Replays every record in `wal_dir`, in LSN order, into `apply`.
+/// Replays every record in `wal_dir` after `checkpoint_lsn` (what the
+/// checkpoint files already hold), in LSN order, into `apply`.
 pub fn recover(
     wal_dir: &Path,
+    checkpoint_lsn: u64,
     options: &RecoveryOptions,
     mut apply: impl FnMut(u64, Mutation),
 ) -> Result<RecoveryReport, StoreError> {
     let started = Instant::now();
-    let mut segments = list_segments(wal_dir)?;
+    let mut segments = list_segments(wal_dir, true)?;
+    // Segments wholly inside the checkpoint are left over from a crash
+    // between the checkpoint's manifest update and their removal.
+    let mut covered_removed = false;
+    while segments.len() >= 2 && segments[1].0 <= checkpoint_lsn + 1 {
+        let (_, path) = segments.remove(0);
+        fs::remove_file(&path).map_err(|e| StoreError::io(&path, e))?;
+        covered_removed = true;
+    }
+    if covered_removed {
+        sync_dir(wal_dir)?;
+    }
     let mut report = RecoveryReport {
         segments: 0,
         records_replayed: 0,
-        next_lsn: 1,
+        next_lsn: checkpoint_lsn + 1,
         wal_bytes: 0,
         torn_tail: None,
         torn_segment_removed: None,
@@ -116,14 +129,26 @@ pub fn recover(
             segments.pop();
             break;
         }
-        let outcome = replay_segment(
-            &bytes,
-            first_lsn,
-            expected_lsn,
-            is_last,
-            &mut apply,
-            &mut report,
-        );
+        let outcome = if index == 0 && first_lsn > checkpoint_lsn + 1 {
+            Err((
+                0,
+                format!(
+                    "LSN gap: the checkpoint holds LSNs up to {checkpoint_lsn}, \
+                     but the oldest WAL segment starts at LSN {first_lsn}"
+                ),
+                first_lsn,
+            ))
+        } else {
+            replay_segment(
+                &bytes,
+                first_lsn,
+                expected_lsn,
+                is_last,
+                checkpoint_lsn,
+                &mut apply,
+                &mut report,
+            )
+        };
         match outcome {
             Ok(SegmentEnd::Clean { next_lsn, end }) => {
                 expected_lsn = Some(next_lsn);
@@ -210,6 +235,7 @@ fn replay_segment(
     name_lsn: u64,
     expected_lsn: Option<u64>,
     is_last: bool,
+    checkpoint_lsn: u64,
     apply: &mut impl FnMut(u64, Mutation),
     report: &mut RecoveryReport,
 ) -> Result<SegmentEnd, (u64, String, u64)> {
@@ -246,8 +272,10 @@ fn replay_segment(
                 }
                 let mutation = Mutation::decode(record.kind, record.payload)
                     .map_err(|reason| (offset as u64, reason, next_lsn))?;
-                apply(record.lsn, mutation);
-                report.records_replayed += 1;
+                if record.lsn > checkpoint_lsn {
+                    apply(record.lsn, mutation);
+                    report.records_replayed += 1;
+                }
                 next_lsn += 1;
                 offset += record.total_bytes;
             }
@@ -323,7 +351,13 @@ fn valid_record_follows(bytes: &[u8], from: usize, min_lsn: u64) -> bool {
     false
 }
 
-fn list_segments(wal_dir: &Path) -> Result<Vec<(u64, PathBuf)>, StoreError> {
+/// Segment files in LSN order. With `remove_stale_prepared` (only at
+/// recovery, before the preallocation thread starts) leftover preallocated
+/// files are deleted.
+pub fn list_segments(
+    wal_dir: &Path,
+    remove_stale_prepared: bool,
+) -> Result<Vec<(u64, PathBuf)>, StoreError> {
     let mut segments = Vec::new();
     let entries = fs::read_dir(wal_dir).map_err(|e| StoreError::io(wal_dir, e))?;
     for entry in entries {
@@ -331,7 +365,9 @@ fn list_segments(wal_dir: &Path) -> Result<Vec<(u64, PathBuf)>, StoreError> {
         let name = entry.file_name();
         if let Some(lsn) = name.to_str().and_then(parse_segment_file_name) {
             segments.push((lsn, entry.path()));
-        } else if name.to_str().is_some_and(|n| n.ends_with(PREPARED_SUFFIX)) {
+        } else if remove_stale_prepared
+            && name.to_str().is_some_and(|n| n.ends_with(PREPARED_SUFFIX))
+        {
             // A preallocated file a crash left before it was installed:
             // it never held a record.
             let path = entry.path();
@@ -414,4 +450,42 @@ fn repair_at(
         segments_dropped,
         saved_to,
     })
+}
+
+/// Reads every record of a closed segment (one the writer has moved past
+/// and synced), for the checkpointer. Any damage is corruption here: a
+/// closed segment has no torn tail, only preallocated zeros.
+pub fn read_closed_segment(
+    path: &Path,
+    mut each: impl FnMut(u64, Mutation),
+) -> Result<u64, StoreError> {
+    let bytes = fs::read(path).map_err(|e| StoreError::io(path, e))?;
+    let corrupt = |offset: u64, reason: String| StoreError::Corruption {
+        path: path.to_path_buf(),
+        offset,
+        reason,
+    };
+    let first_lsn = parse_segment_header(&bytes).map_err(|reason| corrupt(0, reason))?;
+    let mut offset = SEGMENT_HEADER_BYTES;
+    let mut next_lsn = first_lsn;
+    while offset < bytes.len() {
+        match parse_record(&bytes[offset..]) {
+            Ok(record) if record.lsn == next_lsn => {
+                let mutation = Mutation::decode(record.kind, record.payload)
+                    .map_err(|reason| corrupt(offset as u64, reason))?;
+                each(record.lsn, mutation);
+                next_lsn += 1;
+                offset += record.total_bytes;
+            }
+            Ok(record) => {
+                return Err(corrupt(
+                    offset as u64,
+                    format!("record has LSN {}, expected {next_lsn}", record.lsn),
+                ));
+            }
+            Err(_) if is_zero(&bytes[offset..]) => break,
+            Err(damage) => return Err(corrupt(offset as u64, damage.to_string())),
+        }
+    }
+    Ok(next_lsn)
 }

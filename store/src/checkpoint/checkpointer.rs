@@ -1,0 +1,133 @@
+//! The checkpointer thread: folds the WAL when it grows past its threshold,
+//! and on request (`cubec checkpoint`).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::thread::{self, JoinHandle};
+
+
+use crossbeam_channel::{RecvTimeoutError, Sender, bounded};
+
+use super::{CheckpointReport, CheckpointStore};
+use crate::error::StoreError;
+use crate::group_commit::SegmentRoller;
+use crate::stats::StoreStats;
+use crate::wal::list_segments;
+
+type Reply = Sender<Result<CheckpointReport, StoreError>>;
+
+/// A request, with whether to compact afterwards whatever the delta sizes.
+struct Request {
+    compact: bool,
+    reply: Reply,
+}
+
+pub(crate) struct Checkpointer {
+    tx: Option<Sender<Request>>,
+    thread: Option<JoinHandle<CheckpointStore>>,
+}
+
+impl Checkpointer {
+    pub(crate) fn start(
+        mut store: CheckpointStore,
+        roller: SegmentRoller,
+        wal_dir: std::path::PathBuf,
+        stats: Arc<StoreStats>,
+    ) -> std::io::Result<Checkpointer> {
+        let (tx, rx) = bounded::<Request>(16);
+        let poll = store.config.poll_interval;
+        let thread = thread::Builder::new()
+            .name("cube-checkpoint".into())
+            .spawn(move || {
+                loop {
+                    match rx.recv_timeout(poll) {
+                        Ok(Request { compact, reply }) => {
+                            let result = roller
+                                .roll()
+                                .map_err(|e| StoreError::WritesDisabled(e.message))
+                                .and_then(|boundary| store.fold(boundary))
+                                .map(|report| {
+                                    report.unwrap_or_else(|| CheckpointReport {
+                                        checkpoint_lsn: store.checkpoint_lsn(),
+                                        ..CheckpointReport::default()
+                                    })
+                                })
+                                .and_then(|mut report| {
+                                    if compact && report.compaction.is_none() && store.delta_count() > 0 {
+                                        report.compaction = Some(store.compact()?);
+                                    }
+                                    Ok(report)
+                                });
+                            record(&stats, &store, &result);
+                            let _ = reply.send(result);
+                        }
+                        Err(RecvTimeoutError::Timeout) => {
+                            // Closed segments are all but the newest: the
+                            // writer syncs a segment before starting the next.
+                            let boundary = match list_segments(&wal_dir, false) {
+                                Ok(segments) => segments.last().map_or(0, |(first, _)| *first),
+                                Err(_) => continue,
+                            };
+                            let due = store
+                                .closed_wal_bytes(boundary)
+                                .is_ok_and(|bytes| bytes >= store.config.checkpoint_wal_bytes);
+                            if due {
+                                let result = store.fold(boundary).map(Option::unwrap_or_default);
+                                record(&stats, &store, &result);
+                            }
+                        }
+                        Err(RecvTimeoutError::Disconnected) => return store,
+                    }
+                }
+            })?;
+        Ok(Checkpointer {
+            tx: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    /// Asks for a checkpoint (and, with `compact`, a compaction) now and
+    /// waits for its report.
+    pub(crate) fn checkpoint_now(&self, compact: bool) -> Result<CheckpointReport, StoreError> {
+        let stopped = || StoreError::WritesDisabled("the checkpointer has stopped".into());
+        let tx = self.tx.as_ref().ok_or_else(stopped)?;
+        let (reply, answer) = bounded(1);
+        tx.send(Request { compact, reply }).map_err(|_| stopped())?;
+        answer.recv().map_err(|_| stopped())?
+    }
+
+    /// Stops the thread and hands back the checkpoint files' owner.
+    pub(crate) fn stop(&mut self) -> Option<CheckpointStore> {
+        drop(self.tx.take());
+        self.thread.take().and_then(|t| t.join().ok())
+    }
+}
+
+/// Updates the stats after a checkpoint attempt.
+pub(crate) fn record(stats: &StoreStats, store: &CheckpointStore, result: &Result<CheckpointReport, StoreError>) {
+    match result {
+        Ok(report) => {
+            if report.segments_folded > 0 {
+                stats.checkpoints.fetch_add(1, Relaxed);
+                stats.last_checkpoint_us.store(report.duration.as_micros() as u64, Relaxed);
+                stats.last_checkpoint_bytes.store(report.delta_bytes, Relaxed);
+            }
+            if let Some(c) = &report.compaction {
+                stats.compactions.fetch_add(1, Relaxed);
+                stats.last_compaction_us.store(c.duration.as_micros() as u64, Relaxed);
+                stats.last_compaction_bytes.store(c.base_bytes, Relaxed);
+            }
+        }
+        Err(e) => {
+            stats.checkpoint_failures.fetch_add(1, Relaxed);
+            let text = format!("{e}");
+            eprintln!("cubed: checkpoint failed: {text}; the WAL is kept and will be retried");
+            stats.set_checkpoint_failure(&text);
+        }
+    }
+    let (base, deltas) = store.sizes();
+    stats.base_bytes.store(base, Relaxed);
+    stats.delta_bytes.store(deltas, Relaxed);
+    stats.delta_files.store(store.delta_count() as u64, Relaxed);
+    stats.checkpoint_lsn.store(store.checkpoint_lsn(), Relaxed);
+}

@@ -1,0 +1,438 @@
+//! Checkpoint files (bases and deltas): sorted state entries in
+//! CRC32C-checked blocks, with a header and a footer.
+//!
+//! ```text
+//! header (44 bytes)
+//!   0  8  magic "CUBECKPT"
+//!   8  4  version = 1
+//!   12 1  kind: 1 base, 2 delta
+//!   13 3  reserved, zero
+//!   16 8  file_id      unique per data dir, never reused
+//!   24 8  lsn_from     first LSN folded into this file (1 for a base)
+//!   32 8  lsn_to       every record up to this LSN is reflected
+//!   40 4  header_crc   CRC32C of bytes 0..40
+//! blocks, back to back
+//!   0  4  payload_len  at most MAX_BLOCK_BYTES
+//!   4  4  payload_crc  CRC32C of the payload
+//!   8  .. payload: entries, each
+//!         key_len u16 | key | op u8 (0 tombstone, 1 value) | [value_len u32 | value]
+//! footer (40 bytes, the last bytes of the file)
+//!   0  8  magic "CUBEFOOT"
+//!   8  8  entry_count
+//!   16 8  block_count
+//!   24 8  blocks_bytes  bytes between header and footer
+//!   32 4  blocks_crc    CRC32C over every block's payload_crc, in order
+//!   36 4  footer_crc    CRC32C of footer bytes 0..36
+//! ```
+//! The footer ties the blocks together: a lost, repeated or reordered
+//! block changes `blocks_crc` even when each block is intact. Entries are
+//! strictly increasing by key; readers check that too.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use byteorder::{ByteOrder, LittleEndian};
+
+use crate::data_dir::sync_dir;
+use crate::error::StoreError;
+
+pub(crate) const HEADER_BYTES: usize = 44;
+pub(crate) const FOOTER_BYTES: usize = 40;
+const MAGIC: &[u8; 8] = b"CUBECKPT";
+const FOOTER_MAGIC: &[u8; 8] = b"CUBEFOOT";
+const VERSION: u32 = 1;
+/// Entries are packed into blocks of about this size.
+const TARGET_BLOCK_BYTES: usize = 64 * 1024;
+/// No block is larger; a larger length field is damage.
+pub(crate) const MAX_BLOCK_BYTES: usize = 64 * 1024 * 1024;
+const MAX_KEY_BYTES: usize = u16::MAX as usize;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FileKind {
+    Base = 1,
+    Delta = 2,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FileHeader {
+    pub kind: FileKind,
+    pub file_id: u64,
+    pub lsn_from: u64,
+    pub lsn_to: u64,
+}
+
+impl FileHeader {
+    fn encode(&self) -> [u8; HEADER_BYTES] {
+        let mut h = [0u8; HEADER_BYTES];
+        h[0..8].copy_from_slice(MAGIC);
+        LittleEndian::write_u32(&mut h[8..12], VERSION);
+        h[12] = self.kind as u8;
+        LittleEndian::write_u64(&mut h[16..24], self.file_id);
+        LittleEndian::write_u64(&mut h[24..32], self.lsn_from);
+        LittleEndian::write_u64(&mut h[32..40], self.lsn_to);
+        let crc = crc32c::crc32c(&h[0..40]);
+        LittleEndian::write_u32(&mut h[40..44], crc);
+        h
+    }
+
+    fn decode(h: &[u8]) -> Result<FileHeader, String> {
+        if h.len() < HEADER_BYTES || &h[0..8] != MAGIC {
+            return Err("not a cube checkpoint file (bad magic)".into());
+        }
+        let stored = LittleEndian::read_u32(&h[40..44]);
+        if stored != crc32c::crc32c(&h[0..40]) {
+            return Err("checkpoint header checksum mismatch".into());
+        }
+        let version = LittleEndian::read_u32(&h[8..12]);
+        if version != VERSION {
+            return Err(format!("checkpoint format version {version} is not supported (this build reads {VERSION})"));
+        }
+        let kind = match h[12] {
+            1 => FileKind::Base,
+            2 => FileKind::Delta,
+            other => return Err(format!("unknown checkpoint file kind {other}")),
+        };
+        Ok(FileHeader {
+            kind,
+            file_id: LittleEndian::read_u64(&h[16..24]),
+            lsn_from: LittleEndian::read_u64(&h[24..32]),
+            lsn_to: LittleEndian::read_u64(&h[32..40]),
+        })
+    }
+}
+
+/// Writes a checkpoint file under a temp name; [`CheckpointWriter::finish`]
+/// syncs it and renames it into place.
+pub(crate) struct CheckpointWriter {
+    tmp_path: PathBuf,
+    final_path: PathBuf,
+    out: BufWriter<File>,
+    block: Vec<u8>,
+    last_key: Option<Vec<u8>>,
+    entries: u64,
+    blocks: u64,
+    blocks_bytes: u64,
+    blocks_crc: u32,
+}
+
+impl CheckpointWriter {
+    pub(crate) fn create(final_path: &Path, header: FileHeader) -> Result<CheckpointWriter, StoreError> {
+        let mut tmp = final_path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        let tmp_path = PathBuf::from(tmp);
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp_path)
+            .map_err(|e| StoreError::io(&tmp_path, e))?;
+        let mut out = BufWriter::with_capacity(1024 * 1024, file);
+        out.write_all(&header.encode()).map_err(|e| StoreError::io(&tmp_path, e))?;
+        Ok(CheckpointWriter {
+            tmp_path,
+            final_path: final_path.to_path_buf(),
+            out,
+            block: Vec::with_capacity(TARGET_BLOCK_BYTES * 2),
+            last_key: None,
+            entries: 0,
+            blocks: 0,
+            blocks_bytes: 0,
+            blocks_crc: 0,
+        })
+    }
+
+    /// Adds an entry; keys must arrive strictly increasing.
+    pub(crate) fn add(&mut self, key: &[u8], value: Option<&[u8]>) -> Result<(), StoreError> {
+        assert!(key.len() <= MAX_KEY_BYTES, "state keys are short");
+        assert!(
+            self.last_key.as_deref().is_none_or(|last| last < key),
+            "checkpoint entries must be strictly increasing by key"
+        );
+        self.block.extend_from_slice(&(key.len() as u16).to_le_bytes());
+        self.block.extend_from_slice(key);
+        match value {
+            None => self.block.push(0),
+            Some(v) => {
+                self.block.push(1);
+                self.block.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                self.block.extend_from_slice(v);
+            }
+        }
+        self.last_key = Some(key.to_vec());
+        self.entries += 1;
+        if self.block.len() >= TARGET_BLOCK_BYTES {
+            self.flush_block()?;
+        }
+        Ok(())
+    }
+
+    fn flush_block(&mut self) -> Result<(), StoreError> {
+        if self.block.is_empty() {
+            return Ok(());
+        }
+        assert!(self.block.len() <= MAX_BLOCK_BYTES, "one entry is far below the block cap");
+        let crc = crc32c::crc32c(&self.block);
+        let mut head = [0u8; 8];
+        LittleEndian::write_u32(&mut head[0..4], self.block.len() as u32);
+        LittleEndian::write_u32(&mut head[4..8], crc);
+        self.out
+            .write_all(&head)
+            .and_then(|()| self.out.write_all(&self.block))
+            .map_err(|e| StoreError::io(&self.tmp_path, e))?;
+        self.blocks += 1;
+        self.blocks_bytes += 8 + self.block.len() as u64;
+        self.blocks_crc = crc32c::crc32c_append(self.blocks_crc, &crc.to_le_bytes());
+        self.block.clear();
+        Ok(())
+    }
+
+    /// Writes the footer, fsyncs, renames into place and fsyncs the
+    /// directory. Returns the file's size.
+    pub(crate) fn finish(mut self) -> Result<u64, StoreError> {
+        self.flush_block()?;
+        let mut f = [0u8; FOOTER_BYTES];
+        f[0..8].copy_from_slice(FOOTER_MAGIC);
+        LittleEndian::write_u64(&mut f[8..16], self.entries);
+        LittleEndian::write_u64(&mut f[16..24], self.blocks);
+        LittleEndian::write_u64(&mut f[24..32], self.blocks_bytes);
+        LittleEndian::write_u32(&mut f[32..36], self.blocks_crc);
+        let crc = crc32c::crc32c(&f[0..36]);
+        LittleEndian::write_u32(&mut f[36..40], crc);
+        let tmp = self.tmp_path.clone();
+        self.out.write_all(&f).map_err(|e| StoreError::io(&tmp, e))?;
+        let file = self
+            .out
+            .into_inner()
+            .map_err(|e| StoreError::io(&tmp, e.into_error()))?;
+        file.sync_all().map_err(|e| StoreError::io(&tmp, e))?;
+        fs::rename(&tmp, &self.final_path).map_err(|e| StoreError::io(&self.final_path, e))?;
+        if let Some(dir) = self.final_path.parent() {
+            sync_dir(dir)?;
+        }
+        Ok(HEADER_BYTES as u64 + self.blocks_bytes + FOOTER_BYTES as u64)
+    }
+}
+
+/// Streams the entries of a checkpoint file, verifying as it goes; the
+/// header and footer are verified when it opens.
+pub(crate) struct CheckpointReader {
+    path: PathBuf,
+    input: BufReader<File>,
+    pub(crate) header: FileHeader,
+    footer_entries: u64,
+    footer_blocks: u64,
+    footer_blocks_crc: u32,
+    blocks_end: u64,
+    offset: u64,
+    block: Vec<u8>,
+    block_pos: usize,
+    entries: u64,
+    blocks: u64,
+    blocks_crc: u32,
+    last_key: Option<Vec<u8>>,
+    done: bool,
+}
+
+impl CheckpointReader {
+    pub(crate) fn open(path: &Path) -> Result<CheckpointReader, StoreError> {
+        let corrupt = |offset: u64, reason: String| StoreError::Corruption {
+            path: path.to_path_buf(),
+            offset,
+            reason,
+        };
+        let mut file = File::open(path).map_err(|e| StoreError::io(path, e))?;
+        let len = file.metadata().map_err(|e| StoreError::io(path, e))?.len();
+        if len < (HEADER_BYTES + FOOTER_BYTES) as u64 {
+            return Err(corrupt(0, format!("checkpoint file of {len} bytes is too short to hold a header and a footer")));
+        }
+        let mut header_bytes = [0u8; HEADER_BYTES];
+        file.read_exact(&mut header_bytes).map_err(|e| StoreError::io(path, e))?;
+        let header = FileHeader::decode(&header_bytes).map_err(|reason| corrupt(0, reason))?;
+        let footer_at = len - FOOTER_BYTES as u64;
+        let mut footer = [0u8; FOOTER_BYTES];
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut footer, footer_at)
+            .map_err(|e| StoreError::io(path, e))?;
+        if &footer[0..8] != FOOTER_MAGIC || LittleEndian::read_u32(&footer[36..40]) != crc32c::crc32c(&footer[0..36]) {
+            return Err(corrupt(footer_at, "checkpoint footer is missing or damaged (a truncated file?)".into()));
+        }
+        let blocks_bytes = LittleEndian::read_u64(&footer[24..32]);
+        if blocks_bytes != footer_at - HEADER_BYTES as u64 {
+            return Err(corrupt(
+                footer_at,
+                format!("footer says {blocks_bytes} bytes of blocks, the file holds {}", footer_at - HEADER_BYTES as u64),
+            ));
+        }
+        Ok(CheckpointReader {
+            path: path.to_path_buf(),
+            input: BufReader::with_capacity(1024 * 1024, file),
+            header,
+            footer_entries: LittleEndian::read_u64(&footer[8..16]),
+            footer_blocks: LittleEndian::read_u64(&footer[16..24]),
+            footer_blocks_crc: LittleEndian::read_u32(&footer[32..36]),
+            blocks_end: footer_at,
+            offset: HEADER_BYTES as u64,
+            block: Vec::new(),
+            block_pos: 0,
+            entries: 0,
+            blocks: 0,
+            blocks_crc: 0,
+            last_key: None,
+            done: false,
+        })
+    }
+
+    fn corrupt(&self, offset: u64, reason: impl Into<String>) -> StoreError {
+        StoreError::Corruption {
+            path: self.path.clone(),
+            offset,
+            reason: reason.into(),
+        }
+    }
+
+    fn next_block(&mut self) -> Result<bool, StoreError> {
+        if self.offset >= self.blocks_end {
+            if self.entries != self.footer_entries || self.blocks != self.footer_blocks || self.blocks_crc != self.footer_blocks_crc {
+                return Err(self.corrupt(
+                    self.blocks_end,
+                    format!(
+                        "footer says {} entries in {} blocks, read {} in {} (or the block checksums disagree)",
+                        self.footer_entries, self.footer_blocks, self.entries, self.blocks
+                    ),
+                ));
+            }
+            return Ok(false);
+        }
+        let at = self.offset;
+        if self.blocks_end - at < 8 {
+            return Err(self.corrupt(at, "block header runs into the footer"));
+        }
+        let mut head = [0u8; 8];
+        self.input.read_exact(&mut head).map_err(|e| StoreError::io(&self.path, e))?;
+        let len = LittleEndian::read_u32(&head[0..4]) as usize;
+        let stored = LittleEndian::read_u32(&head[4..8]);
+        if len > MAX_BLOCK_BYTES || at + 8 + len as u64 > self.blocks_end {
+            return Err(self.corrupt(at, format!("block length {len} is impossible here")));
+        }
+        self.block.resize(len, 0);
+        self.input.read_exact(&mut self.block).map_err(|e| StoreError::io(&self.path, e))?;
+        let computed = crc32c::crc32c(&self.block);
+        if computed != stored {
+            return Err(self.corrupt(at, format!("block checksum mismatch (stored {stored:08x}, computed {computed:08x})")));
+        }
+        self.blocks += 1;
+        self.blocks_crc = crc32c::crc32c_append(self.blocks_crc, &stored.to_le_bytes());
+        self.offset = at + 8 + len as u64;
+        self.block_pos = 0;
+        Ok(true)
+    }
+
+    /// The next entry, or `None` at the end (after the footer's counts and
+    /// block checksums are confirmed).
+    pub(crate) fn next_entry(&mut self) -> Result<Option<(Vec<u8>, Option<Vec<u8>>)>, StoreError> {
+        if self.done {
+            return Ok(None);
+        }
+        while self.block_pos >= self.block.len() {
+            if !self.next_block()? {
+                self.done = true;
+                return Ok(None);
+            }
+        }
+        let block_start = self.offset - self.block.len() as u64;
+        let bad = |reader: &CheckpointReader| reader.corrupt(block_start, "entry runs past the end of its block");
+        let b = &self.block[self.block_pos..];
+        if b.len() < 2 {
+            return Err(bad(self));
+        }
+        let key_len = usize::from(LittleEndian::read_u16(&b[0..2]));
+        if b.len() < 2 + key_len + 1 {
+            return Err(bad(self));
+        }
+        let key = b[2..2 + key_len].to_vec();
+        let op = b[2 + key_len];
+        let mut used = 3 + key_len;
+        let value = match op {
+            0 => None,
+            1 => {
+                if b.len() < used + 4 {
+                    return Err(bad(self));
+                }
+                let len = LittleEndian::read_u32(&b[used..used + 4]) as usize;
+                used += 4;
+                if b.len() < used + len {
+                    return Err(bad(self));
+                }
+                let v = b[used..used + len].to_vec();
+                used += len;
+                Some(v)
+            }
+            other => return Err(self.corrupt(block_start, format!("unknown entry op {other}"))),
+        };
+        if self.last_key.as_deref().is_some_and(|last| last >= key.as_slice()) {
+            return Err(self.corrupt(block_start, "entries are not in increasing key order"));
+        }
+        self.last_key = Some(key.clone());
+        self.block_pos += used;
+        self.entries += 1;
+        Ok(Some((key, value)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write_sample(path: &Path, n: u32) -> u64 {
+        let header = FileHeader { kind: FileKind::Delta, file_id: 7, lsn_from: 3, lsn_to: 99 };
+        let mut w = CheckpointWriter::create(path, header).unwrap();
+        for i in 0..n {
+            let key = format!("key-{i:08}");
+            let value = (i % 3 != 0).then(|| vec![i as u8; (i % 500) as usize]);
+            w.add(key.as_bytes(), value.as_deref()).unwrap();
+        }
+        w.finish().unwrap()
+    }
+
+    fn read_all(path: &Path) -> Result<Vec<(Vec<u8>, Option<Vec<u8>>)>, StoreError> {
+        let mut r = CheckpointReader::open(path)?;
+        let mut out = Vec::new();
+        while let Some(e) = r.next_entry()? {
+            out.push(e);
+        }
+        Ok(out)
+    }
+
+    #[test]
+    fn round_trips_across_many_blocks() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("delta.ckpt");
+        let size = write_sample(&path, 2000);
+        assert_eq!(fs::metadata(&path).unwrap().len(), size);
+        let entries = read_all(&path).unwrap();
+        assert_eq!(entries.len(), 2000);
+        assert_eq!(entries[1].1.as_ref().unwrap().len(), 1);
+        assert!(entries[3].1.is_none());
+        let r = CheckpointReader::open(&path).unwrap();
+        assert_eq!(r.header.lsn_to, 99);
+    }
+
+    #[test]
+    fn truncation_and_bit_flips_are_refused_with_an_offset() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("delta.ckpt");
+        write_sample(&path, 3000);
+        let good = fs::read(&path).unwrap();
+        for cut in [good.len() - 1, good.len() - 41, good.len() / 2, HEADER_BYTES + 3, 10] {
+            fs::write(&path, &good[..cut]).unwrap();
+            let err = read_all(&path).err().expect("a cut file is refused").to_string();
+            assert!(err.contains("offset"), "{err}");
+        }
+        for at in [5, HEADER_BYTES + 2, HEADER_BYTES + 100, good.len() / 2, good.len() - 45, good.len() - 3] {
+            let mut bad = good.clone();
+            bad[at] ^= 0x04;
+            fs::write(&path, &bad).unwrap();
+            assert!(read_all(&path).is_err(), "flip at {at} went unnoticed");
+        }
+    }
+}

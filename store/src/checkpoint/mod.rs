@@ -1,0 +1,396 @@
+//! Checkpoints: base + delta files, so that a restart loads sorted state at
+//! disk speed and replays only the WAL tail, and so that the log does not
+//! grow forever.
+//!
+//! - **fold**: closed WAL segments (the writer has moved past them and
+//!   synced them) are read from disk, folded last-write-wins into a sorted
+//!   **delta** file, the manifest is switched to include it, and the
+//!   segments are removed. The writer is never blocked and the live store
+//!   is never snapshotted: only what is already durable is read.
+//! - **compact**: when the deltas outgrow `delta_compact_bytes` (or half
+//!   the base, whichever is larger), base + deltas are merged into a new
+//!   **base**, dropping tombstones.
+//!
+//! Every step is crash-safe because nothing is removed until the manifest
+//! that no longer needs it is durable; recovery deletes files the manifest
+//! does not name and WAL segments wholly below `checkpoint_lsn`.
+//! Formats: [`file`], [`manifest`], [`state_key`]; `docs/storage-format.md`.
+
+pub(crate) mod checkpointer;
+pub(crate) mod file;
+pub(crate) mod manifest;
+pub(crate) mod state_key;
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::data_dir::sync_dir;
+use crate::error::StoreError;
+use crate::mutation::Mutation;
+use crate::wal::{list_segments, read_closed_segment};
+use file::{CheckpointReader, CheckpointWriter, FileHeader, FileKind};
+use manifest::{MAX_DELTAS, Manifest, base_file_name, delta_file_name};
+use state_key::{StateUpdate, entry_to_mutation, state_updates};
+
+#[derive(Clone, Debug)]
+pub struct CheckpointConfig {
+    /// Fold closed WAL segments once they hold this many bytes.
+    pub checkpoint_wal_bytes: u64,
+    /// Merge deltas into a new base once they hold more than this many
+    /// bytes, or more than half the base, whichever is larger.
+    pub delta_compact_bytes: u64,
+    /// How often the checkpointer looks at the WAL size.
+    pub poll_interval: Duration,
+    /// Test hook: stop the protocol at this step as a crash would.
+    #[doc(hidden)]
+    pub crash_at: Option<CrashPoint>,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> CheckpointConfig {
+        CheckpointConfig {
+            checkpoint_wal_bytes: 64 * 1024 * 1024,
+            delta_compact_bytes: 64 * 1024 * 1024,
+            poll_interval: Duration::from_millis(200),
+            crash_at: None,
+        }
+    }
+}
+
+/// The steps of the checkpoint and compaction protocols at which a crash is
+/// simulated by the model test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CrashPoint {
+    DeltaTempWritten,
+    DeltaRenamed,
+    DeltaManifestSwitched,
+    SegmentsPartlyRemoved,
+    BaseTempWritten,
+    BaseRenamed,
+    BaseManifestSwitched,
+    OldFilesPartlyRemoved,
+}
+
+impl CrashPoint {
+    pub const ALL: [CrashPoint; 8] = [
+        CrashPoint::DeltaTempWritten,
+        CrashPoint::DeltaRenamed,
+        CrashPoint::DeltaManifestSwitched,
+        CrashPoint::SegmentsPartlyRemoved,
+        CrashPoint::BaseTempWritten,
+        CrashPoint::BaseRenamed,
+        CrashPoint::BaseManifestSwitched,
+        CrashPoint::OldFilesPartlyRemoved,
+    ];
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CheckpointReport {
+    pub segments_folded: usize,
+    pub records_folded: u64,
+    pub entries_written: u64,
+    pub delta_bytes: u64,
+    pub checkpoint_lsn: u64,
+    pub compaction: Option<CompactionReport>,
+    pub duration: Duration,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CompactionReport {
+    pub files_merged: usize,
+    pub entries_written: u64,
+    pub base_bytes: u64,
+    pub duration: Duration,
+}
+
+/// The checkpoint files of one data dir and the protocol that changes them.
+pub(crate) struct CheckpointStore {
+    dir: PathBuf,
+    wal_dir: PathBuf,
+    manifest: Manifest,
+    pub(crate) config: CheckpointConfig,
+}
+
+impl CheckpointStore {
+    /// Reads the manifest and deletes what a crash left unreferenced.
+    pub(crate) fn open(dir: &Path, wal_dir: &Path, config: CheckpointConfig) -> Result<CheckpointStore, StoreError> {
+        let manifest = Manifest::load(dir)?;
+        manifest.remove_unreferenced(dir)?;
+        Ok(CheckpointStore {
+            dir: dir.to_path_buf(),
+            wal_dir: wal_dir.to_path_buf(),
+            manifest,
+            config,
+        })
+    }
+
+    pub(crate) fn checkpoint_lsn(&self) -> u64 {
+        self.manifest.checkpoint_lsn
+    }
+
+    /// Bytes of the base and of all deltas.
+    pub(crate) fn sizes(&self) -> (u64, u64) {
+        let size = |path: &Path| fs::metadata(path).map_or(0, |m| m.len());
+        let base = self
+            .manifest
+            .base_file_id
+            .map_or(0, |id| size(&self.dir.join(base_file_name(id))));
+        let deltas = self
+            .manifest
+            .delta_file_ids
+            .iter()
+            .map(|id| size(&self.dir.join(delta_file_name(*id))))
+            .sum();
+        (base, deltas)
+    }
+
+    pub(crate) fn delta_count(&self) -> usize {
+        self.manifest.delta_file_ids.len()
+    }
+
+    /// Streams base then deltas, as mutations, into `apply`. Every block's
+    /// checksum is verified; a damaged file is an error with file and offset.
+    pub(crate) fn load(&self, mut apply: impl FnMut(Mutation)) -> Result<u64, StoreError> {
+        let mut entries = 0;
+        let files = self.manifest.files(&self.dir);
+        let last = files.len().saturating_sub(1);
+        for (i, path) in files.iter().enumerate() {
+            let mut reader = CheckpointReader::open(path)?;
+            let expected_kind = if i == 0 && self.manifest.base_file_id.is_some() {
+                FileKind::Base
+            } else {
+                FileKind::Delta
+            };
+            let h = reader.header;
+            if h.kind != expected_kind || (i == last && h.lsn_to != self.manifest.checkpoint_lsn) {
+                return Err(StoreError::Corruption {
+                    path: path.clone(),
+                    offset: 0,
+                    reason: format!(
+                        "file is a {:?} reaching LSN {}, but the manifest expects a {expected_kind:?}{}",
+                        h.kind,
+                        h.lsn_to,
+                        if i == last {
+                            format!(" reaching LSN {}", self.manifest.checkpoint_lsn)
+                        } else {
+                            String::new()
+                        }
+                    ),
+                });
+            }
+            while let Some((key, value)) = reader.next_entry()? {
+                let mutation = entry_to_mutation(&key, value).map_err(|reason| StoreError::Corruption {
+                    path: path.to_path_buf(),
+                    offset: 0,
+                    reason: format!("bad state entry: {reason}"),
+                })?;
+                apply(mutation);
+                entries += 1;
+            }
+        }
+        Ok(entries)
+    }
+
+    fn crash_check(&self, point: CrashPoint) -> Result<(), StoreError> {
+        if self.config.crash_at == Some(point) {
+            return Err(StoreError::SimulatedCrash(format!("{point:?}")));
+        }
+        Ok(())
+    }
+
+    /// Bytes in WAL segments that start below `boundary` (closed ones).
+    pub(crate) fn closed_wal_bytes(&self, boundary: u64) -> Result<u64, StoreError> {
+        let mut total = 0;
+        for (first, path) in list_segments(&self.wal_dir, false)? {
+            if first < boundary {
+                total += fs::metadata(&path).map_or(0, |m| m.len());
+            }
+        }
+        Ok(total)
+    }
+
+    /// Folds every segment that starts below `boundary` (all of them must be
+    /// closed: synced, and never written again) into a new delta.
+    pub(crate) fn fold(&mut self, boundary: u64) -> Result<Option<CheckpointReport>, StoreError> {
+        let started = Instant::now();
+        let closed: Vec<(u64, PathBuf)> = list_segments(&self.wal_dir, false)?
+            .into_iter()
+            .filter(|(first, _)| *first < boundary)
+            .collect();
+        if closed.is_empty() {
+            return Ok(None);
+        }
+        let from_lsn = self.manifest.checkpoint_lsn + 1;
+        let mut expected = from_lsn;
+        let mut out_of_order: Option<(PathBuf, u64, u64)> = None;
+        let mut folded: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
+        let mut updates: Vec<StateUpdate> = Vec::new();
+        let mut records = 0u64;
+        for (_, path) in &closed {
+            read_closed_segment(path, |lsn, mutation| {
+                if lsn < expected || out_of_order.is_some() {
+                    return;
+                }
+                if lsn != expected {
+                    out_of_order = Some((path.clone(), expected, lsn));
+                    return;
+                }
+                expected += 1;
+                records += 1;
+                state_updates(&mutation, &mut updates);
+                for (key, value) in updates.drain(..) {
+                    folded.insert(key, value);
+                }
+            })?;
+        }
+        if let Some((path, want, got)) = out_of_order {
+            return Err(StoreError::Corruption {
+                path,
+                offset: 0,
+                reason: format!("checkpoint fold expected LSN {want}, found {got}: the log has a gap"),
+            });
+        }
+        let lsn_to = expected - 1;
+        let mut report = CheckpointReport {
+            segments_folded: closed.len(),
+            records_folded: records,
+            checkpoint_lsn: lsn_to,
+            ..CheckpointReport::default()
+        };
+        if records > 0 {
+            let id = self.manifest.next_file_id;
+            let path = self.dir.join(delta_file_name(id));
+            let header = FileHeader {
+                kind: FileKind::Delta,
+                file_id: id,
+                lsn_from: from_lsn,
+                lsn_to,
+            };
+            let mut writer = CheckpointWriter::create(&path, header)?;
+            for (key, value) in &folded {
+                writer.add(key, value.as_deref())?;
+            }
+            report.entries_written = folded.len() as u64;
+            if self.config.crash_at == Some(CrashPoint::DeltaTempWritten) {
+                // The temp file stays behind, as after a real crash.
+                drop(writer);
+                return Err(StoreError::SimulatedCrash("DeltaTempWritten".into()));
+            }
+            report.delta_bytes = writer.finish()?;
+            self.crash_check(CrashPoint::DeltaRenamed)?;
+            let mut next = self.manifest.clone();
+            next.checkpoint_lsn = lsn_to;
+            next.next_file_id = id + 1;
+            next.delta_file_ids.push(id);
+            next.store(&self.dir)?;
+            self.manifest = next;
+            self.crash_check(CrashPoint::DeltaManifestSwitched)?;
+        }
+        for (i, (_, path)) in closed.iter().enumerate() {
+            if i == 1 {
+                self.crash_check(CrashPoint::SegmentsPartlyRemoved)?;
+            }
+            fs::remove_file(path).map_err(|e| StoreError::io(path, e))?;
+        }
+        sync_dir(&self.wal_dir)?;
+        report.compaction = self.compact_if_needed()?;
+        report.duration = started.elapsed();
+        Ok(Some(report))
+    }
+
+    /// Compacts when the deltas have grown past their allowance.
+    pub(crate) fn compact_if_needed(&mut self) -> Result<Option<CompactionReport>, StoreError> {
+        let (base, deltas) = self.sizes();
+        let allowance = self.config.delta_compact_bytes.max(base / 2);
+        if self.manifest.delta_file_ids.is_empty()
+            || (deltas <= allowance && self.manifest.delta_file_ids.len() < MAX_DELTAS)
+        {
+            return Ok(None);
+        }
+        self.compact().map(Some)
+    }
+
+    /// Merges base + deltas into a new base (newest entry per key wins;
+    /// tombstones are dropped because nothing older remains under them).
+    pub(crate) fn compact(&mut self) -> Result<CompactionReport, StoreError> {
+        let started = Instant::now();
+        let inputs = self.manifest.files(&self.dir);
+        let id = self.manifest.next_file_id;
+        let path = self.dir.join(base_file_name(id));
+        let header = FileHeader {
+            kind: FileKind::Base,
+            file_id: id,
+            lsn_from: 1,
+            lsn_to: self.manifest.checkpoint_lsn,
+        };
+        let mut writer = CheckpointWriter::create(&path, header)?;
+        let mut readers = inputs
+            .iter()
+            .map(|p| CheckpointReader::open(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        // Min-heap on key; among equal keys the newest input (highest index) wins.
+        let mut heap: BinaryHeap<Reverse<(Vec<u8>, Reverse<usize>)>> = BinaryHeap::new();
+        let mut current: Vec<Option<Option<Vec<u8>>>> = vec![None; readers.len()];
+        for (i, reader) in readers.iter_mut().enumerate() {
+            if let Some((key, value)) = reader.next_entry()? {
+                current[i] = Some(value);
+                heap.push(Reverse((key, Reverse(i))));
+            }
+        }
+        let mut entries = 0u64;
+        while let Some(Reverse((key, Reverse(newest)))) = heap.pop() {
+            let mut winner = current[newest].take().flatten();
+            let mut advance = vec![newest];
+            while let Some(Reverse((next_key, _))) = heap.peek() {
+                if *next_key != key {
+                    break;
+                }
+                if let Some(Reverse((_, Reverse(older)))) = heap.pop() {
+                    current[older] = None;
+                    advance.push(older);
+                }
+            }
+            if let Some(value) = winner.take() {
+                writer.add(&key, Some(&value))?;
+                entries += 1;
+            }
+            for i in advance {
+                if let Some((k, v)) = readers[i].next_entry()? {
+                    current[i] = Some(v);
+                    heap.push(Reverse((k, Reverse(i))));
+                }
+            }
+        }
+        if self.config.crash_at == Some(CrashPoint::BaseTempWritten) {
+            drop(writer);
+            return Err(StoreError::SimulatedCrash("BaseTempWritten".into()));
+        }
+        let base_bytes = writer.finish()?;
+        self.crash_check(CrashPoint::BaseRenamed)?;
+        let next = Manifest {
+            checkpoint_lsn: self.manifest.checkpoint_lsn,
+            next_file_id: id + 1,
+            base_file_id: Some(id),
+            delta_file_ids: Vec::new(),
+        };
+        next.store(&self.dir)?;
+        self.manifest = next;
+        self.crash_check(CrashPoint::BaseManifestSwitched)?;
+        for (i, old) in inputs.iter().enumerate() {
+            if i == 1 {
+                self.crash_check(CrashPoint::OldFilesPartlyRemoved)?;
+            }
+            fs::remove_file(old).map_err(|e| StoreError::io(old, e))?;
+        }
+        sync_dir(&self.dir)?;
+        Ok(CompactionReport {
+            files_merged: inputs.len(),
+            entries_written: entries,
+            base_bytes,
+            duration: started.elapsed(),
+        })
+    }
+}
