@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use cube_protocol::{ErrorCode, Response, ServerError, StatsEntry, StatsValue};
 use cube_store::{
-    Engine, EngineConfig, GroupCommitConfig, RecoveryOptions, StoreError, SyncPolicy,
+    CheckpointConfig, Engine, EngineConfig, GroupCommitConfig, RecoveryOptions, StoreError,
+    SyncPolicy,
 };
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
