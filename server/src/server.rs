@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use cube_protocol::{ErrorCode, Response, ServerError, StatsEntry, StatsValue};
 use cube_store::{
-    CheckpointConfig, Engine, EngineConfig, GroupCommitConfig, RecoveryOptions, StoreError,
-    SyncPolicy,
+    CheckpointConfig, Engine, EngineConfig, GroupCommitConfig, RealDisk, RecoveryOptions,
+    StoreError, SyncPolicy,
 };
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
@@ -106,6 +106,7 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
     }
     let engine = Engine::open(EngineConfig {
         data_dir: args.data.clone(),
+        storage: Arc::new(RealDisk),
         group_commit: GroupCommitConfig {
             sync: args.sync,
             segment_bytes: args.wal_segment_bytes,

@@ -117,6 +117,22 @@ fn the_socket_is_private_and_a_stale_socket_is_replaced() {
 fn connections_over_the_cap_are_refused_with_a_clear_error() {
     let daemon = LocalDaemon::start_fresh(&["--max-connections", "2"]).unwrap();
     let mut a = daemon.client().unwrap();
+    // The readiness probe of LocalDaemon holds a slot until its thread
+    // notices the hang-up; wait until `a` is the only connection.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let active = a
+            .stats()
+            .unwrap()
+            .into_iter()
+            .find(|e| e.name == "connections.active")
+            .map(|e| e.value);
+        if active == Some(cube_client::StatsValue::Count(1)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the probe connection never closed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let _b = daemon.client().unwrap();
     match daemon.client() {
         Err(ClientError::Server(e)) => {

@@ -16,12 +16,15 @@ use crate::group_commit::{GroupCommit, GroupCommitConfig, WriteSession};
 use crate::memstore::MemStore;
 use crate::mutation::Mutation;
 use crate::stats::{StoreStats, StoreStatsSnapshot};
+use crate::storage::{RealDisk, Storage};
 use crate::wal::segment::WalSegment;
 use crate::wal::{RecoveryOptions, RecoveryReport, list_segments, recover};
 
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     pub data_dir: PathBuf,
+    /// The disk: [`RealDisk`] in production, a simulated one in fault tests.
+    pub storage: Arc<dyn Storage>,
     pub group_commit: GroupCommitConfig,
     pub recovery: RecoveryOptions,
     pub checkpoint: CheckpointConfig,
@@ -31,6 +34,7 @@ impl EngineConfig {
     pub fn new(data_dir: impl Into<PathBuf>) -> EngineConfig {
         EngineConfig {
             data_dir: data_dir.into(),
+            storage: Arc::new(RealDisk),
             group_commit: GroupCommitConfig::default(),
             recovery: RecoveryOptions::default(),
             checkpoint: CheckpointConfig::default(),
@@ -54,6 +58,7 @@ pub struct CheckpointLoad {
 }
 
 pub struct Engine {
+    storage: Arc<dyn Storage>,
     data_dir: DataDir,
     mem: Arc<MemStore>,
     stats: Arc<StoreStats>,
@@ -93,7 +98,8 @@ impl Engine {
     /// Locks the data dir, loads the checkpoint, replays the WAL tail, and
     /// starts the writer and the checkpointer.
     pub fn open(config: EngineConfig) -> Result<Engine, StoreError> {
-        let data_dir = DataDir::open(&config.data_dir)?;
+        let storage = Arc::clone(&config.storage);
+        let data_dir = DataDir::open(storage.as_ref(), &config.data_dir)?;
         let wal_dir = data_dir.wal_dir();
         let mem = Arc::new(MemStore::new());
         let mut applier = BatchApplier {
@@ -103,7 +109,12 @@ impl Engine {
         };
 
         let load_started = Instant::now();
-        let checkpoints = CheckpointStore::open(&data_dir.checkpoint_dir(), &wal_dir, config.checkpoint.clone())?;
+        let checkpoints = CheckpointStore::open(
+            Arc::clone(&storage),
+            &data_dir.checkpoint_dir(),
+            &wal_dir,
+            config.checkpoint.clone(),
+        )?;
         let entries = checkpoints.load(|mutation| applier.push(mutation))?;
         applier.flush();
         let (base_bytes, delta_bytes) = checkpoints.sizes();
@@ -116,19 +127,21 @@ impl Engine {
             duration: load_started.elapsed(),
         };
 
-        let recovery = recover(&wal_dir, checkpoints.checkpoint_lsn(), &config.recovery, |_lsn, mutation| {
+        let recovery = recover(storage.as_ref(), &wal_dir, checkpoints.checkpoint_lsn(), &config.recovery, |_lsn, mutation| {
             applier.push(mutation)
         })?;
         applier.flush();
 
         let segment = match &recovery.tail {
-            Some(tail) => WalSegment::open_for_append(&tail.path, tail.first_lsn, tail.len_bytes)?,
-            None => WalSegment::create(&wal_dir, recovery.next_lsn, config.group_commit.segment_bytes)?,
+            Some(tail) => WalSegment::open_for_append(storage.as_ref(), &tail.path, tail.first_lsn, tail.len_bytes)?,
+            None => WalSegment::create(
+                storage.as_ref(),&wal_dir, recovery.next_lsn, config.group_commit.segment_bytes)?,
         };
         let stats = Arc::new(StoreStats::default());
         stats.last_lsn.store(recovery.next_lsn - 1, Relaxed);
         record(&stats, &checkpoints, &Ok(CheckpointReport::default()));
         let writer = GroupCommit::start(
+            Arc::clone(&storage),
             wal_dir.clone(),
             segment,
             recovery.next_lsn,
@@ -143,6 +156,7 @@ impl Engine {
         let checkpointer = Checkpointer::start(checkpoints, roller, wal_dir.clone(), Arc::clone(&stats))
             .map_err(|e| StoreError::io(&wal_dir, e))?;
         Ok(Engine {
+            storage,
             data_dir,
             mem,
             stats,
@@ -192,11 +206,11 @@ impl Engine {
 
     pub fn stats(&self) -> StoreStatsSnapshot {
         let mut snapshot = self.stats.snapshot();
-        snapshot.wal_disk_bytes = list_segments(&self.data_dir.wal_dir(), false)
+        snapshot.wal_disk_bytes = list_segments(self.storage.as_ref(), &self.data_dir.wal_dir(), false)
             .map(|segments| {
                 segments
                     .iter()
-                    .map(|(_, path)| std::fs::metadata(path).map_or(0, |m| m.len()))
+                    .map(|(_, path)| self.storage.file_len(path).unwrap_or(0))
                     .sum()
             })
             .unwrap_or(0);

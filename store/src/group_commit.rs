@@ -21,6 +21,7 @@ use crate::error::{WriteError, WriteErrorKind};
 use crate::memstore::MemStore;
 use crate::mutation::Mutation;
 use crate::stats::StoreStats;
+use crate::storage::Storage;
 use crate::wal::record::encode_record;
 use crate::wal::segment::SEGMENT_HEADER_BYTES;
 use crate::wal::{SegmentPreallocator, WalSegment};
@@ -170,6 +171,7 @@ pub struct GroupCommit {
 
 impl GroupCommit {
     pub(crate) fn start(
+        storage: Arc<dyn Storage>,
         wal_dir: PathBuf,
         segment: WalSegment,
         next_lsn: u64,
@@ -179,8 +181,10 @@ impl GroupCommit {
     ) -> io::Result<GroupCommit> {
         assert!(config.max_group_records > 0 && config.queue_capacity > 0);
         let (tx, rx) = bounded(config.queue_capacity);
-        let preallocator = SegmentPreallocator::start(wal_dir.clone(), config.segment_bytes)?;
+        let preallocator =
+            SegmentPreallocator::start(Arc::clone(&storage), wal_dir.clone(), config.segment_bytes)?;
         let writer = Writer {
+            storage,
             wal_dir,
             segment,
             preallocator,
@@ -249,6 +253,7 @@ struct PendingWrite {
 }
 
 struct Writer {
+    storage: Arc<dyn Storage>,
     wal_dir: PathBuf,
     segment: WalSegment,
     preallocator: SegmentPreallocator,
@@ -365,7 +370,7 @@ impl Writer {
             .take()
             .map_err(|e| failure("starting a new WAL segment failed".into(), &e, is_full(&e)))?;
         self.segment = prepared
-            .install(&self.wal_dir, first_lsn)
+            .install(self.storage.as_ref(), &self.wal_dir, first_lsn)
             .map_err(|e| failure("starting a new WAL segment failed".into(), &e, is_full(&e)))?;
         self.stats
             .segments_created

@@ -25,10 +25,12 @@ mod group_commit;
 mod memstore;
 mod mutation;
 mod stats;
+pub mod storage;
 pub mod wal;
 
 pub use curve::{morton_decode, morton_key};
 pub use data_dir::{DataDir, sync_dir};
+pub use storage::{OpenMode, RealDisk, Storage, StorageFile};
 pub use error::{StoreError, WriteError, WriteErrorKind};
 pub use group_commit::{GroupCommit, GroupCommitConfig, SyncPolicy, WriteAck, WriteSession};
 pub use memstore::MemStore;

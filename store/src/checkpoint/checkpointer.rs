@@ -64,7 +64,7 @@ impl Checkpointer {
                         Err(RecvTimeoutError::Timeout) => {
                             // Closed segments are all but the newest: the
                             // writer syncs a segment before starting the next.
-                            let boundary = match list_segments(&wal_dir, false) {
+                            let boundary = match list_segments(store.storage(), &wal_dir, false) {
                                 Ok(segments) => segments.last().map_or(0, |(first, _)| *first),
                                 Err(_) => continue,
                             };

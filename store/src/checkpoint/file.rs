@@ -28,14 +28,16 @@
 //! block changes `blocks_crc` even when each block is intact. Entries are
 //! strictly increasing by key; readers check that too.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 use byteorder::{ByteOrder, LittleEndian};
 
 use crate::data_dir::sync_dir;
 use crate::error::StoreError;
+use crate::storage::{OpenMode, Storage, StorageFile};
+
+/// Writes and reads go to the file in pieces of this size.
+const IO_CHUNK_BYTES: usize = 1024 * 1024;
 
 pub(crate) const HEADER_BYTES: usize = 44;
 pub(crate) const FOOTER_BYTES: usize = 40;
@@ -104,10 +106,14 @@ impl FileHeader {
 
 /// Writes a checkpoint file under a temp name; [`CheckpointWriter::finish`]
 /// syncs it and renames it into place.
-pub(crate) struct CheckpointWriter {
+pub(crate) struct CheckpointWriter<'a> {
+    storage: &'a dyn Storage,
     tmp_path: PathBuf,
     final_path: PathBuf,
-    out: BufWriter<File>,
+    file: Box<dyn StorageFile>,
+    /// Bytes not yet written, and where they go.
+    pending: Vec<u8>,
+    written: u64,
     block: Vec<u8>,
     last_key: Option<Vec<u8>>,
     entries: u64,
@@ -116,23 +122,27 @@ pub(crate) struct CheckpointWriter {
     blocks_crc: u32,
 }
 
-impl CheckpointWriter {
-    pub(crate) fn create(final_path: &Path, header: FileHeader) -> Result<CheckpointWriter, StoreError> {
+impl<'a> CheckpointWriter<'a> {
+    pub(crate) fn create(
+        storage: &'a dyn Storage,
+        final_path: &Path,
+        header: FileHeader,
+    ) -> Result<CheckpointWriter<'a>, StoreError> {
         let mut tmp = final_path.as_os_str().to_owned();
         tmp.push(".tmp");
         let tmp_path = PathBuf::from(tmp);
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp_path)
+        let file = storage
+            .open(&tmp_path, OpenMode::CreateTruncate)
             .map_err(|e| StoreError::io(&tmp_path, e))?;
-        let mut out = BufWriter::with_capacity(1024 * 1024, file);
-        out.write_all(&header.encode()).map_err(|e| StoreError::io(&tmp_path, e))?;
+        let mut pending = Vec::with_capacity(IO_CHUNK_BYTES * 2);
+        pending.extend_from_slice(&header.encode());
         Ok(CheckpointWriter {
+            storage,
             tmp_path,
             final_path: final_path.to_path_buf(),
-            out,
+            file,
+            pending,
+            written: 0,
             block: Vec::with_capacity(TARGET_BLOCK_BYTES * 2),
             last_key: None,
             entries: 0,
@@ -176,14 +186,24 @@ impl CheckpointWriter {
         let mut head = [0u8; 8];
         LittleEndian::write_u32(&mut head[0..4], self.block.len() as u32);
         LittleEndian::write_u32(&mut head[4..8], crc);
-        self.out
-            .write_all(&head)
-            .and_then(|()| self.out.write_all(&self.block))
-            .map_err(|e| StoreError::io(&self.tmp_path, e))?;
+        self.pending.extend_from_slice(&head);
+        self.pending.extend_from_slice(&self.block);
+        if self.pending.len() >= IO_CHUNK_BYTES {
+            self.write_pending()?;
+        }
         self.blocks += 1;
         self.blocks_bytes += 8 + self.block.len() as u64;
         self.blocks_crc = crc32c::crc32c_append(self.blocks_crc, &crc.to_le_bytes());
         self.block.clear();
+        Ok(())
+    }
+
+    fn write_pending(&mut self) -> Result<(), StoreError> {
+        self.file
+            .write_all_at(&self.pending, self.written)
+            .map_err(|e| StoreError::io(&self.tmp_path, e))?;
+        self.written += self.pending.len() as u64;
+        self.pending.clear();
         Ok(())
     }
 
@@ -199,16 +219,16 @@ impl CheckpointWriter {
         LittleEndian::write_u32(&mut f[32..36], self.blocks_crc);
         let crc = crc32c::crc32c(&f[0..36]);
         LittleEndian::write_u32(&mut f[36..40], crc);
-        let tmp = self.tmp_path.clone();
-        self.out.write_all(&f).map_err(|e| StoreError::io(&tmp, e))?;
-        let file = self
-            .out
-            .into_inner()
-            .map_err(|e| StoreError::io(&tmp, e.into_error()))?;
-        file.sync_all().map_err(|e| StoreError::io(&tmp, e))?;
-        fs::rename(&tmp, &self.final_path).map_err(|e| StoreError::io(&self.final_path, e))?;
+        self.pending.extend_from_slice(&f);
+        self.write_pending()?;
+        self.file
+            .sync_data()
+            .map_err(|e| StoreError::io(&self.tmp_path, e))?;
+        self.storage
+            .rename(&self.tmp_path, &self.final_path)
+            .map_err(|e| StoreError::io(&self.final_path, e))?;
         if let Some(dir) = self.final_path.parent() {
-            sync_dir(dir)?;
+            sync_dir(self.storage, dir)?;
         }
         Ok(HEADER_BYTES as u64 + self.blocks_bytes + FOOTER_BYTES as u64)
     }
@@ -218,7 +238,7 @@ impl CheckpointWriter {
 /// header and footer are verified when it opens.
 pub(crate) struct CheckpointReader {
     path: PathBuf,
-    input: BufReader<File>,
+    file: Box<dyn StorageFile>,
     pub(crate) header: FileHeader,
     footer_entries: u64,
     footer_blocks: u64,
@@ -235,23 +255,26 @@ pub(crate) struct CheckpointReader {
 }
 
 impl CheckpointReader {
-    pub(crate) fn open(path: &Path) -> Result<CheckpointReader, StoreError> {
+    pub(crate) fn open(storage: &dyn Storage, path: &Path) -> Result<CheckpointReader, StoreError> {
         let corrupt = |offset: u64, reason: String| StoreError::Corruption {
             path: path.to_path_buf(),
             offset,
             reason,
         };
-        let mut file = File::open(path).map_err(|e| StoreError::io(path, e))?;
-        let len = file.metadata().map_err(|e| StoreError::io(path, e))?.len();
+        let file = storage
+            .open(path, OpenMode::ReadOnly)
+            .map_err(|e| StoreError::io(path, e))?;
+        let len = file.len().map_err(|e| StoreError::io(path, e))?;
         if len < (HEADER_BYTES + FOOTER_BYTES) as u64 {
             return Err(corrupt(0, format!("checkpoint file of {len} bytes is too short to hold a header and a footer")));
         }
         let mut header_bytes = [0u8; HEADER_BYTES];
-        file.read_exact(&mut header_bytes).map_err(|e| StoreError::io(path, e))?;
+        file.read_exact_at(&mut header_bytes, 0)
+            .map_err(|e| StoreError::io(path, e))?;
         let header = FileHeader::decode(&header_bytes).map_err(|reason| corrupt(0, reason))?;
         let footer_at = len - FOOTER_BYTES as u64;
         let mut footer = [0u8; FOOTER_BYTES];
-        std::os::unix::fs::FileExt::read_exact_at(&file, &mut footer, footer_at)
+        file.read_exact_at(&mut footer, footer_at)
             .map_err(|e| StoreError::io(path, e))?;
         if &footer[0..8] != FOOTER_MAGIC || LittleEndian::read_u32(&footer[36..40]) != crc32c::crc32c(&footer[0..36]) {
             return Err(corrupt(footer_at, "checkpoint footer is missing or damaged (a truncated file?)".into()));
@@ -265,7 +288,7 @@ impl CheckpointReader {
         }
         Ok(CheckpointReader {
             path: path.to_path_buf(),
-            input: BufReader::with_capacity(1024 * 1024, file),
+            file,
             header,
             footer_entries: LittleEndian::read_u64(&footer[8..16]),
             footer_blocks: LittleEndian::read_u64(&footer[16..24]),
@@ -308,14 +331,18 @@ impl CheckpointReader {
             return Err(self.corrupt(at, "block header runs into the footer"));
         }
         let mut head = [0u8; 8];
-        self.input.read_exact(&mut head).map_err(|e| StoreError::io(&self.path, e))?;
+        self.file
+            .read_exact_at(&mut head, at)
+            .map_err(|e| StoreError::io(&self.path, e))?;
         let len = LittleEndian::read_u32(&head[0..4]) as usize;
         let stored = LittleEndian::read_u32(&head[4..8]);
         if len > MAX_BLOCK_BYTES || at + 8 + len as u64 > self.blocks_end {
             return Err(self.corrupt(at, format!("block length {len} is impossible here")));
         }
         self.block.resize(len, 0);
-        self.input.read_exact(&mut self.block).map_err(|e| StoreError::io(&self.path, e))?;
+        self.file
+            .read_exact_at(&mut self.block, at + 8)
+            .map_err(|e| StoreError::io(&self.path, e))?;
         let computed = crc32c::crc32c(&self.block);
         if computed != stored {
             return Err(self.corrupt(at, format!("block checksum mismatch (stored {stored:08x}, computed {computed:08x})")));
@@ -382,10 +409,12 @@ impl CheckpointReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::RealDisk;
+    use std::fs;
 
     fn write_sample(path: &Path, n: u32) -> u64 {
         let header = FileHeader { kind: FileKind::Delta, file_id: 7, lsn_from: 3, lsn_to: 99 };
-        let mut w = CheckpointWriter::create(path, header).unwrap();
+        let mut w = CheckpointWriter::create(&RealDisk, path, header).unwrap();
         for i in 0..n {
             let key = format!("key-{i:08}");
             let value = (i % 3 != 0).then(|| vec![i as u8; (i % 500) as usize]);
@@ -395,7 +424,7 @@ mod tests {
     }
 
     fn read_all(path: &Path) -> Result<Vec<(Vec<u8>, Option<Vec<u8>>)>, StoreError> {
-        let mut r = CheckpointReader::open(path)?;
+        let mut r = CheckpointReader::open(&RealDisk, path)?;
         let mut out = Vec::new();
         while let Some(e) = r.next_entry()? {
             out.push(e);
@@ -413,7 +442,7 @@ mod tests {
         assert_eq!(entries.len(), 2000);
         assert_eq!(entries[1].1.as_ref().unwrap().len(), 1);
         assert!(entries[3].1.is_none());
-        let r = CheckpointReader::open(&path).unwrap();
+        let r = CheckpointReader::open(&RealDisk, &path).unwrap();
         assert_eq!(r.header.lsn_to, 99);
     }
 

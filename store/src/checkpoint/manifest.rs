@@ -13,14 +13,13 @@
 //! .. 4  crc             CRC32C of every byte before it
 //! ```
 
-use std::fs::{self, OpenOptions};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use byteorder::{ByteOrder, LittleEndian};
 
 use crate::data_dir::sync_dir;
 use crate::error::StoreError;
+use crate::storage::{OpenMode, Storage};
 
 const MAGIC: &[u8; 8] = b"CUBEMANI";
 const VERSION: u32 = 1;
@@ -109,9 +108,9 @@ impl Manifest {
     }
 
     /// Reads the manifest in `dir`; a missing one means no checkpoint yet.
-    pub(crate) fn load(dir: &Path) -> Result<Manifest, StoreError> {
+    pub(crate) fn load(storage: &dyn Storage, dir: &Path) -> Result<Manifest, StoreError> {
         let path = dir.join(MANIFEST_NAME);
-        match fs::read(&path) {
+        match storage.read_file(&path) {
             Ok(bytes) => Manifest::decode(&bytes).map_err(|(offset, reason)| StoreError::Corruption {
                 path,
                 offset,
@@ -123,39 +122,39 @@ impl Manifest {
     }
 
     /// Replaces the manifest durably (temp, fsync, rename, fsync dir).
-    pub(crate) fn store(&self, dir: &Path) -> Result<(), StoreError> {
+    pub(crate) fn store(&self, storage: &dyn Storage, dir: &Path) -> Result<(), StoreError> {
         let tmp = dir.join(format!("{MANIFEST_NAME}.tmp"));
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)
+        storage
+            .open(&tmp, OpenMode::CreateTruncate)
+            .and_then(|mut file| {
+                file.write_all_at(&self.encode(), 0)?;
+                file.sync_data()
+            })
             .map_err(|e| StoreError::io(&tmp, e))?;
-        file.write_all(&self.encode())
-            .and_then(|()| file.sync_all())
-            .map_err(|e| StoreError::io(&tmp, e))?;
-        drop(file);
         let path = dir.join(MANIFEST_NAME);
-        fs::rename(&tmp, &path).map_err(|e| StoreError::io(&path, e))?;
-        sync_dir(dir)
+        storage.rename(&tmp, &path).map_err(|e| StoreError::io(&path, e))?;
+        sync_dir(storage, dir)
     }
 
     /// Deletes files in `dir` the manifest does not name: temp files and
     /// checkpoint files a crash left before (or after) a manifest switch.
-    pub(crate) fn remove_unreferenced(&self, dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
+    pub(crate) fn remove_unreferenced(
+        &self,
+        storage: &dyn Storage,
+        dir: &Path,
+    ) -> Result<Vec<PathBuf>, StoreError> {
         let keep = self.files(dir);
         let mut removed = Vec::new();
-        for entry in fs::read_dir(dir).map_err(|e| StoreError::io(dir, e))? {
-            let path = entry.map_err(|e| StoreError::io(dir, e))?.path();
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        for name in storage.list_dir(dir).map_err(|e| StoreError::io(dir, e))? {
+            let path = dir.join(&name);
             let ours = name.ends_with(".ckpt") || name.ends_with(".tmp");
             if ours && !keep.contains(&path) {
-                fs::remove_file(&path).map_err(|e| StoreError::io(&path, e))?;
+                storage.remove_file(&path).map_err(|e| StoreError::io(&path, e))?;
                 removed.push(path);
             }
         }
         if !removed.is_empty() {
-            sync_dir(dir)?;
+            sync_dir(storage, dir)?;
         }
         Ok(removed)
     }
@@ -164,24 +163,26 @@ impl Manifest {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn round_trips_and_refuses_damage() {
         let tmp = tempfile::tempdir().unwrap();
-        assert_eq!(Manifest::load(tmp.path()).unwrap(), Manifest::fresh());
+        let disk = crate::storage::RealDisk;
+        assert_eq!(Manifest::load(&disk, tmp.path()).unwrap(), Manifest::fresh());
         let m = Manifest {
             checkpoint_lsn: 42,
             next_file_id: 9,
             base_file_id: Some(3),
             delta_file_ids: vec![5, 8],
         };
-        m.store(tmp.path()).unwrap();
-        assert_eq!(Manifest::load(tmp.path()).unwrap(), m);
+        m.store(&disk, tmp.path()).unwrap();
+        assert_eq!(Manifest::load(&disk, tmp.path()).unwrap(), m);
         let path = tmp.path().join(MANIFEST_NAME);
         let mut bytes = fs::read(&path).unwrap();
         bytes[14] ^= 1;
         fs::write(&path, &bytes).unwrap();
-        let err = Manifest::load(tmp.path()).unwrap_err().to_string();
+        let err = Manifest::load(&disk, tmp.path()).unwrap_err().to_string();
         assert!(err.contains("MANIFEST") && err.contains("checksum"), "{err}");
     }
 }

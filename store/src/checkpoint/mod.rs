@@ -23,13 +23,14 @@ pub(crate) mod state_key;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
-use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::data_dir::sync_dir;
 use crate::error::StoreError;
 use crate::mutation::Mutation;
+use crate::storage::Storage;
 use crate::wal::{list_segments, read_closed_segment};
 use file::{CheckpointReader, CheckpointWriter, FileHeader, FileKind};
 use manifest::{MAX_DELTAS, Manifest, base_file_name, delta_file_name};
@@ -108,6 +109,7 @@ pub struct CompactionReport {
 
 /// The checkpoint files of one data dir and the protocol that changes them.
 pub(crate) struct CheckpointStore {
+    storage: Arc<dyn Storage>,
     dir: PathBuf,
     wal_dir: PathBuf,
     manifest: Manifest,
@@ -116,15 +118,25 @@ pub(crate) struct CheckpointStore {
 
 impl CheckpointStore {
     /// Reads the manifest and deletes what a crash left unreferenced.
-    pub(crate) fn open(dir: &Path, wal_dir: &Path, config: CheckpointConfig) -> Result<CheckpointStore, StoreError> {
-        let manifest = Manifest::load(dir)?;
-        manifest.remove_unreferenced(dir)?;
+    pub(crate) fn open(
+        storage: Arc<dyn Storage>,
+        dir: &Path,
+        wal_dir: &Path,
+        config: CheckpointConfig,
+    ) -> Result<CheckpointStore, StoreError> {
+        let manifest = Manifest::load(storage.as_ref(), dir)?;
+        manifest.remove_unreferenced(storage.as_ref(), dir)?;
         Ok(CheckpointStore {
+            storage,
             dir: dir.to_path_buf(),
             wal_dir: wal_dir.to_path_buf(),
             manifest,
             config,
         })
+    }
+
+    pub(crate) fn storage(&self) -> &dyn Storage {
+        self.storage.as_ref()
     }
 
     pub(crate) fn checkpoint_lsn(&self) -> u64 {
@@ -133,7 +145,7 @@ impl CheckpointStore {
 
     /// Bytes of the base and of all deltas.
     pub(crate) fn sizes(&self) -> (u64, u64) {
-        let size = |path: &Path| fs::metadata(path).map_or(0, |m| m.len());
+        let size = |path: &Path| self.storage.file_len(path).unwrap_or(0);
         let base = self
             .manifest
             .base_file_id
@@ -158,7 +170,7 @@ impl CheckpointStore {
         let files = self.manifest.files(&self.dir);
         let last = files.len().saturating_sub(1);
         for (i, path) in files.iter().enumerate() {
-            let mut reader = CheckpointReader::open(path)?;
+            let mut reader = CheckpointReader::open(self.storage.as_ref(), path)?;
             let expected_kind = if i == 0 && self.manifest.base_file_id.is_some() {
                 FileKind::Base
             } else {
@@ -204,9 +216,9 @@ impl CheckpointStore {
     /// Bytes in WAL segments that start below `boundary` (closed ones).
     pub(crate) fn closed_wal_bytes(&self, boundary: u64) -> Result<u64, StoreError> {
         let mut total = 0;
-        for (first, path) in list_segments(&self.wal_dir, false)? {
+        for (first, path) in list_segments(self.storage.as_ref(), &self.wal_dir, false)? {
             if first < boundary {
-                total += fs::metadata(&path).map_or(0, |m| m.len());
+                total += self.storage.file_len(&path).unwrap_or(0);
             }
         }
         Ok(total)
@@ -216,7 +228,7 @@ impl CheckpointStore {
     /// closed: synced, and never written again) into a new delta.
     pub(crate) fn fold(&mut self, boundary: u64) -> Result<Option<CheckpointReport>, StoreError> {
         let started = Instant::now();
-        let closed: Vec<(u64, PathBuf)> = list_segments(&self.wal_dir, false)?
+        let closed: Vec<(u64, PathBuf)> = list_segments(self.storage.as_ref(), &self.wal_dir, false)?
             .into_iter()
             .filter(|(first, _)| *first < boundary)
             .collect();
@@ -230,7 +242,7 @@ impl CheckpointStore {
         let mut updates: Vec<StateUpdate> = Vec::new();
         let mut records = 0u64;
         for (_, path) in &closed {
-            read_closed_segment(path, |lsn, mutation| {
+            read_closed_segment(self.storage.as_ref(), path, |lsn, mutation| {
                 if lsn < expected || out_of_order.is_some() {
                     return;
                 }
@@ -269,7 +281,7 @@ impl CheckpointStore {
                 lsn_from: from_lsn,
                 lsn_to,
             };
-            let mut writer = CheckpointWriter::create(&path, header)?;
+            let mut writer = CheckpointWriter::create(self.storage.as_ref(), &path, header)?;
             for (key, value) in &folded {
                 writer.add(key, value.as_deref())?;
             }
@@ -285,7 +297,7 @@ impl CheckpointStore {
             next.checkpoint_lsn = lsn_to;
             next.next_file_id = id + 1;
             next.delta_file_ids.push(id);
-            next.store(&self.dir)?;
+            next.store(self.storage.as_ref(), &self.dir)?;
             self.manifest = next;
             self.crash_check(CrashPoint::DeltaManifestSwitched)?;
         }
@@ -293,9 +305,11 @@ impl CheckpointStore {
             if i == 1 {
                 self.crash_check(CrashPoint::SegmentsPartlyRemoved)?;
             }
-            fs::remove_file(path).map_err(|e| StoreError::io(path, e))?;
+            self.storage
+                .remove_file(path)
+                .map_err(|e| StoreError::io(path, e))?;
         }
-        sync_dir(&self.wal_dir)?;
+        sync_dir(self.storage.as_ref(), &self.wal_dir)?;
         report.compaction = self.compact_if_needed()?;
         report.duration = started.elapsed();
         Ok(Some(report))
@@ -326,10 +340,11 @@ impl CheckpointStore {
             lsn_from: 1,
             lsn_to: self.manifest.checkpoint_lsn,
         };
-        let mut writer = CheckpointWriter::create(&path, header)?;
+        let storage = Arc::clone(&self.storage);
+        let mut writer = CheckpointWriter::create(storage.as_ref(), &path, header)?;
         let mut readers = inputs
             .iter()
-            .map(|p| CheckpointReader::open(p))
+            .map(|p| CheckpointReader::open(storage.as_ref(), p))
             .collect::<Result<Vec<_>, _>>()?;
         // Min-heap on key; among equal keys the newest input (highest index) wins.
         let mut heap: BinaryHeap<Reverse<(Vec<u8>, Reverse<usize>)>> = BinaryHeap::new();
@@ -376,16 +391,16 @@ impl CheckpointStore {
             base_file_id: Some(id),
             delta_file_ids: Vec::new(),
         };
-        next.store(&self.dir)?;
+        next.store(storage.as_ref(), &self.dir)?;
         self.manifest = next;
         self.crash_check(CrashPoint::BaseManifestSwitched)?;
         for (i, old) in inputs.iter().enumerate() {
             if i == 1 {
                 self.crash_check(CrashPoint::OldFilesPartlyRemoved)?;
             }
-            fs::remove_file(old).map_err(|e| StoreError::io(old, e))?;
+            storage.remove_file(old).map_err(|e| StoreError::io(old, e))?;
         }
-        sync_dir(&self.dir)?;
+        sync_dir(storage.as_ref(), &self.dir)?;
         Ok(CompactionReport {
             files_merged: inputs.len(),
             entries_written: entries,

@@ -2,11 +2,13 @@
 //! ready, so rolling to a new segment costs a rename, not a 64 MiB write.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 
 use crossbeam_channel::{Receiver, SendError, bounded};
 
 use crate::error::StoreError;
+use crate::storage::Storage;
 use crate::wal::segment::PreparedSegment;
 
 pub struct SegmentPreallocator {
@@ -16,17 +18,21 @@ pub struct SegmentPreallocator {
 
 impl SegmentPreallocator {
     /// Starts preparing segments of `bytes` in `dir`, one ahead of need.
-    pub fn start(dir: PathBuf, bytes: u64) -> std::io::Result<SegmentPreallocator> {
+    pub fn start(
+        storage: Arc<dyn Storage>,
+        dir: PathBuf,
+        bytes: u64,
+    ) -> std::io::Result<SegmentPreallocator> {
         // A rendezvous channel: exactly one prepared segment waits at a time.
         let (tx, rx) = bounded(0);
         let thread = thread::Builder::new()
             .name("cube-wal-prealloc".into())
             .spawn(move || {
                 loop {
-                    match tx.send(PreparedSegment::prepare(&dir, bytes)) {
+                    match tx.send(PreparedSegment::prepare(storage.as_ref(), &dir, bytes)) {
                         Ok(()) => {}
                         Err(SendError(Ok(unused))) => {
-                            unused.discard();
+                            unused.discard(storage.as_ref());
                             return;
                         }
                         Err(SendError(Err(_))) => return,

@@ -16,12 +16,12 @@
 //! the log is truncated at the first bad point, later segments are moved
 //! aside, and the dropped bytes are saved under `wal/repair-<unix-secs>/`.
 
-use std::fs::{self, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::data_dir::sync_dir;
 use crate::error::StoreError;
+use crate::storage::{OpenMode, Storage};
 use crate::mutation::{KIND_DEL, KIND_PUT, Mutation};
 use crate::wal::record::{MAX_RECORD_PAYLOAD_BYTES, RECORD_HEADER_BYTES, parse_record};
 use crate::wal::segment::{
@@ -82,23 +82,24 @@ struct BadPoint {
 /// Replays every record in `wal_dir` after `checkpoint_lsn` (what the
 /// checkpoint files already hold), in LSN order, into `apply`.
 pub fn recover(
+    storage: &dyn Storage,
     wal_dir: &Path,
     checkpoint_lsn: u64,
     options: &RecoveryOptions,
     mut apply: impl FnMut(u64, Mutation),
 ) -> Result<RecoveryReport, StoreError> {
     let started = Instant::now();
-    let mut segments = list_segments(wal_dir, true)?;
+    let mut segments = list_segments(storage, wal_dir, true)?;
     // Segments wholly inside the checkpoint are left over from a crash
     // between the checkpoint's manifest update and their removal.
     let mut covered_removed = false;
     while segments.len() >= 2 && segments[1].0 <= checkpoint_lsn + 1 {
         let (_, path) = segments.remove(0);
-        fs::remove_file(&path).map_err(|e| StoreError::io(&path, e))?;
+        storage.remove_file(&path).map_err(|e| StoreError::io(&path, e))?;
         covered_removed = true;
     }
     if covered_removed {
-        sync_dir(wal_dir)?;
+        sync_dir(storage, wal_dir)?;
     }
     let mut report = RecoveryReport {
         segments: 0,
@@ -118,13 +119,13 @@ pub fn recover(
     while index < segments.len() {
         let (first_lsn, path) = segments[index].clone();
         let is_last = index + 1 == segments.len();
-        let bytes = fs::read(&path).map_err(|e| StoreError::io(&path, e))?;
+        let bytes = storage.read_file(&path).map_err(|e| StoreError::io(&path, e))?;
         if is_last && (bytes.len() < SEGMENT_HEADER_BYTES || is_zero(&bytes)) {
             // Creation was torn before the header reached the disk: the
             // writer only appends after the header is synced, so no record
             // can have been acknowledged from this file.
-            fs::remove_file(&path).map_err(|e| StoreError::io(&path, e))?;
-            sync_dir(wal_dir)?;
+            storage.remove_file(&path).map_err(|e| StoreError::io(&path, e))?;
+            sync_dir(storage, wal_dir)?;
             report.torn_segment_removed = Some(path);
             segments.pop();
             break;
@@ -157,7 +158,7 @@ pub fn recover(
             }
             Ok(SegmentEnd::TornAt { offset, next_lsn }) => {
                 let torn_end = offset + nonzero_len(&bytes[offset as usize..]) as u64;
-                zero_durably(&path, offset, torn_end)?;
+                zero_durably(storage, &path, offset, torn_end)?;
                 report.torn_tail = Some(TornTail {
                     path: path.clone(),
                     offset,
@@ -180,7 +181,7 @@ pub fn recover(
                         reason: bad.reason,
                     });
                 }
-                let repair = repair_at(wal_dir, &segments, &bad, bytes.len() as u64)?;
+                let repair = repair_at(storage, wal_dir, &segments, &bad, bytes.len() as u64)?;
                 segments.truncate(if bad.offset == 0 { index } else { index + 1 });
                 report.repaired = Some(repair);
                 if bad.offset > 0 {
@@ -190,7 +191,7 @@ pub fn recover(
                 } else if let Some((_, previous)) = segments.last() {
                     // The damaged segment is gone; the previous one is now
                     // the tail and ends where its records end.
-                    tail_end = end_of_records(previous)?;
+                    tail_end = end_of_records(storage, previous)?;
                 }
                 break;
             }
@@ -317,8 +318,8 @@ fn nonzero_len(bytes: &[u8]) -> usize {
 }
 
 /// Where the records of a segment already verified end.
-fn end_of_records(path: &Path) -> Result<u64, StoreError> {
-    let bytes = fs::read(path).map_err(|e| StoreError::io(path, e))?;
+fn end_of_records(storage: &dyn Storage, path: &Path) -> Result<u64, StoreError> {
+    let bytes = storage.read_file(path).map_err(|e| StoreError::io(path, e))?;
     let mut offset = SEGMENT_HEADER_BYTES;
     while let Ok(record) = parse_record(&bytes[offset.min(bytes.len())..]) {
         offset += record.total_bytes;
@@ -355,23 +356,20 @@ fn valid_record_follows(bytes: &[u8], from: usize, min_lsn: u64) -> bool {
 /// recovery, before the preallocation thread starts) leftover preallocated
 /// files are deleted.
 pub fn list_segments(
+    storage: &dyn Storage,
     wal_dir: &Path,
     remove_stale_prepared: bool,
 ) -> Result<Vec<(u64, PathBuf)>, StoreError> {
     let mut segments = Vec::new();
-    let entries = fs::read_dir(wal_dir).map_err(|e| StoreError::io(wal_dir, e))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| StoreError::io(wal_dir, e))?;
-        let name = entry.file_name();
-        if let Some(lsn) = name.to_str().and_then(parse_segment_file_name) {
-            segments.push((lsn, entry.path()));
-        } else if remove_stale_prepared
-            && name.to_str().is_some_and(|n| n.ends_with(PREPARED_SUFFIX))
-        {
+    let names = storage.list_dir(wal_dir).map_err(|e| StoreError::io(wal_dir, e))?;
+    for name in names {
+        if let Some(lsn) = parse_segment_file_name(&name) {
+            segments.push((lsn, wal_dir.join(name)));
+        } else if remove_stale_prepared && name.ends_with(PREPARED_SUFFIX) {
             // A preallocated file a crash left before it was installed:
             // it never held a record.
-            let path = entry.path();
-            fs::remove_file(&path).map_err(|e| StoreError::io(&path, e))?;
+            let path = wal_dir.join(name);
+            storage.remove_file(&path).map_err(|e| StoreError::io(&path, e))?;
         }
     }
     segments.sort();
@@ -380,11 +378,9 @@ pub fn list_segments(
 
 /// Overwrites `[from, to)` with zeros and syncs: a torn tail becomes
 /// preallocated space again, and the file keeps its size.
-fn zero_durably(path: &Path, from: u64, to: u64) -> Result<(), StoreError> {
-    use std::os::unix::fs::FileExt;
-    let file = OpenOptions::new()
-        .write(true)
-        .open(path)
+fn zero_durably(storage: &dyn Storage, path: &Path, from: u64, to: u64) -> Result<(), StoreError> {
+    let mut file = storage
+        .open(path, OpenMode::Existing)
         .map_err(|e| StoreError::io(path, e))?;
     let zeros = vec![0u8; (to - from) as usize];
     file.write_all_at(&zeros, from)
@@ -392,19 +388,19 @@ fn zero_durably(path: &Path, from: u64, to: u64) -> Result<(), StoreError> {
         .map_err(|e| StoreError::io(path, e))
 }
 
-fn truncate_durably(path: &Path, len: u64) -> Result<(), StoreError> {
-    let file = OpenOptions::new()
-        .write(true)
-        .open(path)
+fn truncate_durably(storage: &dyn Storage, path: &Path, len: u64) -> Result<(), StoreError> {
+    let mut file = storage
+        .open(path, OpenMode::Existing)
         .map_err(|e| StoreError::io(path, e))?;
     file.set_len(len)
-        .and_then(|()| file.sync_all())
+        .and_then(|()| file.sync_data())
         .map_err(|e| StoreError::io(path, e))
 }
 
 /// Cuts the log at `bad`: saves the dropped tail and moves later segments
 /// into a repair folder, then truncates (or removes) the damaged segment.
 fn repair_at(
+    storage: &dyn Storage,
     wal_dir: &Path,
     segments: &[(u64, PathBuf)],
     bad: &BadPoint,
@@ -414,34 +410,48 @@ fn repair_at(
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let saved_to = wal_dir.join(format!("repair-{secs}"));
-    fs::create_dir_all(&saved_to).map_err(|e| StoreError::io(&saved_to, e))?;
+    storage
+        .create_dir_all(&saved_to)
+        .map_err(|e| StoreError::io(&saved_to, e))?;
     let (_, bad_path) = &segments[bad.segment];
     let file_name = bad_path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let bytes = fs::read(bad_path).map_err(|e| StoreError::io(bad_path, e))?;
+    let bytes = storage
+        .read_file(bad_path)
+        .map_err(|e| StoreError::io(bad_path, e))?;
     let cut = (bad.offset as usize).min(bytes.len());
     let tail_path = saved_to.join(format!("{file_name}.from-{}", bad.offset));
-    fs::write(&tail_path, &bytes[cut..]).map_err(|e| StoreError::io(&tail_path, e))?;
+    storage
+        .open(&tail_path, OpenMode::CreateTruncate)
+        .and_then(|mut f| {
+            f.write_all_at(&bytes[cut..], 0)?;
+            f.sync_data()
+        })
+        .map_err(|e| StoreError::io(&tail_path, e))?;
     let mut bytes_dropped = bad_segment_len - bad.offset;
     let mut segments_dropped = 0;
     for (_, later) in &segments[bad.segment + 1..] {
-        bytes_dropped += fs::metadata(later)
-            .map_err(|e| StoreError::io(later, e))?
-            .len();
+        bytes_dropped += storage
+            .file_len(later)
+            .map_err(|e| StoreError::io(later, e))?;
         let target = saved_to.join(later.file_name().unwrap_or_default());
-        fs::rename(later, &target).map_err(|e| StoreError::io(later, e))?;
+        storage
+            .rename(later, &target)
+            .map_err(|e| StoreError::io(later, e))?;
         segments_dropped += 1;
     }
     if bad.offset == 0 {
-        fs::remove_file(bad_path).map_err(|e| StoreError::io(bad_path, e))?;
+        storage
+            .remove_file(bad_path)
+            .map_err(|e| StoreError::io(bad_path, e))?;
         segments_dropped += 1;
     } else {
-        truncate_durably(bad_path, bad.offset)?;
+        truncate_durably(storage, bad_path, bad.offset)?;
     }
-    sync_dir(&saved_to)?;
-    sync_dir(wal_dir)?;
+    sync_dir(storage, &saved_to)?;
+    sync_dir(storage, wal_dir)?;
     Ok(RepairReport {
         path: bad_path.clone(),
         offset: bad.offset,
@@ -456,10 +466,11 @@ fn repair_at(
 /// and synced), for the checkpointer. Any damage is corruption here: a
 /// closed segment has no torn tail, only preallocated zeros.
 pub fn read_closed_segment(
+    storage: &dyn Storage,
     path: &Path,
     mut each: impl FnMut(u64, Mutation),
 ) -> Result<u64, StoreError> {
-    let bytes = fs::read(path).map_err(|e| StoreError::io(path, e))?;
+    let bytes = storage.read_file(path).map_err(|e| StoreError::io(path, e))?;
     let corrupt = |offset: u64, reason: String| StoreError::Corruption {
         path: path.to_path_buf(),
         offset,

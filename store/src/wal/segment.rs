@@ -18,9 +18,7 @@
 //! Records therefore end where the zeros begin; recovery treats an all-zero
 //! remainder as the end of the log.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::FileExt;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -28,6 +26,7 @@ use byteorder::{ByteOrder, LittleEndian};
 
 use crate::data_dir::sync_dir;
 use crate::error::StoreError;
+use crate::storage::{OpenMode, Storage, StorageFile};
 
 pub const SEGMENT_HEADER_BYTES: usize = 24;
 pub const SEGMENT_MAGIC: &[u8; 8] = b"CUBEWAL\0";
@@ -90,7 +89,7 @@ const ZERO_CHUNK_BYTES: usize = 1024 * 1024;
 /// leftovers from a crash.
 pub const PREPARED_SUFFIX: &str = ".prealloc.tmp";
 
-fn zero_fill(file: &mut File, from: u64, to: u64) -> io::Result<()> {
+fn zero_fill(file: &mut dyn StorageFile, from: u64, to: u64) -> io::Result<()> {
     let zeros = vec![0u8; ZERO_CHUNK_BYTES];
     let mut at = from;
     while at < to {
@@ -104,7 +103,7 @@ fn zero_fill(file: &mut File, from: u64, to: u64) -> io::Result<()> {
 /// The segment the writer appends to.
 pub struct WalSegment {
     path: PathBuf,
-    file: File,
+    file: Box<dyn StorageFile>,
     first_lsn: u64,
     /// Where the next record goes: the end of the valid records.
     len_bytes: u64,
@@ -114,21 +113,20 @@ impl WalSegment {
     /// Creates and preallocates a segment durably: header and zeros are
     /// synced, and so is the directory entry, before any record lands.
     pub fn create(
+        storage: &dyn Storage,
         dir: &Path,
         first_lsn: u64,
         preallocate_bytes: u64,
     ) -> Result<WalSegment, StoreError> {
         let path = dir.join(segment_file_name(first_lsn));
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&path)
+        let mut file = storage
+            .open(&path, OpenMode::CreateNew)
             .map_err(|e| StoreError::io(&path, e))?;
-        file.write_all(&encode_segment_header(first_lsn))
-            .and_then(|()| zero_fill(&mut file, SEGMENT_HEADER_BYTES as u64, preallocate_bytes))
-            .and_then(|()| file.sync_all())
+        file.write_all_at(&encode_segment_header(first_lsn), 0)
+            .and_then(|()| zero_fill(file.as_mut(), SEGMENT_HEADER_BYTES as u64, preallocate_bytes))
+            .and_then(|()| file.sync_data())
             .map_err(|e| StoreError::io(&path, e))?;
-        sync_dir(dir)?;
+        sync_dir(storage, dir)?;
         Ok(WalSegment {
             path,
             file,
@@ -140,15 +138,15 @@ impl WalSegment {
     /// Reopens the segment recovery ended on, to append after its last
     /// valid record (recovery already zeroed anything torn beyond it).
     pub fn open_for_append(
+        storage: &dyn Storage,
         path: &Path,
         first_lsn: u64,
         len_bytes: u64,
     ) -> Result<WalSegment, StoreError> {
-        let file = OpenOptions::new()
-            .write(true)
-            .open(path)
+        let file = storage
+            .open(path, OpenMode::Existing)
             .map_err(|e| StoreError::io(path, e))?;
-        let actual = file.metadata().map_err(|e| StoreError::io(path, e))?.len();
+        let actual = file.len().map_err(|e| StoreError::io(path, e))?;
         assert!(
             actual >= len_bytes,
             "recovery's end of log lies within the file"
@@ -195,29 +193,25 @@ impl WalSegment {
 /// zero-filling out of write latency.
 pub struct PreparedSegment {
     tmp_path: PathBuf,
-    file: File,
+    file: Box<dyn StorageFile>,
 }
 
 static PREPARED_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 impl PreparedSegment {
-    pub fn prepare(dir: &Path, bytes: u64) -> Result<PreparedSegment, StoreError> {
+    pub fn prepare(storage: &dyn Storage, dir: &Path, bytes: u64) -> Result<PreparedSegment, StoreError> {
         let n = PREPARED_COUNTER.fetch_add(1, Ordering::Relaxed);
         let tmp_path = dir.join(format!("{}-{n}{PREPARED_SUFFIX}", std::process::id()));
         let result = (|| {
-            let mut file = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&tmp_path)?;
-            zero_fill(&mut file, 0, bytes.max(SEGMENT_HEADER_BYTES as u64))?;
-            file.sync_all()?;
+            let mut file = storage.open(&tmp_path, OpenMode::CreateTruncate)?;
+            zero_fill(file.as_mut(), 0, bytes.max(SEGMENT_HEADER_BYTES as u64))?;
+            file.sync_data()?;
             Ok(file)
         })();
         match result {
             Ok(file) => Ok(PreparedSegment { tmp_path, file }),
             Err(e) => {
-                let _ = fs::remove_file(&tmp_path);
+                let _ = storage.remove_file(&tmp_path);
                 Err(StoreError::io(&tmp_path, e))
             }
         }
@@ -225,14 +219,16 @@ impl PreparedSegment {
 
     /// Writes the header, syncs it, renames the file into place and syncs
     /// the directory: only then may records be appended.
-    pub fn install(self, dir: &Path, first_lsn: u64) -> Result<WalSegment, StoreError> {
+    pub fn install(mut self, storage: &dyn Storage, dir: &Path, first_lsn: u64) -> Result<WalSegment, StoreError> {
         let path = dir.join(segment_file_name(first_lsn));
         self.file
             .write_all_at(&encode_segment_header(first_lsn), 0)
             .and_then(|()| self.file.sync_data())
             .map_err(|e| StoreError::io(&self.tmp_path, e))?;
-        fs::rename(&self.tmp_path, &path).map_err(|e| StoreError::io(&path, e))?;
-        sync_dir(dir)?;
+        storage
+            .rename(&self.tmp_path, &path)
+            .map_err(|e| StoreError::io(&path, e))?;
+        sync_dir(storage, dir)?;
         Ok(WalSegment {
             path,
             file: self.file,
@@ -242,8 +238,8 @@ impl PreparedSegment {
     }
 
     /// Removes an unused prepared file.
-    pub fn discard(self) {
-        let _ = fs::remove_file(&self.tmp_path);
+    pub fn discard(self, storage: &dyn Storage) {
+        let _ = storage.remove_file(&self.tmp_path);
     }
 }
 
