@@ -420,9 +420,10 @@ impl Writer {
         }
         self.buf.clear();
         let first_lsn = self.next_lsn;
-        for pending in group.iter_mut() {
+        let last = group.len() - 1;
+        for (i, pending) in group.iter_mut().enumerate() {
             pending.lsn = self.next_lsn;
-            encode_record(&mut self.buf, self.next_lsn, &pending.mutation);
+            encode_record(&mut self.buf, self.next_lsn, &pending.mutation, i == last);
             self.next_lsn += 1;
         }
         let last_lsn = self.next_lsn - 1;

@@ -25,6 +25,7 @@ mod group_commit;
 mod memstore;
 mod mutation;
 mod stats;
+pub mod sim_disk;
 pub mod storage;
 pub mod wal;
 

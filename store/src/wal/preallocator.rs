@@ -28,8 +28,8 @@ impl SegmentPreallocator {
         let thread = thread::Builder::new()
             .name("cube-wal-prealloc".into())
             .spawn(move || {
-                loop {
-                    match tx.send(PreparedSegment::prepare(storage.as_ref(), &dir, bytes)) {
+                for n in 0u64.. {
+                    match tx.send(PreparedSegment::prepare(storage.as_ref(), &dir, bytes, n)) {
                         Ok(()) => {}
                         Err(SendError(Ok(unused))) => {
                             unused.discard(storage.as_ref());

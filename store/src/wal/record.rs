@@ -5,11 +5,17 @@
 //! 0      4    crc32c       u32 LE, CRC32C of bytes 4..17+len
 //! 4      4    payload_len  u32 LE
 //! 8      8    lsn          u64 LE, log sequence number
-//! 16     1    kind         1 = put, 2 = del (see mutation.rs)
+//! 16     1    kind         bits 0-6: 1 = put, 2 = del (see mutation.rs);
+//!                          bit 7: last record of its commit group
 //! 17     len  payload
 //! ```
 //! The CRC covers the length, so a torn or flipped length field is caught
 //! like any other damage.
+//!
+//! The group-end bit makes a commit group atomic on disk: recovery applies
+//! a group only once it has read the group's last record, so a group torn
+//! by a crash (never acknowledged) is dropped whole, even when some of its
+//! later sectors reached the disk and earlier ones did not.
 
 use byteorder::{ByteOrder, LittleEndian};
 
@@ -20,15 +26,19 @@ pub const RECORD_HEADER_BYTES: usize = 17;
 /// No record is ever larger; a length field above it is damage, not data.
 pub const MAX_RECORD_PAYLOAD_BYTES: usize = 64 * 1024 * 1024;
 
+/// Bit 7 of the kind byte: this record ends its commit group.
+pub const GROUP_END_BIT: u8 = 0x80;
+
 /// Appends one record for `mutation` at `lsn` to `out`.
-pub fn encode_record(out: &mut Vec<u8>, lsn: u64, mutation: &Mutation) {
+pub fn encode_record(out: &mut Vec<u8>, lsn: u64, mutation: &Mutation, group_end: bool) {
     let start = out.len();
     let payload_len = mutation.payload_len();
     debug_assert!(payload_len <= MAX_RECORD_PAYLOAD_BYTES);
     out.extend_from_slice(&[0u8; 4]);
     out.extend_from_slice(&(payload_len as u32).to_le_bytes());
     out.extend_from_slice(&lsn.to_le_bytes());
-    out.push(mutation.kind());
+    debug_assert!(mutation.kind() & GROUP_END_BIT == 0);
+    out.push(mutation.kind() | if group_end { GROUP_END_BIT } else { 0 });
     mutation.encode_payload(out);
     assert_eq!(
         out.len() - start,
@@ -43,7 +53,9 @@ pub fn encode_record(out: &mut Vec<u8>, lsn: u64, mutation: &Mutation) {
 #[derive(Debug)]
 pub struct RawRecord<'a> {
     pub lsn: u64,
+    /// The mutation kind, without the group-end bit.
     pub kind: u8,
+    pub group_end: bool,
     pub payload: &'a [u8],
     /// Header plus payload.
     pub total_bytes: usize,
@@ -95,7 +107,8 @@ pub fn parse_record(bytes: &[u8]) -> Result<RawRecord<'_>, RecordDamage> {
     }
     Ok(RawRecord {
         lsn: LittleEndian::read_u64(&bytes[8..16]),
-        kind: bytes[16],
+        kind: bytes[16] & !GROUP_END_BIT,
+        group_end: bytes[16] & GROUP_END_BIT != 0,
         payload: &bytes[RECORD_HEADER_BYTES..total_bytes],
         total_bytes,
     })
@@ -114,9 +127,9 @@ mod tests {
             coord: Coord::new(1, 2, 3),
             value: b"value".to_vec(),
         };
-        encode_record(&mut buf, 77, &m);
+        encode_record(&mut buf, 77, &m, true);
         let rec = parse_record(&buf).unwrap();
-        assert_eq!((rec.lsn, rec.total_bytes), (77, buf.len()));
+        assert_eq!((rec.lsn, rec.total_bytes, rec.group_end), (77, buf.len(), true));
         for bit in 0..buf.len() * 8 {
             let mut bad = buf.clone();
             bad[bit / 8] ^= 1 << (bit % 8);

@@ -5,10 +5,12 @@
 //! - A damaged header in any segment, a bad record in any segment but the
 //!   last, a record whose LSN is not the next one, or a gap in LSNs between
 //!   segments: **corruption**. Recovery refuses with file, offset and reason.
-//! - A bad record in the last segment followed by no valid record: a **torn
-//!   tail** (a crash mid-write of a group that was never acknowledged). It
-//!   is truncated and reported.
-//! - A bad record in the last segment followed by a valid one: corruption.
+//! - A bad record in the last segment with no *later commit group* after it
+//!   (at most valid records of its own group): a **torn tail**, a crash in
+//!   the middle of writing a group that was never acknowledged. The whole
+//!   group is dropped (zeroed) and reported. Records are applied a group at
+//!   a time, so a torn group never shows up half-applied.
+//! - A bad record in the last segment followed by a later group: corruption.
 //! - A last segment shorter than its header: a segment whose creation was
 //!   torn; it holds no records, so it is removed.
 //!
@@ -23,7 +25,7 @@ use crate::data_dir::sync_dir;
 use crate::error::StoreError;
 use crate::storage::{OpenMode, Storage};
 use crate::mutation::{KIND_DEL, KIND_PUT, Mutation};
-use crate::wal::record::{MAX_RECORD_PAYLOAD_BYTES, RECORD_HEADER_BYTES, parse_record};
+use crate::wal::record::{GROUP_END_BIT, MAX_RECORD_PAYLOAD_BYTES, RECORD_HEADER_BYTES, parse_record};
 use crate::wal::segment::{
     PREPARED_SUFFIX, SEGMENT_HEADER_BYTES, parse_segment_file_name, parse_segment_header,
 };
@@ -261,6 +263,10 @@ fn replay_segment(
     }
     let mut offset = SEGMENT_HEADER_BYTES;
     let mut next_lsn = first_lsn;
+    // Records are applied a whole commit group at a time: `pending` holds
+    // the group being read, `committed` where the last whole group ended.
+    let mut pending: Vec<(u64, Mutation)> = Vec::new();
+    let mut committed = (offset as u64, first_lsn);
     while offset < bytes.len() {
         match parse_record(&bytes[offset..]) {
             Ok(record) => {
@@ -273,28 +279,31 @@ fn replay_segment(
                 }
                 let mutation = Mutation::decode(record.kind, record.payload)
                     .map_err(|reason| (offset as u64, reason, next_lsn))?;
-                if record.lsn > checkpoint_lsn {
-                    apply(record.lsn, mutation);
-                    report.records_replayed += 1;
-                }
+                pending.push((record.lsn, mutation));
                 next_lsn += 1;
                 offset += record.total_bytes;
+                if record.group_end {
+                    for (lsn, mutation) in pending.drain(..) {
+                        if lsn > checkpoint_lsn {
+                            apply(lsn, mutation);
+                            report.records_replayed += 1;
+                        }
+                    }
+                    committed = (offset as u64, next_lsn);
+                }
             }
-            Err(_) if is_zero(&bytes[offset..]) => {
-                return Ok(SegmentEnd::Clean {
-                    next_lsn,
-                    end: offset as u64,
-                });
-            }
+            Err(_) if is_zero(&bytes[offset..]) => break,
             Err(damage) => {
-                if is_last && !valid_record_follows(bytes, offset + 1, next_lsn) {
+                if is_last && !later_group_follows(bytes, offset + 1, next_lsn) {
+                    // A torn write of the last group, which was never
+                    // acknowledged: drop the whole group.
                     return Ok(SegmentEnd::TornAt {
-                        offset: offset as u64,
-                        next_lsn,
+                        offset: committed.0,
+                        next_lsn: committed.1,
                     });
                 }
                 let why = if is_last {
-                    format!("{damage}, and valid records follow it")
+                    format!("{damage}, and a later commit group follows it")
                 } else {
                     format!("{damage} in a segment that is not the last")
                 };
@@ -302,9 +311,22 @@ fn replay_segment(
             }
         }
     }
+    if !pending.is_empty() {
+        if is_last {
+            return Ok(SegmentEnd::TornAt {
+                offset: committed.0,
+                next_lsn: committed.1,
+            });
+        }
+        return Err((
+            committed.0,
+            "the segment ends inside a commit group, and it is not the last".into(),
+            committed.1,
+        ));
+    }
     Ok(SegmentEnd::Clean {
         next_lsn,
-        end: bytes.len() as u64,
+        end: offset as u64,
     })
 }
 
@@ -321,31 +343,44 @@ fn nonzero_len(bytes: &[u8]) -> usize {
 fn end_of_records(storage: &dyn Storage, path: &Path) -> Result<u64, StoreError> {
     let bytes = storage.read_file(path).map_err(|e| StoreError::io(path, e))?;
     let mut offset = SEGMENT_HEADER_BYTES;
+    let mut committed = offset;
     while let Ok(record) = parse_record(&bytes[offset.min(bytes.len())..]) {
         offset += record.total_bytes;
+        if record.group_end {
+            committed = offset;
+        }
     }
-    Ok(offset as u64)
+    Ok(committed as u64)
 }
 
-/// Whether any valid record with a plausible LSN starts at or after `from`.
-/// Cheap field checks run before the CRC, so scanning a damaged tail costs
-/// little; this runs only when recovery already found damage.
-fn valid_record_follows(bytes: &[u8], from: usize, min_lsn: u64) -> bool {
+/// Whether, after damage at `from - 1`, a *later* commit group follows:
+/// a valid group-end record and then any valid record after it. Under
+/// `--sync always` only the last group can be torn (the next one is written
+/// after this one's fsync), so valid records of the torn group itself may
+/// follow the damage, but a later group means real corruption. Cheap field
+/// checks run before each CRC; this runs only when recovery found damage.
+fn later_group_follows(bytes: &[u8], from: usize, min_lsn: u64) -> bool {
     // No record can start in the zeros of preallocated space.
     let bytes = &bytes[..nonzero_len(bytes)];
     let max_lsn = min_lsn.saturating_add((bytes.len() / RECORD_HEADER_BYTES) as u64 + 1);
+    let mut seen_group_end = false;
     let mut at = from;
     while at + RECORD_HEADER_BYTES <= bytes.len() {
         let h = &bytes[at..];
         let len = u32::from_le_bytes([h[4], h[5], h[6], h[7]]) as usize;
         let lsn = u64::from_le_bytes([h[8], h[9], h[10], h[11], h[12], h[13], h[14], h[15]]);
-        let kind = h[16];
+        let kind = h[16] & !GROUP_END_BIT;
         let plausible = (kind == KIND_PUT || kind == KIND_DEL)
             && (min_lsn..=max_lsn).contains(&lsn)
             && len <= MAX_RECORD_PAYLOAD_BYTES
             && RECORD_HEADER_BYTES + len <= h.len();
-        if plausible && parse_record(h).is_ok() {
-            return true;
+        if plausible && let Ok(record) = parse_record(h) {
+            if seen_group_end {
+                return true;
+            }
+            seen_group_end = record.group_end;
+            at += record.total_bytes;
+            continue;
         }
         at += 1;
     }
@@ -479,6 +514,7 @@ pub fn read_closed_segment(
     let first_lsn = parse_segment_header(&bytes).map_err(|reason| corrupt(0, reason))?;
     let mut offset = SEGMENT_HEADER_BYTES;
     let mut next_lsn = first_lsn;
+    let mut inside_group = false;
     while offset < bytes.len() {
         match parse_record(&bytes[offset..]) {
             Ok(record) if record.lsn == next_lsn => {
@@ -487,6 +523,7 @@ pub fn read_closed_segment(
                 each(record.lsn, mutation);
                 next_lsn += 1;
                 offset += record.total_bytes;
+                inside_group = !record.group_end;
             }
             Ok(record) => {
                 return Err(corrupt(
@@ -497,6 +534,9 @@ pub fn read_closed_segment(
             Err(_) if is_zero(&bytes[offset..]) => break,
             Err(damage) => return Err(corrupt(offset as u64, damage.to_string())),
         }
+    }
+    if inside_group {
+        return Err(corrupt(offset as u64, "a closed segment ends inside a commit group".into()));
     }
     Ok(next_lsn)
 }

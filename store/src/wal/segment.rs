@@ -20,7 +20,6 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use byteorder::{ByteOrder, LittleEndian};
 
@@ -196,12 +195,18 @@ pub struct PreparedSegment {
     file: Box<dyn StorageFile>,
 }
 
-static PREPARED_COUNTER: AtomicU64 = AtomicU64::new(0);
-
 impl PreparedSegment {
-    pub fn prepare(storage: &dyn Storage, dir: &Path, bytes: u64) -> Result<PreparedSegment, StoreError> {
-        let n = PREPARED_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let tmp_path = dir.join(format!("{}-{n}{PREPARED_SUFFIX}", std::process::id()));
+    /// Prepares `next-<n>.prealloc.tmp`. Only one daemon uses a data dir
+    /// (it is locked) and recovery deletes leftovers before numbering
+    /// restarts, so `n` counting from 0 per engine cannot collide; a name
+    /// that does not depend on the process also keeps simulations seeded.
+    pub fn prepare(
+        storage: &dyn Storage,
+        dir: &Path,
+        bytes: u64,
+        n: u64,
+    ) -> Result<PreparedSegment, StoreError> {
+        let tmp_path = dir.join(format!("next-{n}{PREPARED_SUFFIX}"));
         let result = (|| {
             let mut file = storage.open(&tmp_path, OpenMode::CreateTruncate)?;
             zero_fill(file.as_mut(), 0, bytes.max(SEGMENT_HEADER_BYTES as u64))?;
