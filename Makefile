@@ -7,7 +7,7 @@ DURATION ?= 30
 CLIENTS ?= 16
 STRESS_DIR := target/stress
 
-.PHONY: build release run test check fmt clippy stress stress-short compare bench clean-data
+.PHONY: build release run test check fmt clippy stress stress-short compare bench sim clean-data
 
 build:
 	$(CARGO) build --workspace
@@ -58,6 +58,13 @@ compare: release
 
 bench:
 	$(CARGO) bench --workspace
+
+# Seeded storage-fault simulation (power loss, torn writes, EIO, ENOSPC,
+# fsyncgate). `make test` runs a fixed set of seeds; this runs SEEDS of them.
+# Replay one: CUBE_SIM_SEED=S cargo test -p cube-store --test storage_faults
+SEEDS ?= 500
+sim:
+	CUBE_SIM_SEEDS=$(SEEDS) $(CARGO) test --release -p cube-store --test storage_faults -- --nocapture
 
 clean-data:
 	rm -rf $(DATA)
