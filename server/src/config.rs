@@ -75,6 +75,11 @@ pub struct Args {
     #[arg(long, value_name = "BYTES", default_value_t = 64 * 1024 * 1024)]
     pub delta_compact_bytes: u64,
 
+    /// Check every checksum of the data dir DIR offline, print a summary and
+    /// exit: 0 if clean, 1 on any problem. Does not start the daemon.
+    #[arg(long, value_name = "DIR")]
+    pub verify: Option<PathBuf>,
+
     /// Truncate the log at the first bad record instead of refusing to start.
     /// What is dropped is reported and saved under DATA/wal/repair-*/.
     #[arg(long)]
@@ -90,6 +95,7 @@ Examples:
   cubed                                   # ./cube-data, socket ./cube-data/cubed.sock
   cubed --data /var/lib/cube --socket /run/cube/cubed.sock
   cubed --repair                          # start after truncating a corrupt log
+  cubed --verify ./cube-data              # offline: check every checksum, then exit
 
 Exit status: 0 after a clean shutdown (SIGINT/SIGTERM), 1 if it could not start.";
 

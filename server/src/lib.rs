@@ -15,6 +15,7 @@ mod connection;
 #[macro_use]
 pub mod log;
 pub mod server;
+pub mod verify;
 
 pub use config::Args;
 pub use server::run;

@@ -5,6 +5,9 @@ use clap::Parser;
 fn main() {
     let args = cube_server::Args::parse();
     cube_server::log::set_level(args.log_level);
+    if let Some(dir) = &args.verify {
+        std::process::exit(cube_server::verify::run(dir));
+    }
     if let Err(e) = cube_server::run(args) {
         eprintln!("cubed: error: {e}");
         std::process::exit(1);

@@ -50,7 +50,7 @@ impl DataDir {
     }
 }
 
-fn lock_data_dir(root: &Path) -> Result<File, StoreError> {
+pub(crate) fn lock_data_dir(root: &Path) -> Result<File, StoreError> {
     {
         let lock_path = root.join("LOCK");
         let mut lock = OpenOptions::new()

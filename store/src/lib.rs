@@ -27,6 +27,7 @@ mod mutation;
 mod stats;
 pub mod sim_disk;
 pub mod storage;
+pub mod verify;
 pub mod wal;
 
 pub use curve::{morton_decode, morton_key};

@@ -219,9 +219,10 @@ pub fn recover(
     Ok(report)
 }
 
-enum SegmentEnd {
+pub(crate) enum SegmentEnd {
     /// Records end at `end`: the file ends there or only zeros follow
     /// (preallocated space).
+    #[allow(dead_code)]
     Clean {
         next_lsn: u64,
         end: u64,
@@ -233,7 +234,7 @@ enum SegmentEnd {
 }
 
 /// Replays one segment. The error carries (offset, reason, next_lsn at that point).
-fn replay_segment(
+pub(crate) fn replay_segment(
     bytes: &[u8],
     name_lsn: u64,
     expected_lsn: Option<u64>,
