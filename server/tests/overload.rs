@@ -1,0 +1,212 @@
+//! Guards the daemon under overload and hostile clients: a thousand
+//! concurrent connections, rapid connect/disconnect churn, clients that
+//! never read their responses, and bad frames at volume, while a bystander
+//! client keeps getting correct answers.
+#![allow(clippy::unwrap_used)]
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use cube_client::{Client, Coord, LocalDaemon, Request, StatsValue};
+use cube_protocol::PROTOCOL_VERSION;
+use cube_protocol::frame::FrameHeader;
+
+fn stat(c: &mut Client, name: &str) -> u64 {
+    match c.stats().unwrap().into_iter().find(|e| e.name == name).map(|e| e.value) {
+        Some(StatsValue::Count(v)) => v,
+        other => panic!("{name}: {other:?}"),
+    }
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// A client that writes and reads back in a loop; any wrong answer panics.
+struct Bystander {
+    stop: Arc<AtomicBool>,
+    done: Arc<AtomicU64>,
+    worst_us: Arc<AtomicU64>,
+    thread: thread::JoinHandle<()>,
+}
+
+impl Bystander {
+    fn start(daemon: &LocalDaemon) -> Bystander {
+        let mut c = daemon.client().unwrap();
+        c.set_timeout(Some(Duration::from_secs(30))).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicU64::new(0));
+        let worst_us = Arc::new(AtomicU64::new(0));
+        let (s, d, w) = (stop.clone(), done.clone(), worst_us.clone());
+        let thread = thread::spawn(move || {
+            let mut i = 0;
+            while !s.load(Ordering::Relaxed) {
+                let started = Instant::now();
+                let v = format!("bystander {i}");
+                c.put("default", Coord::new(-9, -9, i), v.as_bytes()).unwrap();
+                assert_eq!(c.get("default", Coord::new(-9, -9, i)).unwrap().unwrap(), v.as_bytes());
+                w.fetch_max(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+                d.fetch_add(1, Ordering::Relaxed);
+                i += 1;
+            }
+        });
+        Bystander { stop, done, worst_us, thread }
+    }
+
+    fn finish(self) -> (u64, u64) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap();
+        (self.done.load(Ordering::Relaxed), self.worst_us.load(Ordering::Relaxed))
+    }
+}
+
+#[test]
+fn a_thousand_concurrent_connections_are_all_served() {
+    let daemon = LocalDaemon::start_fresh(&["--max-connections", "1100"]).unwrap();
+    let bystander = Bystander::start(&daemon);
+    let mut clients: Vec<Client> = (0..1000).map(|_| daemon.client().unwrap()).collect();
+    for (i, c) in clients.iter_mut().enumerate() {
+        c.put("default", Coord::new(i as i32, 0, 0), &(i as u32).to_le_bytes()).unwrap();
+    }
+    for (i, c) in clients.iter_mut().enumerate().rev() {
+        let v = c.get("default", Coord::new(i as i32, 0, 0)).unwrap().unwrap();
+        assert_eq!(v, (i as u32).to_le_bytes());
+    }
+    assert!(stat(&mut clients[0], "connections.active") >= 1001);
+    let (done, _) = bystander.finish();
+    assert!(done > 0);
+}
+
+#[test]
+fn connect_disconnect_churn_leaves_nothing_behind() {
+    let daemon = LocalDaemon::start_fresh(&[]).unwrap();
+    let bystander = Bystander::start(&daemon);
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let socket = daemon.socket().to_path_buf();
+            thread::spawn(move || {
+                for i in 0..500 {
+                    if (i + w) % 3 == 0 {
+                        // Connect and vanish without a word.
+                        drop(UnixStream::connect(&socket).unwrap());
+                    } else {
+                        let mut c = Client::connect(&socket).unwrap();
+                        c.ping().unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let (done, _) = bystander.finish();
+    assert!(done > 0);
+    let mut c = daemon.client().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while stat(&mut c, "connections.active") > 1 {
+        assert!(Instant::now() < deadline, "connection threads leaked after churn");
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert!(stat(&mut c, "connections.accepted") >= 2000);
+}
+
+#[test]
+fn a_client_that_never_reads_is_cut_off_and_memory_stays_bounded() {
+    let daemon = LocalDaemon::start_fresh(&["--write-timeout-ms", "300"]).unwrap();
+    let mut setup = daemon.client().unwrap();
+    let big = vec![7u8; 256 * 1024];
+    setup.put("default", Coord::new(1, 1, 1), &big).unwrap();
+    let rss_before = rss_kib(daemon.pid());
+    let bystander = Bystander::start(&daemon);
+
+    // Pipeline thousands of gets of a 256 KiB value and never read.
+    let mut hog = UnixStream::connect(daemon.socket()).unwrap();
+    let mut out = Vec::new();
+    Request::Hello { client_version: PROTOCOL_VERSION, client_name: "hog".into() }.encode(1, &mut out);
+    for id in 2..4000u64 {
+        Request::Get { ns: cube_protocol::NamespaceName::new("default").unwrap(), coord: Coord::new(1, 1, 1) }
+            .encode(id, &mut out);
+    }
+    hog.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+    let started = Instant::now();
+    // The daemon stops reading once its replies back up, and then gives up
+    // on this client: our write fails or stalls, and the socket is closed.
+    let _ = hog.write_all(&out);
+    let mut buf = vec![0u8; 1 << 16];
+    hog.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    thread::sleep(Duration::from_millis(800));
+    let mut drained = 0usize;
+    loop {
+        match hog.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => drained += n,
+            // A close with unread data in the daemon's buffer is a reset.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("expected the daemon to close the hog, got {e} after {drained} bytes"),
+        }
+    }
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert!(drained < 4000 * 256 * 1024, "the daemon stopped answering a client that would not read");
+    let rss_after = rss_kib(daemon.pid());
+    let (done, worst_us) = bystander.finish();
+    assert!(done > 0, "the bystander was starved");
+    assert!(
+        rss_after < rss_before + 64 * 1024,
+        "daemon memory grew from {rss_before} KiB to {rss_after} KiB for one client that never reads"
+    );
+    eprintln!("bystander: {done} round trips, worst {worst_us} us");
+    assert!(stat(&mut setup, "connections.active") <= 3);
+}
+
+#[test]
+fn bad_frames_at_volume_are_refused_and_others_are_unharmed() {
+    let daemon = LocalDaemon::start_fresh(&[]).unwrap();
+    let bystander = Bystander::start(&daemon);
+    let oversized = FrameHeader {
+        body_len: u32::MAX - 100,
+        body_crc32c: 0,
+        version: PROTOCOL_VERSION,
+        opcode: 0x0010,
+        request_id: 1,
+    }
+    .to_bytes();
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let socket = daemon.socket().to_path_buf();
+            thread::spawn(move || {
+                for i in 0..250u32 {
+                    let mut s = UnixStream::connect(&socket).unwrap();
+                    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                    let junk: Vec<u8> = if (i + w) % 2 == 0 {
+                        oversized.to_vec()
+                    } else {
+                        (0..512u32).map(|b| (b.wrapping_mul(2_654_435_761) >> (i % 24)) as u8).collect()
+                    };
+                    let _ = s.write_all(&junk);
+                    let mut sink = Vec::new();
+                    // Whatever it is, the daemon answers with an error or closes.
+                    let _ = s.read_to_end(&mut sink);
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let (done, _) = bystander.finish();
+    assert!(done > 0);
+    let mut c = daemon.client().unwrap();
+    assert!(stat(&mut c, "frames.bad") >= 500);
+    c.ping().unwrap();
+    assert!(!daemon.log_text().contains("panicked"));
+}
