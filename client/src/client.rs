@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use cube_protocol::frame::{self, RESPONSE_BIT};
 use cube_protocol::{
-    Coord, FrameHeader, Limits, NamespaceName, PROTOCOL_VERSION, ProtocolError, Request, Response,
-    ServerError, StatsEntry,
+    CellBox, Coord, FrameHeader, Limits, MAX_SCAN_PAGE_CELLS, NamespaceName, PROTOCOL_VERSION,
+    ProtocolError, Request, Response, ScanCell, ScanResult, ServerError, StatsEntry,
 };
 
 use crate::error::ClientError;
@@ -181,6 +181,91 @@ impl Client {
         }
     }
 
+    /// One page of the cells inside `region`, in the namespace's curve
+    /// order: at most `limit` cells (the server caps pages at
+    /// [`MAX_SCAN_PAGE_CELLS`]), starting strictly after `after` (a previous
+    /// page's [`ScanPage::resume_after`]) or at the start of the box.
+    pub fn scan_page(
+        &mut self,
+        ns: &str,
+        region: &CellBox,
+        limit: u32,
+        after: Option<Coord>,
+    ) -> Result<ScanPage, ClientError> {
+        match self.scan_request(ns, region, limit.max(1), false, after)? {
+            (ScanResult::Cells(cells), resume_after) => Ok(ScanPage {
+                cells,
+                resume_after,
+            }),
+            (ScanResult::Count(_), _) => Err(ClientError::UnexpectedResponse(
+                "a count answer to a scan for values".to_owned(),
+            )),
+        }
+    }
+
+    /// Every cell inside `region`, following cursors page by page (pages of
+    /// `page_cells`; memory stays one page however large the box).
+    pub fn scan(&mut self, ns: &str, region: CellBox, page_cells: u32) -> ScanIter<'_> {
+        ScanIter {
+            client: self,
+            ns: ns.to_owned(),
+            region,
+            page_cells: page_cells.clamp(1, MAX_SCAN_PAGE_CELLS),
+            page: Vec::new().into_iter(),
+            after: None,
+            finished: false,
+        }
+    }
+
+    /// How many cells `region` holds, summing pages until the box is done.
+    /// Work on the server is proportional to the cells present, so this is
+    /// cheap even for the whole coordinate space of a small store.
+    pub fn scan_count(&mut self, ns: &str, region: &CellBox) -> Result<u64, ClientError> {
+        let mut total = 0u64;
+        let mut after = None;
+        loop {
+            match self.scan_request(ns, region, 1, true, after)? {
+                (ScanResult::Count(n), resume_after) => {
+                    total += n;
+                    match resume_after {
+                        None => return Ok(total),
+                        Some(next) => after = Some(check_progress(after, next)?),
+                    }
+                }
+                (ScanResult::Cells(_), _) => {
+                    return Err(ClientError::UnexpectedResponse(
+                        "cells in answer to a count-only scan".to_owned(),
+                    ));
+                }
+            }
+        }
+    }
+
+    fn scan_request(
+        &mut self,
+        ns: &str,
+        region: &CellBox,
+        limit: u32,
+        count_only: bool,
+        after: Option<Coord>,
+    ) -> Result<(ScanResult, Option<Coord>), ClientError> {
+        let request = Request::Scan {
+            ns: namespace(ns)?,
+            lo: region.lo(),
+            hi: region.hi(),
+            limit,
+            count_only,
+            after,
+        };
+        match self.call(&request)? {
+            Response::Scan {
+                result,
+                resume_after,
+            } => Ok((result, resume_after)),
+            other => Err(unexpected("scan", &other)),
+        }
+    }
+
     pub fn stats(&mut self) -> Result<Vec<StatsEntry>, ClientError> {
         match self.call(&Request::Stats)? {
             Response::Stats(entries) => Ok(entries),
@@ -303,6 +388,84 @@ impl std::fmt::Debug for Client {
             .field("next_request_id", &self.next_request_id)
             .finish_non_exhaustive()
     }
+}
+
+/// One page of a region read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScanPage {
+    /// Cells in the namespace's curve order.
+    pub cells: Vec<ScanCell>,
+    /// `None` when the box is finished; otherwise pass it as `after` to get
+    /// the next page (which may be short, even empty).
+    pub resume_after: Option<Coord>,
+}
+
+/// The cells of a box, fetched a page at a time as the iteration goes; see
+/// [`Client::scan`]. Yields an error (once) if a page fails, then ends.
+pub struct ScanIter<'a> {
+    client: &'a mut Client,
+    ns: String,
+    region: CellBox,
+    page_cells: u32,
+    page: std::vec::IntoIter<ScanCell>,
+    after: Option<Coord>,
+    finished: bool,
+}
+
+impl ScanIter<'_> {
+    /// Where the next page would start: `None` before the first page, or
+    /// after the last one.
+    pub fn cursor(&self) -> Option<Coord> {
+        self.after
+    }
+}
+
+impl Iterator for ScanIter<'_> {
+    type Item = Result<ScanCell, ClientError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(cell) = self.page.next() {
+                return Some(Ok(cell));
+            }
+            if self.finished {
+                return None;
+            }
+            let page =
+                match self
+                    .client
+                    .scan_page(&self.ns, &self.region, self.page_cells, self.after)
+                {
+                    Ok(page) => page,
+                    Err(e) => {
+                        self.finished = true;
+                        return Some(Err(e));
+                    }
+                };
+            match page.resume_after {
+                None => self.finished = true,
+                Some(next) => match check_progress(self.after, next) {
+                    Ok(next) => self.after = Some(next),
+                    Err(e) => {
+                        self.finished = true;
+                        return Some(Err(e));
+                    }
+                },
+            }
+            self.page = page.cells.into_iter();
+        }
+    }
+}
+
+/// A server that hands back the same cursor twice would make a client loop
+/// forever; say so instead.
+fn check_progress(previous: Option<Coord>, next: Coord) -> Result<Coord, ClientError> {
+    if previous == Some(next) {
+        return Err(ClientError::UnexpectedResponse(format!(
+            "scan cursor did not move past {next}"
+        )));
+    }
+    Ok(next)
 }
 
 /// An error the server sends on its own, about the whole connection, right

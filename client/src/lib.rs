@@ -14,10 +14,12 @@ mod error;
 pub mod json;
 pub mod local_daemon;
 
-pub use client::{Client, DEFAULT_SOCKET_PATH, SOCKET_ENV_VAR, default_socket_path};
+pub use client::{
+    Client, DEFAULT_SOCKET_PATH, SOCKET_ENV_VAR, ScanIter, ScanPage, default_socket_path,
+};
 pub use cube_protocol::{
-    Coord, ErrorCode, Limits, NamespaceName, Request, Response, ServerError, StatsEntry,
-    StatsValue, parse_coord,
+    CellBox, Coord, ErrorCode, Limits, MAX_SCAN_PAGE_CELLS, NamespaceName, Request, Response,
+    ScanCell, ScanResult, ServerError, StatsEntry, StatsValue, parse_coord,
 };
 pub use error::ClientError;
 pub use local_daemon::LocalDaemon;

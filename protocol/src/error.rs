@@ -111,6 +111,9 @@ pub enum ErrorCode {
     BadRequest = 15,
     /// The server is too busy to queue this request.
     Overloaded = 16,
+    /// A field decoded fine but its value is not allowed (e.g. a scan box
+    /// whose low corner is above its high corner, or a page limit of 0).
+    InvalidArgument = 17,
 }
 
 impl ErrorCode {
@@ -133,6 +136,7 @@ impl ErrorCode {
             14 => DiskFull,
             15 => BadRequest,
             16 => Overloaded,
+            17 => InvalidArgument,
             _ => return None,
         })
     }
@@ -157,6 +161,7 @@ impl ErrorCode {
             DiskFull => "disk_full",
             BadRequest => "bad_request",
             Overloaded => "overloaded",
+            InvalidArgument => "invalid_argument",
         }
     }
 }
@@ -174,6 +179,7 @@ mod tests {
             }
         }
         assert_eq!(ErrorCode::from_u16(16), Some(ErrorCode::Overloaded));
-        assert_eq!(ErrorCode::from_u16(17), None);
+        assert_eq!(ErrorCode::from_u16(17), Some(ErrorCode::InvalidArgument));
+        assert_eq!(ErrorCode::from_u16(18), None);
     }
 }

@@ -32,16 +32,19 @@ pub enum Opcode {
     Put = 0x0010,
     Get = 0x0011,
     Del = 0x0012,
+    /// Region read: the cells of a box, a page at a time.
+    Scan = 0x0013,
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 6] = [
+    pub const ALL: [Opcode; 7] = [
         Opcode::Hello,
         Opcode::Ping,
         Opcode::Stats,
         Opcode::Put,
         Opcode::Get,
         Opcode::Del,
+        Opcode::Scan,
     ];
 
     pub fn from_u16(raw: u16) -> Option<Opcode> {
@@ -57,6 +60,7 @@ impl Opcode {
             Opcode::Put => "put",
             Opcode::Get => "get",
             Opcode::Del => "del",
+            Opcode::Scan => "scan",
         }
     }
 }

@@ -18,8 +18,11 @@ mod wire;
 
 pub use error::{DecodeError, ErrorCode, ProtocolError};
 pub use frame::{FrameHeader, HEADER_BYTES, Limits, Opcode};
-pub use message::{MAX_STATS_ENTRIES, Request, Response, ServerError, StatsEntry, StatsValue};
-pub use model::{Coord, NamespaceName, parse_coord};
+pub use message::{
+    MAX_SCAN_PAGE_CELLS, MAX_STATS_ENTRIES, Request, Response, ScanCell, ScanPageEncoder,
+    ScanResult, ServerError, StatsEntry, StatsValue,
+};
+pub use model::{CellBox, Coord, NamespaceName, parse_coord};
 
 /// The protocol version this crate speaks. Bumped on any incompatible change.
 pub const PROTOCOL_VERSION: u16 = 1;

@@ -4,11 +4,13 @@
 //! the request's opcode, or `1` then an error (`u16` code, `u16` length,
 //! UTF-8 message).
 
+use crate::PROTOCOL_VERSION;
 use crate::error::{DecodeError, ErrorCode};
-use crate::frame::{FrameHeader, Limits, Opcode, RESPONSE_BIT, encode_frame};
+use crate::frame::{FrameHeader, HEADER_BYTES, Limits, Opcode, RESPONSE_BIT, encode_frame};
 use crate::model::{Coord, NamespaceName};
 use crate::wire::{
-    BodyReader, put_blob, put_coord, put_namespace, put_short_string, put_u16, put_u32, put_u64,
+    BodyReader, put_blob, put_coord, put_namespace, put_optional_coord, put_short_string, put_u16,
+    put_u32, put_u64,
 };
 
 /// Longest client name, server version or stats name accepted.
@@ -17,6 +19,18 @@ const MAX_NAME_BYTES: usize = 256;
 const MAX_MESSAGE_BYTES: usize = 4096;
 /// Most entries in one stats response.
 pub const MAX_STATS_ENTRIES: usize = 4096;
+/// Most cells in one scan page. A request may ask for more; the server
+/// answers at most this many (and fewer when the page would outgrow a
+/// frame), so a huge box never becomes one giant response.
+pub const MAX_SCAN_PAGE_CELLS: u32 = 65_536;
+
+/// Bit 0 of a scan request's flags: count the cells, send no values.
+const SCAN_FLAG_COUNT_ONLY: u8 = 1;
+/// A scan response's `kind`: a count, or cells with their values.
+const SCAN_KIND_COUNT: u8 = 0;
+const SCAN_KIND_CELLS: u8 = 1;
+/// The smallest encoded scan cell: a coordinate and an empty blob.
+const MIN_SCAN_CELL_BYTES: usize = 12 + 4;
 
 const STATUS_OK: u8 = 0;
 const STATUS_ERROR: u8 = 1;
@@ -42,6 +56,21 @@ pub enum Request {
         ns: NamespaceName,
         coord: Coord,
     },
+    /// The cells inside the box `lo..=hi`, in the namespace's curve order,
+    /// one page at a time.
+    Scan {
+        ns: NamespaceName,
+        lo: Coord,
+        hi: Coord,
+        /// Cells wanted in this page (the server caps it at
+        /// [`MAX_SCAN_PAGE_CELLS`]); must be at least 1.
+        limit: u32,
+        /// Count the cells instead of returning them.
+        count_only: bool,
+        /// Resume strictly after this position (the previous page's
+        /// `resume_after`); `None` starts at the beginning of the box.
+        after: Option<Coord>,
+    },
 }
 
 impl Request {
@@ -53,6 +82,7 @@ impl Request {
             Request::Put { .. } => Opcode::Put,
             Request::Get { .. } => Opcode::Get,
             Request::Del { .. } => Opcode::Del,
+            Request::Scan { .. } => Opcode::Scan,
         }
     }
 
@@ -75,6 +105,21 @@ impl Request {
             Request::Get { ns, coord } | Request::Del { ns, coord } => {
                 put_namespace(b, ns);
                 put_coord(b, *coord);
+            }
+            Request::Scan {
+                ns,
+                lo,
+                hi,
+                limit,
+                count_only,
+                after,
+            } => {
+                put_namespace(b, ns);
+                put_coord(b, *lo);
+                put_coord(b, *hi);
+                put_u32(b, *limit);
+                b.push(if *count_only { SCAN_FLAG_COUNT_ONLY } else { 0 });
+                put_optional_coord(b, *after);
             }
         });
     }
@@ -109,6 +154,27 @@ impl Request {
                 ns: r.namespace()?,
                 coord: r.coord()?,
             },
+            Opcode::Scan => {
+                let ns = r.namespace()?;
+                let lo = r.coord()?;
+                let hi = r.coord()?;
+                let limit = r.u32()?;
+                let flags = r.u8()?;
+                if flags & !SCAN_FLAG_COUNT_ONLY != 0 {
+                    return Err(DecodeError::BadField {
+                        what: "scan flags",
+                        got: u64::from(flags),
+                    });
+                }
+                Request::Scan {
+                    ns,
+                    lo,
+                    hi,
+                    limit,
+                    count_only: flags & SCAN_FLAG_COUNT_ONLY != 0,
+                    after: r.optional_coord()?,
+                }
+            }
         };
         r.finish()?;
         Ok(request)
@@ -129,6 +195,22 @@ pub struct StatsEntry {
     pub value: StatsValue,
 }
 
+/// One cell of a scan page.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScanCell {
+    pub coord: Coord,
+    pub value: Vec<u8>,
+}
+
+/// What a scan page carries: a count, or the cells themselves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ScanResult {
+    /// Cells counted in this page (a `count_only` request).
+    Count(u64),
+    /// Cells in curve order, with their values.
+    Cells(Vec<ScanCell>),
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Response {
     Hello {
@@ -147,6 +229,13 @@ pub enum Response {
     Del {
         lsn: u64,
         existed: bool,
+    },
+    /// One page of a region read.
+    Scan {
+        result: ScanResult,
+        /// `None`: the box is finished. Otherwise ask again with this as
+        /// `after`. A page may be short (even empty) and still have a next.
+        resume_after: Option<Coord>,
     },
 }
 
@@ -189,6 +278,7 @@ impl Response {
             Response::Put { .. } => Opcode::Put,
             Response::Get(_) => Opcode::Get,
             Response::Del { .. } => Opcode::Del,
+            Response::Scan { .. } => Opcode::Scan,
         }
     }
 
@@ -241,6 +331,26 @@ impl Response {
                 Response::Del { lsn, existed } => {
                     put_u64(b, *lsn);
                     b.push(u8::from(*existed));
+                }
+                Response::Scan {
+                    result,
+                    resume_after,
+                } => {
+                    match result {
+                        ScanResult::Count(count) => {
+                            b.push(SCAN_KIND_COUNT);
+                            put_u64(b, *count);
+                        }
+                        ScanResult::Cells(cells) => {
+                            b.push(SCAN_KIND_CELLS);
+                            put_u32(b, cells.len() as u32);
+                            for cell in cells {
+                                put_coord(b, cell.coord);
+                                put_blob(b, &cell.value);
+                            }
+                        }
+                    }
+                    put_optional_coord(b, *resume_after);
                 }
             }
         });
@@ -339,16 +449,120 @@ impl Response {
                 lsn: r.u64()?,
                 existed: r.bool()?,
             },
+            Opcode::Scan => {
+                let result = match r.u8()? {
+                    SCAN_KIND_COUNT => ScanResult::Count(r.u64()?),
+                    SCAN_KIND_CELLS => {
+                        let count = r.u32()?;
+                        if count > MAX_SCAN_PAGE_CELLS {
+                            return Err(DecodeError::TooLarge {
+                                what: "scan page cell count",
+                                got: u64::from(count),
+                                limit: u64::from(MAX_SCAN_PAGE_CELLS),
+                            });
+                        }
+                        // Never reserve more than the body could hold.
+                        let fits = r.remaining() / MIN_SCAN_CELL_BYTES;
+                        let mut cells = Vec::with_capacity((count as usize).min(fits));
+                        for _ in 0..count {
+                            cells.push(ScanCell {
+                                coord: r.coord()?,
+                                value: r.blob("value", limits.max_value_bytes as usize)?,
+                            });
+                        }
+                        ScanResult::Cells(cells)
+                    }
+                    other => {
+                        return Err(DecodeError::BadField {
+                            what: "scan result kind",
+                            got: u64::from(other),
+                        });
+                    }
+                };
+                Response::Scan {
+                    result,
+                    resume_after: r.optional_coord()?,
+                }
+            }
         };
         r.finish()?;
         Ok(Ok(response))
     }
 }
 
+/// Builds a scan response frame with values cell by cell, straight from
+/// the store, so a page of thousands of cells costs no per-cell allocation.
+/// The bytes are exactly those of [`Response::encode`] for the same page.
+pub struct ScanPageEncoder<'a> {
+    out: &'a mut Vec<u8>,
+    frame_start: usize,
+    count_at: usize,
+    cells: u32,
+    request_id: u64,
+}
+
+impl<'a> ScanPageEncoder<'a> {
+    /// Starts the frame answering `request_id` at the end of `out`.
+    pub fn begin(out: &'a mut Vec<u8>, request_id: u64) -> ScanPageEncoder<'a> {
+        let frame_start = out.len();
+        out.extend_from_slice(&[0u8; HEADER_BYTES]);
+        out.push(STATUS_OK);
+        out.push(SCAN_KIND_CELLS);
+        let count_at = out.len();
+        put_u32(out, 0);
+        ScanPageEncoder {
+            out,
+            frame_start,
+            count_at,
+            cells: 0,
+            request_id,
+        }
+    }
+
+    /// The frame's size if it were finished now (counting the largest
+    /// cursor [`Self::finish`] can add).
+    pub fn frame_bytes(&self) -> usize {
+        self.out.len() - self.frame_start + 1 + 12
+    }
+
+    /// The bytes one more cell with a value of `value_len` bytes adds.
+    pub fn cell_bytes(value_len: usize) -> usize {
+        12 + 4 + value_len
+    }
+
+    pub fn cells(&self) -> u32 {
+        self.cells
+    }
+
+    /// Appends one cell. Callers keep pages within [`MAX_SCAN_PAGE_CELLS`]
+    /// and the frame limit (see [`Self::frame_bytes`]).
+    pub fn push(&mut self, coord: Coord, value: &[u8]) {
+        put_coord(self.out, coord);
+        put_blob(self.out, value);
+        self.cells += 1;
+    }
+
+    /// Writes the cursor, the cell count and the header.
+    pub fn finish(self, resume_after: Option<Coord>) {
+        put_optional_coord(self.out, resume_after);
+        let count_at = self.count_at;
+        self.out[count_at..count_at + 4].copy_from_slice(&self.cells.to_le_bytes());
+        let body = &self.out[self.frame_start + HEADER_BYTES..];
+        let header = FrameHeader {
+            body_len: body.len() as u32,
+            body_crc32c: crc32c::crc32c(body),
+            version: PROTOCOL_VERSION,
+            opcode: Opcode::Scan as u16 | RESPONSE_BIT,
+            request_id: self.request_id,
+        };
+        self.out[self.frame_start..self.frame_start + HEADER_BYTES]
+            .copy_from_slice(&header.to_bytes());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::frame::HEADER_BYTES;
 
     fn split(frame: &[u8]) -> (FrameHeader, &[u8]) {
         let header = FrameHeader::parse(frame[..HEADER_BYTES].try_into().unwrap());
@@ -402,5 +616,114 @@ mod tests {
             Response::decode(&header, body, &Limits::default()).unwrap(),
             Err(e)
         );
+    }
+}
+
+#[cfg(test)]
+mod scan_tests {
+    use super::*;
+
+    fn split(frame: &[u8]) -> (FrameHeader, &[u8]) {
+        let header = FrameHeader::parse(frame[..HEADER_BYTES].try_into().unwrap());
+        header.verify_body(&frame[HEADER_BYTES..]).unwrap();
+        (header, &frame[HEADER_BYTES..])
+    }
+
+    #[test]
+    fn scan_request_round_trips_and_rejects_unknown_flags() {
+        for after in [None, Some(Coord::new(i32::MIN, 0, i32::MAX))] {
+            let req = Request::Scan {
+                ns: NamespaceName::new("default").unwrap(),
+                lo: Coord::new(-1, -2, -3),
+                hi: Coord::new(4, 5, 6),
+                limit: 1000,
+                count_only: after.is_some(),
+                after,
+            };
+            let mut out = Vec::new();
+            req.encode(3, &mut out);
+            let (header, body) = split(&out);
+            assert_eq!(
+                Request::decode(&header, body, &Limits::default()).unwrap(),
+                req
+            );
+        }
+        let req = Request::Scan {
+            ns: NamespaceName::new("default").unwrap(),
+            lo: Coord::new(0, 0, 0),
+            hi: Coord::new(0, 0, 0),
+            limit: 1,
+            count_only: false,
+            after: None,
+        };
+        let mut out = Vec::new();
+        req.encode(3, &mut out);
+        let flags_at = out.len() - 2;
+        out[flags_at] = 0x80;
+        let body = out[HEADER_BYTES..].to_vec();
+        let mut header = FrameHeader::parse(out[..HEADER_BYTES].try_into().unwrap());
+        header.body_crc32c = crc32c::crc32c(&body);
+        let err = Request::decode(&header, &body, &Limits::default()).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::MalformedFrame);
+    }
+
+    #[test]
+    fn streamed_page_is_byte_identical_to_encode() {
+        let cells = vec![
+            ScanCell {
+                coord: Coord::new(1, 2, 3),
+                value: b"abc".to_vec(),
+            },
+            ScanCell {
+                coord: Coord::new(-1, 0, 7),
+                value: Vec::new(),
+            },
+        ];
+        for resume_after in [None, Some(Coord::new(-1, 0, 7))] {
+            let response = Response::Scan {
+                result: ScanResult::Cells(cells.clone()),
+                resume_after,
+            };
+            let mut expected = Vec::new();
+            response.encode(77, &mut expected);
+            let mut streamed = vec![9u8; 5];
+            let mut encoder = ScanPageEncoder::begin(&mut streamed, 77);
+            for cell in &cells {
+                encoder.push(cell.coord, &cell.value);
+            }
+            let predicted = encoder.frame_bytes();
+            encoder.finish(resume_after);
+            assert_eq!(&streamed[5..], &expected[..]);
+            assert!(predicted >= expected.len());
+            let (header, body) = split(&expected);
+            assert_eq!(
+                Response::decode(&header, body, &Limits::default()).unwrap(),
+                Ok(response)
+            );
+        }
+    }
+
+    #[test]
+    fn oversized_or_lying_page_counts_are_refused_without_allocating() {
+        let mut out = Vec::new();
+        encode_frame(&mut out, Opcode::Scan as u16 | RESPONSE_BIT, 1, |b| {
+            b.push(STATUS_OK);
+            b.push(SCAN_KIND_CELLS);
+            put_u32(b, MAX_SCAN_PAGE_CELLS + 1);
+        });
+        let (header, body) = split(&out);
+        assert!(Response::decode(&header, body, &Limits::default()).is_err());
+        let mut out = Vec::new();
+        encode_frame(&mut out, Opcode::Scan as u16 | RESPONSE_BIT, 1, |b| {
+            b.push(STATUS_OK);
+            b.push(SCAN_KIND_CELLS);
+            put_u32(b, MAX_SCAN_PAGE_CELLS);
+            b.push(0);
+        });
+        let (header, body) = split(&out);
+        assert!(matches!(
+            Response::decode(&header, body, &Limits::default()),
+            Err(DecodeError::Truncated { .. })
+        ));
     }
 }

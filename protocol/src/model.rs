@@ -24,6 +24,58 @@ impl fmt::Display for Coord {
     }
 }
 
+/// An inclusive box of cells: every cell with `lo.x <= x <= hi.x` and the
+/// same for y and z. Constructed only through [`CellBox::new`], so
+/// `lo <= hi` on every axis always holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CellBox {
+    lo: Coord,
+    hi: Coord,
+}
+
+impl CellBox {
+    /// The box from corner `lo` to corner `hi`, both included. An axis with
+    /// `lo` above `hi` is an error that names the axis (an empty box is far
+    /// more often a mistake than a wish).
+    pub fn new(lo: Coord, hi: Coord) -> Result<CellBox, String> {
+        for (axis, low, high) in [("x", lo.x, hi.x), ("y", lo.y, hi.y), ("z", lo.z, hi.z)] {
+            if low > high {
+                return Err(format!(
+                    "bad box {lo} .. {hi}: {axis}0 = {low} is above {axis}1 = {high}; \
+                     give the low corner first"
+                ));
+            }
+        }
+        Ok(CellBox { lo, hi })
+    }
+
+    pub fn lo(&self) -> Coord {
+        self.lo
+    }
+
+    pub fn hi(&self) -> Coord {
+        self.hi
+    }
+
+    pub fn contains(&self, c: Coord) -> bool {
+        (self.lo.x..=self.hi.x).contains(&c.x)
+            && (self.lo.y..=self.hi.y).contains(&c.y)
+            && (self.lo.z..=self.hi.z).contains(&c.z)
+    }
+
+    /// The number of cells in the box (up to 2^96, hence `u128`).
+    pub fn volume(&self) -> u128 {
+        let side = |lo: i32, hi: i32| (i64::from(hi) - i64::from(lo) + 1) as u128;
+        side(self.lo.x, self.hi.x) * side(self.lo.y, self.hi.y) * side(self.lo.z, self.hi.z)
+    }
+}
+
+impl fmt::Display for CellBox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.lo, self.hi)
+    }
+}
+
 /// Parses `x,y,z` (spaces around the numbers are allowed).
 pub fn parse_coord(text: &str) -> Result<Coord, String> {
     let parts: Vec<&str> = text.split(',').map(str::trim).collect();
@@ -97,6 +149,21 @@ mod tests {
         assert!(parse_coord("1,2").unwrap_err().contains("three integers"));
         assert!(parse_coord("1,2,x").unwrap_err().contains("z = \"x\""));
         assert!(parse_coord("1,2,2147483648").is_err());
+    }
+
+    #[test]
+    fn boxes_check_their_corners() {
+        let b = CellBox::new(Coord::new(-1, 0, 5), Coord::new(1, 0, 9)).unwrap();
+        assert_eq!(b.volume(), 3 * 5);
+        assert!(b.contains(Coord::new(0, 0, 5)) && !b.contains(Coord::new(0, 1, 5)));
+        let err = CellBox::new(Coord::new(0, 2, 0), Coord::new(0, 1, 0)).unwrap_err();
+        assert!(err.contains("y0 = 2 is above y1 = 1"), "{err}");
+        let all = CellBox::new(
+            Coord::new(i32::MIN, i32::MIN, i32::MIN),
+            Coord::new(i32::MAX, i32::MAX, i32::MAX),
+        )
+        .unwrap();
+        assert_eq!(all.volume(), 1u128 << 96);
     }
 
     #[test]

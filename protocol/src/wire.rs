@@ -67,6 +67,15 @@ impl<'a> BodyReader<'a> {
         Ok(Coord::new(self.i32()?, self.i32()?, self.i32()?))
     }
 
+    /// A `bool`, then a coordinate only if it is 1.
+    pub(crate) fn optional_coord(&mut self) -> Result<Option<Coord>, DecodeError> {
+        Ok(if self.bool()? {
+            Some(self.coord()?)
+        } else {
+            None
+        })
+    }
+
     /// A `u16` length followed by UTF-8 text of at most `limit` bytes.
     pub(crate) fn short_string(
         &mut self,
@@ -142,6 +151,16 @@ pub(crate) fn put_coord(out: &mut Vec<u8>, c: Coord) {
     out.extend_from_slice(&c.x.to_le_bytes());
     out.extend_from_slice(&c.y.to_le_bytes());
     out.extend_from_slice(&c.z.to_le_bytes());
+}
+
+pub(crate) fn put_optional_coord(out: &mut Vec<u8>, c: Option<Coord>) {
+    match c {
+        None => out.push(0),
+        Some(c) => {
+            out.push(1);
+            put_coord(out, c);
+        }
+    }
 }
 
 /// A `u16` length and the text, cut at a character boundary to at most

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use cube_protocol::frame::{self, RESPONSE_BIT, read_frame};
 use cube_protocol::{
     Coord, DecodeError, ErrorCode, FrameHeader, HEADER_BYTES, Limits, MAX_STATS_ENTRIES,
-    NamespaceName, Opcode, PROTOCOL_VERSION, ProtocolError, Request, Response, ServerError,
-    StatsEntry, StatsValue,
+    NamespaceName, Opcode, PROTOCOL_VERSION, ProtocolError, Request, Response, ScanCell,
+    ScanResult, ServerError, StatsEntry, StatsValue,
 };
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -79,6 +79,33 @@ fn request() -> impl Strategy<Value = Request> {
         }),
         (namespace(), coord()).prop_map(|(ns, coord)| Request::Get { ns, coord }),
         (namespace(), coord()).prop_map(|(ns, coord)| Request::Del { ns, coord }),
+        (
+            namespace(),
+            coord(),
+            coord(),
+            any::<u32>(),
+            any::<bool>(),
+            proptest::option::of(coord())
+        )
+            .prop_map(|(ns, lo, hi, limit, count_only, after)| Request::Scan {
+                ns,
+                lo,
+                hi,
+                limit,
+                count_only,
+                after
+            }),
+    ]
+}
+
+fn scan_result() -> impl Strategy<Value = ScanResult> {
+    prop_oneof![
+        any::<u64>().prop_map(ScanResult::Count),
+        vec(
+            (coord(), value()).prop_map(|(coord, value)| ScanCell { coord, value }),
+            0..8
+        )
+        .prop_map(ScanResult::Cells),
     ]
 }
 
@@ -115,13 +142,19 @@ fn response() -> impl Strategy<Value = Response> {
         any::<u64>().prop_map(|lsn| Response::Put { lsn }),
         proptest::option::of(value()).prop_map(Response::Get),
         (any::<u64>(), any::<bool>()).prop_map(|(lsn, existed)| Response::Del { lsn, existed }),
+        (scan_result(), proptest::option::of(coord())).prop_map(|(result, resume_after)| {
+            Response::Scan {
+                result,
+                resume_after,
+            }
+        }),
     ]
 }
 
 fn error_code() -> impl Strategy<Value = u16> {
     prop_oneof![
         // Every known code...
-        (1u16..=16).prop_map(|c| ErrorCode::from_u16(c).unwrap() as u16),
+        (1u16..=17).prop_map(|c| ErrorCode::from_u16(c).unwrap() as u16),
         // ...and codes this build does not know, which must survive as raw numbers.
         any::<u16>(),
     ]
@@ -573,7 +606,7 @@ fn damaged_namespaces_are_bad_namespace() {
 
 #[test]
 fn unknown_opcodes_are_unknown_opcode() {
-    for raw in [0u16, 0x0004, 0x0013, 0x7fff, 0x8001, 0xffff] {
+    for raw in [0u16, 0x0004, 0x0014, 0x7fff, 0x8001, 0xffff] {
         let header = FrameHeader {
             body_len: 0,
             body_crc32c: 0,
@@ -851,7 +884,7 @@ fn every_error_code_round_trips() {
             assert_eq!(decoded.unwrap().unwrap_err().known_code(), Some(code));
         }
     }
-    assert_eq!(seen, 16);
+    assert_eq!(seen, 17);
 }
 
 #[test]

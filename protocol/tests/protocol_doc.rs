@@ -9,8 +9,9 @@ use std::collections::BTreeMap;
 
 use cube_protocol::frame::{self, RESPONSE_BIT};
 use cube_protocol::{
-    Coord, ErrorCode, FrameHeader, HEADER_BYTES, Limits, MAX_STATS_ENTRIES, NamespaceName, Opcode,
-    PROTOCOL_VERSION, Request, Response, ServerError, StatsEntry, StatsValue,
+    Coord, ErrorCode, FrameHeader, HEADER_BYTES, Limits, MAX_SCAN_PAGE_CELLS, MAX_STATS_ENTRIES,
+    NamespaceName, Opcode, PROTOCOL_VERSION, Request, Response, ScanCell, ScanResult, ServerError,
+    StatsEntry, StatsValue,
 };
 
 const DOC: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/protocol.md"));
@@ -75,6 +76,31 @@ fn ns_and_coord_fields() -> Vec<(usize, String)> {
         f(4, "y = -2 (i32)"),
         f(4, "z = 3 (i32)"),
     ]
+}
+
+fn scan_request_fields(limit: &str, flags: &str, after: Option<Coord>) -> Vec<(usize, String)> {
+    let mut fields = vec![
+        f(1, "namespace length = 7"),
+        f(7, "namespace = \"default\""),
+        f(4, "lo x = -1 (i32)"),
+        f(4, "lo y = 0"),
+        f(4, "lo z = 0"),
+        f(4, "hi x = 1"),
+        f(4, "hi y = 1"),
+        f(4, "hi z = 0"),
+        f(4, limit),
+        f(1, flags),
+    ];
+    match after {
+        None => fields.push(f(1, "has_after = 0 (start of the box; no cursor follows)")),
+        Some(c) => fields.extend([
+            f(1, "has_after = 1"),
+            f(4, format!("after x = {}", c.x)),
+            f(4, format!("after y = {}", c.y)),
+            f(4, format!("after z = {}", c.z)),
+        ]),
+    }
+    fields
 }
 
 fn examples() -> Vec<Example> {
@@ -222,6 +248,86 @@ fn examples() -> Vec<Example> {
                 f(1, "status = 0 (ok)"),
                 f(8, "lsn = 18 (u64)"),
                 f(1, "existed = 1"),
+            ],
+        ),
+        request(
+            "scan-request",
+            9,
+            Request::Scan {
+                ns: default_ns(),
+                lo: Coord::new(-1, 0, 0),
+                hi: Coord::new(1, 1, 0),
+                limit: 2,
+                count_only: false,
+                after: None,
+            },
+            scan_request_fields("limit = 2", "flags = 0 (return values)", None),
+        ),
+        response(
+            "scan-response",
+            9,
+            Response::Scan {
+                result: ScanResult::Cells(vec![
+                    ScanCell {
+                        coord: Coord::new(-1, 0, 0),
+                        value: b"a".to_vec(),
+                    },
+                    ScanCell {
+                        coord: Coord::new(-1, 1, 0),
+                        value: b"bc".to_vec(),
+                    },
+                ]),
+                resume_after: Some(Coord::new(-1, 1, 0)),
+            },
+            vec![
+                f(1, "status = 0 (ok)"),
+                f(1, "kind = 1 (cells)"),
+                f(4, "cell count = 2 (u32)"),
+                f(4, "x = -1"),
+                f(4, "y = 0"),
+                f(4, "z = 0"),
+                f(4, "value length = 1"),
+                f(1, "value = \"a\""),
+                f(4, "x = -1"),
+                f(4, "y = 1"),
+                f(4, "z = 0"),
+                f(4, "value length = 2"),
+                f(2, "value = \"bc\""),
+                f(1, "more = 1"),
+                f(4, "resume_after x = -1"),
+                f(4, "resume_after y = 1"),
+                f(4, "resume_after z = 0"),
+            ],
+        ),
+        request(
+            "scan-count-request",
+            10,
+            Request::Scan {
+                ns: default_ns(),
+                lo: Coord::new(-1, 0, 0),
+                hi: Coord::new(1, 1, 0),
+                limit: 2,
+                count_only: true,
+                after: Some(Coord::new(-1, 1, 0)),
+            },
+            scan_request_fields(
+                "limit = 2 (ignored when counting)",
+                "flags = 1 (count only)",
+                Some(Coord::new(-1, 1, 0)),
+            ),
+        ),
+        response(
+            "scan-count-response",
+            10,
+            Response::Scan {
+                result: ScanResult::Count(3),
+                resume_after: None,
+            },
+            vec![
+                f(1, "status = 0 (ok)"),
+                f(1, "kind = 0 (count)"),
+                f(8, "count = 3 (u64)"),
+                f(1, "more = 0 (the box is finished; no cursor follows)"),
             ],
         ),
         error(
@@ -431,6 +537,7 @@ fn stated_constants_match() {
         format!("`max_frame_bytes` | {}", limits.max_frame_bytes),
         format!("`max_value_bytes` | {}", limits.max_value_bytes),
         format!("stats entries | {MAX_STATS_ENTRIES}"),
+        format!("scan page cells | {MAX_SCAN_PAGE_CELLS}"),
         format!("header | {HEADER_BYTES}"),
         format!("protocol version | {PROTOCOL_VERSION}"),
     ];

@@ -15,10 +15,11 @@ use std::time::{Duration, Instant};
 
 use cube_protocol::frame::read_frame;
 use cube_protocol::{
-    ErrorCode, FrameHeader, HEADER_BYTES, PROTOCOL_VERSION, ProtocolError, Request, Response,
-    ServerError, StatsEntry, StatsValue,
+    CellBox, Coord, ErrorCode, FrameHeader, HEADER_BYTES, MAX_SCAN_PAGE_CELLS, NamespaceName,
+    PROTOCOL_VERSION, ProtocolError, Request, Response, ScanPageEncoder, ScanResult, ServerError,
+    StatsEntry, StatsValue,
 };
-use cube_store::{Mutation, WriteError, WriteErrorKind, WriteSession};
+use cube_store::{Mutation, ScanLimits, Visit, WriteError, WriteErrorKind, WriteSession};
 
 use crate::server::Shared;
 
@@ -108,7 +109,11 @@ impl Connection {
                     let error = ServerError::new(code, message);
                     // An opcode we do not know cannot be echoed as a
                     // response opcode; docs/protocol.md says 0x8000 alone.
-                    let opcode = if code == ErrorCode::UnknownOpcode { 0 } else { header.opcode };
+                    let opcode = if code == ErrorCode::UnknownOpcode {
+                        0
+                    } else {
+                        header.opcode
+                    };
                     if let Err(close) = self.send_error(opcode, header.request_id, &error) {
                         return close;
                     }
@@ -134,13 +139,24 @@ impl Connection {
                 let _ = self.send_error(header.opcode, header.request_id, &error);
                 return Close::Refused("shutting down".into());
             }
-            let result = self.handle(request);
-            self.out.clear();
-            match &result {
-                Ok(response) => response.encode(header.request_id, &mut self.out),
-                Err(error) => {
-                    Response::encode_error(header.opcode, header.request_id, error, &mut self.out)
-                }
+            let result = match request {
+                // Scan pages are encoded straight from the store into `out`.
+                Request::Scan {
+                    ns,
+                    lo,
+                    hi,
+                    limit,
+                    count_only,
+                    after,
+                } => self.scan(header.request_id, &ns, lo, hi, limit, count_only, after),
+                other => self.handle(other).map(|response| {
+                    self.out.clear();
+                    response.encode(header.request_id, &mut self.out);
+                }),
+            };
+            if let Err(error) = &result {
+                self.out.clear();
+                Response::encode_error(header.opcode, header.request_id, error, &mut self.out);
             }
             if let Err(e) = self.writer.write_all(&self.out) {
                 return Close::WriteFailed(e);
@@ -258,6 +274,75 @@ impl Connection {
                     existed: ack.existed,
                 })
             }
+            Request::Scan { .. } => Err(ServerError::new(
+                ErrorCode::Internal,
+                "scan reached the generic handler",
+            )),
+        }
+    }
+
+    /// One page of a region read, encoded into `self.out`. Served from the
+    /// in-memory store like `get`, never waiting on the writer; the store
+    /// bounds the page by cells and by keys examined, and the page stops
+    /// before it would outgrow the frame limit.
+    #[allow(clippy::too_many_arguments)]
+    fn scan(
+        &mut self,
+        request_id: u64,
+        ns: &NamespaceName,
+        lo: Coord,
+        hi: Coord,
+        limit: u32,
+        count_only: bool,
+        after: Option<Coord>,
+    ) -> Result<(), ServerError> {
+        let region = CellBox::new(lo, hi)
+            .map_err(|why| ServerError::new(ErrorCode::InvalidArgument, why))?;
+        if limit == 0 {
+            return Err(ServerError::new(
+                ErrorCode::InvalidArgument,
+                "scan limit is 0; ask for at least 1 cell per page",
+            ));
+        }
+        let mem = self.shared.engine.memstore();
+        self.out.clear();
+        if count_only {
+            let limits = ScanLimits {
+                max_cells: u64::MAX,
+                max_steps: ScanLimits::MAX_STEPS,
+            };
+            let outcome = mem
+                .count(ns, &region, after, limits)
+                .ok_or_else(|| no_such_namespace(ns))?;
+            Response::Scan {
+                result: ScanResult::Count(outcome.cells),
+                resume_after: outcome.resume_after,
+            }
+            .encode(request_id, &mut self.out);
+            return Ok(());
+        }
+        let limits = ScanLimits {
+            max_cells: u64::from(limit.min(MAX_SCAN_PAGE_CELLS)),
+            max_steps: ScanLimits::MAX_STEPS,
+        };
+        let max_frame = self.shared.args.limits().max_frame_bytes as usize;
+        let mut page = ScanPageEncoder::begin(&mut self.out, request_id);
+        let outcome = mem.scan(ns, &region, after, limits, |coord, value| {
+            // The first cell always goes in (a value fits a frame), so
+            // every page makes progress.
+            let bytes = page.frame_bytes() + ScanPageEncoder::cell_bytes(value.len());
+            if page.cells() > 0 && bytes > max_frame {
+                return Visit::Stop;
+            }
+            page.push(coord, value);
+            Visit::Take
+        });
+        match outcome {
+            Some(outcome) => {
+                page.finish(outcome.resume_after);
+                Ok(())
+            }
+            None => Err(no_such_namespace(ns)),
         }
     }
 

@@ -378,7 +378,9 @@ fn shutdown(shared: &Arc<Shared>) {
             report.checkpoint_lsn
         ),
         Ok(None) => {}
-        Err(e) => error!("final checkpoint failed (the WAL is kept; the next start replays it): {e}"),
+        Err(e) => {
+            error!("final checkpoint failed (the WAL is kept; the next start replays it): {e}")
+        }
     }
     let s = shared.engine.stats();
     info!(
@@ -464,10 +466,18 @@ impl Shared {
             count("checkpoint.delta_files", s.delta_files),
             text(
                 "checkpoint.last_failure",
-                s.last_checkpoint_failure.clone().unwrap_or_else(|| "none".into()),
+                s.last_checkpoint_failure
+                    .clone()
+                    .unwrap_or_else(|| "none".into()),
             ),
-            count("recovery.checkpoint_entries", self.engine.checkpoint_load().entries),
-            count("recovery.checkpoint_ms", self.engine.checkpoint_load().duration.as_millis() as u64),
+            count(
+                "recovery.checkpoint_entries",
+                self.engine.checkpoint_load().entries,
+            ),
+            count(
+                "recovery.checkpoint_ms",
+                self.engine.checkpoint_load().duration.as_millis() as u64,
+            ),
             count("recovery.records_replayed", r.records_replayed),
             count("recovery.ms", r.duration.as_millis() as u64),
             count(

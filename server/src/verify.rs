@@ -19,7 +19,10 @@ pub fn run(dir: &Path) -> i32 {
         "checkpoint  {} file(s), {} entries, up to LSN {}",
         report.checkpoint_files, report.checkpoint_entries, report.checkpoint_lsn
     );
-    println!("wal         {} segment(s), {} records", report.wal_segments, report.wal_records);
+    println!(
+        "wal         {} segment(s), {} records",
+        report.wal_segments, report.wal_records
+    );
     match report.cells {
         Some(cells) => println!("cells       {cells}"),
         None => println!("cells       (not counted: fix the problems first)"),
@@ -28,7 +31,12 @@ pub fn run(dir: &Path) -> i32 {
         println!("note        {note}");
     }
     for p in &report.problems {
-        println!("PROBLEM     {} at offset {}: {}", p.path.display(), p.offset, p.reason);
+        println!(
+            "PROBLEM     {} at offset {}: {}",
+            p.path.display(),
+            p.offset,
+            p.reason
+        );
     }
     if report.is_clean() {
         println!("OK: every checksum verified, no problems");

@@ -20,7 +20,13 @@ const DAEMON_ARGS: &[&str] = &[
 ];
 
 fn stat(c: &mut Client, name: &str) -> u64 {
-    match c.stats().unwrap().into_iter().find(|e| e.name == name).map(|e| e.value) {
+    match c
+        .stats()
+        .unwrap()
+        .into_iter()
+        .find(|e| e.name == name)
+        .map(|e| e.value)
+    {
         Some(StatsValue::Count(v)) => v,
         other => panic!("stat {name}: {other:?}"),
     }
@@ -37,7 +43,8 @@ fn durable_checkpoint_and_replay() {
     // Round 0 and 1 overwrite the same cells; deletes leave tombstones.
     for round in 0..2 {
         for i in 0..1500 {
-            c.put("default", Coord::new(i, -i, round as i32), &value(i, round)).unwrap();
+            c.put("default", Coord::new(i, -i, round as i32), &value(i, round))
+                .unwrap();
         }
     }
     for i in (0..1500).step_by(3) {
@@ -45,30 +52,45 @@ fn durable_checkpoint_and_replay() {
     }
     let deadline = Instant::now() + Duration::from_secs(30);
     while stat(&mut c, "checkpoint.count") < 1 || stat(&mut c, "checkpoint.compactions") < 1 {
-        assert!(Instant::now() < deadline, "no checkpoint and compaction within 30 s");
+        assert!(
+            Instant::now() < deadline,
+            "no checkpoint and compaction within 30 s"
+        );
         // Keep the writer rolling segments.
-        c.put("default", Coord::new(-1, -1, -1), &value(-1, 9)).unwrap();
+        c.put("default", Coord::new(-1, -1, -1), &value(-1, 9))
+            .unwrap();
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(stat(&mut c, "checkpoint.base_bytes") > 0);
     // More writes after the checkpoint: these live only in the WAL tail.
     for i in 0..300 {
-        c.put("default", Coord::new(i, -i, 7), &value(i, 7)).unwrap();
+        c.put("default", Coord::new(i, -i, 7), &value(i, 7))
+            .unwrap();
     }
     drop(c);
     daemon.kill9().unwrap();
 
     daemon.restart().unwrap();
     let mut c = daemon.client().unwrap();
-    assert!(stat(&mut c, "recovery.checkpoint_entries") > 0, "state came from checkpoint files");
+    assert!(
+        stat(&mut c, "recovery.checkpoint_entries") > 0,
+        "state came from checkpoint files"
+    );
     for i in 0..1500 {
         let round0 = c.get("default", Coord::new(i, -i, 0)).unwrap();
         let expected0 = (i % 3 != 0).then(|| value(i, 0));
         assert_eq!(round0, expected0, "cell {i} round 0");
-        assert_eq!(c.get("default", Coord::new(i, -i, 1)).unwrap(), Some(value(i, 1)));
+        assert_eq!(
+            c.get("default", Coord::new(i, -i, 1)).unwrap(),
+            Some(value(i, 1))
+        );
     }
     for i in 0..300 {
-        assert_eq!(c.get("default", Coord::new(i, -i, 7)).unwrap(), Some(value(i, 7)), "tail {i}");
+        assert_eq!(
+            c.get("default", Coord::new(i, -i, 7)).unwrap(),
+            Some(value(i, 7)),
+            "tail {i}"
+        );
     }
     let log = daemon.log_text();
     assert!(log.contains("entries from checkpoint files"), "{log}");
@@ -79,17 +101,29 @@ fn a_clean_shutdown_checkpoints_everything_and_damaged_checkpoints_are_refused()
     let mut daemon = LocalDaemon::start_fresh(&[]).unwrap();
     let mut c = daemon.client().unwrap();
     for i in 0..2000 {
-        c.put("default", Coord::new(i, 0, 0), format!("v{i}").as_bytes()).unwrap();
+        c.put("default", Coord::new(i, 0, 0), format!("v{i}").as_bytes())
+            .unwrap();
     }
     drop(c);
     assert!(daemon.terminate().unwrap().success());
-    assert!(daemon.log_text().contains("final checkpoint: folded 2000 records"));
+    assert!(
+        daemon
+            .log_text()
+            .contains("final checkpoint: folded 2000 records")
+    );
 
     daemon.restart().unwrap();
     let mut c = daemon.client().unwrap();
-    assert_eq!(stat(&mut c, "recovery.records_replayed"), 0, "nothing left to replay");
+    assert_eq!(
+        stat(&mut c, "recovery.records_replayed"),
+        0,
+        "nothing left to replay"
+    );
     assert_eq!(stat(&mut c, "recovery.checkpoint_entries"), 2000);
-    assert_eq!(c.get("default", Coord::new(1999, 0, 0)).unwrap().unwrap(), b"v1999");
+    assert_eq!(
+        c.get("default", Coord::new(1999, 0, 0)).unwrap().unwrap(),
+        b"v1999"
+    );
     drop(c);
     assert!(daemon.terminate().unwrap().success());
 
@@ -97,7 +131,12 @@ fn a_clean_shutdown_checkpoints_everything_and_damaged_checkpoints_are_refused()
     let delta = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("delta-"))
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("delta-")
+        })
         .expect("a delta file");
     let good = std::fs::read(&delta).unwrap();
     let start = |daemon: &LocalDaemon| {
@@ -116,7 +155,10 @@ fn a_clean_shutdown_checkpoints_everything_and_damaged_checkpoints_are_refused()
     let out = start(&daemon);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains(&delta.display().to_string()) && err.contains("offset"), "{err}");
+    assert!(
+        err.contains(&delta.display().to_string()) && err.contains("offset"),
+        "{err}"
+    );
     assert!(err.contains("checksum"), "{err}");
     // A truncated file.
     std::fs::write(&delta, &good[..good.len() - 10]).unwrap();
@@ -128,5 +170,8 @@ fn a_clean_shutdown_checkpoints_everything_and_damaged_checkpoints_are_refused()
     std::fs::write(&delta, &good).unwrap();
     daemon.restart().unwrap();
     let mut c = daemon.client().unwrap();
-    assert_eq!(c.get("default", Coord::new(7, 0, 0)).unwrap().unwrap(), b"v7");
+    assert_eq!(
+        c.get("default", Coord::new(7, 0, 0)).unwrap().unwrap(),
+        b"v7"
+    );
 }

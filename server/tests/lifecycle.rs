@@ -130,7 +130,10 @@ fn connections_over_the_cap_are_refused_with_a_clear_error() {
         if active == Some(cube_client::StatsValue::Count(1)) {
             break;
         }
-        assert!(Instant::now() < deadline, "the probe connection never closed");
+        assert!(
+            Instant::now() < deadline,
+            "the probe connection never closed"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     let _b = daemon.client().unwrap();

@@ -16,7 +16,13 @@ use cube_protocol::PROTOCOL_VERSION;
 use cube_protocol::frame::FrameHeader;
 
 fn stat(c: &mut Client, name: &str) -> u64 {
-    match c.stats().unwrap().into_iter().find(|e| e.name == name).map(|e| e.value) {
+    match c
+        .stats()
+        .unwrap()
+        .into_iter()
+        .find(|e| e.name == name)
+        .map(|e| e.value)
+    {
         Some(StatsValue::Count(v)) => v,
         other => panic!("{name}: {other:?}"),
     }
@@ -52,20 +58,32 @@ impl Bystander {
             while !s.load(Ordering::Relaxed) {
                 let started = Instant::now();
                 let v = format!("bystander {i}");
-                c.put("default", Coord::new(-9, -9, i), v.as_bytes()).unwrap();
-                assert_eq!(c.get("default", Coord::new(-9, -9, i)).unwrap().unwrap(), v.as_bytes());
+                c.put("default", Coord::new(-9, -9, i), v.as_bytes())
+                    .unwrap();
+                assert_eq!(
+                    c.get("default", Coord::new(-9, -9, i)).unwrap().unwrap(),
+                    v.as_bytes()
+                );
                 w.fetch_max(started.elapsed().as_micros() as u64, Ordering::Relaxed);
                 d.fetch_add(1, Ordering::Relaxed);
                 i += 1;
             }
         });
-        Bystander { stop, done, worst_us, thread }
+        Bystander {
+            stop,
+            done,
+            worst_us,
+            thread,
+        }
     }
 
     fn finish(self) -> (u64, u64) {
         self.stop.store(true, Ordering::Relaxed);
         self.thread.join().unwrap();
-        (self.done.load(Ordering::Relaxed), self.worst_us.load(Ordering::Relaxed))
+        (
+            self.done.load(Ordering::Relaxed),
+            self.worst_us.load(Ordering::Relaxed),
+        )
     }
 }
 
@@ -75,10 +93,18 @@ fn a_thousand_concurrent_connections_are_all_served() {
     let bystander = Bystander::start(&daemon);
     let mut clients: Vec<Client> = (0..1000).map(|_| daemon.client().unwrap()).collect();
     for (i, c) in clients.iter_mut().enumerate() {
-        c.put("default", Coord::new(i as i32, 0, 0), &(i as u32).to_le_bytes()).unwrap();
+        c.put(
+            "default",
+            Coord::new(i as i32, 0, 0),
+            &(i as u32).to_le_bytes(),
+        )
+        .unwrap();
     }
     for (i, c) in clients.iter_mut().enumerate().rev() {
-        let v = c.get("default", Coord::new(i as i32, 0, 0)).unwrap().unwrap();
+        let v = c
+            .get("default", Coord::new(i as i32, 0, 0))
+            .unwrap()
+            .unwrap();
         assert_eq!(v, (i as u32).to_le_bytes());
     }
     assert!(stat(&mut clients[0], "connections.active") >= 1001);
@@ -114,7 +140,10 @@ fn connect_disconnect_churn_leaves_nothing_behind() {
     let mut c = daemon.client().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while stat(&mut c, "connections.active") > 1 {
-        assert!(Instant::now() < deadline, "connection threads leaked after churn");
+        assert!(
+            Instant::now() < deadline,
+            "connection threads leaked after churn"
+        );
         thread::sleep(Duration::from_millis(20));
     }
     assert!(stat(&mut c, "connections.accepted") >= 2000);
@@ -132,10 +161,17 @@ fn a_client_that_never_reads_is_cut_off_and_memory_stays_bounded() {
     // Pipeline thousands of gets of a 256 KiB value and never read.
     let mut hog = UnixStream::connect(daemon.socket()).unwrap();
     let mut out = Vec::new();
-    Request::Hello { client_version: PROTOCOL_VERSION, client_name: "hog".into() }.encode(1, &mut out);
+    Request::Hello {
+        client_version: PROTOCOL_VERSION,
+        client_name: "hog".into(),
+    }
+    .encode(1, &mut out);
     for id in 2..4000u64 {
-        Request::Get { ns: cube_protocol::NamespaceName::new("default").unwrap(), coord: Coord::new(1, 1, 1) }
-            .encode(id, &mut out);
+        Request::Get {
+            ns: cube_protocol::NamespaceName::new("default").unwrap(),
+            coord: Coord::new(1, 1, 1),
+        }
+        .encode(id, &mut out);
     }
     hog.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
     let started = Instant::now();
@@ -156,7 +192,10 @@ fn a_client_that_never_reads_is_cut_off_and_memory_stays_bounded() {
         }
     }
     assert!(started.elapsed() < Duration::from_secs(20));
-    assert!(drained < 4000 * 256 * 1024, "the daemon stopped answering a client that would not read");
+    assert!(
+        drained < 4000 * 256 * 1024,
+        "the daemon stopped answering a client that would not read"
+    );
     let rss_after = rss_kib(daemon.pid());
     let (done, worst_us) = bystander.finish();
     assert!(done > 0, "the bystander was starved");
@@ -190,7 +229,9 @@ fn bad_frames_at_volume_are_refused_and_others_are_unharmed() {
                     let junk: Vec<u8> = if (i + w) % 2 == 0 {
                         oversized.to_vec()
                     } else {
-                        (0..512u32).map(|b| (b.wrapping_mul(2_654_435_761) >> (i % 24)) as u8).collect()
+                        (0..512u32)
+                            .map(|b| (b.wrapping_mul(2_654_435_761) >> (i % 24)) as u8)
+                            .collect()
                     };
                     let _ = s.write_all(&junk);
                     let mut sink = Vec::new();

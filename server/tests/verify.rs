@@ -18,7 +18,11 @@ fn verify(dir: &Path) -> Output {
 }
 
 fn text(out: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
 
 #[test]
@@ -26,12 +30,22 @@ fn verify_passes_clean_dirs_and_reports_planted_corruption() {
     let mut daemon = LocalDaemon::start_fresh(&[]).unwrap();
     let mut c = daemon.client().unwrap();
     for i in 0..300 {
-        c.put("default", Coord::new(i, 1, 2), format!("value-{i:03}").as_bytes()).unwrap();
+        c.put(
+            "default",
+            Coord::new(i, 1, 2),
+            format!("value-{i:03}").as_bytes(),
+        )
+        .unwrap();
     }
     c.del("default", Coord::new(0, 1, 2)).unwrap();
 
     let out = verify(daemon.data_dir());
-    assert_eq!(out.status.code(), Some(1), "a running daemon's dir is refused: {}", text(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a running daemon's dir is refused: {}",
+        text(&out)
+    );
     assert!(text(&out).contains("locked"), "{}", text(&out));
 
     drop(c);
@@ -45,7 +59,8 @@ fn verify_passes_clean_dirs_and_reports_planted_corruption() {
     daemon.restart().unwrap();
     let mut c = daemon.client().unwrap();
     for i in 0..100 {
-        c.put("default", Coord::new(i, 9, 9), b"in the log only").unwrap();
+        c.put("default", Coord::new(i, 9, 9), b"in the log only")
+            .unwrap();
     }
     drop(c);
     daemon.kill9().unwrap();
@@ -76,7 +91,13 @@ fn verify_passes_clean_dirs_and_reports_planted_corruption() {
     let out = verify(daemon.data_dir());
     let report = text(&out);
     assert_eq!(out.status.code(), Some(1), "{report}");
-    assert!(report.contains(&format!("PROBLEM     {}", segment.display())), "{report}");
-    assert!(report.contains(&format!("PROBLEM     {}", delta.display())), "{report}");
+    assert!(
+        report.contains(&format!("PROBLEM     {}", segment.display())),
+        "{report}"
+    );
+    assert!(
+        report.contains(&format!("PROBLEM     {}", delta.display())),
+        "{report}"
+    );
     assert!(report.contains("FAILED: 2 problem(s)"), "{report}");
 }

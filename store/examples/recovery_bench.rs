@@ -26,9 +26,16 @@ fn fill(engine: &Arc<Engine>, first: u64, count: u64) {
                 for i in 0..per_thread {
                     let n = first + t * per_thread + i;
                     // A dense cube, 64 bytes per value.
-                    let coord = Coord::new((n % 256) as i32, (n / 256 % 256) as i32, (n / 65536) as i32);
+                    let coord =
+                        Coord::new((n % 256) as i32, (n / 256 % 256) as i32, (n / 65536) as i32);
                     let value = vec![(n % 251) as u8; 64];
-                    session.write(Mutation::Put { ns: ns.clone(), coord, value }).unwrap();
+                    session
+                        .write(Mutation::Put {
+                            ns: ns.clone(),
+                            coord,
+                            value,
+                        })
+                        .unwrap();
                 }
             })
         })
@@ -45,7 +52,10 @@ fn config(dir: &std::path::Path) -> EngineConfig {
 }
 
 fn main() {
-    let args: Vec<u64> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let args: Vec<u64> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
     let cells = args.first().copied().unwrap_or(10_000_000);
     let wal_records = args.get(1).copied().unwrap_or(2_000_000);
     let tmp = tempfile::tempdir().unwrap();
@@ -54,7 +64,10 @@ fn main() {
     let started = Instant::now();
     let engine = Arc::new(Engine::open(config(&dir)).unwrap());
     fill(&engine, 0, cells);
-    eprintln!("wrote {cells} cells in {:.1} s", started.elapsed().as_secs_f64());
+    eprintln!(
+        "wrote {cells} cells in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
     let report = engine.compact().unwrap();
     eprintln!("checkpoint + compaction: {report:?}");
     engine.shutdown().unwrap();

@@ -27,7 +27,11 @@ impl DataDir {
     /// Creates the directory tree if needed and takes the exclusive lock.
     pub fn open(storage: &dyn Storage, root: &Path) -> Result<DataDir, StoreError> {
         create_dir_durably(storage, root)?;
-        let lock = if storage.is_real() { Some(lock_data_dir(root)?) } else { None };
+        let lock = if storage.is_real() {
+            Some(lock_data_dir(root)?)
+        } else {
+            None
+        };
         let dir = DataDir {
             root: root.to_path_buf(),
             _lock: lock,
@@ -83,7 +87,9 @@ pub(crate) fn lock_data_dir(root: &Path) -> Result<File, StoreError> {
 
 /// Creates `dir` (and parents) and fsyncs its parent so the new entry survives a crash.
 fn create_dir_durably(storage: &dyn Storage, dir: &Path) -> Result<(), StoreError> {
-    storage.create_dir_all(dir).map_err(|e| StoreError::io(dir, e))?;
+    storage
+        .create_dir_all(dir)
+        .map_err(|e| StoreError::io(dir, e))?;
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
         sync_dir(storage, parent)?;
     }
@@ -103,7 +109,9 @@ mod tests {
     fn second_open_is_refused_with_the_holder_pid() {
         let tmp = tempfile::tempdir().unwrap();
         let _first = DataDir::open(&crate::storage::RealDisk, tmp.path()).unwrap();
-        let err = DataDir::open(&crate::storage::RealDisk, tmp.path()).err().unwrap();
+        let err = DataDir::open(&crate::storage::RealDisk, tmp.path())
+            .err()
+            .unwrap();
         let text = err.to_string();
         assert!(text.contains("locked by another cubed"), "{text}");
         assert!(text.contains(&std::process::id().to_string()), "{text}");

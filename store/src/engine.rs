@@ -127,15 +127,28 @@ impl Engine {
             duration: load_started.elapsed(),
         };
 
-        let recovery = recover(storage.as_ref(), &wal_dir, checkpoints.checkpoint_lsn(), &config.recovery, |_lsn, mutation| {
-            applier.push(mutation)
-        })?;
+        let recovery = recover(
+            storage.as_ref(),
+            &wal_dir,
+            checkpoints.checkpoint_lsn(),
+            &config.recovery,
+            |_lsn, mutation| applier.push(mutation),
+        )?;
         applier.flush();
 
         let segment = match &recovery.tail {
-            Some(tail) => WalSegment::open_for_append(storage.as_ref(), &tail.path, tail.first_lsn, tail.len_bytes)?,
+            Some(tail) => WalSegment::open_for_append(
+                storage.as_ref(),
+                &tail.path,
+                tail.first_lsn,
+                tail.len_bytes,
+            )?,
             None => WalSegment::create(
-                storage.as_ref(),&wal_dir, recovery.next_lsn, config.group_commit.segment_bytes)?,
+                storage.as_ref(),
+                &wal_dir,
+                recovery.next_lsn,
+                config.group_commit.segment_bytes,
+            )?,
         };
         let stats = Arc::new(StoreStats::default());
         stats.last_lsn.store(recovery.next_lsn - 1, Relaxed);
@@ -150,11 +163,12 @@ impl Engine {
             config.group_commit.clone(),
         )
         .map_err(|e| StoreError::io(&wal_dir, e))?;
-        let roller = writer
-            .roller()
-            .ok_or_else(|| StoreError::WritesDisabled("the writer stopped while starting".into()))?;
-        let checkpointer = Checkpointer::start(checkpoints, roller, wal_dir.clone(), Arc::clone(&stats))
-            .map_err(|e| StoreError::io(&wal_dir, e))?;
+        let roller = writer.roller().ok_or_else(|| {
+            StoreError::WritesDisabled("the writer stopped while starting".into())
+        })?;
+        let checkpointer =
+            Checkpointer::start(checkpoints, roller, wal_dir.clone(), Arc::clone(&stats))
+                .map_err(|e| StoreError::io(&wal_dir, e))?;
         Ok(Engine {
             storage,
             data_dir,
@@ -206,14 +220,15 @@ impl Engine {
 
     pub fn stats(&self) -> StoreStatsSnapshot {
         let mut snapshot = self.stats.snapshot();
-        snapshot.wal_disk_bytes = list_segments(self.storage.as_ref(), &self.data_dir.wal_dir(), false)
-            .map(|segments| {
-                segments
-                    .iter()
-                    .map(|(_, path)| self.storage.file_len(path).unwrap_or(0))
-                    .sum()
-            })
-            .unwrap_or(0);
+        snapshot.wal_disk_bytes =
+            list_segments(self.storage.as_ref(), &self.data_dir.wal_dir(), false)
+                .map(|segments| {
+                    segments
+                        .iter()
+                        .map(|(_, path)| self.storage.file_len(path).unwrap_or(0))
+                        .sum()
+                })
+                .unwrap_or(0);
         snapshot
     }
 

@@ -181,8 +181,11 @@ impl GroupCommit {
     ) -> io::Result<GroupCommit> {
         assert!(config.max_group_records > 0 && config.queue_capacity > 0);
         let (tx, rx) = bounded(config.queue_capacity);
-        let preallocator =
-            SegmentPreallocator::start(Arc::clone(&storage), wal_dir.clone(), config.segment_bytes)?;
+        let preallocator = SegmentPreallocator::start(
+            Arc::clone(&storage),
+            wal_dir.clone(),
+            config.segment_bytes,
+        )?;
         let writer = Writer {
             storage,
             wal_dir,
@@ -352,7 +355,11 @@ impl Writer {
     /// Syncs the current segment and installs the prepared next one.
     fn roll_segment(&mut self, first_lsn: u64) -> Result<(), (WriteErrorKind, String)> {
         let failure = |what: String, e: &dyn std::fmt::Display, full: bool| {
-            let kind = if full { WriteErrorKind::DiskFull } else { WriteErrorKind::StorageIo };
+            let kind = if full {
+                WriteErrorKind::DiskFull
+            } else {
+                WriteErrorKind::StorageIo
+            };
             (kind, format!("{what}: {e}"))
         };
         self.segment.sync().map_err(|e| {
@@ -362,9 +369,7 @@ impl Writer {
                 e.kind() == io::ErrorKind::StorageFull,
             )
         })?;
-        let is_full = |e: &crate::StoreError| {
-            matches!(e, crate::StoreError::Io { source, .. } if source.kind() == io::ErrorKind::StorageFull)
-        };
+        let is_full = |e: &crate::StoreError| matches!(e, crate::StoreError::Io { source, .. } if source.kind() == io::ErrorKind::StorageFull);
         let prepared = self
             .preallocator
             .take()

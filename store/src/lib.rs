@@ -17,27 +17,30 @@
 //! File formats are specified byte by byte in `docs/storage-format.md`.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+mod cells;
 pub mod checkpoint;
-mod curve;
+pub mod curve;
 mod data_dir;
 mod error;
 mod group_commit;
 mod memstore;
 mod mutation;
-mod stats;
+mod scan;
 pub mod sim_disk;
+mod stats;
 pub mod storage;
 pub mod verify;
 pub mod wal;
 
-pub use curve::{morton_decode, morton_key};
+pub use curve::{Curve, hilbert_decode, hilbert_key, morton_decode, morton_key};
 pub use data_dir::{DataDir, sync_dir};
-pub use storage::{OpenMode, RealDisk, Storage, StorageFile};
 pub use error::{StoreError, WriteError, WriteErrorKind};
 pub use group_commit::{GroupCommit, GroupCommitConfig, SyncPolicy, WriteAck, WriteSession};
-pub use memstore::MemStore;
+pub use memstore::{APPLY_SLICE_RECORDS, MemStore, SCAN_SLICE_STEPS};
 pub use mutation::Mutation;
+pub use scan::{ScanLimits, ScanOutcome, Visit};
 pub use stats::{StoreStats, StoreStatsSnapshot};
+pub use storage::{OpenMode, RealDisk, Storage, StorageFile};
 pub use wal::{RecoveryOptions, RecoveryReport};
 
 mod engine;

@@ -1,28 +1,52 @@
 //! The in-memory store that readers are served from.
 //!
-//! Per namespace, cells live in a `BTreeMap` keyed by their Morton key, so
-//! region reads become range scans. Only the writer thread mutates it, and
-//! only with groups that are already durable; readers take a shared lock
-//! and never wait on the log.
+//! Per namespace, cells live in a [`CellMap`] (sorted runs: an immutable
+//! sorted array plus a small delta, merged in the background) keyed by
+//! their key along the namespace's space-filling [`Curve`], so region reads
+//! become range scans ([`MemStore::scan`]). Only the writer thread mutates it, and only with
+//! groups that are already durable; readers take a shared lock and never
+//! wait on the log.
+//!
+//! Nobody holds a namespace's lock for long: the writer applies a group in
+//! slices of [`APPLY_SLICE_RECORDS`], and a scan reads in slices of
+//! [`SCAN_SLICE_STEPS`], releasing the lock in between. A reader therefore
+//! waits at most one slice (tens of microseconds), whatever the group or
+//! the box. The structure was chosen by measurement; see
+//! `docs/benchmarks.md` ("In-memory store and curves").
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use cube_protocol::{Coord, NamespaceName};
+use cube_protocol::{CellBox, Coord, NamespaceName};
 
-use crate::curve::morton_key;
+use crate::cells::{CellMap, Compactor};
+use crate::curve::Curve;
 use crate::mutation::Mutation;
+use crate::scan::{ChunkEnd, ScanLimits, ScanOutcome, ScanState, Visit, start_key};
 
-type Cells = BTreeMap<u128, Arc<[u8]>>;
+/// The writer applies at most this many mutations per hold of a
+/// namespace's write lock (a group can be 4096): about 40 us of inserts, so
+/// a reader waits at most that long (measured: `docs/benchmarks.md`).
+pub const APPLY_SLICE_RECORDS: usize = 256;
+
+/// A scan examines at most this many stored keys per hold of a read lock,
+/// then lets a waiting writer in and carries on from where it was.
+pub const SCAN_SLICE_STEPS: u64 = 4096;
+
+type Cells = CellMap;
 
 #[derive(Default)]
 struct NamespaceCells {
+    /// Fixed at creation: every key in `cells` is along this curve.
+    curve: Curve,
     cells: RwLock<Cells>,
 }
 
 /// Cells of every namespace. Cheap to share: clone the `Arc`.
 pub struct MemStore {
     namespaces: RwLock<HashMap<NamespaceName, Arc<NamespaceCells>>>,
+    /// Merges namespaces' frozen deltas into their sorted bases.
+    compactor: Compactor,
 }
 
 /// A poisoned lock means a thread panicked while holding it; the data under
@@ -42,6 +66,7 @@ impl MemStore {
     pub fn new() -> MemStore {
         let store = MemStore {
             namespaces: RwLock::new(HashMap::new()),
+            compactor: Compactor::start(),
         };
         if let Ok(default) = NamespaceName::new("default") {
             write(&store.namespaces).insert(default, Arc::default());
@@ -57,17 +82,85 @@ impl MemStore {
         read(&self.namespaces).contains_key(ns)
     }
 
+    /// Creates an empty namespace whose cells are ordered along `curve`.
+    /// Returns `false` (and changes nothing) if it already exists.
+    pub fn create_namespace(&self, ns: &NamespaceName, curve: Curve) -> bool {
+        let mut namespaces = write(&self.namespaces);
+        if namespaces.contains_key(ns) {
+            return false;
+        }
+        namespaces.insert(
+            ns.clone(),
+            Arc::new(NamespaceCells {
+                curve,
+                cells: RwLock::default(),
+            }),
+        );
+        true
+    }
+
+    /// The curve a namespace was created with.
+    pub fn curve(&self, ns: &NamespaceName) -> Option<Curve> {
+        Some(self.namespace(ns)?.curve)
+    }
+
+    /// Reads the cells of `region` in curve order, starting strictly after
+    /// the position `after` (a cursor from an earlier page) or at the start.
+    /// `visit` is called for each stored cell inside the box, under the
+    /// namespace's read lock, so it must be quick (copy the value out; do
+    /// no I/O). Stops at `limits` and returns a cursor. `None` means no such
+    /// namespace.
+    ///
+    /// Not a snapshot: a scan concurrent with writes sees each cell either
+    /// before or after each write to it, never a torn value, and never a
+    /// write that is not durable (the writer applies only synced groups).
+    pub fn scan(
+        &self,
+        ns: &NamespaceName,
+        region: &CellBox,
+        after: Option<Coord>,
+        limits: ScanLimits,
+        mut visit: impl FnMut(Coord, &[u8]) -> Visit,
+    ) -> Option<ScanOutcome> {
+        let space = self.namespace(ns)?;
+        let curve = space.curve;
+        Some(scan_space(
+            &space,
+            region,
+            after,
+            limits,
+            &mut |key, value: &Arc<[u8]>| visit(curve.decode(key), value),
+        ))
+    }
+
+    /// Counts the cells of `region` (after `after`), like [`MemStore::scan`]
+    /// but without decoding or copying anything: time is proportional to
+    /// the stored cells met, never to the box's volume.
+    pub fn count(
+        &self,
+        ns: &NamespaceName,
+        region: &CellBox,
+        after: Option<Coord>,
+        limits: ScanLimits,
+    ) -> Option<ScanOutcome> {
+        let space = self.namespace(ns)?;
+        Some(scan_space(&space, region, after, limits, &mut |_, _| {
+            Visit::Take
+        }))
+    }
+
     /// `None` for a missing namespace, `Some(None)` for a missing cell.
     pub fn get(&self, ns: &NamespaceName, coord: Coord) -> Option<Option<Arc<[u8]>>> {
         let space = self.namespace(ns)?;
-        let value = read(&space.cells).get(&morton_key(coord)).cloned();
+        let value = read(&space.cells).get(&space.curve.key(coord)).cloned();
         Some(value)
     }
 
     /// Applies a durable group in order; `existed` gets, per mutation,
     /// whether the cell existed before it. Called only by the writer (and
-    /// recovery). Each run of same-namespace mutations takes that
-    /// namespace's write lock once, so readers wait at most one run.
+    /// recovery). A run of same-namespace mutations takes that namespace's
+    /// write lock once per [`APPLY_SLICE_RECORDS`], so readers wait at most
+    /// one slice, not a whole group.
     pub fn apply_group(&self, group: &[&Mutation], existed: &mut Vec<bool>) {
         existed.clear();
         let mut start = 0;
@@ -80,10 +173,13 @@ impl MemStore {
                     .count();
             match self.namespace(ns) {
                 Some(space) => {
-                    let mut cells = write(&space.cells);
-                    for mutation in &group[start..end] {
-                        existed.push(apply_one(&mut cells, mutation));
+                    for slice in group[start..end].chunks(APPLY_SLICE_RECORDS) {
+                        let mut cells = write(&space.cells);
+                        for mutation in slice {
+                            existed.push(apply_one(&mut cells, space.curve, mutation));
+                        }
                     }
+                    self.compactor.after_write(&space, |space| &space.cells);
                 }
                 // The writer checks namespaces before logging; recovery only
                 // sees records that passed that check.
@@ -115,12 +211,49 @@ impl Default for MemStore {
     }
 }
 
-fn apply_one(cells: &mut Cells, mutation: &Mutation) -> bool {
+fn apply_one(cells: &mut Cells, curve: Curve, mutation: &Mutation) -> bool {
     match mutation {
         Mutation::Put { coord, value, .. } => cells
-            .insert(morton_key(*coord), Arc::from(value.as_slice()))
+            .insert(curve.key(*coord), Arc::from(value.as_slice()))
             .is_some(),
-        Mutation::Del { coord, .. } => cells.remove(&morton_key(*coord)).is_some(),
+        Mutation::Del { coord, .. } => cells.remove(&curve.key(*coord)).is_some(),
+    }
+}
+
+/// One page of a scan: slices of at most [`SCAN_SLICE_STEPS`] under the
+/// read lock, until the box, the page or the step budget ends.
+fn scan_space(
+    space: &NamespaceCells,
+    region: &CellBox,
+    after: Option<Coord>,
+    limits: ScanLimits,
+    visit: &mut impl FnMut(u128, &Arc<[u8]>) -> Visit,
+) -> ScanOutcome {
+    let Some(from) = start_key(space.curve, after) else {
+        return ScanOutcome::default();
+    };
+    let max_steps = limits.max_steps.max(1);
+    let mut state = ScanState::new(space.curve, region, from);
+    loop {
+        let steps = (max_steps - state.outcome.visited).min(SCAN_SLICE_STEPS);
+        let end = {
+            let cells = read(&space.cells);
+            state.chunk(
+                |key| cells.range(key),
+                steps,
+                limits.max_cells.max(1),
+                visit,
+            )
+        };
+        let resume_after = match end {
+            ChunkEnd::Done => return state.outcome,
+            ChunkEnd::Stopped(key) => key,
+            ChunkEnd::Paused(key) if state.outcome.visited >= max_steps => key,
+            ChunkEnd::Paused(_) => continue,
+        };
+        let mut outcome = state.outcome;
+        outcome.resume_after = Some(space.curve.decode(resume_after));
+        return outcome;
     }
 }
 

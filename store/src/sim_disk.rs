@@ -50,7 +50,9 @@ fn mix(mut x: u64) -> u64 {
 }
 
 fn hash_str(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 fn decide(seed: u64, what: &[u64]) -> u64 {
@@ -113,7 +115,10 @@ fn eio(what: &str) -> io::Error {
 }
 
 fn not_found(path: &Path) -> io::Error {
-    io::Error::new(io::ErrorKind::NotFound, format!("{}: no such file (simulated disk)", path.display()))
+    io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("{}: no such file (simulated disk)", path.display()),
+    )
 }
 
 fn split(path: &Path) -> io::Result<(PathBuf, String)> {
@@ -136,7 +141,10 @@ impl SimDisk {
     }
 
     fn state(&self) -> MutexGuard<'_, SimState> {
-        self.shared.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn plan(&self) -> FaultPlan {
@@ -184,13 +192,19 @@ impl SimDisk {
                 },
             );
         }
-        let linked: BTreeSet<u64> = image.dirs.values().flat_map(|d| d.current.values().copied()).collect();
+        let linked: BTreeSet<u64> = image
+            .dirs
+            .values()
+            .flat_map(|d| d.current.values().copied())
+            .collect();
         for inode_id in linked {
-            let Some(inode) = old.inodes.get(&inode_id) else { continue };
+            let Some(inode) = old.inodes.get(&inode_id) else {
+                continue;
+            };
             let name_hash = hash_str(old.names.get(&inode_id).map_or("", String::as_str));
             let mut bytes = inode.durable.clone();
             for sector in &inode.dirty {
-                if decide(seed, &[crash_no, name_hash, *sector, 2]) % 2 == 0 {
+                if decide(seed, &[crash_no, name_hash, *sector, 2]).is_multiple_of(2) {
                     continue; // this sector never reached the disk
                 }
                 let from = (sector * SECTOR_BYTES) as usize;
@@ -251,10 +265,19 @@ impl Storage for SimDisk {
         let mut guard = self.state();
         let state = &mut *guard;
         alive(state)?;
-        let existing = state.dirs.get(&dir_path).ok_or_else(|| not_found(&dir_path))?.current.get(&name).copied();
+        let existing = state
+            .dirs
+            .get(&dir_path)
+            .ok_or_else(|| not_found(&dir_path))?
+            .current
+            .get(&name)
+            .copied();
         let inode = match (mode, existing) {
             (OpenMode::CreateNew, Some(_)) => {
-                return Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("{} exists", path.display())));
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("{} exists", path.display()),
+                ));
             }
             (OpenMode::Existing | OpenMode::ReadOnly, None) => return Err(not_found(path)),
             (OpenMode::Existing | OpenMode::ReadOnly, Some(inode)) => inode,
@@ -294,7 +317,11 @@ impl Storage for SimDisk {
             .get(&dir_path)
             .and_then(|d| d.current.get(&name))
             .ok_or_else(|| not_found(path))?;
-        Ok(state.inodes.get(inode).map(|n| n.current.clone()).unwrap_or_default())
+        Ok(state
+            .inodes
+            .get(inode)
+            .map(|n| n.current.clone())
+            .unwrap_or_default())
     }
 
     fn file_len(&self, path: &Path) -> io::Result<u64> {
@@ -304,7 +331,14 @@ impl Storage for SimDisk {
     fn list_dir(&self, dir: &Path) -> io::Result<Vec<String>> {
         let state = self.state();
         alive(&state)?;
-        Ok(state.dirs.get(dir).ok_or_else(|| not_found(dir))?.current.keys().cloned().collect())
+        Ok(state
+            .dirs
+            .get(dir)
+            .ok_or_else(|| not_found(dir))?
+            .current
+            .keys()
+            .cloned()
+            .collect())
     }
 
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
@@ -323,12 +357,21 @@ impl Storage for SimDisk {
         let (dir_path, from_name) = split(from)?;
         let (to_dir, to_name) = split(to)?;
         if dir_path != to_dir {
-            return Err(io::Error::new(io::ErrorKind::Unsupported, "renames across directories are not simulated"));
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "renames across directories are not simulated",
+            ));
         }
         let mut state = self.state();
         alive(&state)?;
-        let dir = state.dirs.get_mut(&dir_path).ok_or_else(|| not_found(&dir_path))?;
-        let inode = dir.current.remove(&from_name).ok_or_else(|| not_found(from))?;
+        let dir = state
+            .dirs
+            .get_mut(&dir_path)
+            .ok_or_else(|| not_found(&dir_path))?;
+        let inode = dir
+            .current
+            .remove(&from_name)
+            .ok_or_else(|| not_found(from))?;
         dir.current.insert(to_name.clone(), inode);
         dir.pending.push(DirOp::Rename(from_name, to_name.clone()));
         state.names.insert(inode, to_name);
@@ -339,7 +382,10 @@ impl Storage for SimDisk {
         let (dir_path, name) = split(path)?;
         let mut state = self.state();
         alive(&state)?;
-        let dir = state.dirs.get_mut(&dir_path).ok_or_else(|| not_found(&dir_path))?;
+        let dir = state
+            .dirs
+            .get_mut(&dir_path)
+            .ok_or_else(|| not_found(&dir_path))?;
         dir.current.remove(&name).ok_or_else(|| not_found(path))?;
         dir.pending.push(DirOp::Unlink(name));
         Ok(())
@@ -417,7 +463,10 @@ impl StorageFile for SimFile {
     fn read_exact_at(&self, bytes: &mut [u8], offset: u64) -> io::Result<()> {
         let state = self.disk.state();
         alive(&state)?;
-        let node = state.inodes.get(&self.inode).ok_or_else(|| eio("read of a vanished file"))?;
+        let node = state
+            .inodes
+            .get(&self.inode)
+            .ok_or_else(|| eio("read of a vanished file"))?;
         let end = offset as usize + bytes.len();
         if end > node.current.len() {
             return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
@@ -472,7 +521,10 @@ impl StorageFile for SimFile {
     fn len(&self) -> io::Result<u64> {
         let state = self.disk.state();
         alive(&state)?;
-        Ok(state.inodes.get(&self.inode).map_or(0, |n| n.current.len() as u64))
+        Ok(state
+            .inodes
+            .get(&self.inode)
+            .map_or(0, |n| n.current.len() as u64))
     }
 }
 
@@ -482,7 +534,10 @@ mod tests {
 
     #[test]
     fn unsynced_writes_and_unsynced_renames_can_be_lost() {
-        let disk = SimDisk::new(FaultPlan { seed: 1, ..FaultPlan::default() });
+        let disk = SimDisk::new(FaultPlan {
+            seed: 1,
+            ..FaultPlan::default()
+        });
         let dir = Path::new("/d");
         disk.create_dir_all(dir).unwrap();
         let mut f = disk.open(&dir.join("a"), OpenMode::CreateNew).unwrap();
@@ -497,7 +552,10 @@ mod tests {
         // Without a directory sync, a new file may vanish.
         let mut vanished = 0;
         for seed in 0..32 {
-            let disk = SimDisk::new(FaultPlan { seed, ..FaultPlan::default() });
+            let disk = SimDisk::new(FaultPlan {
+                seed,
+                ..FaultPlan::default()
+            });
             disk.create_dir_all(dir).unwrap();
             let mut f = disk.open(&dir.join("b"), OpenMode::CreateNew).unwrap();
             f.write_all_at(b"data", 0).unwrap();
@@ -513,14 +571,22 @@ mod tests {
         let dir = Path::new("/d");
         let seed = (0..10_000)
             .find(|seed| {
-                let disk = SimDisk::new(FaultPlan { seed: *seed, sync_eio_ppm: 500_000, ..FaultPlan::default() });
+                let disk = SimDisk::new(FaultPlan {
+                    seed: *seed,
+                    sync_eio_ppm: 500_000,
+                    ..FaultPlan::default()
+                });
                 disk.create_dir_all(dir).unwrap();
                 let mut f = disk.open(&dir.join("f"), OpenMode::CreateNew).unwrap();
                 f.write_all_at(b"x", 0).unwrap();
                 f.sync_data().is_err() && f.sync_data().is_ok()
             })
             .unwrap();
-        let disk = SimDisk::new(FaultPlan { seed, sync_eio_ppm: 500_000, ..FaultPlan::default() });
+        let disk = SimDisk::new(FaultPlan {
+            seed,
+            sync_eio_ppm: 500_000,
+            ..FaultPlan::default()
+        });
         disk.create_dir_all(dir).unwrap();
         disk.sync_dir(dir).ok();
         let mut f = disk.open(&dir.join("f"), OpenMode::CreateNew).unwrap();
@@ -531,7 +597,13 @@ mod tests {
         f.read_exact_at(&mut read, 0).unwrap();
         assert_eq!(&read, b"x", "the cache still shows the data");
         // ...but it never reached the disk.
-        let node_durable = disk.state().inodes.values().map(|n| n.durable.clone()).next().unwrap();
+        let node_durable = disk
+            .state()
+            .inodes
+            .values()
+            .map(|n| n.durable.clone())
+            .next()
+            .unwrap();
         assert!(node_durable.iter().all(|b| *b == 0));
     }
 }

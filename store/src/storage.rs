@@ -28,6 +28,8 @@ pub enum OpenMode {
     ReadOnly,
 }
 
+// `len` is a file's size, not a collection's: `is_empty` would mean nothing.
+#[allow(clippy::len_without_is_empty)]
 pub trait StorageFile: Send + fmt::Debug {
     fn write_all_at(&mut self, bytes: &[u8], offset: u64) -> io::Result<()>;
     fn read_exact_at(&self, bytes: &mut [u8], offset: u64) -> io::Result<()>;

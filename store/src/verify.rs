@@ -50,7 +50,15 @@ impl VerifyReport {
 
 fn problem(e: StoreError) -> Problem {
     match e {
-        StoreError::Corruption { path, offset, reason } => Problem { path, offset, reason },
+        StoreError::Corruption {
+            path,
+            offset,
+            reason,
+        } => Problem {
+            path,
+            offset,
+            reason,
+        },
         StoreError::Io { path, source } => Problem {
             path,
             offset: 0,
@@ -68,7 +76,10 @@ fn problem(e: StoreError) -> Problem {
 /// (missing directory, or a daemon holds the lock).
 pub fn verify_data_dir(root: &Path) -> Result<VerifyReport, StoreError> {
     if !root.is_dir() {
-        return Err(StoreError::io(root, io::Error::new(io::ErrorKind::NotFound, "no such data directory")));
+        return Err(StoreError::io(
+            root,
+            io::Error::new(io::ErrorKind::NotFound, "no such data directory"),
+        ));
     }
     let _lock = lock_data_dir(root)?;
     let disk = RealDisk;
@@ -121,7 +132,15 @@ pub fn verify_data_dir(root: &Path) -> Result<VerifyReport, StoreError> {
             }
         };
         let mut counts = empty_recovery_report();
-        match replay_segment(&bytes, *first_lsn, expected, is_last, 0, &mut |_, _| {}, &mut counts) {
+        match replay_segment(
+            &bytes,
+            *first_lsn,
+            expected,
+            is_last,
+            0,
+            &mut |_, _| {},
+            &mut counts,
+        ) {
             Ok(SegmentEnd::Clean { next_lsn, .. }) => expected = Some(next_lsn),
             Ok(SegmentEnd::TornAt { offset, next_lsn }) => {
                 report.notes.push(format!(
@@ -174,7 +193,13 @@ fn count_cells(root: &Path) -> Result<u64, StoreError> {
     )?;
     checkpoints.load(|m| mem.apply_group(&[&m], &mut existed))?;
     let apply = |_lsn: u64, m: Mutation| mem.apply_group(&[&m], &mut Vec::new());
-    recover(dry.as_ref(), &root.join("wal"), checkpoints.checkpoint_lsn(), &RecoveryOptions::default(), apply)?;
+    recover(
+        dry.as_ref(),
+        &root.join("wal"),
+        checkpoints.checkpoint_lsn(),
+        &RecoveryOptions::default(),
+        apply,
+    )?;
     Ok(mem.cell_count())
 }
 
@@ -219,7 +244,9 @@ impl StorageFile for DryRunFile {
 
 impl Storage for DryRunDisk {
     fn open(&self, path: &Path, _mode: OpenMode) -> io::Result<Box<dyn StorageFile>> {
-        Ok(Box::new(DryRunFile(RealDisk.open(path, OpenMode::ReadOnly)?)))
+        Ok(Box::new(DryRunFile(
+            RealDisk.open(path, OpenMode::ReadOnly)?,
+        )))
     }
     fn read_file(&self, path: &Path) -> io::Result<Vec<u8>> {
         RealDisk.read_file(path)

@@ -78,7 +78,11 @@ fn run(ops: &[Op]) {
                 engine
                     .session()
                     .unwrap()
-                    .write(Mutation::Put { ns: ns(), coord: coord(*k), value: value.clone() })
+                    .write(Mutation::Put {
+                        ns: ns(),
+                        coord: coord(*k),
+                        value: value.clone(),
+                    })
                     .unwrap();
                 model.insert(*k, value);
             }
@@ -86,7 +90,10 @@ fn run(ops: &[Op]) {
                 let ack = engine
                     .session()
                     .unwrap()
-                    .write(Mutation::Del { ns: ns(), coord: coord(*k) })
+                    .write(Mutation::Del {
+                        ns: ns(),
+                        coord: coord(*k),
+                    })
                     .unwrap();
                 assert_eq!(ack.existed, model.remove(k).is_some(), "{context}");
             }
@@ -100,7 +107,11 @@ fn run(ops: &[Op]) {
                 engine.shutdown().unwrap();
                 drop(engine);
                 engine = Engine::open(config(&dir, None)).unwrap();
-                assert_eq!(engine.recovery_report().records_replayed, 0, "a clean restart replays nothing");
+                assert_eq!(
+                    engine.recovery_report().records_replayed,
+                    0,
+                    "a clean restart replays nothing"
+                );
             }
             Op::Crash => {
                 engine.close_without_checkpoint();

@@ -114,11 +114,24 @@ fn simulate(seed: u64) {
         if roll < 70 && !latched {
             let k = rng.below(KEYS);
             let (mutation, value) = if rng.below(4) == 0 {
-                (Mutation::Del { ns: ns(), coord: coord(k) }, None)
+                (
+                    Mutation::Del {
+                        ns: ns(),
+                        coord: coord(k),
+                    },
+                    None,
+                )
             } else {
                 let len = rng.below(300) as usize;
                 let v = vec![(seed as u8).wrapping_add(step as u8); len];
-                (Mutation::Put { ns: ns(), coord: coord(k), value: v.clone() }, Some(v))
+                (
+                    Mutation::Put {
+                        ns: ns(),
+                        coord: coord(k),
+                        value: v.clone(),
+                    },
+                    Some(v),
+                )
             };
             match engine.session().unwrap().write(mutation) {
                 Ok(_) => {
@@ -130,7 +143,12 @@ fn simulate(seed: u64) {
                 }
                 Err(e) => {
                     assert!(
-                        matches!(e.kind, WriteErrorKind::StorageIo | WriteErrorKind::DiskFull | WriteErrorKind::WritesDisabled),
+                        matches!(
+                            e.kind,
+                            WriteErrorKind::StorageIo
+                                | WriteErrorKind::DiskFull
+                                | WriteErrorKind::WritesDisabled
+                        ),
                         "seed {seed} step {step}: unexpected write error {e:?}"
                     );
                     if e.kind != WriteErrorKind::WritesDisabled {
@@ -156,7 +174,10 @@ fn simulate(seed: u64) {
     let crashed = disk.crash();
     engine.close_without_checkpoint();
     drop(engine);
-    disk = crashed.with_plan(FaultPlan { seed, ..FaultPlan::default() });
+    disk = crashed.with_plan(FaultPlan {
+        seed,
+        ..FaultPlan::default()
+    });
     let engine = open(&mut disk, seed, STEPS);
     verify(&engine, &mut model, seed, STEPS);
     engine.close_without_checkpoint();
@@ -164,7 +185,10 @@ fn simulate(seed: u64) {
 
 #[test]
 fn random_operations_faults_and_power_loss_never_lose_acknowledged_writes() {
-    let seeds: Vec<u64> = match (std::env::var("CUBE_SIM_SEED"), std::env::var("CUBE_SIM_SEEDS")) {
+    let seeds: Vec<u64> = match (
+        std::env::var("CUBE_SIM_SEED"),
+        std::env::var("CUBE_SIM_SEEDS"),
+    ) {
         (Ok(one), _) => vec![one.parse().unwrap()],
         (_, Ok(n)) => (1..=n.parse::<u64>().unwrap()).collect(),
         _ => (1..=CI_SEEDS).collect(),

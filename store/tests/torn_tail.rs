@@ -108,7 +108,11 @@ fn every_cut_in_the_last_records_recovers_the_acknowledged_prefix() {
         let mut whole = ends.iter().filter(|end| **end <= cut).count() as i32;
         // A record whose missing bytes were zeros anyway is whole again once
         // the zeros of preallocated space stand in for them.
-        if !truncate && full[cut as usize..ends[whole as usize] as usize].iter().all(|b| *b == 0) {
+        if !truncate
+            && full[cut as usize..ends[whole as usize] as usize]
+                .iter()
+                .all(|b| *b == 0)
+        {
             whole += 1;
         }
         let report = engine.recovery_report();

@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use clap::{ArgGroup, Args, Parser, Subcommand};
 use cube_client::{
-    Client, ClientError, Coord, DEFAULT_SOCKET_PATH, ErrorCode, NamespaceName, StatsEntry,
-    StatsValue, base64, json, parse_coord,
+    CellBox, Client, ClientError, Coord, DEFAULT_SOCKET_PATH, ErrorCode, MAX_SCAN_PAGE_CELLS,
+    NamespaceName, StatsEntry, StatsValue, base64, json, parse_coord,
 };
 
 const EXIT_NOT_FOUND: u8 = 1;
@@ -33,6 +33,7 @@ Examples:
   cubec ping
   cubec put default 1,-2,3 'hello'
   cubec get default 1,-2,3 > value.bin
+  cubec scan default -10,-10,0 10,10,0
   cubec --json stats";
 
 #[derive(Debug, Parser)]
@@ -98,9 +99,59 @@ Example:
   cubec del default 1,2,3")]
     Del(CellArgs),
 
+    /// Print the cells inside a box, in the namespace's curve order
+    #[command(after_help = "\
+The box is every cell with X0 <= x <= X1, Y0 <= y <= Y1 and Z0 <= z <= Z1
+(both corners included). Output is one line per cell: `x,y,z<TAB>value`,
+where the value's bytes are printed as text with `\\`, tab, newline, carriage
+return, other control bytes and invalid UTF-8 written as `\\\\`, `\\t`, `\\n`,
+`\\r` and `\\xNN`. With --json, one JSON object per line with the exact bytes in
+base64. Cells come a page at a time, so any box is fine, even all of space;
+--count counts without transferring values. An empty box prints nothing
+and exits 0.
+
+Examples:
+  cubec scan default -10,-10,0 10,10,0
+  cubec scan default 0,0,0 99,99,99 --limit 10
+  cubec scan default -2147483648,-2147483648,-2147483648 2147483647,2147483647,2147483647 --count
+  cubec --json scan default 0,0,0 3,3,3")]
+    Scan(ScanArgs),
+
     /// Show the server's counters and gauges
     #[command(after_help = "Examples:\n  cubec stats\n  cubec --json stats")]
     Stats,
+}
+
+#[derive(Debug, Args)]
+struct ScanArgs {
+    /// Namespace: 1 to 64 of a-z, 0-9, '_' and '-' (a fresh server has `default`)
+    #[arg(value_parser = parse_namespace_arg, value_name = "NS")]
+    ns: NamespaceName,
+
+    /// The box's low corner, e.g. -10,-10,0
+    #[arg(value_parser = parse_coord, allow_hyphen_values = true, value_name = "X0,Y0,Z0")]
+    lo: Coord,
+
+    /// The box's high corner, e.g. 10,10,0
+    #[arg(value_parser = parse_coord, allow_hyphen_values = true, value_name = "X1,Y1,Z1")]
+    hi: Coord,
+
+    /// Print at most N cells; if the box holds more, say on stderr how to continue
+    #[arg(long, value_name = "N")]
+    limit: Option<u64>,
+
+    /// Print only the number of cells in the box
+    #[arg(long, conflicts_with_all = ["limit", "after"])]
+    count: bool,
+
+    /// Start strictly after this cell (the position printed when --limit stopped early)
+    #[arg(long, value_parser = parse_coord, allow_hyphen_values = true, value_name = "X,Y,Z")]
+    after: Option<Coord>,
+
+    /// Cells fetched per request (at most 65536)
+    #[arg(long, value_name = "N", default_value_t = 4096,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_SCAN_PAGE_CELLS)))]
+    page_size: u32,
 }
 
 #[derive(Debug, Args)]
@@ -191,6 +242,7 @@ fn next_step(error: &ClientError) -> Option<&'static str> {
                 "retry shortly, or raise cubed's limits"
             }
             Some(ErrorCode::DiskFull) => "free space on cubed's data volume, then retry",
+            Some(ErrorCode::InvalidArgument) => "see `cubec help <command>`",
             _ => "check cubed's log for details",
         },
     })
@@ -215,6 +267,7 @@ fn run(cli: &Cli) -> Result<u8, Failure> {
         Command::Put(args) => put(&mut client, args, cli.json, &mut stdout),
         Command::Get(args) => get(&mut client, args, cli.json, &mut stdout),
         Command::Del(args) => del(&mut client, args, cli.json, &mut stdout),
+        Command::Scan(args) => scan(&mut client, args, cli.json, &mut stdout),
         Command::Stats => stats(&mut client, cli.json, &mut stdout),
     };
     let code = outcome?;
@@ -381,6 +434,102 @@ fn del(
     Ok(if existed { 0 } else { EXIT_NOT_FOUND })
 }
 
+fn scan(
+    client: &mut Client,
+    args: &ScanArgs,
+    as_json: bool,
+    out: &mut impl Write,
+) -> Result<u8, Failure> {
+    let region = CellBox::new(args.lo, args.hi)
+        .map_err(|why| Failure::usage(format!("{why}; see `cubec help scan`")))?;
+    if args.count {
+        let count = client.scan_count(args.ns.as_str(), &region)?;
+        let line = if as_json {
+            format!(
+                "{{\"ns\":{},\"lo\":{},\"hi\":{},\"count\":{count}}}",
+                json::string(args.ns.as_str()),
+                coord_json(args.lo),
+                coord_json(args.hi)
+            )
+        } else {
+            count.to_string()
+        };
+        emit_line(out, &line)?;
+        return Ok(0);
+    }
+    let limit = args.limit.unwrap_or(u64::MAX);
+    let mut printed = 0u64;
+    let mut after = args.after;
+    let mut line = Vec::with_capacity(256);
+    while printed < limit {
+        let want = (limit - printed).min(u64::from(args.page_size)) as u32;
+        let page = client.scan_page(args.ns.as_str(), &region, want, after)?;
+        for cell in &page.cells {
+            line.clear();
+            if as_json {
+                line.extend_from_slice(scan_cell_json(cell.coord, &cell.value).as_bytes());
+            } else {
+                line.extend_from_slice(format!("{}\t", cell.coord).as_bytes());
+                escape_value(&cell.value, &mut line);
+            }
+            line.push(b'\n');
+            emit(out, &line)?;
+            printed += 1;
+        }
+        match page.resume_after {
+            None => return Ok(0),
+            Some(next) => after = Some(next),
+        }
+    }
+    if let Some(position) = after {
+        eprintln!(
+            "cubec: stopped after {printed} cells (--limit); the box may hold more: \
+             continue with --after {position}"
+        );
+    }
+    Ok(0)
+}
+
+fn coord_json(c: Coord) -> String {
+    format!("[{},{},{}]", c.x, c.y, c.z)
+}
+
+fn scan_cell_json(coord: Coord, value: &[u8]) -> String {
+    format!(
+        "{{\"coord\":{},\"value\":{},\"value_base64\":{}}}",
+        coord_json(coord),
+        json::string_or_null(std::str::from_utf8(value).ok()),
+        json::string(&base64::encode(value))
+    )
+}
+
+/// Appends `value` as one line of text: valid UTF-8 as is, except that the
+/// backslash, tab, newline, carriage return and other control bytes, and
+/// bytes that are not UTF-8, become escapes, so every cell stays one line
+/// and nothing is lost.
+fn escape_value(value: &[u8], out: &mut Vec<u8>) {
+    for chunk in value.utf8_chunks() {
+        for ch in chunk.valid().chars() {
+            match ch {
+                '\\' => out.extend_from_slice(b"\\\\"),
+                '\t' => out.extend_from_slice(b"\\t"),
+                '\n' => out.extend_from_slice(b"\\n"),
+                '\r' => out.extend_from_slice(b"\\r"),
+                c if c.is_control() && c.is_ascii() => {
+                    out.extend_from_slice(format!("\\x{:02x}", c as u32).as_bytes());
+                }
+                c => {
+                    let mut buf = [0u8; 4];
+                    out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+                }
+            }
+        }
+        for byte in chunk.invalid() {
+            out.extend_from_slice(format!("\\x{byte:02x}").as_bytes());
+        }
+    }
+}
+
 fn stats(client: &mut Client, as_json: bool, out: &mut impl Write) -> Result<u8, Failure> {
     let entries = client.stats()?;
     let text = if as_json {
@@ -532,7 +681,7 @@ mod tests {
         assert!(help.contains("Exit codes"), "{help}");
         assert!(help.contains("4  cannot connect"), "{help}");
         let mut cmd = Cli::command();
-        for sub in ["ping", "put", "get", "del", "stats"] {
+        for sub in ["ping", "put", "get", "del", "scan", "stats"] {
             let help = cmd
                 .find_subcommand_mut(sub)
                 .unwrap()
@@ -540,6 +689,41 @@ mod tests {
                 .to_string();
             assert!(help.contains("cubec "), "{sub} help has no example: {help}");
         }
+    }
+
+    #[test]
+    fn scan_arguments_parse_with_negative_corners() {
+        let cli = parse(&["scan", "default", "-1,-2,-3", "4,5,6", "--limit", "7"]).unwrap();
+        let Command::Scan(args) = cli.command else {
+            panic!("not scan")
+        };
+        assert_eq!(
+            (args.lo, args.hi),
+            (Coord::new(-1, -2, -3), Coord::new(4, 5, 6))
+        );
+        assert_eq!(args.limit, Some(7));
+        assert!(!args.count);
+        let err = parse(&[
+            "scan", "default", "0,0,0", "1,1,1", "--count", "--limit", "3",
+        ])
+        .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ArgumentConflict);
+        let err = parse(&["scan", "default", "0,0,0", "1,1,1", "--page-size", "0"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ValueValidation);
+    }
+
+    #[test]
+    fn scan_values_are_escaped_to_one_line() {
+        let mut out = Vec::new();
+        escape_value(b"a\tb\nc\\d\x01\xffz\xc3\xa9", &mut out);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "a\\tb\\nc\\\\d\\x01\\xffz\u{e9}"
+        );
+        assert_eq!(
+            scan_cell_json(Coord::new(1, -2, 3), b"hi"),
+            "{\"coord\":[1,-2,3],\"value\":\"hi\",\"value_base64\":\"aGk=\"}"
+        );
     }
 
     #[test]

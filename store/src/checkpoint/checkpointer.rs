@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::thread::{self, JoinHandle};
 
-
 use crossbeam_channel::{RecvTimeoutError, Sender, bounded};
 
 use super::{CheckpointReport, CheckpointStore};
@@ -53,7 +52,10 @@ impl Checkpointer {
                                     })
                                 })
                                 .and_then(|mut report| {
-                                    if compact && report.compaction.is_none() && store.delta_count() > 0 {
+                                    if compact
+                                        && report.compaction.is_none()
+                                        && store.delta_count() > 0
+                                    {
                                         report.compaction = Some(store.compact()?);
                                     }
                                     Ok(report)
@@ -104,17 +106,27 @@ impl Checkpointer {
 }
 
 /// Updates the stats after a checkpoint attempt.
-pub(crate) fn record(stats: &StoreStats, store: &CheckpointStore, result: &Result<CheckpointReport, StoreError>) {
+pub(crate) fn record(
+    stats: &StoreStats,
+    store: &CheckpointStore,
+    result: &Result<CheckpointReport, StoreError>,
+) {
     match result {
         Ok(report) => {
             if report.segments_folded > 0 {
                 stats.checkpoints.fetch_add(1, Relaxed);
-                stats.last_checkpoint_us.store(report.duration.as_micros() as u64, Relaxed);
-                stats.last_checkpoint_bytes.store(report.delta_bytes, Relaxed);
+                stats
+                    .last_checkpoint_us
+                    .store(report.duration.as_micros() as u64, Relaxed);
+                stats
+                    .last_checkpoint_bytes
+                    .store(report.delta_bytes, Relaxed);
             }
             if let Some(c) = &report.compaction {
                 stats.compactions.fetch_add(1, Relaxed);
-                stats.last_compaction_us.store(c.duration.as_micros() as u64, Relaxed);
+                stats
+                    .last_compaction_us
+                    .store(c.duration.as_micros() as u64, Relaxed);
                 stats.last_compaction_bytes.store(c.base_bytes, Relaxed);
             }
         }

@@ -88,7 +88,9 @@ impl FileHeader {
         }
         let version = LittleEndian::read_u32(&h[8..12]);
         if version != VERSION {
-            return Err(format!("checkpoint format version {version} is not supported (this build reads {VERSION})"));
+            return Err(format!(
+                "checkpoint format version {version} is not supported (this build reads {VERSION})"
+            ));
         }
         let kind = match h[12] {
             1 => FileKind::Base,
@@ -159,13 +161,15 @@ impl<'a> CheckpointWriter<'a> {
             self.last_key.as_deref().is_none_or(|last| last < key),
             "checkpoint entries must be strictly increasing by key"
         );
-        self.block.extend_from_slice(&(key.len() as u16).to_le_bytes());
+        self.block
+            .extend_from_slice(&(key.len() as u16).to_le_bytes());
         self.block.extend_from_slice(key);
         match value {
             None => self.block.push(0),
             Some(v) => {
                 self.block.push(1);
-                self.block.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                self.block
+                    .extend_from_slice(&(v.len() as u32).to_le_bytes());
                 self.block.extend_from_slice(v);
             }
         }
@@ -181,7 +185,10 @@ impl<'a> CheckpointWriter<'a> {
         if self.block.is_empty() {
             return Ok(());
         }
-        assert!(self.block.len() <= MAX_BLOCK_BYTES, "one entry is far below the block cap");
+        assert!(
+            self.block.len() <= MAX_BLOCK_BYTES,
+            "one entry is far below the block cap"
+        );
         let crc = crc32c::crc32c(&self.block);
         let mut head = [0u8; 8];
         LittleEndian::write_u32(&mut head[0..4], self.block.len() as u32);
@@ -234,6 +241,9 @@ impl<'a> CheckpointWriter<'a> {
     }
 }
 
+/// A state entry as stored: key, and value or tombstone.
+pub(crate) type Entry = (Vec<u8>, Option<Vec<u8>>);
+
 /// Streams the entries of a checkpoint file, verifying as it goes; the
 /// header and footer are verified when it opens.
 pub(crate) struct CheckpointReader {
@@ -266,7 +276,12 @@ impl CheckpointReader {
             .map_err(|e| StoreError::io(path, e))?;
         let len = file.len().map_err(|e| StoreError::io(path, e))?;
         if len < (HEADER_BYTES + FOOTER_BYTES) as u64 {
-            return Err(corrupt(0, format!("checkpoint file of {len} bytes is too short to hold a header and a footer")));
+            return Err(corrupt(
+                0,
+                format!(
+                    "checkpoint file of {len} bytes is too short to hold a header and a footer"
+                ),
+            ));
         }
         let mut header_bytes = [0u8; HEADER_BYTES];
         file.read_exact_at(&mut header_bytes, 0)
@@ -276,14 +291,22 @@ impl CheckpointReader {
         let mut footer = [0u8; FOOTER_BYTES];
         file.read_exact_at(&mut footer, footer_at)
             .map_err(|e| StoreError::io(path, e))?;
-        if &footer[0..8] != FOOTER_MAGIC || LittleEndian::read_u32(&footer[36..40]) != crc32c::crc32c(&footer[0..36]) {
-            return Err(corrupt(footer_at, "checkpoint footer is missing or damaged (a truncated file?)".into()));
+        if &footer[0..8] != FOOTER_MAGIC
+            || LittleEndian::read_u32(&footer[36..40]) != crc32c::crc32c(&footer[0..36])
+        {
+            return Err(corrupt(
+                footer_at,
+                "checkpoint footer is missing or damaged (a truncated file?)".into(),
+            ));
         }
         let blocks_bytes = LittleEndian::read_u64(&footer[24..32]);
         if blocks_bytes != footer_at - HEADER_BYTES as u64 {
             return Err(corrupt(
                 footer_at,
-                format!("footer says {blocks_bytes} bytes of blocks, the file holds {}", footer_at - HEADER_BYTES as u64),
+                format!(
+                    "footer says {blocks_bytes} bytes of blocks, the file holds {}",
+                    footer_at - HEADER_BYTES as u64
+                ),
             ));
         }
         Ok(CheckpointReader {
@@ -315,7 +338,10 @@ impl CheckpointReader {
 
     fn next_block(&mut self) -> Result<bool, StoreError> {
         if self.offset >= self.blocks_end {
-            if self.entries != self.footer_entries || self.blocks != self.footer_blocks || self.blocks_crc != self.footer_blocks_crc {
+            if self.entries != self.footer_entries
+                || self.blocks != self.footer_blocks
+                || self.blocks_crc != self.footer_blocks_crc
+            {
                 return Err(self.corrupt(
                     self.blocks_end,
                     format!(
@@ -345,7 +371,10 @@ impl CheckpointReader {
             .map_err(|e| StoreError::io(&self.path, e))?;
         let computed = crc32c::crc32c(&self.block);
         if computed != stored {
-            return Err(self.corrupt(at, format!("block checksum mismatch (stored {stored:08x}, computed {computed:08x})")));
+            return Err(self.corrupt(
+                at,
+                format!("block checksum mismatch (stored {stored:08x}, computed {computed:08x})"),
+            ));
         }
         self.blocks += 1;
         self.blocks_crc = crc32c::crc32c_append(self.blocks_crc, &stored.to_le_bytes());
@@ -356,7 +385,7 @@ impl CheckpointReader {
 
     /// The next entry, or `None` at the end (after the footer's counts and
     /// block checksums are confirmed).
-    pub(crate) fn next_entry(&mut self) -> Result<Option<(Vec<u8>, Option<Vec<u8>>)>, StoreError> {
+    pub(crate) fn next_entry(&mut self) -> Result<Option<Entry>, StoreError> {
         if self.done {
             return Ok(None);
         }
@@ -367,7 +396,9 @@ impl CheckpointReader {
             }
         }
         let block_start = self.offset - self.block.len() as u64;
-        let bad = |reader: &CheckpointReader| reader.corrupt(block_start, "entry runs past the end of its block");
+        let bad = |reader: &CheckpointReader| {
+            reader.corrupt(block_start, "entry runs past the end of its block")
+        };
         let b = &self.block[self.block_pos..];
         if b.len() < 2 {
             return Err(bad(self));
@@ -396,7 +427,11 @@ impl CheckpointReader {
             }
             other => return Err(self.corrupt(block_start, format!("unknown entry op {other}"))),
         };
-        if self.last_key.as_deref().is_some_and(|last| last >= key.as_slice()) {
+        if self
+            .last_key
+            .as_deref()
+            .is_some_and(|last| last >= key.as_slice())
+        {
             return Err(self.corrupt(block_start, "entries are not in increasing key order"));
         }
         self.last_key = Some(key.clone());
@@ -413,7 +448,12 @@ mod tests {
     use std::fs;
 
     fn write_sample(path: &Path, n: u32) -> u64 {
-        let header = FileHeader { kind: FileKind::Delta, file_id: 7, lsn_from: 3, lsn_to: 99 };
+        let header = FileHeader {
+            kind: FileKind::Delta,
+            file_id: 7,
+            lsn_from: 3,
+            lsn_to: 99,
+        };
         let mut w = CheckpointWriter::create(&RealDisk, path, header).unwrap();
         for i in 0..n {
             let key = format!("key-{i:08}");
@@ -423,7 +463,7 @@ mod tests {
         w.finish().unwrap()
     }
 
-    fn read_all(path: &Path) -> Result<Vec<(Vec<u8>, Option<Vec<u8>>)>, StoreError> {
+    fn read_all(path: &Path) -> Result<Vec<Entry>, StoreError> {
         let mut r = CheckpointReader::open(&RealDisk, path)?;
         let mut out = Vec::new();
         while let Some(e) = r.next_entry()? {
@@ -452,12 +492,27 @@ mod tests {
         let path = tmp.path().join("delta.ckpt");
         write_sample(&path, 3000);
         let good = fs::read(&path).unwrap();
-        for cut in [good.len() - 1, good.len() - 41, good.len() / 2, HEADER_BYTES + 3, 10] {
+        for cut in [
+            good.len() - 1,
+            good.len() - 41,
+            good.len() / 2,
+            HEADER_BYTES + 3,
+            10,
+        ] {
             fs::write(&path, &good[..cut]).unwrap();
-            let err = read_all(&path).err().expect("a cut file is refused").to_string();
+            let err = read_all(&path)
+                .expect_err("a cut file is refused")
+                .to_string();
             assert!(err.contains("offset"), "{err}");
         }
-        for at in [5, HEADER_BYTES + 2, HEADER_BYTES + 100, good.len() / 2, good.len() - 45, good.len() - 3] {
+        for at in [
+            5,
+            HEADER_BYTES + 2,
+            HEADER_BYTES + 100,
+            good.len() / 2,
+            good.len() - 45,
+            good.len() - 3,
+        ] {
             let mut bad = good.clone();
             bad[at] ^= 0x04;
             fs::write(&path, &bad).unwrap();

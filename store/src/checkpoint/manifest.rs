@@ -58,12 +58,19 @@ impl Manifest {
         self.base_file_id
             .map(|id| dir.join(base_file_name(id)))
             .into_iter()
-            .chain(self.delta_file_ids.iter().map(|id| dir.join(delta_file_name(*id))))
+            .chain(
+                self.delta_file_ids
+                    .iter()
+                    .map(|id| dir.join(delta_file_name(*id))),
+            )
             .collect()
     }
 
     fn encode(&self) -> Vec<u8> {
-        assert!(self.delta_file_ids.len() <= MAX_DELTAS, "deltas are compacted before the cap");
+        assert!(
+            self.delta_file_ids.len() <= MAX_DELTAS,
+            "deltas are compacted before the cap"
+        );
         let mut out = Vec::with_capacity(44 + 8 * self.delta_file_ids.len());
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&VERSION.to_le_bytes());
@@ -94,7 +101,13 @@ impl Manifest {
         }
         let count = LittleEndian::read_u32(&bytes[36..40]) as usize;
         if count > MAX_DELTAS || body_len != 40 + 8 * count {
-            return Err((36, format!("manifest lists {count} deltas but holds {} bytes", bytes.len())));
+            return Err((
+                36,
+                format!(
+                    "manifest lists {count} deltas but holds {} bytes",
+                    bytes.len()
+                ),
+            ));
         }
         let base = LittleEndian::read_u64(&bytes[28..36]);
         Ok(Manifest {
@@ -111,11 +124,13 @@ impl Manifest {
     pub(crate) fn load(storage: &dyn Storage, dir: &Path) -> Result<Manifest, StoreError> {
         let path = dir.join(MANIFEST_NAME);
         match storage.read_file(&path) {
-            Ok(bytes) => Manifest::decode(&bytes).map_err(|(offset, reason)| StoreError::Corruption {
-                path,
-                offset,
-                reason,
-            }),
+            Ok(bytes) => {
+                Manifest::decode(&bytes).map_err(|(offset, reason)| StoreError::Corruption {
+                    path,
+                    offset,
+                    reason,
+                })
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Manifest::fresh()),
             Err(e) => Err(StoreError::io(&path, e)),
         }
@@ -132,7 +147,9 @@ impl Manifest {
             })
             .map_err(|e| StoreError::io(&tmp, e))?;
         let path = dir.join(MANIFEST_NAME);
-        storage.rename(&tmp, &path).map_err(|e| StoreError::io(&path, e))?;
+        storage
+            .rename(&tmp, &path)
+            .map_err(|e| StoreError::io(&path, e))?;
         sync_dir(storage, dir)
     }
 
@@ -149,7 +166,9 @@ impl Manifest {
             let path = dir.join(&name);
             let ours = name.ends_with(".ckpt") || name.ends_with(".tmp");
             if ours && !keep.contains(&path) {
-                storage.remove_file(&path).map_err(|e| StoreError::io(&path, e))?;
+                storage
+                    .remove_file(&path)
+                    .map_err(|e| StoreError::io(&path, e))?;
                 removed.push(path);
             }
         }
@@ -169,7 +188,10 @@ mod tests {
     fn round_trips_and_refuses_damage() {
         let tmp = tempfile::tempdir().unwrap();
         let disk = crate::storage::RealDisk;
-        assert_eq!(Manifest::load(&disk, tmp.path()).unwrap(), Manifest::fresh());
+        assert_eq!(
+            Manifest::load(&disk, tmp.path()).unwrap(),
+            Manifest::fresh()
+        );
         let m = Manifest {
             checkpoint_lsn: 42,
             next_file_id: 9,
@@ -183,6 +205,9 @@ mod tests {
         bytes[14] ^= 1;
         fs::write(&path, &bytes).unwrap();
         let err = Manifest::load(&disk, tmp.path()).unwrap_err().to_string();
-        assert!(err.contains("MANIFEST") && err.contains("checksum"), "{err}");
+        assert!(
+            err.contains("MANIFEST") && err.contains("checksum"),
+            "{err}"
+        );
     }
 }

@@ -194,11 +194,12 @@ impl CheckpointStore {
                 });
             }
             while let Some((key, value)) = reader.next_entry()? {
-                let mutation = entry_to_mutation(&key, value).map_err(|reason| StoreError::Corruption {
-                    path: path.to_path_buf(),
-                    offset: 0,
-                    reason: format!("bad state entry: {reason}"),
-                })?;
+                let mutation =
+                    entry_to_mutation(&key, value).map_err(|reason| StoreError::Corruption {
+                        path: path.to_path_buf(),
+                        offset: 0,
+                        reason: format!("bad state entry: {reason}"),
+                    })?;
                 apply(mutation);
                 entries += 1;
             }
@@ -228,10 +229,11 @@ impl CheckpointStore {
     /// closed: synced, and never written again) into a new delta.
     pub(crate) fn fold(&mut self, boundary: u64) -> Result<Option<CheckpointReport>, StoreError> {
         let started = Instant::now();
-        let closed: Vec<(u64, PathBuf)> = list_segments(self.storage.as_ref(), &self.wal_dir, false)?
-            .into_iter()
-            .filter(|(first, _)| *first < boundary)
-            .collect();
+        let closed: Vec<(u64, PathBuf)> =
+            list_segments(self.storage.as_ref(), &self.wal_dir, false)?
+                .into_iter()
+                .filter(|(first, _)| *first < boundary)
+                .collect();
         if closed.is_empty() {
             return Ok(None);
         }
@@ -262,7 +264,9 @@ impl CheckpointStore {
             return Err(StoreError::Corruption {
                 path,
                 offset: 0,
-                reason: format!("checkpoint fold expected LSN {want}, found {got}: the log has a gap"),
+                reason: format!(
+                    "checkpoint fold expected LSN {want}, found {got}: the log has a gap"
+                ),
             });
         }
         let lsn_to = expected - 1;
@@ -398,7 +402,9 @@ impl CheckpointStore {
             if i == 1 {
                 self.crash_check(CrashPoint::OldFilesPartlyRemoved)?;
             }
-            storage.remove_file(old).map_err(|e| StoreError::io(old, e))?;
+            storage
+                .remove_file(old)
+                .map_err(|e| StoreError::io(old, e))?;
         }
         sync_dir(storage.as_ref(), &self.dir)?;
         Ok(CompactionReport {

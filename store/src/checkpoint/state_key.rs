@@ -77,8 +77,18 @@ mod tests {
         let kb = cell_key(&ns, b);
         assert_eq!(ka.cmp(&kb), morton_key(a).cmp(&morton_key(b)));
         let m = entry_to_mutation(&ka, Some(b"v".to_vec())).unwrap();
-        assert_eq!(m, Mutation::Put { ns: ns.clone(), coord: a, value: b"v".to_vec() });
-        assert_eq!(entry_to_mutation(&kb, None).unwrap(), Mutation::Del { ns, coord: b });
+        assert_eq!(
+            m,
+            Mutation::Put {
+                ns: ns.clone(),
+                coord: a,
+                value: b"v".to_vec()
+            }
+        );
+        assert_eq!(
+            entry_to_mutation(&kb, None).unwrap(),
+            Mutation::Del { ns, coord: b }
+        );
         assert!(entry_to_mutation(&ka[..5], None).is_err());
         assert!(entry_to_mutation(&[0x77], None).is_err());
     }

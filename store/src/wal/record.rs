@@ -129,7 +129,10 @@ mod tests {
         };
         encode_record(&mut buf, 77, &m, true);
         let rec = parse_record(&buf).unwrap();
-        assert_eq!((rec.lsn, rec.total_bytes, rec.group_end), (77, buf.len(), true));
+        assert_eq!(
+            (rec.lsn, rec.total_bytes, rec.group_end),
+            (77, buf.len(), true)
+        );
         for bit in 0..buf.len() * 8 {
             let mut bad = buf.clone();
             bad[bit / 8] ^= 1 << (bit % 8);

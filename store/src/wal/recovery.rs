@@ -23,9 +23,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::data_dir::sync_dir;
 use crate::error::StoreError;
-use crate::storage::{OpenMode, Storage};
 use crate::mutation::{KIND_DEL, KIND_PUT, Mutation};
-use crate::wal::record::{GROUP_END_BIT, MAX_RECORD_PAYLOAD_BYTES, RECORD_HEADER_BYTES, parse_record};
+use crate::storage::{OpenMode, Storage};
+use crate::wal::record::{
+    GROUP_END_BIT, MAX_RECORD_PAYLOAD_BYTES, RECORD_HEADER_BYTES, parse_record,
+};
 use crate::wal::segment::{
     PREPARED_SUFFIX, SEGMENT_HEADER_BYTES, parse_segment_file_name, parse_segment_header,
 };
@@ -97,7 +99,9 @@ pub fn recover(
     let mut covered_removed = false;
     while segments.len() >= 2 && segments[1].0 <= checkpoint_lsn + 1 {
         let (_, path) = segments.remove(0);
-        storage.remove_file(&path).map_err(|e| StoreError::io(&path, e))?;
+        storage
+            .remove_file(&path)
+            .map_err(|e| StoreError::io(&path, e))?;
         covered_removed = true;
     }
     if covered_removed {
@@ -121,12 +125,16 @@ pub fn recover(
     while index < segments.len() {
         let (first_lsn, path) = segments[index].clone();
         let is_last = index + 1 == segments.len();
-        let bytes = storage.read_file(&path).map_err(|e| StoreError::io(&path, e))?;
+        let bytes = storage
+            .read_file(&path)
+            .map_err(|e| StoreError::io(&path, e))?;
         if is_last && (bytes.len() < SEGMENT_HEADER_BYTES || is_zero(&bytes)) {
             // Creation was torn before the header reached the disk: the
             // writer only appends after the header is synced, so no record
             // can have been acknowledged from this file.
-            storage.remove_file(&path).map_err(|e| StoreError::io(&path, e))?;
+            storage
+                .remove_file(&path)
+                .map_err(|e| StoreError::io(&path, e))?;
             sync_dir(storage, wal_dir)?;
             report.torn_segment_removed = Some(path);
             segments.pop();
@@ -342,7 +350,9 @@ fn nonzero_len(bytes: &[u8]) -> usize {
 
 /// Where the records of a segment already verified end.
 fn end_of_records(storage: &dyn Storage, path: &Path) -> Result<u64, StoreError> {
-    let bytes = storage.read_file(path).map_err(|e| StoreError::io(path, e))?;
+    let bytes = storage
+        .read_file(path)
+        .map_err(|e| StoreError::io(path, e))?;
     let mut offset = SEGMENT_HEADER_BYTES;
     let mut committed = offset;
     while let Ok(record) = parse_record(&bytes[offset.min(bytes.len())..]) {
@@ -397,7 +407,9 @@ pub fn list_segments(
     remove_stale_prepared: bool,
 ) -> Result<Vec<(u64, PathBuf)>, StoreError> {
     let mut segments = Vec::new();
-    let names = storage.list_dir(wal_dir).map_err(|e| StoreError::io(wal_dir, e))?;
+    let names = storage
+        .list_dir(wal_dir)
+        .map_err(|e| StoreError::io(wal_dir, e))?;
     for name in names {
         if let Some(lsn) = parse_segment_file_name(&name) {
             segments.push((lsn, wal_dir.join(name)));
@@ -405,7 +417,9 @@ pub fn list_segments(
             // A preallocated file a crash left before it was installed:
             // it never held a record.
             let path = wal_dir.join(name);
-            storage.remove_file(&path).map_err(|e| StoreError::io(&path, e))?;
+            storage
+                .remove_file(&path)
+                .map_err(|e| StoreError::io(&path, e))?;
         }
     }
     segments.sort();
@@ -506,7 +520,9 @@ pub fn read_closed_segment(
     path: &Path,
     mut each: impl FnMut(u64, Mutation),
 ) -> Result<u64, StoreError> {
-    let bytes = storage.read_file(path).map_err(|e| StoreError::io(path, e))?;
+    let bytes = storage
+        .read_file(path)
+        .map_err(|e| StoreError::io(path, e))?;
     let corrupt = |offset: u64, reason: String| StoreError::Corruption {
         path: path.to_path_buf(),
         offset,
@@ -537,7 +553,10 @@ pub fn read_closed_segment(
         }
     }
     if inside_group {
-        return Err(corrupt(offset as u64, "a closed segment ends inside a commit group".into()));
+        return Err(corrupt(
+            offset as u64,
+            "a closed segment ends inside a commit group".into(),
+        ));
     }
     Ok(next_lsn)
 }

@@ -122,7 +122,13 @@ impl WalSegment {
             .open(&path, OpenMode::CreateNew)
             .map_err(|e| StoreError::io(&path, e))?;
         file.write_all_at(&encode_segment_header(first_lsn), 0)
-            .and_then(|()| zero_fill(file.as_mut(), SEGMENT_HEADER_BYTES as u64, preallocate_bytes))
+            .and_then(|()| {
+                zero_fill(
+                    file.as_mut(),
+                    SEGMENT_HEADER_BYTES as u64,
+                    preallocate_bytes,
+                )
+            })
             .and_then(|()| file.sync_data())
             .map_err(|e| StoreError::io(&path, e))?;
         sync_dir(storage, dir)?;
@@ -224,7 +230,12 @@ impl PreparedSegment {
 
     /// Writes the header, syncs it, renames the file into place and syncs
     /// the directory: only then may records be appended.
-    pub fn install(mut self, storage: &dyn Storage, dir: &Path, first_lsn: u64) -> Result<WalSegment, StoreError> {
+    pub fn install(
+        mut self,
+        storage: &dyn Storage,
+        dir: &Path,
+        first_lsn: u64,
+    ) -> Result<WalSegment, StoreError> {
         let path = dir.join(segment_file_name(first_lsn));
         self.file
             .write_all_at(&encode_segment_header(first_lsn), 0)
