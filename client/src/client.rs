@@ -273,6 +273,30 @@ impl Client {
         }
     }
 
+    /// Closes the current WAL segment and folds the log into a checkpoint
+    /// (with `compact`, also merges base + deltas); waits for it and returns
+    /// what it did as named figures.
+    pub fn checkpoint(&mut self, compact: bool) -> Result<Vec<StatsEntry>, ClientError> {
+        match self.call(&Request::Checkpoint { compact })? {
+            Response::Checkpoint(entries) => Ok(entries),
+            other => Err(unexpected("checkpoint", &other)),
+        }
+    }
+
+    /// Asks the daemon to copy a consistent data dir to `dest`, an absolute
+    /// path on the daemon's machine that does not exist yet.
+    pub fn backup(&mut self, dest: &Path) -> Result<Vec<StatsEntry>, ClientError> {
+        let dest = dest.to_str().ok_or_else(|| {
+            ClientError::BadArgument(format!("backup path {} is not UTF-8", dest.display()))
+        })?;
+        match self.call(&Request::Backup {
+            dest: dest.to_string(),
+        })? {
+            Response::Backup(entries) => Ok(entries),
+            other => Err(unexpected("backup", &other)),
+        }
+    }
+
     /// Sends any request and returns the server's answer. An error answer
     /// becomes [`ClientError::Server`]; an answer to some other request
     /// (wrong id or opcode) becomes [`ClientError::UnexpectedResponse`].

@@ -29,6 +29,8 @@ pub enum Opcode {
     Hello = 0x0001,
     Ping = 0x0002,
     Stats = 0x0003,
+    Checkpoint = 0x0004,
+    Backup = 0x0005,
     Put = 0x0010,
     Get = 0x0011,
     Del = 0x0012,
@@ -37,10 +39,12 @@ pub enum Opcode {
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 7] = [
+    pub const ALL: [Opcode; 9] = [
         Opcode::Hello,
         Opcode::Ping,
         Opcode::Stats,
+        Opcode::Checkpoint,
+        Opcode::Backup,
         Opcode::Put,
         Opcode::Get,
         Opcode::Del,
@@ -57,6 +61,8 @@ impl Opcode {
             Opcode::Hello => "hello",
             Opcode::Ping => "ping",
             Opcode::Stats => "stats",
+            Opcode::Checkpoint => "checkpoint",
+            Opcode::Backup => "backup",
             Opcode::Put => "put",
             Opcode::Get => "get",
             Opcode::Del => "del",

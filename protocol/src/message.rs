@@ -17,6 +17,8 @@ use crate::wire::{
 const MAX_NAME_BYTES: usize = 256;
 /// Longest error message or stats text accepted.
 const MAX_MESSAGE_BYTES: usize = 4096;
+/// Longest path accepted (Linux PATH_MAX).
+const MAX_PATH_BYTES: usize = 4096;
 /// Most entries in one stats response.
 pub const MAX_STATS_ENTRIES: usize = 4096;
 /// Most cells in one scan page. A request may ask for more; the server
@@ -43,6 +45,17 @@ pub enum Request {
     },
     Ping,
     Stats,
+    /// Close the current WAL segment and fold the closed ones into a
+    /// checkpoint delta; with `compact`, merge base + deltas afterwards.
+    /// Answered when done, with a report.
+    Checkpoint {
+        compact: bool,
+    },
+    /// Copy a consistent, self-contained data dir to `dest` (a path on the
+    /// daemon's machine, which must not exist yet). Answered with a report.
+    Backup {
+        dest: String,
+    },
     Put {
         ns: NamespaceName,
         coord: Coord,
@@ -79,6 +92,8 @@ impl Request {
             Request::Hello { .. } => Opcode::Hello,
             Request::Ping => Opcode::Ping,
             Request::Stats => Opcode::Stats,
+            Request::Checkpoint { .. } => Opcode::Checkpoint,
+            Request::Backup { .. } => Opcode::Backup,
             Request::Put { .. } => Opcode::Put,
             Request::Get { .. } => Opcode::Get,
             Request::Del { .. } => Opcode::Del,
@@ -97,6 +112,8 @@ impl Request {
                 put_short_string(b, client_name, MAX_NAME_BYTES);
             }
             Request::Ping | Request::Stats => {}
+            Request::Checkpoint { compact } => b.push(u8::from(*compact)),
+            Request::Backup { dest } => put_short_string(b, dest, MAX_PATH_BYTES),
             Request::Put { ns, coord, value } => {
                 put_namespace(b, ns);
                 put_coord(b, *coord);
@@ -141,6 +158,10 @@ impl Request {
             },
             Opcode::Ping => Request::Ping,
             Opcode::Stats => Request::Stats,
+            Opcode::Checkpoint => Request::Checkpoint { compact: r.bool()? },
+            Opcode::Backup => Request::Backup {
+                dest: r.short_string("backup path", MAX_PATH_BYTES)?,
+            },
             Opcode::Put => Request::Put {
                 ns: r.namespace()?,
                 coord: r.coord()?,
@@ -221,6 +242,10 @@ pub enum Response {
     },
     Pong,
     Stats(Vec<StatsEntry>),
+    /// What a checkpoint did, as named figures (encoded like stats).
+    Checkpoint(Vec<StatsEntry>),
+    /// What a backup copied, as named figures (encoded like stats).
+    Backup(Vec<StatsEntry>),
     /// The write is durable (or, under a relaxed sync mode, logged) at `lsn`.
     Put {
         lsn: u64,
@@ -237,6 +262,60 @@ pub enum Response {
         /// `after`. A page may be short (even empty) and still have a next.
         resume_after: Option<Coord>,
     },
+}
+
+/// Named figures (stats and reports): a `u16` count, then per entry a
+/// `str16` name, a tag byte and the value (0: `u64`, 1: `f64` bits, 2: `str16`).
+fn put_entries(b: &mut Vec<u8>, entries: &[StatsEntry]) {
+    let entries = &entries[..entries.len().min(MAX_STATS_ENTRIES)];
+    put_u16(b, entries.len() as u16);
+    for entry in entries {
+        put_short_string(b, &entry.name, MAX_NAME_BYTES);
+        match &entry.value {
+            StatsValue::Count(v) => {
+                b.push(0);
+                put_u64(b, *v);
+            }
+            StatsValue::Float(v) => {
+                b.push(1);
+                put_u64(b, v.to_bits());
+            }
+            StatsValue::Text(t) => {
+                b.push(2);
+                put_short_string(b, t, MAX_MESSAGE_BYTES);
+            }
+        }
+    }
+}
+
+fn read_entries(r: &mut BodyReader<'_>) -> Result<Vec<StatsEntry>, DecodeError> {
+    let count = usize::from(r.u16()?);
+    if count > MAX_STATS_ENTRIES {
+        return Err(DecodeError::TooLarge {
+            what: "stats entry count",
+            got: count as u64,
+            limit: MAX_STATS_ENTRIES as u64,
+        });
+    }
+    // Each entry is at least 3 bytes; never reserve more than the body
+    // could hold.
+    let mut entries = Vec::with_capacity(count.min(r.remaining() / 3));
+    for _ in 0..count {
+        let name = r.short_string("stats name", MAX_NAME_BYTES)?;
+        let value = match r.u8()? {
+            0 => StatsValue::Count(r.u64()?),
+            1 => StatsValue::Float(f64::from_bits(r.u64()?)),
+            2 => StatsValue::Text(r.short_string("stats text", MAX_MESSAGE_BYTES)?),
+            other => {
+                return Err(DecodeError::BadField {
+                    what: "stats value tag",
+                    got: u64::from(other),
+                });
+            }
+        };
+        entries.push(StatsEntry { name, value });
+    }
+    Ok(entries)
 }
 
 /// An error response: a stable code and a human message.
@@ -275,6 +354,8 @@ impl Response {
             Response::Hello { .. } => Opcode::Hello,
             Response::Pong => Opcode::Ping,
             Response::Stats(_) => Opcode::Stats,
+            Response::Checkpoint(_) => Opcode::Checkpoint,
+            Response::Backup(_) => Opcode::Backup,
             Response::Put { .. } => Opcode::Put,
             Response::Get(_) => Opcode::Get,
             Response::Del { .. } => Opcode::Del,
@@ -299,27 +380,9 @@ impl Response {
                     put_u32(b, *max_value_bytes);
                 }
                 Response::Pong => {}
-                Response::Stats(entries) => {
-                    let entries = &entries[..entries.len().min(MAX_STATS_ENTRIES)];
-                    put_u16(b, entries.len() as u16);
-                    for entry in entries {
-                        put_short_string(b, &entry.name, MAX_NAME_BYTES);
-                        match &entry.value {
-                            StatsValue::Count(v) => {
-                                b.push(0);
-                                put_u64(b, *v);
-                            }
-                            StatsValue::Float(v) => {
-                                b.push(1);
-                                put_u64(b, v.to_bits());
-                            }
-                            StatsValue::Text(t) => {
-                                b.push(2);
-                                put_short_string(b, t, MAX_MESSAGE_BYTES);
-                            }
-                        }
-                    }
-                }
+                Response::Stats(entries)
+                | Response::Checkpoint(entries)
+                | Response::Backup(entries) => put_entries(b, entries),
                 Response::Put { lsn } => put_u64(b, *lsn),
                 Response::Get(value) => match value {
                     None => b.push(0),
@@ -408,35 +471,9 @@ impl Response {
                 max_value_bytes: r.u32()?,
             },
             Opcode::Ping => Response::Pong,
-            Opcode::Stats => {
-                let count = usize::from(r.u16()?);
-                if count > MAX_STATS_ENTRIES {
-                    return Err(DecodeError::TooLarge {
-                        what: "stats entry count",
-                        got: count as u64,
-                        limit: MAX_STATS_ENTRIES as u64,
-                    });
-                }
-                // Each entry is at least 3 bytes; never reserve more than the
-                // body could hold.
-                let mut entries = Vec::with_capacity(count.min(r.remaining() / 3));
-                for _ in 0..count {
-                    let name = r.short_string("stats name", MAX_NAME_BYTES)?;
-                    let value = match r.u8()? {
-                        0 => StatsValue::Count(r.u64()?),
-                        1 => StatsValue::Float(f64::from_bits(r.u64()?)),
-                        2 => StatsValue::Text(r.short_string("stats text", MAX_MESSAGE_BYTES)?),
-                        other => {
-                            return Err(DecodeError::BadField {
-                                what: "stats value tag",
-                                got: u64::from(other),
-                            });
-                        }
-                    };
-                    entries.push(StatsEntry { name, value });
-                }
-                Response::Stats(entries)
-            }
+            Opcode::Stats => Response::Stats(read_entries(&mut r)?),
+            Opcode::Checkpoint => Response::Checkpoint(read_entries(&mut r)?),
+            Opcode::Backup => Response::Backup(read_entries(&mut r)?),
             Opcode::Put => Response::Put { lsn: r.u64()? },
             Opcode::Get => {
                 if r.bool()? {

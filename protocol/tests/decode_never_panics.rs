@@ -72,6 +72,8 @@ fn request() -> impl Strategy<Value = Request> {
         }),
         Just(Request::Ping),
         Just(Request::Stats),
+        any::<bool>().prop_map(|compact| Request::Checkpoint { compact }),
+        name_text().prop_map(|dest| Request::Backup { dest }),
         (namespace(), coord(), value()).prop_map(|(ns, coord, value)| Request::Put {
             ns,
             coord,
@@ -139,6 +141,8 @@ fn response() -> impl Strategy<Value = Response> {
         ),
         Just(Response::Pong),
         vec(stats_entry(), 0..32).prop_map(Response::Stats),
+        vec(stats_entry(), 0..32).prop_map(Response::Checkpoint),
+        vec(stats_entry(), 0..32).prop_map(Response::Backup),
         any::<u64>().prop_map(|lsn| Response::Put { lsn }),
         proptest::option::of(value()).prop_map(Response::Get),
         (any::<u64>(), any::<bool>()).prop_map(|(lsn, existed)| Response::Del { lsn, existed }),
@@ -606,7 +610,7 @@ fn damaged_namespaces_are_bad_namespace() {
 
 #[test]
 fn unknown_opcodes_are_unknown_opcode() {
-    for raw in [0u16, 0x0004, 0x0014, 0x7fff, 0x8001, 0xffff] {
+    for raw in [0u16, 0x0006, 0x0014, 0x7fff, 0x8001, 0xffff] {
         let header = FrameHeader {
             body_len: 0,
             body_crc32c: 0,

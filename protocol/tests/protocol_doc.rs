@@ -147,6 +147,52 @@ fn examples() -> Vec<Example> {
             Response::Pong,
             vec![f(1, "status = 0 (ok)")],
         ),
+        request(
+            "checkpoint-request",
+            9,
+            Request::Checkpoint { compact: false },
+            vec![f(1, "compact = 0 (false)")],
+        ),
+        response(
+            "checkpoint-response",
+            9,
+            Response::Checkpoint(vec![StatsEntry {
+                name: "checkpoint.lsn".to_owned(),
+                value: StatsValue::Count(1200),
+            }]),
+            vec![
+                f(1, "status = 0 (ok)"),
+                f(2, "entry count = 1"),
+                f(2, "name length = 14"),
+                f(14, "name = \"checkpoint.lsn\""),
+                f(1, "tag = 0 (count)"),
+                f(8, "count = 1200 (u64)"),
+            ],
+        ),
+        request(
+            "backup-request",
+            10,
+            Request::Backup {
+                dest: "/srv/b1".to_owned(),
+            },
+            vec![f(2, "dest length = 7"), f(7, "dest = \"/srv/b1\"")],
+        ),
+        response(
+            "backup-response",
+            10,
+            Response::Backup(vec![StatsEntry {
+                name: "backup.lsn".to_owned(),
+                value: StatsValue::Count(1300),
+            }]),
+            vec![
+                f(1, "status = 0 (ok)"),
+                f(2, "entry count = 1"),
+                f(2, "name length = 10"),
+                f(10, "name = \"backup.lsn\""),
+                f(1, "tag = 0 (count)"),
+                f(8, "count = 1300 (u64)"),
+            ],
+        ),
         request("stats-request", 3, Request::Stats, vec![]),
         response(
             "stats-response",

@@ -259,6 +259,40 @@ impl Connection {
             }
             Request::Ping => Ok(Response::Pong),
             Request::Stats => Ok(Response::Stats(self.shared.stats_entries())),
+            Request::Checkpoint { compact } => {
+                let result = if compact {
+                    engine.compact()
+                } else {
+                    engine.checkpoint()
+                };
+                let report = result.map_err(|e| store_error(&e))?;
+                Ok(Response::Checkpoint(checkpoint_report(&report)))
+            }
+            Request::Backup { dest } => {
+                let dest = std::path::PathBuf::from(dest);
+                if !dest.is_absolute() {
+                    return Err(ServerError::new(
+                        ErrorCode::InvalidArgument,
+                        "the backup path must be absolute (cubec makes it so)",
+                    ));
+                }
+                let report = engine.backup(&dest).map_err(|e| store_error(&e))?;
+                crate::info!(
+                    "backup to {}: {} files ({} hard-linked), {} bytes, up to LSN {}",
+                    dest.display(),
+                    report.files,
+                    report.linked_files,
+                    report.bytes,
+                    report.lsn
+                );
+                Ok(Response::Backup(vec![
+                    count("backup.lsn", report.lsn),
+                    count("backup.files", report.files as u64),
+                    count("backup.linked_files", report.linked_files as u64),
+                    count("backup.bytes", report.bytes),
+                    count("backup.us", report.duration.as_micros() as u64),
+                ]))
+            }
             Request::Get { ns, coord } => match engine.get(&ns, coord) {
                 Some(value) => Ok(Response::Get(value.map(|v| v.to_vec()))),
                 None => Err(no_such_namespace(&ns)),
@@ -368,6 +402,41 @@ fn no_such_namespace(ns: &cube_protocol::NamespaceName) -> ServerError {
             ns.as_str()
         ),
     )
+}
+
+/// A store error answered to a client: disabled writes keep their code,
+/// anything else is a storage failure with its message (file and reason).
+fn store_error(e: &cube_store::StoreError) -> ServerError {
+    let code = match e {
+        cube_store::StoreError::WritesDisabled(_) => ErrorCode::WritesDisabled,
+        cube_store::StoreError::Io { source, .. }
+            if source.kind() == std::io::ErrorKind::AlreadyExists =>
+        {
+            ErrorCode::InvalidArgument
+        }
+        _ => ErrorCode::StorageIo,
+    };
+    ServerError::new(code, e.to_string())
+}
+
+fn checkpoint_report(r: &cube_store::CheckpointReport) -> Vec<StatsEntry> {
+    let mut entries = vec![
+        count("checkpoint.lsn", r.checkpoint_lsn),
+        count("checkpoint.segments_folded", r.segments_folded as u64),
+        count("checkpoint.records_folded", r.records_folded),
+        count("checkpoint.entries_written", r.entries_written),
+        count("checkpoint.delta_bytes", r.delta_bytes),
+        count("checkpoint.us", r.duration.as_micros() as u64),
+    ];
+    if let Some(c) = &r.compaction {
+        entries.extend([
+            count("compaction.files_merged", c.files_merged as u64),
+            count("compaction.entries_written", c.entries_written),
+            count("compaction.base_bytes", c.base_bytes),
+            count("compaction.us", c.duration.as_micros() as u64),
+        ]);
+    }
+    entries
 }
 
 fn write_error(e: &WriteError) -> ServerError {

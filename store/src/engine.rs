@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use cube_protocol::{Coord, NamespaceName};
 
+use crate::checkpoint::backup::BackupReport;
 use crate::checkpoint::checkpointer::{Checkpointer, record};
 use crate::checkpoint::{CheckpointConfig, CheckpointReport, CheckpointStore};
 use crate::data_dir::DataDir;
@@ -216,6 +217,12 @@ impl Engine {
     /// A checkpoint followed by merging base + deltas into a new base.
     pub fn compact(&self) -> Result<CheckpointReport, StoreError> {
         lock(&self.checkpointer).checkpoint_now(true)
+    }
+
+    /// Copies a consistent data dir to `dest` while writes go on; see
+    /// [`crate::checkpoint::backup`].
+    pub fn backup(&self, dest: &std::path::Path) -> Result<BackupReport, StoreError> {
+        lock(&self.checkpointer).backup(dest)
     }
 
     pub fn stats(&self) -> StoreStatsSnapshot {

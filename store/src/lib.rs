@@ -44,5 +44,6 @@ pub use storage::{OpenMode, RealDisk, Storage, StorageFile};
 pub use wal::{RecoveryOptions, RecoveryReport};
 
 mod engine;
+pub use checkpoint::backup::BackupReport;
 pub use checkpoint::{CheckpointConfig, CheckpointReport, CompactionReport, CrashPoint};
 pub use engine::{CheckpointLoad, Engine, EngineConfig};

@@ -113,7 +113,10 @@ pub fn decode_value(bytes: &[u8], size: usize) -> Result<StoredValue, String> {
         return Err(format!("value is {} bytes, expected {size}", bytes.len()));
     }
     let (Some(key), Some(version)) = (read_u64(bytes, 0), read_u64(bytes, 8)) else {
-        return Err(format!("value is {} bytes, too short for its header", bytes.len()));
+        return Err(format!(
+            "value is {} bytes, too short for its header",
+            bytes.len()
+        ));
     };
     let seed = mix(key ^ mix(version));
     if let Some(at) = (MIN_VALUE_BYTES..size).find(|&i| bytes[i] != filler_byte(seed, i)) {
@@ -172,7 +175,10 @@ mod tests {
         assert_eq!(value.len(), 64);
         assert_eq!(
             decode_value(&value, 64).unwrap(),
-            StoredValue { key: 42, version: 7 }
+            StoredValue {
+                key: 42,
+                version: 7
+            }
         );
         let mut other = Vec::new();
         encode_value(42, 8, 64, &mut other);

@@ -6,8 +6,9 @@
 //! the next request sent only after the answer, i.e. service time; a
 //! stalled server delays the requests that would have been sent meanwhile
 //! instead of making them slow, so the tail under a fixed arrival rate is
-//! worse than reported (coordinated omission). `--rate` runs an open loop
-//! and times each request from when it was due, which counts that waiting.
+//! worse than reported (coordinated omission). `--rate` runs an open loop:
+//! a request sent late because earlier answers were slow is timed from
+//! when it was due, which counts that waiting.
 
 use std::time::Duration;
 

@@ -21,6 +21,7 @@ pub mod plot;
 pub mod report;
 pub mod rng;
 pub mod run;
+pub mod scan_workload;
 pub mod target;
 pub mod verify;
 pub mod workload;

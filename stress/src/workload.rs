@@ -88,9 +88,7 @@ pub struct Workload {
 impl Workload {
     pub fn new(kind: WorkloadKind, read_ratio: f64) -> Result<Workload, String> {
         if !(0.0..=1.0).contains(&read_ratio) {
-            return Err(format!(
-                "--read-ratio {read_ratio} is not between 0 and 1"
-            ));
+            return Err(format!("--read-ratio {read_ratio} is not between 0 and 1"));
         }
         Ok(Workload { kind, read_ratio })
     }

@@ -120,6 +120,37 @@ Examples:
     /// Show the server's counters and gauges
     #[command(after_help = "Examples:\n  cubec stats\n  cubec --json stats")]
     Stats,
+
+    /// Fold the write-ahead log into a checkpoint now, and report what was written
+    #[command(
+        after_help = "Waits until the checkpoint is durable. --compact also merges the \
+base and all deltas into a new base (dropping deleted cells).
+
+Examples:
+  cubec checkpoint
+  cubec checkpoint --compact"
+    )]
+    Checkpoint {
+        /// Also merge base + deltas into one new base
+        #[arg(long)]
+        compact: bool,
+    },
+
+    /// Copy a consistent, self-contained data dir while cubed keeps serving
+    #[command(
+        after_help = "DIR must not exist; cubed creates it (on the daemon's machine) and \
+copies (or hard-links) the checkpoint files and closed WAL segments into it. \
+`cubed --data DIR` then starts on exactly the writes acknowledged before the backup began.
+
+Examples:
+  cubec backup /var/backups/cube-2026-12-02
+  cubed --verify /var/backups/cube-2026-12-02"
+    )]
+    Backup {
+        /// Where the copy goes (made absolute from the current directory)
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -269,6 +300,15 @@ fn run(cli: &Cli) -> Result<u8, Failure> {
         Command::Del(args) => del(&mut client, args, cli.json, &mut stdout),
         Command::Scan(args) => scan(&mut client, args, cli.json, &mut stdout),
         Command::Stats => stats(&mut client, cli.json, &mut stdout),
+        Command::Checkpoint { compact } => {
+            report(client.checkpoint(*compact)?, cli.json, &mut stdout)
+        }
+        Command::Backup { dir } => {
+            let dir = std::path::absolute(dir).map_err(|e| {
+                Failure::usage(format!("cannot make {} absolute: {e}", dir.display()))
+            })?;
+            report(client.backup(&dir)?, cli.json, &mut stdout)
+        }
     };
     let code = outcome?;
     match stdout.flush() {
@@ -531,7 +571,11 @@ fn escape_value(value: &[u8], out: &mut Vec<u8>) {
 }
 
 fn stats(client: &mut Client, as_json: bool, out: &mut impl Write) -> Result<u8, Failure> {
-    let entries = client.stats()?;
+    report(client.stats()?, as_json, out)
+}
+
+/// Prints named figures (stats, or what a checkpoint or backup did).
+fn report(entries: Vec<StatsEntry>, as_json: bool, out: &mut impl Write) -> Result<u8, Failure> {
     let text = if as_json {
         stats_json(&entries)
     } else {

@@ -7,6 +7,7 @@ use std::thread::{self, JoinHandle};
 
 use crossbeam_channel::{RecvTimeoutError, Sender, bounded};
 
+use super::backup::BackupReport;
 use super::{CheckpointReport, CheckpointStore};
 use crate::error::StoreError;
 use crate::group_commit::SegmentRoller;
@@ -15,10 +16,13 @@ use crate::wal::list_segments;
 
 type Reply = Sender<Result<CheckpointReport, StoreError>>;
 
-/// A request, with whether to compact afterwards whatever the delta sizes.
-struct Request {
-    compact: bool,
-    reply: Reply,
+enum Request {
+    /// Fold now; with `compact`, compact afterwards whatever the sizes.
+    Checkpoint { compact: bool, reply: Reply },
+    Backup {
+        dest: std::path::PathBuf,
+        reply: Sender<Result<BackupReport, StoreError>>,
+    },
 }
 
 pub(crate) struct Checkpointer {
@@ -40,7 +44,14 @@ impl Checkpointer {
             .spawn(move || {
                 loop {
                     match rx.recv_timeout(poll) {
-                        Ok(Request { compact, reply }) => {
+                        Ok(Request::Backup { dest, reply }) => {
+                            let result = roller
+                                .roll()
+                                .map_err(|e| StoreError::WritesDisabled(e.message))
+                                .and_then(|boundary| store.backup(boundary, &dest));
+                            let _ = reply.send(result);
+                        }
+                        Ok(Request::Checkpoint { compact, reply }) => {
                             let result = roller
                                 .roll()
                                 .map_err(|e| StoreError::WritesDisabled(e.message))
@@ -94,7 +105,21 @@ impl Checkpointer {
         let stopped = || StoreError::WritesDisabled("the checkpointer has stopped".into());
         let tx = self.tx.as_ref().ok_or_else(stopped)?;
         let (reply, answer) = bounded(1);
-        tx.send(Request { compact, reply }).map_err(|_| stopped())?;
+        tx.send(Request::Checkpoint { compact, reply })
+            .map_err(|_| stopped())?;
+        answer.recv().map_err(|_| stopped())?
+    }
+
+    /// Asks for a backup into `dest` and waits for its report.
+    pub(crate) fn backup(&self, dest: &std::path::Path) -> Result<BackupReport, StoreError> {
+        let stopped = || StoreError::WritesDisabled("the checkpointer has stopped".into());
+        let tx = self.tx.as_ref().ok_or_else(stopped)?;
+        let (reply, answer) = bounded(1);
+        tx.send(Request::Backup {
+            dest: dest.to_path_buf(),
+            reply,
+        })
+        .map_err(|_| stopped())?;
         answer.recv().map_err(|_| stopped())?
     }
 

@@ -16,6 +16,7 @@
 //! does not name and WAL segments wholly below `checkpoint_lsn`.
 //! Formats: [`file`], [`manifest`], [`state_key`]; `docs/storage-format.md`.
 
+pub(crate) mod backup;
 pub(crate) mod checkpointer;
 pub(crate) mod file;
 pub(crate) mod manifest;

@@ -1,0 +1,329 @@
+//! The `cube-stress` command line: a run (flags at the top level, so
+//! `cube-stress --clients 16 --duration 10` just works) or `compare`.
+
+use std::ffi::OsString;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::compare::{CompareArgs, compare};
+use crate::error::StressError;
+use crate::plot::{Series, latency_by_percentile};
+use crate::report::RunReport;
+use crate::run::{RunConfig, run};
+use crate::target::{TargetKind, TargetSpec};
+use crate::verify::VerifyMode;
+use crate::workload::{DEFAULT_READ_RATIO, Workload, WorkloadKind};
+
+/// Exit status of a run whose requests failed or whose read-back found
+/// lost or wrong values.
+pub const EXIT_CHECKS_FAILED: u8 = 1;
+/// Exit status when the run could not start or finish (bad flags, a target
+/// that would not start).
+pub const EXIT_CANNOT_RUN: u8 = 2;
+
+const AFTER_HELP: &str = "\
+Examples:
+  cube-stress                                     # mixed workload, 16 clients, 10 s, throwaway cubed
+  cube-stress --workload put --clients 64 --json put.json --plot put.svg
+  cube-stress --crash-every 2 --duration 20       # SIGKILL cubed every 2 s, verify after each restart
+  cube-stress --target redis-always --workload put
+  cube-stress --socket ./cube-data/cubed.sock     # a running daemon (keys 0..--keys get overwritten)
+  cube-stress compare --json compare.json         # cube vs Redis and SQLite, put and get at 1/16/64 clients
+
+Exit status: 0 when every request succeeded and every read-back matched,
+1 when a request failed or a value was lost or wrong (details printed),
+2 when the run could not start. docs/benchmarks.md explains the figures.";
+
+/// cube-stress: load a storage daemon, measure latency, check every write.
+///
+/// Without a subcommand, runs one workload against one target and prints
+/// per-command latency percentiles, the server's own figures and the
+/// outcome of reading back every acknowledged write.
+#[derive(Parser, Debug)]
+#[command(
+    name = "cube-stress",
+    version,
+    args_conflicts_with_subcommands = true,
+    after_help = AFTER_HELP
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<CliCommand>,
+
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CliCommand {
+    /// put and get at 1, 16 and 64 clients against cube, Redis (appendfsync
+    /// always, everysec, no persistence) and SQLite; one table with the
+    /// ratios cube / peer.
+    Compare(CompareArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// What to run against. Redis targets need redis-server installed.
+    #[arg(long, value_enum, default_value = "cube")]
+    pub target: TargetKind,
+
+    /// A running cubed's socket instead of a throwaway daemon. Keys in
+    /// 0..--keys are overwritten.
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+
+    /// Extra flag for the throwaway cubed (repeatable), e.g. --daemon-arg=--sync=never.
+    #[arg(long = "daemon-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub daemon_args: Vec<String>,
+
+    /// Client threads, each with its own connection.
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    pub clients: usize,
+
+    /// Measured seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub duration: f64,
+
+    /// Seconds of load before measuring starts.
+    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+    pub warmup: f64,
+
+    #[arg(long, value_enum, default_value = "mixed")]
+    pub workload: WorkloadKind,
+
+    /// Share of reads in the mixed workload.
+    #[arg(long, value_name = "0..1", default_value_t = DEFAULT_READ_RATIO)]
+    pub read_ratio: f64,
+
+    /// Bytes per value (at least 16: each value carries its key and version).
+    #[arg(long, value_name = "BYTES", default_value_t = 64)]
+    pub value_size: usize,
+
+    /// Size of the key space; each client writes its own share of it.
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    pub keys: u64,
+
+    /// Seed of the request stream, for repeatable runs.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub seed: u64,
+
+    /// Open loop: send this many requests per second in total, timing each
+    /// from when it was due (no coordinated omission). Default: closed loop.
+    #[arg(long, value_name = "OPS_PER_SEC")]
+    pub rate: Option<f64>,
+
+    /// What to read back at the end.
+    #[arg(long, value_enum, default_value = "sample")]
+    pub verify: VerifyMode,
+
+    /// SIGKILL the throwaway cubed every SECS measured seconds, restart it,
+    /// read back every key, and go on.
+    #[arg(long, value_name = "SECS")]
+    pub crash_every: Option<f64>,
+
+    /// Write the report as JSON here (shape in docs/benchmarks.md).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+
+    /// Write a latency-by-percentile chart (SVG) here.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+
+    /// No progress lines on stderr.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+impl RunArgs {
+    pub fn config(&self) -> Result<RunConfig, StressError> {
+        let seconds = |flag: &str, value: f64| {
+            if value.is_finite() && value >= 0.0 {
+                Ok(Duration::from_secs_f64(value))
+            } else {
+                Err(StressError::Usage(format!(
+                    "--{flag} {value} is not a number of seconds"
+                )))
+            }
+        };
+        Ok(RunConfig {
+            target: TargetSpec {
+                kind: self.target,
+                socket: self.socket.clone(),
+                daemon_args: self.daemon_args.clone(),
+            },
+            workload: Workload::new(self.workload, self.read_ratio).map_err(StressError::Usage)?,
+            clients: self.clients,
+            duration: seconds("duration", self.duration)?,
+            warmup: seconds("warmup", self.warmup)?,
+            value_size: self.value_size,
+            keys: self.keys,
+            seed: self.seed,
+            rate: self.rate,
+            verify: self.verify,
+            crash_every: self
+                .crash_every
+                .map(|s| seconds("crash-every", s))
+                .transpose()?,
+            progress: !self.quiet,
+        })
+    }
+}
+
+/// Parses `args` (program name first) and runs; what `main` calls.
+pub fn main_with_args(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> ExitCode {
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    let outcome = match &cli.command {
+        None => run_command(&cli.run),
+        Some(CliCommand::Compare(args)) => compare_command(args),
+    };
+    match outcome {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(EXIT_CHECKS_FAILED),
+        Err(e) => {
+            eprintln!("cube-stress: {e}");
+            ExitCode::from(EXIT_CANNOT_RUN)
+        }
+    }
+}
+
+/// One run; `Ok(passed)`.
+fn run_command(args: &RunArgs) -> Result<bool, StressError> {
+    let config = args.config()?;
+    let report = run(&config)?;
+    println!("{}", report.to_table());
+    if let Some(path) = &args.json {
+        write_file(path, &report.to_json().pretty())?;
+        eprintln!("cube-stress: wrote {}", path.display());
+    }
+    if let Some(path) = &args.plot {
+        write_file(path, &plot(&report))?;
+        eprintln!("cube-stress: wrote {}", path.display());
+    }
+    Ok(report.passed())
+}
+
+/// The SVG chart of a run.
+pub fn plot(report: &RunReport) -> String {
+    let used = report.latencies.used();
+    let series: Vec<Series<'_>> = used
+        .iter()
+        .map(|(command, histogram)| Series {
+            name: command.name(),
+            histogram,
+        })
+        .collect();
+    let subtitle = format!(
+        "{:.1} s measured, {} keys, {} loop; {}",
+        report.duration_s,
+        report.keys,
+        if report.rate_ops_per_sec.is_some() {
+            "open"
+        } else {
+            "closed"
+        },
+        report.target_detail
+    );
+    latency_by_percentile(
+        &format!("Latency by percentile — {}", report.headline()),
+        &subtitle,
+        &series,
+    )
+}
+
+fn compare_command(args: &CompareArgs) -> Result<bool, StressError> {
+    let comparison = compare(args)?;
+    println!("{}", comparison.to_table());
+    if let Some(path) = &args.json {
+        write_file(path, &comparison.to_json().pretty())?;
+        eprintln!("cube-stress: wrote {}", path.display());
+    }
+    Ok(comparison.passed())
+}
+
+fn write_file(path: &Path, text: &str) -> Result<(), StressError> {
+    fs::write(path, text)
+        .map_err(|e| StressError::io(format!("cannot write {}", path.display()), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_flags_live_at_the_top_level() {
+        let cli = Cli::try_parse_from([
+            "cube-stress",
+            "--duration",
+            "3",
+            "--clients",
+            "4",
+            "--json",
+            "x.json",
+            "--daemon-arg",
+            "--sync=never",
+            "--workload",
+            "put",
+        ])
+        .unwrap();
+        assert!(cli.command.is_none());
+        let config = cli.run.config().unwrap();
+        assert_eq!(config.clients, 4);
+        assert_eq!(config.duration, Duration::from_secs(3));
+        assert_eq!(config.target.daemon_args, ["--sync=never"]);
+        assert_eq!(config.workload.kind, WorkloadKind::Put);
+    }
+
+    #[test]
+    fn compare_has_its_own_flags() {
+        let cli = Cli::try_parse_from([
+            "cube-stress",
+            "compare",
+            "--clients",
+            "1,4",
+            "--targets",
+            "cube,sqlite",
+        ])
+        .unwrap();
+        let Some(CliCommand::Compare(args)) = cli.command else {
+            panic!("not compare");
+        };
+        assert_eq!(args.clients, [1, 4]);
+        assert_eq!(args.targets, [TargetKind::Cube, TargetKind::Sqlite]);
+        assert_eq!(args.workloads, [WorkloadKind::Put, WorkloadKind::Get]);
+        let defaults = Cli::try_parse_from(["cube-stress", "compare"]).unwrap();
+        let Some(CliCommand::Compare(args)) = defaults.command else {
+            panic!("not compare");
+        };
+        assert_eq!(args.clients, [1, 16, 64]);
+        assert_eq!(args.targets.len(), 5);
+    }
+
+    #[test]
+    fn bad_values_are_refused_before_anything_starts() {
+        let parse = |extra: &[&str]| {
+            let mut args = vec!["cube-stress"];
+            args.extend_from_slice(extra);
+            Cli::try_parse_from(args)
+                .unwrap()
+                .run
+                .config()
+                .unwrap()
+                .validate()
+        };
+        assert!(parse(&["--value-size", "8"]).is_err());
+        assert!(parse(&["--keys", "3", "--clients", "4"]).is_err());
+        assert!(parse(&["--crash-every", "1", "--target", "sqlite"]).is_err());
+        assert!(parse(&["--rate", "0"]).is_err());
+        assert!(parse(&[]).is_ok());
+        let alias = Cli::try_parse_from(["cube-stress", "--target", "redis"]).unwrap();
+        assert_eq!(alias.run.target, TargetKind::RedisAlways);
+    }
+}

@@ -1,0 +1,684 @@
+//! One run: start the target, fill the key space if the workload reads,
+//! let the client threads loose for the warmup and the measured window
+//! (crashing the daemon on schedule), then read back and report.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use cube_client::{StatsEntry, StatsValue};
+
+use crate::error::{OpError, StressError};
+use crate::keyspace::{KeySpace, MIN_VALUE_BYTES, coord_of, decode_value, encode_value};
+use crate::latency::Recorder;
+use crate::ledger::Ledger;
+use crate::report::{CrashReport, RunReport};
+use crate::rng::Rng;
+use crate::target::{Connection, Connector, RunningTarget, TargetKind, TargetSpec};
+use crate::verify::{self, ReadBack, VerifyMode, VerifyReport};
+use crate::workload::{Op, Workload};
+
+/// Error descriptions kept per run; the count is always exact.
+const KEPT_ERRORS: usize = 10;
+/// Keys per batch when filling the key space.
+const PREFILL_BATCH: usize = 256;
+/// Connections used to fill the key space (the durable targets commit a
+/// batch per request, so parallel batches share fsyncs).
+const PREFILL_THREADS: usize = 16;
+/// How long the crash controller waits for every client to stop after a
+/// kill; past it the run fails rather than verify a moving state.
+const PARK_DEADLINE: Duration = Duration::from_secs(90);
+/// How often the main thread looks at the clock and the clients.
+const TICK: Duration = Duration::from_millis(20);
+
+/// Everything a run needs to know.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    pub target: TargetSpec,
+    pub workload: Workload,
+    pub clients: usize,
+    pub duration: Duration,
+    pub warmup: Duration,
+    pub value_size: usize,
+    pub keys: u64,
+    pub seed: u64,
+    /// Total requests per second across clients (open loop); `None` for a
+    /// closed loop.
+    pub rate: Option<f64>,
+    pub verify: VerifyMode,
+    pub crash_every: Option<Duration>,
+    /// Progress lines on stderr.
+    pub progress: bool,
+}
+
+impl RunConfig {
+    /// Checks what can be checked before anything starts.
+    pub fn validate(&self) -> Result<KeySpace, StressError> {
+        let keys = KeySpace::new(self.keys, self.clients).map_err(StressError::Usage)?;
+        if self.value_size < MIN_VALUE_BYTES {
+            return Err(StressError::Usage(format!(
+                "--value-size {} is too small: values carry a {MIN_VALUE_BYTES}-byte header \
+                 (key and version) so reads can be checked",
+                self.value_size
+            )));
+        }
+        if self.duration.is_zero() {
+            return Err(StressError::Usage(
+                "--duration must be more than 0".to_owned(),
+            ));
+        }
+        if let Some(rate) = self.rate
+            && !(rate.is_finite() && rate > 0.0)
+        {
+            return Err(StressError::Usage(format!(
+                "--rate {rate} must be a positive number of requests per second"
+            )));
+        }
+        if let Some(every) = self.crash_every {
+            if every.is_zero() {
+                return Err(StressError::Usage(
+                    "--crash-every must be more than 0 seconds".to_owned(),
+                ));
+            }
+            if self.target.kind != TargetKind::Cube || self.target.socket.is_some() {
+                return Err(StressError::Usage(
+                    "--crash-every needs a throwaway cubed (--target cube without --socket): \
+                     the driver can only kill a daemon it started"
+                        .to_owned(),
+                ));
+            }
+        }
+        Ok(keys)
+    }
+}
+
+/// Runs `config` to the end. `Err` means the run could not happen; a run
+/// that found errors or lost writes returns a report that says so.
+pub fn run(config: &RunConfig) -> Result<RunReport, StressError> {
+    let keys = config.validate()?;
+    let say = |text: String| {
+        if config.progress {
+            eprintln!("cube-stress: {text}");
+        }
+    };
+    say(format!("starting {}", config.target.kind.name()));
+    let mut target = RunningTarget::start(&config.target)?;
+    say(target.detail.clone());
+    let connector = target.connector.clone();
+    let ledgers: Vec<Mutex<Ledger>> = (0..config.clients)
+        .map(|client| Mutex::new(Ledger::new(client, keys)))
+        .collect();
+
+    let prefill_s = if config.workload.needs_prefill() {
+        let started = Instant::now();
+        prefill(connector.as_ref(), &ledgers, &keys, config.value_size)?;
+        let seconds = started.elapsed().as_secs_f64();
+        say(format!("wrote all {} keys in {seconds:.2} s", keys.keys()));
+        Some(seconds)
+    } else {
+        None
+    };
+
+    let control = Control::new(config.clients);
+    let shared = Shared {
+        connector: connector.as_ref(),
+        ledgers: &ledgers,
+        keys,
+        config,
+        control: &control,
+    };
+    let mut crashes = Vec::new();
+    let mut outcomes = Vec::new();
+    let mut measured = Duration::ZERO;
+    thread::scope(|scope| -> Result<(), StressError> {
+        let shared = &shared;
+        let handles: Vec<_> = (0..config.clients)
+            .map(|client| {
+                thread::Builder::new()
+                    .name(format!("client-{client}"))
+                    .spawn_scoped(scope, move || client_loop(shared, client))
+            })
+            .collect::<Result<_, _>>()
+            .map_err(|e| StressError::io("cannot start a client thread", e))?;
+        say(format!(
+            "{} clients running {}: {:.1} s warmup, then {:.1} s measured",
+            config.clients,
+            config.workload.name(),
+            config.warmup.as_secs_f64(),
+            config.duration.as_secs_f64()
+        ));
+        let timeline = drive(shared, &mut target, &mut crashes);
+        control.finish();
+        for handle in handles {
+            match handle.join() {
+                Ok(outcome) => outcomes.push(outcome),
+                Err(_) => outcomes.push(ClientOutcome::panicked()),
+            }
+        }
+        measured = timeline?;
+        Ok(())
+    })?;
+
+    let mut latencies = Recorder::default();
+    let mut errors = 0;
+    let mut error_samples = Vec::new();
+    let mut reconnects = 0;
+    let mut live = VerifyReport::new(config.verify);
+    for outcome in outcomes {
+        latencies
+            .merge(&outcome.recorder)
+            .map_err(|e| StressError::target("cube-stress", e))?;
+        errors += outcome.errors;
+        reconnects += outcome.reconnects;
+        let room = KEPT_ERRORS.saturating_sub(error_samples.len());
+        error_samples.extend(outcome.error_samples.into_iter().take(room));
+        live.absorb(outcome.mismatches);
+    }
+
+    let (server, server_error) = match connector.server_figures() {
+        Ok(figures) => (figures, None),
+        Err(e) => (Vec::new(), Some(e)),
+    };
+    if config.verify != VerifyMode::None {
+        say(format!("reading back ({})", config.verify.name()));
+    }
+    let verification = verify::read_back(
+        connector.as_ref(),
+        &ledgers,
+        &keys,
+        ReadBack {
+            mode: config.verify,
+            value_size: config.value_size,
+            fresh: target.fresh,
+            settle: false,
+            seed: config.seed,
+        },
+    );
+    let daemon_log = (errors > 0 || !verification.passed() || live.mismatches > 0)
+        .then(|| target.log_text())
+        .flatten();
+    Ok(RunReport {
+        target: target.name().to_owned(),
+        target_detail: target.detail.clone(),
+        workload: config.workload,
+        clients: config.clients,
+        duration_s: measured.as_secs_f64(),
+        warmup_s: config.warmup.as_secs_f64(),
+        value_size_bytes: config.value_size,
+        keys: keys.keys(),
+        seed: config.seed,
+        rate_ops_per_sec: config.rate,
+        prefill_s,
+        errors,
+        error_samples,
+        reconnects,
+        live_mismatches: live,
+        latencies,
+        server,
+        server_error,
+        verification,
+        crashes,
+        daemon_log,
+    })
+}
+
+/// The main thread's part while the clients run: warmup, the measured
+/// window, crashes on schedule. Returns the measured time (crash pauses
+/// excluded).
+fn drive(
+    shared: &Shared<'_>,
+    target: &mut RunningTarget,
+    crashes: &mut Vec<CrashReport>,
+) -> Result<Duration, StressError> {
+    let config = shared.config;
+    let control = shared.control;
+    let warmup_end = Instant::now() + config.warmup;
+    while Instant::now() < warmup_end && !control.all_exited() {
+        thread::sleep(TICK.min(warmup_end.saturating_duration_since(Instant::now())));
+    }
+    control.recording.store(true, Ordering::Relaxed);
+    let measure_start = Instant::now();
+    let mut paused = Duration::ZERO;
+    let mut next_crash = config.crash_every;
+    loop {
+        let active = measure_start.elapsed().saturating_sub(paused);
+        if active >= config.duration || control.all_exited() {
+            break;
+        }
+        if let Some(at) = next_crash
+            && active >= at
+        {
+            let started = Instant::now();
+            let report = crash_cycle(shared, target, active)?;
+            paused += started.elapsed();
+            let passed = report.verification.passed();
+            if config.progress {
+                eprintln!(
+                    "cube-stress: crash {} at {:.1} s: restarted in {:.0} ms, {} keys verified{}",
+                    crashes.len() + 1,
+                    report.at_s,
+                    report.restart_ms,
+                    report.verification.keys_checked,
+                    if passed { "" } else { ", MISMATCHES" }
+                );
+            }
+            crashes.push(report);
+            if !passed {
+                break;
+            }
+            next_crash = config.crash_every.map(|every| at + every);
+            continue;
+        }
+        let until = next_crash.map_or(config.duration, |at| at.min(config.duration));
+        thread::sleep(
+            TICK.min(until.saturating_sub(active))
+                .max(Duration::from_millis(1)),
+        );
+    }
+    Ok(measure_start.elapsed().saturating_sub(paused))
+}
+
+/// Kill -9, restart on the same data, wait for every client to stop, read
+/// back every key, let the clients go on.
+fn crash_cycle(
+    shared: &Shared<'_>,
+    target: &mut RunningTarget,
+    active: Duration,
+) -> Result<CrashReport, StressError> {
+    let control = shared.control;
+    // Clients see the pause only between requests, so the ones waiting for
+    // an answer are cut off by the kill: the writes in flight are the
+    // interesting part.
+    control.paused.store(true, Ordering::SeqCst);
+    let restart = target.crash_and_restart()?;
+    if !control.wait_all_parked(PARK_DEADLINE) {
+        return Err(StressError::target(
+            target.name(),
+            format!(
+                "client threads did not stop within {} s of the crash",
+                PARK_DEADLINE.as_secs()
+            ),
+        ));
+    }
+    let uncertain_writes = shared
+        .ledgers
+        .iter()
+        .map(|l| lock(l).uncertain_count() as u64)
+        .sum();
+    let figures = shared.connector.server_figures().unwrap_or_default();
+    let verification = verify::read_back(
+        shared.connector,
+        shared.ledgers,
+        &shared.keys,
+        ReadBack {
+            mode: VerifyMode::All,
+            value_size: shared.config.value_size,
+            fresh: true,
+            settle: true,
+            seed: shared.config.seed,
+        },
+    );
+    control.resume();
+    Ok(CrashReport {
+        at_s: active.as_secs_f64(),
+        restart_ms: restart.as_secs_f64() * 1000.0,
+        server_recovery_ms: count_figure(&figures, "recovery.ms"),
+        records_replayed: count_figure(&figures, "recovery.records_replayed"),
+        uncertain_writes,
+        verification,
+    })
+}
+
+fn count_figure(figures: &[StatsEntry], name: &str) -> Option<u64> {
+    figures.iter().find_map(|entry| match entry.value {
+        StatsValue::Count(n) if entry.name == name => Some(n),
+        _ => None,
+    })
+}
+
+/// Writes version 1 of every key, in batches over parallel connections.
+fn prefill(
+    connector: &dyn Connector,
+    ledgers: &[Mutex<Ledger>],
+    keys: &KeySpace,
+    value_size: usize,
+) -> Result<(), StressError> {
+    let batches: Vec<(u64, u64)> = (0..keys.keys())
+        .step_by(PREFILL_BATCH)
+        .map(|start| (start, (start + PREFILL_BATCH as u64).min(keys.keys())))
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let threads = PREFILL_THREADS.min(batches.len()).max(1);
+    let failures: Vec<String> = thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| -> Result<(), OpError> {
+                    let mut connection = connector.connect()?;
+                    let mut value = Vec::with_capacity(value_size);
+                    while let Some(&(start, end)) =
+                        batches.get(next.fetch_add(1, Ordering::Relaxed))
+                    {
+                        let items: Vec<_> = (start..end)
+                            .map(|key| {
+                                encode_value(key, 1, value_size, &mut value);
+                                (coord_of(key), value.clone())
+                            })
+                            .collect();
+                        connection.put_many(&items)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .filter_map(|w| match w.join() {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(_) => Some("a prefill thread panicked".to_owned()),
+            })
+            .collect()
+    });
+    if let Some(first) = failures.first() {
+        return Err(StressError::target(
+            "prefill",
+            format!("cannot write the key space before the run: {first}"),
+        ));
+    }
+    for ledger in ledgers {
+        let mut ledger = lock(ledger);
+        let version = ledger.next_version();
+        let owned: Vec<u64> = ledger.iter().map(|(key, _)| key).collect();
+        for key in owned {
+            ledger.acked(key, version);
+        }
+    }
+    Ok(())
+}
+
+/// What every client thread shares.
+struct Shared<'a> {
+    connector: &'a dyn Connector,
+    ledgers: &'a [Mutex<Ledger>],
+    keys: KeySpace,
+    config: &'a RunConfig,
+    control: &'a Control,
+}
+
+/// Start, pause and stop signals between the main thread and the clients.
+struct Control {
+    stop: AtomicBool,
+    recording: AtomicBool,
+    paused: AtomicBool,
+    threads: Mutex<ThreadCounts>,
+    changed: Condvar,
+}
+
+struct ThreadCounts {
+    running: usize,
+    parked: usize,
+}
+
+impl Control {
+    fn new(clients: usize) -> Control {
+        Control {
+            stop: AtomicBool::new(false),
+            recording: AtomicBool::new(false),
+            paused: AtomicBool::new(false),
+            threads: Mutex::new(ThreadCounts {
+                running: clients,
+                parked: 0,
+            }),
+            changed: Condvar::new(),
+        }
+    }
+
+    fn counts(&self) -> MutexGuard<'_, ThreadCounts> {
+        self.threads
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    fn paused(&self) -> bool {
+        self.paused.load(Ordering::SeqCst)
+    }
+
+    /// Called by a client thread that saw the pause: waits for the resume.
+    fn park(&self) {
+        let mut counts = self.counts();
+        counts.parked += 1;
+        self.changed.notify_all();
+        while self.paused() && !self.stopping() {
+            counts = self
+                .changed
+                .wait(counts)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+        counts.parked -= 1;
+    }
+
+    fn exited(&self) {
+        let mut counts = self.counts();
+        counts.running -= 1;
+        self.changed.notify_all();
+    }
+
+    fn all_exited(&self) -> bool {
+        self.counts().running == 0
+    }
+
+    fn wait_all_parked(&self, deadline: Duration) -> bool {
+        let until = Instant::now() + deadline;
+        let mut counts = self.counts();
+        while counts.parked < counts.running {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            counts = self
+                .changed
+                .wait_timeout(counts, left)
+                .map(|(guard, _)| guard)
+                .unwrap_or_else(|poisoned| poisoned.into_inner().0);
+        }
+        true
+    }
+
+    fn resume(&self) {
+        self.paused.store(false, Ordering::SeqCst);
+        // Taking the lock orders the store before any parked thread's
+        // next look at `paused`.
+        let _counts = self.counts();
+        self.changed.notify_all();
+    }
+
+    fn finish(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.resume();
+    }
+}
+
+fn lock(ledger: &Mutex<Ledger>) -> MutexGuard<'_, Ledger> {
+    ledger
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// What one client thread brings back.
+struct ClientOutcome {
+    recorder: Recorder,
+    errors: u64,
+    error_samples: Vec<String>,
+    reconnects: u64,
+    mismatches: VerifyReport,
+}
+
+impl ClientOutcome {
+    fn new() -> ClientOutcome {
+        ClientOutcome {
+            recorder: Recorder::default(),
+            errors: 0,
+            error_samples: Vec::new(),
+            reconnects: 0,
+            mismatches: VerifyReport::new(VerifyMode::None),
+        }
+    }
+
+    fn panicked() -> ClientOutcome {
+        let mut outcome = ClientOutcome::new();
+        outcome.error("a client thread panicked".to_owned());
+        outcome
+    }
+
+    fn error(&mut self, description: String) {
+        self.errors += 1;
+        if self.error_samples.len() < KEPT_ERRORS {
+            self.error_samples.push(description);
+        }
+    }
+}
+
+/// Why one request did not count as a success.
+enum Failure {
+    Op(OpError),
+    /// The answer was wrong: a read found what no write put there.
+    Mismatch(String),
+}
+
+fn client_loop(shared: &Shared<'_>, client: usize) -> ClientOutcome {
+    let config = shared.config;
+    let control = shared.control;
+    let mut outcome = ClientOutcome::new();
+    let mut rng = Rng::for_stream(config.seed, client as u64);
+    let mut connection: Option<Box<dyn Connection>> = None;
+    let mut value = Vec::with_capacity(config.value_size);
+    let interval = config
+        .rate
+        .map(|rate| Duration::from_secs_f64(config.clients as f64 / rate));
+    let mut due = Instant::now();
+    while !control.stopping() {
+        if control.paused() {
+            connection = None;
+            control.park();
+            due = Instant::now();
+            continue;
+        }
+        let live = match &mut connection {
+            Some(live) => live,
+            None => match shared.connector.connect() {
+                Ok(fresh) => connection.insert(fresh),
+                Err(_) if control.paused() => continue,
+                Err(e) => {
+                    outcome.error(format!("client {client}: cannot connect: {e}"));
+                    break;
+                }
+            },
+        };
+        let op = config.workload.next_op(&mut rng, &shared.keys, client);
+        // Open loop: a request sent late because earlier answers were slow
+        // is timed from when it was due, so the wait counts (no coordinated
+        // omission). One sent on time is timed from when it was sent, so
+        // the sleep's own overshoot is not blamed on the target.
+        let started = match interval {
+            Some(interval) => {
+                let now = Instant::now();
+                let scheduled = due;
+                due += interval;
+                if scheduled > now {
+                    thread::sleep(scheduled - now);
+                    Instant::now()
+                } else {
+                    scheduled
+                }
+            }
+            None => Instant::now(),
+        };
+        let recording = control.recording.load(Ordering::Relaxed);
+        match execute(shared, client, live.as_mut(), op, &mut value) {
+            Ok(()) => {
+                if recording {
+                    outcome.recorder.record(op.command(), started.elapsed());
+                }
+            }
+            Err(Failure::Op(OpError::Disconnected(_))) if control.paused() => {
+                connection = None;
+                outcome.reconnects += 1;
+            }
+            Err(Failure::Op(e)) => {
+                if matches!(e, OpError::Disconnected(_)) {
+                    connection = None;
+                }
+                outcome.error(format!("client {client}: {}: {e}", describe(op)));
+            }
+            Err(Failure::Mismatch(problem)) => outcome.mismatches.add_mismatch(problem),
+        }
+    }
+    control.exited();
+    outcome
+}
+
+fn describe(op: Op) -> String {
+    match op {
+        Op::Put { key } => format!("put key {key} at {}", coord_of(key)),
+        Op::Get { key } => format!("get key {key} at {}", coord_of(key)),
+    }
+}
+
+/// Runs one request and checks its answer.
+fn execute(
+    shared: &Shared<'_>,
+    client: usize,
+    connection: &mut dyn Connection,
+    op: Op,
+    value: &mut Vec<u8>,
+) -> Result<(), Failure> {
+    let value_size = shared.config.value_size;
+    match op {
+        Op::Put { key } => {
+            let ledger = &shared.ledgers[client];
+            let version = lock(ledger).next_version();
+            encode_value(key, version, value_size, value);
+            match connection.put(coord_of(key), value) {
+                Ok(()) => {
+                    lock(ledger).acked(key, version);
+                    Ok(())
+                }
+                Err(e) => {
+                    lock(ledger).unknown(key, version);
+                    Err(Failure::Op(e))
+                }
+            }
+        }
+        Op::Get { key } => {
+            let found = connection.get(coord_of(key)).map_err(Failure::Op)?;
+            let Some(bytes) = found else {
+                return Err(Failure::Mismatch(format!(
+                    "key {key} at {}: read found nothing, but every key was written before the run",
+                    coord_of(key)
+                )));
+            };
+            let stored = decode_value(&bytes, value_size)
+                .map_err(|problem| Failure::Mismatch(format!("key {key}: {problem}")))?;
+            if stored.key != key {
+                return Err(Failure::Mismatch(format!(
+                    "key {key} at {}: read found the value of key {}",
+                    coord_of(key),
+                    stored.key
+                )));
+            }
+            // A client's own keys change only through it, so the exact
+            // version is known; other keys may be mid-change.
+            if shared.keys.owner(key) == client {
+                lock(&shared.ledgers[client])
+                    .check_read(key, Some(stored))
+                    .map_err(Failure::Mismatch)?;
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,253 @@
+//! What the driver talks to: a throwaway or running `cubed`, a throwaway
+//! `redis-server`, or an SQLite file.
+//!
+//! Each target provides a [`Connector`] (shared by the client threads,
+//! each of which opens its own [`Connection`]) and, through
+//! [`RunningTarget`], owns the process or files it started and removes them
+//! when dropped.
+
+pub mod cube;
+pub mod redis;
+pub mod sqlite;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::ValueEnum;
+use cube_client::{LocalDaemon, StatsEntry};
+use cube_protocol::Coord;
+
+use crate::error::{OpError, StressError};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, ValueEnum)]
+pub enum TargetKind {
+    /// cubed (a throwaway one unless --socket names a running one).
+    Cube,
+    /// redis-server with appendonly yes, appendfsync always: durable like cube.
+    #[value(alias = "redis")]
+    RedisAlways,
+    /// redis-server with appendfsync everysec: up to a second of writes lost on a crash.
+    RedisEverysec,
+    /// redis-server without persistence.
+    RedisNone,
+    /// SQLite in WAL mode, synchronous=FULL, one transaction per write.
+    Sqlite,
+}
+
+impl TargetKind {
+    pub const ALL: [TargetKind; 5] = [
+        TargetKind::Cube,
+        TargetKind::RedisAlways,
+        TargetKind::RedisEverysec,
+        TargetKind::RedisNone,
+        TargetKind::Sqlite,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TargetKind::Cube => "cube",
+            TargetKind::RedisAlways => "redis-always",
+            TargetKind::RedisEverysec => "redis-everysec",
+            TargetKind::RedisNone => "redis-none",
+            TargetKind::Sqlite => "sqlite",
+        }
+    }
+
+    pub fn is_redis(self) -> bool {
+        matches!(
+            self,
+            TargetKind::RedisAlways | TargetKind::RedisEverysec | TargetKind::RedisNone
+        )
+    }
+}
+
+/// One client's session with the target. Requests are one at a time.
+pub trait Connection: Send {
+    /// Stores `value` at `coord`; returns once the target acknowledged it
+    /// (durably, for the durable targets).
+    fn put(&mut self, coord: Coord, value: &[u8]) -> Result<(), OpError>;
+
+    /// The value at `coord`, or `None` when there is none.
+    fn get(&mut self, coord: Coord) -> Result<Option<Vec<u8>>, OpError>;
+
+    /// Many writes, for filling the key space before the clock starts.
+    /// Targets with a batch form (a pipeline, a transaction) override this.
+    fn put_many(&mut self, items: &[(Coord, Vec<u8>)]) -> Result<(), OpError> {
+        items
+            .iter()
+            .try_for_each(|(coord, value)| self.put(*coord, value))
+    }
+}
+
+/// Opens connections to one target; shared by all client threads.
+pub trait Connector: Send + Sync {
+    fn connect(&self) -> Result<Box<dyn Connection>, OpError>;
+
+    /// The target's own figures, in cube's `stats` naming where there is a
+    /// counterpart (`cmd.<name>.count`, `cmd.<name>.latency_us_mean`);
+    /// empty for a target that keeps none.
+    fn server_figures(&self) -> Result<Vec<StatsEntry>, String>;
+}
+
+/// Which target to run against and how to reach or start it.
+#[derive(Clone, Debug)]
+pub struct TargetSpec {
+    pub kind: TargetKind,
+    /// A running cubed's socket; `None` starts a throwaway one.
+    pub socket: Option<PathBuf>,
+    /// Extra flags for a throwaway cubed.
+    pub daemon_args: Vec<String>,
+}
+
+impl TargetSpec {
+    pub fn new(kind: TargetKind) -> TargetSpec {
+        TargetSpec {
+            kind,
+            socket: None,
+            daemon_args: Vec::new(),
+        }
+    }
+}
+
+/// The process or files a target runs on; dropping it stops and removes
+/// what the driver started (never a daemon it was pointed at).
+enum Backing {
+    ThrowawayCube(LocalDaemon),
+    RunningCube,
+    Redis(redis::RedisServer),
+    /// Held only so the file is removed after the run.
+    Sqlite {
+        _file: sqlite::SqliteFile,
+    },
+}
+
+/// A started (or reached) target.
+pub struct RunningTarget {
+    pub kind: TargetKind,
+    /// One line for people: what runs where, with which durability.
+    pub detail: String,
+    pub connector: Arc<dyn Connector>,
+    /// Whether it started empty, so keys never written must be absent.
+    pub fresh: bool,
+    backing: Backing,
+}
+
+impl RunningTarget {
+    pub fn start(spec: &TargetSpec) -> Result<RunningTarget, StressError> {
+        if spec.kind != TargetKind::Cube && (spec.socket.is_some() || !spec.daemon_args.is_empty())
+        {
+            return Err(StressError::Usage(format!(
+                "--socket and --daemon-arg are for --target cube, not {}",
+                spec.kind.name()
+            )));
+        }
+        match spec.kind {
+            TargetKind::Cube => match &spec.socket {
+                Some(socket) => {
+                    if !spec.daemon_args.is_empty() {
+                        return Err(StressError::Usage(
+                            "--daemon-arg starts a throwaway cubed with extra flags; \
+                             it cannot change a running one given with --socket"
+                                .to_owned(),
+                        ));
+                    }
+                    let connector = cube::CubeConnector::new(socket.clone());
+                    let detail = format!(
+                        "running cubed at {} ({})",
+                        socket.display(),
+                        connector.describe()?
+                    );
+                    Ok(RunningTarget {
+                        kind: spec.kind,
+                        detail,
+                        connector: Arc::new(connector),
+                        fresh: false,
+                        backing: Backing::RunningCube,
+                    })
+                }
+                None => {
+                    let args: Vec<&str> = spec.daemon_args.iter().map(String::as_str).collect();
+                    let daemon = LocalDaemon::start_fresh(&args)?;
+                    let connector = cube::CubeConnector::new(daemon.socket().to_owned());
+                    let detail = format!(
+                        "throwaway cubed in {} ({})",
+                        daemon
+                            .data_dir()
+                            .parent()
+                            .unwrap_or(daemon.data_dir())
+                            .display(),
+                        connector.describe()?
+                    );
+                    Ok(RunningTarget {
+                        kind: spec.kind,
+                        detail,
+                        connector: Arc::new(connector),
+                        fresh: true,
+                        backing: Backing::ThrowawayCube(daemon),
+                    })
+                }
+            },
+            TargetKind::RedisAlways | TargetKind::RedisEverysec | TargetKind::RedisNone => {
+                let fsync = match spec.kind {
+                    TargetKind::RedisAlways => redis::Persistence::Always,
+                    TargetKind::RedisEverysec => redis::Persistence::Everysec,
+                    _ => redis::Persistence::None,
+                };
+                let server = redis::RedisServer::start(fsync)?;
+                let detail = server.describe();
+                Ok(RunningTarget {
+                    kind: spec.kind,
+                    detail,
+                    connector: Arc::new(server.connector()),
+                    fresh: true,
+                    backing: Backing::Redis(server),
+                })
+            }
+            TargetKind::Sqlite => {
+                let file = sqlite::SqliteFile::create()?;
+                let detail = file.describe();
+                Ok(RunningTarget {
+                    kind: spec.kind,
+                    detail,
+                    connector: Arc::new(file.connector()),
+                    fresh: true,
+                    backing: Backing::Sqlite { _file: file },
+                })
+            }
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.kind.name()
+    }
+
+    /// Only a throwaway cubed can be crashed: the driver owns its process.
+    pub fn can_crash(&self) -> bool {
+        matches!(self.backing, Backing::ThrowawayCube(_))
+    }
+
+    /// SIGKILLs the daemon and starts it again on the same data; returns how
+    /// long the restart took until it accepted connections.
+    pub fn crash_and_restart(&mut self) -> Result<Duration, StressError> {
+        let Backing::ThrowawayCube(daemon) = &mut self.backing else {
+            return Err(StressError::Usage(format!(
+                "--crash-every needs a throwaway cubed; {} cannot be crashed by the driver",
+                self.kind.name()
+            )));
+        };
+        daemon.kill9()?;
+        let started = Instant::now();
+        daemon.restart()?;
+        Ok(started.elapsed())
+    }
+
+    /// The throwaway daemon's log, for error reports.
+    pub fn log_text(&self) -> Option<String> {
+        match &self.backing {
+            Backing::ThrowawayCube(daemon) => Some(daemon.log_text()),
+            Backing::Redis(server) => Some(server.log_text()),
+            _ => None,
+        }
+    }
+}
