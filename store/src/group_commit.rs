@@ -17,7 +17,12 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
 
+use std::any::Any;
+
+use cube_protocol::NamespaceName;
+
 use crate::error::{WriteError, WriteErrorKind};
+use crate::transaction::{Overlay, TxnFn, TxnView};
 use crate::memstore::MemStore;
 use crate::mutation::Mutation;
 use crate::stats::StoreStats;
@@ -112,10 +117,47 @@ pub struct WriteAck {
 
 type Reply = Result<WriteAck, WriteError>;
 
+/// Where the answer to a write goes.
+pub enum Responder<T> {
+    /// A channel the caller blocks on.
+    Channel(Sender<Result<T, WriteError>>),
+    /// Called on the writer thread once the write's group is durable (or
+    /// the write is refused). It runs between groups, so it must be quick
+    /// and must never block: a non-blocking socket send, say.
+    Callback(Box<dyn FnOnce(Result<T, WriteError>) + Send>),
+}
+
+impl<T> Responder<T> {
+    fn answer(self, result: Result<T, WriteError>) {
+        match self {
+            Responder::Channel(tx) => {
+                let _ = tx.send(result);
+            }
+            Responder::Callback(callback) => callback(result),
+        }
+    }
+}
+
+/// What a committed transaction answers.
+pub struct TxnAck {
+    /// What the transaction's closure returned.
+    pub output: Box<dyn Any + Send>,
+    /// The LSN of its first mutation, 0 if it wrote nothing.
+    pub first_lsn: u64,
+    pub mutations: usize,
+}
+
+/// Most mutations one transaction may emit; past it, it is rolled back.
+pub const MAX_TXN_MUTATIONS: usize = 65_536;
+
 enum WriterCommand {
     Write {
         mutation: Mutation,
-        reply: Sender<Reply>,
+        reply: Responder<WriteAck>,
+    },
+    Transact {
+        txn: TxnFn,
+        reply: Responder<TxnAck>,
     },
     /// Close the current segment (sync it) and start the next; answers the
     /// first LSN of the new segment: every LSN below it is in closed segments.
@@ -141,6 +183,10 @@ impl SegmentRoller {
     }
 }
 
+fn stopped() -> WriteError {
+    WriteError::new(WriteErrorKind::ShuttingDown, "the writer has stopped")
+}
+
 /// A connection's handle to the writer, with its own reusable reply slot.
 pub struct WriteSession {
     tx: Sender<WriterCommand>,
@@ -151,14 +197,50 @@ pub struct WriteSession {
 impl WriteSession {
     /// Blocks until the write is durable (under [`SyncPolicy::Always`]) or refused.
     pub fn write(&self, mutation: Mutation) -> Result<WriteAck, WriteError> {
-        let stopped = || WriteError::new(WriteErrorKind::ShuttingDown, "the writer has stopped");
         self.tx
             .send(WriterCommand::Write {
                 mutation,
-                reply: self.reply_tx.clone(),
+                reply: Responder::Channel(self.reply_tx.clone()),
             })
             .map_err(|_| stopped())?;
         self.reply_rx.recv().map_err(|_| stopped())?
+    }
+
+    /// Queues the write and returns at once; `on_done` runs on the writer
+    /// thread when it is durable or refused (see [`Responder::Callback`]).
+    /// Saves the caller a sleep and a wake-up per write.
+    pub fn submit(&self, mutation: Mutation, on_done: impl FnOnce(Reply) + Send + 'static) {
+        let command = WriterCommand::Write {
+            mutation,
+            reply: Responder::Callback(Box::new(on_done)),
+        };
+        if let Err(crossbeam_channel::SendError(command)) = self.tx.send(command)
+            && let WriterCommand::Write { reply, .. } = command
+        {
+            reply.answer(Err(stopped()));
+        }
+    }
+
+    /// Runs `txn` on the writer thread against the latest state and commits
+    /// what it emits atomically; blocks until that is durable. Returns the
+    /// closure's result and the LSN of its first mutation (0 if none).
+    pub fn transact<R: Send + 'static>(
+        &self,
+        txn: impl FnOnce(&mut TxnView<'_>) -> R + Send + 'static,
+    ) -> Result<(R, u64), WriteError> {
+        let (reply, answer) = bounded(1);
+        self.tx
+            .send(WriterCommand::Transact {
+                txn: Box::new(move |view: &mut TxnView<'_>| Box::new(txn(view)) as Box<dyn Any + Send>),
+                reply: Responder::Channel(reply),
+            })
+            .map_err(|_| stopped())?;
+        let ack = answer.recv().map_err(|_| stopped())??;
+        let output = ack
+            .output
+            .downcast::<R>()
+            .map_err(|_| WriteError::new(WriteErrorKind::Invalid, "transaction output of an unexpected type"))?;
+        Ok((*output, ack.first_lsn))
     }
 }
 
@@ -198,6 +280,7 @@ impl GroupCommit {
             unsynced_writes: 0,
             last_sync: Instant::now(),
             buf: Vec::with_capacity(1024 * 1024),
+            overlay: Overlay::default(),
             config,
         };
         let thread = thread::Builder::new()
@@ -243,16 +326,60 @@ impl Drop for GroupCommit {
     }
 }
 
+fn no_such_namespace(ns: &NamespaceName) -> WriteError {
+    WriteError::new(
+        WriteErrorKind::NoSuchNamespace,
+        format!("no such namespace {:?}", ns.as_str()),
+    )
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-struct PendingWrite {
-    mutation: Mutation,
-    reply: Sender<Reply>,
-    lsn: u64,
+/// A command of the group being built, before it is prepared.
+enum Queued {
+    Write {
+        mutation: Mutation,
+        reply: Responder<WriteAck>,
+    },
+    Txn {
+        txn: TxnFn,
+        reply: Responder<TxnAck>,
+    },
+}
+
+/// A prepared entry: its mutations are final and have LSNs.
+enum Prepared {
+    Write {
+        mutation: Mutation,
+        reply: Responder<WriteAck>,
+        lsn: u64,
+    },
+    Txn {
+        mutations: Vec<Mutation>,
+        output: Box<dyn Any + Send>,
+        reply: Responder<TxnAck>,
+        first_lsn: u64,
+    },
+}
+
+impl Prepared {
+    fn mutations(&self) -> &[Mutation] {
+        match self {
+            Prepared::Write { mutation, .. } => std::slice::from_ref(mutation),
+            Prepared::Txn { mutations, .. } => mutations,
+        }
+    }
+
+    fn refuse(self, error: WriteError) {
+        match self {
+            Prepared::Write { reply, .. } => reply.answer(Err(error)),
+            Prepared::Txn { reply, .. } => reply.answer(Err(error)),
+        }
+    }
 }
 
 struct Writer {
@@ -268,12 +395,13 @@ struct Writer {
     unsynced_writes: u64,
     last_sync: Instant,
     buf: Vec<u8>,
+    overlay: Overlay,
     config: GroupCommitConfig,
 }
 
 impl Writer {
     fn run(mut self, rx: &Receiver<WriterCommand>) {
-        let mut group: Vec<PendingWrite> = Vec::with_capacity(self.config.max_group_records);
+        let mut group: Vec<Queued> = Vec::with_capacity(self.config.max_group_records);
         let mut stopping = false;
         while !stopping {
             let first = match self.sync_deadline() {
@@ -306,11 +434,10 @@ impl Writer {
                     }
                     WriterCommand::Write { mutation, reply } => {
                         group_bytes += mutation.payload_len();
-                        group.push(PendingWrite {
-                            mutation,
-                            reply,
-                            lsn: 0,
-                        });
+                        group.push(Queued::Write { mutation, reply });
+                    }
+                    WriterCommand::Transact { txn, reply } => {
+                        group.push(Queued::Txn { txn, reply });
                     }
                 }
                 if group.len() < self.config.max_group_records
@@ -393,7 +520,7 @@ impl Writer {
         }
     }
 
-    fn commit(&mut self, group: &mut Vec<PendingWrite>) {
+    fn commit(&mut self, group: &mut Vec<Queued>) {
         if let Some(reason) = &self.failed {
             let error = WriteError::new(
                 WriteErrorKind::WritesDisabled,
@@ -401,63 +528,152 @@ impl Writer {
                     "writes are disabled after an earlier storage failure: {reason}; restart cubed to recover from the log"
                 ),
             );
-            for pending in group.drain(..) {
-                let _ = pending.reply.send(Err(error.clone()));
+            for queued in group.drain(..) {
+                match queued {
+                    Queued::Write { reply, .. } => reply.answer(Err(error.clone())),
+                    Queued::Txn { reply, .. } => reply.answer(Err(error.clone())),
+                }
             }
             return;
         }
-        group.retain(|pending| {
-            let ns = pending.mutation.namespace();
-            if self.mem.has_namespace(ns) {
-                return true;
-            }
-            let _ = pending.reply.send(Err(WriteError::new(
-                WriteErrorKind::NoSuchNamespace,
-                format!(
-                    "no such namespace {:?}; this version has only \"default\"",
-                    ns.as_str()
-                ),
-            )));
-            false
-        });
-        if group.is_empty() {
+        let mut prepared = self.prepare(group);
+        let records: usize = prepared.iter().map(|p| p.mutations().len()).sum();
+        if records == 0 {
+            // Only read-only transactions, which read nothing undurable
+            // (there was no earlier write in this group): answer now.
+            self.answer(prepared, &[]);
             return;
         }
         self.buf.clear();
         let first_lsn = self.next_lsn;
-        let last = group.len() - 1;
-        for (i, pending) in group.iter_mut().enumerate() {
-            pending.lsn = self.next_lsn;
-            encode_record(&mut self.buf, self.next_lsn, &pending.mutation, i == last);
-            self.next_lsn += 1;
+        let mut written = 0usize;
+        for entry in prepared.iter_mut() {
+            let entry_lsn = self.next_lsn;
+            match entry {
+                Prepared::Write { lsn, .. } => *lsn = entry_lsn,
+                Prepared::Txn { first_lsn, mutations, .. } => {
+                    *first_lsn = if mutations.is_empty() { 0 } else { entry_lsn };
+                }
+            }
+            for mutation in entry.mutations() {
+                written += 1;
+                encode_record(&mut self.buf, self.next_lsn, mutation, written == records);
+                self.next_lsn += 1;
+            }
         }
         let last_lsn = self.next_lsn - 1;
         assert_eq!(
             last_lsn - first_lsn + 1,
-            group.len() as u64,
+            records as u64,
             "LSNs in a group are contiguous"
         );
-        assert!(
-            group.len() <= self.config.max_group_records,
-            "group within its cap"
-        );
 
-        if let Err(failure) = self.write_group(first_lsn, group.len() as u64) {
-            self.fail(group, &failure);
+        if let Err(failure) = self.write_group(first_lsn, records as u64) {
+            self.fail(prepared, &failure);
             return;
         }
         self.stats
-            .record_group(group.len() as u64, self.buf.len() as u64, last_lsn);
+            .record_group(records as u64, self.buf.len() as u64, last_lsn);
 
-        let mutations: Vec<&Mutation> = group.iter().map(|p| &p.mutation).collect();
-        let mut existed = Vec::with_capacity(group.len());
+        let mutations: Vec<&Mutation> = prepared.iter().flat_map(|p| p.mutations()).collect();
+        let mut existed = Vec::with_capacity(records);
         self.mem.apply_group(&mutations, &mut existed);
         drop(mutations);
-        for (pending, existed) in group.drain(..).zip(existed) {
-            let _ = pending.reply.send(Ok(WriteAck {
-                lsn: pending.lsn,
-                existed,
-            }));
+        self.answer(prepared, &existed);
+    }
+
+    /// Checks each write, runs each transaction in order against the store
+    /// plus the group's earlier writes, and returns the group's entries.
+    fn prepare(&mut self, group: &mut Vec<Queued>) -> Vec<Prepared> {
+        let mut prepared = Vec::with_capacity(group.len());
+        // The overlay is built only once a transaction needs it.
+        let mut overlay_live = false;
+        self.overlay.clear();
+        for queued in group.drain(..) {
+            match queued {
+                Queued::Write { mutation, reply } => {
+                    let ns = mutation.namespace();
+                    if !self.mem.has_namespace(ns) {
+                        reply.answer(Err(no_such_namespace(ns)));
+                        continue;
+                    }
+                    if overlay_live {
+                        self.overlay.record(&mutation);
+                    }
+                    prepared.push(Prepared::Write {
+                        mutation,
+                        reply,
+                        lsn: 0,
+                    });
+                }
+                Queued::Txn { txn, reply } => {
+                    if !overlay_live {
+                        for entry in &prepared {
+                            for mutation in entry.mutations() {
+                                self.overlay.record(mutation);
+                            }
+                        }
+                        overlay_live = true;
+                    }
+                    let mut view = TxnView::new(&self.mem, &mut self.overlay);
+                    let output = txn(&mut view);
+                    let refusal = if view.emitted() > MAX_TXN_MUTATIONS {
+                        Some(WriteError::new(
+                            WriteErrorKind::Invalid,
+                            format!(
+                                "the transaction wrote {} cells, over the limit of {MAX_TXN_MUTATIONS}; nothing was applied",
+                                view.emitted()
+                            ),
+                        ))
+                    } else {
+                        None
+                    };
+                    let refusal = refusal.or_else(|| {
+                        view.pending_namespaces()
+                            .find(|ns| !self.mem.has_namespace(ns))
+                            .map(no_such_namespace)
+                    });
+                    if let Some(error) = refusal {
+                        view.rollback();
+                        reply.answer(Err(error));
+                        continue;
+                    }
+                    prepared.push(Prepared::Txn {
+                        mutations: view.into_mutations(),
+                        output,
+                        reply,
+                        first_lsn: 0,
+                    });
+                }
+            }
+        }
+        prepared
+    }
+
+    /// Answers every entry of a durable (and applied) group.
+    fn answer(&mut self, prepared: Vec<Prepared>, existed: &[bool]) {
+        let mut at = 0usize;
+        for entry in prepared {
+            match entry {
+                Prepared::Write { reply, lsn, .. } => {
+                    let existed = existed.get(at).copied().unwrap_or(false);
+                    at += 1;
+                    reply.answer(Ok(WriteAck { lsn, existed }));
+                }
+                Prepared::Txn {
+                    mutations,
+                    output,
+                    reply,
+                    first_lsn,
+                } => {
+                    at += mutations.len();
+                    reply.answer(Ok(TxnAck {
+                        output,
+                        first_lsn,
+                        mutations: mutations.len(),
+                    }));
+                }
+            }
         }
     }
 
@@ -526,7 +742,7 @@ impl Writer {
     }
 
     /// Latches the writer and tells every request in the group why.
-    fn fail(&mut self, group: &mut Vec<PendingWrite>, failure: &(WriteErrorKind, String)) {
+    fn fail(&mut self, group: Vec<Prepared>, failure: &(WriteErrorKind, String)) {
         let (kind, reason) = failure;
         eprintln!(
             "cubed: error: {reason}; refusing all further writes until restart (reads continue)"
@@ -537,8 +753,8 @@ impl Writer {
             .write_errors
             .fetch_add(group.len() as u64, std::sync::atomic::Ordering::Relaxed);
         let error = WriteError::new(*kind, format!("write not stored: {reason}"));
-        for pending in group.drain(..) {
-            let _ = pending.reply.send(Err(error.clone()));
+        for entry in group {
+            entry.refuse(error.clone());
         }
     }
 }

@@ -28,6 +28,7 @@ mod mutation;
 mod scan;
 pub mod sim_disk;
 mod stats;
+pub mod transaction;
 pub mod storage;
 pub mod verify;
 pub mod wal;
@@ -35,7 +36,10 @@ pub mod wal;
 pub use curve::{Curve, hilbert_decode, hilbert_key, morton_decode, morton_key};
 pub use data_dir::{DataDir, sync_dir};
 pub use error::{StoreError, WriteError, WriteErrorKind};
-pub use group_commit::{GroupCommit, GroupCommitConfig, SyncPolicy, WriteAck, WriteSession};
+pub use group_commit::{
+    GroupCommit, GroupCommitConfig, MAX_TXN_MUTATIONS, Responder, SyncPolicy, TxnAck, WriteAck, WriteSession,
+};
+pub use transaction::TxnView;
 pub use memstore::{APPLY_SLICE_RECORDS, MemStore, SCAN_SLICE_STEPS};
 pub use mutation::Mutation;
 pub use scan::{ScanLimits, ScanOutcome, Visit};

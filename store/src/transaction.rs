@@ -1,0 +1,238 @@
+//! Transactions: a closure run on the writer thread that reads the latest
+//! state and emits mutations committed atomically in its group.
+//!
+//! Why on the writer: a read-modify-write (a cell program, a detaching
+//! delete) must see every write ordered before it, including writes queued
+//! earlier in the same group that are not yet durable, and nothing may
+//! change between its reads and its writes. The writer is the one place
+//! where that order exists. Reads go through an [`Overlay`] of the group's
+//! pending cell writes over the in-memory store; the transaction's own
+//! mutations join the group, so one fdatasync covers them and recovery
+//! applies them whole or not at all (commit groups are atomic on disk).
+//!
+//! A transaction's answer is sent only after its group is durable, so a
+//! value it read from the overlay never reaches a client before it is on
+//! disk. Its cost is writer time: callers bound it (programs have fuel).
+
+use std::any::Any;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use cube_protocol::{CellBox, Coord, NamespaceName};
+
+use crate::memstore::MemStore;
+use crate::mutation::Mutation;
+use crate::scan::{ScanLimits, Visit};
+
+/// The cell writes of the current group not yet applied to the store:
+/// `None` is a delete.
+/// A cell's identity across namespaces.
+type CellId = (NamespaceName, Coord);
+/// A pending cell value: `None` is a delete.
+type PendingValue = Option<Arc<[u8]>>;
+
+#[derive(Default)]
+pub(crate) struct Overlay {
+    cells: HashMap<CellId, PendingValue>,
+}
+
+impl Overlay {
+    pub(crate) fn clear(&mut self) {
+        self.cells.clear();
+    }
+
+    /// Records a mutation's effect on cells; returns what it replaced
+    /// (`Some(previous overlay entry)` if the overlay had one).
+    pub(crate) fn record(&mut self, mutation: &Mutation) -> Option<PendingValue> {
+        match mutation {
+            Mutation::Put { ns, coord, value } => self
+                .cells
+                .insert((ns.clone(), *coord), Some(Arc::from(value.as_slice()))),
+            Mutation::Del { ns, coord } => self.cells.insert((ns.clone(), *coord), None),
+        }
+    }
+}
+
+/// The most cells a transaction's region read returns.
+pub const MAX_TXN_SCAN_CELLS: usize = 65_536;
+
+/// What a transaction sees and does.
+pub struct TxnView<'a> {
+    mem: &'a MemStore,
+    overlay: &'a mut Overlay,
+    mutations: Vec<Mutation>,
+    /// Mutations refused for being past [`crate::MAX_TXN_MUTATIONS`].
+    overflowed: usize,
+    /// Overlay entries this transaction replaced, to undo on rollback.
+    undo: Vec<(CellId, Option<PendingValue>)>,
+}
+
+impl<'a> TxnView<'a> {
+    pub(crate) fn new(mem: &'a MemStore, overlay: &'a mut Overlay) -> TxnView<'a> {
+        TxnView {
+            mem,
+            overlay,
+            mutations: Vec::new(),
+            overflowed: 0,
+            undo: Vec::new(),
+        }
+    }
+
+    pub fn has_namespace(&self, ns: &NamespaceName) -> bool {
+        self.mem.has_namespace(ns)
+    }
+
+    /// The cell's value as of this point in the log, or `None`.
+    pub fn get(&self, ns: &NamespaceName, coord: Coord) -> Option<Arc<[u8]>> {
+        if let Some(pending) = self.overlay.cells.get(&(ns.clone(), coord)) {
+            return pending.clone();
+        }
+        self.mem.get(ns, coord).flatten()
+    }
+
+    /// Writes a cell (seen by this transaction's later reads and by later
+    /// transactions in the group).
+    pub fn put(&mut self, ns: &NamespaceName, coord: Coord, value: Vec<u8>) {
+        self.emit_cell(Mutation::Put {
+            ns: ns.clone(),
+            coord,
+            value,
+        });
+    }
+
+    /// Deletes a cell; returns whether it had a value.
+    pub fn del(&mut self, ns: &NamespaceName, coord: Coord) -> bool {
+        let existed = self.get(ns, coord).is_some();
+        self.emit_cell(Mutation::Del {
+            ns: ns.clone(),
+            coord,
+        });
+        existed
+    }
+
+    /// Whether one more mutation fits; counts the ones that do not, so the
+    /// writer can refuse the whole transaction without holding them all.
+    fn room(&mut self) -> bool {
+        if self.mutations.len() >= crate::MAX_TXN_MUTATIONS {
+            self.overflowed += 1;
+            return false;
+        }
+        true
+    }
+
+    fn emit_cell(&mut self, mutation: Mutation) {
+        if !self.room() {
+            return;
+        }
+        let key = match &mutation {
+            Mutation::Put { ns, coord, .. } | Mutation::Del { ns, coord } => (ns.clone(), *coord),
+        };
+        let previous = self.overlay.record(&mutation);
+        self.undo.push((key, previous));
+        self.mutations.push(mutation);
+    }
+
+    /// Adds any mutation; it commits with the transaction. Cell writes are
+    /// seen by later reads through this view; other kinds are not modelled
+    /// by the overlay.
+    pub fn emit(&mut self, mutation: Mutation) {
+        #[allow(unreachable_patterns)]
+        match mutation {
+            Mutation::Put { .. } | Mutation::Del { .. } => self.emit_cell(mutation),
+            other => {
+                if self.room() {
+                    self.mutations.push(other);
+                }
+            }
+        }
+    }
+
+    /// Namespaces this transaction writes to.
+    pub(crate) fn pending_namespaces(&self) -> impl Iterator<Item = &NamespaceName> {
+        self.mutations.iter().map(Mutation::namespace)
+    }
+
+    /// Discards every mutation this transaction emitted so far.
+    pub fn rollback(&mut self) {
+        for (key, previous) in self.undo.drain(..).rev() {
+            match previous {
+                Some(entry) => {
+                    self.overlay.cells.insert(key, entry);
+                }
+                None => {
+                    self.overlay.cells.remove(&key);
+                }
+            }
+        }
+        self.mutations.clear();
+        self.overflowed = 0;
+    }
+
+    /// Mutations emitted so far (including any refused past the cap).
+    pub fn emitted(&self) -> usize {
+        self.mutations.len() + self.overflowed
+    }
+
+    /// The cells of `region` in curve order, overlay included, at most
+    /// `limit` (capped at [`MAX_TXN_SCAN_CELLS`]). `None`: no such namespace.
+    pub fn scan(&self, ns: &NamespaceName, region: &CellBox, limit: usize) -> Option<Vec<(Coord, Arc<[u8]>)>> {
+        let curve = self.mem.curve(ns)?;
+        let limit = limit.min(MAX_TXN_SCAN_CELLS);
+        let pending: Vec<(&Coord, &Option<Arc<[u8]>>)> = self
+            .overlay
+            .cells
+            .iter()
+            .filter(|((n, c), _)| n == ns && region.contains(*c))
+            .map(|((_, c), v)| (c, v))
+            .collect();
+        // Enough stored cells that deletes in the overlay cannot leave the
+        // page short.
+        let wanted = limit + pending.len();
+        let mut cells: BTreeMap<u128, (Coord, Arc<[u8]>)> = BTreeMap::new();
+        let mut after = None;
+        while cells.len() < wanted {
+            let mut taken = 0usize;
+            let outcome = self.mem.scan(
+                ns,
+                region,
+                after,
+                ScanLimits {
+                    max_cells: (wanted - cells.len()) as u64,
+                    max_steps: ScanLimits::MAX_STEPS,
+                },
+                |coord, value| {
+                    cells.insert(curve.key(coord), (coord, Arc::from(value)));
+                    taken += 1;
+                    Visit::Take
+                },
+            )?;
+            match outcome.resume_after {
+                Some(next) if taken > 0 || outcome.visited > 0 => after = Some(next),
+                _ => break,
+            }
+        }
+        for (coord, value) in pending {
+            match value {
+                Some(v) => {
+                    cells.insert(curve.key(*coord), (*coord, Arc::clone(v)));
+                }
+                None => {
+                    cells.remove(&curve.key(*coord));
+                }
+            }
+        }
+        Some(cells.into_values().take(limit).collect())
+    }
+
+    /// The store underneath, for reads the overlay does not model.
+    pub fn store(&self) -> &MemStore {
+        self.mem
+    }
+
+    pub(crate) fn into_mutations(self) -> Vec<Mutation> {
+        self.mutations
+    }
+}
+
+/// A transaction as the writer runs it.
+pub(crate) type TxnFn = Box<dyn FnOnce(&mut TxnView<'_>) -> Box<dyn Any + Send> + Send>;
