@@ -15,13 +15,14 @@ use std::time::{Duration, Instant};
 
 use cube_protocol::frame::read_frame;
 use cube_protocol::{
-    CellBox, Coord, ErrorCode, FrameHeader, HEADER_BYTES, MAX_SCAN_PAGE_CELLS, NamespaceName,
+    CellBox, Coord, ErrorCode, FrameHeader, HEADER_BYTES, MAX_SCAN_PAGE_CELLS, NamespaceName, Opcode,
     PROTOCOL_VERSION, ProtocolError, Request, Response, ScanPageEncoder, ScanResult, ServerError,
     StatsEntry, StatsValue,
 };
 use cube_store::{Mutation, ScanLimits, Visit, WriteError, WriteErrorKind, WriteSession};
 
 use crate::server::Shared;
+use crate::write_reply::{PendingReply, deliver};
 
 /// Read buffer per connection; frames larger than this are read straight
 /// into the body buffer.
@@ -67,6 +68,9 @@ pub(crate) struct Connection {
     session: Option<WriteSession>,
     greeted: bool,
     read_timeout: Option<Duration>,
+    /// The socket again, for the writer thread to answer writes on.
+    reply_stream: Arc<UnixStream>,
+    pending_reply: Arc<PendingReply>,
 }
 
 impl Connection {
@@ -77,6 +81,8 @@ impl Connection {
         stream.set_read_timeout(read_timeout)?;
         Ok(Connection {
             reader: BufReader::with_capacity(READ_BUFFER_BYTES, stream.try_clone()?),
+            reply_stream: Arc::new(stream.try_clone()?),
+            pending_reply: Arc::default(),
             writer: stream,
             shared,
             body: Vec::new(),
@@ -89,11 +95,23 @@ impl Connection {
 
     /// Serves frames until the peer leaves or the connection must close.
     pub(crate) fn run(&mut self) -> Close {
+        let close = self.serve();
+        // Never leave while the writer may still be answering on our socket.
+        let _ = self.pending_reply.wait();
+        close
+    }
+
+    fn serve(&mut self) -> Close {
         loop {
             let header = match self.next_frame() {
                 Ok(header) => header,
                 Err(close) => return close,
             };
+            // The previous write's answer must be out before this request
+            // is answered (responses go in request order).
+            if let Err(kind) = self.pending_reply.wait() {
+                return Close::WriteFailed(io::Error::from(kind));
+            }
             let started = Instant::now();
             let limits = self.shared.args.limits();
             let request = match header
@@ -138,6 +156,18 @@ impl Connection {
                 );
                 let _ = self.send_error(header.opcode, header.request_id, &error);
                 return Close::Refused("shutting down".into());
+            }
+            if matches!(request, Request::Put { .. } | Request::Del { .. }) {
+                match self.submit_write(request, header.request_id, started) {
+                    Ok(()) => continue,
+                    Err(error) => {
+                        if let Err(close) = self.send_error(header.opcode, header.request_id, &error) {
+                            return close;
+                        }
+                        self.shared.stats.record(opcode, started.elapsed().as_micros() as u64, false);
+                        continue;
+                    }
+                }
             }
             let result = match request {
                 // Scan pages are encoded straight from the store into `out`.
@@ -378,6 +408,45 @@ impl Connection {
             }
             None => Err(no_such_namespace(ns)),
         }
+    }
+
+    /// Hands a put or del to the writer; its answer is sent by the writer
+    /// thread once durable (see `write_reply`).
+    fn submit_write(&mut self, request: Request, request_id: u64, started: Instant) -> Result<(), ServerError> {
+        let (mutation, opcode) = match request {
+            Request::Put { ns, coord, value } => (Mutation::Put { ns, coord, value }, Opcode::Put),
+            Request::Del { ns, coord } => (Mutation::Del { ns, coord }, Opcode::Del),
+            _ => return Err(ServerError::new(ErrorCode::Internal, "only put and del are submitted")),
+        };
+        if self.session.is_none() {
+            self.session = self.shared.engine.session();
+        }
+        let session = self.session.as_ref().ok_or_else(|| {
+            ServerError::new(
+                ErrorCode::ShuttingDown,
+                "cubed is shutting down; the write was not stored",
+            )
+        })?;
+        self.pending_reply.begin();
+        let stream = Arc::clone(&self.reply_stream);
+        let slot = Arc::clone(&self.pending_reply);
+        let shared = Arc::clone(&self.shared);
+        session.submit(mutation, move |result| {
+            let mut frame = Vec::with_capacity(64);
+            let ok = result.is_ok();
+            match result {
+                Ok(ack) if opcode == Opcode::Del => Response::Del {
+                    lsn: ack.lsn,
+                    existed: ack.existed,
+                }
+                .encode(request_id, &mut frame),
+                Ok(ack) => Response::Put { lsn: ack.lsn }.encode(request_id, &mut frame),
+                Err(e) => Response::encode_error(opcode as u16, request_id, &write_error(&e), &mut frame),
+            }
+            shared.stats.record(opcode, started.elapsed().as_micros() as u64, ok);
+            deliver(&stream, frame, &slot);
+        });
+        Ok(())
     }
 
     fn write(&mut self, mutation: Mutation) -> Result<cube_store::WriteAck, ServerError> {

@@ -16,6 +16,7 @@ mod connection;
 pub mod log;
 pub mod server;
 pub mod verify;
+mod write_reply;
 
 pub use config::Args;
 pub use server::run;
