@@ -1,9 +1,23 @@
-//! Per-command counters and server-side latency, updated lock-free by every
-//! connection thread.
+//! Per-command counters and server-side latency, updated by every
+//! connection thread (and by the writer thread, which answers writes).
+//!
+//! Counts are atomics. Latency goes into HdrHistograms (microseconds, 3
+//! significant digits), one per command per stripe: a thread records into
+//! the stripe its id picks, so 64 connection threads rarely meet on one
+//! lock; `stats` merges the stripes.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard};
 
 use cube_protocol::Opcode;
+use hdrhistogram::Histogram;
+
+/// Histogram stripes per command.
+const STRIPES: usize = 8;
+/// Latencies above this (60 s) are clamped: nothing answers that slowly
+/// without having failed already.
+const MAX_LATENCY_US: u64 = 60_000_000;
 
 #[derive(Default)]
 struct CommandCounters {
@@ -11,6 +25,21 @@ struct CommandCounters {
     errors: AtomicU64,
     latency_us_total: AtomicU64,
     latency_us_max: AtomicU64,
+    latency: [Mutex<Option<Histogram<u64>>>; STRIPES],
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn new_histogram() -> Option<Histogram<u64>> {
+    Histogram::new_with_bounds(1, MAX_LATENCY_US, 3).ok()
+}
+
+static NEXT_STRIPE: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static STRIPE: Cell<usize> = Cell::new(NEXT_STRIPE.fetch_add(1, Relaxed) % STRIPES);
 }
 
 /// Counters for each opcode plus connection-level events.
@@ -33,6 +62,9 @@ pub struct CommandFigures {
     pub errors: u64,
     pub latency_us_mean: f64,
     pub latency_us_max: u64,
+    pub latency_us_p50: u64,
+    pub latency_us_p99: u64,
+    pub latency_us_p999: u64,
 }
 
 impl CommandStats {
@@ -44,6 +76,14 @@ impl CommandStats {
         }
         c.latency_us_total.fetch_add(latency_us, Relaxed);
         c.latency_us_max.fetch_max(latency_us, Relaxed);
+        let stripe = STRIPE.with(Cell::get);
+        let mut histogram = lock(&c.latency[stripe]);
+        if histogram.is_none() {
+            *histogram = new_histogram();
+        }
+        if let Some(h) = histogram.as_mut() {
+            h.saturating_record(latency_us.clamp(1, MAX_LATENCY_US));
+        }
     }
 
     pub fn figures(&self) -> Vec<CommandFigures> {
@@ -52,7 +92,17 @@ impl CommandStats {
             .map(|op| {
                 let c = &self.per_opcode[slot(*op)];
                 let count = c.count.load(Relaxed);
+                let mut merged = new_histogram();
+                for stripe in &c.latency {
+                    if let (Some(m), Some(h)) = (merged.as_mut(), lock(stripe).as_ref()) {
+                        let _ = m.add(h);
+                    }
+                }
+                let quantile = |q: f64| merged.as_ref().map_or(0, |h| h.value_at_quantile(q));
                 CommandFigures {
+                    latency_us_p50: quantile(0.5),
+                    latency_us_p99: quantile(0.99),
+                    latency_us_p999: quantile(0.999),
                     name: op.name(),
                     count,
                     errors: c.errors.load(Relaxed),

@@ -431,10 +431,14 @@ impl Shared {
                 &format!("cmd.{}.latency_us_mean", c.name),
                 c.latency_us_mean,
             ));
-            entries.push(count(
-                &format!("cmd.{}.latency_us_max", c.name),
-                c.latency_us_max,
-            ));
+            for (figure, value) in [
+                ("p50", c.latency_us_p50),
+                ("p99", c.latency_us_p99),
+                ("p999", c.latency_us_p999),
+                ("max", c.latency_us_max),
+            ] {
+                entries.push(count(&format!("cmd.{}.latency_us_{figure}", c.name), value));
+            }
         }
         entries.extend([
             count("wal.records", s.wal_records),
