@@ -7,7 +7,7 @@ DURATION ?= 30
 CLIENTS ?= 16
 STRESS_DIR := target/stress
 
-.PHONY: build release run test check fmt clippy stress stress-short compare bench sim clean-data
+.PHONY: build release run test check fmt clippy stress stress-short compare bench sim crash fuzz clean-data
 
 build:
 	$(CARGO) build --workspace
@@ -33,11 +33,16 @@ fmt:
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-# The full gate: formatting, lints, all tests, and a short stress run.
+# The full gate: formatting, lints, all tests (a 5-cycle crash torture
+# among them), a longer crash torture, more simulation seeds, a short fuzz
+# run of every target, and a short stress run.
 check:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(MAKE) test
+	$(MAKE) crash CYCLES=20
+	$(MAKE) sim SEEDS=100
+	$(MAKE) fuzz FUZZ_SECONDS=20
 	$(MAKE) stress-short
 
 # Latency histograms from a fresh throwaway daemon (DURATION=150 for the
@@ -65,6 +70,40 @@ bench:
 SEEDS ?= 500
 sim:
 	CUBE_SIM_SEEDS=$(SEEDS) $(CARGO) test --release -p cube-store --test storage_faults -- --nocapture
+
+# Crash torture: many clients (puts, deletes, edges, checkpoints) against a
+# cubed with tiny segments and thresholds, SIGKILLed at random moments and
+# inside checkpoints and compactions, restarted and read back, CYCLES times.
+# `make test` runs 5 cycles (stress/tests/crash_torture.rs).
+CYCLES ?= 100
+SEED ?= 1
+crash: release
+	./target/release/cube-stress crash --cycles $(CYCLES) --seed $(SEED)
+
+# Fuzz every target for FUZZ_SECONDS each: with libFuzzer (cargo-fuzz) when a
+# nightly toolchain and cargo-fuzz are installed, else with the stable
+# driver (fuzz/src/bin/cube-fuzz-stable.rs, mutations without coverage
+# feedback). Crashes land in fuzz/artifacts/TARGET/. FUZZ_ENGINE=stable
+# forces the stable driver. No sanitizer (-s none): the code is safe Rust,
+# and AddressSanitizer made the WAL target 30x slower. docs/robustness.md,
+# "Fuzzing".
+FUZZ_SECONDS ?= 60
+FUZZ_ENGINE ?= auto
+FUZZ_TARGETS := protocol_frames wal_segment checkpoint_file program_source
+fuzz:
+	@if [ "$(FUZZ_ENGINE)" != stable ] && $(CARGO) +nightly fuzz --version >/dev/null 2>&1; then \
+		echo "make fuzz: libFuzzer (cargo +nightly fuzz), $(FUZZ_SECONDS) s per target"; \
+		for t in $(FUZZ_TARGETS); do \
+			mkdir -p fuzz/corpus/$$t; \
+			(cd fuzz && $(CARGO) +nightly fuzz run -s none $$t corpus/$$t seeds/$$t -- \
+				-max_total_time=$(FUZZ_SECONDS) -timeout=20 -max_len=65536 \
+				-dict=fuzz.dict -print_final_stats=1) || exit 1; \
+		done; \
+	else \
+		echo "make fuzz: no nightly toolchain with cargo-fuzz here; stable driver, no coverage feedback"; \
+		FUZZ_SECONDS=$(FUZZ_SECONDS) $(CARGO) run --release --manifest-path fuzz/Cargo.toml \
+			--no-default-features --bin cube-fuzz-stable -- $(FUZZ_TARGETS); \
+	fi
 
 clean-data:
 	rm -rf $(DATA)

@@ -10,16 +10,22 @@
 
 pub mod base64;
 mod client;
+mod edges;
 mod error;
 pub mod json;
 pub mod local_daemon;
+mod programs;
 
 pub use client::{
     Client, DEFAULT_SOCKET_PATH, SOCKET_ENV_VAR, ScanIter, ScanPage, default_socket_path,
 };
 pub use cube_protocol::{
-    CellBox, Coord, ErrorCode, Limits, MAX_SCAN_PAGE_CELLS, NamespaceName, Request, Response,
-    ScanCell, ScanResult, ServerError, StatsEntry, StatsValue, parse_coord,
+    CellBox, Coord, Direction, EdgeInfo, EdgeLabel, EdgeWeight, ErrorCode, Limits,
+    MAX_SCAN_PAGE_CELLS, NamespaceName, PathFound, Request, Response, ScanCell, ScanResult,
+    ServerError, StatsEntry, StatsValue, WalkNode, WalkResult, WalkStop, parse_coord,
 };
+pub use edges::{Detached, Linked, PathAnswer, WalkOptions};
+pub use cube_protocol::{CellStats, ProgramValue, RunOutcome, RunRecord, RunReply};
 pub use error::ClientError;
+pub use programs::Stored;
 pub use local_daemon::LocalDaemon;

@@ -114,6 +114,25 @@ pub enum ErrorCode {
     /// A field decoded fine but its value is not allowed (e.g. a scan box
     /// whose low corner is above its high corner, or a page limit of 0).
     InvalidArgument = 17,
+    /// A request asks for more than a server limit allows (walk depth or
+    /// nodes, edges per coordinate, work per walk or path); the message
+    /// names the limit and its flag.
+    LimitExceeded = 18,
+    /// An edge weight that is NaN, infinite or negative.
+    BadWeight = 19,
+    /// `prog`: the source does not compile; the message gives the line
+    /// and Lua's reason. Nothing was stored.
+    ProgramSyntax = 20,
+    /// `run`: the program failed (its own error, a bad API call, a result
+    /// that cannot be returned). Nothing it wrote was applied; the failure
+    /// is recorded in the cell's telemetry.
+    ProgramError = 21,
+    /// `run`: the program used up its instruction budget
+    /// (`--program-fuel`). Nothing it wrote was applied; recorded.
+    ProgramFuel = 22,
+    /// `run`: the program used up its memory budget (`--program-memory`).
+    /// Nothing it wrote was applied; recorded.
+    ProgramMemory = 23,
 }
 
 impl ErrorCode {
@@ -137,6 +156,12 @@ impl ErrorCode {
             15 => BadRequest,
             16 => Overloaded,
             17 => InvalidArgument,
+            18 => LimitExceeded,
+            19 => BadWeight,
+            20 => ProgramSyntax,
+            21 => ProgramError,
+            22 => ProgramFuel,
+            23 => ProgramMemory,
             _ => return None,
         })
     }
@@ -162,6 +187,12 @@ impl ErrorCode {
             BadRequest => "bad_request",
             Overloaded => "overloaded",
             InvalidArgument => "invalid_argument",
+            LimitExceeded => "limit_exceeded",
+            BadWeight => "bad_weight",
+            ProgramSyntax => "program_syntax",
+            ProgramError => "program_error",
+            ProgramFuel => "program_fuel",
+            ProgramMemory => "program_memory",
         }
     }
 }
@@ -180,6 +211,8 @@ mod tests {
         }
         assert_eq!(ErrorCode::from_u16(16), Some(ErrorCode::Overloaded));
         assert_eq!(ErrorCode::from_u16(17), Some(ErrorCode::InvalidArgument));
-        assert_eq!(ErrorCode::from_u16(18), None);
+        assert_eq!(ErrorCode::from_u16(19), Some(ErrorCode::BadWeight));
+        assert_eq!(ErrorCode::from_u16(23), Some(ErrorCode::ProgramMemory));
+        assert_eq!(ErrorCode::from_u16(24), None);
     }
 }

@@ -36,10 +36,28 @@ pub enum Opcode {
     Del = 0x0012,
     /// Region read: the cells of a box, a page at a time.
     Scan = 0x0013,
+    /// Create an edge between two coordinates, or set its weight.
+    Link = 0x0020,
+    /// Remove an edge.
+    Unlink = 0x0021,
+    /// List the edges of a coordinate.
+    Edges = 0x0022,
+    /// Breadth-first walk from a coordinate.
+    Walk = 0x0023,
+    /// Cheapest path between two coordinates.
+    Path = 0x0024,
+    /// Delete a cell's value and every edge that touches it, atomically.
+    Detach = 0x0025,
+    /// Store (or remove) the program of a cell.
+    Prog = 0x0040,
+    /// Run the program of a cell, atomically, on the writer thread.
+    Run = 0x0041,
+    /// A cell's program telemetry: run counts and recent records.
+    CellStats = 0x0042,
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 9] = [
+    pub const ALL: [Opcode; 18] = [
         Opcode::Hello,
         Opcode::Ping,
         Opcode::Stats,
@@ -49,6 +67,15 @@ impl Opcode {
         Opcode::Get,
         Opcode::Del,
         Opcode::Scan,
+        Opcode::Link,
+        Opcode::Unlink,
+        Opcode::Edges,
+        Opcode::Walk,
+        Opcode::Path,
+        Opcode::Detach,
+        Opcode::Prog,
+        Opcode::Run,
+        Opcode::CellStats,
     ];
 
     pub fn from_u16(raw: u16) -> Option<Opcode> {
@@ -67,6 +94,15 @@ impl Opcode {
             Opcode::Get => "get",
             Opcode::Del => "del",
             Opcode::Scan => "scan",
+            Opcode::Link => "link",
+            Opcode::Unlink => "unlink",
+            Opcode::Edges => "edges",
+            Opcode::Walk => "walk",
+            Opcode::Path => "path",
+            Opcode::Detach => "detach",
+            Opcode::Prog => "prog",
+            Opcode::Run => "run",
+            Opcode::CellStats => "cell-stats",
         }
     }
 }

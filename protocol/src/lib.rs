@@ -10,12 +10,18 @@
 //! they are the shared vocabulary of every crate above this one.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+pub mod edge;
 mod error;
 pub mod frame;
 mod message;
 mod model;
+pub mod program;
 mod wire;
 
+pub use edge::{
+    Direction, EdgeInfo, EdgeLabel, EdgeWeight, MAX_EDGE_LIST, MAX_LABEL_BYTES, MAX_WALK_NODES,
+    PathFound, WalkNode, WalkResult, WalkStop,
+};
 pub use error::{DecodeError, ErrorCode, ProtocolError};
 pub use frame::{FrameHeader, HEADER_BYTES, Limits, Opcode};
 pub use message::{
@@ -23,6 +29,11 @@ pub use message::{
     ScanResult, ServerError, StatsEntry, StatsValue,
 };
 pub use model::{CellBox, Coord, NamespaceName, parse_coord};
+pub use program::{
+    CellStats, MAX_CELL_STATS_RECORDS, MAX_OUTCOME_MESSAGE_BYTES, MAX_PROGRAM_BYTES,
+    MAX_RESULT_ENTRIES, MAX_RUN_ARG_BYTES, MAX_RUN_ARGS, ProgramValue, RunOutcome, RunRecord,
+    RunReply,
+};
 
 /// The protocol version this crate speaks. Bumped on any incompatible change.
 pub const PROTOCOL_VERSION: u16 = 1;

@@ -5,9 +5,18 @@
 //! UTF-8 message).
 
 use crate::PROTOCOL_VERSION;
+use crate::edge::{
+    Direction, EdgeInfo, EdgeLabel, PathFound, WALK_FLAG_VALUES, WalkResult, put_edge_list,
+    put_f64, put_label, put_label_filter, put_path, put_walk, read_direction, read_edge_list,
+    read_f64, read_label, read_label_filter, read_path, read_walk,
+};
 use crate::error::{DecodeError, ErrorCode};
 use crate::frame::{FrameHeader, HEADER_BYTES, Limits, Opcode, RESPONSE_BIT, encode_frame};
 use crate::model::{Coord, NamespaceName};
+use crate::program::{
+    CellStats, MAX_PROGRAM_BYTES, RunReply, put_args, put_cell_stats, put_run_reply, read_args,
+    read_cell_stats, read_run_reply,
+};
 use crate::wire::{
     BodyReader, put_blob, put_coord, put_namespace, put_optional_coord, put_short_string, put_u16,
     put_u32, put_u64,
@@ -84,6 +93,83 @@ pub enum Request {
         /// `resume_after`); `None` starts at the beginning of the box.
         after: Option<Coord>,
     },
+    /// Create the edge `from -> to` with `label`, or set its weight if it
+    /// exists. The server refuses a weight that is NaN, infinite or
+    /// negative (`bad_weight`).
+    Link {
+        ns: NamespaceName,
+        from: Coord,
+        to: Coord,
+        label: EdgeLabel,
+        weight: f64,
+    },
+    /// Remove the edge `from -> to` with `label`, if there is one.
+    Unlink {
+        ns: NamespaceName,
+        from: Coord,
+        to: Coord,
+        label: EdgeLabel,
+    },
+    /// The edges of `coord` in `direction`, optionally only one label's.
+    Edges {
+        ns: NamespaceName,
+        coord: Coord,
+        direction: Direction,
+        label: Option<EdgeLabel>,
+    },
+    /// Breadth-first from `from`: every coordinate reached within
+    /// `max_depth` hops, once, with its distance.
+    Walk {
+        ns: NamespaceName,
+        from: Coord,
+        direction: Direction,
+        label: Option<EdgeLabel>,
+        /// Most hops; 0 means the server's maximum.
+        max_depth: u32,
+        /// Most coordinates returned; 0 means the server's maximum.
+        max_nodes: u32,
+        /// Also return each reached cell's value.
+        with_values: bool,
+    },
+    /// The cheapest path `from -> ... -> to` along outgoing edges, by
+    /// total weight.
+    Path {
+        ns: NamespaceName,
+        from: Coord,
+        to: Coord,
+        label: Option<EdgeLabel>,
+        /// Paths costing more are not looked for; `+inf` means no bound.
+        max_cost: f64,
+    },
+    /// Delete the value at `coord` and every edge into or out of it, in
+    /// one atomic write.
+    Detach {
+        ns: NamespaceName,
+        coord: Coord,
+    },
+    /// Store the program `source` (Lua 5.4, at most
+    /// [`MAX_PROGRAM_BYTES`]) at a cell, replacing any program there; an
+    /// empty source removes the cell's program. Compiled before it is
+    /// stored: a syntax error is refused and nothing is stored.
+    Prog {
+        ns: NamespaceName,
+        coord: Coord,
+        source: Vec<u8>,
+    },
+    /// Run the program stored at a cell with `args` (at most
+    /// [`MAX_RUN_ARGS`], each at most [`MAX_RUN_ARG_BYTES`]).
+    Run {
+        ns: NamespaceName,
+        coord: Coord,
+        args: Vec<Vec<u8>>,
+    },
+    /// A cell's program telemetry: counts and the `limit` most recent
+    /// records (the server sends at most [`MAX_CELL_STATS_RECORDS`]).
+    CellStats {
+        ns: NamespaceName,
+        coord: Coord,
+        limit: u32,
+    },
 }
 
 impl Request {
@@ -98,6 +184,15 @@ impl Request {
             Request::Get { .. } => Opcode::Get,
             Request::Del { .. } => Opcode::Del,
             Request::Scan { .. } => Opcode::Scan,
+            Request::Link { .. } => Opcode::Link,
+            Request::Unlink { .. } => Opcode::Unlink,
+            Request::Edges { .. } => Opcode::Edges,
+            Request::Walk { .. } => Opcode::Walk,
+            Request::Path { .. } => Opcode::Path,
+            Request::Detach { .. } => Opcode::Detach,
+            Request::Prog { .. } => Opcode::Prog,
+            Request::Run { .. } => Opcode::Run,
+            Request::CellStats { .. } => Opcode::CellStats,
         }
     }
 
@@ -119,7 +214,9 @@ impl Request {
                 put_coord(b, *coord);
                 put_blob(b, value);
             }
-            Request::Get { ns, coord } | Request::Del { ns, coord } => {
+            Request::Get { ns, coord }
+            | Request::Del { ns, coord }
+            | Request::Detach { ns, coord } => {
                 put_namespace(b, ns);
                 put_coord(b, *coord);
             }
@@ -137,6 +234,86 @@ impl Request {
                 put_u32(b, *limit);
                 b.push(if *count_only { SCAN_FLAG_COUNT_ONLY } else { 0 });
                 put_optional_coord(b, *after);
+            }
+            Request::Link {
+                ns,
+                from,
+                to,
+                label,
+                weight,
+            } => {
+                put_namespace(b, ns);
+                put_coord(b, *from);
+                put_coord(b, *to);
+                put_label(b, label);
+                put_f64(b, *weight);
+            }
+            Request::Unlink {
+                ns,
+                from,
+                to,
+                label,
+            } => {
+                put_namespace(b, ns);
+                put_coord(b, *from);
+                put_coord(b, *to);
+                put_label(b, label);
+            }
+            Request::Edges {
+                ns,
+                coord,
+                direction,
+                label,
+            } => {
+                put_namespace(b, ns);
+                put_coord(b, *coord);
+                b.push(*direction as u8);
+                put_label_filter(b, label);
+            }
+            Request::Walk {
+                ns,
+                from,
+                direction,
+                label,
+                max_depth,
+                max_nodes,
+                with_values,
+            } => {
+                put_namespace(b, ns);
+                put_coord(b, *from);
+                b.push(*direction as u8);
+                put_label_filter(b, label);
+                put_u32(b, *max_depth);
+                put_u32(b, *max_nodes);
+                b.push(if *with_values { WALK_FLAG_VALUES } else { 0 });
+            }
+            Request::Path {
+                ns,
+                from,
+                to,
+                label,
+                max_cost,
+            } => {
+                put_namespace(b, ns);
+                put_coord(b, *from);
+                put_coord(b, *to);
+                put_label_filter(b, label);
+                put_f64(b, *max_cost);
+            }
+            Request::Prog { ns, coord, source } => {
+                put_namespace(b, ns);
+                put_coord(b, *coord);
+                put_blob(b, source);
+            }
+            Request::Run { ns, coord, args } => {
+                put_namespace(b, ns);
+                put_coord(b, *coord);
+                put_args(b, args);
+            }
+            Request::CellStats { ns, coord, limit } => {
+                put_namespace(b, ns);
+                put_coord(b, *coord);
+                put_u32(b, *limit);
             }
         });
     }
@@ -196,6 +373,75 @@ impl Request {
                     after: r.optional_coord()?,
                 }
             }
+            Opcode::Link => Request::Link {
+                ns: r.namespace()?,
+                from: r.coord()?,
+                to: r.coord()?,
+                label: read_label(&mut r)?,
+                weight: read_f64(&mut r)?,
+            },
+            Opcode::Unlink => Request::Unlink {
+                ns: r.namespace()?,
+                from: r.coord()?,
+                to: r.coord()?,
+                label: read_label(&mut r)?,
+            },
+            Opcode::Edges => Request::Edges {
+                ns: r.namespace()?,
+                coord: r.coord()?,
+                direction: read_direction(&mut r)?,
+                label: read_label_filter(&mut r)?,
+            },
+            Opcode::Walk => {
+                let ns = r.namespace()?;
+                let from = r.coord()?;
+                let direction = read_direction(&mut r)?;
+                let label = read_label_filter(&mut r)?;
+                let max_depth = r.u32()?;
+                let max_nodes = r.u32()?;
+                let flags = r.u8()?;
+                if flags & !WALK_FLAG_VALUES != 0 {
+                    return Err(DecodeError::BadField {
+                        what: "walk flags",
+                        got: u64::from(flags),
+                    });
+                }
+                Request::Walk {
+                    ns,
+                    from,
+                    direction,
+                    label,
+                    max_depth,
+                    max_nodes,
+                    with_values: flags & WALK_FLAG_VALUES != 0,
+                }
+            }
+            Opcode::Path => Request::Path {
+                ns: r.namespace()?,
+                from: r.coord()?,
+                to: r.coord()?,
+                label: read_label_filter(&mut r)?,
+                max_cost: read_f64(&mut r)?,
+            },
+            Opcode::Detach => Request::Detach {
+                ns: r.namespace()?,
+                coord: r.coord()?,
+            },
+            Opcode::Prog => Request::Prog {
+                ns: r.namespace()?,
+                coord: r.coord()?,
+                source: r.blob("program source", MAX_PROGRAM_BYTES)?,
+            },
+            Opcode::Run => Request::Run {
+                ns: r.namespace()?,
+                coord: r.coord()?,
+                args: read_args(&mut r)?,
+            },
+            Opcode::CellStats => Request::CellStats {
+                ns: r.namespace()?,
+                coord: r.coord()?,
+                limit: r.u32()?,
+            },
         };
         r.finish()?;
         Ok(request)
@@ -262,6 +508,39 @@ pub enum Response {
         /// `after`. A page may be short (even empty) and still have a next.
         resume_after: Option<Coord>,
     },
+    /// The edge is durable at `lsn`; `created` is false when it existed
+    /// and only its weight was set.
+    Link {
+        lsn: u64,
+        created: bool,
+    },
+    Unlink {
+        lsn: u64,
+        existed: bool,
+    },
+    /// The edges asked for, outgoing first.
+    Edges(Vec<EdgeInfo>),
+    Walk(WalkResult),
+    /// `path` is `None` when no path within `max_cost` exists.
+    Path {
+        edges_examined: u64,
+        path: Option<PathFound>,
+    },
+    /// The value (if `existed`) and `edges_removed` edges are gone, all at `lsn`.
+    Detach {
+        lsn: u64,
+        existed: bool,
+        edges_removed: u32,
+    },
+    /// The program (or its removal) is durable at `lsn`; `replaced` says
+    /// whether the cell had a program before.
+    Prog {
+        lsn: u64,
+        replaced: bool,
+    },
+    /// A run that succeeded, with what it returned.
+    Run(RunReply),
+    CellStats(CellStats),
 }
 
 /// Named figures (stats and reports): a `u16` count, then per entry a
@@ -360,6 +639,15 @@ impl Response {
             Response::Get(_) => Opcode::Get,
             Response::Del { .. } => Opcode::Del,
             Response::Scan { .. } => Opcode::Scan,
+            Response::Link { .. } => Opcode::Link,
+            Response::Unlink { .. } => Opcode::Unlink,
+            Response::Edges(_) => Opcode::Edges,
+            Response::Walk(_) => Opcode::Walk,
+            Response::Path { .. } => Opcode::Path,
+            Response::Detach { .. } => Opcode::Detach,
+            Response::Prog { .. } => Opcode::Prog,
+            Response::Run(_) => Opcode::Run,
+            Response::CellStats(_) => Opcode::CellStats,
         }
     }
 
@@ -391,10 +679,36 @@ impl Response {
                         put_blob(b, v);
                     }
                 },
-                Response::Del { lsn, existed } => {
+                Response::Del { lsn, existed }
+                | Response::Unlink { lsn, existed }
+                | Response::Link {
+                    lsn,
+                    created: existed,
+                } => {
                     put_u64(b, *lsn);
                     b.push(u8::from(*existed));
                 }
+                Response::Edges(edges) => put_edge_list(b, edges),
+                Response::Walk(walk) => put_walk(b, walk),
+                Response::Path {
+                    edges_examined,
+                    path,
+                } => put_path(b, *edges_examined, path),
+                Response::Detach {
+                    lsn,
+                    existed,
+                    edges_removed,
+                } => {
+                    put_u64(b, *lsn);
+                    b.push(u8::from(*existed));
+                    put_u32(b, *edges_removed);
+                }
+                Response::Prog { lsn, replaced } => {
+                    put_u64(b, *lsn);
+                    b.push(u8::from(*replaced));
+                }
+                Response::Run(reply) => put_run_reply(b, reply),
+                Response::CellStats(stats) => put_cell_stats(b, stats),
                 Response::Scan {
                     result,
                     resume_after,
@@ -521,6 +835,34 @@ impl Response {
                     resume_after: r.optional_coord()?,
                 }
             }
+            Opcode::Link => Response::Link {
+                lsn: r.u64()?,
+                created: r.bool()?,
+            },
+            Opcode::Unlink => Response::Unlink {
+                lsn: r.u64()?,
+                existed: r.bool()?,
+            },
+            Opcode::Edges => Response::Edges(read_edge_list(&mut r)?),
+            Opcode::Walk => Response::Walk(read_walk(&mut r, limits.max_value_bytes as usize)?),
+            Opcode::Path => {
+                let (edges_examined, path) = read_path(&mut r)?;
+                Response::Path {
+                    edges_examined,
+                    path,
+                }
+            }
+            Opcode::Detach => Response::Detach {
+                lsn: r.u64()?,
+                existed: r.bool()?,
+                edges_removed: r.u32()?,
+            },
+            Opcode::Prog => Response::Prog {
+                lsn: r.u64()?,
+                replaced: r.bool()?,
+            },
+            Opcode::Run => Response::Run(read_run_reply(&mut r, limits.max_value_bytes as usize)?),
+            Opcode::CellStats => Response::CellStats(read_cell_stats(&mut r)?),
         };
         r.finish()?;
         Ok(Ok(response))

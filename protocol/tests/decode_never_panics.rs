@@ -6,10 +6,12 @@ use std::time::{Duration, Instant};
 
 use cube_protocol::frame::{self, RESPONSE_BIT, read_frame};
 use cube_protocol::{
-    Coord, DecodeError, ErrorCode, FrameHeader, HEADER_BYTES, Limits, MAX_STATS_ENTRIES,
-    NamespaceName, Opcode, PROTOCOL_VERSION, ProtocolError, Request, Response, ScanCell,
-    ScanResult, ServerError, StatsEntry, StatsValue,
+    Coord, DecodeError, Direction, EdgeInfo, EdgeLabel, ErrorCode, FrameHeader, HEADER_BYTES,
+    Limits, MAX_STATS_ENTRIES, NamespaceName, Opcode, PROTOCOL_VERSION, PathFound,
+    ProtocolError, Request, Response, ScanCell, ScanResult, ServerError, StatsEntry, StatsValue,
+    WalkNode, WalkResult, WalkStop,
 };
+use cube_protocol::{CellStats, ProgramValue, RunOutcome, RunRecord, RunReply};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::sample::{Index, select};
@@ -97,6 +99,154 @@ fn request() -> impl Strategy<Value = Request> {
                 count_only,
                 after
             }),
+        edge_request(),
+        program_request(),
+    ]
+}
+
+// Edges (opcodes 0x0020-0x0025).
+
+/// Up to 64 bytes of any text (at most 16 chars of up to 4 bytes each).
+fn edge_label() -> impl Strategy<Value = EdgeLabel> {
+    "\\PC{0,16}".prop_map(|s| EdgeLabel::new(&s).unwrap())
+}
+
+fn direction() -> impl Strategy<Value = Direction> {
+    select(vec![Direction::Out, Direction::In, Direction::Both])
+}
+
+/// Any float but NaN, which never compares equal (its bits travel
+/// unchanged like any other float's).
+fn float() -> impl Strategy<Value = f64> {
+    any::<f64>().prop_filter("NaN never compares equal", |f| !f.is_nan())
+}
+
+fn edge_request() -> impl Strategy<Value = Request> {
+    let filter = || proptest::option::of(edge_label());
+    prop_oneof![
+        (namespace(), coord(), coord(), edge_label(), float()).prop_map(
+            |(ns, from, to, label, weight)| Request::Link {
+                ns,
+                from,
+                to,
+                label,
+                weight
+            }
+        ),
+        (namespace(), coord(), coord(), edge_label()).prop_map(|(ns, from, to, label)| {
+            Request::Unlink {
+                ns,
+                from,
+                to,
+                label,
+            }
+        }),
+        (namespace(), coord(), direction(), filter()).prop_map(|(ns, coord, direction, label)| {
+            Request::Edges {
+                ns,
+                coord,
+                direction,
+                label,
+            }
+        }),
+        (
+            namespace(),
+            coord(),
+            direction(),
+            filter(),
+            any::<u32>(),
+            any::<u32>(),
+            any::<bool>()
+        )
+            .prop_map(
+                |(ns, from, direction, label, max_depth, max_nodes, with_values)| Request::Walk {
+                    ns,
+                    from,
+                    direction,
+                    label,
+                    max_depth,
+                    max_nodes,
+                    with_values,
+                }
+            ),
+        (namespace(), coord(), coord(), filter(), float()).prop_map(
+            |(ns, from, to, label, max_cost)| Request::Path {
+                ns,
+                from,
+                to,
+                label,
+                max_cost
+            }
+        ),
+        (namespace(), coord()).prop_map(|(ns, coord)| Request::Detach { ns, coord }),
+    ]
+}
+
+fn edge_response() -> impl Strategy<Value = Response> {
+    let edge = (
+        select(vec![Direction::Out, Direction::In]),
+        coord(),
+        edge_label(),
+        float(),
+    )
+        .prop_map(|(direction, other, label, weight)| EdgeInfo {
+            direction,
+            other,
+            label,
+            weight,
+        });
+    let stop = select(vec![
+        WalkStop::Complete,
+        WalkStop::MaxNodes,
+        WalkStop::MaxWork,
+        WalkStop::FrameFull,
+    ]);
+    let walk = (
+        stop,
+        any::<u64>(),
+        any::<bool>(),
+        vec(
+            (coord(), any::<u32>(), proptest::option::of(bytes(64))),
+            0..8,
+        ),
+    )
+        .prop_map(|(stop, edges_examined, with_values, nodes)| {
+            Response::Walk(WalkResult {
+                stop,
+                edges_examined,
+                with_values,
+                nodes: nodes
+                    .into_iter()
+                    .map(|(coord, distance, value)| WalkNode {
+                        coord,
+                        distance,
+                        // Without values every node has none.
+                        value: value.filter(|_| with_values),
+                    })
+                    .collect(),
+            })
+        });
+    let path = (
+        any::<u64>(),
+        proptest::option::of((vec(coord(), 0..8), float())),
+    )
+        .prop_map(|(edges_examined, found)| Response::Path {
+            edges_examined,
+            path: found.map(|(coords, cost)| PathFound { coords, cost }),
+        });
+    prop_oneof![
+        (any::<u64>(), any::<bool>()).prop_map(|(lsn, created)| Response::Link { lsn, created }),
+        (any::<u64>(), any::<bool>()).prop_map(|(lsn, existed)| Response::Unlink { lsn, existed }),
+        vec(edge, 0..8).prop_map(Response::Edges),
+        walk,
+        path,
+        (any::<u64>(), any::<bool>(), any::<u32>()).prop_map(|(lsn, existed, edges_removed)| {
+            Response::Detach {
+                lsn,
+                existed,
+                edges_removed,
+            }
+        }),
     ]
 }
 
@@ -152,13 +302,103 @@ fn response() -> impl Strategy<Value = Response> {
                 resume_after,
             }
         }),
+        edge_response(),
+        program_response(),
+    ]
+}
+
+/// `prog`, `run` and `cell-stats` requests.
+fn program_request() -> impl Strategy<Value = Request> {
+    prop_oneof![
+        (namespace(), coord(), bytes(4096))
+            .prop_map(|(ns, coord, source)| Request::Prog { ns, coord, source }),
+        (namespace(), coord(), vec(bytes(256), 0..8))
+            .prop_map(|(ns, coord, args)| Request::Run { ns, coord, args }),
+        (namespace(), coord(), any::<u32>())
+            .prop_map(|(ns, coord, limit)| Request::CellStats { ns, coord, limit }),
+    ]
+}
+
+/// A scalar a run's table may hold (no NaN: it never compares equal).
+fn program_scalar() -> impl Strategy<Value = ProgramValue> {
+    prop_oneof![
+        any::<bool>().prop_map(ProgramValue::Bool),
+        any::<i64>().prop_map(ProgramValue::Int),
+        any::<f64>()
+            .prop_filter("NaN never compares equal", |f| !f.is_nan())
+            .prop_map(ProgramValue::Float),
+        bytes(64).prop_map(ProgramValue::Bytes),
+    ]
+}
+
+fn program_value() -> impl Strategy<Value = ProgramValue> {
+    let key = prop_oneof![
+        any::<i64>().prop_map(ProgramValue::Int),
+        bytes(16).prop_map(ProgramValue::Bytes),
+    ];
+    prop_oneof![
+        Just(ProgramValue::Nil),
+        program_scalar(),
+        vec((key, program_scalar()), 0..8).prop_map(ProgramValue::Table),
+    ]
+}
+
+fn program_response() -> impl Strategy<Value = Response> {
+    let outcome = select(vec![
+        RunOutcome::Ok,
+        RunOutcome::Error,
+        RunOutcome::Fuel,
+        RunOutcome::Memory,
+    ]);
+    let record = (
+        any::<[u64; 4]>(),
+        any::<u32>(),
+        outcome,
+        "\\PC{0,100}",
+    )
+        .prop_map(|([seq, started_unix_us, duration_ns, instructions], cells_written, outcome, message)| {
+            RunRecord {
+                seq,
+                started_unix_us,
+                duration_ns,
+                instructions,
+                cells_written,
+                outcome,
+                message,
+            }
+        });
+    prop_oneof![
+        (any::<u64>(), any::<bool>()).prop_map(|(lsn, replaced)| Response::Prog { lsn, replaced }),
+        (any::<[u64; 3]>(), any::<u32>(), program_value()).prop_map(
+            |([lsn, seq, instructions], cells_written, value)| Response::Run(RunReply {
+                lsn,
+                seq,
+                instructions,
+                cells_written,
+                value,
+            })
+        ),
+        (
+            proptest::option::of(any::<u32>()),
+            any::<u64>(),
+            any::<u64>(),
+            vec(record, 0..6)
+        )
+            .prop_map(|(program_bytes, runs, failures, records)| {
+                Response::CellStats(CellStats {
+                    program_bytes,
+                    runs,
+                    failures,
+                    records,
+                })
+            }),
     ]
 }
 
 fn error_code() -> impl Strategy<Value = u16> {
     prop_oneof![
         // Every known code...
-        (1u16..=17).prop_map(|c| ErrorCode::from_u16(c).unwrap() as u16),
+        (1u16..=23).prop_map(|c| ErrorCode::from_u16(c).unwrap() as u16),
         // ...and codes this build does not know, which must survive as raw numbers.
         any::<u16>(),
     ]
@@ -888,7 +1128,7 @@ fn every_error_code_round_trips() {
             assert_eq!(decoded.unwrap().unwrap_err().known_code(), Some(code));
         }
     }
-    assert_eq!(seen, 17);
+    assert_eq!(seen, 23);
 }
 
 #[test]

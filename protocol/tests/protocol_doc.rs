@@ -9,10 +9,12 @@ use std::collections::BTreeMap;
 
 use cube_protocol::frame::{self, RESPONSE_BIT};
 use cube_protocol::{
-    Coord, ErrorCode, FrameHeader, HEADER_BYTES, Limits, MAX_SCAN_PAGE_CELLS, MAX_STATS_ENTRIES,
-    NamespaceName, Opcode, PROTOCOL_VERSION, Request, Response, ScanCell, ScanResult, ServerError,
-    StatsEntry, StatsValue,
+    Coord, Direction, EdgeInfo, EdgeLabel, ErrorCode, FrameHeader, HEADER_BYTES, Limits,
+    MAX_EDGE_LIST, MAX_LABEL_BYTES, MAX_SCAN_PAGE_CELLS, MAX_STATS_ENTRIES, MAX_WALK_NODES,
+    NamespaceName, Opcode, PROTOCOL_VERSION, PathFound, Request, Response, ScanCell, ScanResult,
+    ServerError, StatsEntry, StatsValue, WalkNode, WalkResult, WalkStop,
 };
+use cube_protocol::{CellStats, ProgramValue, RunOutcome, RunRecord, RunReply};
 
 const DOC: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/protocol.md"));
 
@@ -103,7 +105,460 @@ fn scan_request_fields(limit: &str, flags: &str, after: Option<Coord>) -> Vec<(u
     fields
 }
 
+fn ns_fields() -> Vec<(usize, String)> {
+    vec![
+        f(1, "namespace length = 7"),
+        f(7, "namespace = \"default\""),
+    ]
+}
+
+fn coord_fields(name: &str, c: Coord) -> Vec<(usize, String)> {
+    vec![
+        f(4, format!("{name} x = {} (i32)", c.x)),
+        f(4, format!("{name} y = {}", c.y)),
+        f(4, format!("{name} z = {}", c.z)),
+    ]
+}
+
+fn label_fields(what: &str, label: &str) -> Vec<(usize, String)> {
+    let mut fields = vec![f(2, format!("{what} length = {}", label.len()))];
+    if !label.is_empty() {
+        fields.push(f(label.len(), format!("{what} = {label:?}")));
+    }
+    fields
+}
+
+fn float_field(name: &str, v: f64) -> (usize, String) {
+    f(8, format!("{name} = {v} (f64 bits 0x{:016x})", v.to_bits()))
+}
+
+fn road() -> EdgeLabel {
+    EdgeLabel::new("road").unwrap()
+}
+
+/// The examples of the edge commands (section 6, opcodes 0x0020-0x0025).
+fn edge_examples() -> Vec<Example> {
+    let a = Coord::new(0, 0, 0);
+    let b = Coord::new(1, 0, 0);
+    let corner = Coord::new(1, 1, 0);
+    let below = Coord::new(0, -1, 0);
+    let mut link_fields = ns_fields();
+    link_fields.extend(coord_fields("from", a));
+    link_fields.extend(coord_fields("to", b));
+    link_fields.extend(label_fields("label", "road"));
+    let unlink_fields = link_fields.clone();
+    link_fields.push(float_field("weight", 2.5));
+    let mut edges_fields = ns_fields();
+    edges_fields.extend(coord_fields("coord", a));
+    edges_fields.extend([
+        f(1, "direction = 2 (both)"),
+        f(1, "has_label = 0 (every label; no label follows)"),
+    ]);
+    let mut walk_fields = ns_fields();
+    walk_fields.extend(coord_fields("from", a));
+    walk_fields.extend([f(1, "direction = 0 (out)"), f(1, "has_label = 1")]);
+    walk_fields.extend(label_fields("label", "road"));
+    walk_fields.extend([
+        f(4, "max_depth = 3 (u32)"),
+        f(4, "max_nodes = 0 (the server's limit)"),
+        f(1, "flags = 1 (values)"),
+    ]);
+    let mut path_fields = ns_fields();
+    path_fields.extend(coord_fields("from", a));
+    path_fields.extend(coord_fields("to", corner));
+    path_fields.extend([
+        f(1, "has_label = 0"),
+        float_field("max_cost", f64::INFINITY),
+    ]);
+    let mut detach_fields = ns_fields();
+    detach_fields.extend(coord_fields("coord", b));
+    vec![
+        request(
+            "link-request",
+            11,
+            Request::Link {
+                ns: default_ns(),
+                from: a,
+                to: b,
+                label: road(),
+                weight: 2.5,
+            },
+            link_fields,
+        ),
+        response(
+            "link-response",
+            11,
+            Response::Link {
+                lsn: 19,
+                created: true,
+            },
+            vec![
+                f(1, "status = 0 (ok)"),
+                f(8, "lsn = 19 (u64)"),
+                f(1, "created = 1 (a new edge)"),
+            ],
+        ),
+        request(
+            "unlink-request",
+            12,
+            Request::Unlink {
+                ns: default_ns(),
+                from: a,
+                to: b,
+                label: road(),
+            },
+            unlink_fields,
+        ),
+        response(
+            "unlink-response",
+            12,
+            Response::Unlink {
+                lsn: 20,
+                existed: true,
+            },
+            vec![
+                f(1, "status = 0 (ok)"),
+                f(8, "lsn = 20 (u64)"),
+                f(1, "existed = 1"),
+            ],
+        ),
+        request(
+            "edges-request",
+            13,
+            Request::Edges {
+                ns: default_ns(),
+                coord: a,
+                direction: Direction::Both,
+                label: None,
+            },
+            edges_fields,
+        ),
+        response(
+            "edges-response",
+            13,
+            Response::Edges(vec![
+                EdgeInfo {
+                    direction: Direction::Out,
+                    other: b,
+                    label: road(),
+                    weight: 2.5,
+                },
+                EdgeInfo {
+                    direction: Direction::In,
+                    other: below,
+                    label: EdgeLabel::default(),
+                    weight: 1.0,
+                },
+            ]),
+            [
+                vec![f(1, "status = 0 (ok)"), f(4, "edge count = 2 (u32)")],
+                vec![f(1, "direction = 0 (out: 0,0,0 -> other)")],
+                coord_fields("other", b),
+                label_fields("label", "road"),
+                vec![float_field("weight", 2.5)],
+                vec![f(1, "direction = 1 (in: other -> 0,0,0)")],
+                coord_fields("other", below),
+                label_fields("label", ""),
+                vec![float_field("weight", 1.0)],
+            ]
+            .concat(),
+        ),
+        request(
+            "walk-request",
+            14,
+            Request::Walk {
+                ns: default_ns(),
+                from: a,
+                direction: Direction::Out,
+                label: Some(road()),
+                max_depth: 3,
+                max_nodes: 0,
+                with_values: true,
+            },
+            walk_fields,
+        ),
+        response(
+            "walk-response",
+            14,
+            Response::Walk(WalkResult {
+                stop: WalkStop::Complete,
+                edges_examined: 3,
+                with_values: true,
+                nodes: vec![
+                    WalkNode {
+                        coord: b,
+                        distance: 1,
+                        value: Some(b"a".to_vec()),
+                    },
+                    WalkNode {
+                        coord: corner,
+                        distance: 2,
+                        value: None,
+                    },
+                ],
+            }),
+            [
+                vec![
+                    f(1, "status = 0 (ok)"),
+                    f(1, "stop = 0 (complete)"),
+                    f(8, "edges_examined = 3 (u64)"),
+                    f(1, "with_values = 1"),
+                    f(4, "node count = 2 (u32)"),
+                ],
+                coord_fields("coord", b),
+                vec![
+                    f(4, "distance = 1 (u32)"),
+                    f(1, "found = 1"),
+                    f(4, "value length = 1"),
+                    f(1, "value = \"a\""),
+                ],
+                coord_fields("coord", corner),
+                vec![f(4, "distance = 2"), f(1, "found = 0 (no value follows)")],
+            ]
+            .concat(),
+        ),
+        request(
+            "path-request",
+            15,
+            Request::Path {
+                ns: default_ns(),
+                from: a,
+                to: corner,
+                label: None,
+                max_cost: f64::INFINITY,
+            },
+            path_fields,
+        ),
+        response(
+            "path-response",
+            15,
+            Response::Path {
+                edges_examined: 4,
+                path: Some(PathFound {
+                    coords: vec![a, b, corner],
+                    cost: 4.5,
+                }),
+            },
+            [
+                vec![
+                    f(1, "status = 0 (ok)"),
+                    f(8, "edges_examined = 4 (u64)"),
+                    f(1, "found = 1"),
+                    float_field("cost", 4.5),
+                    f(4, "coordinate count = 3 (u32)"),
+                ],
+                coord_fields("1st", a),
+                coord_fields("2nd", b),
+                coord_fields("3rd", corner),
+            ]
+            .concat(),
+        ),
+        response(
+            "path-response-none",
+            16,
+            Response::Path {
+                edges_examined: 2,
+                path: None,
+            },
+            vec![
+                f(1, "status = 0 (ok)"),
+                f(8, "edges_examined = 2 (u64)"),
+                f(1, "found = 0 (no path; nothing follows)"),
+            ],
+        ),
+        request(
+            "detach-request",
+            17,
+            Request::Detach {
+                ns: default_ns(),
+                coord: b,
+            },
+            detach_fields,
+        ),
+        response(
+            "detach-response",
+            17,
+            Response::Detach {
+                lsn: 21,
+                existed: true,
+                edges_removed: 3,
+            },
+            vec![
+                f(1, "status = 0 (ok)"),
+                f(8, "lsn = 21 (u64)"),
+                f(1, "existed = 1 (a value was deleted)"),
+                f(4, "edges_removed = 3 (u32)"),
+            ],
+        ),
+    ]
+}
+
 fn examples() -> Vec<Example> {
+    let mut all = base_examples();
+    all.extend(edge_examples());
+    all.extend(program_examples());
+    all
+}
+
+/// `prog`, `run` and `cell-stats` (opcodes 0x0040-0x0042).
+fn program_examples() -> Vec<Example> {
+    let at = Coord::new(1, -2, 3);
+    let mut prog_fields = ns_fields();
+    prog_fields.extend(coord_fields("coord", at));
+    prog_fields.extend([f(4, "source length = 8"), f(8, "source = \"return 1\"")]);
+    let mut run_fields = ns_fields();
+    run_fields.extend(coord_fields("coord", at));
+    run_fields.extend([
+        f(2, "argument count = 1"),
+        f(4, "argument length = 1"),
+        f(1, "argument = \"5\""),
+    ]);
+    let mut stats_fields = ns_fields();
+    stats_fields.extend(coord_fields("coord", at));
+    stats_fields.push(f(4, "limit = 1 (most recent records wanted)"));
+    vec![
+        request(
+            "prog-request",
+            11,
+            Request::Prog {
+                ns: default_ns(),
+                coord: at,
+                source: b"return 1".to_vec(),
+            },
+            prog_fields,
+        ),
+        response(
+            "prog-response",
+            11,
+            Response::Prog {
+                lsn: 19,
+                replaced: false,
+            },
+            vec![
+                f(1, "status = 0 (ok)"),
+                f(8, "lsn = 19 (u64)"),
+                f(1, "replaced = 0 (the cell had no program)"),
+            ],
+        ),
+        request(
+            "run-request",
+            12,
+            Request::Run {
+                ns: default_ns(),
+                coord: at,
+                args: vec![b"5".to_vec()],
+            },
+            run_fields,
+        ),
+        response(
+            "run-response",
+            12,
+            Response::Run(RunReply {
+                lsn: 20,
+                seq: 3,
+                instructions: 1000,
+                cells_written: 1,
+                value: ProgramValue::Int(6),
+            }),
+            vec![
+                f(1, "status = 0 (ok)"),
+                f(8, "lsn = 20 (u64, the run's first record)"),
+                f(8, "seq = 3 (u64, the cell's third run)"),
+                f(8, "instructions = 1000 (u64)"),
+                f(4, "cells_written = 1 (u32)"),
+                f(1, "value tag = 3 (integer)"),
+                f(8, "value = 6 (i64)"),
+            ],
+        ),
+        response(
+            "run-response-table",
+            13,
+            Response::Run(RunReply {
+                lsn: 21,
+                seq: 4,
+                instructions: 0,
+                cells_written: 0,
+                value: ProgramValue::Table(vec![
+                    (ProgramValue::Int(1), ProgramValue::Bool(true)),
+                    (
+                        ProgramValue::Bytes(b"n".to_vec()),
+                        ProgramValue::Float(0.5),
+                    ),
+                ]),
+            }),
+            vec![
+                f(1, "status = 0 (ok)"),
+                f(8, "lsn = 21 (u64)"),
+                f(8, "seq = 4 (u64)"),
+                f(8, "instructions = 0 (u64; under 1000 counts as 0)"),
+                f(4, "cells_written = 0 (u32)"),
+                f(1, "value tag = 6 (table)"),
+                f(4, "entry count = 2 (u32)"),
+                f(1, "key tag = 3 (integer)"),
+                f(8, "key = 1 (i64)"),
+                f(1, "value tag = 2 (true)"),
+                f(1, "key tag = 5 (string)"),
+                f(4, "key length = 1"),
+                f(1, "key = \"n\""),
+                f(1, "value tag = 4 (float)"),
+                float_field("value", 0.5),
+            ],
+        ),
+        request(
+            "cell-stats-request",
+            14,
+            Request::CellStats {
+                ns: default_ns(),
+                coord: at,
+                limit: 1,
+            },
+            stats_fields,
+        ),
+        response(
+            "cell-stats-response",
+            14,
+            Response::CellStats(CellStats {
+                program_bytes: Some(8),
+                runs: 4,
+                failures: 1,
+                records: vec![RunRecord {
+                    seq: 4,
+                    started_unix_us: 1_767_225_600_000_000,
+                    duration_ns: 2500,
+                    instructions: 0,
+                    cells_written: 0,
+                    outcome: RunOutcome::Error,
+                    message: "line 1: boom".to_owned(),
+                }],
+            }),
+            vec![
+                f(1, "status = 0 (ok)"),
+                f(1, "has_program = 1"),
+                f(4, "program_bytes = 8 (u32)"),
+                f(8, "runs = 4 (u64)"),
+                f(8, "failures = 1 (u64)"),
+                f(4, "record count = 1 (u32)"),
+                f(8, "seq = 4 (u64)"),
+                f(8, "started_unix_us = 1767225600000000 (u64)"),
+                f(8, "duration_ns = 2500 (u64)"),
+                f(8, "instructions = 0 (u64)"),
+                f(4, "cells_written = 0 (u32)"),
+                f(1, "outcome = 1 (error)"),
+                f(2, "message length = 12"),
+                f(12, "message = \"line 1: boom\""),
+            ],
+        ),
+        error(
+            "run-error-response",
+            Opcode::Run as u16,
+            15,
+            ErrorCode::ProgramFuel,
+            "out of fuel (run 5 at default 1,-2,3)",
+        ),
+    ]
+}
+
+fn base_examples() -> Vec<Example> {
     let coord = Coord::new(1, -2, 3);
     let limits = Limits::default();
     let mut put_fields = ns_and_coord_fields();
@@ -532,7 +987,10 @@ fn examples_decode_to_what_they_say() {
             Request::decode(&header, body, &Limits::default()).unwrap();
         } else {
             let answer = Response::decode(&header, body, &Limits::default()).unwrap();
-            let is_error = matches!(example.name, "error-response" | "refusal-frame");
+            let is_error = matches!(
+                example.name,
+                "error-response" | "refusal-frame" | "run-error-response"
+            );
             assert_eq!(answer.is_err(), is_error, "{}", example.name);
         }
     }
@@ -584,6 +1042,9 @@ fn stated_constants_match() {
         format!("`max_value_bytes` | {}", limits.max_value_bytes),
         format!("stats entries | {MAX_STATS_ENTRIES}"),
         format!("scan page cells | {MAX_SCAN_PAGE_CELLS}"),
+        format!("edge label | {MAX_LABEL_BYTES} bytes"),
+        format!("edges per `edges` answer | {MAX_EDGE_LIST}"),
+        format!("nodes per `walk` answer, coordinates per `path` answer | {MAX_WALK_NODES}"),
         format!("header | {HEADER_BYTES}"),
         format!("protocol version | {PROTOCOL_VERSION}"),
     ];

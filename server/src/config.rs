@@ -4,8 +4,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use cube_protocol::Limits;
-use cube_store::SyncPolicy;
+use cube_protocol::{Limits, MAX_EDGE_LIST, MAX_WALK_NODES};
+use cube_store::{SyncPolicy, WalkLimits};
 
 use crate::log::Level;
 
@@ -75,6 +75,53 @@ pub struct Args {
     #[arg(long, value_name = "BYTES", default_value_t = 64 * 1024 * 1024)]
     pub delta_compact_bytes: u64,
 
+    /// Most hops a walk may ask for (its default when it asks for none).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_WALK_DEPTH,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_walk_depth: u32,
+
+    /// Most coordinates one walk returns, and most on one path.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_WALK_NODES,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_WALK_NODES)))]
+    pub max_walk_nodes: u32,
+
+    /// Most edges one walk or path examines. It bounds how long a walk
+    /// holds its namespace's graph read lock, which delays the writer.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_WALK_WORK,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_walk_work: u64,
+
+    /// Most edges leaving one coordinate, and most arriving at one; a link
+    /// past it is refused (limit_exceeded).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_EDGES_PER_CELL,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_EDGE_LIST / 2)))]
+    pub max_edges_per_cell: u32,
+
+    /// Instruction budget of one program run (Lua VM instructions, plus
+    /// what region reads and bulk library calls charge); a run past it
+    /// fails with program_fuel and applies nothing.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_PROGRAM_FUEL,
+          value_parser = clap::value_parser!(u64).range(1000..))]
+    pub program_fuel: u64,
+
+    /// Memory budget of one program run, in bytes; a run past it fails
+    /// with program_memory and applies nothing.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_PROGRAM_MEMORY,
+          value_parser = parse_program_memory)]
+    pub program_memory: usize,
+
+    /// Writer-time backstop of one program run, in milliseconds: catches
+    /// programs whose single steps are heavy (copying megabyte strings),
+    /// which instruction counting cannot see. Counts as out of fuel.
+    #[arg(long, value_name = "MS", default_value_t = DEFAULT_PROGRAM_TIME_MS,
+          value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub program_time_ms: u64,
+
+    /// Telemetry records kept per cell (the run count is exact regardless).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_PROGRAM_TELEMETRY_KEEP,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(cube_store::MAX_TELEMETRY_KEEP)))]
+    pub program_telemetry_keep: u32,
+
     /// Check every checksum of the data dir DIR offline, print a summary and
     /// exit: 0 if clean, 1 on any problem. Does not start the daemon.
     #[arg(long, value_name = "DIR")]
@@ -99,6 +146,33 @@ Examples:
 
 Exit status: 0 after a clean shutdown (SIGINT/SIGTERM), 1 if it could not start.";
 
+/// Defaults of the walk limits: deep enough for any neighbourhood query,
+/// and a work bound (edges examined) that a walk or path covers in about
+/// 10-40 ms on a 1 M-node graph (`docs/benchmarks.md`, "Edges and walks"):
+/// the longest a walk can keep the writer waiting for the graph lock.
+pub const DEFAULT_MAX_WALK_DEPTH: u32 = 64;
+pub const DEFAULT_MAX_WALK_NODES: u32 = 100_000;
+pub const DEFAULT_MAX_WALK_WORK: u64 = 250_000;
+pub const DEFAULT_MAX_EDGES_PER_CELL: u32 = 4096;
+
+/// Program budgets (`docs/programs.md`, "Limits"): a million
+/// instructions is a few milliseconds of writer time; 8 MiB is far more
+/// than a rule over its neighbourhood needs, and small enough that a
+/// runaway allocation is stopped before it matters.
+pub const DEFAULT_PROGRAM_FUEL: u64 = 1_000_000;
+pub const DEFAULT_PROGRAM_MEMORY: usize = 8 * 1024 * 1024;
+pub const DEFAULT_PROGRAM_TIME_MS: u64 = 250;
+pub const DEFAULT_PROGRAM_TELEMETRY_KEEP: u32 = 1000;
+
+fn parse_program_memory(text: &str) -> Result<usize, String> {
+    text.parse::<usize>()
+        .ok()
+        .filter(|bytes| (64 * 1024..=1 << 32).contains(bytes))
+        .ok_or_else(|| {
+            format!("bad program memory {text:?}: give bytes between 65536 and 4294967296")
+        })
+}
+
 fn parse_mode(text: &str) -> Result<u32, String> {
     u32::from_str_radix(text, 8)
         .ok()
@@ -119,6 +193,17 @@ impl Args {
         Limits {
             max_frame_bytes: self.max_frame_bytes,
             max_value_bytes: self.max_value_bytes,
+        }
+    }
+
+    /// The walk and path bounds; answers stay within one frame.
+    pub fn walk_limits(&self) -> WalkLimits {
+        WalkLimits {
+            max_depth: self.max_walk_depth,
+            max_nodes: self.max_walk_nodes,
+            max_work: self.max_walk_work,
+            // Header, status and the walk answer's fixed fields.
+            max_answer_bytes: (self.max_frame_bytes as usize).saturating_sub(64),
         }
     }
 

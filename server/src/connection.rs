@@ -338,6 +338,25 @@ impl Connection {
                     existed: ack.existed,
                 })
             }
+            edge_request @ (Request::Link { .. }
+            | Request::Unlink { .. }
+            | Request::Edges { .. }
+            | Request::Walk { .. }
+            | Request::Path { .. }
+            | Request::Detach { .. }) => {
+                if self.session.is_none() {
+                    self.session = self.shared.engine.session();
+                }
+                crate::edges::handle(&self.shared, self.session.as_ref(), edge_request)
+            }
+            program_request @ (Request::Prog { .. }
+            | Request::Run { .. }
+            | Request::CellStats { .. }) => {
+                if self.session.is_none() {
+                    self.session = self.shared.engine.session();
+                }
+                crate::programs::handle(&self.shared, self.session.as_ref(), program_request)
+            }
             Request::Scan { .. } => Err(ServerError::new(
                 ErrorCode::Internal,
                 "scan reached the generic handler",
@@ -463,7 +482,7 @@ impl Connection {
     }
 }
 
-fn no_such_namespace(ns: &cube_protocol::NamespaceName) -> ServerError {
+pub(crate) fn no_such_namespace(ns: &cube_protocol::NamespaceName) -> ServerError {
     ServerError::new(
         ErrorCode::NoSuchNamespace,
         format!(
@@ -508,7 +527,7 @@ fn checkpoint_report(r: &cube_store::CheckpointReport) -> Vec<StatsEntry> {
     entries
 }
 
-fn write_error(e: &WriteError) -> ServerError {
+pub(crate) fn write_error(e: &WriteError) -> ServerError {
     let code = match e.kind {
         WriteErrorKind::NoSuchNamespace => ErrorCode::NoSuchNamespace,
         WriteErrorKind::WritesDisabled => ErrorCode::WritesDisabled,

@@ -12,6 +12,8 @@
 pub mod command_stats;
 pub mod config;
 mod connection;
+mod edges;
+mod programs;
 #[macro_use]
 pub mod log;
 pub mod server;
@@ -20,3 +22,11 @@ mod write_reply;
 
 pub use config::Args;
 pub use server::run;
+
+/// Compiles a cell program without running it, as `prog` does before
+/// storing one; `Err` carries Lua's reason. Public only for the
+/// `program_source` fuzz target (`fuzz/`).
+#[doc(hidden)]
+pub fn check_program_syntax(source: &[u8]) -> Result<(), String> {
+    programs::sandbox::check_syntax(source).map_err(|e| e.message)
+}

@@ -77,6 +77,8 @@ pub(crate) struct Shared {
     pub(crate) engine: Engine,
     pub(crate) args: Args,
     pub(crate) stats: CommandStats,
+    /// Cell programs: budgets and figures.
+    pub(crate) programs: crate::programs::ProgramService,
     pub(crate) shutting_down: AtomicBool,
     connections: Mutex<HashMap<u64, UnixStream>>,
     active: AtomicUsize,
@@ -125,7 +127,9 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
     log_recovery(&engine);
 
     let listener = bind_socket(&socket_path, args.socket_mode)?;
+    let programs = crate::programs::ProgramService::new(&args);
     let shared = Arc::new(Shared {
+        programs,
         engine,
         args,
         stats: CommandStats::default(),
@@ -423,6 +427,7 @@ impl Shared {
             ),
             count("frames.bad", self.stats.bad_frames.load(Ordering::Relaxed)),
             count("store.cells", self.engine.memstore().cell_count()),
+            count("store.edges", self.engine.memstore().edge_count()),
         ];
         for c in self.stats.figures() {
             entries.push(count(&format!("cmd.{}.count", c.name), c.count));
@@ -489,6 +494,7 @@ impl Shared {
                 r.torn_tail.as_ref().map_or(0, |t| t.bytes_truncated),
             ),
         ]);
+        entries.extend(self.programs.stats_entries(self.engine.memstore()));
         entries
     }
 }

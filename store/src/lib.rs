@@ -21,10 +21,12 @@ mod cells;
 pub mod checkpoint;
 pub mod curve;
 mod data_dir;
+mod edges;
 mod error;
 mod group_commit;
 mod memstore;
 mod mutation;
+pub mod programs;
 mod scan;
 pub mod sim_disk;
 mod stats;
@@ -35,6 +37,7 @@ pub mod wal;
 
 pub use curve::{Curve, hilbert_decode, hilbert_key, morton_decode, morton_key};
 pub use data_dir::{DataDir, sync_dir};
+pub use edges::{EdgeKey, PathError, PathOutcome, WalkLimits};
 pub use error::{StoreError, WriteError, WriteErrorKind};
 pub use group_commit::{
     GroupCommit, GroupCommitConfig, MAX_TXN_MUTATIONS, Responder, SyncPolicy, TxnAck, WriteAck, WriteSession,
@@ -42,6 +45,7 @@ pub use group_commit::{
 pub use transaction::TxnView;
 pub use memstore::{APPLY_SLICE_RECORDS, MemStore, SCAN_SLICE_STEPS};
 pub use mutation::Mutation;
+pub use programs::{MAX_TELEMETRY_KEEP, TelemetryChange, TelemetryHead};
 pub use scan::{ScanLimits, ScanOutcome, Visit};
 pub use stats::{StoreStats, StoreStatsSnapshot};
 pub use storage::{OpenMode, RealDisk, Storage, StorageFile};

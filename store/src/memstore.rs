@@ -21,6 +21,7 @@ use cube_protocol::{CellBox, Coord, NamespaceName};
 
 use crate::cells::{CellMap, Compactor};
 use crate::curve::Curve;
+use crate::edges::EdgeGraph;
 use crate::mutation::Mutation;
 use crate::scan::{ChunkEnd, ScanLimits, ScanOutcome, ScanState, Visit, start_key};
 
@@ -36,10 +37,13 @@ pub const SCAN_SLICE_STEPS: u64 = 4096;
 type Cells = CellMap;
 
 #[derive(Default)]
-struct NamespaceCells {
+pub(crate) struct NamespaceCells {
     /// Fixed at creation: every key in `cells` is along this curve.
-    curve: Curve,
-    cells: RwLock<Cells>,
+    pub(crate) curve: Curve,
+    pub(crate) cells: RwLock<Cells>,
+    /// The namespace's edges (`crate::edges`). Lock order: `edges`, then
+    /// `cells`; the writer holds `edges` for a whole group's run.
+    pub(crate) edges: RwLock<EdgeGraph>,
 }
 
 /// Cells of every namespace. Cheap to share: clone the `Arc`.
@@ -47,12 +51,14 @@ pub struct MemStore {
     namespaces: RwLock<HashMap<NamespaceName, Arc<NamespaceCells>>>,
     /// Merges namespaces' frozen deltas into their sorted bases.
     compactor: Compactor,
+    /// Cell programs and their run telemetry (`crate::programs`).
+    pub(crate) programs: crate::programs::ProgramTable,
 }
 
 /// A poisoned lock means a thread panicked while holding it; the data under
 /// it is plain maps that a panic cannot leave half-updated in a way that
 /// matters more than stopping service, so keep serving.
-fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+pub(crate) fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
     lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
@@ -67,6 +73,7 @@ impl MemStore {
         let store = MemStore {
             namespaces: RwLock::new(HashMap::new()),
             compactor: Compactor::start(),
+            programs: Default::default(),
         };
         if let Ok(default) = NamespaceName::new("default") {
             write(&store.namespaces).insert(default, Arc::default());
@@ -74,8 +81,12 @@ impl MemStore {
         store
     }
 
-    fn namespace(&self, ns: &NamespaceName) -> Option<Arc<NamespaceCells>> {
+    pub(crate) fn namespace(&self, ns: &NamespaceName) -> Option<Arc<NamespaceCells>> {
         read(&self.namespaces).get(ns).cloned()
+    }
+
+    pub(crate) fn namespaces(&self) -> Vec<Arc<NamespaceCells>> {
+        read(&self.namespaces).values().cloned().collect()
     }
 
     pub fn has_namespace(&self, ns: &NamespaceName) -> bool {
@@ -94,6 +105,7 @@ impl MemStore {
             Arc::new(NamespaceCells {
                 curve,
                 cells: RwLock::default(),
+                edges: RwLock::default(),
             }),
         );
         true
@@ -157,10 +169,13 @@ impl MemStore {
     }
 
     /// Applies a durable group in order; `existed` gets, per mutation,
-    /// whether the cell existed before it. Called only by the writer (and
-    /// recovery). A run of same-namespace mutations takes that namespace's
-    /// write lock once per [`APPLY_SLICE_RECORDS`], so readers wait at most
-    /// one slice, not a whole group.
+    /// whether the cell (for an edge mutation: the edge) existed before it.
+    /// Called only by the writer (and recovery). A run of same-namespace
+    /// mutations takes that namespace's cell write lock once per
+    /// [`APPLY_SLICE_RECORDS`], so cell readers wait at most one slice, not
+    /// a whole group. The run holds the namespace's graph write lock
+    /// throughout, so a walk (which holds its read lock) sees either none
+    /// or all of the run.
     pub fn apply_group(&self, group: &[&Mutation], existed: &mut Vec<bool>) {
         existed.clear();
         let mut start = 0;
@@ -173,12 +188,19 @@ impl MemStore {
                     .count();
             match self.namespace(ns) {
                 Some(space) => {
+                    let mut edges = write(&space.edges);
                     for slice in group[start..end].chunks(APPLY_SLICE_RECORDS) {
                         let mut cells = write(&space.cells);
                         for mutation in slice {
-                            existed.push(apply_one(&mut cells, space.curve, mutation));
+                            existed.push(match mutation {
+                                Mutation::ProgramPut { .. }
+                                | Mutation::ProgramDel { .. }
+                                | Mutation::Telemetry { .. } => self.programs.apply(mutation),
+                                _ => apply_one(&mut cells, &mut edges, space.curve, mutation),
+                            });
                         }
                     }
+                    drop(edges);
                     self.compactor.after_write(&space, |space| &space.cells);
                 }
                 // The writer checks namespaces before logging; recovery only
@@ -211,12 +233,28 @@ impl Default for MemStore {
     }
 }
 
-fn apply_one(cells: &mut Cells, curve: Curve, mutation: &Mutation) -> bool {
+fn apply_one(cells: &mut Cells, edges: &mut EdgeGraph, curve: Curve, mutation: &Mutation) -> bool {
     match mutation {
         Mutation::Put { coord, value, .. } => cells
             .insert(curve.key(*coord), Arc::from(value.as_slice()))
             .is_some(),
         Mutation::Del { coord, .. } => cells.remove(&curve.key(*coord)).is_some(),
+        Mutation::Link { edge, weight, .. } => edges.link(edge, *weight),
+        Mutation::Unlink { edge, .. } => edges.unlink(edge),
+        Mutation::Detach {
+            coord,
+            edges: incident,
+            ..
+        } => {
+            for edge in incident {
+                edges.unlink(edge);
+            }
+            cells.remove(&curve.key(*coord)).is_some()
+        }
+        // Applied by `MemStore::apply_group` through its program table.
+        Mutation::ProgramPut { .. } | Mutation::ProgramDel { .. } | Mutation::Telemetry { .. } => {
+            false
+        }
     }
 }
 

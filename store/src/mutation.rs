@@ -5,11 +5,20 @@
 //! its apply arm in [`crate::MemStore`].
 
 use byteorder::{ByteOrder, LittleEndian};
-use cube_protocol::{Coord, NamespaceName};
+use cube_protocol::{Coord, EdgeLabel, EdgeWeight, NamespaceName};
+
+use crate::edges::EdgeKey;
+use crate::programs::{TelemetryChange, put_telemetry_payload, read_telemetry_payload, telemetry_payload_len};
 
 /// Record kinds as stored on disk. Numbers never change meaning.
 pub(crate) const KIND_PUT: u8 = 1;
 pub(crate) const KIND_DEL: u8 = 2;
+pub(crate) const KIND_LINK: u8 = 3;
+pub(crate) const KIND_UNLINK: u8 = 4;
+pub(crate) const KIND_DETACH: u8 = 5;
+pub(crate) const KIND_PROGRAM_PUT: u8 = 8;
+pub(crate) const KIND_PROGRAM_DEL: u8 = 9;
+pub(crate) const KIND_TELEMETRY: u8 = 10;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Mutation {
@@ -22,12 +31,55 @@ pub enum Mutation {
         ns: NamespaceName,
         coord: Coord,
     },
+    /// Creates the edge, or sets its weight if it exists.
+    Link {
+        ns: NamespaceName,
+        edge: EdgeKey,
+        weight: EdgeWeight,
+    },
+    /// Removes the edge if it exists.
+    Unlink {
+        ns: NamespaceName,
+        edge: EdgeKey,
+    },
+    /// Deletes the value at `coord` and exactly the listed edges. The
+    /// writer fills `edges` with every edge incident to `coord` at commit
+    /// time, so the record says what it removes: recovery and the
+    /// checkpoint fold (which sees records, not state) both need that.
+    Detach {
+        ns: NamespaceName,
+        coord: Coord,
+        edges: Vec<EdgeKey>,
+    },
+    /// Stores a cell's program source (replacing any), compiled and
+    /// checked by the server first. Recovery restores the source; it never
+    /// runs a program.
+    ProgramPut {
+        ns: NamespaceName,
+        coord: Coord,
+        source: Vec<u8>,
+    },
+    /// Removes a cell's program.
+    ProgramDel { ns: NamespaceName, coord: Coord },
+    /// A cell's run telemetry (`crate::programs`).
+    Telemetry {
+        ns: NamespaceName,
+        coord: Coord,
+        change: TelemetryChange,
+    },
 }
 
 impl Mutation {
     pub fn namespace(&self) -> &NamespaceName {
         match self {
-            Mutation::Put { ns, .. } | Mutation::Del { ns, .. } => ns,
+            Mutation::Put { ns, .. }
+            | Mutation::Del { ns, .. }
+            | Mutation::Link { ns, .. }
+            | Mutation::Unlink { ns, .. }
+            | Mutation::Detach { ns, .. }
+            | Mutation::ProgramPut { ns, .. }
+            | Mutation::ProgramDel { ns, .. }
+            | Mutation::Telemetry { ns, .. } => ns,
         }
     }
 
@@ -35,6 +87,12 @@ impl Mutation {
         match self {
             Mutation::Put { .. } => KIND_PUT,
             Mutation::Del { .. } => KIND_DEL,
+            Mutation::Link { .. } => KIND_LINK,
+            Mutation::Unlink { .. } => KIND_UNLINK,
+            Mutation::Detach { .. } => KIND_DETACH,
+            Mutation::ProgramPut { .. } => KIND_PROGRAM_PUT,
+            Mutation::ProgramDel { .. } => KIND_PROGRAM_DEL,
+            Mutation::Telemetry { .. } => KIND_TELEMETRY,
         }
     }
 
@@ -43,6 +101,16 @@ impl Mutation {
         match self {
             Mutation::Put { ns, value, .. } => 1 + ns.as_str().len() + 12 + 4 + value.len(),
             Mutation::Del { ns, .. } => 1 + ns.as_str().len() + 12,
+            Mutation::Link { ns, edge, .. } => 1 + ns.as_str().len() + edge_key_len(edge) + 8,
+            Mutation::Unlink { ns, edge } => 1 + ns.as_str().len() + edge_key_len(edge),
+            Mutation::Detach { ns, edges, .. } => {
+                1 + ns.as_str().len() + 12 + 4 + edges.iter().map(edge_key_len).sum::<usize>()
+            }
+            Mutation::ProgramPut { ns, source, .. } => 1 + ns.as_str().len() + 12 + 4 + source.len(),
+            Mutation::ProgramDel { ns, .. } => 1 + ns.as_str().len() + 12,
+            Mutation::Telemetry { ns, change, .. } => {
+                1 + ns.as_str().len() + 12 + telemetry_payload_len(change)
+            }
         }
     }
 
@@ -54,6 +122,33 @@ impl Mutation {
                 out.extend_from_slice(value);
             }
             Mutation::Del { ns, coord } => put_ns_coord(out, ns, *coord),
+            Mutation::Link { ns, edge, weight } => {
+                put_ns_coord(out, ns, edge.from);
+                put_edge_rest(out, edge);
+                out.extend_from_slice(&weight.get().to_bits().to_le_bytes());
+            }
+            Mutation::Unlink { ns, edge } => {
+                put_ns_coord(out, ns, edge.from);
+                put_edge_rest(out, edge);
+            }
+            Mutation::Detach { ns, coord, edges } => {
+                put_ns_coord(out, ns, *coord);
+                out.extend_from_slice(&(edges.len() as u32).to_le_bytes());
+                for edge in edges {
+                    put_coord(out, edge.from);
+                    put_edge_rest(out, edge);
+                }
+            }
+            Mutation::ProgramPut { ns, coord, source } => {
+                put_ns_coord(out, ns, *coord);
+                out.extend_from_slice(&(source.len() as u32).to_le_bytes());
+                out.extend_from_slice(source);
+            }
+            Mutation::ProgramDel { ns, coord } => put_ns_coord(out, ns, *coord),
+            Mutation::Telemetry { ns, coord, change } => {
+                put_ns_coord(out, ns, *coord);
+                put_telemetry_payload(out, change);
+            }
         }
     }
 
@@ -86,6 +181,47 @@ impl Mutation {
                 Mutation::Put { ns, coord, value }
             }
             KIND_DEL => Mutation::Del { ns, coord },
+            KIND_LINK => {
+                let edge = take_edge_rest(&mut take, coord)?;
+                let bits = LittleEndian::read_u64(take(8)?);
+                let weight = EdgeWeight::new(f64::from_bits(bits))?;
+                Mutation::Link { ns, edge, weight }
+            }
+            KIND_UNLINK => Mutation::Unlink {
+                edge: take_edge_rest(&mut take, coord)?,
+                ns,
+            },
+            KIND_DETACH => {
+                let count = LittleEndian::read_u32(take(4)?) as usize;
+                // Each listed edge is at least 25 bytes; never reserve more
+                // than the payload could hold.
+                let mut edges = Vec::with_capacity(count.min(payload.len() / 25));
+                for _ in 0..count {
+                    let c = take(12)?;
+                    let from = Coord::new(
+                        LittleEndian::read_i32(&c[0..4]),
+                        LittleEndian::read_i32(&c[4..8]),
+                        LittleEndian::read_i32(&c[8..12]),
+                    );
+                    edges.push(take_edge_rest(&mut take, from)?);
+                }
+                Mutation::Detach { ns, coord, edges }
+            }
+            KIND_PROGRAM_PUT => {
+                let len = LittleEndian::read_u32(take(4)?) as usize;
+                let source = take(len)?.to_vec();
+                Mutation::ProgramPut { ns, coord, source }
+            }
+            KIND_PROGRAM_DEL => Mutation::ProgramDel { ns, coord },
+            KIND_TELEMETRY => {
+                // The rest of the payload, after `ns` and `coord`.
+                let rest = take(payload.len().saturating_sub(1 + ns.as_str().len() + 12))?;
+                Mutation::Telemetry {
+                    ns,
+                    coord,
+                    change: read_telemetry_payload(rest)?,
+                }
+            }
             other => return Err(format!("unknown record kind {other}")),
         };
         if at != payload.len() {
@@ -101,9 +237,42 @@ impl Mutation {
 fn put_ns_coord(out: &mut Vec<u8>, ns: &NamespaceName, coord: Coord) {
     out.push(ns.as_str().len() as u8);
     out.extend_from_slice(ns.as_str().as_bytes());
+    put_coord(out, coord);
+}
+
+fn put_coord(out: &mut Vec<u8>, coord: Coord) {
     out.extend_from_slice(&coord.x.to_le_bytes());
     out.extend_from_slice(&coord.y.to_le_bytes());
     out.extend_from_slice(&coord.z.to_le_bytes());
+}
+
+/// An edge's bytes after `from`: `to` (12), label length (`u8`), label.
+fn put_edge_rest(out: &mut Vec<u8>, edge: &EdgeKey) {
+    put_coord(out, edge.to);
+    // EdgeLabel guarantees at most 64 bytes.
+    out.push(edge.label.as_str().len() as u8);
+    out.extend_from_slice(edge.label.as_str().as_bytes());
+}
+
+/// `from` + [`put_edge_rest`].
+fn edge_key_len(edge: &EdgeKey) -> usize {
+    12 + 12 + 1 + edge.label.as_str().len()
+}
+
+fn take_edge_rest<'a>(
+    take: &mut impl FnMut(usize) -> Result<&'a [u8], String>,
+    from: Coord,
+) -> Result<EdgeKey, String> {
+    let c = take(12)?;
+    let to = Coord::new(
+        LittleEndian::read_i32(&c[0..4]),
+        LittleEndian::read_i32(&c[4..8]),
+        LittleEndian::read_i32(&c[8..12]),
+    );
+    let len = usize::from(take(1)?[0]);
+    let text = std::str::from_utf8(take(len)?).map_err(|_| "edge label not UTF-8")?;
+    let label = EdgeLabel::new(text)?;
+    Ok(EdgeKey::new(from, to, label))
 }
 
 #[cfg(test)]
@@ -120,8 +289,46 @@ mod tests {
                 value: (0..=255).collect(),
             },
             Mutation::Del {
-                ns,
+                ns: ns.clone(),
                 coord: Coord::new(5, 6, 7),
+            },
+            Mutation::Link {
+                ns: ns.clone(),
+                edge: EdgeKey::new(
+                    Coord::new(1, 2, 3),
+                    Coord::new(-4, 5, i32::MAX),
+                    EdgeLabel::new("road").unwrap(),
+                ),
+                weight: EdgeWeight::new(2.5).unwrap(),
+            },
+            Mutation::Unlink {
+                ns: ns.clone(),
+                edge: EdgeKey::new(
+                    Coord::new(1, 2, 3),
+                    Coord::new(1, 2, 3),
+                    EdgeLabel::default(),
+                ),
+            },
+            Mutation::Detach {
+                ns: ns.clone(),
+                coord: Coord::new(0, 0, 0),
+                edges: vec![
+                    EdgeKey::new(
+                        Coord::new(0, 0, 0),
+                        Coord::new(1, 0, 0),
+                        EdgeLabel::new("é").unwrap(),
+                    ),
+                    EdgeKey::new(
+                        Coord::new(9, 9, 9),
+                        Coord::new(0, 0, 0),
+                        EdgeLabel::default(),
+                    ),
+                ],
+            },
+            Mutation::Detach {
+                ns,
+                coord: Coord::new(0, 0, 0),
+                edges: Vec::new(),
             },
         ] {
             let mut out = Vec::new();
@@ -132,5 +339,32 @@ mod tests {
                 assert!(Mutation::decode(m.kind(), &out[..cut]).is_err());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod edge_tests {
+    use super::*;
+
+    #[test]
+    fn a_link_record_with_a_bad_weight_is_refused() {
+        let m = Mutation::Link {
+            ns: NamespaceName::new("default").unwrap(),
+            edge: EdgeKey::new(
+                Coord::new(0, 0, 0),
+                Coord::new(1, 0, 0),
+                EdgeLabel::default(),
+            ),
+            weight: EdgeWeight::DEFAULT,
+        };
+        let mut out = Vec::new();
+        m.encode_payload(&mut out);
+        let at = out.len() - 8;
+        out[at..].copy_from_slice(&f64::NAN.to_bits().to_le_bytes());
+        assert!(
+            Mutation::decode(KIND_LINK, &out)
+                .unwrap_err()
+                .contains("NaN")
+        );
     }
 }

@@ -20,8 +20,10 @@ use std::sync::Arc;
 
 use cube_protocol::{CellBox, Coord, NamespaceName};
 
+use crate::edges::{EdgeKey, EdgeUndo, PendingEdges};
 use crate::memstore::MemStore;
 use crate::mutation::Mutation;
+use crate::programs::{PendingPrograms, ProgramUndo, TelemetryHead};
 use crate::scan::{ScanLimits, Visit};
 
 /// The cell writes of the current group not yet applied to the store:
@@ -34,21 +36,42 @@ type PendingValue = Option<Arc<[u8]>>;
 #[derive(Default)]
 pub(crate) struct Overlay {
     cells: HashMap<CellId, PendingValue>,
+    /// The group's pending edge changes (links, unlinks, detaches).
+    edges: PendingEdges,
+    /// The group's pending programs and run telemetry.
+    programs: PendingPrograms,
 }
 
 impl Overlay {
     pub(crate) fn clear(&mut self) {
         self.cells.clear();
+        self.edges.clear();
+        self.programs.clear();
     }
 
-    /// Records a mutation's effect on cells; returns what it replaced
-    /// (`Some(previous overlay entry)` if the overlay had one).
+    /// Records a mutation's effect on cells and edges; returns what it
+    /// replaced among cells (`Some(previous overlay entry)` if the overlay
+    /// had one; `None` also for a mutation that changes no cell).
     pub(crate) fn record(&mut self, mutation: &Mutation) -> Option<PendingValue> {
+        self.edges.record(mutation, None);
+        self.programs.record(mutation, None);
+        self.record_cell(mutation)
+    }
+
+    /// The cell part of [`Overlay::record`].
+    fn record_cell(&mut self, mutation: &Mutation) -> Option<PendingValue> {
         match mutation {
             Mutation::Put { ns, coord, value } => self
                 .cells
                 .insert((ns.clone(), *coord), Some(Arc::from(value.as_slice()))),
-            Mutation::Del { ns, coord } => self.cells.insert((ns.clone(), *coord), None),
+            Mutation::Del { ns, coord } | Mutation::Detach { ns, coord, .. } => {
+                self.cells.insert((ns.clone(), *coord), None)
+            }
+            Mutation::Link { .. }
+            | Mutation::Unlink { .. }
+            | Mutation::ProgramPut { .. }
+            | Mutation::ProgramDel { .. }
+            | Mutation::Telemetry { .. } => None,
         }
     }
 }
@@ -65,6 +88,10 @@ pub struct TxnView<'a> {
     overflowed: usize,
     /// Overlay entries this transaction replaced, to undo on rollback.
     undo: Vec<(CellId, Option<PendingValue>)>,
+    /// The same for pending edges.
+    edge_undo: Vec<EdgeUndo>,
+    /// The same for pending programs and telemetry.
+    program_undo: Vec<ProgramUndo>,
 }
 
 impl<'a> TxnView<'a> {
@@ -75,6 +102,8 @@ impl<'a> TxnView<'a> {
             mutations: Vec::new(),
             overflowed: 0,
             undo: Vec::new(),
+            edge_undo: Vec::new(),
+            program_undo: Vec::new(),
         }
     }
 
@@ -84,7 +113,11 @@ impl<'a> TxnView<'a> {
 
     /// The cell's value as of this point in the log, or `None`.
     pub fn get(&self, ns: &NamespaceName, coord: Coord) -> Option<Arc<[u8]>> {
-        if let Some(pending) = self.overlay.cells.get(&(ns.clone(), coord)) {
+        // Skipping an empty overlay saves the key's clone on the hot path
+        // of programs that read many cells.
+        if !self.overlay.cells.is_empty()
+            && let Some(pending) = self.overlay.cells.get(&(ns.clone(), coord))
+        {
             return pending.clone();
         }
         self.mem.get(ns, coord).flatten()
@@ -124,27 +157,60 @@ impl<'a> TxnView<'a> {
         if !self.room() {
             return;
         }
-        let key = match &mutation {
-            Mutation::Put { ns, coord, .. } | Mutation::Del { ns, coord } => (ns.clone(), *coord),
-        };
-        let previous = self.overlay.record(&mutation);
-        self.undo.push((key, previous));
+        self.overlay
+            .edges
+            .record(&mutation, Some(&mut self.edge_undo));
+        self.overlay
+            .programs
+            .record(&mutation, Some(&mut self.program_undo));
+        match &mutation {
+            Mutation::Put { ns, coord, .. }
+            | Mutation::Del { ns, coord }
+            | Mutation::Detach { ns, coord, .. } => {
+                let key = (ns.clone(), *coord);
+                let previous = self.overlay.record_cell(&mutation);
+                self.undo.push((key, previous));
+            }
+            Mutation::Link { .. }
+            | Mutation::Unlink { .. }
+            | Mutation::ProgramPut { .. }
+            | Mutation::ProgramDel { .. }
+            | Mutation::Telemetry { .. } => {}
+        }
         self.mutations.push(mutation);
     }
 
-    /// Adds any mutation; it commits with the transaction. Cell writes are
-    /// seen by later reads through this view; other kinds are not modelled
-    /// by the overlay.
+    /// Adds any mutation; it commits with the transaction. Cell and edge
+    /// writes are seen by later reads through this view.
     pub fn emit(&mut self, mutation: Mutation) {
-        #[allow(unreachable_patterns)]
-        match mutation {
-            Mutation::Put { .. } | Mutation::Del { .. } => self.emit_cell(mutation),
-            other => {
-                if self.room() {
-                    self.mutations.push(other);
-                }
-            }
-        }
+        self.emit_cell(mutation);
+    }
+
+    /// Whether the edge exists as of this point in the log.
+    pub fn has_edge(&self, ns: &NamespaceName, edge: &EdgeKey) -> bool {
+        self.overlay.edges.has_edge(self.mem, ns, edge)
+    }
+
+    /// Every edge into or out of `coord` as of this point in the log.
+    pub fn incident_edges(&self, ns: &NamespaceName, coord: Coord) -> Vec<EdgeKey> {
+        self.overlay.edges.incident(self.mem, ns, coord)
+    }
+
+    /// The program stored at `coord` as of this point in the log.
+    pub fn program(&self, ns: &NamespaceName, coord: Coord) -> Option<Arc<[u8]>> {
+        self.overlay.programs.program(self.mem, ns, coord)
+    }
+
+    /// A cell's run telemetry counts as of this point in the log (`None`:
+    /// never run).
+    pub fn telemetry_head(&self, ns: &NamespaceName, coord: Coord) -> Option<TelemetryHead> {
+        self.overlay.programs.telemetry_head(self.mem, ns, coord)
+    }
+
+    /// `(outgoing, incoming)` edge counts of `coord` as of this point in
+    /// the log.
+    pub fn edge_degree(&self, ns: &NamespaceName, coord: Coord) -> (usize, usize) {
+        self.overlay.edges.degree(self.mem, ns, coord)
     }
 
     /// Namespaces this transaction writes to.
@@ -164,6 +230,10 @@ impl<'a> TxnView<'a> {
                 }
             }
         }
+        self.overlay.edges.restore(self.edge_undo.drain(..).rev());
+        self.overlay
+            .programs
+            .restore(self.program_undo.drain(..).rev());
         self.mutations.clear();
         self.overflowed = 0;
     }
@@ -222,6 +292,28 @@ impl<'a> TxnView<'a> {
             }
         }
         Some(cells.into_values().take(limit).collect())
+    }
+
+    /// Calls `visit` for each of `coords` that holds a value as of this
+    /// point in the log, with the value: one store lock hold and one
+    /// namespace-name clone for the lot (see [`MemStore::get_each`]).
+    pub fn get_each(&self, ns: &NamespaceName, coords: &[Coord], mut visit: impl FnMut(Coord, &[u8])) {
+        let pending = !self.overlay.cells.is_empty();
+        let mut key = (ns.clone(), Coord::new(0, 0, 0));
+        self.mem.get_each(ns, coords, |coord, stored| {
+            if pending {
+                key.1 = coord;
+                if let Some(value) = self.overlay.cells.get(&key) {
+                    if let Some(value) = value {
+                        visit(coord, value);
+                    }
+                    return;
+                }
+            }
+            if let Some(value) = stored {
+                visit(coord, value);
+            }
+        });
     }
 
     /// The store underneath, for reads the overlay does not model.

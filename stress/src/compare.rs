@@ -140,6 +140,8 @@ impl Comparison {
                 WorkloadKind::Put => "put: durable writes",
                 WorkloadKind::Get => "get: reads of written keys",
                 WorkloadKind::Mixed => "mixed",
+                WorkloadKind::Walk => "walk: walks and paths with links",
+                WorkloadKind::Seed => "seed: prog and run of cell programs",
             };
             let _ = writeln!(
                 out,

@@ -7,11 +7,13 @@
 //! every acknowledged write and read it back at the end (and after every
 //! `--crash-every` SIGKILL), then print a table and optionally write JSON
 //! and an SVG latency-by-percentile plot. `docs/benchmarks.md` documents
-//! the output and keeps the latest comparison.
+//! the output and keeps the latest comparison. `cube-stress crash`
+//! ([`crash`], `make crash`) is the crash torture of `docs/robustness.md`.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod cli;
 pub mod compare;
+pub mod crash;
 mod error;
 pub mod json;
 pub mod keyspace;
@@ -22,8 +24,10 @@ pub mod report;
 pub mod rng;
 pub mod run;
 pub mod scan_workload;
+pub mod seed_workload;
 pub mod target;
 pub mod verify;
+pub mod walk_workload;
 pub mod workload;
 
 pub use error::StressError;

@@ -72,6 +72,10 @@ impl RunReport {
             WorkloadKind::Put => 0.0,
             WorkloadKind::Get => 1.0,
             WorkloadKind::Mixed => self.workload.read_ratio,
+            // Walks and paths are the reads; links and unlinks the writes.
+            WorkloadKind::Walk => 0.6,
+            // cell-stats reads; prog and run write.
+            WorkloadKind::Seed => 0.06,
         }
     }
 

@@ -17,7 +17,10 @@ use crate::report::{CrashReport, RunReport};
 use crate::rng::Rng;
 use crate::target::{Connection, Connector, RunningTarget, TargetKind, TargetSpec};
 use crate::verify::{self, ReadBack, VerifyMode, VerifyReport};
-use crate::workload::{Op, Workload};
+use crate::walk_workload;
+use crate::seed_workload::{self, SeedLedger};
+use crate::target::ProgramConnection;
+use crate::workload::{Op, Workload, WorkloadKind};
 
 /// Error descriptions kept per run; the count is always exact.
 const KEPT_ERRORS: usize = 10;
@@ -75,6 +78,20 @@ impl RunConfig {
                 "--rate {rate} must be a positive number of requests per second"
             )));
         }
+        if self.workload.kind.needs_edges() && self.target.kind != TargetKind::Cube {
+            return Err(StressError::Usage(format!(
+                "the {} workload needs edges (link, walk, path), which only cube has; \
+                 use --target cube",
+                self.workload.name()
+            )));
+        }
+        if self.workload.kind == WorkloadKind::Seed && self.target.kind != TargetKind::Cube {
+            return Err(StressError::Usage(
+                "the seed workload runs cell programs (prog, run), which only cube has; \
+                 use --target cube"
+                    .to_owned(),
+            ));
+        }
         if let Some(every) = self.crash_every {
             if every.is_zero() {
                 return Err(StressError::Usage(
@@ -110,16 +127,38 @@ pub fn run(config: &RunConfig) -> Result<RunReport, StressError> {
         .map(|client| Mutex::new(Ledger::new(client, keys)))
         .collect();
 
+    let mut seed_baseline = Vec::new();
     let prefill_s = if config.workload.needs_prefill() {
         let started = Instant::now();
         prefill(connector.as_ref(), &ledgers, &keys, config.value_size)?;
         let seconds = started.elapsed().as_secs_f64();
         say(format!("wrote all {} keys in {seconds:.2} s", keys.keys()));
         Some(seconds)
+    } else if config.workload.kind.needs_edges() {
+        let started = Instant::now();
+        let edges = prefill_edges(connector.as_ref(), &keys)?;
+        let seconds = started.elapsed().as_secs_f64();
+        say(format!(
+            "linked {edges} lattice edges between {} keys in {seconds:.2} s",
+            keys.keys()
+        ));
+        Some(seconds)
+    } else if config.workload.kind == WorkloadKind::Seed {
+        let started = Instant::now();
+        let cells = seed_workload::cells(&keys);
+        let mut connection = connector
+            .connect()
+            .map_err(|e| StressError::target("prefill", e.to_string()))?;
+        seed_baseline = seed_workload::prefill(connection.as_mut(), cells)
+            .map_err(|e| StressError::target("prefill", e))?;
+        let seconds = started.elapsed().as_secs_f64();
+        say(format!("stored a counter program at {cells} seed cells in {seconds:.2} s"));
+        Some(seconds)
     } else {
         None
     };
 
+    let seed_ledger = SeedLedger::new(seed_baseline);
     let control = Control::new(config.clients);
     let shared = Shared {
         connector: connector.as_ref(),
@@ -127,6 +166,7 @@ pub fn run(config: &RunConfig) -> Result<RunReport, StressError> {
         keys,
         config,
         control: &control,
+        seed: &seed_ledger,
     };
     let mut crashes = Vec::new();
     let mut outcomes = Vec::new();
@@ -183,7 +223,7 @@ pub fn run(config: &RunConfig) -> Result<RunReport, StressError> {
     if config.verify != VerifyMode::None {
         say(format!("reading back ({})", config.verify.name()));
     }
-    let verification = verify::read_back(
+    let mut verification = verify::read_back(
         connector.as_ref(),
         &ledgers,
         &keys,
@@ -195,6 +235,13 @@ pub fn run(config: &RunConfig) -> Result<RunReport, StressError> {
             seed: config.seed,
         },
     );
+    if seed_ledger.cells() > 0 {
+        say(format!(
+            "checking the telemetry of {} seed cells",
+            seed_ledger.cells()
+        ));
+        verification.absorb(seed_workload::check(connector.as_ref(), &seed_ledger));
+    }
     let daemon_log = (errors > 0 || !verification.passed() || live.mismatches > 0)
         .then(|| target.log_text())
         .flatten();
@@ -397,6 +444,43 @@ fn prefill(
     Ok(())
 }
 
+/// Links every key to its lattice neighbours (the `walk` workload's
+/// starting graph), over parallel connections; returns the edge count.
+fn prefill_edges(connector: &dyn Connector, keys: &KeySpace) -> Result<u64, StressError> {
+    let edges: Vec<(u64, u64)> = walk_workload::lattice(keys).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let threads = PREFILL_THREADS.min(edges.len()).max(1);
+    let failures: Vec<String> = thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| -> Result<(), OpError> {
+                    let mut connection = connector.connect()?;
+                    while let Some(&(from, to)) = edges.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        let (from, to) = walk_workload::edge_coords(from, to);
+                        connection.link(from, to)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .filter_map(|w| match w.join() {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(_) => Some("a prefill thread panicked".to_owned()),
+            })
+            .collect()
+    });
+    if let Some(first) = failures.first() {
+        return Err(StressError::target(
+            "prefill",
+            format!("cannot link the lattice before the run: {first}"),
+        ));
+    }
+    Ok(edges.len() as u64)
+}
+
 /// What every client thread shares.
 struct Shared<'a> {
     connector: &'a dyn Connector,
@@ -404,6 +488,8 @@ struct Shared<'a> {
     keys: KeySpace,
     config: &'a RunConfig,
     control: &'a Control,
+    /// Runs acknowledged per seed cell (`seed` workload only).
+    seed: &'a SeedLedger,
 }
 
 /// Start, pause and stop signals between the main thread and the clients.
@@ -626,6 +712,15 @@ fn describe(op: Op) -> String {
     match op {
         Op::Put { key } => format!("put key {key} at {}", coord_of(key)),
         Op::Get { key } => format!("get key {key} at {}", coord_of(key)),
+        Op::Link { from, to } => format!("link {} -> {}", coord_of(from), coord_of(to)),
+        Op::Unlink { from, to } => format!("unlink {} -> {}", coord_of(from), coord_of(to)),
+        Op::Walk { key } => format!("walk from key {key} at {}", coord_of(key)),
+        Op::Path { from, to } => format!("path {} -> {}", coord_of(from), coord_of(to)),
+        Op::Prog { cell, .. } => format!("prog at seed cell {}", seed_workload::coord(cell)),
+        Op::Run { cell } => format!("run at seed cell {}", seed_workload::coord(cell)),
+        Op::CellStats { cell } => {
+            format!("cell-stats at seed cell {}", seed_workload::coord(cell))
+        }
     }
 }
 
@@ -677,6 +772,60 @@ fn execute(
                 lock(&shared.ledgers[client])
                     .check_read(key, Some(stored))
                     .map_err(Failure::Mismatch)?;
+            }
+            Ok(())
+        }
+        Op::Link { from, to } => connection
+            .link(coord_of(from), coord_of(to))
+            .map_err(Failure::Op),
+        Op::Unlink { from, to } => connection
+            .unlink(coord_of(from), coord_of(to))
+            .map_err(Failure::Op),
+        Op::Walk { key } => {
+            let start = coord_of(key);
+            let nodes = connection
+                .walk(start, walk_workload::WALK_DEPTH)
+                .map_err(Failure::Op)?;
+            walk_workload::check_walk(start, &nodes).map_err(Failure::Mismatch)
+        }
+        Op::Path { from, to } => {
+            let (from, to) = (coord_of(from), coord_of(to));
+            match connection.path(from, to).map_err(Failure::Op)? {
+                Some((coords, cost)) => {
+                    walk_workload::check_path(from, to, &coords, cost).map_err(Failure::Mismatch)
+                }
+                // Unlinks can cut a key off; no path is a fine answer.
+                None => Ok(()),
+            }
+        }
+        Op::Prog { cell, variant } => connection
+            .prog(
+                seed_workload::coord(cell),
+                seed_workload::source(variant).as_bytes(),
+            )
+            .map_err(Failure::Op),
+        Op::Run { cell } => match connection.run(seed_workload::coord(cell)) {
+            Ok(_) => {
+                shared.seed.acked(cell);
+                Ok(())
+            }
+            Err(e) => {
+                shared.seed.uncertain(cell);
+                Err(Failure::Op(e))
+            }
+        },
+        Op::CellStats { cell } => {
+            // Runs acknowledged before asking are all recorded by then.
+            let floor = shared.seed.acked_count(cell);
+            let (runs, _) = connection
+                .cell_stats(seed_workload::coord(cell))
+                .map_err(Failure::Op)?;
+            if runs < floor {
+                return Err(Failure::Mismatch(format!(
+                    "seed cell {}: telemetry counts {runs} runs, but {floor} were acknowledged \
+                     before asking",
+                    seed_workload::coord(cell)
+                )));
             }
             Ok(())
         }

@@ -17,16 +17,40 @@ use crate::rng::Rng;
 pub enum Command {
     Put,
     Get,
+    Link,
+    Unlink,
+    Walk,
+    Path,
+    Prog,
+    Run,
+    CellStats,
 }
 
 impl Command {
-    pub const ALL: [Command; 2] = [Command::Put, Command::Get];
+    pub const ALL: [Command; 9] = [
+        Command::Put,
+        Command::Get,
+        Command::Link,
+        Command::Unlink,
+        Command::Walk,
+        Command::Path,
+        Command::Prog,
+        Command::Run,
+        Command::CellStats,
+    ];
 
     /// The name in tables and JSON; the same as the server's `cmd.<name>`.
     pub fn name(self) -> &'static str {
         match self {
             Command::Put => "put",
             Command::Get => "get",
+            Command::Link => "link",
+            Command::Unlink => "unlink",
+            Command::Walk => "walk",
+            Command::Path => "path",
+            Command::Prog => "prog",
+            Command::Run => "run",
+            Command::CellStats => "cell-stats",
         }
     }
 
@@ -43,6 +67,21 @@ pub enum Op {
     Put { key: u64 },
     /// A read of any key.
     Get { key: u64 },
+    /// A durable edge `from -> to` (weight 1) between lattice neighbours,
+    /// from one of the thread's own keys.
+    Link { from: u64, to: u64 },
+    /// Removing such an edge.
+    Unlink { from: u64, to: u64 },
+    /// A walk of `walk_workload::WALK_DEPTH` hops from any key.
+    Walk { key: u64 },
+    /// The cheapest path between two nearby keys.
+    Path { from: u64, to: u64 },
+    /// Storing counter variant `variant` at seed cell `cell`.
+    Prog { cell: u64, variant: u64 },
+    /// Running the program of seed cell `cell`.
+    Run { cell: u64 },
+    /// Reading seed cell `cell`'s telemetry counts.
+    CellStats { cell: u64 },
 }
 
 impl Op {
@@ -50,6 +89,13 @@ impl Op {
         match self {
             Op::Put { .. } => Command::Put,
             Op::Get { .. } => Command::Get,
+            Op::Link { .. } => Command::Link,
+            Op::Unlink { .. } => Command::Unlink,
+            Op::Walk { .. } => Command::Walk,
+            Op::Path { .. } => Command::Path,
+            Op::Prog { .. } => Command::Prog,
+            Op::Run { .. } => Command::Run,
+            Op::CellStats { .. } => Command::CellStats,
         }
     }
 }
@@ -62,6 +108,14 @@ pub enum WorkloadKind {
     Get,
     /// Reads with probability --read-ratio, writes otherwise.
     Mixed,
+    /// Walks (50 %) and paths (10 %) over a lattice of edges, mixed with
+    /// links (25 %) and unlinks (15 %); every key is linked to its lattice
+    /// neighbours before the clock starts. cube only.
+    Walk,
+    /// Cell programs: prog (47 %) and run (47 %) of counter programs at
+    /// many cells, cell-stats (6 %); at the end every cell's telemetry
+    /// count must equal the runs acknowledged for it. cube only.
+    Seed,
 }
 
 impl WorkloadKind {
@@ -70,7 +124,14 @@ impl WorkloadKind {
             WorkloadKind::Put => "put",
             WorkloadKind::Get => "get",
             WorkloadKind::Mixed => "mixed",
+            WorkloadKind::Walk => "walk",
+            WorkloadKind::Seed => "seed",
         }
+    }
+
+    /// Whether the workload uses edges, which only cube has.
+    pub fn needs_edges(self) -> bool {
+        matches!(self, WorkloadKind::Walk)
     }
 }
 
@@ -117,6 +178,8 @@ impl Workload {
                     }
                 }
             }
+            WorkloadKind::Walk => crate::walk_workload::next_op(rng, keys, client),
+            WorkloadKind::Seed => crate::seed_workload::next_op(rng, keys),
         }
     }
 
@@ -124,7 +187,7 @@ impl Workload {
     /// find values.
     pub fn needs_prefill(&self) -> bool {
         match self.kind {
-            WorkloadKind::Put => false,
+            WorkloadKind::Put | WorkloadKind::Walk | WorkloadKind::Seed => false,
             WorkloadKind::Get => true,
             WorkloadKind::Mixed => self.read_ratio > 0.0,
         }

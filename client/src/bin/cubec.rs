@@ -15,6 +15,11 @@ use cube_client::{
     NamespaceName, StatsEntry, StatsValue, base64, json, parse_coord,
 };
 
+#[path = "cubec/edges.rs"]
+mod edges;
+#[path = "cubec/programs.rs"]
+mod programs;
+
 const EXIT_NOT_FOUND: u8 = 1;
 const EXIT_USAGE: u8 = 2;
 const EXIT_SERVER: u8 = 3;
@@ -23,7 +28,8 @@ const EXIT_CONNECT: u8 = 4;
 const TOP_AFTER_HELP: &str = "\
 Exit codes (stable; scripts may rely on them):
   0  success
-  1  not found: get or del of an empty cell
+  1  not found: get or del of an empty cell, unlink of a missing edge,
+     path with no path
   2  usage: bad arguments, coordinate or namespace name, an unreadable --file,
      or a value over the server's max_value_bytes (checked before sending)
   3  cubed answered with an error, or the connection broke mid-request
@@ -34,6 +40,11 @@ Examples:
   cubec put default 1,-2,3 'hello'
   cubec get default 1,-2,3 > value.bin
   cubec scan default -10,-10,0 10,10,0
+  cubec link default 0,0,0 1,0,0 --label road --weight 2
+  cubec walk default 0,0,0 --depth 3
+  cubec prog default 0,0,0 'return cube.rincr(0, 0, 0, 1)'
+  cubec run default 0,0,0
+  cubec stats default 0,0,0
   cubec --json stats";
 
 #[derive(Debug, Parser)]
@@ -91,13 +102,36 @@ Examples:
   cubec --json get default 1,2,3")]
     Get(CellArgs),
 
-    /// Delete the value at a cell
+    /// Delete the value at a cell (with --detach, also every edge into or out of it)
     #[command(after_help = "\
-Exits 1 when there was no value to delete.
+Exits 1 when there was no value to delete (with --detach: no value and no
+edges). Plain del keeps the cell's edges; --detach removes the value and
+every edge into or out of the cell in one atomic write.
 
-Example:
-  cubec del default 1,2,3")]
-    Del(CellArgs),
+Examples:
+  cubec del default 1,2,3
+  cubec del default 1,2,3 --detach")]
+    Del(DelArgs),
+
+    /// Create an edge FROM -> TO (or set its weight)
+    #[command(after_help = edges::LINK_HELP)]
+    Link(edges::LinkArgs),
+
+    /// Remove an edge FROM -> TO
+    #[command(after_help = edges::UNLINK_HELP)]
+    Unlink(edges::EdgeArgs),
+
+    /// List the edges of a coordinate
+    #[command(after_help = edges::EDGES_HELP)]
+    Edges(edges::EdgesArgs),
+
+    /// Walk breadth-first from a coordinate: every coordinate reached, with its distance
+    #[command(after_help = edges::WALK_HELP)]
+    Walk(edges::WalkArgs),
+
+    /// The cheapest path between two coordinates, by edge weight
+    #[command(after_help = edges::PATH_HELP)]
+    Path(edges::PathArgs),
 
     /// Print the cells inside a box, in the namespace's curve order
     #[command(after_help = "\
@@ -117,9 +151,20 @@ Examples:
   cubec --json scan default 0,0,0 3,3,3")]
     Scan(ScanArgs),
 
-    /// Show the server's counters and gauges
-    #[command(after_help = "Examples:\n  cubec stats\n  cubec --json stats")]
-    Stats,
+    /// Show the server's counters and gauges, or (with NS X,Y,Z) a cell's program telemetry
+    #[command(after_help = programs::STATS_HELP)]
+    Stats(programs::StatsArgs),
+
+    /// Store (or remove) the Lua program of a cell
+    #[command(
+        override_usage = "cubec prog [OPTIONS] <NS> <X,Y,Z> <SOURCE | - | --file PATH | --delete>",
+        after_help = programs::PROG_HELP
+    )]
+    Prog(programs::ProgArgs),
+
+    /// Run the program of a cell, atomically, and print what it returned
+    #[command(after_help = programs::RUN_HELP)]
+    Run(programs::RunArgs),
 
     /// Fold the write-ahead log into a checkpoint now, and report what was written
     #[command(
@@ -194,6 +239,16 @@ struct CellArgs {
     /// Cell coordinate as X,Y,Z: three 32-bit signed integers, e.g. -1,2,3
     #[arg(value_parser = parse_coord, allow_hyphen_values = true, value_name = "X,Y,Z")]
     coord: Coord,
+}
+
+#[derive(Debug, Args)]
+struct DelArgs {
+    #[command(flatten)]
+    cell: CellArgs,
+
+    /// Also remove every edge into or out of the cell, atomically with the value
+    #[arg(long)]
+    detach: bool,
 }
 
 #[derive(Debug, Args)]
@@ -274,6 +329,14 @@ fn next_step(error: &ClientError) -> Option<&'static str> {
             }
             Some(ErrorCode::DiskFull) => "free space on cubed's data volume, then retry",
             Some(ErrorCode::InvalidArgument) => "see `cubec help <command>`",
+            Some(ErrorCode::ProgramSyntax) => "fix the source and store it again",
+            Some(ErrorCode::ProgramError | ErrorCode::ProgramFuel | ErrorCode::ProgramMemory) => {
+                "`cubec stats NS X,Y,Z` shows the cell's recent runs; docs/programs.md the limits"
+            }
+            Some(ErrorCode::LimitExceeded) => {
+                "ask for less (the message names the limit), or raise that cubed flag"
+            }
+            Some(ErrorCode::BadWeight) => "give a weight that is a finite number >= 0",
             _ => "check cubed's log for details",
         },
     })
@@ -297,9 +360,28 @@ fn run(cli: &Cli) -> Result<u8, Failure> {
         Command::Ping => ping(&mut client, cli.json, &mut stdout),
         Command::Put(args) => put(&mut client, args, cli.json, &mut stdout),
         Command::Get(args) => get(&mut client, args, cli.json, &mut stdout),
-        Command::Del(args) => del(&mut client, args, cli.json, &mut stdout),
+        Command::Del(args) if args.detach => edges::detach(
+            &mut client,
+            &args.cell.ns,
+            args.cell.coord,
+            cli.json,
+            &mut stdout,
+        ),
+        Command::Del(args) => del(&mut client, &args.cell, cli.json, &mut stdout),
+        Command::Link(args) => edges::link(&mut client, args, cli.json, &mut stdout),
+        Command::Unlink(args) => edges::unlink(&mut client, args, cli.json, &mut stdout),
+        Command::Edges(args) => edges::edges(&mut client, args, cli.json, &mut stdout),
+        Command::Walk(args) => edges::walk(&mut client, args, cli.json, &mut stdout),
+        Command::Path(args) => edges::path(&mut client, args, cli.json, &mut stdout),
         Command::Scan(args) => scan(&mut client, args, cli.json, &mut stdout),
-        Command::Stats => stats(&mut client, cli.json, &mut stdout),
+        Command::Stats(programs::StatsArgs {
+            ns: Some(ns),
+            coord: Some(coord),
+            records,
+        }) => programs::cell_stats(&mut client, ns, *coord, *records, cli.json, &mut stdout),
+        Command::Stats(_) => stats(&mut client, cli.json, &mut stdout),
+        Command::Prog(args) => programs::prog(&mut client, args, cli.json, &mut stdout),
+        Command::Run(args) => programs::run(&mut client, args, cli.json, &mut stdout),
         Command::Checkpoint { compact } => {
             report(client.checkpoint(*compact)?, cli.json, &mut stdout)
         }
@@ -725,7 +807,9 @@ mod tests {
         assert!(help.contains("Exit codes"), "{help}");
         assert!(help.contains("4  cannot connect"), "{help}");
         let mut cmd = Cli::command();
-        for sub in ["ping", "put", "get", "del", "scan", "stats"] {
+        for sub in [
+            "ping", "put", "get", "del", "scan", "stats", "link", "unlink", "edges", "walk", "path",
+        ] {
             let help = cmd
                 .find_subcommand_mut(sub)
                 .unwrap()
@@ -818,5 +902,61 @@ mod tests {
         });
         assert_eq!(f.code, EXIT_CONNECT);
         assert!(f.message.contains("make run"), "{}", f.message);
+    }
+}
+
+#[cfg(test)]
+mod edge_arg_tests {
+    #![allow(clippy::unwrap_used)]
+
+    use clap::Parser;
+    use clap::error::ErrorKind;
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("cubec").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn link_takes_negative_coordinates_labels_and_weights() {
+        let cli = parse(&[
+            "link", "default", "-1,0,0", "0,-1,0", "--label", "road", "--weight", "2.5",
+        ])
+        .unwrap();
+        let Command::Link(args) = cli.command else {
+            panic!("not link")
+        };
+        assert_eq!(args.edge.from, Coord::new(-1, 0, 0));
+        assert_eq!(args.edge.to, Coord::new(0, -1, 0));
+        assert_eq!(args.edge.label.as_str(), "road");
+        assert_eq!(args.weight, 2.5);
+        let cli = parse(&["link", "default", "0,0,0", "1,0,0"]).unwrap();
+        let Command::Link(args) = cli.command else {
+            panic!("not link")
+        };
+        assert_eq!((args.weight, args.edge.label.as_str()), (1.0, ""));
+    }
+
+    #[test]
+    fn bad_weights_labels_and_directions_are_usage_errors() {
+        for weight in ["-1", "nan", "inf", "x"] {
+            let err =
+                parse(&["link", "default", "0,0,0", "1,0,0", "--weight", weight]).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::ValueValidation, "{weight}");
+            assert_eq!(err.exit_code(), i32::from(EXIT_USAGE));
+        }
+        let long = "x".repeat(65);
+        let err = parse(&["link", "default", "0,0,0", "1,0,0", "--label", &long]).unwrap_err();
+        assert!(err.to_string().contains("at most 64"), "{err}");
+        let err = parse(&["walk", "default", "0,0,0", "--in", "--out"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ArgumentConflict);
+        let err = parse(&["path", "default", "0,0,0", "1,0,0", "--max-cost", "-2"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ValueValidation);
+        let cli = parse(&["del", "default", "1,2,3", "--detach"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Del(DelArgs { detach: true, .. })
+        ));
     }
 }

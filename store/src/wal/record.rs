@@ -5,7 +5,8 @@
 //! 0      4    crc32c       u32 LE, CRC32C of bytes 4..17+len
 //! 4      4    payload_len  u32 LE
 //! 8      8    lsn          u64 LE, log sequence number
-//! 16     1    kind         bits 0-6: 1 = put, 2 = del (see mutation.rs);
+//! 16     1    kind         bits 0-6: 1 = put, 2 = del, 3 = link,
+//!                          4 = unlink, 5 = detach (see mutation.rs);
 //!                          bit 7: last record of its commit group
 //! 17     len  payload
 //! ```

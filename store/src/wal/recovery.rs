@@ -23,7 +23,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::data_dir::sync_dir;
 use crate::error::StoreError;
-use crate::mutation::{KIND_DEL, KIND_PUT, Mutation};
+use crate::mutation::{
+    KIND_DEL, KIND_DETACH, KIND_LINK, KIND_PROGRAM_DEL, KIND_PROGRAM_PUT, KIND_PUT, KIND_TELEMETRY,
+    KIND_UNLINK, Mutation,
+};
 use crate::storage::{OpenMode, Storage};
 use crate::wal::record::{
     GROUP_END_BIT, MAX_RECORD_PAYLOAD_BYTES, RECORD_HEADER_BYTES, parse_record,
@@ -79,8 +82,20 @@ pub struct RecoveryReport {
 
 struct BadPoint {
     segment: usize,
+    /// Where the damage is (what a refusal names).
     offset: u64,
     reason: String,
+    /// Where `--repair` cuts: the start of the commit group holding the
+    /// damage, so that no part of a group survives without its end.
+    cut: Cut,
+}
+
+/// Where a segment can be cut so that only whole commit groups remain,
+/// and the LSN the next record then gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Cut {
+    pub(crate) offset: u64,
+    pub(crate) next_lsn: u64,
 }
 
 /// Replays every record in `wal_dir` after `checkpoint_lsn` (what the
@@ -147,7 +162,10 @@ pub fn recover(
                     "LSN gap: the checkpoint holds LSNs up to {checkpoint_lsn}, \
                      but the oldest WAL segment starts at LSN {first_lsn}"
                 ),
-                first_lsn,
+                Cut {
+                    offset: 0,
+                    next_lsn: first_lsn,
+                },
             ))
         } else {
             replay_segment(
@@ -178,11 +196,12 @@ pub fn recover(
                 report.wal_bytes += offset;
                 tail_end = offset;
             }
-            Err((offset, reason, next_lsn)) => {
+            Err((offset, reason, cut)) => {
                 let bad = BadPoint {
                     segment: index,
                     offset,
                     reason,
+                    cut,
                 };
                 if !options.repair {
                     return Err(StoreError::Corruption {
@@ -192,12 +211,16 @@ pub fn recover(
                     });
                 }
                 let repair = repair_at(storage, wal_dir, &segments, &bad, bytes.len() as u64)?;
-                segments.truncate(if bad.offset == 0 { index } else { index + 1 });
+                segments.truncate(if bad.cut.offset == 0 {
+                    index
+                } else {
+                    index + 1
+                });
                 report.repaired = Some(repair);
-                if bad.offset > 0 {
-                    expected_lsn = Some(next_lsn);
-                    report.wal_bytes += bad.offset;
-                    tail_end = bad.offset;
+                if bad.cut.offset > 0 {
+                    expected_lsn = Some(bad.cut.next_lsn);
+                    report.wal_bytes += bad.cut.offset;
+                    tail_end = bad.cut.offset;
                 } else if let Some((_, previous)) = segments.last() {
                     // The damaged segment is gone; the previous one is now
                     // the tail and ends where its records end.
@@ -241,7 +264,8 @@ pub(crate) enum SegmentEnd {
     },
 }
 
-/// Replays one segment. The error carries (offset, reason, next_lsn at that point).
+/// Replays one segment. The error carries the offset of the damage, the
+/// reason, and where `--repair` would cut (the start of the damaged group).
 pub(crate) fn replay_segment(
     bytes: &[u8],
     name_lsn: u64,
@@ -250,13 +274,17 @@ pub(crate) fn replay_segment(
     checkpoint_lsn: u64,
     apply: &mut impl FnMut(u64, Mutation),
     report: &mut RecoveryReport,
-) -> Result<SegmentEnd, (u64, String, u64)> {
-    let first_lsn = parse_segment_header(bytes).map_err(|reason| (0, reason, name_lsn))?;
+) -> Result<SegmentEnd, (u64, String, Cut)> {
+    let whole = |next_lsn| Cut {
+        offset: 0,
+        next_lsn,
+    };
+    let first_lsn = parse_segment_header(bytes).map_err(|reason| (0, reason, whole(name_lsn)))?;
     if first_lsn != name_lsn {
         return Err((
             0,
             format!("header says first LSN {first_lsn}, the file name says {name_lsn}"),
-            name_lsn,
+            whole(name_lsn),
         ));
     }
     if let Some(expected) = expected_lsn
@@ -267,7 +295,7 @@ pub(crate) fn replay_segment(
             format!(
                 "LSN gap: this segment starts at LSN {first_lsn}, the previous one ended before LSN {expected}"
             ),
-            expected,
+            whole(expected),
         ));
     }
     let mut offset = SEGMENT_HEADER_BYTES;
@@ -275,7 +303,10 @@ pub(crate) fn replay_segment(
     // Records are applied a whole commit group at a time: `pending` holds
     // the group being read, `committed` where the last whole group ended.
     let mut pending: Vec<(u64, Mutation)> = Vec::new();
-    let mut committed = (offset as u64, first_lsn);
+    let mut committed = Cut {
+        offset: offset as u64,
+        next_lsn: first_lsn,
+    };
     while offset < bytes.len() {
         match parse_record(&bytes[offset..]) {
             Ok(record) => {
@@ -283,11 +314,11 @@ pub(crate) fn replay_segment(
                     return Err((
                         offset as u64,
                         format!("record has LSN {}, expected {next_lsn}", record.lsn),
-                        next_lsn,
+                        committed,
                     ));
                 }
                 let mutation = Mutation::decode(record.kind, record.payload)
-                    .map_err(|reason| (offset as u64, reason, next_lsn))?;
+                    .map_err(|reason| (offset as u64, reason, committed))?;
                 pending.push((record.lsn, mutation));
                 next_lsn += 1;
                 offset += record.total_bytes;
@@ -298,7 +329,10 @@ pub(crate) fn replay_segment(
                             report.records_replayed += 1;
                         }
                     }
-                    committed = (offset as u64, next_lsn);
+                    committed = Cut {
+                        offset: offset as u64,
+                        next_lsn,
+                    };
                 }
             }
             Err(_) if is_zero(&bytes[offset..]) => break,
@@ -307,8 +341,8 @@ pub(crate) fn replay_segment(
                     // A torn write of the last group, which was never
                     // acknowledged: drop the whole group.
                     return Ok(SegmentEnd::TornAt {
-                        offset: committed.0,
-                        next_lsn: committed.1,
+                        offset: committed.offset,
+                        next_lsn: committed.next_lsn,
                     });
                 }
                 let why = if is_last {
@@ -316,21 +350,21 @@ pub(crate) fn replay_segment(
                 } else {
                     format!("{damage} in a segment that is not the last")
                 };
-                return Err((offset as u64, why, next_lsn));
+                return Err((offset as u64, why, committed));
             }
         }
     }
     if !pending.is_empty() {
         if is_last {
             return Ok(SegmentEnd::TornAt {
-                offset: committed.0,
-                next_lsn: committed.1,
+                offset: committed.offset,
+                next_lsn: committed.next_lsn,
             });
         }
         return Err((
-            committed.0,
+            committed.offset,
             "the segment ends inside a commit group, and it is not the last".into(),
-            committed.1,
+            committed,
         ));
     }
     Ok(SegmentEnd::Clean {
@@ -381,7 +415,17 @@ fn later_group_follows(bytes: &[u8], from: usize, min_lsn: u64) -> bool {
         let len = u32::from_le_bytes([h[4], h[5], h[6], h[7]]) as usize;
         let lsn = u64::from_le_bytes([h[8], h[9], h[10], h[11], h[12], h[13], h[14], h[15]]);
         let kind = h[16] & !GROUP_END_BIT;
-        let plausible = (kind == KIND_PUT || kind == KIND_DEL)
+        let plausible = [
+            KIND_PUT,
+            KIND_DEL,
+            KIND_LINK,
+            KIND_UNLINK,
+            KIND_DETACH,
+            KIND_PROGRAM_PUT,
+            KIND_PROGRAM_DEL,
+            KIND_TELEMETRY,
+        ]
+        .contains(&kind)
             && (min_lsn..=max_lsn).contains(&lsn)
             && len <= MAX_RECORD_PAYLOAD_BYTES
             && RECORD_HEADER_BYTES + len <= h.len();
@@ -447,8 +491,11 @@ fn truncate_durably(storage: &dyn Storage, path: &Path, len: u64) -> Result<(), 
         .map_err(|e| StoreError::io(path, e))
 }
 
-/// Cuts the log at `bad`: saves the dropped tail and moves later segments
-/// into a repair folder, then truncates (or removes) the damaged segment.
+/// Cuts the log at the start of the commit group holding `bad` (records
+/// of that group before the damage were never acknowledged either: a
+/// group is written and synced whole): saves the dropped tail and moves
+/// later segments into a repair folder, then truncates (or removes) the
+/// damaged segment.
 fn repair_at(
     storage: &dyn Storage,
     wal_dir: &Path,
@@ -471,8 +518,9 @@ fn repair_at(
     let bytes = storage
         .read_file(bad_path)
         .map_err(|e| StoreError::io(bad_path, e))?;
-    let cut = (bad.offset as usize).min(bytes.len());
-    let tail_path = saved_to.join(format!("{file_name}.from-{}", bad.offset));
+    let at = bad.cut.offset;
+    let cut = (at as usize).min(bytes.len());
+    let tail_path = saved_to.join(format!("{file_name}.from-{at}"));
     storage
         .open(&tail_path, OpenMode::CreateTruncate)
         .and_then(|mut f| {
@@ -480,7 +528,7 @@ fn repair_at(
             f.sync_data()
         })
         .map_err(|e| StoreError::io(&tail_path, e))?;
-    let mut bytes_dropped = bad_segment_len - bad.offset;
+    let mut bytes_dropped = bad_segment_len.saturating_sub(at);
     let mut segments_dropped = 0;
     for (_, later) in &segments[bad.segment + 1..] {
         bytes_dropped += storage
@@ -492,20 +540,27 @@ fn repair_at(
             .map_err(|e| StoreError::io(later, e))?;
         segments_dropped += 1;
     }
-    if bad.offset == 0 {
+    if at == 0 {
         storage
             .remove_file(bad_path)
             .map_err(|e| StoreError::io(bad_path, e))?;
         segments_dropped += 1;
     } else {
-        truncate_durably(storage, bad_path, bad.offset)?;
+        truncate_durably(storage, bad_path, at)?;
     }
     sync_dir(storage, &saved_to)?;
     sync_dir(storage, wal_dir)?;
     Ok(RepairReport {
         path: bad_path.clone(),
-        offset: bad.offset,
-        reason: bad.reason.clone(),
+        offset: at,
+        reason: if at == bad.offset {
+            bad.reason.clone()
+        } else {
+            format!(
+                "{} at offset {}; cut at the start of its commit group",
+                bad.reason, bad.offset
+            )
+        },
         bytes_dropped,
         segments_dropped,
         saved_to,

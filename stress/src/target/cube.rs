@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use cube_client::{Client, ClientError, StatsEntry, StatsValue};
+use cube_client::{Client, ClientError, Direction, StatsEntry, StatsValue, WalkOptions};
 use cube_protocol::{Coord, ProtocolError};
 
 use super::{Connection, Connector};
@@ -75,6 +75,68 @@ impl Connection for CubeConnection {
 
     fn get(&mut self, coord: Coord) -> Result<Option<Vec<u8>>, OpError> {
         self.client.get(NAMESPACE, coord).map_err(classify)
+    }
+
+    fn link(&mut self, from: Coord, to: Coord) -> Result<(), OpError> {
+        self.client
+            .link(NAMESPACE, from, to, "", 1.0)
+            .map(drop)
+            .map_err(classify)
+    }
+
+    fn unlink(&mut self, from: Coord, to: Coord) -> Result<(), OpError> {
+        self.client
+            .unlink(NAMESPACE, from, to, "")
+            .map(drop)
+            .map_err(classify)
+    }
+
+    fn walk(&mut self, from: Coord, depth: u32) -> Result<Vec<(Coord, u32)>, OpError> {
+        let options = WalkOptions {
+            direction: Direction::Out,
+            max_depth: depth,
+            ..WalkOptions::default()
+        };
+        let walk = self
+            .client
+            .walk(NAMESPACE, from, &options)
+            .map_err(classify)?;
+        Ok(walk
+            .nodes
+            .into_iter()
+            .map(|n| (n.coord, n.distance))
+            .collect())
+    }
+
+    fn program_request(
+        &mut self,
+        request: super::ProgramRequest<'_>,
+    ) -> Result<(u64, u64), OpError> {
+        match request {
+            super::ProgramRequest::Prog(at, source) => self
+                .client
+                .prog(NAMESPACE, at, source)
+                .map(|_| (0, 0))
+                .map_err(classify),
+            super::ProgramRequest::Run(at) => self
+                .client
+                .run(NAMESPACE, at, &[])
+                .map(|reply| (reply.seq, 0))
+                .map_err(classify),
+            super::ProgramRequest::CellStats(at) => self
+                .client
+                .cell_stats(NAMESPACE, at, 0)
+                .map(|stats| (stats.runs, stats.failures))
+                .map_err(classify),
+        }
+    }
+
+    fn path(&mut self, from: Coord, to: Coord) -> Result<Option<(Vec<Coord>, f64)>, OpError> {
+        let answer = self
+            .client
+            .path(NAMESPACE, from, to, None, f64::INFINITY)
+            .map_err(classify)?;
+        Ok(answer.path.map(|p| (p.coords, p.cost)))
     }
 }
 

@@ -78,6 +78,79 @@ pub trait Connection: Send {
             .iter()
             .try_for_each(|(coord, value)| self.put(*coord, value))
     }
+
+    /// A durable edge `from -> to` of weight 1 and the empty label. Only
+    /// cube has edges; the `walk` workload is refused for other targets
+    /// before it starts, so these defaults are never reached in a run.
+    fn link(&mut self, from: Coord, to: Coord) -> Result<(), OpError> {
+        let _ = (from, to);
+        Err(unsupported("link"))
+    }
+
+    fn unlink(&mut self, from: Coord, to: Coord) -> Result<(), OpError> {
+        let _ = (from, to);
+        Err(unsupported("unlink"))
+    }
+
+    /// The coordinates within `depth` outgoing hops of `from`, with their
+    /// distances, nearest first.
+    fn walk(&mut self, from: Coord, depth: u32) -> Result<Vec<(Coord, u32)>, OpError> {
+        let _ = (from, depth);
+        Err(unsupported("walk"))
+    }
+
+    /// The cheapest path's coordinates and cost, or `None` for no path.
+    fn path(&mut self, from: Coord, to: Coord) -> Result<Option<(Vec<Coord>, f64)>, OpError> {
+        let _ = (from, to);
+        Err(unsupported("path"))
+    }
+
+    /// A cell-program request: `prog` answers `(0, 0)`, `run` `(seq, 0)`,
+    /// `cell-stats` `(runs, failures)`. Only cube has programs.
+    fn program_request(&mut self, request: ProgramRequest<'_>) -> Result<(u64, u64), OpError> {
+        let _ = request;
+        Err(unsupported("cell programs"))
+    }
+}
+
+/// Cell programs: only cube has them; the `seed` workload is refused for
+/// other targets before it starts.
+pub trait ProgramConnection {
+    /// Stores a program at `coord`.
+    fn prog(&mut self, coord: Coord, source: &[u8]) -> Result<(), OpError>;
+    /// Runs the program at `coord`; returns its telemetry seq.
+    fn run(&mut self, coord: Coord) -> Result<u64, OpError>;
+    /// `(runs, failures)` of the program telemetry at `coord`.
+    fn cell_stats(&mut self, coord: Coord) -> Result<(u64, u64), OpError>;
+}
+
+impl<T: Connection + ?Sized> ProgramConnection for T {
+    fn prog(&mut self, coord: Coord, source: &[u8]) -> Result<(), OpError> {
+        self.program_request(ProgramRequest::Prog(coord, source))
+            .map(drop)
+    }
+
+    fn run(&mut self, coord: Coord) -> Result<u64, OpError> {
+        self.program_request(ProgramRequest::Run(coord))
+            .map(|(seq, _)| seq)
+    }
+
+    fn cell_stats(&mut self, coord: Coord) -> Result<(u64, u64), OpError> {
+        self.program_request(ProgramRequest::CellStats(coord))
+    }
+}
+
+/// One cell-program request (see [`ProgramConnection`]).
+pub enum ProgramRequest<'a> {
+    Prog(Coord, &'a [u8]),
+    Run(Coord),
+    CellStats(Coord),
+}
+
+fn unsupported(command: &str) -> OpError {
+    OpError::Failed(format!(
+        "{command} is not supported by this target (edges are cube's)"
+    ))
 }
 
 /// Opens connections to one target; shared by all client threads.

@@ -1,0 +1,457 @@
+//! `cubec prog`, `run` and `stats NS X,Y,Z`: arguments, output formats
+//! and exit codes of the cell-program commands (`docs/programs.md`).
+
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::os::unix::ffi::OsStringExt;
+use std::path::PathBuf;
+
+use clap::{ArgGroup, Args};
+use cube_client::{
+    CellStats, Client, Coord, NamespaceName, ProgramValue, RunRecord, RunReply, base64, json,
+    parse_coord,
+};
+
+use super::{CellArgs, Failure, cell_json, emit, emit_line, escape_value, parse_namespace_arg};
+
+pub(crate) const PROG_HELP: &str = "\
+Stores a Lua 5.4 program at a cell, replacing any program there. The server
+compiles it first: a syntax error is refused with its line and nothing is
+stored. Exactly one source: the SOURCE argument, `-` for stdin, --file, or
+--delete to remove the cell's program. docs/programs.md describes the API
+(cube.get, cube.put, cube.incr, cube.count, ...), the limits and the sandbox.
+
+Examples:
+  cubec prog default 0,0,0 'return cube.rincr(0, 0, 0, 1)'
+  cubec prog default 5,5,5 --file life.lua
+  cubec prog default 0,0,0 - < counter.lua
+  cubec prog default 0,0,0 --delete";
+
+pub(crate) const RUN_HELP: &str = "\
+Runs the program stored at a cell, atomically, on the daemon: its writes are
+applied together (and durable) or, if it fails, not at all. ARGs reach the
+program as strings (`...`). The result prints as text: nil, true/false, a
+number, a string's bytes, or a table as `KEY<TAB>VALUE` lines; with --json,
+one object with the run's seq, lsn, instructions and cells written.
+Exits 3 when the program fails (error, out of fuel, out of memory); the
+failure is still recorded in the cell's telemetry (`cubec stats NS X,Y,Z`).
+
+Examples:
+  cubec run default 0,0,0
+  cubec run default 5,5,5 1000
+  cubec --json run default 0,0,0 a b c";
+
+pub(crate) const STATS_HELP: &str = "\
+Without a cell: the daemon's counters and gauges, including cmd.prog.* and
+cmd.run.* latency and the programs.* figures. With NS X,Y,Z: that cell's
+program telemetry: whether it has a program, the exact number of runs and
+failures, and the most recent records (--records, default 10).
+
+Examples:
+  cubec stats
+  cubec --json stats
+  cubec stats default 0,0,0
+  cubec stats default 0,0,0 --records 100 --json";
+
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("program").required(true).args(["source", "file", "delete"])))]
+pub(crate) struct ProgArgs {
+    #[command(flatten)]
+    pub(crate) cell: CellArgs,
+
+    /// The program's source, or `-` to read it from stdin
+    #[arg(allow_hyphen_values = true, value_name = "SOURCE")]
+    pub(crate) source: Option<OsString>,
+
+    /// Read the source from this file
+    #[arg(long, value_name = "PATH")]
+    pub(crate) file: Option<PathBuf>,
+
+    /// Remove the cell's program instead
+    #[arg(long)]
+    pub(crate) delete: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    #[command(flatten)]
+    pub(crate) cell: CellArgs,
+
+    /// Arguments passed to the program (as strings)
+    #[arg(allow_hyphen_values = true, value_name = "ARG")]
+    pub(crate) args: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct StatsArgs {
+    /// Namespace of the cell whose program telemetry to show
+    #[arg(value_parser = parse_namespace_arg, value_name = "NS", requires = "coord")]
+    pub(crate) ns: Option<NamespaceName>,
+
+    /// The cell, X,Y,Z
+    #[arg(value_parser = parse_coord, allow_hyphen_values = true, value_name = "X,Y,Z")]
+    pub(crate) coord: Option<Coord>,
+
+    /// How many recent telemetry records to show (with a cell)
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub(crate) records: u32,
+}
+
+fn read_source(args: &ProgArgs) -> Result<Vec<u8>, Failure> {
+    if args.delete {
+        return Ok(Vec::new());
+    }
+    match (&args.source, &args.file) {
+        (Some(source), None) if source == "-" => {
+            let mut bytes = Vec::new();
+            std::io::stdin()
+                .lock()
+                .read_to_end(&mut bytes)
+                .map_err(|e| Failure::usage(format!("cannot read the program from stdin: {e}")))?;
+            Ok(bytes)
+        }
+        (Some(source), None) => Ok(source.clone().into_vec()),
+        (None, Some(path)) => std::fs::read(path).map_err(|e| {
+            Failure::usage(format!(
+                "cannot read program file {}: {e}; check the path and permissions",
+                path.display()
+            ))
+        }),
+        _ => Err(Failure::usage(
+            "give exactly one source: SOURCE, `-` for stdin, --file PATH or --delete; \
+             see `cubec help prog`"
+                .to_owned(),
+        )),
+    }
+}
+
+pub(crate) fn prog(
+    client: &mut Client,
+    args: &ProgArgs,
+    as_json: bool,
+    out: &mut impl Write,
+) -> Result<u8, Failure> {
+    let source = read_source(args)?;
+    if source.is_empty() && !args.delete {
+        return Err(Failure::usage(
+            "the program is empty; use --delete to remove a cell's program".to_owned(),
+        ));
+    }
+    let stored = client.prog(args.cell.ns.as_str(), args.cell.coord, &source)?;
+    let line = if as_json {
+        format!(
+            "{{{},\"bytes\":{},\"deleted\":{},\"replaced\":{},\"lsn\":{}}}",
+            cell_json(&args.cell),
+            source.len(),
+            args.delete,
+            stored.replaced,
+            stored.lsn
+        )
+    } else if args.delete {
+        format!(
+            "{} the program at {} {} (lsn {})",
+            if stored.replaced {
+                "removed"
+            } else {
+                "no program to remove;"
+            },
+            args.cell.ns,
+            args.cell.coord,
+            stored.lsn
+        )
+    } else {
+        format!(
+            "stored a {}-byte program at {} {}{} (lsn {})",
+            source.len(),
+            args.cell.ns,
+            args.cell.coord,
+            if stored.replaced {
+                ", replacing the old one"
+            } else {
+                ""
+            },
+            stored.lsn
+        )
+    };
+    emit_line(out, &line)?;
+    Ok(0)
+}
+
+pub(crate) fn run(
+    client: &mut Client,
+    args: &RunArgs,
+    as_json: bool,
+    out: &mut impl Write,
+) -> Result<u8, Failure> {
+    let bytes: Vec<Vec<u8>> = args.args.iter().map(|a| a.clone().into_vec()).collect();
+    let refs: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+    let reply = client.run(args.cell.ns.as_str(), args.cell.coord, &refs)?;
+    if as_json {
+        emit_line(out, &run_json(&args.cell, &reply))?;
+    } else {
+        emit(out, &value_text(&reply.value))?;
+    }
+    Ok(0)
+}
+
+fn run_json(cell: &CellArgs, reply: &RunReply) -> String {
+    format!(
+        "{{{},\"seq\":{},\"lsn\":{},\"instructions\":{},\"cells_written\":{},\"value\":{}}}",
+        cell_json(cell),
+        reply.seq,
+        reply.lsn,
+        reply.instructions,
+        reply.cells_written,
+        value_json(&reply.value)
+    )
+}
+
+/// A result as text: scalars on one line, a table as `KEY<TAB>VALUE`
+/// lines; strings' bytes as they are (escaped inside tables, so each entry
+/// stays one line).
+pub(crate) fn value_text(value: &ProgramValue) -> Vec<u8> {
+    let mut out = Vec::new();
+    match value {
+        ProgramValue::Table(entries) => {
+            for (key, value) in entries {
+                scalar_text(key, &mut out, true);
+                out.push(b'\t');
+                scalar_text(value, &mut out, true);
+                out.push(b'\n');
+            }
+        }
+        ProgramValue::Bytes(bytes) => {
+            out.extend_from_slice(bytes);
+            if !bytes.ends_with(b"\n") {
+                out.push(b'\n');
+            }
+        }
+        scalar => {
+            scalar_text(scalar, &mut out, false);
+            out.push(b'\n');
+        }
+    }
+    out
+}
+
+fn scalar_text(value: &ProgramValue, out: &mut Vec<u8>, escape: bool) {
+    match value {
+        ProgramValue::Nil => out.extend_from_slice(b"nil"),
+        ProgramValue::Bool(b) => out.extend_from_slice(b.to_string().as_bytes()),
+        ProgramValue::Int(i) => out.extend_from_slice(i.to_string().as_bytes()),
+        ProgramValue::Float(f) => out.extend_from_slice(format!("{f:?}").as_bytes()),
+        ProgramValue::Bytes(bytes) if escape => escape_value(bytes, out),
+        ProgramValue::Bytes(bytes) => out.extend_from_slice(bytes),
+        ProgramValue::Table(_) => out.extend_from_slice(b"(table)"),
+    }
+}
+
+/// A result as JSON: null, a boolean, a number, a string (or
+/// `{"base64": ...}` for bytes that are not UTF-8), and a table as an
+/// array when its keys are exactly 1..n, else as an object.
+pub(crate) fn value_json(value: &ProgramValue) -> String {
+    match value {
+        ProgramValue::Nil => "null".to_owned(),
+        ProgramValue::Bool(b) => b.to_string(),
+        ProgramValue::Int(i) => i.to_string(),
+        ProgramValue::Float(f) => json::float(*f),
+        ProgramValue::Bytes(bytes) => match std::str::from_utf8(bytes) {
+            Ok(text) => json::string(text),
+            Err(_) => format!("{{\"base64\":{}}}", json::string(&base64::encode(bytes))),
+        },
+        ProgramValue::Table(entries) => {
+            let is_array = entries
+                .iter()
+                .enumerate()
+                .all(|(i, (key, _))| *key == ProgramValue::Int(i as i64 + 1));
+            if is_array {
+                let items: Vec<String> = entries.iter().map(|(_, v)| value_json(v)).collect();
+                format!("[{}]", items.join(","))
+            } else {
+                let items: Vec<String> = entries
+                    .iter()
+                    .map(|(key, v)| {
+                        let key = match key {
+                            ProgramValue::Int(i) => i.to_string(),
+                            ProgramValue::Bytes(bytes) => {
+                                String::from_utf8_lossy(bytes).into_owned()
+                            }
+                            other => format!("{other:?}"),
+                        };
+                        format!("{}:{}", json::string(&key), value_json(v))
+                    })
+                    .collect();
+                format!("{{{}}}", items.join(","))
+            }
+        }
+    }
+}
+
+pub(crate) fn cell_stats(
+    client: &mut Client,
+    ns: &NamespaceName,
+    coord: Coord,
+    records: u32,
+    as_json: bool,
+    out: &mut impl Write,
+) -> Result<u8, Failure> {
+    let stats = client.cell_stats(ns.as_str(), coord, records)?;
+    let text = if as_json {
+        cell_stats_json(ns, coord, &stats)
+    } else {
+        cell_stats_text(ns, coord, &stats)
+    };
+    emit(out, text.as_bytes())?;
+    Ok(0)
+}
+
+fn started(record: &RunRecord) -> String {
+    format!(
+        "{}.{:06}",
+        record.started_unix_us / 1_000_000,
+        record.started_unix_us % 1_000_000
+    )
+}
+
+fn cell_stats_text(ns: &NamespaceName, coord: Coord, stats: &CellStats) -> String {
+    let mut text = format!(
+        "cell      {ns} {coord}\nprogram   {}\nruns      {}\nfailures  {}\n",
+        stats
+            .program_bytes
+            .map_or("none".to_owned(), |bytes| format!("{bytes} bytes")),
+        stats.runs,
+        stats.failures
+    );
+    if !stats.records.is_empty() {
+        text.push_str(&format!(
+            "recent runs ({} shown, oldest first):\n{:>8}  {:>17}  {:>10}  {:>12}  {:>7}  outcome\n",
+            stats.records.len(),
+            "seq",
+            "started (unix s)",
+            "took (us)",
+            "instructions",
+            "written"
+        ));
+        for r in &stats.records {
+            let mut outcome = r.outcome.name().to_owned();
+            if !r.message.is_empty() {
+                let mut escaped = Vec::new();
+                escape_value(r.message.as_bytes(), &mut escaped);
+                outcome.push_str(": ");
+                outcome.push_str(&String::from_utf8_lossy(&escaped));
+            }
+            text.push_str(&format!(
+                "{:>8}  {:>17}  {:>10.1}  {:>12}  {:>7}  {outcome}\n",
+                r.seq,
+                started(r),
+                r.duration_ns as f64 / 1000.0,
+                r.instructions,
+                r.cells_written
+            ));
+        }
+    }
+    text
+}
+
+fn cell_stats_json(ns: &NamespaceName, coord: Coord, stats: &CellStats) -> String {
+    let records: Vec<String> = stats
+        .records
+        .iter()
+        .map(|r| {
+            format!(
+                "{{\"seq\":{},\"started_unix_us\":{},\"duration_ns\":{},\"instructions\":{},\
+                 \"cells_written\":{},\"outcome\":{},\"message\":{}}}",
+                r.seq,
+                r.started_unix_us,
+                r.duration_ns,
+                r.instructions,
+                r.cells_written,
+                json::string(r.outcome.name()),
+                json::string(&r.message)
+            )
+        })
+        .collect();
+    format!(
+        "{{\"ns\":{},\"coord\":[{},{},{}],\"program_bytes\":{},\"runs\":{},\"failures\":{},\"records\":[{}]}}\n",
+        json::string(ns.as_str()),
+        coord.x,
+        coord.y,
+        coord.z,
+        stats
+            .program_bytes
+            .map_or("null".to_owned(), |b| b.to_string()),
+        stats.runs,
+        stats.failures,
+        records.join(",")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::{Cli, Command};
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("cubec").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn program_commands_parse() {
+        let cli = parse(&["prog", "default", "-1,2,3", "return 1"]).unwrap();
+        let Command::Prog(args) = cli.command else {
+            panic!("not prog")
+        };
+        assert_eq!(args.cell.coord, Coord::new(-1, 2, 3));
+        assert_eq!(
+            args.source.as_deref(),
+            Some(std::ffi::OsStr::new("return 1"))
+        );
+        assert!(
+            parse(&["prog", "default", "0,0,0"]).is_err(),
+            "a source is required"
+        );
+        assert!(parse(&["prog", "default", "0,0,0", "x", "--delete"]).is_err());
+        assert!(parse(&["prog", "default", "0,0,0", "--delete"]).is_ok());
+        let cli = parse(&["run", "default", "0,0,0", "-5", "x"]).unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(args.args, ["-5", "x"]);
+        let cli = parse(&["stats", "default", "1,2,3", "--records", "5"]).unwrap();
+        let Command::Stats(args) = cli.command else {
+            panic!("not stats")
+        };
+        assert_eq!((args.coord, args.records), (Some(Coord::new(1, 2, 3)), 5));
+        let Command::Stats(args) = parse(&["stats"]).unwrap().command else {
+            panic!("not stats")
+        };
+        assert!(args.ns.is_none() && args.coord.is_none());
+        assert!(
+            parse(&["stats", "default"]).is_err(),
+            "a namespace needs a cell"
+        );
+    }
+
+    #[test]
+    fn results_render_as_text_and_json() {
+        let table = ProgramValue::Table(vec![
+            (ProgramValue::Int(1), ProgramValue::Bytes(b"a\tb".to_vec())),
+            (ProgramValue::Int(2), ProgramValue::Float(0.5)),
+        ]);
+        assert_eq!(value_text(&table), b"1\ta\\tb\n2\t0.5\n");
+        assert_eq!(value_json(&table), "[\"a\\tb\",0.5]");
+        let map = ProgramValue::Table(vec![(
+            ProgramValue::Bytes(b"n".to_vec()),
+            ProgramValue::Bool(true),
+        )]);
+        assert_eq!(value_json(&map), "{\"n\":true}");
+        assert_eq!(value_text(&ProgramValue::Nil), b"nil\n");
+        assert_eq!(value_text(&ProgramValue::Int(-3)), b"-3\n");
+        assert_eq!(
+            value_json(&ProgramValue::Bytes(vec![0xff])),
+            "{\"base64\":\"/w==\"}"
+        );
+    }
+}

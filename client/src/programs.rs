@@ -1,0 +1,102 @@
+//! [`Client`] methods for cell programs: `prog`, `run` and `cell_stats`
+//! (`docs/programs.md`). Sizes and argument counts are checked here before
+//! anything is sent, so an oversized request is a
+//! [`ClientError::BadArgument`] naming the limit.
+
+use cube_protocol::{
+    CellStats, Coord, MAX_PROGRAM_BYTES, MAX_RUN_ARG_BYTES, MAX_RUN_ARGS, NamespaceName, Request,
+    Response, RunReply,
+};
+
+use crate::client::Client;
+use crate::error::ClientError;
+
+/// What storing a program did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stored {
+    /// The write's log sequence number.
+    pub lsn: u64,
+    /// Whether the cell had a program before.
+    pub replaced: bool,
+}
+
+fn namespace(name: &str) -> Result<NamespaceName, ClientError> {
+    NamespaceName::new(name).map_err(|e| ClientError::BadArgument(e.to_string()))
+}
+
+fn unexpected(what: &str, response: &Response) -> ClientError {
+    ClientError::UnexpectedResponse(format!(
+        "{} answer to a {what} request",
+        response.opcode().name()
+    ))
+}
+
+impl Client {
+    /// Stores the Lua program `source` at `coord` (compiled by the server
+    /// first: a syntax error is a server error with code `program_syntax`
+    /// and nothing is stored). An empty source removes the cell's program.
+    pub fn prog(&mut self, ns: &str, coord: Coord, source: &[u8]) -> Result<Stored, ClientError> {
+        if source.len() > MAX_PROGRAM_BYTES {
+            return Err(ClientError::BadArgument(format!(
+                "the program is {} bytes, over the limit of {MAX_PROGRAM_BYTES}",
+                source.len()
+            )));
+        }
+        let request = Request::Prog {
+            ns: namespace(ns)?,
+            coord,
+            source: source.to_vec(),
+        };
+        match self.call(&request)? {
+            Response::Prog { lsn, replaced } => Ok(Stored { lsn, replaced }),
+            other => Err(unexpected("prog", &other)),
+        }
+    }
+
+    /// Runs the program at `coord` with `args`. A program that fails (its
+    /// own error, or a spent fuel or memory budget) is a server error with
+    /// code `program_error`, `program_fuel` or `program_memory`; the run
+    /// is recorded in the cell's telemetry either way.
+    pub fn run(&mut self, ns: &str, coord: Coord, args: &[&[u8]]) -> Result<RunReply, ClientError> {
+        if args.len() > MAX_RUN_ARGS {
+            return Err(ClientError::BadArgument(format!(
+                "{} arguments, over the limit of {MAX_RUN_ARGS}",
+                args.len()
+            )));
+        }
+        if let Some(arg) = args.iter().find(|a| a.len() > MAX_RUN_ARG_BYTES) {
+            return Err(ClientError::BadArgument(format!(
+                "an argument of {} bytes is over the limit of {MAX_RUN_ARG_BYTES}",
+                arg.len()
+            )));
+        }
+        let request = Request::Run {
+            ns: namespace(ns)?,
+            coord,
+            args: args.iter().map(|a| a.to_vec()).collect(),
+        };
+        match self.call(&request)? {
+            Response::Run(reply) => Ok(reply),
+            other => Err(unexpected("run", &other)),
+        }
+    }
+
+    /// A cell's program telemetry: exact run and failure counts, and the
+    /// `limit` most recent records (oldest first).
+    pub fn cell_stats(
+        &mut self,
+        ns: &str,
+        coord: Coord,
+        limit: u32,
+    ) -> Result<CellStats, ClientError> {
+        let request = Request::CellStats {
+            ns: namespace(ns)?,
+            coord,
+            limit,
+        };
+        match self.call(&request)? {
+            Response::CellStats(stats) => Ok(stats),
+            other => Err(unexpected("cell-stats", &other)),
+        }
+    }
+}

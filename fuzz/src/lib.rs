@@ -1,0 +1,550 @@
+//! cube's fuzz targets, shared by the libFuzzer targets (`fuzz_targets/`,
+//! run with `cargo +nightly fuzz run NAME`) and the stable-toolchain driver
+//! (`src/bin/cube-fuzz-stable.rs`, what `make fuzz` runs when nightly or
+//! cargo-fuzz is missing).
+//!
+//! Each target takes arbitrary bytes and must never panic, hang or
+//! allocate without bound. Errors are fine answers; a panic is a bug. Some
+//! targets also check properties (an assertion failure is a finding too):
+//! - [`protocol_frames`]: what decodes re-encodes to something that decodes
+//!   to the same message.
+//! - [`wal_segment`]: recovery hands out contiguous LSNs, and a log that
+//!   recovery (or `--repair`) has accepted recovers again to the same
+//!   records.
+//! - [`checkpoint_file`]: the engine opens or refuses; it never panics.
+//! - [`program_source`]: compiling a cell program (Lua) answers or refuses,
+//!   never panics, within the server's source limit.
+//!
+//! A fuzzer almost never forges a CRC32C, so every target runs twice: on
+//! the bytes as given, and on the bytes with their checksums (and lengths
+//! where needed) repaired by a `fix_*` function. The raw run tests the
+//! checks; the repaired run gets past them into the parsers behind.
+#![forbid(unsafe_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cube_protocol::frame::read_frame;
+use cube_protocol::{HEADER_BYTES, Limits, PROTOCOL_VERSION, Request, Response};
+use cube_store::sim_disk::{FaultPlan, SimDisk};
+use cube_store::wal::recover;
+use cube_store::{Engine, EngineConfig, MemStore, Mutation, OpenMode, RecoveryOptions, Storage};
+
+/// The targets, by name: what both drivers iterate over.
+pub const TARGETS: [(&str, fn(&[u8])); 4] = [
+    ("protocol_frames", protocol_frames),
+    ("wal_segment", wal_segment),
+    ("checkpoint_file", checkpoint_file),
+    ("program_source", program_source),
+];
+
+/// Inputs longer than this are cut: the interesting structure is in the
+/// first bytes, and a bounded input keeps every execution fast.
+pub const MAX_INPUT_BYTES: usize = 1 << 20;
+
+/// Most frames decoded from one input.
+const MAX_FRAMES: usize = 64;
+/// Most WAL segments made from one input.
+const MAX_SEGMENTS: usize = 8;
+/// Small limits, so that "over the limit" paths are reachable by a fuzzer.
+const FUZZ_LIMITS: Limits = Limits {
+    max_frame_bytes: 64 * 1024,
+    max_value_bytes: 16 * 1024,
+};
+
+const WAL_MAGIC: &[u8; 8] = b"CUBEWAL\0";
+const WAL_HEADER_BYTES: usize = 24;
+const RECORD_HEADER_BYTES: usize = 17;
+const CKPT_MAGIC: &[u8; 8] = b"CUBECKPT";
+const CKPT_HEADER_BYTES: usize = 44;
+const CKPT_FOOTER_BYTES: usize = 40;
+const FOOTER_MAGIC: &[u8; 8] = b"CUBEFOOT";
+const MANIFEST_MAGIC: &[u8; 8] = b"CUBEMANI";
+
+fn cap(data: &[u8]) -> &[u8] {
+    &data[..data.len().min(MAX_INPUT_BYTES)]
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+fn put_u32(b: &mut [u8], at: usize, v: u32) {
+    if let Some(slot) = b.get_mut(at..at + 4) {
+        slot.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+fn put_u64(b: &mut [u8], at: usize, v: u64) {
+    if let Some(slot) = b.get_mut(at..at + 8) {
+        slot.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Protocol frames
+// ---------------------------------------------------------------------------
+
+/// A byte stream as a server or client reads it: frames one after another,
+/// each through `read_frame`, `verify_body`, and both `Request::decode` and
+/// `Response::decode` (whatever the checksum said, so the decoders see any
+/// bytes). Whatever decodes must survive an encode-decode round trip.
+pub fn protocol_frames(data: &[u8]) {
+    let data = cap(data);
+    frames(data);
+    frames(&fix_frames(data));
+}
+
+fn frames(mut stream: &[u8]) {
+    let mut body = Vec::new();
+    for _ in 0..MAX_FRAMES {
+        let Ok(header) = read_frame(&mut stream, &FUZZ_LIMITS, &mut body) else {
+            return;
+        };
+        let _ = header.verify_body(&body);
+        if let Ok(request) = Request::decode(&header, &body, &FUZZ_LIMITS) {
+            let mut out = Vec::new();
+            request.encode(header.request_id, &mut out);
+            let again = reread(&out).and_then(|(h, b)| {
+                Request::decode(&h, &b, &FUZZ_LIMITS).map_err(|e| e.to_string())
+            });
+            // Debug text, not ==: a NaN weight is equal to itself there.
+            assert_eq!(
+                again.map(|r| format!("{r:?}")),
+                Ok(format!("{request:?}")),
+                "a decoded request did not survive encode + decode"
+            );
+        }
+        match Response::decode(&header, &body, &FUZZ_LIMITS) {
+            Ok(Ok(response)) => {
+                let mut out = Vec::new();
+                response.encode(header.request_id, &mut out);
+                let again = reread(&out).and_then(|(h, b)| {
+                    Response::decode(&h, &b, &FUZZ_LIMITS).map_err(|e| e.to_string())
+                });
+                assert_eq!(
+                    again.map(|r| format!("{r:?}")),
+                    Ok(format!("{:?}", Ok::<_, ()>(&response))),
+                    "a decoded response did not survive encode + decode"
+                );
+            }
+            Ok(Err(error)) => {
+                let mut out = Vec::new();
+                Response::encode_error(header.opcode, header.request_id, &error, &mut out);
+                let again = reread(&out).and_then(|(h, b)| {
+                    Response::decode(&h, &b, &FUZZ_LIMITS).map_err(|e| e.to_string())
+                });
+                assert_eq!(
+                    again,
+                    Ok(Err(error)),
+                    "a decoded error response did not survive encode + decode"
+                );
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// Reads back one frame that we encoded ourselves; it must verify.
+fn reread(mut bytes: &[u8]) -> Result<(cube_protocol::FrameHeader, Vec<u8>), String> {
+    let mut body = Vec::new();
+    // Our own encoding may exceed the fuzzing limits (a response carries
+    // several values): read it with the defaults.
+    let header =
+        read_frame(&mut bytes, &Limits::default(), &mut body).map_err(|e| e.to_string())?;
+    header.verify_body(&body).map_err(|e| e.to_string())?;
+    Ok((header, body))
+}
+
+/// Rewrites each frame's length (to fit what is there), version and
+/// checksum, so the decoders get the body.
+pub fn fix_frames(data: &[u8]) -> Vec<u8> {
+    let mut out = data.to_vec();
+    let mut at = 0;
+    while out.len() - at >= HEADER_BYTES {
+        let room = out.len() - at - HEADER_BYTES;
+        let declared = u32_at(&out, at).unwrap_or(0) as usize;
+        let len = declared.min(room);
+        put_u32(&mut out, at, len as u32);
+        let crc = crc32c::crc32c(&out[at + HEADER_BYTES..at + HEADER_BYTES + len]);
+        put_u32(&mut out, at + 4, crc);
+        out[at + 8..at + 10].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+        at += HEADER_BYTES + len;
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------
+// WAL segments
+// ---------------------------------------------------------------------------
+
+/// The input as the WAL of a data dir: split at each `CUBEWAL\0` magic
+/// after the first byte into up to 8 segments, each named by the first LSN
+/// its header claims. Recovery must accept or refuse, never panic; the
+/// LSNs it hands out must be contiguous; and what it accepted (after its
+/// own torn-tail repair, or after `--repair`) must recover again to the
+/// same records.
+pub fn wal_segment(data: &[u8]) {
+    let data = cap(data);
+    let segments = split_segments(data);
+    recover_segments(&segments);
+    let fixed: Vec<Vec<u8>> = segments.iter().map(|s| fix_segment(s)).collect();
+    recover_segments(&fixed);
+}
+
+/// Cuts `data` before every WAL magic but one at offset 0.
+pub fn split_segments(data: &[u8]) -> Vec<Vec<u8>> {
+    let mut starts = vec![0];
+    let mut at = 1;
+    while at + WAL_MAGIC.len() <= data.len() && starts.len() < MAX_SEGMENTS {
+        if &data[at..at + WAL_MAGIC.len()] == WAL_MAGIC {
+            starts.push(at);
+            at += WAL_MAGIC.len();
+        } else {
+            at += 1;
+        }
+    }
+    starts.push(data.len());
+    starts
+        .windows(2)
+        .map(|w| data[w[0]..w[1]].to_vec())
+        .collect()
+}
+
+/// The first LSN a segment header claims, if it is usable as a file name.
+fn claimed_first_lsn(segment: &[u8]) -> u64 {
+    // Keep LSN arithmetic (first + records) far from overflow: a huge
+    // first LSN is refused as damage anyway, by name or by header.
+    u64_at(segment, 12)
+        .filter(|lsn| (1..=u64::MAX / 4).contains(lsn))
+        .unwrap_or(1)
+}
+
+fn recover_segments(segments: &[Vec<u8>]) {
+    let wal = Path::new("/fuzz/data/wal");
+    let Some((disk, first)) = lay_out(wal, segments) else {
+        return;
+    };
+    let checkpoint_lsn = first.saturating_sub(1);
+    if let Ok(records) = recover_all(&disk, wal, checkpoint_lsn, false) {
+        // What recovery accepted, and perhaps trimmed, recovers again to
+        // the same records.
+        let again = recover_all(&disk, wal, checkpoint_lsn, false);
+        assert_eq!(
+            again,
+            Ok(records),
+            "a log recovery accepted did not recover again the same way"
+        );
+    }
+    // `--repair` on an untouched copy: what it keeps must recover cleanly
+    // to the same records.
+    let Some((disk, _)) = lay_out(wal, segments) else {
+        return;
+    };
+    if let Ok(records) = recover_all(&disk, wal, checkpoint_lsn, true) {
+        let again = recover_all(&disk, wal, checkpoint_lsn, false);
+        assert_eq!(
+            again,
+            Ok(records),
+            "a log cut by --repair did not recover cleanly to the same records"
+        );
+    }
+}
+
+/// A fresh simulated disk with `segments` in `wal`, each named by the first
+/// LSN its header claims (the next free number when two claim the same;
+/// recovery must then refuse the mismatch). Returns the lowest name.
+fn lay_out(wal: &Path, segments: &[Vec<u8>]) -> Option<(SimDisk, u64)> {
+    let disk = SimDisk::new(FaultPlan::default());
+    disk.create_dir_all(wal).ok()?;
+    let mut first = u64::MAX;
+    for segment in segments {
+        let mut lsn = claimed_first_lsn(segment);
+        while disk.file_len(&segment_path(wal, lsn)).is_ok() {
+            lsn += 1;
+        }
+        first = first.min(lsn);
+        write_file(&disk, &segment_path(wal, lsn), segment).ok()?;
+    }
+    disk.sync_dir(wal).ok()?;
+    Some((disk, first))
+}
+
+fn segment_path(wal: &Path, first_lsn: u64) -> PathBuf {
+    wal.join(format!("{first_lsn:020}.wal"))
+}
+
+fn write_file(disk: &SimDisk, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut file = disk.open(path, OpenMode::CreateNew)?;
+    file.write_all_at(bytes, 0)?;
+    file.sync_data()
+}
+
+/// Recovers `wal` into a fresh in-memory store (so every record is also
+/// applied); returns the number of records and the next LSN.
+fn recover_all(
+    disk: &SimDisk,
+    wal: &Path,
+    checkpoint_lsn: u64,
+    repair: bool,
+) -> Result<(u64, u64), String> {
+    let mut expected = checkpoint_lsn + 1;
+    let mut existed = Vec::new();
+    let report = with_store(|mem| {
+        recover(
+            disk,
+            wal,
+            checkpoint_lsn,
+            &RecoveryOptions { repair },
+            |lsn, mutation: Mutation| {
+                assert_eq!(lsn, expected, "recovery handed out LSNs out of order");
+                expected += 1;
+                mem.apply_group(&[&mutation], &mut existed);
+            },
+        )
+    })
+    .map_err(|e| e.to_string())?;
+    assert_eq!(
+        report.next_lsn, expected,
+        "recovery's next LSN disagrees with the records it replayed"
+    );
+    Ok((report.records_replayed, report.next_lsn))
+}
+
+/// Uses of one in-memory store before it is replaced.
+const STORE_USES: u32 = 1000;
+
+thread_local! {
+    /// A `MemStore` starts a compactor thread, which costs more than a
+    /// whole recovery of a small log: one is shared by many executions and
+    /// replaced now and then, so that what they leave behind stays small.
+    static STORE: std::cell::RefCell<(MemStore, u32)> =
+        std::cell::RefCell::new((MemStore::new(), 0));
+}
+
+fn with_store<R>(f: impl FnOnce(&MemStore) -> R) -> R {
+    STORE.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        slot.1 += 1;
+        if slot.1 > STORE_USES {
+            *slot = (MemStore::new(), 1);
+        }
+        f(&slot.0)
+    })
+}
+
+/// Repairs a segment's header checksum, then walks its records (stopping at
+/// an all-zero record header, the preallocated tail), fitting each length
+/// to what is there, numbering LSNs from the header's first LSN, and
+/// repairing each checksum.
+pub fn fix_segment(segment: &[u8]) -> Vec<u8> {
+    let mut out = segment.to_vec();
+    if out.len() < WAL_HEADER_BYTES {
+        return out;
+    }
+    let crc = crc32c::crc32c(&out[..20]);
+    put_u32(&mut out, 20, crc);
+    let mut lsn = claimed_first_lsn(&out);
+    put_u64(&mut out, 12, lsn);
+    let crc = crc32c::crc32c(&out[..20]);
+    put_u32(&mut out, 20, crc);
+    let mut at = WAL_HEADER_BYTES;
+    while out.len() - at >= RECORD_HEADER_BYTES {
+        if out[at..at + RECORD_HEADER_BYTES].iter().all(|b| *b == 0) {
+            break;
+        }
+        let room = out.len() - at - RECORD_HEADER_BYTES;
+        let len = (u32_at(&out, at + 4).unwrap_or(0) as usize).min(room);
+        put_u32(&mut out, at + 4, len as u32);
+        put_u64(&mut out, at + 8, lsn);
+        let crc = crc32c::crc32c(&out[at + 4..at + RECORD_HEADER_BYTES + len]);
+        put_u32(&mut out, at, crc);
+        lsn += 1;
+        at += RECORD_HEADER_BYTES + len;
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------
+// Checkpoint files
+// ---------------------------------------------------------------------------
+
+/// The input as the one checkpoint file of a data dir, with a manifest that
+/// names it as its header says (base or delta, id, `lsn_to`), so that the
+/// reader gets past the manifest checks into the blocks and entries. An
+/// input that starts with the manifest magic is the manifest itself (its
+/// files then missing). `Engine::open` must open or refuse, never panic.
+pub fn checkpoint_file(data: &[u8]) {
+    let data = cap(data);
+    open_with_checkpoint(data);
+    if !data.starts_with(MANIFEST_MAGIC) {
+        open_with_checkpoint(&fix_checkpoint(data));
+    }
+}
+
+fn open_with_checkpoint(file: &[u8]) {
+    let disk = SimDisk::new(FaultPlan::default());
+    let root = Path::new("/fuzz/data");
+    let dir = root.join("checkpoint");
+    if disk.create_dir_all(&dir).is_err() || disk.create_dir_all(&root.join("wal")).is_err() {
+        return;
+    }
+    let written = if file.starts_with(MANIFEST_MAGIC) {
+        write_file(&disk, &dir.join("MANIFEST"), file)
+    } else {
+        // An id the header claims, kept small enough that next_file_id
+        // cannot overflow.
+        let id = u64_at(file, 16)
+            .filter(|id| (1..u64::MAX / 2).contains(id))
+            .unwrap_or(1);
+        let lsn_to = u64_at(file, 32).unwrap_or(0).min(u64::MAX / 4);
+        let is_base = file.get(12) == Some(&1);
+        let name = if is_base {
+            format!("base-{id:020}.ckpt")
+        } else {
+            format!("delta-{id:020}.ckpt")
+        };
+        let deltas: Vec<u64> = if is_base { Vec::new() } else { vec![id] };
+        let names = manifest(lsn_to, id + 1, is_base.then_some(id), &deltas);
+        write_file(&disk, &dir.join(name), file)
+            .and_then(|()| write_file(&disk, &dir.join("MANIFEST"), &names))
+    };
+    if written.is_err() || disk.sync_dir(&dir).is_err() {
+        return;
+    }
+    let mut config = EngineConfig::new(root);
+    config.storage = Arc::new(disk);
+    // Small segments (each is zero-filled in memory) and no background
+    // checkpoints: one open, then close.
+    config.group_commit.segment_bytes = 4096;
+    config.checkpoint.poll_interval = Duration::from_secs(3600);
+    if let Ok(engine) = Engine::open(config) {
+        engine.close_without_checkpoint();
+    }
+}
+
+/// A manifest as `docs/storage-format.md` lays it out.
+pub fn manifest(
+    checkpoint_lsn: u64,
+    next_file_id: u64,
+    base: Option<u64>,
+    deltas: &[u64],
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(44 + 8 * deltas.len());
+    out.extend_from_slice(MANIFEST_MAGIC);
+    out.extend_from_slice(&1u32.to_le_bytes());
+    out.extend_from_slice(&checkpoint_lsn.to_le_bytes());
+    out.extend_from_slice(&next_file_id.to_le_bytes());
+    out.extend_from_slice(&base.unwrap_or(0).to_le_bytes());
+    out.extend_from_slice(&(deltas.len() as u32).to_le_bytes());
+    for id in deltas {
+        out.extend_from_slice(&id.to_le_bytes());
+    }
+    let crc = crc32c::crc32c(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// Repairs a checkpoint file's header checksum, each block's length (to
+/// fit before the footer) and checksum, and the footer (magic, counts,
+/// `blocks_crc`, checksum).
+pub fn fix_checkpoint(file: &[u8]) -> Vec<u8> {
+    let mut out = file.to_vec();
+    if out.len() < CKPT_HEADER_BYTES + CKPT_FOOTER_BYTES {
+        return out;
+    }
+    out[..8].copy_from_slice(CKPT_MAGIC);
+    let crc = crc32c::crc32c(&out[..40]);
+    put_u32(&mut out, 40, crc);
+    let footer = out.len() - CKPT_FOOTER_BYTES;
+    let mut at = CKPT_HEADER_BYTES;
+    let (mut blocks, mut entries, mut blocks_crc) = (0u64, 0u64, 0u32);
+    while footer - at >= 8 {
+        let room = footer - at - 8;
+        let len = (u32_at(&out, at).unwrap_or(0) as usize).min(room);
+        put_u32(&mut out, at, len as u32);
+        let payload = &out[at + 8..at + 8 + len];
+        entries += count_entries(payload);
+        let crc = crc32c::crc32c(payload);
+        put_u32(&mut out, at + 4, crc);
+        blocks_crc = crc32c::crc32c_append(blocks_crc, &crc.to_le_bytes());
+        blocks += 1;
+        at += 8 + len;
+    }
+    out[footer..footer + 8].copy_from_slice(FOOTER_MAGIC);
+    put_u64(&mut out, footer + 8, entries);
+    put_u64(&mut out, footer + 16, blocks);
+    put_u64(&mut out, footer + 24, (at - CKPT_HEADER_BYTES) as u64);
+    put_u32(&mut out, footer + 32, blocks_crc);
+    let crc = crc32c::crc32c(&out[footer..footer + 36]);
+    put_u32(&mut out, footer + 36, crc);
+    out
+}
+
+/// Entries in a block payload, counted as far as they parse.
+fn count_entries(payload: &[u8]) -> u64 {
+    let mut at = 0usize;
+    let mut n = 0;
+    loop {
+        let Some(key_len) = payload.get(at..at + 2) else {
+            return n;
+        };
+        at += 2 + usize::from(u16::from_le_bytes([key_len[0], key_len[1]]));
+        match payload.get(at) {
+            Some(0) => at += 1,
+            Some(1) => {
+                let Some(value_len) = u32_at(payload, at + 1) else {
+                    return n;
+                };
+                at = at.saturating_add(5 + value_len as usize);
+            }
+            _ => return n,
+        }
+        if at > payload.len() {
+            return n;
+        }
+        n += 1;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Cell programs
+// ---------------------------------------------------------------------------
+
+/// The input as a cell program's source, compiled the way `prog` does
+/// before storing it (cut to the protocol's 64 KiB source limit, as the
+/// decoder would refuse anything longer). A syntax error is a fine answer.
+pub fn program_source(data: &[u8]) {
+    let source = &data[..data.len().min(cube_protocol::MAX_PROGRAM_BYTES)];
+    let _ = cube_server::check_program_syntax(source);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_survive_empty_and_tiny_inputs() {
+        for (_, target) in TARGETS {
+            target(&[]);
+            target(&[0]);
+            target(&[0xff; 100]);
+        }
+    }
+
+    #[test]
+    fn fixers_never_panic_on_any_length() {
+        for len in 0..200 {
+            let data: Vec<u8> = (0..len).map(|i| (i * 37 % 251) as u8).collect();
+            let _ = fix_frames(&data);
+            let _ = fix_segment(&data);
+            let _ = fix_checkpoint(&data);
+            let _ = split_segments(&data);
+        }
+    }
+}

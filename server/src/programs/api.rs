@@ -1,0 +1,679 @@
+//! The `cube` API a program calls, served from the run's transaction view.
+//!
+//! Every API function in `prelude.lua` calls one dispatcher with an op
+//! number and its arguments; the dispatcher is created per run (it borrows
+//! the run's `TxnView`) and checks every argument, so a program gets a
+//! clear error naming the function instead of a panic or a silent
+//! conversion. All reads and writes stay in the program's own namespace.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use cube_protocol::{CellBox, Coord, Direction, EdgeLabel, NamespaceName};
+use cube_store::{TxnView, WalkLimits};
+use mlua::{Lua, Table, Value};
+
+use super::sandbox::charge;
+
+/// Most cells one run may write (puts and deletes).
+pub(crate) const MAX_RUN_WRITES: u32 = 16_384;
+/// Most bytes one run may write, all values together.
+pub(crate) const MAX_RUN_WRITE_BYTES: usize = 16 * 1024 * 1024;
+/// Most cells one region read returns (or counts, or sums).
+pub(crate) const MAX_REGION_CELLS: usize = 16_384;
+/// A box of at most this many cells is read cell by cell (point reads,
+/// no scan set-up); a larger one with a region scan.
+const POINT_READ_VOLUME: u128 = 64;
+/// Fuel charged per cell a region read examines: a cell costs about as
+/// much as a few dozen VM instructions.
+const REGION_CELL_FUEL: u64 = 20;
+/// Most edges `cube.edges` returns.
+pub(crate) const MAX_PROGRAM_EDGES: usize = 4096;
+
+const OP_GET: i64 = 1;
+const OP_PUT: i64 = 2;
+const OP_DEL: i64 = 3;
+const OP_NUM: i64 = 4;
+const OP_INCR: i64 = 5;
+/// Added to a cell op: the coordinate is relative to the program's own.
+const RELATIVE: i64 = 16;
+const OP_COUNT: i64 = 32;
+const OP_SUM: i64 = 33;
+const OP_CELLS: i64 = 34;
+const OP_EDGES: i64 = 64;
+const OP_WALK: i64 = 65;
+const OP_NOW: i64 = 80;
+
+/// What one run may touch, and what it did.
+pub(crate) struct RunContext<'v, 'a> {
+    pub(crate) view: &'v mut TxnView<'a>,
+    pub(crate) ns: NamespaceName,
+    pub(crate) here: Coord,
+    pub(crate) max_value_bytes: usize,
+    pub(crate) walk_limits: WalkLimits,
+    pub(crate) writes: u32,
+    pub(crate) write_bytes: usize,
+}
+
+/// The dispatcher's arguments: the op, then up to seven values.
+pub(crate) type Args = (i64, Value, Value, Value, Value, Value, Value, Value);
+
+fn op_name(op: i64) -> &'static str {
+    match op {
+        OP_GET => "cube.get",
+        OP_PUT => "cube.put",
+        OP_DEL => "cube.del",
+        OP_NUM => "cube.num",
+        OP_INCR => "cube.incr",
+        x if x == OP_GET + RELATIVE => "cube.rget",
+        x if x == OP_PUT + RELATIVE => "cube.rput",
+        x if x == OP_DEL + RELATIVE => "cube.rdel",
+        x if x == OP_NUM + RELATIVE => "cube.rnum",
+        x if x == OP_INCR + RELATIVE => "cube.rincr",
+        OP_COUNT => "cube.count",
+        OP_SUM => "cube.sum",
+        OP_CELLS => "cube.cells",
+        x if x == OP_COUNT + RELATIVE => "cube.rcount",
+        x if x == OP_SUM + RELATIVE => "cube.rsum",
+        x if x == OP_CELLS + RELATIVE => "cube.rcells",
+        OP_EDGES => "cube.edges",
+        OP_WALK => "cube.walk",
+        OP_NOW => "cube.now",
+        _ => "cube",
+    }
+}
+
+/// An API error, prefixed with the program line that made the call.
+fn api_error(lua: &Lua, op: i64, message: impl std::fmt::Display) -> mlua::Error {
+    // The API wrapper in the prelude tail-calls the dispatcher, so the
+    // program is usually at level 1; look a little further to be sure. A
+    // program that itself tail-calls the API (`return cube.num(...)`) has
+    // no frame left to name.
+    let line = (1..=3).find_map(|level| {
+        lua.inspect_stack(level, |debug| {
+            let from_program = debug.source().short_src.as_deref() == Some("prog");
+            debug.current_line().filter(|_| from_program)
+        })
+        .flatten()
+    });
+    let text = match line {
+        Some(line) => format!("prog:{line}: {}: {message}", op_name(op)),
+        None => format!("{}: {message}", op_name(op)),
+    };
+    mlua::Error::RuntimeError(text)
+}
+
+/// A number from a decimal cell value (what `num`, `incr` and `sum` read).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Number {
+    Int(i64),
+    Float(f64),
+}
+
+impl Number {
+    fn as_f64(self) -> f64 {
+        match self {
+            Number::Int(i) => i as f64,
+            Number::Float(f) => f,
+        }
+    }
+
+    fn into_lua(self) -> Value {
+        match self {
+            Number::Int(i) => Value::Integer(i),
+            Number::Float(f) => Value::Number(f),
+        }
+    }
+
+    fn add(self, other: Number) -> Option<Number> {
+        match (self, other) {
+            (Number::Int(a), Number::Int(b)) => a.checked_add(b).map(Number::Int),
+            (a, b) => {
+                let sum = a.as_f64() + b.as_f64();
+                sum.is_finite().then_some(Number::Float(sum))
+            }
+        }
+    }
+
+    /// Decimal text, read back exactly by [`parse_number`].
+    pub(crate) fn to_text(self) -> String {
+        match self {
+            Number::Int(i) => i.to_string(),
+            // The shortest text that parses back to the same f64, with an
+            // exponent for very large or small ones (`1e300`), and ".0" on
+            // integral ones so they stay floats.
+            Number::Float(f) => format!("{f:?}"),
+        }
+    }
+}
+
+/// Parses decimal text as Redis INCR reads it: an integer, or (here) a
+/// finite decimal float. No spaces, no hex, no `inf` or `nan`.
+pub(crate) fn parse_number(bytes: &[u8]) -> Option<Number> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    if text.is_empty() || text.len() > 64 {
+        return None;
+    }
+    if let Ok(i) = text.parse::<i64>() {
+        return Some(Number::Int(i));
+    }
+    let looks_decimal = text
+        .bytes()
+        .all(|b| b.is_ascii_digit() || matches!(b, b'+' | b'-' | b'.' | b'e' | b'E'));
+    if !looks_decimal {
+        return None;
+    }
+    text.parse::<f64>()
+        .ok()
+        .filter(|f| f.is_finite())
+        .map(Number::Float)
+}
+
+/// A short, printable rendering of a value for error messages.
+fn shown(bytes: &[u8]) -> String {
+    let cut = &bytes[..bytes.len().min(24)];
+    let text = String::from_utf8_lossy(cut);
+    if bytes.len() > cut.len() {
+        format!("{text:?}...")
+    } else {
+        format!("{text:?}")
+    }
+}
+
+impl RunContext<'_, '_> {
+    pub(crate) fn dispatch(&mut self, lua: &Lua, args: Args) -> mlua::Result<Value> {
+        // The eighth value is spare: no op takes seven arguments yet.
+        let (op, a, b, c, d, e, f, _spare) = args;
+        match op {
+            OP_NOW => {
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map(|t| t.as_secs_f64())
+                    .unwrap_or(0.0);
+                Ok(Value::Number(now))
+            }
+            OP_EDGES => self.edges(lua, a, b),
+            OP_WALK => self.walk(lua, a, b, c),
+            OP_COUNT | OP_SUM | OP_CELLS => {
+                let region = self.region(lua, op, [&a, &b, &c, &d, &e, &f], false)?;
+                self.region_op(lua, op, &region)
+            }
+            x if x == OP_COUNT + RELATIVE || x == OP_SUM + RELATIVE || x == OP_CELLS + RELATIVE => {
+                let region = self.region(lua, op, [&a, &b, &c, &d, &e, &f], true)?;
+                self.region_op(lua, op - RELATIVE, &region)
+            }
+            _ => {
+                let relative = op & RELATIVE != 0;
+                let coord = self.coord(lua, op, [&a, &b, &c], relative)?;
+                match op & !RELATIVE {
+                    OP_GET => match self.view.get(&self.ns, coord) {
+                        Some(value) => Ok(Value::String(lua.create_string(value.as_ref())?)),
+                        None => Ok(Value::Nil),
+                    },
+                    OP_PUT => {
+                        let bytes = self.value_bytes(lua, op, d)?;
+                        self.write(lua, op, coord, Some(bytes))?;
+                        Ok(Value::Nil)
+                    }
+                    OP_DEL => {
+                        let existed = self.write(lua, op, coord, None)?;
+                        Ok(Value::Boolean(existed))
+                    }
+                    OP_NUM => Ok(self
+                        .number_at(lua, op, coord)?
+                        .map_or(Value::Nil, Number::into_lua)),
+                    OP_INCR => {
+                        let delta = match d {
+                            Value::Nil => Number::Int(1),
+                            Value::Integer(i) => Number::Int(i),
+                            Value::Number(f) if f.is_finite() => Number::Float(f),
+                            other => {
+                                return Err(api_error(
+                                    lua,
+                                    op,
+                                    format!(
+                                        "the increment must be a finite number, got {}",
+                                        other.type_name()
+                                    ),
+                                ));
+                            }
+                        };
+                        let current = self.number_at(lua, op, coord)?.unwrap_or(Number::Int(0));
+                        let next = current.add(delta).ok_or_else(|| {
+                            api_error(
+                                lua,
+                                op,
+                                format!("{current:?} + {delta:?} at {coord} overflows"),
+                            )
+                        })?;
+                        self.write(lua, op, coord, Some(next.to_text().into_bytes()))?;
+                        Ok(next.into_lua())
+                    }
+                    _ => Err(api_error(lua, op, format!("unknown operation {op}"))),
+                }
+            }
+        }
+    }
+
+    fn integer(lua: &Lua, op: i64, axis: &str, value: &Value) -> mlua::Result<i64> {
+        match value {
+            Value::Integer(i) => Ok(*i),
+            Value::Number(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => Ok(*f as i64),
+            other => Err(api_error(
+                lua,
+                op,
+                format!(
+                    "{axis} must be an integer coordinate, got {}",
+                    describe(other)
+                ),
+            )),
+        }
+    }
+
+    fn coord(
+        &self,
+        lua: &Lua,
+        op: i64,
+        values: [&Value; 3],
+        relative: bool,
+    ) -> mlua::Result<Coord> {
+        let origin = if relative {
+            [self.here.x, self.here.y, self.here.z]
+        } else {
+            [0, 0, 0]
+        };
+        let mut out = [0i32; 3];
+        for (i, axis) in ["x", "y", "z"].into_iter().enumerate() {
+            let raw = Self::integer(lua, op, axis, values[i])?;
+            let absolute = i64::from(origin[i]) + raw;
+            out[i] = i32::try_from(absolute).map_err(|_| {
+                api_error(
+                    lua,
+                    op,
+                    format!("{axis} = {absolute} is outside the 32-bit coordinate range"),
+                )
+            })?;
+        }
+        Ok(Coord::new(out[0], out[1], out[2]))
+    }
+
+    fn region(
+        &self,
+        lua: &Lua,
+        op: i64,
+        values: [&Value; 6],
+        relative: bool,
+    ) -> mlua::Result<CellBox> {
+        let lo = self.coord(lua, op, [values[0], values[1], values[2]], relative)?;
+        let hi = self.coord(lua, op, [values[3], values[4], values[5]], relative)?;
+        CellBox::new(lo, hi).map_err(|why| api_error(lua, op, why))
+    }
+
+    fn value_bytes(&self, lua: &Lua, op: i64, value: Value) -> mlua::Result<Vec<u8>> {
+        let bytes = match value {
+            Value::String(s) => s.as_bytes().to_vec(),
+            Value::Integer(i) => Number::Int(i).to_text().into_bytes(),
+            Value::Number(f) if f.is_finite() => Number::Float(f).to_text().into_bytes(),
+            Value::Nil => {
+                return Err(api_error(
+                    lua,
+                    op,
+                    "the value is nil; use cube.del to delete a cell",
+                ));
+            }
+            other => {
+                return Err(api_error(
+                    lua,
+                    op,
+                    format!(
+                        "the value must be a string or a finite number, got {}",
+                        describe(&other)
+                    ),
+                ));
+            }
+        };
+        if bytes.len() > self.max_value_bytes {
+            return Err(api_error(
+                lua,
+                op,
+                format!(
+                    "the value is {} bytes, over the server's limit of {} (--max-value-bytes)",
+                    bytes.len(),
+                    self.max_value_bytes
+                ),
+            ));
+        }
+        Ok(bytes)
+    }
+
+    /// Writes (or, with `None`, deletes) a cell; returns whether it had a
+    /// value before.
+    fn write(
+        &mut self,
+        lua: &Lua,
+        op: i64,
+        coord: Coord,
+        value: Option<Vec<u8>>,
+    ) -> mlua::Result<bool> {
+        if self.writes >= MAX_RUN_WRITES {
+            return Err(api_error(
+                lua,
+                op,
+                format!("a run may write at most {MAX_RUN_WRITES} cells"),
+            ));
+        }
+        let len = value.as_ref().map_or(0, Vec::len);
+        if self.write_bytes + len > MAX_RUN_WRITE_BYTES {
+            return Err(api_error(
+                lua,
+                op,
+                format!("a run may write at most {MAX_RUN_WRITE_BYTES} bytes of values"),
+            ));
+        }
+        self.writes += 1;
+        self.write_bytes += len;
+        Ok(match value {
+            Some(bytes) => {
+                self.view.put(&self.ns, coord, bytes);
+                false
+            }
+            None => self.view.del(&self.ns, coord),
+        })
+    }
+
+    fn number_at(&self, lua: &Lua, op: i64, coord: Coord) -> mlua::Result<Option<Number>> {
+        match self.view.get(&self.ns, coord) {
+            None => Ok(None),
+            Some(bytes) => parse_number(&bytes).map(Some).ok_or_else(|| {
+                api_error(
+                    lua,
+                    op,
+                    format!(
+                        "the cell {coord} holds {}, not a decimal number",
+                        shown(&bytes)
+                    ),
+                )
+            }),
+        }
+    }
+
+    /// Visits the cells of `region` that hold a value (overlay included),
+    /// at most [`MAX_REGION_CELLS`], charged to the run's fuel. Small boxes
+    /// are read point by point under one lock hold, without copying.
+    fn visit_region(
+        &self,
+        lua: &Lua,
+        op: i64,
+        region: &CellBox,
+        mut visit: impl FnMut(Coord, &[u8]) -> mlua::Result<()>,
+    ) -> mlua::Result<()> {
+        let volume = region.volume();
+        if volume <= POINT_READ_VOLUME {
+            charge(volume as u64 * REGION_CELL_FUEL)?;
+            let (lo, hi) = (region.lo(), region.hi());
+            let mut coords = [Coord::new(0, 0, 0); POINT_READ_VOLUME as usize];
+            let mut n = 0;
+            for x in lo.x..=hi.x {
+                for y in lo.y..=hi.y {
+                    for z in lo.z..=hi.z {
+                        coords[n] = Coord::new(x, y, z);
+                        n += 1;
+                    }
+                }
+            }
+            let mut outcome = Ok(());
+            self.view.get_each(&self.ns, &coords[..n], |coord, value| {
+                if outcome.is_ok() {
+                    outcome = visit(coord, value);
+                }
+            });
+            return outcome;
+        }
+        let cells: Vec<(Coord, Arc<[u8]>)> = self
+            .view
+            .scan(&self.ns, region, MAX_REGION_CELLS + 1)
+            .unwrap_or_default();
+        charge(cells.len() as u64 * REGION_CELL_FUEL)?;
+        if cells.len() > MAX_REGION_CELLS {
+            return Err(api_error(
+                lua,
+                op,
+                format!(
+                    "the box {region} holds more than {MAX_REGION_CELLS} cells; read it in smaller boxes"
+                ),
+            ));
+        }
+        for (coord, value) in &cells {
+            visit(*coord, value)?;
+        }
+        Ok(())
+    }
+
+    fn region_op(&self, lua: &Lua, op: i64, region: &CellBox) -> mlua::Result<Value> {
+        match op {
+            OP_COUNT => {
+                let mut count = 0i64;
+                self.visit_region(lua, op, region, |_, _| {
+                    count += 1;
+                    Ok(())
+                })?;
+                Ok(Value::Integer(count))
+            }
+            OP_SUM => {
+                let mut total = Number::Int(0);
+                self.visit_region(lua, op, region, |coord, bytes| {
+                    let n = parse_number(bytes).ok_or_else(|| {
+                        api_error(
+                            lua,
+                            op,
+                            format!(
+                                "the cell {coord} holds {}, not a decimal number",
+                                shown(bytes)
+                            ),
+                        )
+                    })?;
+                    total = total.add(n).ok_or_else(|| {
+                        api_error(lua, op, format!("the sum over {region} overflows"))
+                    })?;
+                    Ok(())
+                })?;
+                Ok(total.into_lua())
+            }
+            _ => {
+                let flat = lua.create_table()?;
+                let mut at = 0usize;
+                self.visit_region(lua, op, region, |coord, bytes| {
+                    flat.raw_seti(at + 1, coord.x)?;
+                    flat.raw_seti(at + 2, coord.y)?;
+                    flat.raw_seti(at + 3, coord.z)?;
+                    flat.raw_seti(at + 4, lua.create_string(bytes)?)?;
+                    at += 4;
+                    Ok(())
+                })?;
+                Ok(Value::Table(flat))
+            }
+        }
+    }
+
+    fn direction(lua: &Lua, op: i64, value: &Value) -> mlua::Result<Direction> {
+        match value {
+            Value::Nil => Ok(Direction::Out),
+            Value::String(s) => match s.as_bytes().as_ref() {
+                b"out" => Ok(Direction::Out),
+                b"in" => Ok(Direction::In),
+                b"both" => Ok(Direction::Both),
+                other => Err(api_error(
+                    lua,
+                    op,
+                    format!(
+                        "direction must be \"out\", \"in\" or \"both\", got {}",
+                        shown(other)
+                    ),
+                )),
+            },
+            other => Err(api_error(
+                lua,
+                op,
+                format!(
+                    "direction must be \"out\", \"in\" or \"both\", got {}",
+                    describe(other)
+                ),
+            )),
+        }
+    }
+
+    fn label(lua: &Lua, op: i64, value: &Value) -> mlua::Result<Option<EdgeLabel>> {
+        match value {
+            Value::Nil => Ok(None),
+            Value::String(s) => {
+                let text = s
+                    .to_str()
+                    .map_err(|_| api_error(lua, op, "the label is not UTF-8"))?;
+                EdgeLabel::new(&text)
+                    .map(Some)
+                    .map_err(|why| api_error(lua, op, why))
+            }
+            other => Err(api_error(
+                lua,
+                op,
+                format!("the label must be a string, got {}", describe(other)),
+            )),
+        }
+    }
+
+    /// The program's own edges as a list of `{x, y, z, label, weight,
+    /// dir}` tables, as of the last durable group (see docs/programs.md).
+    fn edges(&self, lua: &Lua, direction: Value, label: Value) -> mlua::Result<Value> {
+        let direction = Self::direction(lua, OP_EDGES, &direction)?;
+        let label = Self::label(lua, OP_EDGES, &label)?;
+        let edges = self
+            .view
+            .store()
+            .edges(
+                &self.ns,
+                self.here,
+                direction,
+                label.as_ref(),
+                MAX_PROGRAM_EDGES,
+            )
+            .unwrap_or_default();
+        charge(edges.len() as u64 * REGION_CELL_FUEL)?;
+        let list = lua.create_table_with_capacity(edges.len(), 0)?;
+        for (i, edge) in edges.iter().enumerate() {
+            let entry = lua.create_table_with_capacity(0, 6)?;
+            entry.raw_set("x", edge.other.x)?;
+            entry.raw_set("y", edge.other.y)?;
+            entry.raw_set("z", edge.other.z)?;
+            entry.raw_set("label", edge.label.as_str())?;
+            entry.raw_set("weight", edge.weight)?;
+            entry.raw_set("dir", edge.direction.name())?;
+            list.raw_seti(i + 1, entry)?;
+        }
+        Ok(Value::Table(list))
+    }
+
+    /// Breadth-first from the program's cell, at most `depth` hops, within
+    /// the server's walk limits: a list of `{x, y, z, depth}` tables.
+    fn walk(&self, lua: &Lua, depth: Value, direction: Value, label: Value) -> mlua::Result<Value> {
+        let depth = match depth {
+            Value::Nil => self.walk_limits.max_depth,
+            other => {
+                let d = Self::integer(lua, OP_WALK, "depth", &other)?;
+                u32::try_from(d)
+                    .ok()
+                    .filter(|d| *d >= 1)
+                    .ok_or_else(|| api_error(lua, OP_WALK, "depth must be at least 1"))?
+                    .min(self.walk_limits.max_depth)
+            }
+        };
+        let direction = Self::direction(lua, OP_WALK, &direction)?;
+        let label = Self::label(lua, OP_WALK, &label)?;
+        let limits = WalkLimits {
+            max_depth: depth,
+            max_nodes: self.walk_limits.max_nodes.min(MAX_PROGRAM_EDGES as u32),
+            ..self.walk_limits
+        };
+        let Some(walk) = self.view.store().walk(
+            &self.ns,
+            self.here,
+            direction,
+            label.as_ref(),
+            false,
+            limits,
+        ) else {
+            return Ok(Value::Table(lua.create_table()?));
+        };
+        charge(
+            walk.edges_examined
+                .saturating_add(walk.nodes.len() as u64)
+                .saturating_mul(REGION_CELL_FUEL / 4),
+        )?;
+        let list = lua.create_table_with_capacity(walk.nodes.len(), 0)?;
+        for (i, node) in walk.nodes.iter().enumerate() {
+            let entry = lua.create_table_with_capacity(0, 4)?;
+            entry.raw_set("x", node.coord.x)?;
+            entry.raw_set("y", node.coord.y)?;
+            entry.raw_set("z", node.coord.z)?;
+            entry.raw_set("depth", node.distance)?;
+            list.raw_seti(i + 1, entry)?;
+        }
+        Ok(Value::Table(list))
+    }
+}
+
+fn describe(value: &Value) -> String {
+    match value {
+        Value::Number(f) => format!("{f}"),
+        Value::Integer(i) => format!("{i}"),
+        Value::String(s) => shown(&s.as_bytes()),
+        other => other.type_name().to_owned(),
+    }
+}
+
+/// Sets the run's own coordinate and namespace on the API table.
+pub(crate) fn set_here(api: &Table, ns: &NamespaceName, here: Coord) -> mlua::Result<()> {
+    api.raw_set("x", here.x)?;
+    api.raw_set("y", here.y)?;
+    api.raw_set("z", here.z)?;
+    api.raw_set("ns", ns.as_str())?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decimal_text_parses_like_incr_and_round_trips() {
+        assert_eq!(parse_number(b"42"), Some(Number::Int(42)));
+        assert_eq!(parse_number(b"-7"), Some(Number::Int(-7)));
+        assert_eq!(parse_number(b"0.5"), Some(Number::Float(0.5)));
+        assert_eq!(parse_number(b"1e3"), Some(Number::Float(1000.0)));
+        for bad in [
+            &b""[..],
+            b" 1",
+            b"0x10",
+            b"inf",
+            b"nan",
+            b"abc",
+            b"1 ",
+            b"\xff",
+        ] {
+            assert_eq!(parse_number(bad), None, "{bad:?}");
+        }
+        for n in [
+            Number::Int(i64::MIN),
+            Number::Float(0.1),
+            Number::Float(2.0),
+            Number::Float(1e300),
+            Number::Float(-3.25),
+        ] {
+            assert_eq!(parse_number(n.to_text().as_bytes()), Some(n), "{n:?}");
+        }
+        assert_eq!(Number::Int(i64::MAX).add(Number::Int(1)), None);
+        assert_eq!(
+            Number::Int(1).add(Number::Float(0.5)),
+            Some(Number::Float(1.5))
+        );
+    }
+}

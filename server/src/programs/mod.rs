@@ -1,0 +1,576 @@
+//! Cell programs: `prog`, `run` and `cell-stats` (`docs/programs.md`).
+//!
+//! A program is Lua 5.4 source stored at a coordinate. `prog` compiles it
+//! on the connection thread (a syntax error is refused with its line and
+//! nothing is stored), then writes it like any cell. `run` executes it on
+//! the writer thread through [`WriteSession::transact`]: it sees the
+//! latest state, its writes and its telemetry record commit in one WAL
+//! group, acknowledged after fsync, and runs are serialized with every
+//! other write. A failing run (an error, or a spent fuel, time or memory
+//! budget) is rolled back, but its telemetry record is still committed.
+//! The log holds only the effects, never the program's execution, so
+//! recovery is deterministic whatever the program read (clock, random).
+
+pub(crate) mod api;
+pub(crate) mod sandbox;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use cube_protocol::{
+    CellStats, Coord, ErrorCode, MAX_CELL_STATS_RECORDS, MAX_OUTCOME_MESSAGE_BYTES,
+    MAX_RESULT_ENTRIES, NamespaceName, ProgramValue, Request, Response, RunOutcome, RunRecord,
+    RunReply, ServerError, StatsEntry, StatsValue,
+};
+use cube_store::{MemStore, Mutation, TelemetryChange, TxnView, WalkLimits, WriteSession};
+use mlua::Value;
+
+use crate::config::Args;
+use crate::connection::{count, no_such_namespace, write_error};
+use crate::server::Shared;
+use api::RunContext;
+use sandbox::{RunBudget, Spent, call_args, readable, with_vm};
+
+/// What runs are allowed, from the daemon's flags.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ProgramSettings {
+    pub(crate) budget: RunBudget,
+    /// Telemetry records kept per cell.
+    pub(crate) keep: u32,
+    pub(crate) max_value_bytes: usize,
+    pub(crate) max_frame_bytes: usize,
+    pub(crate) walk_limits: WalkLimits,
+}
+
+impl ProgramSettings {
+    pub(crate) fn from_args(args: &Args) -> ProgramSettings {
+        ProgramSettings {
+            budget: RunBudget {
+                fuel: args.program_fuel,
+                memory_bytes: args.program_memory,
+                time: Duration::from_millis(args.program_time_ms.max(1)),
+            },
+            keep: args.program_telemetry_keep,
+            max_value_bytes: args.max_value_bytes as usize,
+            max_frame_bytes: args.max_frame_bytes as usize,
+            walk_limits: args.walk_limits(),
+        }
+    }
+}
+
+/// Count, total and maximum of a duration, lock-free.
+#[derive(Default)]
+struct Timing {
+    count: AtomicU64,
+    total_ns: AtomicU64,
+    max_ns: AtomicU64,
+}
+
+impl Timing {
+    fn record(&self, elapsed: Duration) {
+        let ns = elapsed.as_nanos().min(u128::from(u64::MAX)) as u64;
+        self.count.fetch_add(1, Relaxed);
+        self.total_ns.fetch_add(ns, Relaxed);
+        self.max_ns.fetch_max(ns, Relaxed);
+    }
+
+    fn entries(&self, name: &str, out: &mut Vec<StatsEntry>) {
+        let count = self.count.load(Relaxed);
+        let mean = if count == 0 {
+            0.0
+        } else {
+            self.total_ns.load(Relaxed) as f64 / count as f64 / 1000.0
+        };
+        out.push(StatsEntry {
+            name: format!("programs.{name}_us_mean"),
+            value: StatsValue::Float(mean),
+        });
+        out.push(StatsEntry {
+            name: format!("programs.{name}_us_max"),
+            value: StatsValue::Float(self.max_ns.load(Relaxed) as f64 / 1000.0),
+        });
+    }
+}
+
+/// Daemon-wide program figures for `stats`.
+#[derive(Default)]
+pub(crate) struct ProgramStats {
+    runs: AtomicU64,
+    failed: AtomicU64,
+    out_of_fuel: AtomicU64,
+    out_of_memory: AtomicU64,
+    compiles: AtomicU64,
+    cached: AtomicU64,
+    /// `prog`, server side, excluding the wait for the writer.
+    prog: Timing,
+    /// `run`, server side, excluding the wait for the writer except the
+    /// program's own execution.
+    run: Timing,
+    /// The program's execution on the writer (load, call, telemetry).
+    exec: Timing,
+}
+
+/// Cell programs as the server runs them.
+pub(crate) struct ProgramService {
+    settings: ProgramSettings,
+    stats: Arc<ProgramStats>,
+}
+
+impl ProgramService {
+    pub(crate) fn new(args: &Args) -> ProgramService {
+        ProgramService {
+            settings: ProgramSettings::from_args(args),
+            stats: Arc::default(),
+        }
+    }
+
+    pub(crate) fn stats_entries(&self, mem: &MemStore) -> Vec<StatsEntry> {
+        let s = &self.stats;
+        let mut out = vec![
+            count("programs.stored", mem.program_count()),
+            count("programs.runs", s.runs.load(Relaxed)),
+            count("programs.failed", s.failed.load(Relaxed)),
+            count("programs.out_of_fuel", s.out_of_fuel.load(Relaxed)),
+            count("programs.out_of_memory", s.out_of_memory.load(Relaxed)),
+            count("programs.compiles", s.compiles.load(Relaxed)),
+            count("programs.compiled_cached", s.cached.load(Relaxed)),
+        ];
+        s.prog.entries("prog", &mut out);
+        s.run.entries("run", &mut out);
+        s.exec.entries("exec", &mut out);
+        out
+    }
+}
+
+/// Serves `prog`, `run` and `cell-stats`.
+pub(crate) fn handle(
+    shared: &Shared,
+    session: Option<&WriteSession>,
+    request: Request,
+) -> Result<Response, ServerError> {
+    let started = Instant::now();
+    let service = &shared.programs;
+    let session = || {
+        session.ok_or_else(|| {
+            ServerError::new(
+                ErrorCode::ShuttingDown,
+                "cubed is shutting down; the request was not carried out",
+            )
+        })
+    };
+    match request {
+        Request::Prog { ns, coord, source } => {
+            let mutation = if source.is_empty() {
+                Mutation::ProgramDel { ns, coord }
+            } else {
+                sandbox::check_syntax(&source).map_err(|e| {
+                    let at = e
+                        .line
+                        .map_or(String::new(), |line| format!("line {line}: "));
+                    ServerError::new(
+                        ErrorCode::ProgramSyntax,
+                        format!("{at}{}; nothing was stored", e.message),
+                    )
+                })?;
+                Mutation::ProgramPut { ns, coord, source }
+            };
+            let session = session()?;
+            let wait = Instant::now();
+            let ack = session.write(mutation).map_err(|e| write_error(&e))?;
+            service
+                .stats
+                .prog
+                .record(started.elapsed().saturating_sub(wait.elapsed()));
+            Ok(Response::Prog {
+                lsn: ack.lsn,
+                replaced: ack.existed,
+            })
+        }
+        Request::Run { ns, coord, args } => {
+            let session = session()?;
+            let settings = service.settings;
+            let stats = Arc::clone(&service.stats);
+            let where_ = format!("{ns} {coord}");
+            let wait = Instant::now();
+            let (output, first_lsn) = session
+                .transact(move |view| run_in_writer(view, ns, coord, &args, &settings, &stats))
+                .map_err(|e| write_error(&e))?;
+            let waited = wait.elapsed();
+            match output {
+                RunOutput::NoNamespace(ns) => Err(no_such_namespace(&ns)),
+                RunOutput::NoProgram => Err(ServerError::new(
+                    ErrorCode::InvalidArgument,
+                    format!("no program at {where_}; store one with prog"),
+                )),
+                RunOutput::Unavailable(why) => Err(ServerError::new(ErrorCode::Internal, why)),
+                RunOutput::Ran {
+                    seq,
+                    instructions,
+                    cells_written,
+                    exec,
+                    result,
+                } => {
+                    service
+                        .stats
+                        .run
+                        .record(started.elapsed().saturating_sub(waited) + exec);
+                    match result {
+                        Ok(value) => Ok(Response::Run(RunReply {
+                            lsn: first_lsn,
+                            seq,
+                            instructions,
+                            cells_written,
+                            value,
+                        })),
+                        Err((outcome, message)) => {
+                            let code = match outcome {
+                                RunOutcome::Fuel => ErrorCode::ProgramFuel,
+                                RunOutcome::Memory => ErrorCode::ProgramMemory,
+                                _ => ErrorCode::ProgramError,
+                            };
+                            Err(ServerError::new(
+                                code,
+                                format!(
+                                    "{message} (run {seq} at {where_}: nothing it wrote was \
+                                     applied; the failure is recorded in its telemetry)"
+                                ),
+                            ))
+                        }
+                    }
+                }
+            }
+        }
+        Request::CellStats { ns, coord, limit } => {
+            let mem = shared.engine.memstore();
+            if !mem.has_namespace(&ns) {
+                return Err(no_such_namespace(&ns));
+            }
+            let limit = limit.min(MAX_CELL_STATS_RECORDS) as usize;
+            let (head, records) = mem.telemetry(&ns, coord, limit);
+            let program_bytes = mem
+                .program(&ns, coord)
+                .map(|source| source.len().min(u32::MAX as usize) as u32);
+            Ok(Response::CellStats(CellStats {
+                program_bytes,
+                runs: head.runs,
+                failures: head.failures,
+                records,
+            }))
+        }
+        other => Err(ServerError::new(
+            ErrorCode::Internal,
+            format!("{} reached the program handler", other.opcode().name()),
+        )),
+    }
+}
+
+/// What a run's transaction hands back to its connection thread.
+enum RunOutput {
+    NoNamespace(NamespaceName),
+    NoProgram,
+    Unavailable(String),
+    Ran {
+        seq: u64,
+        instructions: u64,
+        cells_written: u32,
+        exec: Duration,
+        result: Result<ProgramValue, (RunOutcome, String)>,
+    },
+}
+
+fn unix_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |t| t.as_micros().min(u128::from(u64::MAX)) as u64)
+}
+
+/// Cuts `text` at a character boundary to at most `limit` bytes.
+fn cut(text: &str, limit: usize) -> &str {
+    let mut end = text.len().min(limit);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// The transaction of one `run`, on the writer thread.
+fn run_in_writer(
+    view: &mut TxnView<'_>,
+    ns: NamespaceName,
+    coord: Coord,
+    args: &[Vec<u8>],
+    settings: &ProgramSettings,
+    stats: &ProgramStats,
+) -> RunOutput {
+    let started = Instant::now();
+    let started_unix_us = unix_us();
+    if !view.has_namespace(&ns) {
+        return RunOutput::NoNamespace(ns);
+    }
+    let Some(source) = view.program(&ns, coord) else {
+        return RunOutput::NoProgram;
+    };
+    let mut writes = 0u32;
+    let executed = with_vm(|vm| {
+        if let Err(e) = vm.set_here(&ns, coord) {
+            return (Err((RunOutcome::Error, sandbox::error_text(&e))), 0);
+        }
+        let outcome = vm.run(&source, settings.budget, |vm, function, env| {
+            let mut context = RunContext {
+                view: &mut *view,
+                ns: ns.clone(),
+                here: coord,
+                max_value_bytes: settings.max_value_bytes,
+                walk_limits: settings.walk_limits,
+                writes: 0,
+                write_bytes: 0,
+            };
+            let result = vm.lua.scope(|scope| {
+                let dispatcher = scope
+                    .create_function_mut(|lua, args: api::Args| context.dispatch(lua, args))?;
+                vm.run_slot.raw_seti(1, dispatcher)?;
+                let returned = function.call::<Value>(call_args(&vm.lua, env, args)?);
+                vm.run_slot.raw_seti(1, Value::Nil)?;
+                let value = to_program_value(returned?, settings)?;
+                Ok(value)
+            });
+            writes = context.writes;
+            result
+        });
+        let result = outcome.result.map_err(|failure| {
+            let outcome = match failure.spent {
+                Some(Spent::Fuel | Spent::Time) => RunOutcome::Fuel,
+                Some(Spent::Memory) => RunOutcome::Memory,
+                None => RunOutcome::Error,
+            };
+            (outcome, readable(&failure.message))
+        });
+        stats.compiles.store(vm.compiles, Relaxed);
+        stats.cached.store(vm.cached_programs() as u64, Relaxed);
+        (result, outcome.fuel_used)
+    });
+    let (result, instructions) = match executed {
+        Ok(done) => done,
+        Err(why) => return RunOutput::Unavailable(why),
+    };
+    let cells_written = if result.is_ok() {
+        writes
+    } else {
+        view.rollback();
+        0
+    };
+    let head = view.telemetry_head(&ns, coord).unwrap_or_default();
+    let seq = head.runs + 1;
+    let (outcome, message) = match &result {
+        Ok(_) => (RunOutcome::Ok, String::new()),
+        Err((outcome, message)) => (*outcome, cut(message, MAX_OUTCOME_MESSAGE_BYTES).to_owned()),
+    };
+    let exec = started.elapsed();
+    let record = RunRecord {
+        seq,
+        started_unix_us,
+        duration_ns: exec.as_nanos().min(u128::from(u64::MAX)) as u64,
+        instructions,
+        cells_written,
+        outcome,
+        message,
+    };
+    view.emit(Mutation::Telemetry {
+        ns,
+        coord,
+        change: TelemetryChange::Append {
+            record,
+            failures: head.failures + u64::from(result.is_err()),
+            keep: settings.keep,
+            trim_from: head.oldest_seq.max(1),
+        },
+    });
+    stats.runs.fetch_add(1, Relaxed);
+    match outcome {
+        RunOutcome::Ok => {}
+        RunOutcome::Error => {
+            stats.failed.fetch_add(1, Relaxed);
+        }
+        RunOutcome::Fuel => {
+            stats.failed.fetch_add(1, Relaxed);
+            stats.out_of_fuel.fetch_add(1, Relaxed);
+        }
+        RunOutcome::Memory => {
+            stats.failed.fetch_add(1, Relaxed);
+            stats.out_of_memory.fetch_add(1, Relaxed);
+        }
+    }
+    let exec = started.elapsed();
+    stats.exec.record(exec);
+    RunOutput::Ran {
+        seq,
+        instructions,
+        cells_written,
+        exec,
+        result,
+    }
+}
+
+/// A run's return value as the protocol carries it: nil, a boolean, a
+/// number, a string, or a flat table of scalars, within the frame.
+fn to_program_value(value: Value, settings: &ProgramSettings) -> mlua::Result<ProgramValue> {
+    let fail = |why: String| mlua::Error::RuntimeError(format!("the run's result: {why}"));
+    // What the response may carry besides the value.
+    let budget = settings.max_frame_bytes.saturating_sub(256);
+    let mut bytes = 0usize;
+    let scalar = |value: Value, bytes: &mut usize| -> mlua::Result<ProgramValue> {
+        Ok(match value {
+            Value::Boolean(b) => ProgramValue::Bool(b),
+            Value::Integer(i) => ProgramValue::Int(i),
+            Value::Number(f) => ProgramValue::Float(f),
+            Value::String(s) => {
+                let data = s.as_bytes().to_vec();
+                if data.len() > settings.max_value_bytes {
+                    return Err(fail(format!(
+                        "a string of {} bytes is over the value limit of {}",
+                        data.len(),
+                        settings.max_value_bytes
+                    )));
+                }
+                *bytes += data.len() + 5;
+                ProgramValue::Bytes(data)
+            }
+            other => {
+                return Err(fail(format!(
+                    "a table may hold only strings, numbers and booleans, not a {}",
+                    other.type_name()
+                )));
+            }
+        })
+    };
+    let converted = match value {
+        Value::Nil => ProgramValue::Nil,
+        Value::Table(table) => {
+            let mut entries = Vec::new();
+            for pair in table.pairs::<Value, Value>() {
+                let (key, value) = pair?;
+                if entries.len() as u32 >= MAX_RESULT_ENTRIES {
+                    return Err(fail(format!(
+                        "a table may have at most {MAX_RESULT_ENTRIES} entries"
+                    )));
+                }
+                let key = match key {
+                    Value::Integer(i) => ProgramValue::Int(i),
+                    Value::String(_) => scalar(key, &mut bytes)?,
+                    other => {
+                        return Err(fail(format!(
+                            "table keys must be strings or integers, not {}",
+                            other.type_name()
+                        )));
+                    }
+                };
+                let value = scalar(value, &mut bytes)?;
+                bytes += 18;
+                entries.push((key, value));
+            }
+            entries.sort_by(|(a, _), (b, _)| match (a, b) {
+                (ProgramValue::Int(x), ProgramValue::Int(y)) => x.cmp(y),
+                (ProgramValue::Int(_), _) => std::cmp::Ordering::Less,
+                (_, ProgramValue::Int(_)) => std::cmp::Ordering::Greater,
+                (ProgramValue::Bytes(x), ProgramValue::Bytes(y)) => x.cmp(y),
+                _ => std::cmp::Ordering::Equal,
+            });
+            ProgramValue::Table(entries)
+        }
+        Value::Boolean(_) | Value::Integer(_) | Value::Number(_) | Value::String(_) => {
+            scalar(value, &mut bytes)?
+        }
+        other => {
+            return Err(fail(format!(
+                "a run may return nil, a boolean, a number, a string or a flat table, not a {}",
+                other.type_name()
+            )));
+        }
+    };
+    if bytes > budget {
+        return Err(fail(format!(
+            "{bytes} bytes do not fit in one response frame of {} bytes",
+            settings.max_frame_bytes
+        )));
+    }
+    Ok(converted)
+}
+
+#[cfg(test)]
+mod bench {
+    use super::*;
+    use clap::Parser;
+    use cube_store::{Engine, EngineConfig, GroupCommitConfig, SyncPolicy};
+
+    #[test]
+    #[ignore = "timing probe"]
+    fn counter_exec_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = EngineConfig::new(dir.path());
+        config.group_commit = GroupCommitConfig {
+            sync: SyncPolicy::Never,
+            ..GroupCommitConfig::default()
+        };
+        let engine = Engine::open(config).unwrap();
+        let session = engine.session().unwrap();
+        let ns = NamespaceName::new("default").unwrap();
+        let at = Coord::new(0, 0, 0);
+        let source = std::env::var("PROBE_PROGRAM")
+            .unwrap_or_else(|_| "return cube.rincr(0, 0, 0)".to_owned());
+        for x in -1..=1 {
+            for y in -1..=1 {
+                for z in -1..=1 {
+                    if (x + y + z) % 2 == 0 {
+                        session
+                            .write(Mutation::Put {
+                                ns: ns.clone(),
+                                coord: Coord::new(x, y, z),
+                                value: b"1".to_vec(),
+                            })
+                            .unwrap();
+                    }
+                }
+            }
+        }
+        session
+            .write(Mutation::ProgramPut {
+                ns: ns.clone(),
+                coord: at,
+                source: source.into_bytes(),
+            })
+            .unwrap();
+        let args = Args::try_parse_from(["cubed"]).unwrap();
+        let settings = ProgramSettings::from_args(&args);
+        let stats = Arc::new(ProgramStats::default());
+        for round in 0..3 {
+            let started = Instant::now();
+            let n = 20_000;
+            let mut times = Vec::with_capacity(n as usize);
+            for _ in 0..n {
+                let (ns, stats) = (ns.clone(), Arc::clone(&stats));
+                let ((_, took), _) = session
+                    .transact(move |view| {
+                        let t = Instant::now();
+                        let out =
+                            run_in_writer(view, ns, at, &[b"100".to_vec()], &settings, &stats);
+                        (matches!(out, RunOutput::Ran { .. }), t.elapsed())
+                    })
+                    .unwrap();
+                times.push(took);
+            }
+            times.sort();
+            let s =
+                stats.exec.total_ns.load(Relaxed) as f64 / stats.exec.count.load(Relaxed) as f64;
+            println!(
+                "round {round}: {:?} per transact, exec mean {s:.0} ns, p50 {:?} p90 {:?} p99 {:?} max {:?}",
+                started.elapsed() / n,
+                times[times.len() / 2],
+                times[times.len() * 9 / 10],
+                times[times.len() * 99 / 100],
+                times[times.len() - 1]
+            );
+        }
+        engine.shutdown().unwrap();
+    }
+}

@@ -1,0 +1,540 @@
+//! The Lua VM that runs cell programs, and its sandbox and budgets.
+//!
+//! One VM per thread (mlua's `Lua` is not `Send`): runs happen on the
+//! writer thread, inside `WriteSession::transact`, so they use the
+//! writer's VM; connection threads keep a bare VM only to check a `prog`'s
+//! syntax. A stored program is compiled once per distinct source and
+//! cached.
+//!
+//! The sandbox, and why each piece is there:
+//! - Programs see only a per-run environment whose fallback is a table of
+//!   safe globals: `string`, `table`, `math`, `utf8` and the harmless base
+//!   functions. No `io`, `os`, `debug`, `package`, `require`, `load`,
+//!   `dofile`, `loadfile`, `collectgarbage`, `print`, `coroutine`.
+//! - Library tables are read-only proxies shared by every run, and
+//!   `rawset` refuses them, so no program can change what another sees.
+//!   The string metatable is protected (`getmetatable("")` is `false`).
+//! - `string.dump` is gone and sources load in text mode only: no
+//!   bytecode ever enters the VM.
+//! - Lua patterns (`match`, `gmatch`, `gsub`, and `find` without `plain`)
+//!   are refused: they backtrack inside one C call, where no instruction
+//!   budget can interrupt them.
+//! - Library calls whose C loops are not paid for by allocation
+//!   (`string.rep` of empty strings, `table.move`, `sort`, `concat`,
+//!   `unpack`, shifting `insert`/`remove`) are charged fuel by size.
+//! - `setmetatable` refuses `__gc`, so no finaliser can run outside its
+//!   run's budget.
+//! - `pcall`/`xpcall` cannot swallow a spent budget: once fuel, time or
+//!   memory ran out, every protected call re-raises.
+//!
+//! Budgets: fuel counts VM instructions through a count hook every
+//! [`FUEL_BLOCK`] instructions (plus charges), memory is the allocator
+//! limit of the whole VM set to "in use now + budget" for the run, and a
+//! wall-clock backstop catches programs whose single instructions are
+//! heavy (copying megabyte strings), which instruction counting cannot see.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mlua::chunk::ChunkMode;
+use mlua::debug::Debug;
+use mlua::{Function, HookTriggers, Lua, LuaOptions, MultiValue, StdLib, Table, Value, VmState};
+
+/// The count hook fires every this many VM instructions: often enough to
+/// stop a runaway loop within microseconds, rarely enough to cost about 1 %.
+/// Telemetry's instruction count is therefore a multiple of it (plus the
+/// charges of library calls), rounded down.
+pub(crate) const FUEL_BLOCK: u32 = 1000;
+
+/// Chunk name of a program, so Lua's messages read `prog:LINE: ...`.
+const CHUNK_NAME: &str = "prog";
+
+/// Compiled programs kept per VM, by total source bytes; past it the cache
+/// is emptied (programs are small and recompiling is microseconds).
+const COMPILED_CACHE_BYTES: usize = 32 * 1024 * 1024;
+
+/// Entries of the by-address function cache before it is emptied.
+const ADDRESS_CACHE_ENTRIES: usize = 65_536;
+
+/// Lua's own message for a failed allocation.
+const OUT_OF_MEMORY: &str = "not enough memory";
+
+/// Why a run's budget stopped it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Spent {
+    Fuel,
+    Time,
+    Memory,
+}
+
+/// The current run's budget, shared by the hook, the charge function and
+/// the protected-call guard (all on this thread).
+struct Budget {
+    active: Cell<bool>,
+    fuel_limit: Cell<u64>,
+    used: Cell<u64>,
+    deadline: Cell<Option<Instant>>,
+    spent: Cell<Option<Spent>>,
+}
+
+thread_local! {
+    static BUDGET: Budget = const {
+        Budget {
+            active: Cell::new(false),
+            fuel_limit: Cell::new(0),
+            used: Cell::new(0),
+            deadline: Cell::new(None),
+            spent: Cell::new(None),
+        }
+    };
+    static VM: RefCell<Option<ProgramVm>> = const { RefCell::new(None) };
+    static SYNTAX_VM: RefCell<Option<Lua>> = const { RefCell::new(None) };
+}
+
+fn spent_message(spent: Spent) -> &'static str {
+    match spent {
+        Spent::Fuel => "out of fuel: the program ran past its instruction budget (--program-fuel)",
+        Spent::Time => {
+            "out of time: the program ran past the writer-time backstop (--program-time-ms)"
+        }
+        Spent::Memory => "out of memory: the program allocated past its budget (--program-memory)",
+    }
+}
+
+/// Marks the budget spent and returns the error that unwinds the program.
+fn exhaust(spent: Spent) -> mlua::Error {
+    BUDGET.with(|b| {
+        if b.spent.get().is_none() {
+            b.spent.set(Some(spent));
+        }
+    });
+    mlua::Error::RuntimeError(spent_message(spent).to_owned())
+}
+
+/// Adds `units` of fuel to the current run; an error once it is spent.
+pub(crate) fn charge(units: u64) -> mlua::Result<()> {
+    BUDGET.with(|b| {
+        if !b.active.get() {
+            return Ok(());
+        }
+        let used = b.used.get().saturating_add(units);
+        b.used.set(used);
+        if let Some(spent) = b.spent.get() {
+            return Err(exhaust(spent));
+        }
+        if used > b.fuel_limit.get() {
+            return Err(exhaust(Spent::Fuel));
+        }
+        Ok(())
+    })
+}
+
+/// The count hook: every [`FUEL_BLOCK`] instructions.
+fn on_instructions(_lua: &Lua, _debug: &Debug) -> mlua::Result<VmState> {
+    charge(u64::from(FUEL_BLOCK))?;
+    let late = BUDGET.with(|b| {
+        b.active.get()
+            && b.deadline
+                .get()
+                .is_some_and(|deadline| Instant::now() > deadline)
+    });
+    if late {
+        return Err(exhaust(Spent::Time));
+    }
+    Ok(VmState::Continue)
+}
+
+/// Limits of one run.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RunBudget {
+    pub(crate) fuel: u64,
+    pub(crate) memory_bytes: usize,
+    pub(crate) time: Duration,
+}
+
+/// How a run's Lua part ended.
+pub(crate) struct LuaOutcome<R> {
+    pub(crate) result: Result<R, Failure>,
+    pub(crate) fuel_used: u64,
+}
+
+/// A failed run: which budget (if any) stopped it, and the message.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub(crate) spent: Option<Spent>,
+    pub(crate) message: String,
+}
+
+/// The writer thread's VM: the sandbox pieces made once, and compiled
+/// programs.
+pub(crate) struct ProgramVm {
+    pub(crate) lua: Lua,
+    env_meta: Table,
+    /// Private table whose slot 1 holds the current run's dispatcher.
+    pub(crate) run_slot: Table,
+    /// The raw `cube` API table (programs see a read-only proxy); its
+    /// `x`, `y`, `z` and `ns` are set per run.
+    pub(crate) api: Table,
+    compiled: HashMap<Arc<[u8]>, Function>,
+    compiled_bytes: usize,
+    /// The same functions by the address of the store's source `Arc`
+    /// (held, so the address stays unique): a run of an unchanged program
+    /// finds its function without hashing the source.
+    by_source_address: HashMap<usize, (Arc<[u8]>, Function)>,
+    pub(crate) compiles: u64,
+    /// The namespace and cell the API table was last set for.
+    here: Option<(cube_protocol::NamespaceName, cube_protocol::Coord)>,
+}
+
+/// What the sandbox prelude builds, once per VM, with the full standard
+/// library in scope. It returns the safe base table, the metatable of
+/// per-run environments, and the raw API table.
+const PRELUDE: &str = include_str!("prelude.lua");
+
+impl ProgramVm {
+    fn new() -> mlua::Result<ProgramVm> {
+        let lua = Lua::new_with(
+            StdLib::STRING | StdLib::TABLE | StdLib::MATH | StdLib::UTF8,
+            LuaOptions::default(),
+        )?;
+        lua.set_hook(
+            HookTriggers::new().every_nth_instruction(FUEL_BLOCK),
+            on_instructions,
+        )?;
+        let budget_check = lua.create_function(|_, (ok, error): (bool, Value)| {
+            let spent = BUDGET.with(|b| b.spent.get());
+            if let Some(spent) = spent {
+                return Ok(Some(spent_message(spent)));
+            }
+            let out_of_memory = !ok
+                && match &error {
+                    Value::String(s) => s.as_bytes().as_ref() == OUT_OF_MEMORY.as_bytes(),
+                    Value::Error(e) => is_memory_error(e),
+                    _ => false,
+                };
+            if out_of_memory && BUDGET.with(|b| b.active.get()) {
+                BUDGET.with(|b| b.spent.set(Some(Spent::Memory)));
+                return Ok(Some(spent_message(Spent::Memory)));
+            }
+            Ok(None)
+        })?;
+        let charge_fn = lua.create_function(|_, units: f64| {
+            // Negative or NaN charges (odd arguments the library call will
+            // refuse anyway) cost nothing; huge ones saturate.
+            let units = if units.is_finite() && units > 0.0 {
+                units.min(u64::MAX as f64) as u64
+            } else if units.is_infinite() && units > 0.0 {
+                u64::MAX
+            } else {
+                0
+            };
+            charge(units)
+        })?;
+        let run_slot = lua.create_table()?;
+        let (base, env_meta, api): (Table, Table, Table) = lua
+            .load(PRELUDE)
+            .set_name("=cube")
+            .set_mode(ChunkMode::Text)
+            .call((budget_check, charge_fn, run_slot.clone()))?;
+        // The real globals are never a program's environment, but take
+        // the dangerous ones away anyway.
+        let globals = lua.globals();
+        for name in [
+            "load",
+            "loadstring",
+            "dofile",
+            "loadfile",
+            "require",
+            "collectgarbage",
+            "print",
+            "package",
+            "io",
+            "os",
+            "debug",
+            "coroutine",
+        ] {
+            globals.raw_set(name, Value::Nil)?;
+        }
+        drop(base);
+        Ok(ProgramVm {
+            lua,
+            env_meta,
+            run_slot,
+            api,
+            compiled: HashMap::new(),
+            compiled_bytes: 0,
+            by_source_address: HashMap::new(),
+            compiles: 0,
+            here: None,
+        })
+    }
+
+    /// The compiled function of `source` (from the cache, or compiled now,
+    /// inside the current run's budget).
+    fn function(&mut self, source: &Arc<[u8]>) -> Result<Function, Failure> {
+        let address = Arc::as_ptr(source).cast::<u8>() as usize;
+        if let Some((held, function)) = self.by_source_address.get(&address)
+            && Arc::ptr_eq(held, source)
+        {
+            return Ok(function.clone());
+        }
+        if self.by_source_address.len() >= ADDRESS_CACHE_ENTRIES {
+            self.by_source_address.clear();
+        }
+        if let Some(function) = self.compiled.get(source.as_ref()) {
+            let function = function.clone();
+            self.by_source_address
+                .insert(address, (Arc::clone(source), function.clone()));
+            return Ok(function);
+        }
+        // The program becomes the body of a function taking its
+        // environment and the run's arguments, on the same first line so
+        // line numbers match the source. The source compiled on its own
+        // when it was stored, so the wrapper cannot change its meaning.
+        let mut wrapped = Vec::with_capacity(source.len() + 40);
+        wrapped.extend_from_slice(b"return function(_ENV, ...) ");
+        wrapped.extend_from_slice(source);
+        wrapped.extend_from_slice(b"\nend");
+        let empty_env = self.lua.create_table().map_err(failure)?;
+        let function: Function = self
+            .lua
+            .load(&wrapped[..])
+            .set_name(format!("={CHUNK_NAME}"))
+            .set_mode(ChunkMode::Text)
+            .set_environment(empty_env)
+            .eval()
+            .map_err(failure)?;
+        self.compiles += 1;
+        if self.compiled_bytes + source.len() > COMPILED_CACHE_BYTES {
+            self.compiled.clear();
+            self.compiled_bytes = 0;
+        }
+        self.compiled_bytes += source.len();
+        self.compiled.insert(Arc::clone(source), function.clone());
+        self.by_source_address
+            .insert(address, (Arc::clone(source), function.clone()));
+        Ok(function)
+    }
+
+    /// Points the API table at the run's cell (skipped when unchanged:
+    /// programs cannot modify the table).
+    pub(crate) fn set_here(
+        &mut self,
+        ns: &cube_protocol::NamespaceName,
+        here: cube_protocol::Coord,
+    ) -> mlua::Result<()> {
+        if self
+            .here
+            .as_ref()
+            .is_some_and(|(last_ns, last)| last_ns == ns && *last == here)
+        {
+            return Ok(());
+        }
+        self.here = None;
+        super::api::set_here(&self.api, ns, here)?;
+        self.here = Some((ns.clone(), here));
+        Ok(())
+    }
+
+    pub(crate) fn cached_programs(&self) -> usize {
+        self.compiled.len()
+    }
+
+    /// Runs `source` under `budget`. `call` gets the VM, the compiled
+    /// function and the per-run environment, makes the call (inside
+    /// whatever scope its API needs) and turns the result into `R`, all
+    /// still inside the budget.
+    pub(crate) fn run<R>(
+        &mut self,
+        source: &Arc<[u8]>,
+        budget: RunBudget,
+        call: impl FnOnce(&ProgramVm, &Function, Table) -> mlua::Result<R>,
+    ) -> LuaOutcome<R> {
+        let used_before = self.lua.used_memory();
+        let _ = self
+            .lua
+            .set_memory_limit(used_before.saturating_add(budget.memory_bytes));
+        BUDGET.with(|b| {
+            b.active.set(true);
+            b.fuel_limit.set(budget.fuel);
+            b.used.set(0);
+            b.deadline.set(Some(Instant::now() + budget.time));
+            b.spent.set(None);
+        });
+        let result = self.function(source).and_then(|function| {
+            let env = self.lua.create_table().map_err(failure)?;
+            env.set_metatable(Some(self.env_meta.clone()))
+                .map_err(failure)?;
+            call(self, &function, env).map_err(failure)
+        });
+        let (fuel_used, spent) = BUDGET.with(|b| {
+            b.active.set(false);
+            b.deadline.set(None);
+            (b.used.get(), b.spent.take())
+        });
+        let _ = self.lua.set_memory_limit(0);
+        let result = match (result, spent) {
+            (_, Some(spent)) => Err(Failure {
+                spent: Some(spent),
+                message: spent_message(spent).to_owned(),
+            }),
+            (Err(mut failure), None) => {
+                if failure.spent.is_none() && failure.message.contains(OUT_OF_MEMORY) {
+                    failure.spent = Some(Spent::Memory);
+                    failure.message = spent_message(Spent::Memory).to_owned();
+                }
+                Err(failure)
+            }
+            (Ok(value), None) => Ok(value),
+        };
+        LuaOutcome { result, fuel_used }
+    }
+}
+
+/// Runs `f` with this thread's program VM, creating it on first use.
+pub(crate) fn with_vm<R>(f: impl FnOnce(&mut ProgramVm) -> R) -> Result<R, String> {
+    VM.with(|slot| {
+        let mut slot = slot.borrow_mut();
+        if slot.is_none() {
+            *slot = Some(ProgramVm::new().map_err(|e| format!("cannot start the Lua VM: {e}"))?);
+        }
+        match slot.as_mut() {
+            Some(vm) => Ok(f(vm)),
+            None => Err("the Lua VM is not available".to_owned()),
+        }
+    })
+}
+
+/// A syntax error: the line (when Lua names one) and Lua's reason.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct SyntaxError {
+    pub(crate) line: Option<u32>,
+    pub(crate) message: String,
+}
+
+/// Compiles `source` without running it, in a bare VM of this thread.
+pub(crate) fn check_syntax(source: &[u8]) -> Result<(), SyntaxError> {
+    SYNTAX_VM.with(|slot| {
+        let mut slot = slot.borrow_mut();
+        if slot.is_none() {
+            let lua =
+                Lua::new_with(StdLib::NONE, LuaOptions::default()).map_err(|e| SyntaxError {
+                    line: None,
+                    message: format!("cannot start the Lua VM: {e}"),
+                })?;
+            // A compile allocates in proportion to the source; a bound
+            // keeps a hostile 64 KiB source from costing more.
+            let _ = lua.set_memory_limit(64 * 1024 * 1024);
+            *slot = Some(lua);
+        }
+        let Some(lua) = slot.as_ref() else {
+            return Ok(());
+        };
+        let outcome = lua
+            .load(source)
+            .set_name(format!("={CHUNK_NAME}"))
+            .set_mode(ChunkMode::Text)
+            .into_function();
+        lua.gc_collect().ok();
+        match outcome {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let text = error_text(&e);
+                let (line, message) = split_position(&text);
+                Err(SyntaxError { line, message })
+            }
+        }
+    })
+}
+
+fn is_memory_error(e: &mlua::Error) -> bool {
+    match e {
+        mlua::Error::MemoryError(_) => true,
+        mlua::Error::CallbackError { cause, .. } => is_memory_error(cause),
+        mlua::Error::WithContext { cause, .. } => is_memory_error(cause),
+        _ => false,
+    }
+}
+
+fn failure(e: mlua::Error) -> Failure {
+    let spent = is_memory_error(&e).then_some(Spent::Memory);
+    Failure {
+        spent,
+        message: error_text(&e),
+    }
+}
+
+/// The message of an error without mlua's decorations or a traceback.
+pub(crate) fn error_text(e: &mlua::Error) -> String {
+    let text = match e {
+        mlua::Error::RuntimeError(message) | mlua::Error::MemoryError(message) => message.clone(),
+        mlua::Error::SyntaxError { message, .. } => message.clone(),
+        mlua::Error::CallbackError { cause, .. } => return error_text(cause),
+        mlua::Error::WithContext { cause, .. } => return error_text(cause),
+        other => other.to_string(),
+    };
+    let text = match text.find("\nstack traceback:") {
+        Some(at) => text[..at].to_owned(),
+        None => text,
+    };
+    text.trim_end().to_owned()
+}
+
+/// `prog:12: reason` becomes `(Some(12), "reason")`; anything else is
+/// kept whole.
+pub(crate) fn split_position(text: &str) -> (Option<u32>, String) {
+    let prefix = format!("{CHUNK_NAME}:");
+    if let Some(rest) = text.strip_prefix(&prefix)
+        && let Some((line, reason)) = rest.split_once(':')
+        && let Ok(line) = line.parse::<u32>()
+    {
+        return (Some(line), reason.trim_start().to_owned());
+    }
+    (None, text.to_owned())
+}
+
+/// Turns `prog:12: reason` into `line 12: reason` for people.
+pub(crate) fn readable(text: &str) -> String {
+    match split_position(text) {
+        (Some(line), reason) => format!("line {line}: {reason}"),
+        (None, text) => text,
+    }
+}
+
+/// The value of an argument list, for the per-run call.
+pub(crate) fn call_args(lua: &Lua, env: Table, args: &[Vec<u8>]) -> mlua::Result<MultiValue> {
+    let mut values = Vec::with_capacity(args.len() + 1);
+    values.push(Value::Table(env));
+    for arg in args {
+        values.push(Value::String(lua.create_string(arg)?));
+    }
+    Ok(MultiValue::from_vec(values))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn syntax_errors_name_their_line() {
+        assert_eq!(check_syntax(b"local x = 1\nreturn x"), Ok(()));
+        let err = check_syntax(b"local x = 1\nlocal = 2\n").unwrap_err();
+        assert_eq!(err.line, Some(2), "{err:?}");
+        assert!(err.message.contains("near"), "{err:?}");
+        // A binary chunk is refused, never loaded.
+        let err = check_syntax(b"\x1bLua\x54\x00").unwrap_err();
+        assert!(err.message.contains("binary"), "{err:?}");
+    }
+
+    #[test]
+    fn positions_are_split_and_made_readable() {
+        assert_eq!(
+            split_position("prog:7: attempt to call a nil value"),
+            (Some(7), "attempt to call a nil value".to_owned())
+        );
+        assert_eq!(readable("prog:3: boom"), "line 3: boom");
+        assert_eq!(readable("no position"), "no position");
+    }
+}

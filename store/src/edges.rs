@@ -1,0 +1,1190 @@
+//! Edges between the coordinates of one namespace, and walks over them.
+//!
+//! Each namespace keeps an [`EdgeGraph`] beside its cells: per coordinate,
+//! its outgoing edges (`to`, label, weight) and its incoming ones (`from`,
+//! label), so walks are as fast in either direction. Edges exist
+//! independently of values: a coordinate may have edges and no value.
+//!
+//! Only the writer thread changes a graph, through
+//! [`MemStore::apply_group`], which holds the namespace's graph write lock
+//! for the whole of a group's run in that namespace (cells included). A
+//! walk or path runs entirely under one read-lock hold, so it sees the
+//! state between two groups, never half of one. Its work limit bounds how
+//! long it can hold the lock (and so delay the writer).
+//!
+//! Labels are interned per namespace (a `u32` per edge instead of a string)
+//! and reference-counted, so a label's name is freed with its last edge.
+
+use std::collections::hash_map::Entry;
+use std::collections::hash_map::RandomState;
+use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
+
+use cube_protocol::{
+    Coord, Direction, EdgeInfo, EdgeLabel, EdgeWeight, NamespaceName, PathFound, WalkNode,
+    WalkResult, WalkStop,
+};
+
+use crate::memstore::{MemStore, read};
+use crate::mutation::Mutation;
+
+/// An edge's identity: at most one edge per `(from, to, label)`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EdgeKey {
+    pub from: Coord,
+    pub to: Coord,
+    pub label: EdgeLabel,
+}
+
+impl EdgeKey {
+    pub fn new(from: Coord, to: Coord, label: EdgeLabel) -> EdgeKey {
+        EdgeKey { from, to, label }
+    }
+}
+
+/// Bounds on one walk or path, set by the server's flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WalkLimits {
+    /// Most hops from the start (walks only).
+    pub max_depth: u32,
+    /// Most coordinates returned by a walk, or on a path.
+    pub max_nodes: u32,
+    /// Most edges examined: what bounds the time a walk holds the read
+    /// lock, whatever the graph looks like.
+    pub max_work: u64,
+    /// Most bytes of nodes (coordinate, distance and value) a walk answer
+    /// may carry: values are bounded by the frame, not by the node limit.
+    pub max_answer_bytes: usize,
+}
+
+/// Why a path search gave up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PathError {
+    /// More than `max_work` edges would have to be examined.
+    WorkLimit { edges_examined: u64 },
+    /// The cheapest path has more coordinates than `max_nodes`.
+    TooLong { coords: usize },
+}
+
+/// A cheapest-path answer: `None` when there is no path within the cost.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PathOutcome {
+    pub edges_examined: u64,
+    pub path: Option<PathFound>,
+}
+
+// ---------------------------------------------------------------------------
+// Hashing: coordinates are the keys of every map here.
+// ---------------------------------------------------------------------------
+
+/// A fast hasher for coordinates (three `i32` words): an FxHash-style
+/// multiply-rotate per word and a murmur3 finaliser so the low bits (the
+/// bucket) depend on every input bit. SipHash, `std`'s default, costs
+/// several times more per lookup, and a walk is mostly lookups. The state
+/// starts from a per-process random seed so that clients cannot choose
+/// coordinates that collide.
+#[derive(Clone, Copy)]
+pub(crate) struct CoordHashBuilder {
+    seed: u64,
+}
+
+impl CoordHashBuilder {
+    pub(crate) fn new() -> CoordHashBuilder {
+        CoordHashBuilder {
+            seed: RandomState::new().hash_one(0x6564_6765_u64),
+        }
+    }
+}
+
+impl Default for CoordHashBuilder {
+    fn default() -> CoordHashBuilder {
+        CoordHashBuilder::new()
+    }
+}
+
+impl BuildHasher for CoordHashBuilder {
+    type Hasher = CoordHasher;
+
+    fn build_hasher(&self) -> CoordHasher {
+        CoordHasher(self.seed)
+    }
+}
+
+pub(crate) struct CoordHasher(u64);
+
+impl CoordHasher {
+    #[inline]
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+impl Hasher for CoordHasher {
+    #[inline]
+    fn finish(&self) -> u64 {
+        let mut h = self.0;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        h
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.add(u64::from_le_bytes(word));
+        }
+    }
+
+    #[inline]
+    fn write_i32(&mut self, i: i32) {
+        self.add(u64::from(i as u32));
+    }
+
+    #[inline]
+    fn write_u32(&mut self, i: u32) {
+        self.add(u64::from(i));
+    }
+
+    #[inline]
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+
+    #[inline]
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+}
+
+type CoordMap<V> = HashMap<Coord, V, CoordHashBuilder>;
+
+// ---------------------------------------------------------------------------
+// Labels
+// ---------------------------------------------------------------------------
+
+/// A label's number in its namespace's [`Labels`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+struct LabelId(u32);
+
+/// Interned labels with a count of the edges using each; a number is
+/// reused once its last edge is gone.
+#[derive(Default)]
+struct Labels {
+    names: Vec<Option<Arc<str>>>,
+    uses: Vec<u64>,
+    ids: HashMap<Arc<str>, LabelId>,
+    free: Vec<LabelId>,
+}
+
+impl Labels {
+    fn find(&self, label: &EdgeLabel) -> Option<LabelId> {
+        self.ids.get(label.as_str()).copied()
+    }
+
+    /// The label's number, adding it if new; the caller then adds a use.
+    fn intern(&mut self, label: &EdgeLabel) -> LabelId {
+        if let Some(id) = self.find(label) {
+            return id;
+        }
+        let name: Arc<str> = Arc::from(label.as_str());
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.names[id.0 as usize] = Some(Arc::clone(&name));
+                id
+            }
+            None => {
+                // Labels live as long as an edge uses them, and there are
+                // fewer than 2^32 edges in memory.
+                let id = LabelId(self.names.len() as u32);
+                self.names.push(Some(Arc::clone(&name)));
+                self.uses.push(0);
+                id
+            }
+        };
+        self.ids.insert(name, id);
+        id
+    }
+
+    fn add_use(&mut self, id: LabelId) {
+        self.uses[id.0 as usize] += 1;
+    }
+
+    fn drop_use(&mut self, id: LabelId) {
+        let uses = &mut self.uses[id.0 as usize];
+        *uses -= 1;
+        if *uses == 0
+            && let Some(name) = self.names[id.0 as usize].take()
+        {
+            self.ids.remove(&name);
+            self.free.push(id);
+        }
+    }
+
+    fn name(&self, id: LabelId) -> EdgeLabel {
+        let text = self.names[id.0 as usize].as_deref().unwrap_or("");
+        // Every interned name came from an `EdgeLabel`.
+        EdgeLabel::new(text).unwrap_or_default()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The graph
+// ---------------------------------------------------------------------------
+
+/// A coordinate's slot in [`EdgeGraph::nodes`]. Edges name their ends by
+/// slot, so a walk moves from node to node by indexing, hashing only its
+/// start, and an edge takes 16 bytes outgoing and 8 incoming.
+type NodeId = u32;
+
+#[derive(Clone, Copy, Debug, Default)]
+struct OutEdge {
+    to: NodeId,
+    label: LabelId,
+    weight: f64,
+}
+
+/// Incoming edges carry no weight (it lives once, on the outgoing side):
+/// half the memory, and walks do not need it.
+#[derive(Clone, Copy, Debug, Default)]
+struct InEdge {
+    from: NodeId,
+    label: LabelId,
+}
+
+/// Edges kept inside a node per direction before they move to the heap:
+/// a lattice node's six neighbours fit, so a walk reads a node's edges
+/// from the cache lines it already fetched for the node itself instead of
+/// chasing a pointer to a separate allocation (measured:
+/// `docs/benchmarks.md`, "Edges and walks").
+const INLINE_EDGES: usize = 6;
+
+/// A node's edges in one direction: up to `N` inline, more on the heap.
+#[derive(Clone, Debug)]
+enum SmallEdges<T: Copy + Default, const N: usize> {
+    Inline { len: u8, items: [T; N] },
+    Heap(Vec<T>),
+}
+
+impl<T: Copy + Default, const N: usize> Default for SmallEdges<T, N> {
+    fn default() -> Self {
+        SmallEdges::Inline {
+            len: 0,
+            items: [T::default(); N],
+        }
+    }
+}
+
+impl<T: Copy + Default, const N: usize> std::ops::Deref for SmallEdges<T, N> {
+    type Target = [T];
+
+    #[inline]
+    fn deref(&self) -> &[T] {
+        match self {
+            SmallEdges::Inline { len, items } => &items[..usize::from(*len)],
+            SmallEdges::Heap(items) => items,
+        }
+    }
+}
+
+impl<T: Copy + Default, const N: usize> std::ops::DerefMut for SmallEdges<T, N> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut [T] {
+        match self {
+            SmallEdges::Inline { len, items } => &mut items[..usize::from(*len)],
+            SmallEdges::Heap(items) => items,
+        }
+    }
+}
+
+impl<T: Copy + Default, const N: usize> SmallEdges<T, N> {
+    fn push(&mut self, item: T) {
+        match self {
+            SmallEdges::Inline { len, items } if usize::from(*len) < N => {
+                items[usize::from(*len)] = item;
+                *len += 1;
+            }
+            SmallEdges::Inline { len, items } => {
+                let mut heap = Vec::with_capacity(2 * N);
+                heap.extend_from_slice(&items[..usize::from(*len)]);
+                heap.push(item);
+                *self = SmallEdges::Heap(heap);
+            }
+            SmallEdges::Heap(items) => items.push(item),
+        }
+    }
+
+    fn swap_remove(&mut self, at: usize) {
+        match self {
+            SmallEdges::Inline { len, items } => {
+                let last = usize::from(*len) - 1;
+                items[at] = items[last];
+                *len -= 1;
+            }
+            SmallEdges::Heap(items) => {
+                items.swap_remove(at);
+            }
+        }
+    }
+}
+
+/// A coordinate with at least one edge (a free slot has none).
+struct Node {
+    coord: Coord,
+    out: SmallEdges<OutEdge, INLINE_EDGES>,
+    inc: SmallEdges<InEdge, INLINE_EDGES>,
+}
+
+/// Nodes per arena chunk.
+const ARENA_CHUNK: usize = 1024;
+
+/// The node slots, in chunks of [`ARENA_CHUNK`] so that growing never
+/// copies the whole arena (a copy of hundreds of MiB under the graph's
+/// write lock would stall every walk and the writer).
+#[derive(Default)]
+struct Arena {
+    chunks: Vec<Vec<Node>>,
+    len: usize,
+}
+
+impl Arena {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn push(&mut self, node: Node) {
+        if self.len.is_multiple_of(ARENA_CHUNK) {
+            self.chunks.push(Vec::with_capacity(ARENA_CHUNK));
+        }
+        if let Some(chunk) = self.chunks.last_mut() {
+            chunk.push(node);
+            self.len += 1;
+        }
+    }
+}
+
+impl std::ops::Index<usize> for Arena {
+    type Output = Node;
+
+    #[inline]
+    fn index(&self, id: usize) -> &Node {
+        &self.chunks[id / ARENA_CHUNK][id % ARENA_CHUNK]
+    }
+}
+
+impl std::ops::IndexMut<usize> for Arena {
+    #[inline]
+    fn index_mut(&mut self, id: usize) -> &mut Node {
+        &mut self.chunks[id / ARENA_CHUNK][id % ARENA_CHUNK]
+    }
+}
+/// A label filter resolved against the namespace's labels.
+#[derive(Clone, Copy)]
+enum LabelFilter {
+    Any,
+    Only(LabelId),
+    /// The label names no edge, so nothing matches.
+    Nothing,
+}
+
+impl LabelFilter {
+    #[inline]
+    fn accepts(self, label: LabelId) -> bool {
+        match self {
+            LabelFilter::Any => true,
+            LabelFilter::Only(id) => id == label,
+            LabelFilter::Nothing => false,
+        }
+    }
+}
+
+/// One namespace's edges.
+#[derive(Default)]
+pub(crate) struct EdgeGraph {
+    /// The slot of every coordinate that has edges.
+    ids: CoordMap<NodeId>,
+    /// Slots, in the order coordinates got their first edge (so a region
+    /// linked together sits together in memory).
+    nodes: Arena,
+    /// Slots whose coordinate lost its last edge, for reuse.
+    free: Vec<NodeId>,
+    labels: Labels,
+    edge_count: u64,
+}
+
+impl EdgeGraph {
+    pub(crate) fn edge_count(&self) -> u64 {
+        self.edge_count
+    }
+
+    fn filter(&self, label: Option<&EdgeLabel>) -> LabelFilter {
+        match label {
+            None => LabelFilter::Any,
+            Some(label) => self
+                .labels
+                .find(label)
+                .map_or(LabelFilter::Nothing, LabelFilter::Only),
+        }
+    }
+
+    fn node(&self, coord: Coord) -> Option<&Node> {
+        self.ids.get(&coord).map(|id| &self.nodes[*id as usize])
+    }
+
+    #[inline]
+    fn coord(&self, id: NodeId) -> Coord {
+        self.nodes[id as usize].coord
+    }
+
+    /// The coordinate's slot, taking a free one (or a new one) if it has none.
+    fn slot(&mut self, coord: Coord) -> NodeId {
+        if let Some(id) = self.ids.get(&coord) {
+            return *id;
+        }
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.nodes[id as usize].coord = coord;
+                id
+            }
+            None => {
+                // A slot per coordinate with edges: 2^32 of them would take
+                // hundreds of GiB before this could wrap.
+                let id = self.nodes.len() as NodeId;
+                self.nodes.push(Node {
+                    coord,
+                    out: SmallEdges::default(),
+                    inc: SmallEdges::default(),
+                });
+                id
+            }
+        };
+        self.ids.insert(coord, id);
+        id
+    }
+
+    /// Frees the slot if its coordinate has no edge left.
+    fn release_if_unused(&mut self, id: NodeId) {
+        let node = &mut self.nodes[id as usize];
+        if node.out.is_empty() && node.inc.is_empty() {
+            node.out = SmallEdges::default();
+            node.inc = SmallEdges::default();
+            let coord = node.coord;
+            self.ids.remove(&coord);
+            self.free.push(id);
+        }
+    }
+
+    /// Edges leaving `coord`.
+    pub(crate) fn out_degree(&self, coord: Coord) -> usize {
+        self.node(coord).map_or(0, |n| n.out.len())
+    }
+
+    /// Edges arriving at `coord`.
+    pub(crate) fn in_degree(&self, coord: Coord) -> usize {
+        self.node(coord).map_or(0, |n| n.inc.len())
+    }
+
+    pub(crate) fn contains(&self, edge: &EdgeKey) -> bool {
+        let (Some(label), Some(from), Some(to)) = (
+            self.labels.find(&edge.label),
+            self.node(edge.from),
+            self.ids.get(&edge.to),
+        ) else {
+            return false;
+        };
+        from.out.iter().any(|e| e.to == *to && e.label == label)
+    }
+
+    /// Creates the edge or sets its weight; returns whether it existed.
+    pub(crate) fn link(&mut self, edge: &EdgeKey, weight: EdgeWeight) -> bool {
+        let label = self.labels.intern(&edge.label);
+        let from = self.slot(edge.from);
+        let to = self.slot(edge.to);
+        let out = &mut self.nodes[from as usize].out;
+        if let Some(existing) = out.iter_mut().find(|e| e.to == to && e.label == label) {
+            existing.weight = weight.get();
+            return true;
+        }
+        out.push(OutEdge {
+            to,
+            label,
+            weight: weight.get(),
+        });
+        self.nodes[to as usize].inc.push(InEdge { from, label });
+        self.labels.add_use(label);
+        self.edge_count += 1;
+        false
+    }
+
+    /// Removes the edge; returns whether it existed.
+    pub(crate) fn unlink(&mut self, edge: &EdgeKey) -> bool {
+        let (Some(label), Some(&from), Some(&to)) = (
+            self.labels.find(&edge.label),
+            self.ids.get(&edge.from),
+            self.ids.get(&edge.to),
+        ) else {
+            return false;
+        };
+        let out = &mut self.nodes[from as usize].out;
+        let Some(at) = out.iter().position(|e| e.to == to && e.label == label) else {
+            return false;
+        };
+        out.swap_remove(at);
+        let inc = &mut self.nodes[to as usize].inc;
+        if let Some(at) = inc.iter().position(|e| e.from == from && e.label == label) {
+            inc.swap_remove(at);
+        }
+        self.release_if_unused(from);
+        if to != from {
+            self.release_if_unused(to);
+        }
+        self.labels.drop_use(label);
+        self.edge_count -= 1;
+        true
+    }
+
+    /// Every edge into or out of `coord`, each once (a self-loop is both).
+    pub(crate) fn incident(&self, coord: Coord) -> Vec<EdgeKey> {
+        let Some(&id) = self.ids.get(&coord) else {
+            return Vec::new();
+        };
+        let node = &self.nodes[id as usize];
+        let mut edges = Vec::with_capacity(node.out.len() + node.inc.len());
+        for e in node.out.iter() {
+            edges.push(EdgeKey::new(
+                coord,
+                self.coord(e.to),
+                self.labels.name(e.label),
+            ));
+        }
+        for e in node.inc.iter().filter(|e| e.from != id) {
+            edges.push(EdgeKey::new(
+                self.coord(e.from),
+                coord,
+                self.labels.name(e.label),
+            ));
+        }
+        edges
+    }
+
+    fn weight_of(&self, from: NodeId, to: NodeId, label: LabelId) -> f64 {
+        self.nodes[from as usize]
+            .out
+            .iter()
+            .find(|e| e.to == to && e.label == label)
+            .map_or(f64::NAN, |e| e.weight)
+    }
+
+    /// The edges of `coord`: outgoing first, then incoming, at most `limit`.
+    fn list(
+        &self,
+        coord: Coord,
+        direction: Direction,
+        label: Option<&EdgeLabel>,
+        limit: usize,
+    ) -> Vec<EdgeInfo> {
+        let filter = self.filter(label);
+        let Some(&id) = self.ids.get(&coord) else {
+            return Vec::new();
+        };
+        let node = &self.nodes[id as usize];
+        let mut edges = Vec::new();
+        if direction.includes_out() {
+            for e in node.out.iter().filter(|e| filter.accepts(e.label)) {
+                edges.push(EdgeInfo {
+                    direction: Direction::Out,
+                    other: self.coord(e.to),
+                    label: self.labels.name(e.label),
+                    weight: e.weight,
+                });
+            }
+        }
+        if direction.includes_in() {
+            for e in node.inc.iter().filter(|e| filter.accepts(e.label)) {
+                edges.push(EdgeInfo {
+                    direction: Direction::In,
+                    other: self.coord(e.from),
+                    label: self.labels.name(e.label),
+                    weight: self.weight_of(e.from, id, e.label),
+                });
+            }
+        }
+        edges.truncate(limit);
+        edges
+    }
+
+    /// Breadth-first from `start`: every coordinate within `max_depth`
+    /// hops, once, with its distance, in order of distance. The start is
+    /// not listed (even if a cycle leads back to it). `value_of(coord)`
+    /// gives the value each node carries (always `None` without values);
+    /// values count towards `max_answer_bytes`.
+    fn walk(
+        &self,
+        start: Coord,
+        direction: Direction,
+        label: Option<&EdgeLabel>,
+        limits: WalkLimits,
+        mut value_of: impl FnMut(Coord) -> Option<Vec<u8>>,
+    ) -> (WalkStop, u64, Vec<WalkNode>) {
+        let filter = self.filter(label);
+        let mut nodes = Vec::new();
+        let mut examined = 0u64;
+        let (Some(&start_id), false) =
+            (self.ids.get(&start), matches!(filter, LabelFilter::Nothing))
+        else {
+            return (WalkStop::Complete, examined, nodes);
+        };
+        // Sized for a small neighbourhood up front: growing from empty
+        // costs five rehashes before the first hundred nodes.
+        let expected = (limits.max_nodes as usize).min(WALK_INITIAL_CAPACITY);
+        nodes.reserve(expected);
+        let mut order: Vec<NodeId> = Vec::with_capacity(expected + 1);
+        order.push(start_id);
+        let mut reached: HashSet<NodeId, CoordHashBuilder> =
+            HashSet::with_capacity_and_hasher(expected + 1, self.ids.hasher().to_owned());
+        reached.insert(start_id);
+        let mut answer_bytes = 0usize;
+        // `order` is the queue: the start, then each node as reached;
+        // `order[level_start..level_end]` are the nodes at `depth - 1`.
+        let mut level_start = 0;
+        for depth in 1..=limits.max_depth {
+            let level_end = order.len();
+            if level_start == level_end {
+                break;
+            }
+            for i in level_start..level_end {
+                let node = &self.nodes[order[i] as usize];
+                let outs = node
+                    .out
+                    .iter()
+                    .filter(|_| direction.includes_out())
+                    .map(|e| (e.to, e.label));
+                let ins = node
+                    .inc
+                    .iter()
+                    .filter(|_| direction.includes_in())
+                    .map(|e| (e.from, e.label));
+                for (next, edge_label) in outs.chain(ins) {
+                    if examined == limits.max_work {
+                        return (WalkStop::MaxWork, examined, nodes);
+                    }
+                    examined += 1;
+                    if !filter.accepts(edge_label) || !reached.insert(next) {
+                        continue;
+                    }
+                    if nodes.len() >= limits.max_nodes as usize {
+                        return (WalkStop::MaxNodes, examined, nodes);
+                    }
+                    let coord = self.coord(next);
+                    let value = value_of(coord);
+                    let bytes = WALK_NODE_BYTES + value.as_ref().map_or(0, |v| 4 + v.len());
+                    if !nodes.is_empty() && answer_bytes + bytes > limits.max_answer_bytes {
+                        return (WalkStop::FrameFull, examined, nodes);
+                    }
+                    answer_bytes += bytes;
+                    order.push(next);
+                    nodes.push(WalkNode {
+                        coord,
+                        distance: depth,
+                        value,
+                    });
+                }
+            }
+            level_start = level_end;
+        }
+        (WalkStop::Complete, examined, nodes)
+    }
+
+    /// Dijkstra along outgoing edges: the cheapest path `from -> to`
+    /// costing at most `max_cost` (a path whose cost overflows to infinity
+    /// counts as none).
+    fn path(
+        &self,
+        from: Coord,
+        to: Coord,
+        label: Option<&EdgeLabel>,
+        max_cost: f64,
+        limits: WalkLimits,
+    ) -> Result<PathOutcome, PathError> {
+        if from == to {
+            return Ok(PathOutcome {
+                edges_examined: 0,
+                path: Some(PathFound {
+                    coords: vec![from],
+                    cost: 0.0,
+                }),
+            });
+        }
+        let filter = self.filter(label);
+        let mut examined = 0u64;
+        let none = |examined| {
+            Ok(PathOutcome {
+                edges_examined: examined,
+                path: None,
+            })
+        };
+        let (Some(&source), Some(&target), false) = (
+            self.ids.get(&from),
+            self.ids.get(&to),
+            matches!(filter, LabelFilter::Nothing),
+        ) else {
+            return none(examined);
+        };
+        // Best known cost to each node and the node before it.
+        let mut best: HashMap<NodeId, (f64, NodeId), CoordHashBuilder> =
+            HashMap::with_capacity_and_hasher(PATH_INITIAL_CAPACITY, self.ids.hasher().to_owned());
+        best.insert(source, (0.0, source));
+        let mut queue = BinaryHeap::with_capacity(PATH_INITIAL_CAPACITY);
+        queue.push(Frontier {
+            cost: 0.0,
+            node: source,
+        });
+        while let Some(Frontier { cost, node }) = queue.pop() {
+            if best.get(&node).is_some_and(|(known, _)| cost > *known) {
+                continue; // a stale entry: a cheaper way was found later
+            }
+            if node == target {
+                return self.trace(&best, source, target, cost, examined, limits);
+            }
+            for e in self.nodes[node as usize].out.iter() {
+                if examined == limits.max_work {
+                    return Err(PathError::WorkLimit {
+                        edges_examined: examined,
+                    });
+                }
+                examined += 1;
+                if !filter.accepts(e.label) {
+                    continue;
+                }
+                let next_cost = cost + e.weight;
+                if !next_cost.is_finite() || next_cost > max_cost {
+                    continue;
+                }
+                // One hash per edge: most edges lead to nodes already
+                // reached at least as cheaply.
+                match best.entry(e.to) {
+                    Entry::Occupied(mut known) if next_cost < known.get().0 => {
+                        known.insert((next_cost, node));
+                    }
+                    Entry::Occupied(_) => continue,
+                    Entry::Vacant(slot) => {
+                        slot.insert((next_cost, node));
+                    }
+                }
+                queue.push(Frontier {
+                    cost: next_cost,
+                    node: e.to,
+                });
+            }
+        }
+        none(examined)
+    }
+
+    fn trace(
+        &self,
+        best: &HashMap<NodeId, (f64, NodeId), CoordHashBuilder>,
+        source: NodeId,
+        target: NodeId,
+        cost: f64,
+        examined: u64,
+        limits: WalkLimits,
+    ) -> Result<PathOutcome, PathError> {
+        let mut ids = vec![target];
+        let mut at = target;
+        while at != source {
+            match best.get(&at) {
+                Some((_, previous)) => at = *previous,
+                // Every node in `best` but the source has a parent that
+                // is also in `best`.
+                None => break,
+            }
+            ids.push(at);
+            if ids.len() > limits.max_nodes as usize {
+                return Err(PathError::TooLong {
+                    coords: best.len().max(ids.len()),
+                });
+            }
+        }
+        let coords = ids.iter().rev().map(|id| self.coord(*id)).collect();
+        Ok(PathOutcome {
+            edges_examined: examined,
+            path: Some(PathFound { coords, cost }),
+        })
+    }
+}
+
+/// Room reserved for a walk's answer and reached set before it starts.
+const WALK_INITIAL_CAPACITY: usize = 128;
+
+/// Room reserved for a path search's costs and queue before it starts.
+const PATH_INITIAL_CAPACITY: usize = 4096;
+
+/// What one walk node costs in an answer besides its value's bytes:
+/// coordinate, distance and the found flag (counted even without values;
+/// one byte per node is no matter against a frame).
+const WALK_NODE_BYTES: usize = 12 + 4 + 1;
+
+/// A Dijkstra queue entry, ordered so that the cheapest pops first.
+#[derive(Clone, Copy, Debug)]
+struct Frontier {
+    cost: f64,
+    node: NodeId,
+}
+
+impl PartialEq for Frontier {
+    fn eq(&self, other: &Frontier) -> bool {
+        self.cmp(other) == std::cmp::Ordering::Equal
+    }
+}
+
+impl Eq for Frontier {}
+
+impl PartialOrd for Frontier {
+    fn partial_cmp(&self, other: &Frontier) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Frontier {
+    fn cmp(&self, other: &Frontier) -> std::cmp::Ordering {
+        // Reversed: `BinaryHeap` is a max-heap. Costs are never NaN.
+        other
+            .cost
+            .total_cmp(&self.cost)
+            .then_with(|| other.node.cmp(&self.node))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Reads, served from the in-memory store like `get`.
+// ---------------------------------------------------------------------------
+
+impl MemStore {
+    /// The edges of `coord` (outgoing first), at most `limit`. `None` means
+    /// no such namespace; a coordinate without edges has an empty list.
+    pub fn edges(
+        &self,
+        ns: &NamespaceName,
+        coord: Coord,
+        direction: Direction,
+        label: Option<&EdgeLabel>,
+        limit: usize,
+    ) -> Option<Vec<EdgeInfo>> {
+        let space = self.namespace(ns)?;
+        let graph = read(&space.edges);
+        Some(graph.list(coord, direction, label, limit))
+    }
+
+    /// Breadth-first from `from` (see [`WalkResult`]), with each reached
+    /// cell's value if `with_values`. One consistent state: the graph's read
+    /// lock is held throughout, and the writer holds its write lock while
+    /// it applies a group, cells included. `None` means no such namespace.
+    pub fn walk(
+        &self,
+        ns: &NamespaceName,
+        from: Coord,
+        direction: Direction,
+        label: Option<&EdgeLabel>,
+        with_values: bool,
+        limits: WalkLimits,
+    ) -> Option<WalkResult> {
+        let space = self.namespace(ns)?;
+        let graph = read(&space.edges);
+        let (stop, edges_examined, nodes) = if with_values {
+            let cells = read(&space.cells);
+            graph.walk(from, direction, label, limits, |coord| {
+                cells
+                    .get(&space.curve.key(coord))
+                    .map(|value| value.to_vec())
+            })
+        } else {
+            graph.walk(from, direction, label, limits, |_| None)
+        };
+        Some(WalkResult {
+            stop,
+            edges_examined,
+            with_values,
+            nodes,
+        })
+    }
+
+    /// The cheapest path `from -> to` along outgoing edges. `None` means no
+    /// such namespace.
+    pub fn path(
+        &self,
+        ns: &NamespaceName,
+        from: Coord,
+        to: Coord,
+        label: Option<&EdgeLabel>,
+        max_cost: f64,
+        limits: WalkLimits,
+    ) -> Option<Result<PathOutcome, PathError>> {
+        let space = self.namespace(ns)?;
+        let graph = read(&space.edges);
+        Some(graph.path(from, to, label, max_cost, limits))
+    }
+
+    /// Every edge into or out of `coord` now. The writer uses it to turn a
+    /// detach into the explicit list of edges its record removes.
+    pub fn incident_edges(&self, ns: &NamespaceName, coord: Coord) -> Option<Vec<EdgeKey>> {
+        let space = self.namespace(ns)?;
+        let graph = read(&space.edges);
+        Some(graph.incident(coord))
+    }
+
+    /// `(outgoing, incoming)` edge counts of `coord`.
+    pub fn degree(&self, ns: &NamespaceName, coord: Coord) -> Option<(usize, usize)> {
+        let space = self.namespace(ns)?;
+        let graph = read(&space.edges);
+        Some((graph.out_degree(coord), graph.in_degree(coord)))
+    }
+
+    /// Whether the edge exists now.
+    pub fn has_edge(&self, ns: &NamespaceName, edge: &EdgeKey) -> Option<bool> {
+        let space = self.namespace(ns)?;
+        let graph = read(&space.edges);
+        Some(graph.contains(edge))
+    }
+
+    /// Total edges across namespaces (for stats).
+    pub fn edge_count(&self) -> u64 {
+        self.namespaces()
+            .iter()
+            .map(|space| read(&space.edges).edge_count())
+            .sum()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The group's pending edge changes, for transactions (`crate::transaction`).
+// ---------------------------------------------------------------------------
+
+/// An edge across namespaces.
+type PendingEdgeId = (NamespaceName, EdgeKey);
+
+/// How to undo one pending change: the entry it replaced (`None`: none).
+pub(crate) type EdgeUndo = (PendingEdgeId, Option<Option<EdgeWeight>>);
+
+/// Edge changes of the current group that the store has not applied yet,
+/// so that a transaction sees every edge write ordered before it. A link
+/// is `Some(weight)`, an unlink (or a detach's removal) `None`.
+#[derive(Default)]
+pub(crate) struct PendingEdges {
+    state: HashMap<PendingEdgeId, Option<EdgeWeight>>,
+    /// Every edge ever put in `state` this group, under each endpoint; may
+    /// hold edges a rollback took out of `state` (those read as not
+    /// pending), and never misses one that is in it.
+    touching: HashMap<(NamespaceName, Coord), Vec<EdgeKey>>,
+}
+
+impl PendingEdges {
+    pub(crate) fn clear(&mut self) {
+        self.state.clear();
+        self.touching.clear();
+    }
+
+    /// Records an edge mutation's effect (other kinds change no edge);
+    /// with `undo`, also how to take it back.
+    pub(crate) fn record(&mut self, mutation: &Mutation, mut undo: Option<&mut Vec<EdgeUndo>>) {
+        match mutation {
+            Mutation::Link { ns, edge, weight } => self.set(ns, edge, Some(*weight), undo),
+            Mutation::Unlink { ns, edge } => self.set(ns, edge, None, undo),
+            Mutation::Detach { ns, edges, .. } => {
+                for edge in edges {
+                    self.set(ns, edge, None, undo.as_deref_mut());
+                }
+            }
+            Mutation::Put { .. }
+            | Mutation::Del { .. }
+            | Mutation::ProgramPut { .. }
+            | Mutation::ProgramDel { .. }
+            | Mutation::Telemetry { .. } => {}
+        }
+    }
+
+    fn set(
+        &mut self,
+        ns: &NamespaceName,
+        edge: &EdgeKey,
+        weight: Option<EdgeWeight>,
+        undo: Option<&mut Vec<EdgeUndo>>,
+    ) {
+        let id = (ns.clone(), edge.clone());
+        let previous = self.state.insert(id.clone(), weight);
+        if previous.is_none() {
+            self.touching
+                .entry((ns.clone(), edge.from))
+                .or_default()
+                .push(edge.clone());
+            if edge.to != edge.from {
+                self.touching
+                    .entry((ns.clone(), edge.to))
+                    .or_default()
+                    .push(edge.clone());
+            }
+        }
+        if let Some(undo) = undo {
+            undo.push((id, previous));
+        }
+    }
+
+    /// Takes back changes, newest first.
+    pub(crate) fn restore(&mut self, undo: impl Iterator<Item = EdgeUndo>) {
+        for (id, previous) in undo {
+            match previous {
+                Some(entry) => {
+                    self.state.insert(id, entry);
+                }
+                None => {
+                    self.state.remove(&id);
+                }
+            }
+        }
+    }
+
+    /// The pending edges touching `coord`, each once, with their state.
+    fn pending_at(&self, ns: &NamespaceName, coord: Coord) -> Vec<(&EdgeKey, Option<EdgeWeight>)> {
+        let Some(edges) = self.touching.get(&(ns.clone(), coord)) else {
+            return Vec::new();
+        };
+        let mut seen = HashSet::new();
+        edges
+            .iter()
+            .filter(|edge| seen.insert(*edge))
+            .filter_map(|edge| {
+                let state = self.state.get(&(ns.clone(), edge.clone()))?;
+                Some((edge, *state))
+            })
+            .collect()
+    }
+
+    /// Whether the edge exists as of this point in the group.
+    pub(crate) fn has_edge(&self, mem: &MemStore, ns: &NamespaceName, edge: &EdgeKey) -> bool {
+        match self.state.get(&(ns.clone(), edge.clone())) {
+            Some(state) => state.is_some(),
+            None => mem.has_edge(ns, edge).unwrap_or(false),
+        }
+    }
+
+    /// Every edge into or out of `coord` as of this point in the group.
+    pub(crate) fn incident(
+        &self,
+        mem: &MemStore,
+        ns: &NamespaceName,
+        coord: Coord,
+    ) -> Vec<EdgeKey> {
+        let pending = self.pending_at(ns, coord);
+        let mut edges: Vec<EdgeKey> = mem
+            .incident_edges(ns, coord)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|edge| !pending.iter().any(|(p, _)| *p == edge))
+            .collect();
+        edges.extend(
+            pending
+                .iter()
+                .filter(|(_, state)| state.is_some())
+                .map(|(edge, _)| (*edge).clone()),
+        );
+        edges
+    }
+
+    /// `(outgoing, incoming)` edge counts of `coord` as of this point in
+    /// the group.
+    pub(crate) fn degree(
+        &self,
+        mem: &MemStore,
+        ns: &NamespaceName,
+        coord: Coord,
+    ) -> (usize, usize) {
+        let (mut out, mut inc) = mem.degree(ns, coord).unwrap_or((0, 0));
+        for (edge, state) in self.pending_at(ns, coord) {
+            let stored = mem.has_edge(ns, edge).unwrap_or(false);
+            let adjust = |count: &mut usize| match (stored, state.is_some()) {
+                (false, true) => *count += 1,
+                (true, false) => *count = count.saturating_sub(1),
+                _ => {}
+            };
+            if edge.from == coord {
+                adjust(&mut out);
+            }
+            if edge.to == coord {
+                adjust(&mut inc);
+            }
+        }
+        (out, inc)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ns() -> NamespaceName {
+        NamespaceName::new("default").unwrap()
+    }
+
+    fn key(from: i32, to: i32, label: &str) -> EdgeKey {
+        EdgeKey::new(
+            Coord::new(from, 0, 0),
+            Coord::new(to, 0, 0),
+            EdgeLabel::new(label).unwrap(),
+        )
+    }
+
+    #[test]
+    fn pending_edges_overlay_the_store_and_roll_back() {
+        let mem = MemStore::new();
+        mem.apply(&Mutation::Link {
+            ns: ns(),
+            edge: key(0, 1, ""),
+            weight: EdgeWeight::DEFAULT,
+        });
+        let a = Coord::new(0, 0, 0);
+        let mut pending = PendingEdges::default();
+        let mut undo = Vec::new();
+        pending.record(
+            &Mutation::Unlink {
+                ns: ns(),
+                edge: key(0, 1, ""),
+            },
+            Some(&mut undo),
+        );
+        pending.record(
+            &Mutation::Link {
+                ns: ns(),
+                edge: key(0, 0, "self"),
+                weight: EdgeWeight::DEFAULT,
+            },
+            Some(&mut undo),
+        );
+        assert_eq!(pending.incident(&mem, &ns(), a), vec![key(0, 0, "self")]);
+        assert_eq!(pending.degree(&mem, &ns(), a), (1, 1));
+        assert!(!pending.has_edge(&mem, &ns(), &key(0, 1, "")));
+        pending.restore(undo.drain(..).rev());
+        assert_eq!(pending.incident(&mem, &ns(), a), vec![key(0, 1, "")]);
+        assert_eq!(pending.degree(&mem, &ns(), a), (1, 0));
+        assert!(pending.has_edge(&mem, &ns(), &key(0, 1, "")));
+    }
+
+    #[test]
+    fn labels_are_freed_with_their_last_edge() {
+        let mut graph = EdgeGraph::default();
+        graph.link(&key(0, 1, "a"), EdgeWeight::DEFAULT);
+        graph.link(&key(0, 2, "a"), EdgeWeight::DEFAULT);
+        graph.unlink(&key(0, 1, "a"));
+        assert!(graph.labels.find(&EdgeLabel::new("a").unwrap()).is_some());
+        graph.unlink(&key(0, 2, "a"));
+        assert!(graph.labels.find(&EdgeLabel::new("a").unwrap()).is_none());
+        assert!(
+            graph.ids.is_empty(),
+            "a coordinate without edges is dropped"
+        );
+        assert_eq!(graph.free.len(), 3, "and its slot is free for reuse");
+        graph.link(&key(3, 3, "b"), EdgeWeight::DEFAULT);
+        assert_eq!(graph.labels.names.len(), 1, "the number was reused");
+        assert_eq!(graph.incident(Coord::new(3, 0, 0)), vec![key(3, 3, "b")]);
+    }
+}

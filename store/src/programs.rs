@@ -1,0 +1,782 @@
+//! Cell programs and their telemetry, as data.
+//!
+//! The store never runs a program (Lua lives in the server); it keeps a
+//! program's source at its coordinate, durably like a cell, and each
+//! cell's run telemetry: the exact count of runs and failures and the last
+//! `keep` records. Both arrive as ordinary mutations in the writer's
+//! groups, so a `run`'s writes and its telemetry record commit together.
+//!
+//! Why telemetry mutations carry explicit effects: the checkpoint fold is
+//! last-write-wins per state key and sees records, never state. So a run's
+//! record names its own key `(ns, coord, seq)` and the range of older keys
+//! it trims (`trim_from ..= seq - keep`), and the writer computes `seq`
+//! from the state it sees when the run executes. The count is the newest
+//! record's `seq` (trimming never removes the newest record), and the
+//! failure count travels in every record, so both are exact after any
+//! restart, from the WAL or from checkpoint files.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use byteorder::{ByteOrder, LittleEndian};
+use cube_protocol::{Coord, MAX_OUTCOME_MESSAGE_BYTES, NamespaceName, RunOutcome, RunRecord};
+
+use crate::memstore::MemStore;
+use crate::mutation::Mutation;
+
+/// The most records kept per cell, whatever `keep` a record asks for: the
+/// server's `--program-telemetry-keep` is capped at this, so one cell's
+/// telemetry stays within a few megabytes.
+pub const MAX_TELEMETRY_KEEP: u32 = 100_000;
+
+/// The most older records one append may trim. In steady state an append
+/// trims exactly one (`seq - keep`); after `keep` was lowered, the excess
+/// goes this many per run, so one record never carries an unbounded list.
+pub const MAX_TRIM_PER_APPEND: u64 = 64;
+
+/// An empty range of seqs (seqs start at 1).
+#[allow(clippy::reversed_empty_ranges)]
+const NOTHING_TRIMMED: std::ops::RangeInclusive<u64> = 1..=0;
+
+/// Version byte of a stored telemetry record.
+const RECORD_VERSION: u8 = 1;
+
+/// A cell's identity across namespaces.
+type CellId = (NamespaceName, Coord);
+
+/// What a telemetry mutation does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TelemetryChange {
+    /// A run's record. In the log, `keep` is the server's setting and the
+    /// record trims `trim_from ..= seq - keep`; loaded from a checkpoint,
+    /// `keep` is 0 (trim nothing: the checkpoint already holds only what
+    /// was kept).
+    Append {
+        record: RunRecord,
+        /// Failed runs at this cell up to and including this one.
+        failures: u64,
+        keep: u32,
+        trim_from: u64,
+    },
+    /// A checkpoint tombstone: the record `seq` was trimmed. Never logged.
+    Drop { seq: u64 },
+}
+
+impl TelemetryChange {
+    /// The record keys (seqs) this change removes, from the state and from
+    /// memory alike (so both always hold the same records): the oldest
+    /// ones from `trim_from` (the writer passes the oldest kept record) up
+    /// to `seq - keep`, at most [`MAX_TRIM_PER_APPEND`] of them.
+    pub(crate) fn trimmed(&self) -> std::ops::RangeInclusive<u64> {
+        match self {
+            TelemetryChange::Append {
+                record,
+                keep,
+                trim_from,
+                ..
+            } if *keep > 0 && record.seq > u64::from(*keep) => {
+                let first = (*trim_from).max(1);
+                let last = (record.seq - u64::from(*keep))
+                    .min(first.saturating_add(MAX_TRIM_PER_APPEND - 1));
+                first..=last
+            }
+            TelemetryChange::Drop { seq } => *seq..=*seq,
+            TelemetryChange::Append { .. } => NOTHING_TRIMMED,
+        }
+    }
+}
+
+/// The newest telemetry of a cell: what the next run builds on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TelemetryHead {
+    /// The newest record's seq: the number of runs ever recorded.
+    pub runs: u64,
+    /// Failed runs ever recorded.
+    pub failures: u64,
+    /// The oldest record still kept (0 when none is).
+    pub oldest_seq: u64,
+}
+
+#[derive(Default)]
+struct CellTelemetry {
+    /// Oldest first, seqs strictly increasing.
+    records: VecDeque<RunRecord>,
+    failures: u64,
+}
+
+impl CellTelemetry {
+    fn head(&self) -> TelemetryHead {
+        TelemetryHead {
+            runs: self.records.back().map_or(0, |r| r.seq),
+            failures: self.failures,
+            oldest_seq: self.records.front().map_or(0, |r| r.seq),
+        }
+    }
+}
+
+/// Per namespace, then per coordinate: a lookup by `&NamespaceName`
+/// needs no clone of the name (runs look up programs and telemetry on
+/// every call).
+type ByCell<T> = HashMap<NamespaceName, HashMap<Coord, T>>;
+
+/// Programs and telemetry of every namespace. Only the writer (and
+/// recovery) changes them; `stats NS X,Y,Z` and the writer read them.
+#[derive(Default)]
+pub(crate) struct ProgramTable {
+    programs: RwLock<ByCell<Arc<[u8]>>>,
+    telemetry: RwLock<ByCell<CellTelemetry>>,
+}
+
+fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    lock.write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl ProgramTable {
+    /// Applies a program or telemetry mutation; returns whether the cell
+    /// had a program before (program mutations) or `false` (telemetry).
+    pub(crate) fn apply(&self, mutation: &Mutation) -> bool {
+        match mutation {
+            Mutation::ProgramPut { ns, coord, source } => {
+                let mut programs = write(&self.programs);
+                let cells = match programs.get_mut(ns) {
+                    Some(cells) => cells,
+                    None => programs.entry(ns.clone()).or_default(),
+                };
+                cells.insert(*coord, Arc::from(source.as_slice())).is_some()
+            }
+            Mutation::ProgramDel { ns, coord } => write(&self.programs)
+                .get_mut(ns)
+                .and_then(|cells| cells.remove(coord))
+                .is_some(),
+            Mutation::Telemetry { ns, coord, change } => {
+                let mut telemetry = write(&self.telemetry);
+                let cells = match telemetry.get_mut(ns) {
+                    Some(cells) => cells,
+                    None => telemetry.entry(ns.clone()).or_default(),
+                };
+                let cell = cells.entry(*coord).or_default();
+                apply_telemetry(cell, change);
+                if cell.records.is_empty() && cell.failures == 0 {
+                    cells.remove(coord);
+                }
+                false
+            }
+            _ => false,
+        }
+    }
+}
+
+fn apply_telemetry(cell: &mut CellTelemetry, change: &TelemetryChange) {
+    let trimmed = change.trimmed();
+    match change {
+        TelemetryChange::Append {
+            record, failures, ..
+        } => {
+            let newest = cell.records.back().is_none_or(|last| last.seq < record.seq);
+            if newest {
+                cell.failures = *failures;
+                cell.records.push_back(record.clone());
+            } else {
+                // Only a damaged or hand-made checkpoint could do this;
+                // keep the order rather than trust it.
+                let at = cell.records.partition_point(|r| r.seq < record.seq);
+                match cell.records.get(at) {
+                    Some(r) if r.seq == record.seq => cell.records[at] = record.clone(),
+                    _ => cell.records.insert(at, record.clone()),
+                }
+            }
+            drop_range(cell, &trimmed);
+        }
+        TelemetryChange::Drop { .. } => drop_range(cell, &trimmed),
+    }
+    while cell.records.len() > MAX_TELEMETRY_KEEP as usize {
+        cell.records.pop_front();
+    }
+}
+
+/// Removes the records whose seq is in `range` (normally the oldest).
+fn drop_range(cell: &mut CellTelemetry, range: &std::ops::RangeInclusive<u64>) {
+    if range.is_empty() {
+        return;
+    }
+    while cell.records.front().is_some_and(|r| range.contains(&r.seq)) {
+        cell.records.pop_front();
+    }
+    // Seqs ascend, so records in the range can remain only if the oldest
+    // is older than the range (never in logs the writer makes).
+    if cell.records.front().is_some_and(|r| r.seq < *range.start()) {
+        cell.records.retain(|r| !range.contains(&r.seq));
+    }
+}
+
+impl MemStore {
+    /// Calls `visit` with each of `coords` and its stored value (if any),
+    /// under one hold of the namespace's read lock: a program reading its
+    /// neighbourhood pays for one lock, not one per cell. `visit` runs
+    /// under the lock, so it must be quick. `false`: no such namespace.
+    pub fn get_each(
+        &self,
+        ns: &NamespaceName,
+        coords: &[Coord],
+        mut visit: impl FnMut(Coord, Option<&[u8]>),
+    ) -> bool {
+        let Some(space) = self.namespace(ns) else {
+            return false;
+        };
+        let cells = read(&space.cells);
+        for &coord in coords {
+            visit(
+                coord,
+                cells.get(&space.curve.key(coord)).map(|v| v.as_ref()),
+            );
+        }
+        true
+    }
+
+    /// The source of the program stored at a cell, if any.
+    pub fn program(&self, ns: &NamespaceName, coord: Coord) -> Option<Arc<[u8]>> {
+        read(&self.programs.programs).get(ns)?.get(&coord).cloned()
+    }
+
+    /// Programs stored, across namespaces.
+    pub fn program_count(&self) -> u64 {
+        read(&self.programs.programs)
+            .values()
+            .map(|cells| cells.len() as u64)
+            .sum()
+    }
+
+    /// A cell's run counts and its oldest kept record; `None` if it was
+    /// never run.
+    pub fn telemetry_head(&self, ns: &NamespaceName, coord: Coord) -> Option<TelemetryHead> {
+        read(&self.programs.telemetry)
+            .get(ns)?
+            .get(&coord)
+            .map(CellTelemetry::head)
+    }
+
+    /// A cell's counts and its `limit` most recent records, oldest first.
+    pub fn telemetry(
+        &self,
+        ns: &NamespaceName,
+        coord: Coord,
+        limit: usize,
+    ) -> (TelemetryHead, Vec<RunRecord>) {
+        let telemetry = read(&self.programs.telemetry);
+        match telemetry.get(ns).and_then(|cells| cells.get(&coord)) {
+            None => (TelemetryHead::default(), Vec::new()),
+            Some(cell) => {
+                let skip = cell.records.len().saturating_sub(limit);
+                (
+                    cell.head(),
+                    cell.records.iter().skip(skip).cloned().collect(),
+                )
+            }
+        }
+    }
+}
+
+/// Program and telemetry changes of the writer's current group that are
+/// not yet in the store, so a transaction sees a program stored (or a run
+/// recorded) earlier in its own group.
+#[derive(Default)]
+pub(crate) struct PendingPrograms {
+    sources: HashMap<CellId, Option<Arc<[u8]>>>,
+    heads: HashMap<CellId, PendingHead>,
+}
+
+/// What the group's pending appends at one cell add to its telemetry.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PendingHead {
+    runs: u64,
+    failures: u64,
+    /// The seq of the group's first pending record at this cell.
+    first_seq: u64,
+    /// The newest seq the pending appends trim (0: none).
+    trimmed_through: u64,
+}
+
+/// An overlay entry a transaction replaced, to restore on rollback.
+pub(crate) enum ProgramUndo {
+    Source(CellId, Option<Option<Arc<[u8]>>>),
+    Head(CellId, Option<PendingHead>),
+}
+
+impl PendingPrograms {
+    pub(crate) fn clear(&mut self) {
+        self.sources.clear();
+        self.heads.clear();
+    }
+
+    /// Records a mutation's effect on programs and telemetry (others are
+    /// ignored); with `undo`, remembers what it replaced.
+    pub(crate) fn record(&mut self, mutation: &Mutation, undo: Option<&mut Vec<ProgramUndo>>) {
+        match mutation {
+            Mutation::ProgramPut { ns, coord, source } => {
+                let key = (ns.clone(), *coord);
+                let previous = self
+                    .sources
+                    .insert(key.clone(), Some(Arc::from(source.as_slice())));
+                if let Some(undo) = undo {
+                    undo.push(ProgramUndo::Source(key, previous));
+                }
+            }
+            Mutation::ProgramDel { ns, coord } => {
+                let key = (ns.clone(), *coord);
+                let previous = self.sources.insert(key.clone(), None);
+                if let Some(undo) = undo {
+                    undo.push(ProgramUndo::Source(key, previous));
+                }
+            }
+            Mutation::Telemetry {
+                ns,
+                coord,
+                change:
+                    change @ TelemetryChange::Append {
+                        record, failures, ..
+                    },
+            } => {
+                let key = (ns.clone(), *coord);
+                let previous = self.heads.get(&key).copied();
+                let mut head = previous.unwrap_or(PendingHead {
+                    runs: 0,
+                    failures: 0,
+                    first_seq: record.seq,
+                    trimmed_through: 0,
+                });
+                if record.seq >= head.runs {
+                    head.runs = record.seq;
+                    head.failures = *failures;
+                }
+                let trimmed = change.trimmed();
+                if !trimmed.is_empty() {
+                    head.trimmed_through = head.trimmed_through.max(*trimmed.end());
+                }
+                self.heads.insert(key.clone(), head);
+                if let Some(undo) = undo {
+                    undo.push(ProgramUndo::Head(key, previous));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    pub(crate) fn restore(&mut self, undo: impl Iterator<Item = ProgramUndo>) {
+        for entry in undo {
+            match entry {
+                ProgramUndo::Source(key, Some(previous)) => {
+                    self.sources.insert(key, previous);
+                }
+                ProgramUndo::Source(key, None) => {
+                    self.sources.remove(&key);
+                }
+                ProgramUndo::Head(key, Some(previous)) => {
+                    self.heads.insert(key, previous);
+                }
+                ProgramUndo::Head(key, None) => {
+                    self.heads.remove(&key);
+                }
+            }
+        }
+    }
+
+    pub(crate) fn program(
+        &self,
+        mem: &MemStore,
+        ns: &NamespaceName,
+        coord: Coord,
+    ) -> Option<Arc<[u8]>> {
+        if !self.sources.is_empty()
+            && let Some(pending) = self.sources.get(&(ns.clone(), coord))
+        {
+            return pending.clone();
+        }
+        mem.program(ns, coord)
+    }
+
+    pub(crate) fn telemetry_head(
+        &self,
+        mem: &MemStore,
+        ns: &NamespaceName,
+        coord: Coord,
+    ) -> Option<TelemetryHead> {
+        let stored = mem.telemetry_head(ns, coord);
+        let pending = if self.heads.is_empty() {
+            None
+        } else {
+            self.heads.get(&(ns.clone(), coord))
+        };
+        let Some(pending) = pending else {
+            return stored;
+        };
+        // Trimming removes the oldest records first, so the oldest left is
+        // the oldest before the group, or past what the group trimmed.
+        let before = stored
+            .map(|h| h.oldest_seq)
+            .filter(|seq| *seq > 0)
+            .unwrap_or(pending.first_seq);
+        Some(TelemetryHead {
+            runs: pending.runs,
+            failures: pending.failures,
+            oldest_seq: before.max(pending.trimmed_through + 1).min(pending.runs),
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Encodings: WAL payloads and checkpoint state keys.
+// ---------------------------------------------------------------------------
+
+/// Kind-10 payload flag: an appended record, or (checkpoint loads only)
+/// a dropped one.
+const CHANGE_APPEND: u8 = 0;
+const CHANGE_DROP: u8 = 1;
+
+/// Bytes of a stored record after its seq (see [`put_record`]).
+fn record_len(record: &RunRecord) -> usize {
+    1 + 8 * 4 + 4 + 8 + 1 + 2 + message_of(record).len()
+}
+
+fn message_of(record: &RunRecord) -> &str {
+    let text = record.message.as_str();
+    let mut end = text.len().min(MAX_OUTCOME_MESSAGE_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// A stored record: `version u8 | started_unix_us u64 | duration_ns u64 |
+/// instructions u64 | failures u64 | cells_written u32 | reserved u64 (0)
+/// | outcome u8 | message_len u16 | message`. The seq is in the key.
+fn put_record(out: &mut Vec<u8>, record: &RunRecord, failures: u64) {
+    out.push(RECORD_VERSION);
+    out.extend_from_slice(&record.started_unix_us.to_le_bytes());
+    out.extend_from_slice(&record.duration_ns.to_le_bytes());
+    out.extend_from_slice(&record.instructions.to_le_bytes());
+    out.extend_from_slice(&failures.to_le_bytes());
+    out.extend_from_slice(&record.cells_written.to_le_bytes());
+    out.extend_from_slice(&0u64.to_le_bytes());
+    out.push(record.outcome as u8);
+    let message = message_of(record);
+    out.extend_from_slice(&(message.len() as u16).to_le_bytes());
+    out.extend_from_slice(message.as_bytes());
+}
+
+/// Reads a stored record (all of `bytes`); returns it and the failure count.
+fn read_record(seq: u64, bytes: &[u8]) -> Result<(RunRecord, u64), String> {
+    let fixed = 1 + 8 * 4 + 4 + 8 + 1 + 2;
+    if bytes.len() < fixed {
+        return Err(format!(
+            "telemetry record of {} bytes is truncated",
+            bytes.len()
+        ));
+    }
+    if bytes[0] != RECORD_VERSION {
+        return Err(format!("telemetry record version {} is unknown", bytes[0]));
+    }
+    let u64_at = |at: usize| LittleEndian::read_u64(&bytes[at..at + 8]);
+    let outcome = RunOutcome::from_u8(bytes[45])
+        .ok_or_else(|| format!("telemetry outcome {} is unknown", bytes[45]))?;
+    let message_len = usize::from(LittleEndian::read_u16(&bytes[46..48]));
+    if message_len > MAX_OUTCOME_MESSAGE_BYTES || bytes.len() != fixed + message_len {
+        return Err(format!(
+            "telemetry record of {} bytes does not match its message length {message_len}",
+            bytes.len()
+        ));
+    }
+    let message = std::str::from_utf8(&bytes[fixed..])
+        .map_err(|_| "telemetry message not UTF-8")?
+        .to_owned();
+    Ok((
+        RunRecord {
+            seq,
+            started_unix_us: u64_at(1),
+            duration_ns: u64_at(9),
+            instructions: u64_at(17),
+            cells_written: LittleEndian::read_u32(&bytes[33..37]),
+            outcome,
+            message,
+        },
+        u64_at(25),
+    ))
+}
+
+/// Payload bytes after `ns` and `coord` for a telemetry mutation.
+pub(crate) fn telemetry_payload_len(change: &TelemetryChange) -> usize {
+    match change {
+        TelemetryChange::Append { record, .. } => 1 + 8 + 4 + 8 + record_len(record),
+        TelemetryChange::Drop { .. } => 1 + 8,
+    }
+}
+
+/// `flag u8`, then for an append `seq u64 | keep u32 | trim_from u64 |
+/// record`, for a drop `seq u64`.
+pub(crate) fn put_telemetry_payload(out: &mut Vec<u8>, change: &TelemetryChange) {
+    match change {
+        TelemetryChange::Append {
+            record,
+            failures,
+            keep,
+            trim_from,
+        } => {
+            out.push(CHANGE_APPEND);
+            out.extend_from_slice(&record.seq.to_le_bytes());
+            out.extend_from_slice(&keep.to_le_bytes());
+            out.extend_from_slice(&trim_from.to_le_bytes());
+            put_record(out, record, *failures);
+        }
+        TelemetryChange::Drop { seq } => {
+            out.push(CHANGE_DROP);
+            out.extend_from_slice(&seq.to_le_bytes());
+        }
+    }
+}
+
+/// Decodes what [`put_telemetry_payload`] wrote (all of `rest`).
+pub(crate) fn read_telemetry_payload(rest: &[u8]) -> Result<TelemetryChange, String> {
+    let (&flag, rest) = rest
+        .split_first()
+        .ok_or("telemetry payload without a flag")?;
+    match flag {
+        CHANGE_APPEND if rest.len() >= 20 => {
+            let seq = LittleEndian::read_u64(&rest[0..8]);
+            let keep = LittleEndian::read_u32(&rest[8..12]);
+            let trim_from = LittleEndian::read_u64(&rest[12..20]);
+            let (record, failures) = read_record(seq, &rest[20..])?;
+            Ok(TelemetryChange::Append {
+                record,
+                failures,
+                keep,
+                trim_from,
+            })
+        }
+        CHANGE_DROP if rest.len() == 8 => Ok(TelemetryChange::Drop {
+            seq: LittleEndian::read_u64(rest),
+        }),
+        _ => Err(format!(
+            "telemetry payload with flag {flag} and {} more bytes is malformed",
+            rest.len()
+        )),
+    }
+}
+
+/// State key tags (`docs/storage-format.md`, "State keys").
+pub(crate) const TAG_PROGRAM: u8 = 0x30;
+pub(crate) const TAG_TELEMETRY: u8 = 0x40;
+
+fn cell_part(key: &mut Vec<u8>, ns: &NamespaceName, coord: Coord) {
+    let name = ns.as_str().as_bytes();
+    key.push(name.len() as u8);
+    key.extend_from_slice(name);
+    key.extend_from_slice(&crate::curve::morton_key(coord).to_be_bytes()[4..]);
+}
+
+/// `0x30 | ns_len | ns | morton key (12, BE)`.
+pub(crate) fn program_key(ns: &NamespaceName, coord: Coord) -> Vec<u8> {
+    let mut key = Vec::with_capacity(2 + ns.as_str().len() + 12);
+    key.push(TAG_PROGRAM);
+    cell_part(&mut key, ns, coord);
+    key
+}
+
+/// `0x40 | ns_len | ns | morton key (12, BE) | seq (8, BE)`: a cell's
+/// records sort together, oldest first.
+pub(crate) fn telemetry_key(ns: &NamespaceName, coord: Coord, seq: u64) -> Vec<u8> {
+    let mut key = Vec::with_capacity(2 + ns.as_str().len() + 20);
+    key.push(TAG_TELEMETRY);
+    cell_part(&mut key, ns, coord);
+    key.extend_from_slice(&seq.to_be_bytes());
+    key
+}
+
+/// State updates of a program or telemetry mutation.
+pub(crate) fn state_updates(mutation: &Mutation, out: &mut Vec<(Vec<u8>, Option<Vec<u8>>)>) {
+    match mutation {
+        Mutation::ProgramPut { ns, coord, source } => {
+            out.push((program_key(ns, *coord), Some(source.clone())));
+        }
+        Mutation::ProgramDel { ns, coord } => out.push((program_key(ns, *coord), None)),
+        Mutation::Telemetry { ns, coord, change } => {
+            for seq in change.trimmed() {
+                out.push((telemetry_key(ns, *coord, seq), None));
+            }
+            if let TelemetryChange::Append {
+                record, failures, ..
+            } = change
+            {
+                let mut value = Vec::with_capacity(record_len(record));
+                put_record(&mut value, record, *failures);
+                out.push((telemetry_key(ns, *coord, record.seq), Some(value)));
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The mutation that re-creates a program or telemetry state entry;
+/// `rest` is the key after its tag.
+pub(crate) fn entry_to_mutation(
+    tag: u8,
+    rest: &[u8],
+    value: Option<Vec<u8>>,
+) -> Result<Mutation, String> {
+    let (&ns_len, rest) = rest
+        .split_first()
+        .ok_or("program key without a namespace")?;
+    let ns_len = usize::from(ns_len);
+    let tail = if tag == TAG_TELEMETRY { 20 } else { 12 };
+    if rest.len() != ns_len + tail {
+        return Err(format!("state key with tag 0x{tag:02x} is malformed"));
+    }
+    let name = std::str::from_utf8(&rest[..ns_len]).map_err(|_| "namespace not UTF-8")?;
+    let ns = NamespaceName::new(name).map_err(|e| e.to_string())?;
+    let mut morton = [0u8; 16];
+    morton[4..].copy_from_slice(&rest[ns_len..ns_len + 12]);
+    let coord = crate::curve::morton_decode(u128::from_be_bytes(morton));
+    if tag == TAG_PROGRAM {
+        return Ok(match value {
+            Some(source) => Mutation::ProgramPut { ns, coord, source },
+            None => Mutation::ProgramDel { ns, coord },
+        });
+    }
+    let seq = u64::from_be_bytes(
+        rest[ns_len + 12..]
+            .try_into()
+            .map_err(|_| "telemetry key without a seq")?,
+    );
+    let change = match value {
+        None => TelemetryChange::Drop { seq },
+        Some(bytes) => {
+            let (record, failures) = read_record(seq, &bytes)?;
+            TelemetryChange::Append {
+                record,
+                failures,
+                keep: 0,
+                trim_from: 0,
+            }
+        }
+    };
+    Ok(Mutation::Telemetry { ns, coord, change })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(seq: u64, outcome: RunOutcome, message: &str) -> RunRecord {
+        RunRecord {
+            seq,
+            started_unix_us: 1_700_000_000_000_000 + seq,
+            duration_ns: 1234,
+            instructions: 5000,
+            cells_written: 2,
+            outcome,
+            message: message.to_owned(),
+        }
+    }
+
+    fn append(seq: u64, keep: u32, trim_from: u64) -> Mutation {
+        Mutation::Telemetry {
+            ns: NamespaceName::new("default").unwrap(),
+            coord: Coord::new(1, -2, 3),
+            change: TelemetryChange::Append {
+                record: record(seq, RunOutcome::Ok, ""),
+                failures: seq / 2,
+                keep,
+                trim_from,
+            },
+        }
+    }
+
+    #[test]
+    fn payloads_and_state_entries_round_trip() {
+        for change in [
+            TelemetryChange::Append {
+                record: record(7, RunOutcome::Fuel, "ran out of fuel é"),
+                failures: 3,
+                keep: 1000,
+                trim_from: 0,
+            },
+            TelemetryChange::Drop { seq: 99 },
+        ] {
+            let mut out = Vec::new();
+            put_telemetry_payload(&mut out, &change);
+            assert_eq!(out.len(), telemetry_payload_len(&change));
+            assert_eq!(read_telemetry_payload(&out).unwrap(), change);
+            for cut in 0..out.len() {
+                assert!(read_telemetry_payload(&out[..cut]).is_err());
+            }
+        }
+        let m = append(5, 3, 2);
+        let mut updates = Vec::new();
+        state_updates(&m, &mut updates);
+        // Trims seq 2, then writes seq 5.
+        assert_eq!(updates.len(), 2);
+        assert_eq!(updates[0].1, None);
+        let (key, value) = updates[1].clone();
+        let loaded = entry_to_mutation(key[0], &key[1..], value).unwrap();
+        let Mutation::Telemetry {
+            change:
+                TelemetryChange::Append {
+                    record: r,
+                    failures,
+                    keep,
+                    ..
+                },
+            ..
+        } = loaded
+        else {
+            panic!("not an append");
+        };
+        assert_eq!((r.seq, failures, keep), (5, 2, 0));
+        let (key, _) = updates[0].clone();
+        assert!(matches!(
+            entry_to_mutation(key[0], &key[1..], None).unwrap(),
+            Mutation::Telemetry {
+                change: TelemetryChange::Drop { seq: 2 },
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn the_ring_keeps_the_last_records_and_exact_counts() {
+        let table = ProgramTable::default();
+        for seq in 1..=10 {
+            table.apply(&append(seq, 4, seq.saturating_sub(4)));
+        }
+        let telemetry = read(&table.telemetry);
+        let cell = telemetry.values().next().unwrap().values().next().unwrap();
+        let seqs: Vec<u64> = cell.records.iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, [7, 8, 9, 10]);
+        assert_eq!(cell.head().runs, 10);
+        assert_eq!(cell.head().failures, 5);
+    }
+
+    #[test]
+    fn trimming_after_keep_was_lowered_is_bounded_per_append() {
+        let range = TelemetryChange::Append {
+            record: record(1000, RunOutcome::Ok, ""),
+            failures: 0,
+            keep: 10,
+            trim_from: 1,
+        }
+        .trimmed();
+        assert_eq!(range.clone().count() as u64, MAX_TRIM_PER_APPEND);
+        assert_eq!((*range.start(), *range.end()), (1, 64));
+        let none = TelemetryChange::Append {
+            record: record(3, RunOutcome::Ok, ""),
+            failures: 0,
+            keep: 10,
+            trim_from: 1,
+        }
+        .trimmed();
+        assert_eq!(none.count(), 0);
+    }
+}

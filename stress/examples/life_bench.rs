@@ -1,0 +1,133 @@
+//! One Game of Life generation over a SIDE^3 region (32^3 = 32 768 cells
+//! by default), run cell by cell through a real `cubed`, as issue 8 asks:
+//! every cell holds the rule program of docs/programs.md ("The 3-D Game of
+//! Life rule for one cell"), and each cell's `run` computes its next state.
+//!
+//! ```text
+//! cargo build --release -p cube-server -p cube-stress --examples
+//! target/release/examples/life_bench [SIDE] [CLIENTS] [--sync always|never]
+//! ```
+//! It prints wall-clock runs per second and, from the daemon's own
+//! figures, cell-programs per second of daemon time: runs divided by the
+//! writer time spent executing them (`programs.exec_us_*`, loading the
+//! program, running it and recording its telemetry; fsync excluded).
+//! Figures go to `docs/benchmarks.md` ("Cell programs").
+#![allow(clippy::unwrap_used)]
+
+use std::thread;
+use std::time::Instant;
+
+use cube_client::{Coord, LocalDaemon, ProgramValue, StatsValue};
+
+const NS: &str = "default";
+const DOC: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/programs.md"));
+
+/// The ```lua block after `<!-- program: life -->` in docs/programs.md.
+fn life_program() -> String {
+    let marker = "<!-- program: life -->";
+    let rest = &DOC[DOC.find(marker).unwrap() + marker.len()..];
+    let start = rest.find("```lua\n").unwrap() + "```lua\n".len();
+    let end = rest[start..].find("```").unwrap();
+    rest[start..start + end].to_owned()
+}
+
+fn figure(stats: &[cube_client::StatsEntry], name: &str) -> f64 {
+    match stats.iter().find(|e| e.name == name).map(|e| &e.value) {
+        Some(StatsValue::Count(n)) => *n as f64,
+        Some(StatsValue::Float(f)) => *f,
+        _ => 0.0,
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let side: i32 = args.first().map_or(32, |a| a.parse().unwrap());
+    let clients: i32 = args.get(1).map_or(16, |a| a.parse().unwrap());
+    let sync = args
+        .iter()
+        .position(|a| a == "--sync")
+        .and_then(|i| args.get(i + 1).cloned())
+        .unwrap_or_else(|| "always".to_owned());
+    let daemon = LocalDaemon::start_fresh(&["--sync", &sync]).unwrap();
+    let source = life_program();
+
+    // A pseudo-random soup, about 30 % alive, and the rule at every cell.
+    let started = Instant::now();
+    thread::scope(|scope| {
+        for t in 0..clients {
+            let mut client = daemon.client().unwrap();
+            let source = source.as_str();
+            scope.spawn(move || {
+                for x in (t..side).step_by(clients as usize) {
+                    for y in 0..side {
+                        for z in 0..side {
+                            let at = Coord::new(x, y, z);
+                            let h = (x as u64 * 73_856_093)
+                                ^ (y as u64 * 19_349_663)
+                                ^ (z as u64 * 83_492_791);
+                            if h % 10 < 3 {
+                                client.put(NS, at, b"1").unwrap();
+                            }
+                            client.prog(NS, at, source.as_bytes()).unwrap();
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let cells = i64::from(side).pow(3);
+    println!(
+        "set up {cells} cells (soup + rule program each) in {:.2} s over {clients} connections",
+        started.elapsed().as_secs_f64()
+    );
+
+    let before = daemon.client().unwrap().stats().unwrap();
+    let started = Instant::now();
+    let alive: i64 = thread::scope(|scope| {
+        let workers: Vec<_> = (0..clients)
+            .map(|t| {
+                let mut client = daemon.client().unwrap();
+                scope.spawn(move || {
+                    let mut alive = 0i64;
+                    for x in (t..side).step_by(clients as usize) {
+                        for y in 0..side {
+                            for z in 0..side {
+                                let reply =
+                                    client.run(NS, Coord::new(x, y, z), &[b"1000"]).unwrap();
+                                if reply.value == ProgramValue::Bool(true) {
+                                    alive += 1;
+                                }
+                            }
+                        }
+                    }
+                    alive
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).sum()
+    });
+    let wall = started.elapsed().as_secs_f64();
+    let after = daemon.client().unwrap().stats().unwrap();
+    let runs = figure(&after, "programs.runs") - figure(&before, "programs.runs");
+    let exec_total_us = figure(&after, "programs.exec_us_mean") * figure(&after, "programs.runs")
+        - figure(&before, "programs.exec_us_mean") * figure(&before, "programs.runs");
+    println!(
+        "one generation: {cells} runs in {wall:.2} s wall = {:.0} runs/s ({clients} clients, --sync {sync}); \
+         {alive} cells alive next",
+        cells as f64 / wall
+    );
+    println!(
+        "daemon time executing them: {:.1} ms = {:.2} us per cell-program = {:.0} cell-programs/s of daemon time \
+         (exec max {:.1} us)",
+        exec_total_us / 1000.0,
+        exec_total_us / runs,
+        runs / (exec_total_us / 1e6),
+        figure(&after, "programs.exec_us_max")
+    );
+    println!(
+        "server-side run excluding the fsync wait: mean {:.2} us; cmd.run latency mean {:.1} us; wal fsyncs {}",
+        figure(&after, "programs.run_us_mean"),
+        figure(&after, "cmd.run.latency_us_mean"),
+        figure(&after, "wal.fsyncs") - figure(&before, "wal.fsyncs")
+    );
+}
