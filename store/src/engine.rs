@@ -116,7 +116,12 @@ impl Engine {
             &wal_dir,
             config.checkpoint.clone(),
         )?;
-        let entries = checkpoints.load(|mutation| applier.push(mutation))?;
+        let entries = checkpoints.load(
+            |mutation| applier.push(mutation),
+            |ns, cells| {
+                mem.load_sorted_cells(ns, cells);
+            },
+        )?;
         applier.flush();
         let (base_bytes, delta_bytes) = checkpoints.sizes();
         let checkpoint_load = CheckpointLoad {

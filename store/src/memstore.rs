@@ -111,6 +111,27 @@ impl MemStore {
         true
     }
 
+    /// Loads a namespace's cells from a checkpoint base, given in Morton
+    /// key order. An empty Morton namespace gets them as one sorted run
+    /// (no per-cell inserts); otherwise they are inserted one by one under
+    /// the namespace's own curve. Only for startup, before any reader.
+    /// Returns `false` if the namespace does not exist.
+    pub fn load_sorted_cells(&self, ns: &NamespaceName, morton_sorted: Vec<(u128, Arc<[u8]>)>) -> bool {
+        let Some(space) = self.namespace(ns) else {
+            return false;
+        };
+        let mut cells = write(&space.cells);
+        if space.curve == Curve::Morton && cells.len() == 0 {
+            *cells = Cells::from_sorted(morton_sorted);
+        } else {
+            for (morton, value) in morton_sorted {
+                let coord = crate::curve::morton_decode(morton);
+                cells.insert(space.curve.key(coord), value);
+            }
+        }
+        true
+    }
+
     /// The curve a namespace was created with.
     pub fn curve(&self, ns: &NamespaceName) -> Option<Curve> {
         Some(self.namespace(ns)?.curve)

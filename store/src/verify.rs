@@ -191,7 +191,12 @@ fn count_cells(root: &Path) -> Result<u64, StoreError> {
         &root.join("wal"),
         CheckpointConfig::default(),
     )?;
-    checkpoints.load(|m| mem.apply_group(&[&m], &mut existed))?;
+    checkpoints.load(
+        |m| mem.apply_group(&[&m], &mut existed),
+        |ns, cells| {
+            mem.load_sorted_cells(ns, cells);
+        },
+    )?;
     let apply = |_lsn: u64, m: Mutation| mem.apply_group(&[&m], &mut Vec::new());
     recover(
         dry.as_ref(),

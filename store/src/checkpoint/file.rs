@@ -386,58 +386,77 @@ impl CheckpointReader {
     /// The next entry, or `None` at the end (after the footer's counts and
     /// block checksums are confirmed).
     pub(crate) fn next_entry(&mut self) -> Result<Option<Entry>, StoreError> {
+        let mut entry = None;
+        self.visit_next(&mut |key, value| entry = Some((key.to_vec(), value.map(<[u8]>::to_vec))))?;
+        Ok(entry)
+    }
+
+    /// Calls `visit` with every remaining entry, borrowing key and value
+    /// from the block buffer: no allocation per entry, for bulk loads.
+    pub(crate) fn for_each_entry(&mut self, mut visit: impl FnMut(&[u8], Option<&[u8]>)) -> Result<(), StoreError> {
+        while self.visit_next(&mut visit)? {}
+        Ok(())
+    }
+
+    /// Parses the next entry and hands it to `visit`; `false` at the end
+    /// (after the footer's counts and block checksums are confirmed).
+    fn visit_next(&mut self, visit: &mut dyn FnMut(&[u8], Option<&[u8]>)) -> Result<bool, StoreError> {
         if self.done {
-            return Ok(None);
+            return Ok(false);
         }
         while self.block_pos >= self.block.len() {
             if !self.next_block()? {
                 self.done = true;
-                return Ok(None);
+                return Ok(false);
             }
         }
         let block_start = self.offset - self.block.len() as u64;
-        let bad = |reader: &CheckpointReader| {
-            reader.corrupt(block_start, "entry runs past the end of its block")
-        };
+        let short = || "entry runs past the end of its block".to_string();
         let b = &self.block[self.block_pos..];
-        if b.len() < 2 {
-            return Err(bad(self));
-        }
-        let key_len = usize::from(LittleEndian::read_u16(&b[0..2]));
-        if b.len() < 2 + key_len + 1 {
-            return Err(bad(self));
-        }
-        let key = b[2..2 + key_len].to_vec();
-        let op = b[2 + key_len];
-        let mut used = 3 + key_len;
-        let value = match op {
-            0 => None,
-            1 => {
-                if b.len() < used + 4 {
-                    return Err(bad(self));
-                }
-                let len = LittleEndian::read_u32(&b[used..used + 4]) as usize;
-                used += 4;
-                if b.len() < used + len {
-                    return Err(bad(self));
-                }
-                let v = b[used..used + len].to_vec();
-                used += len;
-                Some(v)
+        let parsed = (|| {
+            if b.len() < 2 {
+                return Err(short());
             }
-            other => return Err(self.corrupt(block_start, format!("unknown entry op {other}"))),
-        };
-        if self
-            .last_key
-            .as_deref()
-            .is_some_and(|last| last >= key.as_slice())
-        {
+            let key_len = usize::from(LittleEndian::read_u16(&b[0..2]));
+            if b.len() < 2 + key_len + 1 {
+                return Err(short());
+            }
+            let key = &b[2..2 + key_len];
+            let mut used = 3 + key_len;
+            let value = match b[2 + key_len] {
+                0 => None,
+                1 => {
+                    if b.len() < used + 4 {
+                        return Err(short());
+                    }
+                    let len = LittleEndian::read_u32(&b[used..used + 4]) as usize;
+                    used += 4;
+                    if b.len() < used + len {
+                        return Err(short());
+                    }
+                    used += len;
+                    Some(&b[used - len..used])
+                }
+                other => return Err(format!("unknown entry op {other}")),
+            };
+            Ok((key, value, used))
+        })();
+        let (key, value, used) = parsed.map_err(|reason| StoreError::Corruption {
+            path: self.path.clone(),
+            offset: block_start,
+            reason,
+        })?;
+        if self.last_key.as_deref().is_some_and(|last| last >= key) {
             return Err(self.corrupt(block_start, "entries are not in increasing key order"));
         }
-        self.last_key = Some(key.clone());
+        // Reuse the buffer: one copy of the key, no allocation once warm.
+        let last = self.last_key.get_or_insert_with(Vec::new);
+        last.clear();
+        last.extend_from_slice(key);
+        visit(key, value);
         self.block_pos += used;
         self.entries += 1;
-        Ok(Some((key, value)))
+        Ok(true)
     }
 }
 

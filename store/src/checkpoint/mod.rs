@@ -35,7 +35,8 @@ use crate::storage::Storage;
 use crate::wal::{list_segments, read_closed_segment};
 use file::{CheckpointReader, CheckpointWriter, FileHeader, FileKind};
 use manifest::{MAX_DELTAS, Manifest, base_file_name, delta_file_name};
-use state_key::{StateUpdate, entry_to_mutation, state_updates};
+use cube_protocol::NamespaceName;
+use state_key::{StateUpdate, cell_key_parts, entry_to_mutation, state_updates};
 
 #[derive(Clone, Debug)]
 pub struct CheckpointConfig {
@@ -164,9 +165,16 @@ impl CheckpointStore {
         self.manifest.delta_file_ids.len()
     }
 
-    /// Streams base then deltas, as mutations, into `apply`. Every block's
-    /// checksum is verified; a damaged file is an error with file and offset.
-    pub(crate) fn load(&self, mut apply: impl FnMut(Mutation)) -> Result<u64, StoreError> {
+    /// Streams base then deltas into the store: the base's cells, already in
+    /// Morton order per namespace, go to `bulk_cells` a namespace at a time
+    /// (no per-cell decode into a `Mutation`); everything else goes to
+    /// `apply` as mutations. Every block's checksum is verified; a damaged
+    /// file is an error with file and offset.
+    pub(crate) fn load(
+        &self,
+        mut apply: impl FnMut(Mutation),
+        mut bulk_cells: impl FnMut(&NamespaceName, Vec<(u128, Arc<[u8]>)>),
+    ) -> Result<u64, StoreError> {
         let mut entries = 0;
         let files = self.manifest.files(&self.dir);
         let last = files.len().saturating_sub(1);
@@ -194,13 +202,54 @@ impl CheckpointStore {
                     ),
                 });
             }
+            let bad_entry = |reason: String| StoreError::Corruption {
+                path: path.to_path_buf(),
+                offset: 0,
+                reason: format!("bad state entry: {reason}"),
+            };
+            if expected_kind == FileKind::Base {
+                let mut run: Option<(NamespaceName, Vec<(u128, Arc<[u8]>)>)> = None;
+                let mut failure: Option<String> = None;
+                reader.for_each_entry(|key, value| {
+                    if failure.is_some() {
+                        return;
+                    }
+                    entries += 1;
+                    if let (Some((ns_bytes, morton)), Some(value)) = (cell_key_parts(key), value) {
+                        if run.as_ref().is_none_or(|(ns, _)| ns.as_str().as_bytes() != ns_bytes) {
+                            if let Some((ns, cells)) = run.take() {
+                                bulk_cells(&ns, cells);
+                            }
+                            match std::str::from_utf8(ns_bytes).map_err(|e| e.to_string()).and_then(
+                                |name| NamespaceName::new(name).map_err(|e| e.to_string()),
+                            ) {
+                                Ok(ns) => run = Some((ns, Vec::new())),
+                                Err(reason) => {
+                                    failure = Some(reason);
+                                    return;
+                                }
+                            }
+                        }
+                        if let Some((_, cells)) = run.as_mut() {
+                            cells.push((morton, Arc::from(value)));
+                        }
+                        return;
+                    }
+                    match entry_to_mutation(key, value.map(<[u8]>::to_vec)) {
+                        Ok(mutation) => apply(mutation),
+                        Err(reason) => failure = Some(reason),
+                    }
+                })?;
+                if let Some((ns, cells)) = run.take() {
+                    bulk_cells(&ns, cells);
+                }
+                if let Some(reason) = failure {
+                    return Err(bad_entry(reason));
+                }
+                continue;
+            }
             while let Some((key, value)) = reader.next_entry()? {
-                let mutation =
-                    entry_to_mutation(&key, value).map_err(|reason| StoreError::Corruption {
-                        path: path.to_path_buf(),
-                        offset: 0,
-                        reason: format!("bad state entry: {reason}"),
-                    })?;
+                let mutation = entry_to_mutation(&key, value).map_err(bad_entry)?;
                 apply(mutation);
                 entries += 1;
             }

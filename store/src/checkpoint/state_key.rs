@@ -56,6 +56,20 @@ pub(crate) fn edge_key(ns: &NamespaceName, edge: &EdgeKey) -> Vec<u8> {
     key
 }
 
+/// A cell key's namespace bytes and Morton key, without allocating; `None`
+/// for any other kind of key (or a malformed one, left to the slow path).
+pub(crate) fn cell_key_parts(key: &[u8]) -> Option<(&[u8], u128)> {
+    let (&tag, rest) = key.split_first()?;
+    let (&ns_len, rest) = rest.split_first()?;
+    let ns_len = usize::from(ns_len);
+    if tag != TAG_CELL || rest.len() != ns_len + 12 {
+        return None;
+    }
+    let mut morton = [0u8; 16];
+    morton[4..].copy_from_slice(&rest[ns_len..]);
+    Some((&rest[..ns_len], u128::from_be_bytes(morton)))
+}
+
 /// What a mutation makes true, as state updates.
 pub(crate) fn state_updates(mutation: &Mutation, out: &mut Vec<StateUpdate>) {
     match mutation {
