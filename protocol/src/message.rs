@@ -943,7 +943,7 @@ impl<'a> ScanPageEncoder<'a> {
 mod tests {
     use super::*;
 
-    fn split(frame: &[u8]) -> (FrameHeader, &[u8]) {
+    pub(super) fn split(frame: &[u8]) -> (FrameHeader, &[u8]) {
         let header = FrameHeader::parse(frame[..HEADER_BYTES].try_into().unwrap());
         header.verify_body(&frame[HEADER_BYTES..]).unwrap();
         (header, &frame[HEADER_BYTES..])
@@ -1000,13 +1000,8 @@ mod tests {
 
 #[cfg(test)]
 mod scan_tests {
+    use super::tests::split;
     use super::*;
-
-    fn split(frame: &[u8]) -> (FrameHeader, &[u8]) {
-        let header = FrameHeader::parse(frame[..HEADER_BYTES].try_into().unwrap());
-        header.verify_body(&frame[HEADER_BYTES..]).unwrap();
-        (header, &frame[HEADER_BYTES..])
-    }
 
     #[test]
     fn scan_request_round_trips_and_rejects_unknown_flags() {

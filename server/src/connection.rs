@@ -327,39 +327,26 @@ impl Connection {
                 Some(value) => Ok(Response::Get(value.map(|v| v.to_vec()))),
                 None => Err(no_such_namespace(&ns)),
             },
-            Request::Put { ns, coord, value } => {
-                let ack = self.write(Mutation::Put { ns, coord, value })?;
-                Ok(Response::Put { lsn: ack.lsn })
-            }
-            Request::Del { ns, coord } => {
-                let ack = self.write(Mutation::Del { ns, coord })?;
-                Ok(Response::Del {
-                    lsn: ack.lsn,
-                    existed: ack.existed,
-                })
-            }
             edge_request @ (Request::Link { .. }
             | Request::Unlink { .. }
             | Request::Edges { .. }
             | Request::Walk { .. }
             | Request::Path { .. }
             | Request::Detach { .. }) => {
-                if self.session.is_none() {
-                    self.session = self.shared.engine.session();
-                }
+                self.open_session();
                 crate::edges::handle(&self.shared, self.session.as_ref(), edge_request)
             }
             program_request @ (Request::Prog { .. }
             | Request::Run { .. }
             | Request::CellStats { .. }) => {
-                if self.session.is_none() {
-                    self.session = self.shared.engine.session();
-                }
+                self.open_session();
                 crate::programs::handle(&self.shared, self.session.as_ref(), program_request)
             }
-            Request::Scan { .. } => Err(ServerError::new(
+            // Served before this dispatch: put and del by `submit_write`,
+            // scan by `scan` (straight into the output buffer).
+            Request::Put { .. } | Request::Del { .. } | Request::Scan { .. } => Err(ServerError::new(
                 ErrorCode::Internal,
-                "scan reached the generic handler",
+                "put, del and scan are served before the generic handler",
             )),
         }
     }
@@ -437,9 +424,7 @@ impl Connection {
             Request::Del { ns, coord } => (Mutation::Del { ns, coord }, Opcode::Del),
             _ => return Err(ServerError::new(ErrorCode::Internal, "only put and del are submitted")),
         };
-        if self.session.is_none() {
-            self.session = self.shared.engine.session();
-        }
+        self.open_session();
         let session = self.session.as_ref().ok_or_else(|| {
             ServerError::new(
                 ErrorCode::ShuttingDown,
@@ -468,17 +453,12 @@ impl Connection {
         Ok(())
     }
 
-    fn write(&mut self, mutation: Mutation) -> Result<cube_store::WriteAck, ServerError> {
+    /// Opens this connection's handle to the writer on first use (it stays
+    /// `None` once shutdown has begun).
+    fn open_session(&mut self) {
         if self.session.is_none() {
             self.session = self.shared.engine.session();
         }
-        let session = self.session.as_ref().ok_or_else(|| {
-            ServerError::new(
-                ErrorCode::ShuttingDown,
-                "cubed is shutting down; the write was not stored",
-            )
-        })?;
-        session.write(mutation).map_err(|e| write_error(&e))
     }
 }
 

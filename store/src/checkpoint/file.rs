@@ -241,6 +241,9 @@ impl<'a> CheckpointWriter<'a> {
     }
 }
 
+/// Sees one entry, borrowed from the block buffer: key, and value or tombstone.
+type EntryVisitor<'a> = dyn FnMut(&[u8], Option<&[u8]>) + 'a;
+
 /// A state entry as stored: key, and value or tombstone.
 pub(crate) type Entry = (Vec<u8>, Option<Vec<u8>>);
 
@@ -400,7 +403,7 @@ impl CheckpointReader {
 
     /// Parses the next entry and hands it to `visit`; `false` at the end
     /// (after the footer's counts and block checksums are confirmed).
-    fn visit_next(&mut self, visit: &mut dyn FnMut(&[u8], Option<&[u8]>)) -> Result<bool, StoreError> {
+    fn visit_next(&mut self, visit: &mut EntryVisitor<'_>) -> Result<bool, StoreError> {
         if self.done {
             return Ok(false);
         }

@@ -109,6 +109,9 @@ pub struct CompactionReport {
     pub duration: Duration,
 }
 
+/// One namespace's base cells, in Morton order, on their way to the store.
+type NamespaceRun = (NamespaceName, Vec<(u128, Arc<[u8]>)>);
+
 /// The checkpoint files of one data dir and the protocol that changes them.
 pub(crate) struct CheckpointStore {
     storage: Arc<dyn Storage>,
@@ -208,7 +211,7 @@ impl CheckpointStore {
                 reason: format!("bad state entry: {reason}"),
             };
             if expected_kind == FileKind::Base {
-                let mut run: Option<(NamespaceName, Vec<(u128, Arc<[u8]>)>)> = None;
+                let mut run: Option<NamespaceRun> = None;
                 let mut failure: Option<String> = None;
                 reader.for_each_entry(|key, value| {
                     if failure.is_some() {
