@@ -100,7 +100,7 @@ fuzz:
 				-dict=fuzz.dict -print_final_stats=1) || exit 1; \
 		done; \
 	else \
-		echo "make fuzz: no nightly toolchain with cargo-fuzz here; stable driver, no coverage feedback"; \
+		echo "make fuzz: stable driver, no coverage feedback (FUZZ_ENGINE=stable, or no nightly with cargo-fuzz)"; \
 		FUZZ_SECONDS=$(FUZZ_SECONDS) $(CARGO) run --release --manifest-path fuzz/Cargo.toml \
 			--no-default-features --bin cube-fuzz-stable -- $(FUZZ_TARGETS); \
 	fi

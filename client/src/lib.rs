@@ -24,8 +24,8 @@ pub use cube_protocol::{
     MAX_SCAN_PAGE_CELLS, NamespaceName, PathFound, Request, Response, ScanCell, ScanResult,
     ServerError, StatsEntry, StatsValue, WalkNode, WalkResult, WalkStop, parse_coord,
 };
-pub use edges::{Detached, Linked, PathAnswer, WalkOptions};
 pub use cube_protocol::{CellStats, ProgramValue, RunOutcome, RunRecord, RunReply};
+pub use edges::{Detached, Linked, PathAnswer, WalkOptions};
 pub use error::ClientError;
-pub use programs::Stored;
 pub use local_daemon::LocalDaemon;
+pub use programs::Stored;

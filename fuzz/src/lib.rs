@@ -31,8 +31,11 @@ use cube_store::sim_disk::{FaultPlan, SimDisk};
 use cube_store::wal::recover;
 use cube_store::{Engine, EngineConfig, MemStore, Mutation, OpenMode, RecoveryOptions, Storage};
 
+/// A fuzz target: any bytes in, a panic on a finding.
+pub type Target = fn(&[u8]);
+
 /// The targets, by name: what both drivers iterate over.
-pub const TARGETS: [(&str, fn(&[u8])); 4] = [
+pub const TARGETS: [(&str, Target); 4] = [
     ("protocol_frames", protocol_frames),
     ("wal_segment", wal_segment),
     ("checkpoint_file", checkpoint_file),

@@ -5,13 +5,13 @@ use std::io::{self, Read};
 use std::time::{Duration, Instant};
 
 use cube_protocol::frame::{self, RESPONSE_BIT, read_frame};
+use cube_protocol::{CellStats, ProgramValue, RunOutcome, RunRecord, RunReply};
 use cube_protocol::{
     Coord, DecodeError, Direction, EdgeInfo, EdgeLabel, ErrorCode, FrameHeader, HEADER_BYTES,
-    Limits, MAX_STATS_ENTRIES, NamespaceName, Opcode, PROTOCOL_VERSION, PathFound,
-    ProtocolError, Request, Response, ScanCell, ScanResult, ServerError, StatsEntry, StatsValue,
-    WalkNode, WalkResult, WalkStop,
+    Limits, MAX_STATS_ENTRIES, NamespaceName, Opcode, PROTOCOL_VERSION, PathFound, ProtocolError,
+    Request, Response, ScanCell, ScanResult, ServerError, StatsEntry, StatsValue, WalkNode,
+    WalkResult, WalkStop,
 };
-use cube_protocol::{CellStats, ProgramValue, RunOutcome, RunRecord, RunReply};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::sample::{Index, select};
@@ -310,12 +310,21 @@ fn response() -> impl Strategy<Value = Response> {
 /// `prog`, `run` and `cell-stats` requests.
 fn program_request() -> impl Strategy<Value = Request> {
     prop_oneof![
-        (namespace(), coord(), bytes(4096))
-            .prop_map(|(ns, coord, source)| Request::Prog { ns, coord, source }),
-        (namespace(), coord(), vec(bytes(256), 0..8))
-            .prop_map(|(ns, coord, args)| Request::Run { ns, coord, args }),
-        (namespace(), coord(), any::<u32>())
-            .prop_map(|(ns, coord, limit)| Request::CellStats { ns, coord, limit }),
+        (namespace(), coord(), bytes(4096)).prop_map(|(ns, coord, source)| Request::Prog {
+            ns,
+            coord,
+            source
+        }),
+        (namespace(), coord(), vec(bytes(256), 0..8)).prop_map(|(ns, coord, args)| Request::Run {
+            ns,
+            coord,
+            args
+        }),
+        (namespace(), coord(), any::<u32>()).prop_map(|(ns, coord, limit)| Request::CellStats {
+            ns,
+            coord,
+            limit
+        }),
     ]
 }
 
@@ -350,13 +359,8 @@ fn program_response() -> impl Strategy<Value = Response> {
         RunOutcome::Fuel,
         RunOutcome::Memory,
     ]);
-    let record = (
-        any::<[u64; 4]>(),
-        any::<u32>(),
-        outcome,
-        "\\PC{0,100}",
-    )
-        .prop_map(|([seq, started_unix_us, duration_ns, instructions], cells_written, outcome, message)| {
+    let record = (any::<[u64; 4]>(), any::<u32>(), outcome, "\\PC{0,100}").prop_map(
+        |([seq, started_unix_us, duration_ns, instructions], cells_written, outcome, message)| {
             RunRecord {
                 seq,
                 started_unix_us,
@@ -366,7 +370,8 @@ fn program_response() -> impl Strategy<Value = Response> {
                 outcome,
                 message,
             }
-        });
+        },
+    );
     prop_oneof![
         (any::<u64>(), any::<bool>()).prop_map(|(lsn, replaced)| Response::Prog { lsn, replaced }),
         (any::<[u64; 3]>(), any::<u32>(), program_value()).prop_map(

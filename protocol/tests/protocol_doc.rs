@@ -8,13 +8,13 @@
 use std::collections::BTreeMap;
 
 use cube_protocol::frame::{self, RESPONSE_BIT};
+use cube_protocol::{CellStats, ProgramValue, RunOutcome, RunRecord, RunReply};
 use cube_protocol::{
     Coord, Direction, EdgeInfo, EdgeLabel, ErrorCode, FrameHeader, HEADER_BYTES, Limits,
     MAX_EDGE_LIST, MAX_LABEL_BYTES, MAX_SCAN_PAGE_CELLS, MAX_STATS_ENTRIES, MAX_WALK_NODES,
     NamespaceName, Opcode, PROTOCOL_VERSION, PathFound, Request, Response, ScanCell, ScanResult,
     ServerError, StatsEntry, StatsValue, WalkNode, WalkResult, WalkStop,
 };
-use cube_protocol::{CellStats, ProgramValue, RunOutcome, RunRecord, RunReply};
 
 const DOC: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/protocol.md"));
 
@@ -480,10 +480,7 @@ fn program_examples() -> Vec<Example> {
                 cells_written: 0,
                 value: ProgramValue::Table(vec![
                     (ProgramValue::Int(1), ProgramValue::Bool(true)),
-                    (
-                        ProgramValue::Bytes(b"n".to_vec()),
-                        ProgramValue::Float(0.5),
-                    ),
+                    (ProgramValue::Bytes(b"n".to_vec()), ProgramValue::Float(0.5)),
                 ]),
             }),
             vec![

@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 
 use cube_protocol::frame::read_frame;
 use cube_protocol::{
-    CellBox, Coord, ErrorCode, FrameHeader, HEADER_BYTES, MAX_SCAN_PAGE_CELLS, NamespaceName, Opcode,
-    PROTOCOL_VERSION, ProtocolError, Request, Response, ScanPageEncoder, ScanResult, ServerError,
-    StatsEntry, StatsValue,
+    CellBox, Coord, ErrorCode, FrameHeader, HEADER_BYTES, MAX_SCAN_PAGE_CELLS, NamespaceName,
+    Opcode, PROTOCOL_VERSION, ProtocolError, Request, Response, ScanPageEncoder, ScanResult,
+    ServerError, StatsEntry, StatsValue,
 };
 use cube_store::{Mutation, ScanLimits, Visit, WriteError, WriteErrorKind, WriteSession};
 
@@ -161,10 +161,16 @@ impl Connection {
                 match self.submit_write(request, header.request_id, started) {
                     Ok(()) => continue,
                     Err(error) => {
-                        if let Err(close) = self.send_error(header.opcode, header.request_id, &error) {
+                        if let Err(close) =
+                            self.send_error(header.opcode, header.request_id, &error)
+                        {
                             return close;
                         }
-                        self.shared.stats.record(opcode, started.elapsed().as_micros() as u64, false);
+                        self.shared.stats.record(
+                            opcode,
+                            started.elapsed().as_micros() as u64,
+                            false,
+                        );
                         continue;
                     }
                 }
@@ -344,10 +350,12 @@ impl Connection {
             }
             // Served before this dispatch: put and del by `submit_write`,
             // scan by `scan` (straight into the output buffer).
-            Request::Put { .. } | Request::Del { .. } | Request::Scan { .. } => Err(ServerError::new(
-                ErrorCode::Internal,
-                "put, del and scan are served before the generic handler",
-            )),
+            Request::Put { .. } | Request::Del { .. } | Request::Scan { .. } => {
+                Err(ServerError::new(
+                    ErrorCode::Internal,
+                    "put, del and scan are served before the generic handler",
+                ))
+            }
         }
     }
 
@@ -418,11 +426,21 @@ impl Connection {
 
     /// Hands a put or del to the writer; its answer is sent by the writer
     /// thread once durable (see `write_reply`).
-    fn submit_write(&mut self, request: Request, request_id: u64, started: Instant) -> Result<(), ServerError> {
+    fn submit_write(
+        &mut self,
+        request: Request,
+        request_id: u64,
+        started: Instant,
+    ) -> Result<(), ServerError> {
         let (mutation, opcode) = match request {
             Request::Put { ns, coord, value } => (Mutation::Put { ns, coord, value }, Opcode::Put),
             Request::Del { ns, coord } => (Mutation::Del { ns, coord }, Opcode::Del),
-            _ => return Err(ServerError::new(ErrorCode::Internal, "only put and del are submitted")),
+            _ => {
+                return Err(ServerError::new(
+                    ErrorCode::Internal,
+                    "only put and del are submitted",
+                ));
+            }
         };
         self.open_session();
         let session = self.session.as_ref().ok_or_else(|| {
@@ -445,9 +463,13 @@ impl Connection {
                 }
                 .encode(request_id, &mut frame),
                 Ok(ack) => Response::Put { lsn: ack.lsn }.encode(request_id, &mut frame),
-                Err(e) => Response::encode_error(opcode as u16, request_id, &write_error(&e), &mut frame),
+                Err(e) => {
+                    Response::encode_error(opcode as u16, request_id, &write_error(&e), &mut frame)
+                }
             }
-            shared.stats.record(opcode, started.elapsed().as_micros() as u64, ok);
+            shared
+                .stats
+                .record(opcode, started.elapsed().as_micros() as u64, ok);
             deliver(&stream, frame, &slot);
         });
         Ok(())

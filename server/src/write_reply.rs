@@ -43,7 +43,10 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
 impl PendingReply {
     pub(crate) fn begin(&self) {
         let mut state = lock(&self.state);
-        assert!(matches!(*state, State::Idle), "one write in flight per connection");
+        assert!(
+            matches!(*state, State::Idle),
+            "one write in flight per connection"
+        );
         *state = State::InFlight;
     }
 
@@ -62,7 +65,10 @@ impl PendingReply {
                 State::Sent(outcome) => return outcome,
                 State::InFlight => {
                     *state = State::InFlight;
-                    state = self.done.wait(state).unwrap_or_else(|poisoned| poisoned.into_inner());
+                    state = self
+                        .done
+                        .wait(state)
+                        .unwrap_or_else(|poisoned| poisoned.into_inner());
                 }
             }
         }

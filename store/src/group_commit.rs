@@ -22,11 +22,11 @@ use std::any::Any;
 use cube_protocol::NamespaceName;
 
 use crate::error::{WriteError, WriteErrorKind};
-use crate::transaction::{Overlay, TxnFn, TxnView};
 use crate::memstore::MemStore;
 use crate::mutation::Mutation;
 use crate::stats::StoreStats;
 use crate::storage::Storage;
+use crate::transaction::{Overlay, TxnFn, TxnView};
 use crate::wal::record::encode_record;
 use crate::wal::segment::SEGMENT_HEADER_BYTES;
 use crate::wal::{SegmentPreallocator, WalSegment};
@@ -231,15 +231,19 @@ impl WriteSession {
         let (reply, answer) = bounded(1);
         self.tx
             .send(WriterCommand::Transact {
-                txn: Box::new(move |view: &mut TxnView<'_>| Box::new(txn(view)) as Box<dyn Any + Send>),
+                txn: Box::new(move |view: &mut TxnView<'_>| {
+                    Box::new(txn(view)) as Box<dyn Any + Send>
+                }),
                 reply: Responder::Channel(reply),
             })
             .map_err(|_| stopped())?;
         let ack = answer.recv().map_err(|_| stopped())??;
-        let output = ack
-            .output
-            .downcast::<R>()
-            .map_err(|_| WriteError::new(WriteErrorKind::Invalid, "transaction output of an unexpected type"))?;
+        let output = ack.output.downcast::<R>().map_err(|_| {
+            WriteError::new(
+                WriteErrorKind::Invalid,
+                "transaction output of an unexpected type",
+            )
+        })?;
         Ok((*output, ack.first_lsn))
     }
 }
@@ -551,7 +555,11 @@ impl Writer {
             let entry_lsn = self.next_lsn;
             match entry {
                 Prepared::Write { lsn, .. } => *lsn = entry_lsn,
-                Prepared::Txn { first_lsn, mutations, .. } => {
+                Prepared::Txn {
+                    first_lsn,
+                    mutations,
+                    ..
+                } => {
                     *first_lsn = if mutations.is_empty() { 0 } else { entry_lsn };
                 }
             }

@@ -30,8 +30,8 @@ pub mod programs;
 mod scan;
 pub mod sim_disk;
 mod stats;
-pub mod transaction;
 pub mod storage;
+pub mod transaction;
 pub mod verify;
 pub mod wal;
 
@@ -40,15 +40,16 @@ pub use data_dir::{DataDir, sync_dir};
 pub use edges::{EdgeKey, PathError, PathOutcome, WalkLimits};
 pub use error::{StoreError, WriteError, WriteErrorKind};
 pub use group_commit::{
-    GroupCommit, GroupCommitConfig, MAX_TXN_MUTATIONS, Responder, SyncPolicy, TxnAck, WriteAck, WriteSession,
+    GroupCommit, GroupCommitConfig, MAX_TXN_MUTATIONS, Responder, SyncPolicy, TxnAck, WriteAck,
+    WriteSession,
 };
-pub use transaction::TxnView;
 pub use memstore::{APPLY_SLICE_RECORDS, MemStore, SCAN_SLICE_STEPS};
 pub use mutation::Mutation;
 pub use programs::{MAX_TELEMETRY_KEEP, TelemetryChange, TelemetryHead};
 pub use scan::{ScanLimits, ScanOutcome, Visit};
 pub use stats::{StoreStats, StoreStatsSnapshot};
 pub use storage::{OpenMode, RealDisk, Storage, StorageFile};
+pub use transaction::TxnView;
 pub use wal::{RecoveryOptions, RecoveryReport};
 
 mod engine;

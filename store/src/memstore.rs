@@ -116,7 +116,11 @@ impl MemStore {
     /// (no per-cell inserts); otherwise they are inserted one by one under
     /// the namespace's own curve. Only for startup, before any reader.
     /// Returns `false` if the namespace does not exist.
-    pub fn load_sorted_cells(&self, ns: &NamespaceName, morton_sorted: Vec<(u128, Arc<[u8]>)>) -> bool {
+    pub fn load_sorted_cells(
+        &self,
+        ns: &NamespaceName,
+        morton_sorted: Vec<(u128, Arc<[u8]>)>,
+    ) -> bool {
         let Some(space) = self.namespace(ns) else {
             return false;
         };

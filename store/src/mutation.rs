@@ -8,7 +8,9 @@ use byteorder::{ByteOrder, LittleEndian};
 use cube_protocol::{Coord, EdgeLabel, EdgeWeight, NamespaceName};
 
 use crate::edges::EdgeKey;
-use crate::programs::{TelemetryChange, put_telemetry_payload, read_telemetry_payload, telemetry_payload_len};
+use crate::programs::{
+    TelemetryChange, put_telemetry_payload, read_telemetry_payload, telemetry_payload_len,
+};
 
 /// Record kinds as stored on disk. Numbers never change meaning.
 pub(crate) const KIND_PUT: u8 = 1;
@@ -60,7 +62,10 @@ pub enum Mutation {
         source: Vec<u8>,
     },
     /// Removes a cell's program.
-    ProgramDel { ns: NamespaceName, coord: Coord },
+    ProgramDel {
+        ns: NamespaceName,
+        coord: Coord,
+    },
     /// A cell's run telemetry (`crate::programs`).
     Telemetry {
         ns: NamespaceName,
@@ -106,7 +111,9 @@ impl Mutation {
             Mutation::Detach { ns, edges, .. } => {
                 1 + ns.as_str().len() + 12 + 4 + edges.iter().map(edge_key_len).sum::<usize>()
             }
-            Mutation::ProgramPut { ns, source, .. } => 1 + ns.as_str().len() + 12 + 4 + source.len(),
+            Mutation::ProgramPut { ns, source, .. } => {
+                1 + ns.as_str().len() + 12 + 4 + source.len()
+            }
             Mutation::ProgramDel { ns, .. } => 1 + ns.as_str().len() + 12,
             Mutation::Telemetry { ns, change, .. } => {
                 1 + ns.as_str().len() + 12 + telemetry_payload_len(change)

@@ -245,7 +245,12 @@ impl<'a> TxnView<'a> {
 
     /// The cells of `region` in curve order, overlay included, at most
     /// `limit` (capped at [`MAX_TXN_SCAN_CELLS`]). `None`: no such namespace.
-    pub fn scan(&self, ns: &NamespaceName, region: &CellBox, limit: usize) -> Option<Vec<(Coord, Arc<[u8]>)>> {
+    pub fn scan(
+        &self,
+        ns: &NamespaceName,
+        region: &CellBox,
+        limit: usize,
+    ) -> Option<Vec<(Coord, Arc<[u8]>)>> {
         let curve = self.mem.curve(ns)?;
         let limit = limit.min(MAX_TXN_SCAN_CELLS);
         let pending: Vec<(&Coord, &Option<Arc<[u8]>>)> = self
@@ -297,7 +302,12 @@ impl<'a> TxnView<'a> {
     /// Calls `visit` for each of `coords` that holds a value as of this
     /// point in the log, with the value: one store lock hold and one
     /// namespace-name clone for the lot (see [`MemStore::get_each`]).
-    pub fn get_each(&self, ns: &NamespaceName, coords: &[Coord], mut visit: impl FnMut(Coord, &[u8])) {
+    pub fn get_each(
+        &self,
+        ns: &NamespaceName,
+        coords: &[Coord],
+        mut visit: impl FnMut(Coord, &[u8]),
+    ) {
         let pending = !self.overlay.cells.is_empty();
         let mut key = (ns.clone(), Coord::new(0, 0, 0));
         self.mem.get_each(ns, coords, |coord, stored| {

@@ -31,7 +31,11 @@ fn concurrent_increments_are_never_lost() {
                 for _ in 0..200 {
                     // Interleave plain writes so transactions share groups with them.
                     session
-                        .write(Mutation::Put { ns: ns(), coord: Coord::new(1, 1, 1), value: b"x".to_vec() })
+                        .write(Mutation::Put {
+                            ns: ns(),
+                            coord: Coord::new(1, 1, 1),
+                            value: b"x".to_vec(),
+                        })
                         .unwrap();
                     let (seen, _) = session
                         .transact(move |view| {
@@ -58,7 +62,11 @@ fn a_transaction_sees_earlier_writes_and_a_rollback_applies_nothing() {
     let engine = Engine::open(EngineConfig::new(tmp.path())).unwrap();
     let session = engine.session().unwrap();
     session
-        .write(Mutation::Put { ns: ns(), coord: Coord::new(5, 5, 5), value: b"before".to_vec() })
+        .write(Mutation::Put {
+            ns: ns(),
+            coord: Coord::new(5, 5, 5),
+            value: b"before".to_vec(),
+        })
         .unwrap();
     let (seen, first_lsn) = session
         .transact(|view| {
@@ -72,7 +80,11 @@ fn a_transaction_sees_earlier_writes_and_a_rollback_applies_nothing() {
             (before, cells.len())
         })
         .unwrap();
-    assert_eq!(seen, (Some(b"before".to_vec()), 9), "reads see the store and the transaction's own writes");
+    assert_eq!(
+        seen,
+        (Some(b"before".to_vec()), 9),
+        "reads see the store and the transaction's own writes"
+    );
     assert_eq!(first_lsn, 2);
     assert!(engine.get(&ns(), Coord::new(9, 0, 0)).unwrap().is_some());
     assert!(engine.get(&ns(), Coord::new(3, 0, 0)).unwrap().is_none());
@@ -87,7 +99,13 @@ fn a_transaction_sees_earlier_writes_and_a_rollback_applies_nothing() {
     assert_eq!((emitted, lsn), (0, 0));
     assert!(engine.get(&ns(), Coord::new(100, 0, 0)).unwrap().is_none());
     let err = session
-        .transact(|view| view.put(&NamespaceName::new("nope").unwrap(), Coord::new(0, 0, 0), vec![]))
+        .transact(|view| {
+            view.put(
+                &NamespaceName::new("nope").unwrap(),
+                Coord::new(0, 0, 0),
+                vec![],
+            )
+        })
         .err()
         .unwrap();
     assert!(err.message.contains("no such namespace"), "{err}");
@@ -97,7 +115,11 @@ fn a_transaction_sees_earlier_writes_and_a_rollback_applies_nothing() {
     // The committed transaction survives a restart whole.
     let engine = Engine::open(EngineConfig::new(tmp.path())).unwrap();
     for i in 0..10 {
-        assert_eq!(engine.get(&ns(), Coord::new(i, 0, 0)).unwrap().is_some(), i != 3, "cell {i}");
+        assert_eq!(
+            engine.get(&ns(), Coord::new(i, 0, 0)).unwrap().is_some(),
+            i != 3,
+            "cell {i}"
+        );
     }
     engine.close_without_checkpoint();
 }

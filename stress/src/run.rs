@@ -15,11 +15,11 @@ use crate::latency::Recorder;
 use crate::ledger::Ledger;
 use crate::report::{CrashReport, RunReport};
 use crate::rng::Rng;
+use crate::seed_workload::{self, SeedLedger};
+use crate::target::ProgramConnection;
 use crate::target::{Connection, Connector, RunningTarget, TargetKind, TargetSpec};
 use crate::verify::{self, ReadBack, VerifyMode, VerifyReport};
 use crate::walk_workload;
-use crate::seed_workload::{self, SeedLedger};
-use crate::target::ProgramConnection;
 use crate::workload::{Op, Workload, WorkloadKind};
 
 /// Error descriptions kept per run; the count is always exact.
@@ -152,7 +152,9 @@ pub fn run(config: &RunConfig) -> Result<RunReport, StressError> {
         seed_baseline = seed_workload::prefill(connection.as_mut(), cells)
             .map_err(|e| StressError::target("prefill", e))?;
         let seconds = started.elapsed().as_secs_f64();
-        say(format!("stored a counter program at {cells} seed cells in {seconds:.2} s"));
+        say(format!(
+            "stored a counter program at {cells} seed cells in {seconds:.2} s"
+        ));
         Some(seconds)
     } else {
         None

@@ -23,7 +23,11 @@ fn every_acknowledged_operation_survives_each_kill() {
     let text = report.to_text();
     assert!(report.passed(), "{text}");
     assert_eq!(report.cycles_run, 5, "{text}");
-    assert_eq!(report.restart_ms.len(), 6, "five crashes and the final clean restart: {text}");
+    assert_eq!(
+        report.restart_ms.len(),
+        6,
+        "five crashes and the final clean restart: {text}"
+    );
     assert!(report.acked_total() > 0, "{text}");
     assert!(report.acked.get("put").copied().unwrap_or(0) > 0, "{text}");
     assert!(report.keys_verified >= 6 * 4 * 24, "{text}");

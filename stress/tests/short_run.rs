@@ -89,7 +89,14 @@ fn a_short_mixed_run_verifies_and_writes_the_documented_json() {
 fn a_redis_target_without_redis_installed_says_how_to_install_it() {
     // An empty PATH hides redis-server whether or not it is installed.
     let output = Command::new(env!("CARGO_BIN_EXE_cube-stress"))
-        .args(["--target", "redis-always", "--workload", "put", "--duration", "1"])
+        .args([
+            "--target",
+            "redis-always",
+            "--workload",
+            "put",
+            "--duration",
+            "1",
+        ])
         .env("PATH", "")
         .output()
         .unwrap();

@@ -396,7 +396,10 @@ impl CheckpointReader {
 
     /// Calls `visit` with every remaining entry, borrowing key and value
     /// from the block buffer: no allocation per entry, for bulk loads.
-    pub(crate) fn for_each_entry(&mut self, mut visit: impl FnMut(&[u8], Option<&[u8]>)) -> Result<(), StoreError> {
+    pub(crate) fn for_each_entry(
+        &mut self,
+        mut visit: impl FnMut(&[u8], Option<&[u8]>),
+    ) -> Result<(), StoreError> {
         while self.visit_next(&mut visit)? {}
         Ok(())
     }

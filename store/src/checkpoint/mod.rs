@@ -33,9 +33,9 @@ use crate::error::StoreError;
 use crate::mutation::Mutation;
 use crate::storage::Storage;
 use crate::wal::{list_segments, read_closed_segment};
+use cube_protocol::NamespaceName;
 use file::{CheckpointReader, CheckpointWriter, FileHeader, FileKind};
 use manifest::{MAX_DELTAS, Manifest, base_file_name, delta_file_name};
-use cube_protocol::NamespaceName;
 use state_key::{StateUpdate, cell_key_parts, entry_to_mutation, state_updates};
 
 #[derive(Clone, Debug)]
@@ -219,13 +219,18 @@ impl CheckpointStore {
                     }
                     entries += 1;
                     if let (Some((ns_bytes, morton)), Some(value)) = (cell_key_parts(key), value) {
-                        if run.as_ref().is_none_or(|(ns, _)| ns.as_str().as_bytes() != ns_bytes) {
+                        if run
+                            .as_ref()
+                            .is_none_or(|(ns, _)| ns.as_str().as_bytes() != ns_bytes)
+                        {
                             if let Some((ns, cells)) = run.take() {
                                 bulk_cells(&ns, cells);
                             }
-                            match std::str::from_utf8(ns_bytes).map_err(|e| e.to_string()).and_then(
-                                |name| NamespaceName::new(name).map_err(|e| e.to_string()),
-                            ) {
+                            match std::str::from_utf8(ns_bytes)
+                                .map_err(|e| e.to_string())
+                                .and_then(|name| {
+                                    NamespaceName::new(name).map_err(|e| e.to_string())
+                                }) {
                                 Ok(ns) => run = Some((ns, Vec::new())),
                                 Err(reason) => {
                                     failure = Some(reason);
