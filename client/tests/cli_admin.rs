@@ -74,3 +74,47 @@ fn checkpoint_and_backup_from_the_command_line() {
         b"after the checkpoint"
     );
 }
+
+#[test]
+fn stats_for_prometheus_and_in_watch_mode() {
+    let daemon = LocalDaemon::start_fresh(&[]).unwrap();
+    let mut c = daemon.client().unwrap();
+    c.put("default", Coord::new(1, 2, 3), b"x").unwrap();
+    let cwd = daemon.data_dir().parent().unwrap().to_path_buf();
+
+    let (code, out, err) = cubec(&daemon, &["stats", "--prometheus"], &cwd);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("# TYPE cube_wal_records gauge\ncube_wal_records 1\n"),
+        "{out}"
+    );
+    assert!(out.contains("cube_cmd_put_latency_us_p99 "), "{out}");
+    assert!(
+        out.contains("cube_server_sync_info{value=\"always\"} 1"),
+        "{out}"
+    );
+    for line in out.lines().filter(|l| !l.starts_with('#')) {
+        let name = line.split([' ', '{']).next().unwrap();
+        assert!(
+            name.chars()
+                .all(|ch| ch.is_ascii_alphanumeric() || ch == '_'),
+            "bad metric name {name:?}"
+        );
+    }
+
+    // --watch redraws until stopped.
+    let mut watcher = Command::new(env!("CARGO_BIN_EXE_cubec"))
+        .arg("--socket")
+        .arg(daemon.socket())
+        .args(["stats", "--watch", "0.1"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    watcher.kill().unwrap();
+    let out = watcher.wait_with_output().unwrap();
+    let screens = String::from_utf8_lossy(&out.stdout)
+        .matches("\x1b[2J")
+        .count();
+    assert!(screens >= 2, "{screens} refreshes in 0.6 s");
+}

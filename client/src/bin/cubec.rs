@@ -378,7 +378,17 @@ fn run(cli: &Cli) -> Result<u8, Failure> {
             ns: Some(ns),
             coord: Some(coord),
             records,
+            ..
         }) => programs::cell_stats(&mut client, ns, *coord, *records, cli.json, &mut stdout),
+        Command::Stats(programs::StatsArgs {
+            prometheus: true, ..
+        }) => {
+            let text = prometheus_text(&client.stats()?);
+            emit(&mut stdout, text.as_bytes()).map(|()| 0)
+        }
+        Command::Stats(programs::StatsArgs {
+            watch: Some(secs), ..
+        }) => watch_stats(&mut client, *secs, cli.json, &mut stdout),
         Command::Stats(_) => stats(&mut client, cli.json, &mut stdout),
         Command::Prog(args) => programs::prog(&mut client, args, cli.json, &mut stdout),
         Command::Run(args) => programs::run(&mut client, args, cli.json, &mut stdout),
@@ -650,6 +660,76 @@ fn escape_value(value: &[u8], out: &mut Vec<u8>) {
             out.extend_from_slice(format!("\\x{byte:02x}").as_bytes());
         }
     }
+}
+
+/// Most refreshes `--watch` does before it stops by itself (a day at 2 s).
+const MAX_WATCH_REFRESHES: u32 = 43_200;
+
+/// Redraws the stats every `secs` seconds: clear the screen, home the
+/// cursor, print the table (or one JSON object per line with --json).
+fn watch_stats(
+    client: &mut Client,
+    secs: f64,
+    as_json: bool,
+    out: &mut impl Write,
+) -> Result<u8, Failure> {
+    if !(secs.is_finite() && secs >= 0.1) {
+        return Err(Failure::usage(format!(
+            "--watch {secs}: give an interval of at least 0.1 seconds"
+        )));
+    }
+    for _ in 0..MAX_WATCH_REFRESHES {
+        let entries = client.stats()?;
+        let text = if as_json {
+            stats_json(&entries)
+        } else {
+            format!("\x1b[2J\x1b[H{}", stats_table(&entries))
+        };
+        emit(out, text.as_bytes())?;
+        out.flush().map_err(|e| output_failure(&e))?;
+        std::thread::sleep(std::time::Duration::from_secs_f64(secs));
+    }
+    Ok(0)
+}
+
+/// The Prometheus text format: numbers become `cube_<name>` gauges (dots
+/// and other characters become `_`); text figures become an `info`-style
+/// gauge with the text as a label, so nothing is lost.
+fn prometheus_text(entries: &[StatsEntry]) -> String {
+    let metric = |name: &str| {
+        let cleaned: String = name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        format!("cube_{cleaned}")
+    };
+    let mut out = String::new();
+    for entry in entries {
+        let name = metric(&entry.name);
+        match &entry.value {
+            StatsValue::Count(n) => out.push_str(&format!("# TYPE {name} gauge\n{name} {n}\n")),
+            StatsValue::Float(f) if f.is_finite() => {
+                out.push_str(&format!("# TYPE {name} gauge\n{name} {f}\n"));
+            }
+            StatsValue::Float(_) => {}
+            StatsValue::Text(t) => {
+                let escaped = t
+                    .replace('\\', "\\\\")
+                    .replace('"', "\\\"")
+                    .replace('\n', "\\n");
+                out.push_str(&format!(
+                    "# TYPE {name}_info gauge\n{name}_info{{value=\"{escaped}\"}} 1\n"
+                ));
+            }
+        }
+    }
+    out
 }
 
 fn stats(client: &mut Client, as_json: bool, out: &mut impl Write) -> Result<u8, Failure> {

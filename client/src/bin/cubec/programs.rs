@@ -95,6 +95,15 @@ pub(crate) struct StatsArgs {
     /// How many recent telemetry records to show (with a cell)
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub(crate) records: u32,
+
+    /// Refresh the server's stats in place every SECS seconds, like `top` (Ctrl-C stops)
+    #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "2", conflicts_with = "ns")]
+    pub(crate) watch: Option<f64>,
+
+    /// Print the server's stats in the Prometheus text exposition format
+    /// (for the node-exporter textfile collector or a scrape wrapper)
+    #[arg(long, conflicts_with_all = ["ns", "watch"])]
+    pub(crate) prometheus: bool,
 }
 
 fn read_source(args: &ProgArgs) -> Result<Vec<u8>, Failure> {
