@@ -62,6 +62,10 @@ fn durable_checkpoint_and_replay() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(stat(&mut c, "checkpoint.base_bytes") > 0);
+    // Group sizes and fsync times are distributions, not only means.
+    assert!(stat(&mut c, "wal.group_records_p50") >= 1);
+    assert!(stat(&mut c, "wal.fsync_us_p99") >= stat(&mut c, "wal.fsync_us_p50"));
+    assert!(stat(&mut c, "wal.fsync_us_p50") >= 1);
     // More writes after the checkpoint: these live only in the WAL tail.
     for i in 0..300 {
         c.put("default", Coord::new(i, -i, 7), &value(i, 7))

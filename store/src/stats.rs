@@ -3,6 +3,22 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use hdrhistogram::Histogram;
+
+/// Values above this are clamped (an hour in microseconds; far more
+/// records than a group may hold).
+const HISTOGRAM_MAX: u64 = 3_600_000_000;
+
+fn record_into(slot: &Mutex<Option<Histogram<u64>>>, value: u64) {
+    let mut guard = slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if guard.is_none() {
+        *guard = Histogram::new_with_bounds(1, HISTOGRAM_MAX, 2).ok();
+    }
+    if let Some(h) = guard.as_mut() {
+        h.saturating_record(value.clamp(1, HISTOGRAM_MAX));
+    }
+}
+
 #[derive(Default)]
 pub struct StoreStats {
     pub(crate) wal_records: AtomicU64,
@@ -16,6 +32,10 @@ pub struct StoreStats {
     pub(crate) last_lsn: AtomicU64,
     pub(crate) write_errors: AtomicU64,
     pub(crate) writer_failure: Mutex<Option<String>>,
+    /// Distributions, recorded only by the writer thread (so the locks are
+    /// uncontended except against `stats`).
+    pub(crate) group_records_histogram: Mutex<Option<Histogram<u64>>>,
+    pub(crate) fsync_us_histogram: Mutex<Option<Histogram<u64>>>,
     pub(crate) checkpoints: AtomicU64,
     pub(crate) compactions: AtomicU64,
     pub(crate) checkpoint_failures: AtomicU64,
@@ -60,6 +80,10 @@ pub struct StoreStatsSnapshot {
     pub last_checkpoint_failure: Option<String>,
     /// Size of the WAL segment files now on disk (filled by the engine).
     pub wal_disk_bytes: u64,
+    pub group_records_p50: u64,
+    pub group_records_p99: u64,
+    pub fsync_us_p50: u64,
+    pub fsync_us_p99: u64,
 }
 
 impl StoreStats {
@@ -69,12 +93,14 @@ impl StoreStats {
         self.wal_groups.fetch_add(1, Relaxed);
         self.group_records_max.fetch_max(records, Relaxed);
         self.last_lsn.store(last_lsn, Relaxed);
+        record_into(&self.group_records_histogram, records);
     }
 
     pub(crate) fn record_fsync(&self, micros: u64) {
         self.wal_fsyncs.fetch_add(1, Relaxed);
         self.fsync_us_total.fetch_add(micros, Relaxed);
         self.fsync_us_max.fetch_max(micros, Relaxed);
+        record_into(&self.fsync_us_histogram, micros);
     }
 
     pub(crate) fn set_failure(&self, reason: &str) {
@@ -93,6 +119,14 @@ impl StoreStats {
     }
 
     pub fn snapshot(&self) -> StoreStatsSnapshot {
+        let quantiles = |h: &Mutex<Option<Histogram<u64>>>| {
+            let guard = h.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            guard.as_ref().map_or((0, 0), |h| {
+                (h.value_at_quantile(0.5), h.value_at_quantile(0.99))
+            })
+        };
+        let (group_records_p50, group_records_p99) = quantiles(&self.group_records_histogram);
+        let (fsync_us_p50, fsync_us_p99) = quantiles(&self.fsync_us_histogram);
         let groups = self.wal_groups.load(Relaxed);
         let fsyncs = self.wal_fsyncs.load(Relaxed);
         let records = self.wal_records.load(Relaxed);
@@ -138,6 +172,10 @@ impl StoreStats {
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
                 .clone(),
             wal_disk_bytes: 0,
+            group_records_p50,
+            group_records_p99,
+            fsync_us_p50,
+            fsync_us_p99,
         }
     }
 }
