@@ -357,13 +357,7 @@ impl Request {
                 let lo = r.coord()?;
                 let hi = r.coord()?;
                 let limit = r.u32()?;
-                let flags = r.u8()?;
-                if flags & !SCAN_FLAG_COUNT_ONLY != 0 {
-                    return Err(DecodeError::BadField {
-                        what: "scan flags",
-                        got: u64::from(flags),
-                    });
-                }
+                let flags = r.flags(SCAN_FLAG_COUNT_ONLY, "scan flags")?;
                 Request::Scan {
                     ns,
                     lo,
@@ -399,13 +393,7 @@ impl Request {
                 let label = read_label_filter(&mut r)?;
                 let max_depth = r.u32()?;
                 let max_nodes = r.u32()?;
-                let flags = r.u8()?;
-                if flags & !WALK_FLAG_VALUES != 0 {
-                    return Err(DecodeError::BadField {
-                        what: "walk flags",
-                        got: u64::from(flags),
-                    });
-                }
+                let flags = r.flags(WALK_FLAG_VALUES, "walk flags")?;
                 Request::Walk {
                     ns,
                     from,

@@ -63,6 +63,18 @@ impl<'a> BodyReader<'a> {
         }
     }
 
+    /// A flags byte whose bits outside `allowed` must be zero.
+    pub(crate) fn flags(&mut self, allowed: u8, what: &'static str) -> Result<u8, DecodeError> {
+        let flags = self.u8()?;
+        if flags & !allowed != 0 {
+            return Err(DecodeError::BadField {
+                what,
+                got: u64::from(flags),
+            });
+        }
+        Ok(flags)
+    }
+
     pub(crate) fn coord(&mut self) -> Result<Coord, DecodeError> {
         Ok(Coord::new(self.i32()?, self.i32()?, self.i32()?))
     }

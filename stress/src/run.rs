@@ -420,21 +420,9 @@ fn prefill(
                 })
             })
             .collect();
-        workers
-            .into_iter()
-            .filter_map(|w| match w.join() {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(e.to_string()),
-                Err(_) => Some("a prefill thread panicked".to_owned()),
-            })
-            .collect()
+        prefill_failures(workers)
     });
-    if let Some(first) = failures.first() {
-        return Err(StressError::target(
-            "prefill",
-            format!("cannot write the key space before the run: {first}"),
-        ));
-    }
+    prefill_outcome(&failures, "write the key space")?;
     for ledger in ledgers {
         let mut ledger = lock(ledger);
         let version = ledger.next_version();
@@ -465,21 +453,9 @@ fn prefill_edges(connector: &dyn Connector, keys: &KeySpace) -> Result<u64, Stre
                 })
             })
             .collect();
-        workers
-            .into_iter()
-            .filter_map(|w| match w.join() {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(e.to_string()),
-                Err(_) => Some("a prefill thread panicked".to_owned()),
-            })
-            .collect()
+        prefill_failures(workers)
     });
-    if let Some(first) = failures.first() {
-        return Err(StressError::target(
-            "prefill",
-            format!("cannot link the lattice before the run: {first}"),
-        ));
-    }
+    prefill_outcome(&failures, "link the lattice")?;
     Ok(edges.len() as u64)
 }
 
@@ -831,5 +807,29 @@ fn execute(
             }
             Ok(())
         }
+    }
+}
+
+/// Joins prefill threads; returns what went wrong in each that failed.
+fn prefill_failures<E: std::fmt::Display>(
+    workers: Vec<thread::ScopedJoinHandle<'_, Result<(), E>>>,
+) -> Vec<String> {
+    workers
+        .into_iter()
+        .filter_map(|w| match w.join() {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(_) => Some("a prefill thread panicked".to_owned()),
+        })
+        .collect()
+}
+
+fn prefill_outcome(failures: &[String], what: &str) -> Result<(), StressError> {
+    match failures.first() {
+        Some(first) => Err(StressError::target(
+            "prefill",
+            format!("cannot {what} before the run: {first}"),
+        )),
+        None => Ok(()),
     }
 }
