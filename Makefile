@@ -71,7 +71,7 @@ SEEDS ?= 500
 sim:
 	CUBE_SIM_SEEDS=$(SEEDS) $(CARGO) test --release -p cube-store --test storage_faults -- --nocapture
 
-# Crash torture: many clients (puts, deletes, edges, checkpoints) against a
+# Crash torture: many clients (puts, deletes, edges, cell programs, checkpoints) against a
 # cubed with tiny segments and thresholds, SIGKILLed at random moments and
 # inside checkpoints and compactions, restarted and read back, CYCLES times.
 # `make test` runs 5 cycles (stress/tests/crash_torture.rs).
@@ -89,7 +89,7 @@ crash: release
 # "Fuzzing".
 FUZZ_SECONDS ?= 60
 FUZZ_ENGINE ?= auto
-FUZZ_TARGETS := protocol_frames wal_segment checkpoint_file program_source
+FUZZ_TARGETS := protocol_frames wal_segment checkpoint_file program_source program_run
 fuzz:
 	@if [ "$(FUZZ_ENGINE)" != stable ] && $(CARGO) +nightly fuzz --version >/dev/null 2>&1; then \
 		echo "make fuzz: libFuzzer (cargo +nightly fuzz), $(FUZZ_SECONDS) s per target"; \

@@ -9,15 +9,22 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod base64;
+mod bulk;
 mod client;
 mod edges;
 mod error;
 pub mod json;
 pub mod local_daemon;
+mod namespaces;
 mod programs;
 
+pub use bulk::{BatchAck, failed_op_index};
 pub use client::{
     Client, DEFAULT_SOCKET_PATH, SOCKET_ENV_VAR, ScanIter, ScanPage, default_socket_path,
+};
+pub use cube_protocol::{
+    BatchOp, EdgePage, ListedEdge, ListedProgram, MAX_BATCH_BYTES, MAX_BATCH_OPS, MAX_EDGE_PAGE,
+    MAX_PROGRAM_BYTES, MAX_PROGRAM_PAGE, ProgramPage,
 };
 pub use cube_protocol::{
     CellBox, Coord, Direction, EdgeInfo, EdgeLabel, EdgeWeight, ErrorCode, Limits,
@@ -25,6 +32,7 @@ pub use cube_protocol::{
     ServerError, StatsEntry, StatsValue, WalkNode, WalkResult, WalkStop, parse_coord,
 };
 pub use cube_protocol::{CellStats, ProgramValue, RunOutcome, RunRecord, RunReply};
+pub use cube_protocol::{CurveChoice, MAX_GRANTS, NamespaceGrant, NamespaceInfo, NamespaceSpec};
 pub use edges::{Detached, Linked, PathAnswer, WalkOptions};
 pub use error::ClientError;
 pub use local_daemon::LocalDaemon;

@@ -14,6 +14,10 @@
 //! - [`checkpoint_file`]: the engine opens or refuses; it never panics.
 //! - [`program_source`]: compiling a cell program (Lua) answers or refuses,
 //!   never panics, within the server's source limit.
+//! - [`program_run`]: a cell program stored and run as `prog` and `run` do,
+//!   with small budgets, never panics (not even on the writer thread),
+//!   ends within its budgets, returns only what the protocol can carry,
+//!   and applies nothing when it fails.
 //!
 //! A fuzzer almost never forges a CRC32C, so every target runs twice: on
 //! the bytes as given, and on the bytes with their checksums (and lengths
@@ -26,6 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cube_protocol::frame::read_frame;
+use cube_server::{HarnessLimits, HarnessOutcome, ProgramHarness};
 use cube_protocol::{HEADER_BYTES, Limits, PROTOCOL_VERSION, Request, Response};
 use cube_store::sim_disk::{FaultPlan, SimDisk};
 use cube_store::wal::recover;
@@ -35,11 +40,12 @@ use cube_store::{Engine, EngineConfig, MemStore, Mutation, OpenMode, RecoveryOpt
 pub type Target = fn(&[u8]);
 
 /// The targets, by name: what both drivers iterate over.
-pub const TARGETS: [(&str, Target); 4] = [
+pub const TARGETS: [(&str, Target); 5] = [
     ("protocol_frames", protocol_frames),
     ("wal_segment", wal_segment),
     ("checkpoint_file", checkpoint_file),
     ("program_source", program_source),
+    ("program_run", program_run),
 ];
 
 /// Inputs longer than this are cut: the interesting structure is in the
@@ -304,6 +310,8 @@ fn recover_all(
             wal,
             checkpoint_lsn,
             &RecoveryOptions { repair },
+            // An unencrypted log: no keyring.
+            None,
             |lsn, mutation: Mutation| {
                 assert_eq!(lsn, expected, "recovery handed out LSNs out of order");
                 expected += 1;
@@ -527,6 +535,66 @@ pub fn program_source(data: &[u8]) {
     let _ = cube_server::check_program_syntax(source);
 }
 
+/// Most arguments taken from one input, and bytes of each: enough to
+/// reach every argument-handling path, few enough to keep runs short.
+const MAX_RUN_ARGS: usize = 8;
+const MAX_RUN_ARG_BYTES: usize = 1024;
+/// Runs on one harness before a fresh one replaces it, so that what
+/// programs wrote does not pile up and every run starts from a similar
+/// store.
+const HARNESS_RUNS: u64 = 2000;
+
+thread_local! {
+    /// An engine costs a writer, a checkpointer and a preallocator thread:
+    /// one serves many executions.
+    static HARNESS: std::cell::RefCell<Option<ProgramHarness>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// The input as a cell program and its arguments: the source up to the
+/// first NUL byte (cut to the protocol's 64 KiB), then up to 8 NUL-separated
+/// arguments of up to 1 KiB. The source is stored and run as `prog` and
+/// `run` do, on an engine of its own, with [`HarnessLimits::SMALL`]
+/// budgets. A refused source or a failed run is a fine answer; a panic
+/// (here or on the writer thread, which shows as a dead writer), a run past
+/// its budgets, a result the protocol cannot carry, a failed run whose
+/// writes were applied, or a miscounted run is a finding
+/// ([`cube_server::HarnessRun::check`]).
+pub fn program_run(data: &[u8]) {
+    let data = cap(data);
+    let mut parts = data.split(|b| *b == 0);
+    let source = parts.next().unwrap_or_default();
+    let source = &source[..source.len().min(cube_protocol::MAX_PROGRAM_BYTES)];
+    let args: Vec<Vec<u8>> = parts
+        .take(MAX_RUN_ARGS)
+        .map(|a| a[..a.len().min(MAX_RUN_ARG_BYTES)].to_vec())
+        .collect();
+    HARNESS.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.as_ref().is_none_or(|h| h.runs() >= HARNESS_RUNS) {
+            // The old engine stops before the new one starts.
+            *slot = None;
+            match ProgramHarness::new(HarnessLimits::SMALL) {
+                Ok(fresh) => *slot = Some(fresh),
+                Err(e) => panic!("program_run: cannot start the harness: {e}"),
+            }
+        }
+        let Some(harness) = slot.as_mut() else {
+            return;
+        };
+        let expected_seq = harness.runs() + 1;
+        let checked = harness.run(source, &args).and_then(|outcome| match outcome {
+            HarnessOutcome::Refused(_) => Ok(()),
+            HarnessOutcome::Ran(run) => run.check(&HarnessLimits::SMALL, expected_seq),
+        });
+        if let Err(finding) = checked {
+            // A broken engine would fail every later input the same way.
+            *slot = None;
+            panic!("program_run: {finding}");
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -538,6 +606,29 @@ mod tests {
             target(&[0]);
             target(&[0xff; 100]);
         }
+    }
+
+    #[test]
+    fn program_run_seeds_are_stored_and_run() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds/program_run");
+        let mut harness = ProgramHarness::new(HarnessLimits::SMALL).expect("harness");
+        let mut seeds = 0;
+        for entry in std::fs::read_dir(&dir).expect("seeds/program_run") {
+            let data = std::fs::read(entry.expect("entry").path()).expect("seed");
+            program_run(&data);
+            let mut parts = data.split(|b| *b == 0);
+            let source = parts.next().unwrap_or_default();
+            let args: Vec<Vec<u8>> = parts.map(<[u8]>::to_vec).collect();
+            let expected = harness.runs() + 1;
+            match harness.run(source, &args).expect("engine") {
+                HarnessOutcome::Ran(run) => run
+                    .check(&HarnessLimits::SMALL, expected)
+                    .expect("within bounds"),
+                HarnessOutcome::Refused(why) => panic!("a seed was refused: {why}"),
+            }
+            seeds += 1;
+        }
+        assert!(seeds >= 10, "{seeds} seeds");
     }
 
     #[test]

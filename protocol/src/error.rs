@@ -133,6 +133,17 @@ pub enum ErrorCode {
     /// `run`: the program used up its memory budget (`--program-memory`).
     /// Nothing it wrote was applied; recorded.
     ProgramMemory = 23,
+    /// `ns-create`: a namespace of that name already exists.
+    NamespaceExists = 24,
+    /// A write would take the namespace past a quota; the message names
+    /// the quota, its limit and its use; nothing was applied.
+    QuotaExceeded = 25,
+    /// The connection's uid may see the namespace but not do this (a
+    /// read-only grant writing, or a non-owner administering).
+    PermissionDenied = 26,
+    /// An encrypted namespace was asked for but the daemon has no
+    /// `--key-file`.
+    EncryptionUnavailable = 27,
 }
 
 impl ErrorCode {
@@ -162,6 +173,10 @@ impl ErrorCode {
             21 => ProgramError,
             22 => ProgramFuel,
             23 => ProgramMemory,
+            24 => NamespaceExists,
+            25 => QuotaExceeded,
+            26 => PermissionDenied,
+            27 => EncryptionUnavailable,
             _ => return None,
         })
     }
@@ -193,6 +208,10 @@ impl ErrorCode {
             ProgramError => "program_error",
             ProgramFuel => "program_fuel",
             ProgramMemory => "program_memory",
+            NamespaceExists => "namespace_exists",
+            QuotaExceeded => "quota_exceeded",
+            PermissionDenied => "permission_denied",
+            EncryptionUnavailable => "encryption_unavailable",
         }
     }
 }
@@ -213,6 +232,13 @@ mod tests {
         assert_eq!(ErrorCode::from_u16(17), Some(ErrorCode::InvalidArgument));
         assert_eq!(ErrorCode::from_u16(19), Some(ErrorCode::BadWeight));
         assert_eq!(ErrorCode::from_u16(23), Some(ErrorCode::ProgramMemory));
-        assert_eq!(ErrorCode::from_u16(24), None);
+        assert_eq!(ErrorCode::from_u16(24), Some(ErrorCode::NamespaceExists));
+        assert_eq!(ErrorCode::from_u16(25), Some(ErrorCode::QuotaExceeded));
+        assert_eq!(ErrorCode::from_u16(26), Some(ErrorCode::PermissionDenied));
+        assert_eq!(
+            ErrorCode::EncryptionUnavailable.name(),
+            "encryption_unavailable"
+        );
+        assert_eq!(ErrorCode::from_u16(28), None);
     }
 }

@@ -36,6 +36,9 @@ pub enum Opcode {
     Del = 0x0012,
     /// Region read: the cells of a box, a page at a time.
     Scan = 0x0013,
+    /// Many writes of one namespace (values, edges, programs) applied
+    /// atomically: all of them or none (`cubec import`).
+    Batch = 0x0014,
     /// Create an edge between two coordinates, or set its weight.
     Link = 0x0020,
     /// Remove an edge.
@@ -48,16 +51,32 @@ pub enum Opcode {
     Path = 0x0024,
     /// Delete a cell's value and every edge that touches it, atomically.
     Detach = 0x0025,
+    /// Every edge of a namespace, a page at a time (`cubec export`).
+    EdgeList = 0x0026,
+    /// Create a namespace (curve, quotas, encryption).
+    NsCreate = 0x0030,
+    /// Drop a namespace and everything in it; the name can be reused.
+    NsDrop = 0x0031,
+    /// The namespaces this connection may see.
+    NsList = 0x0032,
+    /// A namespace's settings, use and access list.
+    NsInfo = 0x0033,
+    /// Give a uid read or read-write access to a namespace.
+    NsGrant = 0x0034,
+    /// Take a uid's access to a namespace away.
+    NsRevoke = 0x0035,
     /// Store (or remove) the program of a cell.
     Prog = 0x0040,
     /// Run the program of a cell, atomically, on the writer thread.
     Run = 0x0041,
     /// A cell's program telemetry: run counts and recent records.
     CellStats = 0x0042,
+    /// Every program of a namespace, a page at a time (`cubec export`).
+    ProgramList = 0x0043,
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 18] = [
+    pub const ALL: [Opcode; 27] = [
         Opcode::Hello,
         Opcode::Ping,
         Opcode::Stats,
@@ -67,15 +86,24 @@ impl Opcode {
         Opcode::Get,
         Opcode::Del,
         Opcode::Scan,
+        Opcode::Batch,
         Opcode::Link,
         Opcode::Unlink,
         Opcode::Edges,
         Opcode::Walk,
         Opcode::Path,
         Opcode::Detach,
+        Opcode::EdgeList,
+        Opcode::NsCreate,
+        Opcode::NsDrop,
+        Opcode::NsList,
+        Opcode::NsInfo,
+        Opcode::NsGrant,
+        Opcode::NsRevoke,
         Opcode::Prog,
         Opcode::Run,
         Opcode::CellStats,
+        Opcode::ProgramList,
     ];
 
     pub fn from_u16(raw: u16) -> Option<Opcode> {
@@ -94,15 +122,24 @@ impl Opcode {
             Opcode::Get => "get",
             Opcode::Del => "del",
             Opcode::Scan => "scan",
+            Opcode::Batch => "batch",
             Opcode::Link => "link",
             Opcode::Unlink => "unlink",
             Opcode::Edges => "edges",
             Opcode::Walk => "walk",
             Opcode::Path => "path",
             Opcode::Detach => "detach",
+            Opcode::EdgeList => "edge-list",
+            Opcode::NsCreate => "ns-create",
+            Opcode::NsDrop => "ns-drop",
+            Opcode::NsList => "ns-list",
+            Opcode::NsInfo => "ns-info",
+            Opcode::NsGrant => "ns-grant",
+            Opcode::NsRevoke => "ns-revoke",
             Opcode::Prog => "prog",
             Opcode::Run => "run",
             Opcode::CellStats => "cell-stats",
+            Opcode::ProgramList => "prog-list",
         }
     }
 }

@@ -10,14 +10,20 @@
 //! they are the shared vocabulary of every crate above this one.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+pub mod bulk;
 pub mod edge;
 mod error;
 pub mod frame;
 mod message;
 mod model;
+pub mod namespace;
 pub mod program;
 mod wire;
 
+pub use bulk::{
+    BatchOp, EdgePage, ListedEdge, ListedProgram, MAX_BATCH_BYTES, MAX_BATCH_OPS, MAX_EDGE_PAGE,
+    MAX_PROGRAM_PAGE, ProgramPage,
+};
 pub use edge::{
     Direction, EdgeInfo, EdgeLabel, EdgeWeight, MAX_EDGE_LIST, MAX_LABEL_BYTES, MAX_WALK_NODES,
     PathFound, WalkNode, WalkResult, WalkStop,
@@ -29,6 +35,9 @@ pub use message::{
     ScanResult, ServerError, StatsEntry, StatsValue,
 };
 pub use model::{CellBox, Coord, NamespaceName, parse_coord};
+pub use namespace::{
+    CurveChoice, MAX_GRANTS, MAX_LISTED_NAMESPACES, NamespaceGrant, NamespaceInfo, NamespaceSpec,
+};
 pub use program::{
     CellStats, MAX_CELL_STATS_RECORDS, MAX_OUTCOME_MESSAGE_BYTES, MAX_PROGRAM_BYTES,
     MAX_RESULT_ENTRIES, MAX_RUN_ARG_BYTES, MAX_RUN_ARGS, ProgramValue, RunOutcome, RunRecord,

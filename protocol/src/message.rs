@@ -5,6 +5,10 @@
 //! UTF-8 message).
 
 use crate::PROTOCOL_VERSION;
+use crate::bulk::{
+    BatchOp, EdgePage, ProgramPage, put_batch_ops, put_edge_list_request, put_edge_page,
+    put_program_page, read_batch_ops, read_edge_page, read_optional_u64, read_program_page,
+};
 use crate::edge::{
     Direction, EdgeInfo, EdgeLabel, PathFound, WALK_FLAG_VALUES, WalkResult, put_edge_list,
     put_f64, put_label, put_label_filter, put_path, put_walk, read_direction, read_edge_list,
@@ -13,6 +17,10 @@ use crate::edge::{
 use crate::error::{DecodeError, ErrorCode};
 use crate::frame::{FrameHeader, HEADER_BYTES, Limits, Opcode, RESPONSE_BIT, encode_frame};
 use crate::model::{Coord, NamespaceName};
+use crate::namespace::{
+    NamespaceInfo, NamespaceSpec, put_info, put_name_list, put_spec, read_info, read_name_list,
+    read_spec,
+};
 use crate::program::{
     CellStats, MAX_PROGRAM_BYTES, RunReply, put_args, put_cell_stats, put_run_reply, read_args,
     read_cell_stats, read_run_reply,
@@ -147,6 +155,35 @@ pub enum Request {
         ns: NamespaceName,
         coord: Coord,
     },
+    /// Create the namespace `ns` as `spec` asks, owned by the
+    /// connection's uid. Answered with its description.
+    NsCreate {
+        ns: NamespaceName,
+        spec: NamespaceSpec,
+    },
+    /// Drop `ns` and everything in it (durably); the name can be reused.
+    NsDrop {
+        ns: NamespaceName,
+    },
+    /// The names of the namespaces this connection may see, sorted.
+    NsList,
+    /// A namespace's settings, use and access list.
+    NsInfo {
+        ns: NamespaceName,
+    },
+    /// Give `uid` access to `ns` (read only or read-write), replacing any
+    /// grant it had. Answered with the namespace's new description.
+    NsGrant {
+        ns: NamespaceName,
+        uid: u32,
+        read_only: bool,
+    },
+    /// Take `uid`'s grant on `ns` away. Answered with the namespace's new
+    /// description.
+    NsRevoke {
+        ns: NamespaceName,
+        uid: u32,
+    },
     /// Store the program `source` (Lua 5.4, at most
     /// [`MAX_PROGRAM_BYTES`]) at a cell, replacing any program there; an
     /// empty source removes the cell's program. Compiled before it is
@@ -170,6 +207,29 @@ pub enum Request {
         coord: Coord,
         limit: u32,
     },
+    /// Many writes of one namespace, applied atomically: every operation
+    /// is checked first, then all commit in one WAL commit group, or none
+    /// does. At most [`crate::MAX_BATCH_OPS`] operations and
+    /// [`crate::MAX_BATCH_BYTES`] of them (`limit_exceeded` otherwise).
+    Batch {
+        ns: NamespaceName,
+        ops: Vec<BatchOp>,
+    },
+    /// One page of every edge of a namespace: at most `limit` (capped at
+    /// [`crate::MAX_EDGE_PAGE`]), resuming after the opaque cursor `after`.
+    EdgeList {
+        ns: NamespaceName,
+        limit: u32,
+        after: Option<u64>,
+    },
+    /// One page of every program of a namespace, in coordinate order: at
+    /// most `limit` (capped at [`crate::MAX_PROGRAM_PAGE`]), strictly
+    /// after `after`.
+    ProgramList {
+        ns: NamespaceName,
+        limit: u32,
+        after: Option<Coord>,
+    },
 }
 
 impl Request {
@@ -190,9 +250,18 @@ impl Request {
             Request::Walk { .. } => Opcode::Walk,
             Request::Path { .. } => Opcode::Path,
             Request::Detach { .. } => Opcode::Detach,
+            Request::NsCreate { .. } => Opcode::NsCreate,
+            Request::NsDrop { .. } => Opcode::NsDrop,
+            Request::NsList => Opcode::NsList,
+            Request::NsInfo { .. } => Opcode::NsInfo,
+            Request::NsGrant { .. } => Opcode::NsGrant,
+            Request::NsRevoke { .. } => Opcode::NsRevoke,
             Request::Prog { .. } => Opcode::Prog,
             Request::Run { .. } => Opcode::Run,
             Request::CellStats { .. } => Opcode::CellStats,
+            Request::Batch { .. } => Opcode::Batch,
+            Request::EdgeList { .. } => Opcode::EdgeList,
+            Request::ProgramList { .. } => Opcode::ProgramList,
         }
     }
 
@@ -300,6 +369,21 @@ impl Request {
                 put_label_filter(b, label);
                 put_f64(b, *max_cost);
             }
+            Request::NsCreate { ns, spec } => {
+                put_namespace(b, ns);
+                put_spec(b, spec);
+            }
+            Request::NsDrop { ns } | Request::NsInfo { ns } => put_namespace(b, ns),
+            Request::NsList => {}
+            Request::NsGrant { ns, uid, read_only } => {
+                put_namespace(b, ns);
+                put_u32(b, *uid);
+                b.push(u8::from(*read_only));
+            }
+            Request::NsRevoke { ns, uid } => {
+                put_namespace(b, ns);
+                put_u32(b, *uid);
+            }
             Request::Prog { ns, coord, source } => {
                 put_namespace(b, ns);
                 put_coord(b, *coord);
@@ -314,6 +398,19 @@ impl Request {
                 put_namespace(b, ns);
                 put_coord(b, *coord);
                 put_u32(b, *limit);
+            }
+            Request::Batch { ns, ops } => {
+                put_namespace(b, ns);
+                put_batch_ops(b, ops);
+            }
+            Request::EdgeList { ns, limit, after } => {
+                put_namespace(b, ns);
+                put_edge_list_request(b, *limit, *after);
+            }
+            Request::ProgramList { ns, limit, after } => {
+                put_namespace(b, ns);
+                put_u32(b, *limit);
+                put_optional_coord(b, *after);
             }
         });
     }
@@ -415,6 +512,22 @@ impl Request {
                 ns: r.namespace()?,
                 coord: r.coord()?,
             },
+            Opcode::NsCreate => Request::NsCreate {
+                ns: r.namespace()?,
+                spec: read_spec(&mut r)?,
+            },
+            Opcode::NsDrop => Request::NsDrop { ns: r.namespace()? },
+            Opcode::NsList => Request::NsList,
+            Opcode::NsInfo => Request::NsInfo { ns: r.namespace()? },
+            Opcode::NsGrant => Request::NsGrant {
+                ns: r.namespace()?,
+                uid: r.u32()?,
+                read_only: r.bool()?,
+            },
+            Opcode::NsRevoke => Request::NsRevoke {
+                ns: r.namespace()?,
+                uid: r.u32()?,
+            },
             Opcode::Prog => Request::Prog {
                 ns: r.namespace()?,
                 coord: r.coord()?,
@@ -429,6 +542,20 @@ impl Request {
                 ns: r.namespace()?,
                 coord: r.coord()?,
                 limit: r.u32()?,
+            },
+            Opcode::Batch => Request::Batch {
+                ns: r.namespace()?,
+                ops: read_batch_ops(&mut r, limits.max_value_bytes as usize)?,
+            },
+            Opcode::EdgeList => Request::EdgeList {
+                ns: r.namespace()?,
+                limit: r.u32()?,
+                after: read_optional_u64(&mut r)?,
+            },
+            Opcode::ProgramList => Request::ProgramList {
+                ns: r.namespace()?,
+                limit: r.u32()?,
+                after: r.optional_coord()?,
             },
         };
         r.finish()?;
@@ -520,6 +647,24 @@ pub enum Response {
         existed: bool,
         edges_removed: u32,
     },
+    /// The namespace `ns-create` made. Each namespace answer is its own
+    /// variant because a response's opcode is its request's: the same
+    /// description answers `ns-create`, `ns-info`, `ns-grant` and
+    /// `ns-revoke`.
+    NsCreated(NamespaceInfo),
+    /// The answer to `ns-info`.
+    NsInfo(NamespaceInfo),
+    /// The namespace after `ns-grant`.
+    NsGranted(NamespaceInfo),
+    /// The namespace after `ns-revoke`.
+    NsRevoked(NamespaceInfo),
+    /// The drop is durable at `lsn`; `cells` values went with it.
+    NsDropped {
+        lsn: u64,
+        cells: u64,
+    },
+    /// The namespaces the connection may see, sorted by name.
+    NsList(Vec<NamespaceName>),
     /// The program (or its removal) is durable at `lsn`; `replaced` says
     /// whether the cell had a program before.
     Prog {
@@ -529,6 +674,14 @@ pub enum Response {
     /// A run that succeeded, with what it returned.
     Run(RunReply),
     CellStats(CellStats),
+    /// Every operation of the batch is durable; `lsn` is the first of its
+    /// `applied` consecutive log records (0 for an empty batch).
+    Batch {
+        lsn: u64,
+        applied: u32,
+    },
+    EdgeList(EdgePage),
+    ProgramList(ProgramPage),
 }
 
 /// Named figures (stats and reports): a `u16` count, then per entry a
@@ -633,9 +786,18 @@ impl Response {
             Response::Walk(_) => Opcode::Walk,
             Response::Path { .. } => Opcode::Path,
             Response::Detach { .. } => Opcode::Detach,
+            Response::NsCreated(_) => Opcode::NsCreate,
+            Response::NsInfo(_) => Opcode::NsInfo,
+            Response::NsGranted(_) => Opcode::NsGrant,
+            Response::NsRevoked(_) => Opcode::NsRevoke,
+            Response::NsDropped { .. } => Opcode::NsDrop,
+            Response::NsList(_) => Opcode::NsList,
             Response::Prog { .. } => Opcode::Prog,
             Response::Run(_) => Opcode::Run,
             Response::CellStats(_) => Opcode::CellStats,
+            Response::Batch { .. } => Opcode::Batch,
+            Response::EdgeList(_) => Opcode::EdgeList,
+            Response::ProgramList(_) => Opcode::ProgramList,
         }
     }
 
@@ -691,12 +853,27 @@ impl Response {
                     b.push(u8::from(*existed));
                     put_u32(b, *edges_removed);
                 }
+                Response::NsCreated(info)
+                | Response::NsInfo(info)
+                | Response::NsGranted(info)
+                | Response::NsRevoked(info) => put_info(b, info),
+                Response::NsDropped { lsn, cells } => {
+                    put_u64(b, *lsn);
+                    put_u64(b, *cells);
+                }
+                Response::NsList(names) => put_name_list(b, names),
                 Response::Prog { lsn, replaced } => {
                     put_u64(b, *lsn);
                     b.push(u8::from(*replaced));
                 }
                 Response::Run(reply) => put_run_reply(b, reply),
                 Response::CellStats(stats) => put_cell_stats(b, stats),
+                Response::Batch { lsn, applied } => {
+                    put_u64(b, *lsn);
+                    put_u32(b, *applied);
+                }
+                Response::EdgeList(page) => put_edge_page(b, page),
+                Response::ProgramList(page) => put_program_page(b, page),
                 Response::Scan {
                     result,
                     resume_after,
@@ -845,12 +1022,27 @@ impl Response {
                 existed: r.bool()?,
                 edges_removed: r.u32()?,
             },
+            Opcode::NsCreate => Response::NsCreated(read_info(&mut r)?),
+            Opcode::NsInfo => Response::NsInfo(read_info(&mut r)?),
+            Opcode::NsGrant => Response::NsGranted(read_info(&mut r)?),
+            Opcode::NsRevoke => Response::NsRevoked(read_info(&mut r)?),
+            Opcode::NsDrop => Response::NsDropped {
+                lsn: r.u64()?,
+                cells: r.u64()?,
+            },
+            Opcode::NsList => Response::NsList(read_name_list(&mut r)?),
             Opcode::Prog => Response::Prog {
                 lsn: r.u64()?,
                 replaced: r.bool()?,
             },
             Opcode::Run => Response::Run(read_run_reply(&mut r, limits.max_value_bytes as usize)?),
             Opcode::CellStats => Response::CellStats(read_cell_stats(&mut r)?),
+            Opcode::Batch => Response::Batch {
+                lsn: r.u64()?,
+                applied: r.u32()?,
+            },
+            Opcode::EdgeList => Response::EdgeList(read_edge_page(&mut r)?),
+            Opcode::ProgramList => Response::ProgramList(read_program_page(&mut r)?),
         };
         r.finish()?;
         Ok(Ok(response))

@@ -6,7 +6,8 @@ use std::cell::Cell;
 
 use cube_protocol::frame::RESPONSE_BIT;
 use cube_protocol::{
-    DecodeError, FrameHeader, Limits, Opcode, PROTOCOL_VERSION, Request, Response, StatsEntry,
+    DecodeError, FrameHeader, Limits, MAX_GRANTS, MAX_LISTED_NAMESPACES, NamespaceName, Opcode,
+    PROTOCOL_VERSION, Request, Response, StatsEntry,
 };
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -152,6 +153,42 @@ fn four_gib_claims_allocate_nothing() {
     assert_eq!(largest, 0, "no entries reserved for a body that holds none");
 }
 
+#[test]
+fn namespace_lists_claiming_the_maximum_in_tiny_bodies_allocate_nothing() {
+    // ns-list answer: 65536 names claimed, 3 bytes present.
+    let mut list = vec![0u8];
+    list.extend_from_slice(&(MAX_LISTED_NAMESPACES as u32).to_le_bytes());
+    list.extend_from_slice(b"\x01ab");
+    let opcode = Opcode::NsList as u16 | RESPONSE_BIT;
+    let (result, largest, total) =
+        measure(|| Response::decode(&header(opcode, &list), &list, &Limits::default()).map(drop));
+    assert!(
+        matches!(result, Err(DecodeError::Truncated { .. })),
+        "{result:?}"
+    );
+    assert_eq!((largest, total), (0, 0), "ns-list decode allocated");
+
+    // ns-info answer for "q": 256 grants claimed, 4 bytes present. Only the
+    // one-byte name is allocated.
+    let mut info = vec![0u8, 1, b'q'];
+    info.extend_from_slice(&1u64.to_le_bytes());
+    info.extend_from_slice(&[1, 0]);
+    info.extend_from_slice(&[0u8; 4 + 32]);
+    info.extend_from_slice(&(MAX_GRANTS as u16).to_le_bytes());
+    info.extend_from_slice(&[0u8; 4]);
+    let opcode = Opcode::NsInfo as u16 | RESPONSE_BIT;
+    let (result, largest, total) =
+        measure(|| Response::decode(&header(opcode, &info), &info, &Limits::default()).map(drop));
+    assert!(
+        matches!(result, Err(DecodeError::Truncated { .. })),
+        "{result:?}"
+    );
+    assert!(
+        largest <= 1 && total <= 1,
+        "ns-info decode allocated {total}"
+    );
+}
+
 fn any_opcode() -> impl Strategy<Value = u16> {
     prop_oneof![
         select(Opcode::ALL.to_vec()).prop_map(|op| op as u16),
@@ -212,6 +249,9 @@ proptest! {
         let listed = [Opcode::Stats, Opcode::Checkpoint, Opcode::Backup];
         let entries = if listed.iter().any(|op| opcode == *op as u16 | RESPONSE_BIT) {
             std::mem::size_of::<StatsEntry>() * (body.len() / 3)
+        } else if opcode == Opcode::NsList as u16 | RESPONSE_BIT {
+            // A listed name takes at least 2 body bytes.
+            std::mem::size_of::<NamespaceName>() * (body.len() / 2)
         } else {
             0
         };

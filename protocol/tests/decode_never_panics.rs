@@ -12,6 +12,7 @@ use cube_protocol::{
     Request, Response, ScanCell, ScanResult, ServerError, StatsEntry, StatsValue, WalkNode,
     WalkResult, WalkStop,
 };
+use cube_protocol::{CurveChoice, NamespaceGrant, NamespaceInfo, NamespaceSpec};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::sample::{Index, select};
@@ -101,6 +102,8 @@ fn request() -> impl Strategy<Value = Request> {
             }),
         edge_request(),
         program_request(),
+        namespace_request(),
+        bulk_request(),
     ]
 }
 
@@ -304,6 +307,8 @@ fn response() -> impl Strategy<Value = Response> {
         }),
         edge_response(),
         program_response(),
+        namespace_response(),
+        bulk_response(),
     ]
 }
 
@@ -400,10 +405,163 @@ fn program_response() -> impl Strategy<Value = Response> {
     ]
 }
 
+// Namespaces (opcodes 0x0030-0x0035).
+
+fn quota() -> impl Strategy<Value = Option<u64>> {
+    proptest::option::of(prop_oneof![Just(0u64), Just(u64::MAX), any::<u64>()])
+}
+
+fn namespace_spec() -> impl Strategy<Value = NamespaceSpec> {
+    (
+        select(vec![
+            CurveChoice::ServerDefault,
+            CurveChoice::Morton,
+            CurveChoice::Hilbert,
+        ]),
+        quota(),
+        quota(),
+        quota(),
+        any::<bool>(),
+    )
+        .prop_map(
+            |(curve, max_cells, max_bytes, max_edges, encrypted)| NamespaceSpec {
+                curve,
+                max_cells,
+                max_bytes,
+                max_edges,
+                encrypted,
+            },
+        )
+}
+
+fn namespace_request() -> impl Strategy<Value = Request> {
+    prop_oneof![
+        (namespace(), namespace_spec()).prop_map(|(ns, spec)| Request::NsCreate { ns, spec }),
+        namespace().prop_map(|ns| Request::NsDrop { ns }),
+        Just(Request::NsList),
+        namespace().prop_map(|ns| Request::NsInfo { ns }),
+        (namespace(), any::<u32>(), any::<bool>())
+            .prop_map(|(ns, uid, read_only)| { Request::NsGrant { ns, uid, read_only } }),
+        (namespace(), any::<u32>()).prop_map(|(ns, uid)| Request::NsRevoke { ns, uid }),
+    ]
+}
+
+/// A namespace description as the daemon sends it: a real curve (never
+/// the server-default request value), up to a few dozen grants.
+fn namespace_info() -> impl Strategy<Value = NamespaceInfo> {
+    let grant = (any::<u32>(), any::<bool>())
+        .prop_map(|(uid, read_only)| NamespaceGrant { uid, read_only });
+    (
+        (
+            namespace(),
+            any::<u64>(),
+            select(vec![CurveChoice::Morton, CurveChoice::Hilbert]),
+            any::<bool>(),
+            any::<u32>(),
+        ),
+        any::<[u64; 4]>(),
+        (quota(), quota(), quota()),
+        vec(grant, 0..40),
+    )
+        .prop_map(
+            |(
+                (name, id, curve, encrypted, owner_uid),
+                [cells, bytes, edges, programs],
+                (max_cells, max_bytes, max_edges),
+                grants,
+            )| NamespaceInfo {
+                name,
+                id,
+                curve,
+                encrypted,
+                owner_uid,
+                cells,
+                bytes,
+                edges,
+                programs,
+                max_cells,
+                max_bytes,
+                max_edges,
+                grants,
+            },
+        )
+}
+
+fn namespace_response() -> impl Strategy<Value = Response> {
+    prop_oneof![
+        namespace_info().prop_map(Response::NsCreated),
+        namespace_info().prop_map(Response::NsInfo),
+        namespace_info().prop_map(Response::NsGranted),
+        namespace_info().prop_map(Response::NsRevoked),
+        (any::<u64>(), any::<u64>()).prop_map(|(lsn, cells)| Response::NsDropped { lsn, cells }),
+        vec(namespace(), 0..16).prop_map(Response::NsList),
+    ]
+}
+
+// Import and export (opcodes 0x0014, 0x0026, 0x0043).
+
+fn batch_op() -> impl Strategy<Value = cube_protocol::BatchOp> {
+    use cube_protocol::BatchOp;
+    prop_oneof![
+        (coord(), bytes(256)).prop_map(|(coord, value)| BatchOp::Put { coord, value }),
+        (coord(), coord(), edge_label(), float()).prop_map(|(from, to, label, weight)| {
+            BatchOp::Link {
+                from,
+                to,
+                label,
+                weight,
+            }
+        }),
+        (coord(), bytes(256)).prop_map(|(coord, source)| BatchOp::Prog { coord, source }),
+    ]
+}
+
+fn bulk_request() -> impl Strategy<Value = Request> {
+    prop_oneof![
+        (namespace(), vec(batch_op(), 0..24)).prop_map(|(ns, ops)| Request::Batch { ns, ops }),
+        (
+            namespace(),
+            any::<u32>(),
+            proptest::option::of(any::<u64>())
+        )
+            .prop_map(|(ns, limit, after)| Request::EdgeList { ns, limit, after }),
+        (namespace(), any::<u32>(), proptest::option::of(coord()))
+            .prop_map(|(ns, limit, after)| Request::ProgramList { ns, limit, after }),
+    ]
+}
+
+fn bulk_response() -> impl Strategy<Value = Response> {
+    use cube_protocol::{EdgePage, ListedEdge, ListedProgram, ProgramPage};
+    let edge = (coord(), coord(), edge_label(), float()).prop_map(|(from, to, label, weight)| {
+        ListedEdge {
+            from,
+            to,
+            label,
+            weight,
+        }
+    });
+    let program = (coord(), bytes(256)).prop_map(|(coord, source)| ListedProgram { coord, source });
+    prop_oneof![
+        (any::<u64>(), any::<u32>()).prop_map(|(lsn, applied)| Response::Batch { lsn, applied }),
+        (vec(edge, 0..16), proptest::option::of(any::<u64>())).prop_map(|(edges, resume_after)| {
+            Response::EdgeList(EdgePage {
+                edges,
+                resume_after,
+            })
+        }),
+        (vec(program, 0..8), proptest::option::of(coord())).prop_map(|(programs, resume_after)| {
+            Response::ProgramList(ProgramPage {
+                programs,
+                resume_after,
+            })
+        }),
+    ]
+}
+
 fn error_code() -> impl Strategy<Value = u16> {
     prop_oneof![
         // Every known code...
-        (1u16..=23).prop_map(|c| ErrorCode::from_u16(c).unwrap() as u16),
+        (1u16..=27).prop_map(|c| ErrorCode::from_u16(c).unwrap() as u16),
         // ...and codes this build does not know, which must survive as raw numbers.
         any::<u16>(),
     ]
@@ -786,6 +944,17 @@ fn hostile_bodies(claim: u32, tail: &[u8]) -> Vec<(u16, Vec<u8>)> {
     text.push(2);
     text.extend_from_slice(&short.to_le_bytes());
     out.push((Opcode::Stats as u16 | RESPONSE_BIT, with_tail(text)));
+    // ns-list response: a name count far beyond the names present
+    let mut list = vec![0u8];
+    list.extend_from_slice(&claim.to_le_bytes());
+    out.push((Opcode::NsList as u16 | RESPONSE_BIT, with_tail(list)));
+    // ns-info response: the most grants allowed, but a tiny body
+    let mut info = vec![0u8, 1, b'q'];
+    info.extend_from_slice(&1u64.to_le_bytes());
+    info.extend_from_slice(&[1, 0]);
+    info.extend_from_slice(&[0u8; 4 + 32]);
+    info.extend_from_slice(&256u16.to_le_bytes());
+    out.push((Opcode::NsInfo as u16 | RESPONSE_BIT, with_tail(info)));
     // error response: message length
     let mut err = vec![1u8];
     err.extend_from_slice(&(ErrorCode::Internal as u16).to_le_bytes());
@@ -855,7 +1024,7 @@ fn damaged_namespaces_are_bad_namespace() {
 
 #[test]
 fn unknown_opcodes_are_unknown_opcode() {
-    for raw in [0u16, 0x0006, 0x0014, 0x7fff, 0x8001, 0xffff] {
+    for raw in [0u16, 0x0006, 0x0017, 0x7fff, 0x8001, 0xffff] {
         let header = FrameHeader {
             body_len: 0,
             body_crc32c: 0,
@@ -1133,7 +1302,7 @@ fn every_error_code_round_trips() {
             assert_eq!(decoded.unwrap().unwrap_err().known_code(), Some(code));
         }
     }
-    assert_eq!(seen, 23);
+    assert_eq!(seen, 27);
 }
 
 #[test]

@@ -15,6 +15,10 @@ use cube_protocol::{
     NamespaceName, Opcode, PROTOCOL_VERSION, PathFound, Request, Response, ScanCell, ScanResult,
     ServerError, StatsEntry, StatsValue, WalkNode, WalkResult, WalkStop,
 };
+use cube_protocol::{
+    CurveChoice, MAX_GRANTS, MAX_LISTED_NAMESPACES, NamespaceGrant, NamespaceInfo, NamespaceSpec,
+};
+use cube_protocol::{MAX_BATCH_BYTES, MAX_BATCH_OPS, MAX_EDGE_PAGE, MAX_PROGRAM_PAGE};
 
 const DOC: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/protocol.md"));
 
@@ -397,7 +401,336 @@ fn examples() -> Vec<Example> {
     let mut all = base_examples();
     all.extend(edge_examples());
     all.extend(program_examples());
+    all.extend(bulk_examples());
+    all.extend(namespace_examples());
     all
+}
+
+fn tenant() -> NamespaceName {
+    NamespaceName::new("tenant-a").unwrap()
+}
+
+fn tenant_fields() -> Vec<(usize, String)> {
+    vec![
+        f(1, "namespace length = 8"),
+        f(8, "namespace = \"tenant-a\""),
+    ]
+}
+
+/// `tenant-a` as the daemon describes it in the namespace examples.
+fn tenant_info(cells: u64, bytes: u64, grants: Vec<NamespaceGrant>) -> NamespaceInfo {
+    NamespaceInfo {
+        name: tenant(),
+        id: 2,
+        curve: CurveChoice::Hilbert,
+        encrypted: true,
+        owner_uid: 1000,
+        cells,
+        bytes,
+        edges: 0,
+        programs: 0,
+        max_cells: Some(1000),
+        max_bytes: Some(10 << 20),
+        max_edges: None,
+        grants,
+    }
+}
+
+/// The labels of a namespace description (section 6.9).
+fn info_fields(info: &NamespaceInfo) -> Vec<(usize, String)> {
+    let mut fields = vec![f(1, "status = 0 (ok)")];
+    fields.extend(tenant_fields());
+    fields.extend([
+        f(8, format!("id = {} (u64)", info.id)),
+        f(1, "curve = 2 (hilbert)"),
+        f(
+            1,
+            "flags = 0x0b (max_cells and max_bytes follow; encrypted)",
+        ),
+        f(4, format!("owner_uid = {} (u32)", info.owner_uid)),
+        f(8, format!("cells = {} (u64)", info.cells)),
+        f(8, format!("bytes = {} (u64)", info.bytes)),
+        f(8, format!("edges = {} (u64)", info.edges)),
+        f(8, format!("programs = {} (u64)", info.programs)),
+        f(8, "max_cells = 1000 (u64)"),
+        f(8, "max_bytes = 10485760 (u64, 10 MiB)"),
+        f(2, format!("grant count = {} (u16)", info.grants.len())),
+    ]);
+    for grant in &info.grants {
+        fields.push(f(4, format!("uid = {} (u32)", grant.uid)));
+        fields.push(f(
+            1,
+            if grant.read_only {
+                "read_only = 1"
+            } else {
+                "read_only = 0 (read and write)"
+            },
+        ));
+    }
+    fields
+}
+
+/// `ns-create`, `ns-drop`, `ns-list`, `ns-info`, `ns-grant` and
+/// `ns-revoke` (opcodes 0x0030-0x0035).
+fn namespace_examples() -> Vec<Example> {
+    let reader = NamespaceGrant {
+        uid: 1001,
+        read_only: true,
+    };
+    let created = tenant_info(0, 0, Vec::new());
+    let described = tenant_info(12, 345, vec![reader]);
+    let mut create_fields = tenant_fields();
+    create_fields.extend([
+        f(1, "curve = 2 (hilbert)"),
+        f(
+            1,
+            "flags = 0x0b (max_cells and max_bytes follow; encrypted)",
+        ),
+        f(8, "max_cells = 1000 (u64)"),
+        f(8, "max_bytes = 10485760 (u64, 10 MiB)"),
+    ]);
+    let mut grant_fields = tenant_fields();
+    grant_fields.extend([f(4, "uid = 1001 (u32)"), f(1, "read_only = 1")]);
+    let mut revoke_fields = tenant_fields();
+    revoke_fields.push(f(4, "uid = 1001 (u32)"));
+    vec![
+        request(
+            "ns-create-request",
+            21,
+            Request::NsCreate {
+                ns: tenant(),
+                spec: NamespaceSpec {
+                    curve: CurveChoice::Hilbert,
+                    max_cells: Some(1000),
+                    max_bytes: Some(10 << 20),
+                    max_edges: None,
+                    encrypted: true,
+                },
+            },
+            create_fields,
+        ),
+        response(
+            "ns-create-response",
+            21,
+            Response::NsCreated(created.clone()),
+            info_fields(&created),
+        ),
+        request("ns-list-request", 22, Request::NsList, vec![]),
+        response(
+            "ns-list-response",
+            22,
+            Response::NsList(vec![default_ns(), tenant()]),
+            [
+                vec![f(1, "status = 0 (ok)"), f(4, "namespace count = 2 (u32)")],
+                ns_fields(),
+                tenant_fields(),
+            ]
+            .concat(),
+        ),
+        request(
+            "ns-grant-request",
+            23,
+            Request::NsGrant {
+                ns: tenant(),
+                uid: 1001,
+                read_only: true,
+            },
+            grant_fields,
+        ),
+        response(
+            "ns-grant-response",
+            23,
+            Response::NsGranted(tenant_info(0, 0, vec![reader])),
+            info_fields(&tenant_info(0, 0, vec![reader])),
+        ),
+        request(
+            "ns-info-request",
+            24,
+            Request::NsInfo { ns: tenant() },
+            tenant_fields(),
+        ),
+        response(
+            "ns-info-response",
+            24,
+            Response::NsInfo(described.clone()),
+            info_fields(&described),
+        ),
+        error(
+            "quota-error-response",
+            Opcode::Put as u16,
+            25,
+            ErrorCode::QuotaExceeded,
+            "namespace \"tenant-a\" is over its max-cells quota: it holds 1000 cells, \
+             this write would make it 1001, the limit is 1000; nothing was applied",
+        ),
+        request(
+            "ns-revoke-request",
+            26,
+            Request::NsRevoke {
+                ns: tenant(),
+                uid: 1001,
+            },
+            revoke_fields,
+        ),
+        response(
+            "ns-revoke-response",
+            26,
+            Response::NsRevoked(tenant_info(12, 345, Vec::new())),
+            info_fields(&tenant_info(12, 345, Vec::new())),
+        ),
+        request(
+            "ns-drop-request",
+            27,
+            Request::NsDrop { ns: tenant() },
+            tenant_fields(),
+        ),
+        response(
+            "ns-drop-response",
+            27,
+            Response::NsDropped { lsn: 40, cells: 12 },
+            vec![
+                f(1, "status = 0 (ok)"),
+                f(8, "lsn = 40 (u64)"),
+                f(8, "cells = 12 (u64, values dropped with it)"),
+            ],
+        ),
+    ]
+}
+
+/// `batch`, `edge-list` and `prog-list` (opcodes 0x0014, 0x0026, 0x0043):
+/// import and export.
+fn bulk_examples() -> Vec<Example> {
+    use cube_protocol::{BatchOp, EdgePage, ListedEdge, ListedProgram, ProgramPage};
+    let origin = Coord::new(0, 0, 0);
+    let east = Coord::new(1, 0, 0);
+    let mut batch_fields = ns_fields();
+    batch_fields.extend([f(4, "operation count = 3 (u32)"), f(1, "tag = 1 (put)")]);
+    batch_fields.extend(coord_fields("coord", east));
+    batch_fields.extend([f(4, "value length = 2"), f(2, "value = \"hi\"")]);
+    batch_fields.push(f(1, "tag = 2 (link)"));
+    batch_fields.extend(coord_fields("from", origin));
+    batch_fields.extend(coord_fields("to", east));
+    batch_fields.extend(label_fields("label", "road"));
+    batch_fields.push(float_field("weight", 2.5));
+    batch_fields.push(f(1, "tag = 3 (prog)"));
+    batch_fields.extend(coord_fields("coord", origin));
+    batch_fields.extend([f(4, "source length = 8"), f(8, "source = \"return 1\"")]);
+    let mut edge_list_fields = ns_fields();
+    edge_list_fields.extend([
+        f(4, "limit = 1000 (u32)"),
+        f(1, "has_after = 0 (the first page; no cursor follows)"),
+    ]);
+    let mut edge_page_fields = vec![f(1, "status = 0 (ok)"), f(4, "edge count = 1 (u32)")];
+    edge_page_fields.extend(coord_fields("from", origin));
+    edge_page_fields.extend(coord_fields("to", east));
+    edge_page_fields.extend(label_fields("label", "road"));
+    edge_page_fields.extend([
+        float_field("weight", 2.5),
+        f(1, "more = 1"),
+        f(8, "resume_after = 0 (u64, an opaque cursor)"),
+    ]);
+    let mut prog_list_fields = ns_fields();
+    prog_list_fields.extend([f(4, "limit = 1000 (u32)"), f(1, "has_after = 1")]);
+    prog_list_fields.extend(coord_fields("after", Coord::new(-1, 0, 0)));
+    let mut prog_page_fields = vec![f(1, "status = 0 (ok)"), f(4, "program count = 1 (u32)")];
+    prog_page_fields.extend(coord_fields("coord", origin));
+    prog_page_fields.extend([
+        f(4, "source length = 8"),
+        f(8, "source = \"return 1\""),
+        f(1, "more = 0 (the last page; no cursor follows)"),
+    ]);
+    vec![
+        request(
+            "batch-request",
+            30,
+            Request::Batch {
+                ns: default_ns(),
+                ops: vec![
+                    BatchOp::Put {
+                        coord: east,
+                        value: b"hi".to_vec(),
+                    },
+                    BatchOp::Link {
+                        from: origin,
+                        to: east,
+                        label: road(),
+                        weight: 2.5,
+                    },
+                    BatchOp::Prog {
+                        coord: origin,
+                        source: b"return 1".to_vec(),
+                    },
+                ],
+            },
+            batch_fields,
+        ),
+        response(
+            "batch-response",
+            30,
+            Response::Batch {
+                lsn: 40,
+                applied: 3,
+            },
+            vec![
+                f(1, "status = 0 (ok)"),
+                f(8, "lsn = 40 (u64, the first of 3 consecutive records)"),
+                f(4, "applied = 3 (u32)"),
+            ],
+        ),
+        error(
+            "batch-error-response",
+            Opcode::Batch as u16,
+            31,
+            ErrorCode::ProgramSyntax,
+            "op 2 (prog): program at 0,0,0: line 1: unexpected symbol near <eof>; nothing of the batch was applied",
+        ),
+        request(
+            "edge-list-request",
+            32,
+            Request::EdgeList {
+                ns: default_ns(),
+                limit: 1000,
+                after: None,
+            },
+            edge_list_fields,
+        ),
+        response(
+            "edge-list-response",
+            32,
+            Response::EdgeList(EdgePage {
+                edges: vec![ListedEdge {
+                    from: origin,
+                    to: east,
+                    label: road(),
+                    weight: 2.5,
+                }],
+                resume_after: Some(0),
+            }),
+            edge_page_fields,
+        ),
+        request(
+            "prog-list-request",
+            33,
+            Request::ProgramList {
+                ns: default_ns(),
+                limit: 1000,
+                after: Some(Coord::new(-1, 0, 0)),
+            },
+            prog_list_fields,
+        ),
+        response(
+            "prog-list-response",
+            33,
+            Response::ProgramList(ProgramPage {
+                programs: vec![ListedProgram {
+                    coord: origin,
+                    source: b"return 1".to_vec(),
+                }],
+                resume_after: None,
+            }),
+            prog_page_fields,
+        ),
+    ]
 }
 
 /// `prog`, `run` and `cell-stats` (opcodes 0x0040-0x0042).
@@ -986,7 +1319,11 @@ fn examples_decode_to_what_they_say() {
             let answer = Response::decode(&header, body, &Limits::default()).unwrap();
             let is_error = matches!(
                 example.name,
-                "error-response" | "refusal-frame" | "run-error-response"
+                "error-response"
+                    | "refusal-frame"
+                    | "run-error-response"
+                    | "batch-error-response"
+                    | "quota-error-response"
             );
             assert_eq!(answer.is_err(), is_error, "{}", example.name);
         }
@@ -1042,7 +1379,13 @@ fn stated_constants_match() {
         format!("edge label | {MAX_LABEL_BYTES} bytes"),
         format!("edges per `edges` answer | {MAX_EDGE_LIST}"),
         format!("nodes per `walk` answer, coordinates per `path` answer | {MAX_WALK_NODES}"),
+        format!("grants per namespace | {MAX_GRANTS}"),
+        format!("names per `ns-list` answer | {MAX_LISTED_NAMESPACES}"),
         format!("header | {HEADER_BYTES}"),
+        format!("operations per `batch` | {MAX_BATCH_OPS}"),
+        format!("operation bytes per `batch` | {MAX_BATCH_BYTES}"),
+        format!("edges per `edge-list` page | {MAX_EDGE_PAGE}"),
+        format!("programs per `prog-list` page | {MAX_PROGRAM_PAGE}"),
         format!("protocol version | {PROTOCOL_VERSION}"),
     ];
     for fact in facts {

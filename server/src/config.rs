@@ -24,9 +24,25 @@ pub struct Args {
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
 
-    /// Socket file permissions, octal. 600 lets only this user connect.
+    /// Socket file permissions, octal. 600 lets only this user connect;
+    /// widen it (e.g. 660, 666) to serve other users, and see --allow-uid.
     #[arg(long, value_name = "OCTAL", default_value = "600", value_parser = parse_mode)]
     pub socket_mode: u32,
+
+    /// Serve only these uids besides root and the daemon's own (repeatable).
+    /// Without --allow-uid and --allow-gid, anyone the socket mode lets in
+    /// may connect; namespace access lists still decide what they see.
+    #[arg(long, value_name = "UID")]
+    pub allow_uid: Vec<u32>,
+
+    /// Serve members of these primary gids too (repeatable).
+    #[arg(long, value_name = "GID")]
+    pub allow_gid: Vec<u32>,
+
+    /// Master key for encrypted namespaces: 32 raw bytes or 64 hex digits,
+    /// in a file readable by its owner only (chmod 600).
+    #[arg(long, value_name = "PATH")]
+    pub key_file: Option<PathBuf>,
 
     /// When writes are acknowledged: `always` (after fdatasync), `interval=MS`
     /// (at once; fdatasync every MS ms or 1000 writes: a crash loses that

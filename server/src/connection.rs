@@ -21,6 +21,7 @@ use cube_protocol::{
 };
 use cube_store::{Mutation, ScanLimits, Visit, WriteError, WriteErrorKind, WriteSession};
 
+use crate::access::{Peer, authorize};
 use crate::server::Shared;
 use crate::write_reply::{PendingReply, deliver};
 
@@ -71,10 +72,16 @@ pub(crate) struct Connection {
     /// The socket again, for the writer thread to answer writes on.
     reply_stream: Arc<UnixStream>,
     pending_reply: Arc<PendingReply>,
+    /// Who connected (`SO_PEERCRED`), for namespace access control.
+    peer: Peer,
 }
 
 impl Connection {
-    pub(crate) fn new(stream: UnixStream, shared: Arc<Shared>) -> io::Result<Connection> {
+    pub(crate) fn new(
+        stream: UnixStream,
+        shared: Arc<Shared>,
+        peer: Peer,
+    ) -> io::Result<Connection> {
         stream.set_nonblocking(false)?;
         stream.set_write_timeout(Some(shared.args.write_timeout()))?;
         let read_timeout = shared.args.idle_timeout();
@@ -90,6 +97,7 @@ impl Connection {
             session: None,
             greeted: false,
             read_timeout,
+            peer,
         })
     }
 
@@ -156,6 +164,15 @@ impl Connection {
                 );
                 let _ = self.send_error(header.opcode, header.request_id, &error);
                 return Close::Refused("shutting down".into());
+            }
+            if let Err(error) = authorize(&self.peer, self.shared.engine.memstore(), &request) {
+                if let Err(close) = self.send_error(header.opcode, header.request_id, &error) {
+                    return close;
+                }
+                self.shared
+                    .stats
+                    .record(opcode, started.elapsed().as_micros() as u64, false);
+                continue;
             }
             if matches!(request, Request::Put { .. } | Request::Del { .. }) {
                 match self.submit_write(request, header.request_id, started) {
@@ -294,7 +311,14 @@ impl Connection {
                 })
             }
             Request::Ping => Ok(Response::Pong),
-            Request::Stats => Ok(Response::Stats(self.shared.stats_entries())),
+            Request::Stats => {
+                let mut entries = self.shared.stats_entries();
+                entries.extend(crate::namespaces::stats_entries(
+                    &self.peer,
+                    engine.memstore(),
+                ));
+                Ok(Response::Stats(entries))
+            }
             Request::Checkpoint { compact } => {
                 let result = if compact {
                     engine.compact()
@@ -341,6 +365,28 @@ impl Connection {
             | Request::Detach { .. }) => {
                 self.open_session();
                 crate::edges::handle(&self.shared, self.session.as_ref(), edge_request)
+            }
+            // Import and export: batch, edge-list, prog-list.
+            bulk_request @ (Request::Batch { .. }
+            | Request::EdgeList { .. }
+            | Request::ProgramList { .. }) => {
+                self.open_session();
+                crate::batch::handle(&self.shared, self.session.as_ref(), bulk_request)
+            }
+            ns_request @ (Request::NsCreate { .. }
+            | Request::NsDrop { .. }
+            | Request::NsList
+            | Request::NsInfo { .. }
+            | Request::NsGrant { .. }
+            | Request::NsRevoke { .. }) => {
+                // Namespace changes are rare: a session of their own.
+                let session = engine.session();
+                crate::namespaces::handle(
+                    ns_request,
+                    &self.peer,
+                    engine.memstore(),
+                    session.as_ref(),
+                )
             }
             program_request @ (Request::Prog { .. }
             | Request::Run { .. }
@@ -488,7 +534,7 @@ pub(crate) fn no_such_namespace(ns: &cube_protocol::NamespaceName) -> ServerErro
     ServerError::new(
         ErrorCode::NoSuchNamespace,
         format!(
-            "no such namespace {:?}; this version has only \"default\"",
+            "no such namespace {:?}; `cubec ns list` shows the ones you may use, `cubec ns create NAME` makes one",
             ns.as_str()
         ),
     )
@@ -537,6 +583,9 @@ pub(crate) fn write_error(e: &WriteError) -> ServerError {
         WriteErrorKind::DiskFull => ErrorCode::DiskFull,
         WriteErrorKind::ShuttingDown => ErrorCode::ShuttingDown,
         WriteErrorKind::Invalid => ErrorCode::BadRequest,
+        WriteErrorKind::NamespaceExists => ErrorCode::NamespaceExists,
+        WriteErrorKind::QuotaExceeded => ErrorCode::QuotaExceeded,
+        WriteErrorKind::EncryptionUnavailable => ErrorCode::EncryptionUnavailable,
     };
     ServerError::new(code, e.message.clone())
 }

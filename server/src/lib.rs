@@ -9,10 +9,14 @@
 //! - the **writer** (in `cube-store`): group commit to the WAL.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+mod access;
+mod batch;
 pub mod command_stats;
 pub mod config;
 mod connection;
 mod edges;
+mod listing;
+mod namespaces;
 mod programs;
 #[macro_use]
 pub mod log;
@@ -30,3 +34,11 @@ pub use server::run;
 pub fn check_program_syntax(source: &[u8]) -> Result<(), String> {
     programs::sandbox::check_syntax(source).map_err(|e| e.message)
 }
+
+/// Stores and runs cell programs through the same code as `prog` and
+/// `run`, on an engine of its own. Public only for the `program_run` fuzz
+/// target (`fuzz/`) and `tests/program_garbage.rs`.
+#[doc(hidden)]
+pub use programs::harness::{
+    HARNESS_MAX_RUN_WALL, HarnessLimits, HarnessOutcome, HarnessRun, ProgramHarness,
+};

@@ -6,7 +6,7 @@ fn main() {
     let args = cube_server::Args::parse();
     cube_server::log::set_level(args.log_level);
     if let Some(dir) = &args.verify {
-        std::process::exit(cube_server::verify::run(dir));
+        std::process::exit(cube_server::verify::run(dir, args.key_file.as_deref()));
     }
     if let Err(e) = cube_server::run(args) {
         eprintln!("cubed: error: {e}");

@@ -123,6 +123,7 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
             delta_compact_bytes: args.delta_compact_bytes,
             ..CheckpointConfig::default()
         },
+        key_file: args.key_file.clone(),
     })?;
     log_recovery(&engine);
 
@@ -296,8 +297,34 @@ fn accept_all(listener: &UnixListener, shared: &Arc<Shared>, next_id: &AtomicU64
                 .fetch_add(1, Ordering::Relaxed);
             continue;
         }
+        let peer = match crate::access::Peer::of(&stream) {
+            Ok(peer) => peer,
+            Err(e) => {
+                warn!("refused a connection whose peer credentials cannot be read: {e}");
+                continue;
+            }
+        };
+        if !peer.allowed_by(&shared.args) {
+            warn!(
+                "refused a connection from uid {} gid {}: not in --allow-uid / --allow-gid",
+                peer.uid, peer.gid
+            );
+            refuse(
+                stream,
+                ErrorCode::PermissionDenied,
+                &format!(
+                    "uid {} (gid {}) may not use this daemon; its operator can add --allow-uid {}",
+                    peer.uid, peer.gid, peer.uid
+                ),
+            );
+            shared
+                .stats
+                .connections_refused
+                .fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
         let id = next_id.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = spawn_connection(id, stream, shared) {
+        if let Err(e) = spawn_connection(id, stream, shared, peer) {
             warn!("could not start a connection thread: {e}");
             shared
                 .stats
@@ -307,9 +334,14 @@ fn accept_all(listener: &UnixListener, shared: &Arc<Shared>, next_id: &AtomicU64
     }
 }
 
-fn spawn_connection(id: u64, stream: UnixStream, shared: &Arc<Shared>) -> io::Result<()> {
+fn spawn_connection(
+    id: u64,
+    stream: UnixStream,
+    shared: &Arc<Shared>,
+    peer: crate::access::Peer,
+) -> io::Result<()> {
     let registered = stream.try_clone()?;
-    let mut connection = Connection::new(stream, Arc::clone(shared))?;
+    let mut connection = Connection::new(stream, Arc::clone(shared), peer)?;
     shared.active.fetch_add(1, Ordering::SeqCst);
     lock(&shared.connections).insert(id, registered);
     shared

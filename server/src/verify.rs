@@ -2,12 +2,24 @@
 
 use std::path::Path;
 
-use cube_store::verify::verify_data_dir;
+use std::sync::Arc;
+
+use cube_store::crypto::{Keyring, load_key_file};
+use cube_store::verify::verify_data_dir_with_key;
 
 /// Runs the check and returns the process exit code (0 clean, 1 problems
-/// or the check could not run).
-pub fn run(dir: &Path) -> i32 {
-    let report = match verify_data_dir(dir) {
+/// or the check could not run). With `key_file`, sealed records and blocks
+/// of encrypted namespaces are opened (authenticated) too.
+pub fn run(dir: &Path, key_file: Option<&Path>) -> i32 {
+    let keyring = match key_file.map(load_key_file).transpose() {
+        // Epoch 0: a keyring that only opens, never seals.
+        Ok(master) => master.map(|m| Arc::new(Keyring::new(Some(m), 0))),
+        Err(e) => {
+            eprintln!("cubed: {e}");
+            return 1;
+        }
+    };
+    let report = match verify_data_dir_with_key(dir, keyring) {
         Ok(report) => report,
         Err(e) => {
             eprintln!("cubed: cannot verify {}: {e}", dir.display());

@@ -1,7 +1,9 @@
 //! Guards the daemon under overload and hostile clients: a thousand
 //! concurrent connections, rapid connect/disconnect churn, clients that
 //! never read their responses, and bad frames at volume, while a bystander
-//! client keeps getting correct answers.
+//! client keeps getting correct answers; and with all of them at once, the
+//! bystander's latency stays of the order it is alone (`cube-stress
+//! --hostile` measures the same at scale, docs/benchmarks.md).
 #![allow(clippy::unwrap_used)]
 
 use std::io::{Read, Write};
@@ -250,4 +252,223 @@ fn bad_frames_at_volume_are_refused_and_others_are_unharmed() {
     assert!(stat(&mut c, "frames.bad") >= 500);
     c.ping().unwrap();
     assert!(!daemon.log_text().contains("panicked"));
+}
+
+/// Put-then-get round trips for `how_long`; every answer is checked. The
+/// latencies, sorted.
+fn round_trips(c: &mut Client, how_long: Duration, z0: i32) -> Vec<Duration> {
+    let mut out = Vec::new();
+    let started = Instant::now();
+    let mut z = z0;
+    while started.elapsed() < how_long {
+        let at = Instant::now();
+        let v = format!("round trip {z}");
+        c.put("default", Coord::new(-5, -5, z), v.as_bytes())
+            .unwrap();
+        assert_eq!(
+            c.get("default", Coord::new(-5, -5, z)).unwrap().unwrap(),
+            v.as_bytes()
+        );
+        out.push(at.elapsed());
+        z += 1;
+    }
+    out.sort();
+    out
+}
+
+fn quantile(sorted: &[Duration], q: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * q) as usize]
+}
+
+/// Half a frame, then silence, over and over: returns how many times the
+/// daemon closed it.
+fn slowloris(socket: &std::path::Path, stop: &AtomicBool) -> u64 {
+    let mut closed = 0;
+    let header = FrameHeader {
+        body_len: 4096,
+        body_crc32c: 0,
+        version: PROTOCOL_VERSION,
+        opcode: 0x0010,
+        request_id: 1,
+    }
+    .to_bytes();
+    while !stop.load(Ordering::Relaxed) {
+        let mut s = UnixStream::connect(socket).unwrap();
+        s.write_all(&header).unwrap();
+        s.write_all(&[0u8; 100]).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        let mut buf = [0u8; 256];
+        while !stop.load(Ordering::Relaxed) {
+            match s.read(&mut buf) {
+                Ok(0) => {
+                    closed += 1;
+                    break;
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => {
+                    closed += 1;
+                    break;
+                }
+            }
+        }
+    }
+    closed
+}
+
+/// Pipelines gets of a 256 KiB value and never reads, over and over:
+/// returns how many times the daemon cut it off.
+fn non_reader(socket: &std::path::Path, stop: &AtomicBool) -> u64 {
+    let mut frames = Vec::new();
+    Request::Hello {
+        client_version: PROTOCOL_VERSION,
+        client_name: "non-reader".into(),
+    }
+    .encode(1, &mut frames);
+    for id in 2..200u64 {
+        Request::Get {
+            ns: cube_protocol::NamespaceName::new("default").unwrap(),
+            coord: Coord::new(1, 1, 1),
+        }
+        .encode(id, &mut frames);
+    }
+    let mut cut_off = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let mut s = UnixStream::connect(socket).unwrap();
+        s.set_write_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        'connection: while !stop.load(Ordering::Relaxed) {
+            let mut at = 0;
+            while at < frames.len() {
+                match s.write(&frames[at..]) {
+                    Ok(n) if n > 0 => at += n,
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        ) =>
+                    {
+                        if stop.load(Ordering::Relaxed) {
+                            break 'connection;
+                        }
+                    }
+                    _ => {
+                        cut_off += 1;
+                        break 'connection;
+                    }
+                }
+            }
+        }
+    }
+    cut_off
+}
+
+#[test]
+fn hostile_clients_at_once_leave_a_bystanders_latency_alone() {
+    // Short timeouts, so the hostile connections are cut off and come back
+    // several times within the test.
+    let daemon =
+        LocalDaemon::start_fresh(&["--frame-timeout-ms", "500", "--write-timeout-ms", "500"])
+            .unwrap();
+    let mut setup = daemon.client().unwrap();
+    setup
+        .put("default", Coord::new(1, 1, 1), &vec![7u8; 256 * 1024])
+        .unwrap();
+    let mut c = daemon.client().unwrap();
+    c.set_timeout(Some(Duration::from_secs(30))).unwrap();
+    let alone = round_trips(&mut c, Duration::from_millis(1000), 0);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut hostile = Vec::new();
+    let socket = daemon.socket().to_path_buf();
+    for i in 0..14 {
+        let (socket, stop) = (socket.clone(), Arc::clone(&stop));
+        hostile.push(thread::spawn(move || match i % 7 {
+            0..3 => ("slowloris", slowloris(&socket, &stop)),
+            3..6 => ("non-reader", non_reader(&socket, &stop)),
+            _ => {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    // Connect and vanish, with a pause so that the flood
+                    // loads the daemon rather than this test's CPU.
+                    drop(UnixStream::connect(&socket).unwrap());
+                    n += 1;
+                    thread::sleep(Duration::from_millis(2));
+                }
+                ("flood", n)
+            }
+        }));
+    }
+    thread::sleep(Duration::from_millis(200));
+    let beside = round_trips(&mut c, Duration::from_millis(1500), 1_000_000);
+    stop.store(true, Ordering::Relaxed);
+    let mut done = std::collections::BTreeMap::new();
+    for h in hostile {
+        let (kind, n) = h.join().unwrap();
+        *done.entry(kind).or_insert(0u64) += n;
+    }
+    let (a50, a99) = (quantile(&alone, 0.5), quantile(&alone, 0.99));
+    let (b50, b99) = (quantile(&beside, 0.5), quantile(&beside, 0.99));
+    eprintln!(
+        "alone: {} round trips, p50 {a50:?}, p99 {a99:?}; beside hostile clients ({done:?}): \
+         {} round trips, p50 {b50:?}, p99 {b99:?}",
+        alone.len(),
+        beside.len()
+    );
+    // The hostile clients were there: the daemon cut them off, several times.
+    assert!(done["slowloris"] >= 3, "{done:?}");
+    assert!(done["non-reader"] >= 3, "{done:?}");
+    // A daemon that let one client stall another would show the hostile
+    // clients' timeouts (500 ms) in the bystander's latency. The bounds are
+    // loose because this machine may be busy with other builds.
+    assert!(beside.len() >= 20, "{} round trips", beside.len());
+    assert!(
+        b50 < Duration::from_millis(100),
+        "median {b50:?} beside, {a50:?} alone"
+    );
+    assert!(
+        b99 < Duration::from_millis(450),
+        "p99 {b99:?} beside, {a99:?} alone"
+    );
+    assert!(!daemon.log_text().contains("panicked"));
+}
+
+/// A slowloris that trickles one byte at a time, each well within
+/// `--frame-timeout-ms` of the last, must still be cut off once the frame
+/// has been incomplete for that long. Today it is not: the frame timeout is
+/// a per-read socket timeout (`Connection::next_frame`), so such a client
+/// holds its connection thread and a `--max-connections` slot for as long
+/// as it likes. Found by `cube-stress --hostile`; the fix (a deadline for
+/// the whole frame) belongs in `server/src/connection.rs`.
+#[test]
+#[ignore = "known gap: the frame timeout is per read, not per frame (docs/robustness.md)"]
+fn a_trickling_slowloris_is_cut_off_after_the_frame_timeout() {
+    let daemon = LocalDaemon::start_fresh(&["--frame-timeout-ms", "500"]).unwrap();
+    let header = FrameHeader {
+        body_len: 4096,
+        body_crc32c: 0,
+        version: PROTOCOL_VERSION,
+        opcode: 0x0010,
+        request_id: 1,
+    }
+    .to_bytes();
+    let mut s = UnixStream::connect(daemon.socket()).unwrap();
+    s.write_all(&header).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
+    let started = Instant::now();
+    let mut buf = [0u8; 256];
+    while started.elapsed() < Duration::from_secs(3) {
+        match s.read(&mut buf) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return,
+        }
+        // One byte every 200 ms: each read returns well within 500 ms.
+        thread::sleep(Duration::from_millis(190));
+        if s.write_all(&[0]).is_err() {
+            return;
+        }
+    }
+    panic!("a frame incomplete for 3 s was not cut off (--frame-timeout-ms 500)");
 }

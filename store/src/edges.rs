@@ -858,6 +858,63 @@ impl Ord for Frontier {
 }
 
 // ---------------------------------------------------------------------------
+// Listing every edge, a page at a time (`crate::listing`, `cubec export`).
+// ---------------------------------------------------------------------------
+
+impl EdgeGraph {
+    /// The outgoing edges of the slots from `first_slot` on, whole slots
+    /// at a time, within `limits` (the first slot with edges always goes
+    /// in, so every page makes progress). Returns the edges and the last
+    /// slot examined, or `None` when the arena is finished.
+    ///
+    /// Why slots and not coordinates: a slot is an index, so a page costs
+    /// what it returns, not a pass over the whole graph under the read
+    /// lock; and a coordinate keeps its slot as long as it has an edge, so
+    /// an edge that exists for a whole listing is listed exactly once.
+    pub(crate) fn out_edges_from_slot(
+        &self,
+        first_slot: u64,
+        limits: crate::listing::ListLimits,
+    ) -> (Vec<cube_protocol::ListedEdge>, Option<u64>) {
+        let mut edges = Vec::new();
+        let mut bytes = 0usize;
+        let mut last_examined = None;
+        let end = self.nodes.len() as u64;
+        let mut slot = first_slot;
+        while slot < end && (slot - first_slot) < limits.max_steps as u64 {
+            let node = &self.nodes[slot as usize];
+            let node_bytes: usize = node
+                .out
+                .iter()
+                .map(|e| {
+                    let label = self.labels.names[e.label.0 as usize].as_deref();
+                    crate::listing::listed_edge_bytes(label.unwrap_or(""))
+                })
+                .sum();
+            if !edges.is_empty()
+                && (edges.len() + node.out.len() > limits.max_items
+                    || bytes + node_bytes > limits.max_bytes)
+            {
+                break;
+            }
+            for e in node.out.iter() {
+                edges.push(cube_protocol::ListedEdge {
+                    from: node.coord,
+                    to: self.coord(e.to),
+                    label: self.labels.name(e.label),
+                    weight: e.weight,
+                });
+            }
+            bytes += node_bytes;
+            last_examined = Some(slot);
+            slot += 1;
+        }
+        let resume_after = if slot < end { last_examined } else { None };
+        (edges, resume_after)
+    }
+}
+
+// ---------------------------------------------------------------------------
 // Reads, served from the in-memory store like `get`.
 // ---------------------------------------------------------------------------
 
@@ -1000,7 +1057,10 @@ impl PendingEdges {
             | Mutation::Del { .. }
             | Mutation::ProgramPut { .. }
             | Mutation::ProgramDel { .. }
-            | Mutation::Telemetry { .. } => {}
+            | Mutation::Telemetry { .. }
+            | Mutation::NamespaceCreate { .. }
+            | Mutation::NamespaceDrop { .. }
+            | Mutation::NamespaceAlter { .. } => {}
         }
     }
 

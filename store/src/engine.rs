@@ -11,6 +11,7 @@ use cube_protocol::{Coord, NamespaceName};
 use crate::checkpoint::backup::BackupReport;
 use crate::checkpoint::checkpointer::{Checkpointer, record};
 use crate::checkpoint::{CheckpointConfig, CheckpointReport, CheckpointStore};
+use crate::crypto::{Keyring, bump_epoch, load_key_file};
 use crate::data_dir::DataDir;
 use crate::error::StoreError;
 use crate::group_commit::{GroupCommit, GroupCommitConfig, WriteSession};
@@ -29,6 +30,8 @@ pub struct EngineConfig {
     pub group_commit: GroupCommitConfig,
     pub recovery: RecoveryOptions,
     pub checkpoint: CheckpointConfig,
+    /// The master key for encrypted namespaces (`cubed --key-file`).
+    pub key_file: Option<PathBuf>,
 }
 
 impl EngineConfig {
@@ -39,6 +42,7 @@ impl EngineConfig {
             group_commit: GroupCommitConfig::default(),
             recovery: RecoveryOptions::default(),
             checkpoint: CheckpointConfig::default(),
+            key_file: None,
         }
     }
 }
@@ -82,8 +86,11 @@ struct BatchApplier<'a> {
 
 impl BatchApplier<'_> {
     fn push(&mut self, mutation: Mutation) {
+        let namespace_change = mutation.is_namespace_change();
         self.batch.push(mutation);
-        if self.batch.len() == RECOVERY_BATCH_RECORDS {
+        // A namespace change is applied at once: cells bulk-loaded next
+        // (outside this batch) must land in the namespace it creates.
+        if namespace_change || self.batch.len() == RECOVERY_BATCH_RECORDS {
             self.flush();
         }
     }
@@ -102,6 +109,16 @@ impl Engine {
         let storage = Arc::clone(&config.storage);
         let data_dir = DataDir::open(storage.as_ref(), &config.data_dir)?;
         let wal_dir = data_dir.wal_dir();
+        let keyring = match &config.key_file {
+            Some(path) => {
+                let master = load_key_file(path).map_err(|e| StoreError::Key(e.to_string()))?;
+                // A new epoch before anything is sealed: nonces of this run
+                // can never repeat one of an earlier run (crypto.rs).
+                let epoch = bump_epoch(storage.as_ref(), &config.data_dir)?;
+                Some(Arc::new(Keyring::new(Some(master), epoch)))
+            }
+            None => None,
+        };
         let mem = Arc::new(MemStore::new());
         let mut applier = BatchApplier {
             mem: &mem,
@@ -110,11 +127,12 @@ impl Engine {
         };
 
         let load_started = Instant::now();
-        let checkpoints = CheckpointStore::open(
+        let mut checkpoints = CheckpointStore::open(
             Arc::clone(&storage),
             &data_dir.checkpoint_dir(),
             &wal_dir,
             config.checkpoint.clone(),
+            keyring.clone(),
         )?;
         let entries = checkpoints.load(
             |mutation| applier.push(mutation),
@@ -138,6 +156,7 @@ impl Engine {
             &wal_dir,
             checkpoints.checkpoint_lsn(),
             &config.recovery,
+            keyring.as_deref(),
             |_lsn, mutation| applier.push(mutation),
         )?;
         applier.flush();
@@ -167,6 +186,7 @@ impl Engine {
             Arc::clone(&mem),
             Arc::clone(&stats),
             config.group_commit.clone(),
+            keyring,
         )
         .map_err(|e| StoreError::io(&wal_dir, e))?;
         let roller = writer.roller().ok_or_else(|| {

@@ -28,6 +28,10 @@ pub enum StoreError {
     },
     #[error("writes are disabled: {0}")]
     WritesDisabled(String),
+    /// The master key is missing, unreadable, or not the one a namespace
+    /// was encrypted with.
+    #[error("{0}")]
+    Key(String),
     /// A crash injected by a test at a named step of a protocol.
     #[doc(hidden)]
     #[error("simulated crash at {0}")]
@@ -57,6 +61,12 @@ pub enum WriteErrorKind {
     ShuttingDown,
     /// The request broke a store limit the protocol layer did not catch.
     Invalid,
+    /// A namespace of that name exists already.
+    NamespaceExists,
+    /// The write would take its namespace past a quota; nothing applied.
+    QuotaExceeded,
+    /// An encrypted namespace was asked for, but there is no master key.
+    EncryptionUnavailable,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Error)]

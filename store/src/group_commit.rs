@@ -18,16 +18,19 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
 
 use std::any::Any;
+use std::collections::HashMap;
 
 use cube_protocol::NamespaceName;
 
+use crate::crypto::Keyring;
 use crate::error::{WriteError, WriteErrorKind};
 use crate::memstore::MemStore;
 use crate::mutation::Mutation;
+use crate::namespace::{UsageDelta, check_quota};
 use crate::stats::StoreStats;
 use crate::storage::Storage;
 use crate::transaction::{Overlay, TxnFn, TxnView};
-use crate::wal::record::encode_record;
+use crate::wal::record::{encode_record, encode_sealed_record};
 use crate::wal::segment::SEGMENT_HEADER_BYTES;
 use crate::wal::{SegmentPreallocator, WalSegment};
 
@@ -256,6 +259,9 @@ pub struct GroupCommit {
 }
 
 impl GroupCommit {
+    // Each argument is a distinct piece the engine assembled at startup;
+    // a struct holding them for one call would only rename the list.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn start(
         storage: Arc<dyn Storage>,
         wal_dir: PathBuf,
@@ -264,6 +270,7 @@ impl GroupCommit {
         mem: Arc<MemStore>,
         stats: Arc<StoreStats>,
         config: GroupCommitConfig,
+        keyring: Option<Arc<Keyring>>,
     ) -> io::Result<GroupCommit> {
         assert!(config.max_group_records > 0 && config.queue_capacity > 0);
         let (tx, rx) = bounded(config.queue_capacity);
@@ -286,6 +293,9 @@ impl GroupCommit {
             buf: Vec::with_capacity(1024 * 1024),
             overlay: Overlay::default(),
             config,
+            keyring,
+            group_usage: HashMap::new(),
+            scratch: Vec::new(),
         };
         let thread = thread::Builder::new()
             .name("cube-writer".into())
@@ -328,6 +338,26 @@ impl Drop for GroupCommit {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// [`Writer::check_quota`], callable while a transaction borrows the overlay.
+fn quota_check(
+    mem: &MemStore,
+    group_usage: &HashMap<NamespaceName, UsageDelta>,
+    ns: &NamespaceName,
+    delta: UsageDelta,
+) -> Result<(), WriteError> {
+    let Some(quota) = mem.namespace_quota(ns) else {
+        return Ok(());
+    };
+    if quota.is_unlimited() {
+        return Ok(());
+    }
+    let usage = mem.namespace_usage(ns).unwrap_or_default();
+    let mut total = group_usage.get(ns).copied().unwrap_or_default();
+    total.add(delta);
+    check_quota(ns, &quota, usage, total)
+        .map_err(|message| WriteError::new(WriteErrorKind::QuotaExceeded, message))
 }
 
 fn no_such_namespace(ns: &NamespaceName) -> WriteError {
@@ -378,6 +408,13 @@ impl Prepared {
         }
     }
 
+    fn mutations_mut(&mut self) -> &mut [Mutation] {
+        match self {
+            Prepared::Write { mutation, .. } => std::slice::from_mut(mutation),
+            Prepared::Txn { mutations, .. } => mutations,
+        }
+    }
+
     fn refuse(self, error: WriteError) {
         match self {
             Prepared::Write { reply, .. } => reply.answer(Err(error)),
@@ -401,9 +438,91 @@ struct Writer {
     buf: Vec<u8>,
     overlay: Overlay,
     config: GroupCommitConfig,
+    /// Seals records of encrypted namespaces; `None` without a master key.
+    keyring: Option<Arc<Keyring>>,
+    /// Usage changes of quota-limited namespaces accepted into this group.
+    group_usage: HashMap<NamespaceName, UsageDelta>,
+    /// Reused for sealing payloads.
+    scratch: Vec<u8>,
+}
+
+/// Whether a queued command creates or drops a namespace: those commit in
+/// a group of their own, so no other entry of a group ever sees a
+/// namespace appear or vanish under it.
+fn is_namespace_lifecycle(queued: &Queued) -> bool {
+    matches!(
+        queued,
+        Queued::Write {
+            mutation: Mutation::NamespaceCreate { .. } | Mutation::NamespaceDrop { .. },
+            ..
+        }
+    )
 }
 
 impl Writer {
+    /// Commits the group, with namespace creates and drops split out into
+    /// groups of their own (they are rare; the extra fsync does not matter).
+    fn commit_split(&mut self, group: &mut Vec<Queued>) {
+        if !group.iter().any(is_namespace_lifecycle) {
+            self.commit(group);
+            return;
+        }
+        let mut batch = Vec::with_capacity(group.len());
+        for queued in group.drain(..) {
+            if is_namespace_lifecycle(&queued) {
+                if !batch.is_empty() {
+                    self.commit(&mut batch);
+                }
+                let mut single = vec![queued];
+                self.commit(&mut single);
+            } else {
+                batch.push(queued);
+            }
+        }
+        if !batch.is_empty() {
+            self.commit(&mut batch);
+        }
+    }
+
+    /// Refuses a write that would take a quota-limited namespace past its
+    /// quota, counting what this group already accepted.
+    fn check_quota(&self, ns: &NamespaceName, delta: UsageDelta) -> Result<(), WriteError> {
+        quota_check(&self.mem, &self.group_usage, ns, delta)
+    }
+
+    fn namespace_limited(&self, ns: &NamespaceName) -> bool {
+        self.mem
+            .namespace_quota(ns)
+            .is_some_and(|quota| !quota.is_unlimited())
+    }
+
+    /// Checks a namespace create or drop against the store (it commits
+    /// alone, so nothing earlier in its group can change the answer).
+    fn check_namespace_change(&self, mutation: &Mutation) -> Result<(), WriteError> {
+        match mutation {
+            Mutation::NamespaceCreate { ns, meta } => {
+                if self.mem.has_namespace(ns) {
+                    return Err(WriteError::new(
+                        WriteErrorKind::NamespaceExists,
+                        format!("namespace {:?} exists already", ns.as_str()),
+                    ));
+                }
+                if meta.encrypted && !self.keyring.as_ref().is_some_and(|k| k.has_key()) {
+                    return Err(WriteError::new(
+                        WriteErrorKind::EncryptionUnavailable,
+                        "an encrypted namespace needs a master key: start cubed with --key-file PATH",
+                    ));
+                }
+                Ok(())
+            }
+            Mutation::NamespaceDrop { ns } | Mutation::NamespaceAlter { ns, .. }
+                if !self.mem.has_namespace(ns) =>
+            {
+                Err(no_such_namespace(ns))
+            }
+            _ => Ok(()),
+        }
+    }
     fn run(mut self, rx: &Receiver<WriterCommand>) {
         let mut group: Vec<Queued> = Vec::with_capacity(self.config.max_group_records);
         let mut stopping = false;
@@ -451,7 +570,7 @@ impl Writer {
                 }
             }
             if !group.is_empty() {
-                self.commit(&mut group);
+                self.commit_split(&mut group);
             }
             if let Some(reply) = roll_reply {
                 let _ = reply.send(self.roll());
@@ -551,6 +670,7 @@ impl Writer {
         self.buf.clear();
         let first_lsn = self.next_lsn;
         let mut written = 0usize;
+        let mut seal_failure = None;
         for entry in prepared.iter_mut() {
             let entry_lsn = self.next_lsn;
             match entry {
@@ -563,11 +683,62 @@ impl Writer {
                     *first_lsn = if mutations.is_empty() { 0 } else { entry_lsn };
                 }
             }
-            for mutation in entry.mutations() {
+            for mutation in entry.mutations_mut() {
                 written += 1;
-                encode_record(&mut self.buf, self.next_lsn, mutation, written == records);
+                let lsn = self.next_lsn;
+                if let Mutation::NamespaceCreate { meta, .. } = mutation {
+                    // A namespace's id is the LSN that created it: unique
+                    // forever, so no key or state entry is ever shared
+                    // with a namespace dropped before it.
+                    meta.id = lsn;
+                    if meta.encrypted
+                        && let Some(keyring) = &self.keyring
+                    {
+                        match keyring.key_check(lsn) {
+                            Ok(check) => {
+                                meta.key_check = check;
+                                keyring.mark_verified(lsn);
+                            }
+                            Err(e) => seal_failure = Some(e.to_string()),
+                        }
+                    }
+                }
+                let sealed_id = match self.keyring.as_deref() {
+                    Some(keyring) if keyring.has_key() && !mutation.is_namespace_change() => {
+                        self.mem.sealed_id(mutation.namespace())
+                    }
+                    _ => None,
+                };
+                match (sealed_id, self.keyring.as_deref()) {
+                    (Some(ns_id), Some(keyring)) => {
+                        if let Err(e) = encode_sealed_record(
+                            &mut self.buf,
+                            &mut self.scratch,
+                            lsn,
+                            mutation,
+                            written == records,
+                            keyring,
+                            ns_id,
+                        ) {
+                            seal_failure = Some(e.to_string());
+                        }
+                    }
+                    _ => encode_record(&mut self.buf, lsn, mutation, written == records),
+                }
                 self.next_lsn += 1;
             }
+        }
+        if let Some(reason) = seal_failure {
+            // Nothing was written: refuse the group and carry on.
+            self.next_lsn = first_lsn;
+            let error = WriteError::new(
+                WriteErrorKind::EncryptionUnavailable,
+                format!("could not seal the write: {reason}"),
+            );
+            for entry in prepared {
+                entry.refuse(error.clone());
+            }
+            return;
         }
         let last_lsn = self.next_lsn - 1;
         assert_eq!(
@@ -593,17 +764,41 @@ impl Writer {
     /// Checks each write, runs each transaction in order against the store
     /// plus the group's earlier writes, and returns the group's entries.
     fn prepare(&mut self, group: &mut Vec<Queued>) -> Vec<Prepared> {
-        let mut prepared = Vec::with_capacity(group.len());
+        let mut prepared: Vec<Prepared> = Vec::with_capacity(group.len());
         // The overlay is built only once a transaction needs it.
         let mut overlay_live = false;
         self.overlay.clear();
+        self.group_usage.clear();
         for queued in group.drain(..) {
             match queued {
                 Queued::Write { mutation, reply } => {
                     let ns = mutation.namespace();
-                    if !self.mem.has_namespace(ns) {
+                    if mutation.is_namespace_change() {
+                        if let Err(error) = self.check_namespace_change(&mutation) {
+                            reply.answer(Err(error));
+                            continue;
+                        }
+                    } else if !self.mem.has_namespace(ns) {
                         reply.answer(Err(no_such_namespace(ns)));
                         continue;
+                    }
+                    if !overlay_live && self.namespace_limited(ns) {
+                        // Quotas need the group's earlier writes to judge
+                        // this one: build the overlay now.
+                        for entry in &prepared {
+                            for earlier in entry.mutations() {
+                                self.overlay.record(earlier);
+                            }
+                        }
+                        overlay_live = true;
+                    }
+                    if overlay_live && self.namespace_limited(ns) {
+                        let delta = self.overlay.usage_change(&self.mem, &mutation);
+                        if let Err(error) = self.check_quota(ns, delta) {
+                            reply.answer(Err(error));
+                            continue;
+                        }
+                        self.group_usage.entry(ns.clone()).or_default().add(delta);
                     }
                     if overlay_live {
                         self.overlay.record(&mutation);
@@ -641,10 +836,18 @@ impl Writer {
                             .find(|ns| !self.mem.has_namespace(ns))
                             .map(no_such_namespace)
                     });
+                    let refusal = refusal.or_else(|| {
+                        view.usage_changes().iter().find_map(|(ns, delta)| {
+                            quota_check(&self.mem, &self.group_usage, ns, *delta).err()
+                        })
+                    });
                     if let Some(error) = refusal {
                         view.rollback();
                         reply.answer(Err(error));
                         continue;
+                    }
+                    for (ns, delta) in view.usage_changes() {
+                        self.group_usage.entry(ns.clone()).or_default().add(*delta);
                     }
                     prepared.push(Prepared::Txn {
                         mutations: view.into_mutations(),

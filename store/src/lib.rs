@@ -19,13 +19,16 @@
 
 mod cells;
 pub mod checkpoint;
+pub mod crypto;
 pub mod curve;
 mod data_dir;
 mod edges;
 mod error;
 mod group_commit;
+pub mod listing;
 mod memstore;
 mod mutation;
+pub mod namespace;
 pub mod programs;
 mod scan;
 pub mod sim_disk;

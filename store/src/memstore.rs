@@ -15,6 +15,7 @@
 //! `docs/benchmarks.md` ("In-memory store and curves").
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use cube_protocol::{CellBox, Coord, NamespaceName};
@@ -23,6 +24,7 @@ use crate::cells::{CellMap, Compactor};
 use crate::curve::Curve;
 use crate::edges::EdgeGraph;
 use crate::mutation::Mutation;
+use crate::namespace::{NamespaceMeta, Quota, Usage};
 use crate::scan::{ChunkEnd, ScanLimits, ScanOutcome, ScanState, Visit, start_key};
 
 /// The writer applies at most this many mutations per hold of a
@@ -36,14 +38,46 @@ pub const SCAN_SLICE_STEPS: u64 = 4096;
 
 type Cells = CellMap;
 
-#[derive(Default)]
 pub(crate) struct NamespaceCells {
     /// Fixed at creation: every key in `cells` is along this curve.
     pub(crate) curve: Curve,
+    /// Fixed at creation; unique forever (`crate::namespace`).
+    pub(crate) id: u64,
+    /// Fixed at creation (copies of `meta`'s, read on every write).
+    pub(crate) quota: Quota,
+    pub(crate) encrypted: bool,
+    /// Owner, grants, quotas. Only the writer (and recovery) changes it.
+    pub(crate) meta: RwLock<NamespaceMeta>,
     pub(crate) cells: RwLock<Cells>,
+    /// Bytes of all cell values, for `max-bytes` quotas and `ns info`.
+    /// Changed only under the `cells` write lock.
+    pub(crate) value_bytes: AtomicU64,
     /// The namespace's edges (`crate::edges`). Lock order: `edges`, then
     /// `cells`; the writer holds `edges` for a whole group's run.
     pub(crate) edges: RwLock<EdgeGraph>,
+}
+
+impl NamespaceCells {
+    fn new(meta: NamespaceMeta) -> NamespaceCells {
+        NamespaceCells {
+            curve: meta.curve,
+            id: meta.id,
+            quota: meta.quota,
+            encrypted: meta.encrypted,
+            meta: RwLock::new(meta),
+            cells: RwLock::default(),
+            value_bytes: AtomicU64::new(0),
+            edges: RwLock::default(),
+        }
+    }
+
+    pub(crate) fn usage(&self) -> Usage {
+        Usage {
+            cells: read(&self.cells).len() as u64,
+            bytes: self.value_bytes.load(Ordering::Relaxed),
+            edges: read(&self.edges).edge_count(),
+        }
+    }
 }
 
 /// Cells of every namespace. Cheap to share: clone the `Arc`.
@@ -76,9 +110,85 @@ impl MemStore {
             programs: Default::default(),
         };
         if let Ok(default) = NamespaceName::new("default") {
-            write(&store.namespaces).insert(default, Arc::default());
+            write(&store.namespaces).insert(
+                default,
+                Arc::new(NamespaceCells::new(NamespaceMeta::implicit_default(0))),
+            );
         }
         store
+    }
+
+    /// A namespace's metadata, or `None` if it does not exist.
+    pub fn namespace_meta(&self, ns: &NamespaceName) -> Option<NamespaceMeta> {
+        Some(read(&self.namespace(ns)?.meta).clone())
+    }
+
+    /// A namespace's quota, or `None` if it does not exist.
+    pub fn namespace_quota(&self, ns: &NamespaceName) -> Option<Quota> {
+        Some(self.namespace(ns)?.quota)
+    }
+
+    /// The id of an encrypted namespace (`None`: not encrypted, or absent).
+    pub fn sealed_id(&self, ns: &NamespaceName) -> Option<u64> {
+        let space = self.namespace(ns)?;
+        space.encrypted.then_some(space.id)
+    }
+
+    /// A namespace's id, or `None` if it does not exist.
+    pub fn namespace_id(&self, ns: &NamespaceName) -> Option<u64> {
+        Some(self.namespace(ns)?.id)
+    }
+
+    /// What a namespace holds, or `None` if it does not exist.
+    pub fn namespace_usage(&self, ns: &NamespaceName) -> Option<Usage> {
+        Some(self.namespace(ns)?.usage())
+    }
+
+    /// Every namespace with its metadata, sorted by name.
+    pub fn namespace_list(&self) -> Vec<(NamespaceName, NamespaceMeta)> {
+        let mut list: Vec<(NamespaceName, NamespaceMeta)> = read(&self.namespaces)
+            .iter()
+            .map(|(name, space)| (name.clone(), read(&space.meta).clone()))
+            .collect();
+        list.sort_by(|a, b| a.0.cmp(&b.0));
+        list
+    }
+
+    /// Applies a namespace record: creates (replacing a namespace of the
+    /// same name but another id, as a drop would have), alters or drops.
+    fn apply_namespace_change(&self, mutation: &Mutation) -> bool {
+        match mutation {
+            Mutation::NamespaceCreate { ns, meta } => {
+                let mut namespaces = write(&self.namespaces);
+                if let Some(space) = namespaces.get(ns)
+                    && space.id == meta.id
+                {
+                    *write(&space.meta) = meta.clone();
+                    return true;
+                }
+                let replaced = namespaces
+                    .insert(ns.clone(), Arc::new(NamespaceCells::new(meta.clone())))
+                    .is_some();
+                drop(namespaces);
+                if replaced {
+                    self.programs.drop_namespace(ns);
+                }
+                replaced
+            }
+            Mutation::NamespaceAlter { ns, meta } => match self.namespace(ns) {
+                Some(space) => {
+                    *write(&space.meta) = meta.clone();
+                    true
+                }
+                None => false,
+            },
+            Mutation::NamespaceDrop { ns } => {
+                let existed = write(&self.namespaces).remove(ns).is_some();
+                self.programs.drop_namespace(ns);
+                existed
+            }
+            _ => false,
+        }
     }
 
     pub(crate) fn namespace(&self, ns: &NamespaceName) -> Option<Arc<NamespaceCells>> {
@@ -100,14 +210,10 @@ impl MemStore {
         if namespaces.contains_key(ns) {
             return false;
         }
-        namespaces.insert(
-            ns.clone(),
-            Arc::new(NamespaceCells {
-                curve,
-                cells: RwLock::default(),
-                edges: RwLock::default(),
-            }),
-        );
+        let mut meta = NamespaceMeta::implicit_default(0);
+        meta.curve = curve;
+        meta.id = u64::MAX - namespaces.len() as u64;
+        namespaces.insert(ns.clone(), Arc::new(NamespaceCells::new(meta)));
         true
     }
 
@@ -125,6 +231,8 @@ impl MemStore {
             return false;
         };
         let mut cells = write(&space.cells);
+        let bytes: u64 = morton_sorted.iter().map(|(_, v)| v.len() as u64).sum();
+        space.value_bytes.fetch_add(bytes, Ordering::Relaxed);
         if space.curve == Curve::Morton && cells.len() == 0 {
             *cells = Cells::from_sorted(morton_sorted);
         } else {
@@ -205,11 +313,16 @@ impl MemStore {
         existed.clear();
         let mut start = 0;
         while start < group.len() {
+            if group[start].is_namespace_change() {
+                existed.push(self.apply_namespace_change(group[start]));
+                start += 1;
+                continue;
+            }
             let ns = group[start].namespace();
             let end = start
                 + group[start..]
                     .iter()
-                    .take_while(|m| m.namespace() == ns)
+                    .take_while(|m| m.namespace() == ns && !m.is_namespace_change())
                     .count();
             match self.namespace(ns) {
                 Some(space) => {
@@ -221,7 +334,7 @@ impl MemStore {
                                 Mutation::ProgramPut { .. }
                                 | Mutation::ProgramDel { .. }
                                 | Mutation::Telemetry { .. } => self.programs.apply(mutation),
-                                _ => apply_one(&mut cells, &mut edges, space.curve, mutation),
+                                _ => apply_one(&mut cells, &mut edges, &space, mutation),
                             });
                         }
                     }
@@ -258,12 +371,31 @@ impl Default for MemStore {
     }
 }
 
-fn apply_one(cells: &mut Cells, edges: &mut EdgeGraph, curve: Curve, mutation: &Mutation) -> bool {
+fn apply_one(
+    cells: &mut Cells,
+    edges: &mut EdgeGraph,
+    space: &NamespaceCells,
+    mutation: &Mutation,
+) -> bool {
+    let curve = space.curve;
+    // Value bytes change only here, under the cells write lock.
+    let removed = |old: Option<Arc<[u8]>>| match old {
+        Some(old) => {
+            space
+                .value_bytes
+                .fetch_sub(old.len() as u64, Ordering::Relaxed);
+            true
+        }
+        None => false,
+    };
     match mutation {
-        Mutation::Put { coord, value, .. } => cells
-            .insert(curve.key(*coord), Arc::from(value.as_slice()))
-            .is_some(),
-        Mutation::Del { coord, .. } => cells.remove(&curve.key(*coord)).is_some(),
+        Mutation::Put { coord, value, .. } => {
+            space
+                .value_bytes
+                .fetch_add(value.len() as u64, Ordering::Relaxed);
+            removed(cells.insert(curve.key(*coord), Arc::from(value.as_slice())))
+        }
+        Mutation::Del { coord, .. } => removed(cells.remove(&curve.key(*coord))),
         Mutation::Link { edge, weight, .. } => edges.link(edge, *weight),
         Mutation::Unlink { edge, .. } => edges.unlink(edge),
         Mutation::Detach {
@@ -274,12 +406,16 @@ fn apply_one(cells: &mut Cells, edges: &mut EdgeGraph, curve: Curve, mutation: &
             for edge in incident {
                 edges.unlink(edge);
             }
-            cells.remove(&curve.key(*coord)).is_some()
+            removed(cells.remove(&curve.key(*coord)))
         }
-        // Applied by `MemStore::apply_group` through its program table.
-        Mutation::ProgramPut { .. } | Mutation::ProgramDel { .. } | Mutation::Telemetry { .. } => {
-            false
-        }
+        // Applied by `MemStore::apply_group` through its program table or
+        // as namespace changes.
+        Mutation::ProgramPut { .. }
+        | Mutation::ProgramDel { .. }
+        | Mutation::Telemetry { .. }
+        | Mutation::NamespaceCreate { .. }
+        | Mutation::NamespaceDrop { .. }
+        | Mutation::NamespaceAlter { .. } => false,
     }
 }
 

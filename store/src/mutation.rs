@@ -8,6 +8,7 @@ use byteorder::{ByteOrder, LittleEndian};
 use cube_protocol::{Coord, EdgeLabel, EdgeWeight, NamespaceName};
 
 use crate::edges::EdgeKey;
+use crate::namespace::NamespaceMeta;
 use crate::programs::{
     TelemetryChange, put_telemetry_payload, read_telemetry_payload, telemetry_payload_len,
 };
@@ -18,9 +19,12 @@ pub(crate) const KIND_DEL: u8 = 2;
 pub(crate) const KIND_LINK: u8 = 3;
 pub(crate) const KIND_UNLINK: u8 = 4;
 pub(crate) const KIND_DETACH: u8 = 5;
+pub(crate) const KIND_NAMESPACE_CREATE: u8 = 6;
+pub(crate) const KIND_NAMESPACE_DROP: u8 = 7;
 pub(crate) const KIND_PROGRAM_PUT: u8 = 8;
 pub(crate) const KIND_PROGRAM_DEL: u8 = 9;
 pub(crate) const KIND_TELEMETRY: u8 = 10;
+pub(crate) const KIND_NAMESPACE_ALTER: u8 = 11;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Mutation {
@@ -72,6 +76,20 @@ pub enum Mutation {
         coord: Coord,
         change: TelemetryChange,
     },
+    /// Creates a namespace. The writer sets `meta.id` to this record's LSN.
+    NamespaceCreate {
+        ns: NamespaceName,
+        meta: NamespaceMeta,
+    },
+    /// Drops a namespace and everything in it.
+    NamespaceDrop {
+        ns: NamespaceName,
+    },
+    /// Replaces a namespace's metadata (grants, revokes); same id.
+    NamespaceAlter {
+        ns: NamespaceName,
+        meta: NamespaceMeta,
+    },
 }
 
 impl Mutation {
@@ -84,8 +102,21 @@ impl Mutation {
             | Mutation::Detach { ns, .. }
             | Mutation::ProgramPut { ns, .. }
             | Mutation::ProgramDel { ns, .. }
-            | Mutation::Telemetry { ns, .. } => ns,
+            | Mutation::Telemetry { ns, .. }
+            | Mutation::NamespaceCreate { ns, .. }
+            | Mutation::NamespaceDrop { ns }
+            | Mutation::NamespaceAlter { ns, .. } => ns,
         }
+    }
+
+    /// Whether this changes a namespace itself rather than its contents.
+    pub fn is_namespace_change(&self) -> bool {
+        matches!(
+            self,
+            Mutation::NamespaceCreate { .. }
+                | Mutation::NamespaceDrop { .. }
+                | Mutation::NamespaceAlter { .. }
+        )
     }
 
     pub(crate) fn kind(&self) -> u8 {
@@ -98,6 +129,9 @@ impl Mutation {
             Mutation::ProgramPut { .. } => KIND_PROGRAM_PUT,
             Mutation::ProgramDel { .. } => KIND_PROGRAM_DEL,
             Mutation::Telemetry { .. } => KIND_TELEMETRY,
+            Mutation::NamespaceCreate { .. } => KIND_NAMESPACE_CREATE,
+            Mutation::NamespaceDrop { .. } => KIND_NAMESPACE_DROP,
+            Mutation::NamespaceAlter { .. } => KIND_NAMESPACE_ALTER,
         }
     }
 
@@ -118,6 +152,10 @@ impl Mutation {
             Mutation::Telemetry { ns, change, .. } => {
                 1 + ns.as_str().len() + 12 + telemetry_payload_len(change)
             }
+            Mutation::NamespaceCreate { ns, meta } | Mutation::NamespaceAlter { ns, meta } => {
+                1 + ns.as_str().len() + meta.encoded_len()
+            }
+            Mutation::NamespaceDrop { ns } => 1 + ns.as_str().len(),
         }
     }
 
@@ -156,6 +194,11 @@ impl Mutation {
                 put_ns_coord(out, ns, *coord);
                 put_telemetry_payload(out, change);
             }
+            Mutation::NamespaceCreate { ns, meta } | Mutation::NamespaceAlter { ns, meta } => {
+                put_ns(out, ns);
+                meta.encode(out);
+            }
+            Mutation::NamespaceDrop { ns } => put_ns(out, ns),
         }
     }
 
@@ -175,6 +218,21 @@ impl Mutation {
         let ns_len = usize::from(take(1)?[0]);
         let ns_text = std::str::from_utf8(take(ns_len)?).map_err(|_| "namespace not UTF-8")?;
         let ns = NamespaceName::new(ns_text).map_err(|e| e.to_string())?;
+        match kind {
+            KIND_NAMESPACE_CREATE | KIND_NAMESPACE_ALTER => {
+                let meta = NamespaceMeta::decode(take(payload.len().saturating_sub(1 + ns_len))?)?;
+                return Ok(if kind == KIND_NAMESPACE_CREATE {
+                    Mutation::NamespaceCreate { ns, meta }
+                } else {
+                    Mutation::NamespaceAlter { ns, meta }
+                });
+            }
+            KIND_NAMESPACE_DROP if payload.len() == 1 + ns_len => {
+                return Ok(Mutation::NamespaceDrop { ns });
+            }
+            KIND_NAMESPACE_DROP => return Err("trailing bytes in a namespace drop record".into()),
+            _ => {}
+        }
         let c = take(12)?;
         let coord = Coord::new(
             LittleEndian::read_i32(&c[0..4]),
@@ -241,9 +299,13 @@ impl Mutation {
     }
 }
 
-fn put_ns_coord(out: &mut Vec<u8>, ns: &NamespaceName, coord: Coord) {
+fn put_ns(out: &mut Vec<u8>, ns: &NamespaceName) {
     out.push(ns.as_str().len() as u8);
     out.extend_from_slice(ns.as_str().as_bytes());
+}
+
+fn put_ns_coord(out: &mut Vec<u8>, ns: &NamespaceName, coord: Coord) {
+    put_ns(out, ns);
     put_coord(out, coord);
 }
 
@@ -333,10 +395,19 @@ mod tests {
                 ],
             },
             Mutation::Detach {
-                ns,
+                ns: ns.clone(),
                 coord: Coord::new(0, 0, 0),
                 edges: Vec::new(),
             },
+            Mutation::NamespaceCreate {
+                ns: ns.clone(),
+                meta: crate::namespace::NamespaceMeta::implicit_default(7),
+            },
+            Mutation::NamespaceAlter {
+                ns: ns.clone(),
+                meta: crate::namespace::NamespaceMeta::implicit_default(8),
+            },
+            Mutation::NamespaceDrop { ns },
         ] {
             let mut out = Vec::new();
             m.encode_payload(&mut out);

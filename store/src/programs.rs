@@ -169,6 +169,12 @@ impl ProgramTable {
             _ => false,
         }
     }
+
+    /// Forgets a dropped namespace's programs and telemetry.
+    pub(crate) fn drop_namespace(&self, ns: &NamespaceName) {
+        write(&self.programs).remove(ns);
+        write(&self.telemetry).remove(ns);
+    }
 }
 
 fn apply_telemetry(cell: &mut CellTelemetry, change: &TelemetryChange) {
@@ -243,6 +249,13 @@ impl MemStore {
         read(&self.programs.programs).get(ns)?.get(&coord).cloned()
     }
 
+    /// Programs stored in one namespace.
+    pub fn program_count_in(&self, ns: &NamespaceName) -> u64 {
+        read(&self.programs.programs)
+            .get(ns)
+            .map_or(0, |cells| cells.len() as u64)
+    }
+
     /// Programs stored, across namespaces.
     pub fn program_count(&self) -> u64 {
         read(&self.programs.programs)
@@ -278,6 +291,42 @@ impl MemStore {
                 )
             }
         }
+    }
+}
+
+/// A program as a listing hands it out: where, and its source.
+type StoredProgram = (Coord, Arc<[u8]>);
+
+impl ProgramTable {
+    /// Up to `max_items` programs of `ns` with coordinates strictly after
+    /// `after` (in `Coord` order: x, then y, then z), smallest first, and
+    /// whether more follow. One pass over the namespace's programs under
+    /// the read lock (a partial selection, not a full sort): programs are
+    /// few next to cells, and the sources are `Arc`s, so nothing is copied
+    /// while the lock is held (`crate::listing`, `cubec export`).
+    pub(crate) fn page_after(
+        &self,
+        ns: &NamespaceName,
+        after: Option<Coord>,
+        max_items: usize,
+    ) -> (Vec<StoredProgram>, bool) {
+        let programs = read(&self.programs);
+        let Some(cells) = programs.get(ns) else {
+            return (Vec::new(), false);
+        };
+        let mut candidates: Vec<StoredProgram> = cells
+            .iter()
+            .filter(|(coord, _)| after.is_none_or(|after| **coord > after))
+            .map(|(coord, source)| (*coord, Arc::clone(source)))
+            .collect();
+        drop(programs);
+        let more = candidates.len() > max_items;
+        if more && max_items > 0 {
+            candidates.select_nth_unstable_by_key(max_items - 1, |(coord, _)| *coord);
+        }
+        candidates.truncate(max_items);
+        candidates.sort_unstable_by_key(|(coord, _)| *coord);
+        (candidates, more)
     }
 }
 
@@ -570,41 +619,43 @@ pub(crate) fn read_telemetry_payload(rest: &[u8]) -> Result<TelemetryChange, Str
 pub(crate) const TAG_PROGRAM: u8 = 0x30;
 pub(crate) const TAG_TELEMETRY: u8 = 0x40;
 
-fn cell_part(key: &mut Vec<u8>, ns: &NamespaceName, coord: Coord) {
-    let name = ns.as_str().as_bytes();
-    key.push(name.len() as u8);
-    key.extend_from_slice(name);
+fn cell_part(key: &mut Vec<u8>, ns_id: u64, coord: Coord) {
+    key.extend_from_slice(&ns_id.to_be_bytes());
     key.extend_from_slice(&crate::curve::morton_key(coord).to_be_bytes()[4..]);
 }
 
-/// `0x30 | ns_len | ns | morton key (12, BE)`.
-pub(crate) fn program_key(ns: &NamespaceName, coord: Coord) -> Vec<u8> {
-    let mut key = Vec::with_capacity(2 + ns.as_str().len() + 12);
+/// `0x30 | ns_id (8, BE) | morton key (12, BE)`.
+pub(crate) fn program_key(ns_id: u64, coord: Coord) -> Vec<u8> {
+    let mut key = Vec::with_capacity(1 + 8 + 12);
     key.push(TAG_PROGRAM);
-    cell_part(&mut key, ns, coord);
+    cell_part(&mut key, ns_id, coord);
     key
 }
 
-/// `0x40 | ns_len | ns | morton key (12, BE) | seq (8, BE)`: a cell's
+/// `0x40 | ns_id (8, BE) | morton key (12, BE) | seq (8, BE)`: a cell's
 /// records sort together, oldest first.
-pub(crate) fn telemetry_key(ns: &NamespaceName, coord: Coord, seq: u64) -> Vec<u8> {
-    let mut key = Vec::with_capacity(2 + ns.as_str().len() + 20);
+pub(crate) fn telemetry_key(ns_id: u64, coord: Coord, seq: u64) -> Vec<u8> {
+    let mut key = Vec::with_capacity(1 + 8 + 20);
     key.push(TAG_TELEMETRY);
-    cell_part(&mut key, ns, coord);
+    cell_part(&mut key, ns_id, coord);
     key.extend_from_slice(&seq.to_be_bytes());
     key
 }
 
 /// State updates of a program or telemetry mutation.
-pub(crate) fn state_updates(mutation: &Mutation, out: &mut Vec<(Vec<u8>, Option<Vec<u8>>)>) {
+pub(crate) fn state_updates(
+    mutation: &Mutation,
+    ns_id: u64,
+    out: &mut Vec<(Vec<u8>, Option<Vec<u8>>)>,
+) {
     match mutation {
-        Mutation::ProgramPut { ns, coord, source } => {
-            out.push((program_key(ns, *coord), Some(source.clone())));
+        Mutation::ProgramPut { coord, source, .. } => {
+            out.push((program_key(ns_id, *coord), Some(source.clone())));
         }
-        Mutation::ProgramDel { ns, coord } => out.push((program_key(ns, *coord), None)),
-        Mutation::Telemetry { ns, coord, change } => {
+        Mutation::ProgramDel { coord, .. } => out.push((program_key(ns_id, *coord), None)),
+        Mutation::Telemetry { coord, change, .. } => {
             for seq in change.trimmed() {
-                out.push((telemetry_key(ns, *coord, seq), None));
+                out.push((telemetry_key(ns_id, *coord, seq), None));
             }
             if let TelemetryChange::Append {
                 record, failures, ..
@@ -612,7 +663,7 @@ pub(crate) fn state_updates(mutation: &Mutation, out: &mut Vec<(Vec<u8>, Option<
             {
                 let mut value = Vec::with_capacity(record_len(record));
                 put_record(&mut value, record, *failures);
-                out.push((telemetry_key(ns, *coord, record.seq), Some(value)));
+                out.push((telemetry_key(ns_id, *coord, record.seq), Some(value)));
             }
         }
         _ => {}
@@ -620,24 +671,19 @@ pub(crate) fn state_updates(mutation: &Mutation, out: &mut Vec<(Vec<u8>, Option<
 }
 
 /// The mutation that re-creates a program or telemetry state entry;
-/// `rest` is the key after its tag.
+/// `rest` is the key after its tag and namespace id.
 pub(crate) fn entry_to_mutation(
     tag: u8,
+    ns: NamespaceName,
     rest: &[u8],
     value: Option<Vec<u8>>,
 ) -> Result<Mutation, String> {
-    let (&ns_len, rest) = rest
-        .split_first()
-        .ok_or("program key without a namespace")?;
-    let ns_len = usize::from(ns_len);
     let tail = if tag == TAG_TELEMETRY { 20 } else { 12 };
-    if rest.len() != ns_len + tail {
+    if rest.len() != tail {
         return Err(format!("state key with tag 0x{tag:02x} is malformed"));
     }
-    let name = std::str::from_utf8(&rest[..ns_len]).map_err(|_| "namespace not UTF-8")?;
-    let ns = NamespaceName::new(name).map_err(|e| e.to_string())?;
     let mut morton = [0u8; 16];
-    morton[4..].copy_from_slice(&rest[ns_len..ns_len + 12]);
+    morton[4..].copy_from_slice(&rest[..12]);
     let coord = crate::curve::morton_decode(u128::from_be_bytes(morton));
     if tag == TAG_PROGRAM {
         return Ok(match value {
@@ -646,7 +692,7 @@ pub(crate) fn entry_to_mutation(
         });
     }
     let seq = u64::from_be_bytes(
-        rest[ns_len + 12..]
+        rest[12..]
             .try_into()
             .map_err(|_| "telemetry key without a seq")?,
     );
@@ -715,12 +761,13 @@ mod tests {
         }
         let m = append(5, 3, 2);
         let mut updates = Vec::new();
-        state_updates(&m, &mut updates);
+        state_updates(&m, 4, &mut updates);
         // Trims seq 2, then writes seq 5.
         assert_eq!(updates.len(), 2);
         assert_eq!(updates[0].1, None);
         let (key, value) = updates[1].clone();
-        let loaded = entry_to_mutation(key[0], &key[1..], value).unwrap();
+        let ns = NamespaceName::new("default").unwrap();
+        let loaded = entry_to_mutation(key[0], ns.clone(), &key[9..], value).unwrap();
         let Mutation::Telemetry {
             change:
                 TelemetryChange::Append {
@@ -737,7 +784,7 @@ mod tests {
         assert_eq!((r.seq, failures, keep), (5, 2, 0));
         let (key, _) = updates[0].clone();
         assert!(matches!(
-            entry_to_mutation(key[0], &key[1..], None).unwrap(),
+            entry_to_mutation(key[0], ns, &key[9..], None).unwrap(),
             Mutation::Telemetry {
                 change: TelemetryChange::Drop { seq: 2 },
                 ..

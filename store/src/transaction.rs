@@ -23,6 +23,7 @@ use cube_protocol::{CellBox, Coord, NamespaceName};
 use crate::edges::{EdgeKey, EdgeUndo, PendingEdges};
 use crate::memstore::MemStore;
 use crate::mutation::Mutation;
+use crate::namespace::{NamespaceMeta, UsageDelta};
 use crate::programs::{PendingPrograms, ProgramUndo, TelemetryHead};
 use crate::scan::{ScanLimits, Visit};
 
@@ -40,6 +41,8 @@ pub(crate) struct Overlay {
     edges: PendingEdges,
     /// The group's pending programs and run telemetry.
     programs: PendingPrograms,
+    /// Namespace metadata altered earlier in the group (grants, revokes).
+    metas: HashMap<NamespaceName, NamespaceMeta>,
 }
 
 impl Overlay {
@@ -47,6 +50,57 @@ impl Overlay {
         self.cells.clear();
         self.edges.clear();
         self.programs.clear();
+        self.metas.clear();
+    }
+
+    /// A cell's value as of this point in the group.
+    fn cell_now(&self, mem: &MemStore, ns: &NamespaceName, coord: Coord) -> Option<Arc<[u8]>> {
+        if !self.cells.is_empty()
+            && let Some(pending) = self.cells.get(&(ns.clone(), coord))
+        {
+            return pending.clone();
+        }
+        mem.get(ns, coord).flatten()
+    }
+
+    /// What `mutation` would change in its namespace's usage, as of this
+    /// point in the group (before it is recorded).
+    pub(crate) fn usage_change(&self, mem: &MemStore, mutation: &Mutation) -> UsageDelta {
+        let removed = |ns: &NamespaceName, coord: Coord| match self.cell_now(mem, ns, coord) {
+            Some(old) => UsageDelta {
+                cells: -1,
+                bytes: -(old.len() as i64),
+                edges: 0,
+            },
+            None => UsageDelta::default(),
+        };
+        match mutation {
+            Mutation::Put { ns, coord, value } => {
+                let mut delta = removed(ns, *coord);
+                delta.cells += 1;
+                delta.bytes += value.len() as i64;
+                delta
+            }
+            Mutation::Del { ns, coord } => removed(ns, *coord),
+            Mutation::Detach { ns, coord, edges } => {
+                let mut delta = removed(ns, *coord);
+                let present = edges
+                    .iter()
+                    .filter(|e| self.edges.has_edge(mem, ns, e))
+                    .count();
+                delta.edges -= present as i64;
+                delta
+            }
+            Mutation::Link { ns, edge, .. } if !self.edges.has_edge(mem, ns, edge) => UsageDelta {
+                edges: 1,
+                ..UsageDelta::default()
+            },
+            Mutation::Unlink { ns, edge } if self.edges.has_edge(mem, ns, edge) => UsageDelta {
+                edges: -1,
+                ..UsageDelta::default()
+            },
+            _ => UsageDelta::default(),
+        }
     }
 
     /// Records a mutation's effect on cells and edges; returns what it
@@ -55,6 +109,9 @@ impl Overlay {
     pub(crate) fn record(&mut self, mutation: &Mutation) -> Option<PendingValue> {
         self.edges.record(mutation, None);
         self.programs.record(mutation, None);
+        if let Mutation::NamespaceAlter { ns, meta } = mutation {
+            self.metas.insert(ns.clone(), meta.clone());
+        }
         self.record_cell(mutation)
     }
 
@@ -71,7 +128,10 @@ impl Overlay {
             | Mutation::Unlink { .. }
             | Mutation::ProgramPut { .. }
             | Mutation::ProgramDel { .. }
-            | Mutation::Telemetry { .. } => None,
+            | Mutation::Telemetry { .. }
+            | Mutation::NamespaceCreate { .. }
+            | Mutation::NamespaceDrop { .. }
+            | Mutation::NamespaceAlter { .. } => None,
         }
     }
 }
@@ -92,6 +152,12 @@ pub struct TxnView<'a> {
     edge_undo: Vec<EdgeUndo>,
     /// The same for pending programs and telemetry.
     program_undo: Vec<ProgramUndo>,
+    /// Usage changes of namespaces with quotas, checked by the writer.
+    usage: Vec<(NamespaceName, UsageDelta)>,
+    /// Whether a namespace has a quota (a cache: one lookup per namespace).
+    limited: Vec<(NamespaceName, bool)>,
+    /// Namespace metadata this transaction replaced, to undo on rollback.
+    meta_undo: Vec<(NamespaceName, Option<NamespaceMeta>)>,
 }
 
 impl<'a> TxnView<'a> {
@@ -104,6 +170,45 @@ impl<'a> TxnView<'a> {
             undo: Vec::new(),
             edge_undo: Vec::new(),
             program_undo: Vec::new(),
+            usage: Vec::new(),
+            limited: Vec::new(),
+            meta_undo: Vec::new(),
+        }
+    }
+
+    /// A namespace's metadata as of this point in the log.
+    pub fn namespace_meta(&self, ns: &NamespaceName) -> Option<NamespaceMeta> {
+        if let Some(meta) = self.overlay.metas.get(ns) {
+            return Some(meta.clone());
+        }
+        self.mem.namespace_meta(ns)
+    }
+
+    /// Usage changes of quota-limited namespaces emitted so far.
+    pub(crate) fn usage_changes(&self) -> &[(NamespaceName, UsageDelta)] {
+        &self.usage
+    }
+
+    fn track_usage(&mut self, mutation: &Mutation) {
+        let ns = mutation.namespace();
+        let limited = match self.limited.iter().find(|(n, _)| n == ns) {
+            Some((_, limited)) => *limited,
+            None => {
+                let limited = self
+                    .mem
+                    .namespace_quota(ns)
+                    .is_some_and(|quota| !quota.is_unlimited());
+                self.limited.push((ns.clone(), limited));
+                limited
+            }
+        };
+        if !limited {
+            return;
+        }
+        let delta = self.overlay.usage_change(self.mem, mutation);
+        match self.usage.iter_mut().find(|(n, _)| n == ns) {
+            Some((_, total)) => total.add(delta),
+            None => self.usage.push((ns.clone(), delta)),
         }
     }
 
@@ -157,6 +262,11 @@ impl<'a> TxnView<'a> {
         if !self.room() {
             return;
         }
+        self.track_usage(&mutation);
+        if let Mutation::NamespaceAlter { ns, meta } = &mutation {
+            let previous = self.overlay.metas.insert(ns.clone(), meta.clone());
+            self.meta_undo.push((ns.clone(), previous));
+        }
         self.overlay
             .edges
             .record(&mutation, Some(&mut self.edge_undo));
@@ -175,7 +285,10 @@ impl<'a> TxnView<'a> {
             | Mutation::Unlink { .. }
             | Mutation::ProgramPut { .. }
             | Mutation::ProgramDel { .. }
-            | Mutation::Telemetry { .. } => {}
+            | Mutation::Telemetry { .. }
+            | Mutation::NamespaceCreate { .. }
+            | Mutation::NamespaceDrop { .. }
+            | Mutation::NamespaceAlter { .. } => {}
         }
         self.mutations.push(mutation);
     }
@@ -234,6 +347,17 @@ impl<'a> TxnView<'a> {
         self.overlay
             .programs
             .restore(self.program_undo.drain(..).rev());
+        for (ns, previous) in self.meta_undo.drain(..).rev() {
+            match previous {
+                Some(meta) => {
+                    self.overlay.metas.insert(ns, meta);
+                }
+                None => {
+                    self.overlay.metas.remove(&ns);
+                }
+            }
+        }
+        self.usage.clear();
         self.mutations.clear();
         self.overflowed = 0;
     }

@@ -12,12 +12,15 @@ use std::sync::Arc;
 use crate::checkpoint::file::CheckpointReader;
 use crate::checkpoint::manifest::Manifest;
 use crate::checkpoint::{CheckpointConfig, CheckpointStore};
+use crate::crypto::Keyring;
 use crate::data_dir::lock_data_dir;
 use crate::error::StoreError;
 use crate::memstore::MemStore;
 use crate::mutation::Mutation;
 use crate::storage::{OpenMode, RealDisk, Storage, StorageFile};
-use crate::wal::recovery::{RecoveryOptions, RecoveryReport, SegmentEnd, replay_segment};
+use crate::wal::recovery::{
+    RecoveryOptions, RecoveryReport, ReplayStop, SegmentEnd, replay_segment,
+};
 use crate::wal::{list_segments, recover};
 
 /// One problem, where it is and why.
@@ -75,6 +78,16 @@ fn problem(e: StoreError) -> Problem {
 /// Checks `root` offline. Errors only when the check cannot run at all
 /// (missing directory, or a daemon holds the lock).
 pub fn verify_data_dir(root: &Path) -> Result<VerifyReport, StoreError> {
+    verify_data_dir_with_key(root, None)
+}
+
+/// [`verify_data_dir`], opening encrypted namespaces' sealed records and
+/// blocks with `keyring`. Without a key they are checksummed, not opened,
+/// and a note says so.
+pub fn verify_data_dir_with_key(
+    root: &Path,
+    keyring: Option<Arc<Keyring>>,
+) -> Result<VerifyReport, StoreError> {
     if !root.is_dir() {
         return Err(StoreError::io(
             root,
@@ -101,15 +114,17 @@ pub fn verify_data_dir(root: &Path) -> Result<VerifyReport, StoreError> {
     report.checkpoint_lsn = manifest.checkpoint_lsn;
     for path in manifest.files(&checkpoint_dir) {
         report.checkpoint_files += 1;
-        let result = CheckpointReader::open(&disk, &path).and_then(|mut reader| {
-            let mut n = 0u64;
-            while reader.next_entry()?.is_some() {
-                n += 1;
-            }
-            Ok(n)
-        });
+        let result =
+            CheckpointReader::open(&disk, &path, keyring.as_deref()).and_then(|mut reader| {
+                let mut n = 0u64;
+                while reader.next_entry()?.is_some() {
+                    n += 1;
+                }
+                Ok(n)
+            });
         match result {
             Ok(n) => report.checkpoint_entries += n,
+            Err(StoreError::Key(reason)) => report.notes.push(reason),
             Err(e) => report.problems.push(problem(e)),
         }
     }
@@ -138,6 +153,7 @@ pub fn verify_data_dir(root: &Path) -> Result<VerifyReport, StoreError> {
             expected,
             is_last,
             0,
+            keyring.as_deref(),
             &mut |_, _| {},
             &mut counts,
         ) {
@@ -149,12 +165,19 @@ pub fn verify_data_dir(root: &Path) -> Result<VerifyReport, StoreError> {
                 ));
                 expected = Some(next_lsn);
             }
-            Err((offset, reason, _)) => {
+            Err(ReplayStop::Damage(offset, reason, _)) => {
                 report.problems.push(Problem {
                     path: path.clone(),
                     offset,
                     reason,
                 });
+                expected = None;
+            }
+            Err(ReplayStop::Key(reason)) => {
+                report.notes.push(format!(
+                    "{}: {reason}; its checksums were checked, its sealed records were not opened",
+                    path.display()
+                ));
                 expected = None;
             }
         }
@@ -174,22 +197,27 @@ pub fn verify_data_dir(root: &Path) -> Result<VerifyReport, StoreError> {
     }
 
     if report.is_clean() {
-        report.cells = Some(count_cells(root)?);
+        match count_cells(root, keyring) {
+            Ok(cells) => report.cells = Some(cells),
+            Err(StoreError::Key(reason)) => report.notes.push(reason),
+            Err(e) => return Err(e),
+        }
     }
     Ok(report)
 }
 
 /// Loads the whole data dir into memory exactly as a start would, without
 /// changing a byte, and counts the cells.
-fn count_cells(root: &Path) -> Result<u64, StoreError> {
+fn count_cells(root: &Path, keyring: Option<Arc<Keyring>>) -> Result<u64, StoreError> {
     let dry: Arc<dyn Storage> = Arc::new(DryRunDisk);
     let mem = MemStore::new();
     let mut existed = Vec::new();
-    let checkpoints = CheckpointStore::open(
+    let mut checkpoints = CheckpointStore::open(
         Arc::clone(&dry),
         &root.join("checkpoint"),
         &root.join("wal"),
         CheckpointConfig::default(),
+        keyring.clone(),
     )?;
     checkpoints.load(
         |m| mem.apply_group(&[&m], &mut existed),
@@ -203,6 +231,7 @@ fn count_cells(root: &Path) -> Result<u64, StoreError> {
         &root.join("wal"),
         checkpoints.checkpoint_lsn(),
         &RecoveryOptions::default(),
+        keyring.as_deref(),
         apply,
     )?;
     Ok(mem.cell_count())

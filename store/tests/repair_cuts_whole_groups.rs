@@ -54,7 +54,7 @@ fn damaged_segment() -> (Vec<u8>, u64) {
 
 fn replayed(disk: &SimDisk, wal: &Path, repair: bool) -> Result<(Vec<u64>, u64), String> {
     let mut lsns = Vec::new();
-    let report = recover(disk, wal, 0, &RecoveryOptions { repair }, |lsn, _| {
+    let report = recover(disk, wal, 0, &RecoveryOptions { repair }, None, |lsn, _| {
         lsns.push(lsn)
     })
     .map_err(|e| e.to_string())?;
@@ -87,6 +87,7 @@ fn repair_cuts_at_the_start_of_the_damaged_group() {
         wal,
         0,
         &RecoveryOptions { repair: true },
+        None,
         |lsn, _| lsns.push(lsn),
     )
     .unwrap();

@@ -12,6 +12,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::compare::{CompareArgs, compare};
 use crate::crash::{CrashArgs, torture};
 use crate::error::StressError;
+use crate::hostile::HostileComparison;
 use crate::plot::{Series, latency_by_percentile};
 use crate::report::RunReport;
 use crate::run::{RunConfig, run};
@@ -32,7 +33,9 @@ Examples:
   cube-stress --workload mixed                    # puts and gets
   cube-stress --workload put --clients 64 --json put.json --plot put.svg
   cube-stress --crash-every 2 --duration 20       # SIGKILL cubed every 2 s, verify after each restart
+  cube-stress --workload mixed --hostile 48       # the same run alone, then beside 48 hostile clients
   cube-stress --target redis-always --workload put
+  cube-stress --workload put --namespace enc --encrypted --daemon-arg=--key-file=master.key
   cube-stress --socket ./cube-data/cubed.sock     # a running daemon (keys 0..--keys get overwritten)
   cube-stress compare --json compare.json         # cube vs Redis and SQLite, put and get at 1/16/64 clients
   cube-stress crash --cycles 100 --seed 7         # crash torture: kill -9 mid-load and mid-checkpoint, check everything
@@ -88,6 +91,15 @@ pub struct RunArgs {
     #[arg(long = "daemon-arg", value_name = "ARG", allow_hyphen_values = true)]
     pub daemon_args: Vec<String>,
 
+    /// cube namespace to run in (created first if missing) instead of `default`.
+    #[arg(long, value_name = "NS")]
+    pub namespace: Option<String>,
+
+    /// Create --namespace encrypted (AES-256-GCM at rest); the daemon needs
+    /// a key, e.g. --daemon-arg=--key-file=PATH.
+    #[arg(long, requires = "namespace")]
+    pub encrypted: bool,
+
     /// Client threads, each with its own connection.
     #[arg(long, value_name = "N", default_value_t = 16)]
     pub clients: usize,
@@ -135,6 +147,12 @@ pub struct RunArgs {
     #[arg(long, value_name = "SECS")]
     pub crash_every: Option<f64>,
 
+    /// Run twice on fresh daemons: alone, then beside N hostile threads
+    /// (slowloris half-frames, clients that never read, a connection
+    /// flood), and compare the clients' latency (cube only).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub hostile: usize,
+
     /// Write the report as JSON here (shape in docs/benchmarks.md).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -164,6 +182,8 @@ impl RunArgs {
                 kind: self.target,
                 socket: self.socket.clone(),
                 daemon_args: self.daemon_args.clone(),
+                namespace: self.namespace.clone(),
+                encrypted: self.encrypted,
             },
             workload: Workload::new(self.workload, self.read_ratio).map_err(StressError::Usage)?,
             clients: self.clients,
@@ -178,6 +198,7 @@ impl RunArgs {
                 .crash_every
                 .map(|s| seconds("crash-every", s))
                 .transpose()?,
+            hostile: self.hostile,
             progress: !self.quiet,
         })
     }
@@ -207,6 +228,9 @@ pub fn main_with_args(args: impl IntoIterator<Item = impl Into<OsString> + Clone
 /// One run; `Ok(passed)`.
 fn run_command(args: &RunArgs) -> Result<bool, StressError> {
     let config = args.config()?;
+    if config.hostile > 0 {
+        return hostile_command(args, config);
+    }
     let report = run(&config)?;
     println!("{}", report.to_table());
     if let Some(path) = &args.json {
@@ -218,6 +242,37 @@ fn run_command(args: &RunArgs) -> Result<bool, StressError> {
         eprintln!("cube-stress: wrote {}", path.display());
     }
     Ok(report.passed())
+}
+
+/// `--hostile N`: the run alone, then beside the hostile threads, each on
+/// a fresh daemon (or the same running one); the two tables and the
+/// ratios. The plot shows the run beside the hostile threads.
+fn hostile_command(args: &RunArgs, config: RunConfig) -> Result<bool, StressError> {
+    config.validate()?;
+    let alone = RunConfig {
+        hostile: 0,
+        ..config.clone()
+    };
+    if config.progress {
+        eprintln!(
+            "cube-stress: first alone, then beside {} hostile threads",
+            config.hostile
+        );
+    }
+    let comparison = HostileComparison {
+        baseline: run(&alone)?,
+        hostile: run(&config)?,
+    };
+    println!("{}", comparison.to_table());
+    if let Some(path) = &args.json {
+        write_file(path, &comparison.to_json().pretty())?;
+        eprintln!("cube-stress: wrote {}", path.display());
+    }
+    if let Some(path) = &args.plot {
+        write_file(path, &plot(&comparison.hostile))?;
+        eprintln!("cube-stress: wrote {}", path.display());
+    }
+    Ok(comparison.passed())
 }
 
 /// The SVG chart of a run.
@@ -295,6 +350,20 @@ mod tests {
         assert_eq!(config.duration, Duration::from_secs(3));
         assert_eq!(config.target.daemon_args, ["--sync=never"]);
         assert_eq!(config.workload.kind, WorkloadKind::Put);
+        assert_eq!(
+            (config.target.namespace, config.target.encrypted),
+            (None, false)
+        );
+    }
+
+    #[test]
+    fn encrypted_needs_a_namespace() {
+        assert!(Cli::try_parse_from(["cube-stress", "--encrypted"]).is_err());
+        let cli =
+            Cli::try_parse_from(["cube-stress", "--namespace", "enc", "--encrypted"]).unwrap();
+        let config = cli.run.config().unwrap();
+        assert_eq!(config.target.namespace.as_deref(), Some("enc"));
+        assert!(config.target.encrypted);
     }
 
     #[test]
@@ -338,6 +407,10 @@ mod tests {
         assert!(parse(&["--keys", "3", "--clients", "4"]).is_err());
         assert!(parse(&["--crash-every", "1", "--target", "sqlite"]).is_err());
         assert!(parse(&["--rate", "0"]).is_err());
+        assert!(parse(&["--hostile", "3", "--target", "sqlite"]).is_err());
+        assert!(parse(&["--hostile", "3", "--crash-every", "1"]).is_err());
+        assert!(parse(&["--hostile", "100000"]).is_err());
+        assert!(parse(&["--hostile", "3"]).is_ok());
         assert!(parse(&[]).is_ok());
         let alias = Cli::try_parse_from(["cube-stress", "--target", "redis"]).unwrap();
         assert_eq!(alias.run.target, TargetKind::RedisAlways);

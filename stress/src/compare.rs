@@ -536,6 +536,7 @@ pub fn compare(args: &CompareArgs) -> Result<Comparison, StressError> {
                 rate: None,
                 verify: VerifyMode::Sample,
                 crash_every: None,
+                hostile: 0,
                 progress: false,
             };
             let outcome = run(&config).map_err(|e| e.to_string());

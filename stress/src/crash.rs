@@ -1,7 +1,7 @@
 //! `cube-stress crash`: crash torture (`make crash`).
 //!
-//! Many clients run a mixed workload (puts, deletes, edges, checkpoints,
-//! reads) against a real `cubed` whose WAL segments, fold threshold and
+//! Many clients run a mixed workload (puts, deletes, edges, cell programs,
+//! checkpoints, reads) against a real `cubed` whose WAL segments, fold threshold and
 //! compaction threshold are tiny, so folds and compactions run all the
 //! time. At a random moment of every cycle the daemon is SIGKILLed: at a
 //! random time, or just after the driver asked for a checkpoint or a
@@ -10,14 +10,26 @@
 //! client's keys and edges are read back.
 //!
 //! The check is exact because each client owns its keys (coordinates
-//! `(client, key, 0)`) and issues one request at a time: it knows the state
-//! its acknowledged operations made, and the one operation in flight when
-//! the daemon died, which may or may not have landed. After a restart a
-//! client's whole state (values of every key, edges in both directions)
-//! must equal either the acknowledged state or the acknowledged state with
-//! the in-flight operation applied *whole* (a detach half done is a
-//! violation). Nothing may exist outside the clients' keys. What recovery
-//! shows then becomes the truth for the next cycle.
+//! `(client, key, 0)`, and its program plane `(client, 0..5, 1)`) and
+//! issues one request at a time: it knows the state its acknowledged
+//! operations made, and the one operation in flight when the daemon died,
+//! which may or may not have landed. After a restart a client's whole state
+//! (values of every key, edges in both directions, its program, the
+//! program's cells and its telemetry counts) must equal either the
+//! acknowledged state or the acknowledged state with the in-flight
+//! operation applied *whole* (a detach half done, or a run whose counter
+//! moved but whose marks did not, is a violation). Nothing may exist
+//! outside the clients' keys. What recovery shows then becomes the truth
+//! for the next cycle.
+//!
+//! Cell programs: each client stores one of [`PROGRAM_VARIANTS`] programs
+//! at `(client, 0, 1)` (`prog`, now and then replaced or deleted) and runs
+//! it (`run TAG`). A run increments the counter in its own cell and writes
+//! the same mark `COUNT:TAG:vVARIANT` into 2 to 4 cells beside it, so a run
+//! applied in part shows as cells that disagree, and a lost acknowledged
+//! run as a counter, marks or telemetry count behind the model's. The
+//! variants have sources of distinct lengths, so `cell-stats`' program size
+//! says which one is stored.
 //!
 //! The seed fixes the kill schedule and every client's operation stream;
 //! thread timing is not replayable, so a violation also keeps the data
@@ -32,7 +44,8 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use cube_client::{
-    CellBox, Client, ClientError, Coord, Direction, ErrorCode, LocalDaemon, StatsEntry, StatsValue,
+    CellBox, Client, ClientError, Coord, Direction, ErrorCode, LocalDaemon, ProgramValue, RunReply,
+    StatsEntry, StatsValue,
 };
 use cube_protocol::ProtocolError;
 
@@ -71,6 +84,14 @@ const MAX_CLIENTS: usize = 256;
 const MAX_KEYS_PER_CLIENT: u32 = 4096;
 /// Largest value the torture writes: well under the daemon's 1 MiB limit.
 const MAX_VALUE_BYTES: usize = 256 * 1024;
+/// The plane (z) of the clients' program cells, apart from their keys.
+const PROGRAM_Z: i32 = 1;
+/// Cells of a client's program plane: `(client, 0, 1)` holds the program
+/// and its run counter, `(client, 1..=4, 1)` the marks its runs write.
+const PROGRAM_CELLS: u32 = 5;
+/// Programs a client may store; variant `v` writes its mark into `2 + v`
+/// cells, so every mark cell is written by some variant.
+pub const PROGRAM_VARIANTS: u8 = 3;
 
 /// Flags of `cube-stress crash`.
 #[derive(Args, Debug, Clone)]
@@ -107,6 +128,10 @@ pub struct CrashArgs {
     #[arg(long)]
     pub no_edges: bool,
 
+    /// No cell programs (prog, run).
+    #[arg(long)]
+    pub no_programs: bool,
+
     /// Extra flag for cubed (repeatable), after the torture's own
     /// (`--wal-segment-bytes 65536 --checkpoint-wal-bytes 131072
     /// --delta-compact-bytes 200000`), e.g. --daemon-arg=--wal-segment-bytes=1048576.
@@ -133,6 +158,7 @@ impl Default for CrashArgs {
             max_run_ms: 600,
             max_value_bytes: 2048,
             no_edges: false,
+            no_programs: false,
             daemon_args: Vec::new(),
             keep_data: false,
             quiet: false,
@@ -185,6 +211,9 @@ impl CrashArgs {
         );
         if self.no_edges {
             out.push_str(" --no-edges");
+        }
+        if self.no_programs {
+            out.push_str(" --no-programs");
         }
         for arg in &self.daemon_args {
             let _ = write!(out, " --daemon-arg={arg}");
@@ -297,6 +326,9 @@ pub struct TortureReport {
     /// Operations in flight at a kill that were found applied, and not.
     pub in_flight_landed: u64,
     pub in_flight_lost: u64,
+    /// Of those, program runs: every one of them all or nothing.
+    pub in_flight_runs_landed: u64,
+    pub in_flight_runs_lost: u64,
     /// Writes refused with `shutting_down` ("not stored"), checked absent.
     pub refused_shutting_down: u64,
     /// Live reads checked against the acknowledged state.
@@ -304,6 +336,9 @@ pub struct TortureReport {
     /// Keys and per-key edge lists compared after restarts.
     pub keys_verified: u64,
     pub edge_lists_verified: u64,
+    /// Program planes (program, counter, marks, telemetry counts) compared
+    /// after restarts, one per client per restart.
+    pub program_planes_verified: u64,
     /// From the restart to the first accepted connection, per cycle (ms).
     pub restart_ms: Vec<f64>,
     /// The daemon's own figure: checkpoint load plus WAL replay (ms).
@@ -366,13 +401,21 @@ impl TortureReport {
         );
         let _ = writeln!(
             out,
-            "  in flight at a kill: {} landed whole, {} not at all; {} refused as shutting down (checked absent)",
-            self.in_flight_landed, self.in_flight_lost, self.refused_shutting_down
+            "  in flight at a kill: {} landed whole, {} not at all (runs among them: {} whole, {} not at all); \
+             {} refused as shutting down (checked absent)",
+            self.in_flight_landed,
+            self.in_flight_lost,
+            self.in_flight_runs_landed,
+            self.in_flight_runs_lost,
+            self.refused_shutting_down
         );
         let _ = writeln!(
             out,
-            "  read back after restarts: {} keys, {} edge lists; {} live reads checked",
-            self.keys_verified, self.edge_lists_verified, self.reads_checked
+            "  read back after restarts: {} keys, {} edge lists, {} program planes; {} live reads checked",
+            self.keys_verified,
+            self.edge_lists_verified,
+            self.program_planes_verified,
+            self.reads_checked
         );
         let _ = writeln!(
             out,
@@ -444,14 +487,36 @@ fn spread(samples: &[f64], unit: &str) -> String {
 // ---------------------------------------------------------------------------
 
 /// A client's own state: values by key index, edges by (from, to) key
-/// index with their weight. Everything else in the store must be absent.
+/// index with their weight, and its program plane. Everything else in the
+/// store must be absent.
 #[derive(Clone, Debug, Default, PartialEq)]
 struct ClientState {
     cells: BTreeMap<u32, Vec<u8>>,
     edges: BTreeMap<(u32, u32), f64>,
+    /// Values of the program plane `(client, i, 1)`, by `i`: the run
+    /// counter at 0, the runs' marks at 1..
+    prog_cells: BTreeMap<u32, Vec<u8>>,
+    /// The variant of the program stored at `(client, 0, 1)`, if any.
+    program: Option<u8>,
+    /// The program cell's telemetry: runs recorded, and failed ones (the
+    /// torture's programs never fail, so always 0).
+    runs: u64,
+    failures: u64,
 }
 
-/// A state-changing operation of one client.
+impl ClientState {
+    /// The run counter in the program cell (absent is 0).
+    fn run_counter(&self) -> u64 {
+        self.prog_cells
+            .get(&0)
+            .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+/// A state-changing operation of one client. `Prog` stores program
+/// `variant` at the client's program cell, `ProgDelete` removes it (an
+/// empty source), `Run` runs it with the argument `tag`.
 #[derive(Clone, Debug, PartialEq)]
 enum Op {
     Put { key: u32, value: Vec<u8> },
@@ -459,6 +524,9 @@ enum Op {
     Link { from: u32, to: u32, weight: f64 },
     Unlink { from: u32, to: u32 },
     Detach { key: u32 },
+    Prog { variant: u8 },
+    ProgDelete,
+    Run { tag: u64 },
 }
 
 impl Op {
@@ -469,6 +537,9 @@ impl Op {
             Op::Link { .. } => "link",
             Op::Unlink { .. } => "unlink",
             Op::Detach { .. } => "detach",
+            Op::Prog { .. } => "prog",
+            Op::ProgDelete => "prog-delete",
+            Op::Run { .. } => "run",
         }
     }
 
@@ -490,6 +561,22 @@ impl Op {
                 state.cells.remove(key);
                 state.edges.retain(|(from, to), _| from != key && to != key);
             }
+            Op::Prog { variant } => state.program = Some(*variant),
+            Op::ProgDelete => state.program = None,
+            Op::Run { tag } => {
+                // Without a program the daemon refuses the run and records
+                // nothing (the driver never sends one then).
+                let Some(variant) = state.program else {
+                    return;
+                };
+                let count = state.run_counter() + 1;
+                state.prog_cells.insert(0, count.to_string().into_bytes());
+                let mark = run_mark(count, *tag, variant);
+                for cell in 1..=marked_cells(variant) {
+                    state.prog_cells.insert(cell, mark.clone());
+                }
+                state.runs += 1;
+            }
         }
     }
 
@@ -503,8 +590,60 @@ impl Op {
             }
             Op::Unlink { from, to } => format!("unlink {} -> {}", at(*from), at(*to)),
             Op::Detach { key } => format!("detach {}", at(*key)),
+            Op::Prog { variant } => {
+                format!("prog {} (variant {variant})", program_coord(client))
+            }
+            Op::ProgDelete => format!("prog --delete {}", program_coord(client)),
+            Op::Run { tag } => format!("run {} {tag}", program_coord(client)),
         }
     }
+}
+
+/// Client `client`'s program cell; its program plane is
+/// `(client, 0..PROGRAM_CELLS, PROGRAM_Z)`.
+fn program_coord(client: usize) -> Coord {
+    Coord::new(client as i32, 0, PROGRAM_Z)
+}
+
+/// The index of `c` in client `client`'s program plane, if it is there.
+fn owned_program_cell(client: usize, c: Coord) -> Option<u32> {
+    (c.x == client as i32 && c.z == PROGRAM_Z && c.y >= 0 && (c.y as u32) < PROGRAM_CELLS)
+        .then_some(c.y as u32)
+}
+
+/// Cells (beside the counter) into which variant `variant` writes its mark.
+fn marked_cells(variant: u8) -> u32 {
+    2 + u32::from(variant)
+}
+
+/// What run number `count`, tagged `tag`, of variant `variant` writes.
+fn run_mark(count: u64, tag: u64, variant: u8) -> Vec<u8> {
+    format!("{count}:{tag}:v{variant}").into_bytes()
+}
+
+/// The Lua source of program `variant`: increment the counter in its own
+/// cell, write one mark (the new count, the run's tag, the variant) into
+/// the next `2 + variant` cells, return the count. The comment is padded
+/// by the variant, so each source has its own length: `cell-stats`
+/// reports only the size of the stored program.
+pub fn program_source(variant: u8) -> String {
+    let pad = "#".repeat(usize::from(variant));
+    format!(
+        "-- cube-stress crash torture, variant {variant} {pad}\n\
+         local tag = ...\n\
+         local n = cube.rincr(0, 0, 0)\n\
+         local mark = n .. \":\" .. tag .. \":v{variant}\"\n\
+         for i = 1, {cells} do\n\
+         \x20 cube.rput(0, i, 0, mark)\n\
+         end\n\
+         return n\n",
+        cells = marked_cells(variant)
+    )
+}
+
+/// The variant whose source is `bytes` long.
+fn variant_of_length(bytes: u32) -> Option<u8> {
+    (0..PROGRAM_VARIANTS).find(|v| program_source(*v).len() == bytes as usize)
 }
 
 /// Client `client`'s key `key`.
@@ -567,6 +706,42 @@ fn differences(client: usize, expected: &ClientState, found: &ClientState) -> Ve
             ));
         }
     }
+    let prog_cells: std::collections::BTreeSet<u32> = expected
+        .prog_cells
+        .keys()
+        .chain(found.prog_cells.keys())
+        .copied()
+        .collect();
+    for cell in prog_cells {
+        let (e, f) = (expected.prog_cells.get(&cell), found.prog_cells.get(&cell));
+        if e != f {
+            out.push(format!(
+                "program plane {}: value {} instead of {}",
+                Coord::new(client as i32, cell as i32, PROGRAM_Z),
+                show_cell(f),
+                show_cell(e)
+            ));
+        }
+    }
+    if expected.program != found.program {
+        let show = |p: Option<u8>| p.map_or_else(|| "none".to_owned(), |v| format!("variant {v}"));
+        out.push(format!(
+            "program at {}: {} instead of {}",
+            program_coord(client),
+            show(found.program),
+            show(expected.program)
+        ));
+    }
+    if (expected.runs, expected.failures) != (found.runs, found.failures) {
+        out.push(format!(
+            "telemetry at {}: {} runs, {} failed instead of {} runs, {} failed",
+            program_coord(client),
+            found.runs,
+            found.failures,
+            expected.runs,
+            expected.failures
+        ));
+    }
     let edges: std::collections::BTreeSet<(u32, u32)> = expected
         .edges
         .keys()
@@ -602,6 +777,7 @@ struct ClientRun {
     id: usize,
     keys: u32,
     edges: bool,
+    programs: bool,
     max_value_bytes: usize,
     rng: Rng,
     seq: u64,
@@ -649,6 +825,7 @@ impl ClientRun {
             id,
             keys: args.keys,
             edges: !args.no_edges,
+            programs: !args.no_programs,
             max_value_bytes: args.max_value_bytes,
             rng: Rng::for_stream(args.seed, id as u64 + 1),
             seq: 0,
@@ -684,11 +861,15 @@ impl ClientRun {
     /// The next step. Checkpoints are rare (each one closes the segment
     /// and folds): 3 in 1000 steps. With edges: 5.7 % reads, then of the
     /// rest about 41 % puts, 16 % deletes, 27 % links, 12 % unlinks, 4 %
-    /// detaches; without, 84 % puts and 16 % deletes.
+    /// detaches; without, 84 % puts and 16 % deletes. With programs, a
+    /// tenth of those mutations are program steps instead.
     fn next_step(&mut self, cycle: usize) -> Step {
         self.seq += 1;
         let key = self.rng.below(u64::from(self.keys)) as u32;
         let roll = self.rng.below(1000);
+        if roll >= 60 && self.programs && self.rng.below(10) == 0 {
+            return Step::Mutate(self.program_step());
+        }
         let mutation_roll = if self.edges { roll } else { roll % 600 };
         match (roll, mutation_roll) {
             (0..3, _) => Step::Checkpoint {
@@ -736,6 +917,53 @@ impl ClientRun {
             }
             _ => Step::Mutate(Op::Detach { key }),
         }
+    }
+
+    /// A program step: store a program when there is none; otherwise 93 %
+    /// runs, 5 % replacements by a random variant, 2 % deletions.
+    fn program_step(&mut self) -> Op {
+        let variant = self.rng.below(u64::from(PROGRAM_VARIANTS)) as u8;
+        if self.acked.program.is_none() {
+            return Op::Prog { variant };
+        }
+        match self.rng.below(100) {
+            0..5 => Op::Prog { variant },
+            5..7 => Op::ProgDelete,
+            _ => Op::Run { tag: self.seq },
+        }
+    }
+
+    /// Checks a run's answer against the model: the count it returns, its
+    /// telemetry sequence number and the cells it wrote follow from the
+    /// acknowledged state. `false` (and a violation) if not.
+    fn check_run_reply(&mut self, cycle: usize, reply: &RunReply) -> bool {
+        let Some(variant) = self.acked.program else {
+            return true;
+        };
+        let count = self.acked.run_counter() + 1;
+        let expected = (
+            ProgramValue::Int(count as i64),
+            self.acked.runs + 1,
+            1 + marked_cells(variant),
+        );
+        let found = (reply.value.clone(), reply.seq, reply.cells_written);
+        if found == expected {
+            return true;
+        }
+        self.problem(
+            cycle,
+            Some(program_coord(self.id)),
+            "a run's answer disagrees with the acknowledged state".to_owned(),
+            format!(
+                "returns {:?}, telemetry seq {}, {} cells written",
+                expected.0, expected.1, expected.2
+            ),
+            format!(
+                "returns {:?}, telemetry seq {}, {} cells written",
+                found.0, found.1, found.2
+            ),
+        );
+        false
     }
 
     /// Runs operations until the daemon goes away or the cycle stops.
@@ -789,7 +1017,12 @@ impl ClientRun {
                 Step::Mutate(op) => {
                     self.in_flight = Some(op.clone());
                     match send(&mut client, self.id, &op) {
-                        Ok(()) => {
+                        Ok(reply) => {
+                            if let Some(reply) = reply
+                                && !self.check_run_reply(shared.cycle, &reply)
+                            {
+                                return;
+                            }
                             op.apply(&mut self.acked);
                             self.in_flight = None;
                             *self.counts.entry(op.name()).or_default() += 1;
@@ -834,18 +1067,33 @@ fn connect(socket: &Path) -> Result<Client, ClientError> {
     Ok(client)
 }
 
-fn send(client: &mut Client, id: usize, op: &Op) -> Result<(), ClientError> {
+/// Sends one operation; a run's answer comes back for checking.
+fn send(client: &mut Client, id: usize, op: &Op) -> Result<Option<RunReply>, ClientError> {
+    fn done<T>(_: T) -> Option<RunReply> {
+        None
+    }
     let at = |key: u32| coord(id, key);
     match op {
-        Op::Put { key, value } => client.put(NAMESPACE, at(*key), value).map(drop),
-        Op::Del { key } => client.del(NAMESPACE, at(*key)).map(drop),
+        Op::Put { key, value } => client.put(NAMESPACE, at(*key), value).map(done),
+        Op::Del { key } => client.del(NAMESPACE, at(*key)).map(done),
         Op::Link { from, to, weight } => client
             .link(NAMESPACE, at(*from), at(*to), LABEL, *weight)
-            .map(drop),
+            .map(done),
         Op::Unlink { from, to } => client
             .unlink(NAMESPACE, at(*from), at(*to), LABEL)
-            .map(drop),
-        Op::Detach { key } => client.detach(NAMESPACE, at(*key)).map(drop),
+            .map(done),
+        Op::Detach { key } => client.detach(NAMESPACE, at(*key)).map(done),
+        Op::Prog { variant } => client
+            .prog(
+                NAMESPACE,
+                program_coord(id),
+                program_source(*variant).as_bytes(),
+            )
+            .map(done),
+        Op::ProgDelete => client.prog(NAMESPACE, program_coord(id), b"").map(done),
+        Op::Run { tag } => client
+            .run(NAMESPACE, program_coord(id), &[tag.to_string().as_bytes()])
+            .map(Some),
     }
 }
 
@@ -858,11 +1106,14 @@ fn send(client: &mut Client, id: usize, op: &Op) -> Result<(), ClientError> {
 fn read_state(
     conn: &mut Client,
     id: usize,
-    keys: u32,
-    with_edges: bool,
+    args: &CrashArgs,
 ) -> Result<(ClientState, Vec<String>), ClientError> {
+    let (keys, with_edges) = (args.keys, !args.no_edges);
     let mut state = ClientState::default();
     let mut strays = Vec::new();
+    if !args.no_programs {
+        read_program_plane(conn, id, &mut state, &mut strays)?;
+    }
     let region =
         CellBox::new(coord(id, 0), coord(id, keys - 1)).map_err(ClientError::BadArgument)?;
     for cell in conn.scan(NAMESPACE, region, SCAN_PAGE_CELLS) {
@@ -919,6 +1170,60 @@ fn read_state(
         ));
     }
     Ok((state, strays))
+}
+
+/// Reads client `id`'s program plane: its cells, which program variant is
+/// stored, and the program cell's telemetry counts.
+fn read_program_plane(
+    conn: &mut Client,
+    id: usize,
+    state: &mut ClientState,
+    strays: &mut Vec<String>,
+) -> Result<(), ClientError> {
+    let at = program_coord(id);
+    let plane = CellBox::new(
+        at,
+        Coord::new(id as i32, PROGRAM_CELLS as i32 - 1, PROGRAM_Z),
+    )
+    .map_err(ClientError::BadArgument)?;
+    for cell in conn.scan(NAMESPACE, plane, SCAN_PAGE_CELLS) {
+        let cell = cell?;
+        match owned_program_cell(id, cell.coord) {
+            Some(i) => {
+                if state.prog_cells.insert(i, cell.value).is_some() {
+                    strays.push(format!("{} came twice in one scan", cell.coord));
+                }
+            }
+            None => strays.push(format!(
+                "scan of the client's program plane returned {}",
+                cell.coord
+            )),
+        }
+    }
+    let stats = conn.cell_stats(NAMESPACE, at, 1)?;
+    state.program = match stats.program_bytes {
+        None => None,
+        Some(bytes) => match variant_of_length(bytes) {
+            Some(variant) => Some(variant),
+            None => {
+                strays.push(format!(
+                    "{at} holds a program of {bytes} bytes, which is no variant's length"
+                ));
+                None
+            }
+        },
+    };
+    state.runs = stats.runs;
+    state.failures = stats.failures;
+    if let Some(newest) = stats.records.last()
+        && newest.seq != stats.runs
+    {
+        strays.push(format!(
+            "{at}: the newest telemetry record is run {} but the count is {}",
+            newest.seq, stats.runs
+        ));
+    }
+    Ok(())
 }
 
 fn count_figure(figures: &[StatsEntry], name: &str) -> Option<u64> {
@@ -1223,12 +1528,15 @@ fn restart_and_verify(
         report.note_recovery(&figures);
         let mut present = 0u64;
         for client in clients.iter_mut() {
-            let (found, strays) = read_state(&mut conn, client.id, args.keys, !args.no_edges)?;
+            let (found, strays) = read_state(&mut conn, client.id, args)?;
             report.keys_verified += u64::from(args.keys);
             if !args.no_edges {
                 report.edge_lists_verified += u64::from(args.keys);
             }
-            present += found.cells.len() as u64;
+            if !args.no_programs {
+                report.program_planes_verified += 1;
+            }
+            present += (found.cells.len() + found.prog_cells.len()) as u64;
             for stray in strays {
                 report.violations.push(Violation {
                     cycle,
@@ -1281,18 +1589,22 @@ fn judge(client: &mut ClientRun, found: ClientState, cycle: usize, report: &mut 
         op.apply(&mut state);
         state
     });
+    let run_in_flight = matches!(in_flight, Some(Op::Run { .. }));
     if found == client.acked {
         if in_flight.is_some() {
             report.in_flight_lost += 1;
+            report.in_flight_runs_lost += u64::from(run_in_flight);
         }
     } else if landed_state.as_ref() == Some(&found) {
         report.in_flight_landed += 1;
+        report.in_flight_runs_landed += u64::from(run_in_flight);
     } else {
         let diffs = differences(client.id, &client.acked, &found);
         let mut expected = format!(
-            "the acknowledged state ({} values, {} edges)",
+            "the acknowledged state ({} values, {} edges, {} program runs)",
             client.acked.cells.len(),
-            client.acked.edges.len()
+            client.acked.edges.len(),
+            client.acked.runs
         );
         if let Some(op) = &in_flight {
             let _ = write!(
@@ -1421,6 +1733,79 @@ mod tests {
         let text = report.violations[0].to_string();
         assert!(text.contains("cycle 2") && text.contains("2,5,0"), "{text}");
         assert!(text.contains("ghost"), "{text}");
+    }
+
+    #[test]
+    fn program_variants_are_told_apart_by_their_length() {
+        for variant in 0..PROGRAM_VARIANTS {
+            let source = program_source(variant);
+            assert_eq!(
+                variant_of_length(source.len() as u32),
+                Some(variant),
+                "{source}"
+            );
+            assert!(source.contains("cube.rincr(0, 0, 0)"), "{source}");
+        }
+        assert_eq!(variant_of_length(3), None);
+    }
+
+    #[test]
+    fn a_run_moves_the_counter_marks_and_telemetry_together() {
+        let mut state = ClientState::default();
+        Op::Run { tag: 5 }.apply(&mut state);
+        assert_eq!(state, ClientState::default(), "no program, no run");
+        Op::Prog { variant: 1 }.apply(&mut state);
+        Op::Run { tag: 7 }.apply(&mut state);
+        Op::Run { tag: 9 }.apply(&mut state);
+        assert_eq!(state.run_counter(), 2);
+        assert_eq!(state.runs, 2);
+        let mark = run_mark(2, 9, 1);
+        assert_eq!(state.prog_cells.len(), 1 + 3);
+        for cell in 1..=3 {
+            assert_eq!(state.prog_cells.get(&cell), Some(&mark));
+        }
+        Op::Prog { variant: 0 }.apply(&mut state);
+        Op::Run { tag: 11 }.apply(&mut state);
+        // Variant 0 writes two marks; the third keeps the older run's.
+        assert_eq!(state.prog_cells.get(&2), Some(&run_mark(3, 11, 0)));
+        assert_eq!(state.prog_cells.get(&3), Some(&mark));
+    }
+
+    #[test]
+    fn a_run_applied_in_part_is_a_violation() {
+        let mut client = ClientRun::new(1, &CrashArgs::default());
+        Op::Prog { variant: 0 }.apply(&mut client.acked);
+        Op::Run { tag: 3 }.apply(&mut client.acked);
+        let before = client.acked.clone();
+        client.in_flight = Some(Op::Run { tag: 4 });
+        let mut whole = before.clone();
+        Op::Run { tag: 4 }.apply(&mut whole);
+        let mut report = TortureReport::default();
+        judge(&mut client, whole.clone(), 1, &mut report);
+        assert!(report.violations.is_empty());
+        assert_eq!(report.in_flight_landed, 1);
+        assert_eq!(report.in_flight_runs_landed, 1);
+        // The counter and the first mark moved, the second mark did not.
+        client.in_flight = Some(Op::Run { tag: 5 });
+        let mut half = whole.clone();
+        half.prog_cells.insert(0, b"3".to_vec());
+        half.prog_cells.insert(1, run_mark(3, 5, 0));
+        half.runs += 1;
+        judge(&mut client, half, 2, &mut report);
+        assert_eq!(report.violations.len(), 1);
+        let text = report.violations[0].to_string();
+        assert!(text.contains("program plane 1,1,1"), "{text}");
+        assert!(
+            text.contains("or it plus the in-flight `run 1,0,1 5`"),
+            "{text}"
+        );
+        // An acknowledged run missing after the restart.
+        client.acked = whole.clone();
+        Op::Run { tag: 6 }.apply(&mut client.acked);
+        judge(&mut client, whole, 3, &mut report);
+        assert_eq!(report.violations.len(), 2);
+        let text = report.violations[1].to_string();
+        assert!(text.contains("telemetry at 1,0,1"), "{text}");
     }
 
     #[test]

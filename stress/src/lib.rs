@@ -8,13 +8,15 @@
 //! `--crash-every` SIGKILL), then print a table and optionally write JSON
 //! and an SVG latency-by-percentile plot. `docs/benchmarks.md` documents
 //! the output and keeps the latest comparison. `cube-stress crash`
-//! ([`crash`], `make crash`) is the crash torture of `docs/robustness.md`.
+//! ([`crash`], `make crash`) is the crash torture of `docs/robustness.md`;
+//! `--hostile N` ([`hostile`]) measures the clients beside hostile ones.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod cli;
 pub mod compare;
 pub mod crash;
 mod error;
+pub mod hostile;
 pub mod json;
 pub mod keyspace;
 pub mod latency;

@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 
 use cube_client::{StatsEntry, StatsValue};
 
+use crate::hostile::HostileCounts;
 use crate::json::Json;
 use crate::latency::{LatencySummary, Recorder};
 use crate::verify::VerifyReport;
@@ -56,6 +57,8 @@ pub struct RunReport {
     pub crashes: Vec<CrashReport>,
     /// The daemon's log, kept when something went wrong.
     pub daemon_log: Option<String>,
+    /// What the hostile threads did (`--hostile`), if there were any.
+    pub hostile: Option<HostileCounts>,
 }
 
 impl RunReport {
@@ -171,6 +174,12 @@ impl RunReport {
                 "crashes",
                 Json::Array(self.crashes.iter().map(crash_json).collect()),
             ),
+            (
+                "hostile",
+                self.hostile
+                    .as_ref()
+                    .map_or(Json::Null, HostileCounts::to_json),
+            ),
             ("passed", Json::Bool(self.passed())),
         ])
     }
@@ -224,6 +233,14 @@ impl RunReport {
         }
         if !self.crashes.is_empty() {
             out.push_str(&self.crash_lines());
+        }
+        if let Some(hostile) = &self.hostile {
+            let _ = writeln!(
+                out,
+                "\nhostile   {} threads beside the clients, from warmup to the end:",
+                hostile.total_threads()
+            );
+            out.push_str(&hostile.to_lines());
         }
         out.push('\n');
         out.push_str(&self.verdict_lines());
@@ -477,6 +494,7 @@ pub(crate) mod tests {
             verification: VerifyReport::new(VerifyMode::Sample),
             crashes: Vec::new(),
             daemon_log: None,
+            hostile: None,
         }
     }
 

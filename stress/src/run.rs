@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use cube_client::{StatsEntry, StatsValue};
 
 use crate::error::{OpError, StressError};
+use crate::hostile::{self, HostileCounts, MAX_HOSTILE};
 use crate::keyspace::{KeySpace, MIN_VALUE_BYTES, coord_of, decode_value, encode_value};
 use crate::latency::Recorder;
 use crate::ledger::Ledger;
@@ -51,6 +52,9 @@ pub struct RunConfig {
     pub rate: Option<f64>,
     pub verify: VerifyMode,
     pub crash_every: Option<Duration>,
+    /// Hostile threads beside the clients (`hostile.rs`), from the start
+    /// of the warmup to the end of the measured window; 0 for none.
+    pub hostile: usize,
     /// Progress lines on stderr.
     pub progress: bool,
 }
@@ -91,6 +95,27 @@ impl RunConfig {
                  use --target cube"
                     .to_owned(),
             ));
+        }
+        if self.hostile > 0 {
+            if self.target.kind != TargetKind::Cube {
+                return Err(StressError::Usage(
+                    "--hostile is for --target cube: the hostile clients speak cube's protocol"
+                        .to_owned(),
+                ));
+            }
+            if self.hostile > MAX_HOSTILE {
+                return Err(StressError::Usage(format!(
+                    "--hostile {} is over {MAX_HOSTILE}",
+                    self.hostile
+                )));
+            }
+            if self.crash_every.is_some() {
+                return Err(StressError::Usage(
+                    "--hostile and --crash-every do not mix: a crash would cut the hostile \
+                     clients off too, and the comparison would measure restarts"
+                        .to_owned(),
+                ));
+            }
         }
         if let Some(every) = self.crash_every {
             if every.is_zero() {
@@ -160,6 +185,20 @@ pub fn run(config: &RunConfig) -> Result<RunReport, StressError> {
         None
     };
 
+    let hostile_socket = if config.hostile > 0 {
+        let socket = hostile::socket_of(target.socket())?;
+        hostile::prepare(&socket)?;
+        say(format!(
+            "{} hostile threads (slowloris, non-readers, connection flood) beside the clients",
+            config.hostile
+        ));
+        Some(socket)
+    } else {
+        None
+    };
+    let mut hostile_counts: Option<HostileCounts> = None;
+    let hostile_stop = AtomicBool::new(false);
+
     let seed_ledger = SeedLedger::new(seed_baseline);
     let control = Control::new(config.clients);
     let shared = Shared {
@@ -175,6 +214,13 @@ pub fn run(config: &RunConfig) -> Result<RunReport, StressError> {
     let mut measured = Duration::ZERO;
     thread::scope(|scope| -> Result<(), StressError> {
         let shared = &shared;
+        // Whatever happens, the hostile threads are told to stop, or the
+        // scope would wait for them forever.
+        let _stop_hostile = SetOnDrop(&hostile_stop);
+        let hostile_handles = match &hostile_socket {
+            Some(socket) => hostile::start(scope, socket, config.hostile, &hostile_stop)?,
+            None => Vec::new(),
+        };
         let handles: Vec<_> = (0..config.clients)
             .map(|client| {
                 thread::Builder::new()
@@ -192,6 +238,10 @@ pub fn run(config: &RunConfig) -> Result<RunReport, StressError> {
         ));
         let timeline = drive(shared, &mut target, &mut crashes);
         control.finish();
+        hostile_stop.store(true, Ordering::Relaxed);
+        if hostile_socket.is_some() {
+            hostile_counts = Some(hostile::finish(hostile_handles));
+        }
         for handle in handles {
             match handle.join() {
                 Ok(outcome) => outcomes.push(outcome),
@@ -269,6 +319,7 @@ pub fn run(config: &RunConfig) -> Result<RunReport, StressError> {
         verification,
         crashes,
         daemon_log,
+        hostile: hostile_counts,
     })
 }
 
@@ -468,6 +519,15 @@ struct Shared<'a> {
     control: &'a Control,
     /// Runs acknowledged per seed cell (`seed` workload only).
     seed: &'a SeedLedger,
+}
+
+/// Sets its flag when dropped: a stop signal that no early return skips.
+struct SetOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
 }
 
 /// Start, pause and stop signals between the main thread and the clients.

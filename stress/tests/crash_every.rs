@@ -24,6 +24,7 @@ fn every_acknowledged_write_survives_each_kill() {
         rate: None,
         verify: VerifyMode::All,
         crash_every: Some(Duration::from_secs(1)),
+        hostile: 0,
         progress: false,
     };
     let report = run(&config).unwrap();

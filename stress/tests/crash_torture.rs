@@ -1,8 +1,8 @@
 //! Guards the crash torture (`make crash`) and, through it, durability under
 //! kill -9: a few cycles of SIGKILL (at random, inside a checkpoint, inside a
-//! compaction) under puts, deletes, edges and checkpoints from several
-//! clients, each followed by a restart that finds every acknowledged
-//! operation and nothing half-applied.
+//! compaction) under puts, deletes, edges, cell programs (prog, run) and
+//! checkpoints from several clients, each followed by a restart that finds
+//! every acknowledged operation and nothing half-applied.
 #![allow(clippy::unwrap_used)]
 
 use cube_stress::crash::{CrashArgs, KillMode, torture};
@@ -29,8 +29,14 @@ fn every_acknowledged_operation_survives_each_kill() {
         "five crashes and the final clean restart: {text}"
     );
     assert!(report.acked_total() > 0, "{text}");
-    assert!(report.acked.get("put").copied().unwrap_or(0) > 0, "{text}");
+    for command in ["put", "link", "prog", "run"] {
+        assert!(
+            report.acked.get(command).copied().unwrap_or(0) > 0,
+            "no {command} acknowledged: {text}"
+        );
+    }
     assert!(report.keys_verified >= 6 * 4 * 24, "{text}");
+    assert_eq!(report.program_planes_verified, 6 * 4, "{text}");
     assert!(report.kept.is_none(), "{text}");
     let kills: u64 = report.kills.values().sum();
     assert_eq!(kills, 5, "{text}");

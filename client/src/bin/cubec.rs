@@ -17,8 +17,12 @@ use cube_client::{
 
 #[path = "cubec/edges.rs"]
 mod edges;
+#[path = "cubec/namespaces.rs"]
+mod namespaces;
 #[path = "cubec/programs.rs"]
 mod programs;
+#[path = "cubec/transfer.rs"]
+mod transfer;
 
 const EXIT_NOT_FOUND: u8 = 1;
 const EXIT_USAGE: u8 = 2;
@@ -31,7 +35,8 @@ Exit codes (stable; scripts may rely on them):
   1  not found: get or del of an empty cell, unlink of a missing edge,
      path with no path
   2  usage: bad arguments, coordinate or namespace name, an unreadable --file,
-     or a value over the server's max_value_bytes (checked before sending)
+     or a value over the server's max_value_bytes (checked before sending);
+     for import, a bad line in the input
   3  cubed answered with an error, or the connection broke mid-request
   4  cannot connect to cubed (not running, or wrong --socket / CUBE_SOCKET)
 
@@ -45,6 +50,10 @@ Examples:
   cubec prog default 0,0,0 'return cube.rincr(0, 0, 0, 1)'
   cubec run default 0,0,0
   cubec stats default 0,0,0
+  cubec ns create tenant-a --max-cells 1000000
+  cubec ns list
+  cubec export default > default.jsonl
+  cubec import default default.jsonl
   cubec --json stats";
 
 #[derive(Debug, Parser)]
@@ -165,6 +174,18 @@ Examples:
     /// Run the program of a cell, atomically, and print what it returned
     #[command(after_help = programs::RUN_HELP)]
     Run(programs::RunArgs),
+
+    /// Create, list, inspect, drop and share namespaces
+    #[command(after_help = namespaces::NS_HELP)]
+    Ns(namespaces::NsArgs),
+
+    /// Write a namespace's cells, edges and programs to stdout (JSON lines or CSV)
+    #[command(after_help = transfer::EXPORT_HELP)]
+    Export(transfer::ExportArgs),
+
+    /// Load a file written by export into a namespace, in atomic batches
+    #[command(after_help = transfer::IMPORT_HELP)]
+    Import(transfer::ImportArgs),
 
     /// Fold the write-ahead log into a checkpoint now, and report what was written
     #[command(
@@ -315,7 +336,23 @@ fn next_step(error: &ClientError) -> Option<&'static str> {
         ClientError::Daemon(_) => "check the daemon log above",
         ClientError::Server(e) => match e.known_code() {
             Some(ErrorCode::NoSuchNamespace) => {
-                "check the namespace name; a fresh data directory has only `default`"
+                "check the namespace name; `cubec ns list` shows the namespaces you may see \
+                 (a fresh data directory has only `default`)"
+            }
+            Some(ErrorCode::QuotaExceeded) => {
+                "`cubec ns info NS` shows the namespace's use and quotas; delete data to make \
+                 room, or write to a namespace with a larger quota"
+            }
+            Some(ErrorCode::PermissionDenied) => {
+                "ask the namespace owner or an administrator (root or cubed's uid): \
+                 cubec ns grant NS --uid YOUR_UID (`id -u` prints it); \
+                 checkpoint and backup are for administrators only"
+            }
+            Some(ErrorCode::NamespaceExists) => {
+                "choose another name, or `cubec ns drop NAME` first"
+            }
+            Some(ErrorCode::EncryptionUnavailable) => {
+                "start cubed with --key-file PATH, or create the namespace without --encrypted"
             }
             Some(ErrorCode::BadNamespace) => "use 1 to 64 of a-z, 0-9, '_' and '-'",
             Some(ErrorCode::ValueTooLarge | ErrorCode::FrameTooLarge) => "store a smaller value",
@@ -392,6 +429,9 @@ fn run(cli: &Cli) -> Result<u8, Failure> {
         Command::Stats(_) => stats(&mut client, cli.json, &mut stdout),
         Command::Prog(args) => programs::prog(&mut client, args, cli.json, &mut stdout),
         Command::Run(args) => programs::run(&mut client, args, cli.json, &mut stdout),
+        Command::Ns(args) => namespaces::run(&mut client, args, cli.json, &mut stdout),
+        Command::Export(args) => transfer::export(&mut client, args, &mut stdout),
+        Command::Import(args) => transfer::import(&mut client, args, cli.json, &mut stdout),
         Command::Checkpoint { compact } => {
             report(client.checkpoint(*compact)?, cli.json, &mut stdout)
         }
@@ -888,7 +928,8 @@ mod tests {
         assert!(help.contains("4  cannot connect"), "{help}");
         let mut cmd = Cli::command();
         for sub in [
-            "ping", "put", "get", "del", "scan", "stats", "link", "unlink", "edges", "walk", "path",
+            "ping", "put", "get", "del", "scan", "stats", "link", "unlink", "edges", "walk",
+            "path", "ns", "export", "import",
         ] {
             let help = cmd
                 .find_subcommand_mut(sub)

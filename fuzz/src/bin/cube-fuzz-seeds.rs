@@ -10,7 +10,9 @@
 //! - `checkpoint_file/`: a delta and a base written by a fold and a
 //!   compaction, and a manifest.
 //!
-//! `program_source/` holds hand-written Lua (from `docs/programs.md`).
+//! `program_source/` holds hand-written Lua (from `docs/programs.md`);
+//! `program_run/` the same examples with their arguments after NUL bytes,
+//! and programs that go for the budgets and the result conversion.
 
 use std::error::Error;
 use std::fs;

@@ -41,7 +41,10 @@ const MAX_STACK: u64 = 8;
 /// Distinct crashes saved per target before the rest are only counted.
 const MAX_SAVED_CRASHES: usize = 20;
 
-const DICTIONARY: [&[u8]; 10] = [
+/// The formats' magic numbers and values that matter to them, then Lua
+/// (the program targets: without coverage feedback, random bytes rarely
+/// make a program that parses; a NUL starts `program_run`'s arguments).
+const DICTIONARY: &[&[u8]] = &[
     b"CUBEWAL\0",
     b"CUBECKPT",
     b"CUBEFOOT",
@@ -52,6 +55,23 @@ const DICTIONARY: [&[u8]; 10] = [
     &[7, b'd', b'e', b'f', b'a', b'u', b'l', b't'],
     &[0; 17],
     &[0xff, 0xff, 0xff, 0xff],
+    b" local x = ",
+    b" return ",
+    b" end ",
+    b" while true do ",
+    b" for i = 1, 1e6 do ",
+    b" function(...) ",
+    b" cube.put(0, 0, 0, ",
+    b" cube.rincr(0, 0, 0) ",
+    b" cube.count(-9, -9, -9, 9, 9, 9) ",
+    b" cube.walk(3, 'both') ",
+    b" string.rep('x', 1e6) ",
+    b" setmetatable({}, {__index = ",
+    b" pcall(",
+    b" error(",
+    b" {} ",
+    b"..",
+    b"\0",
 ];
 
 /// SplitMix64: seeded, fast, no dependency.

@@ -12,6 +12,7 @@
 //! recovery is deterministic whatever the program read (clock, random).
 
 pub(crate) mod api;
+pub(crate) mod harness;
 pub(crate) mod sandbox;
 
 use std::sync::Arc;

@@ -12,10 +12,16 @@
 //!   32 8  lsn_to       every record up to this LSN is reflected
 //!   40 4  header_crc   CRC32C of bytes 0..40
 //! blocks, back to back
-//!   0  4  payload_len  at most MAX_BLOCK_BYTES
-//!   4  4  payload_crc  CRC32C of the payload
+//!   0  4  payload_len  bits 0-30: at most MAX_BLOCK_BYTES;
+//!                      bit 31: the payload is sealed (encrypted namespace)
+//!   4  4  payload_crc  CRC32C of the payload as stored
 //!   8  .. payload: entries, each
 //!         key_len u16 | key | op u8 (0 tombstone, 1 value) | [value_len u32 | value]
+//!         or, sealed: ns_id u64 LE | epoch u32 LE | counter u64 LE |
+//!         AES-256-GCM(entries) | tag (16); every entry in it belongs to
+//!         namespace `ns_id`. Associated data: file_id u64 LE |
+//!         block index u64 LE | ns_id u64 LE, so a block moved to another
+//!         file, position or namespace fails to open (crypto.rs).
 //! footer (40 bytes, the last bytes of the file)
 //!   0  8  magic "CUBEFOOT"
 //!   8  8  entry_count
@@ -32,6 +38,10 @@ use std::path::{Path, PathBuf};
 
 use byteorder::{ByteOrder, LittleEndian};
 
+use std::collections::HashSet;
+
+use crate::checkpoint::state_key::entry_ns_id;
+use crate::crypto::{CryptoError, Keyring};
 use crate::data_dir::sync_dir;
 use crate::error::StoreError;
 use crate::storage::{OpenMode, Storage, StorageFile};
@@ -43,7 +53,11 @@ pub(crate) const HEADER_BYTES: usize = 44;
 pub(crate) const FOOTER_BYTES: usize = 40;
 const MAGIC: &[u8; 8] = b"CUBECKPT";
 const FOOTER_MAGIC: &[u8; 8] = b"CUBEFOOT";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
+/// Bit 31 of a block's length field: its payload is sealed.
+const SEALED_BLOCK_BIT: u32 = 1 << 31;
+/// ns_id, epoch, counter in front of a sealed block's ciphertext.
+const SEALED_PREFIX_BYTES: usize = 8 + 4 + 8;
 /// Entries are packed into blocks of about this size.
 const TARGET_BLOCK_BYTES: usize = 64 * 1024;
 /// No block is larger; a larger length field is damage.
@@ -106,6 +120,12 @@ impl FileHeader {
     }
 }
 
+/// Which namespaces' blocks a writer seals, and with what.
+pub(crate) struct BlockSealer<'k> {
+    pub keyring: &'k Keyring,
+    pub encrypted_ids: HashSet<u64>,
+}
+
 /// Writes a checkpoint file under a temp name; [`CheckpointWriter::finish`]
 /// syncs it and renames it into place.
 pub(crate) struct CheckpointWriter<'a> {
@@ -122,6 +142,10 @@ pub(crate) struct CheckpointWriter<'a> {
     blocks: u64,
     blocks_bytes: u64,
     blocks_crc: u32,
+    file_id: u64,
+    sealer: Option<&'a BlockSealer<'a>>,
+    /// The namespace whose sealed block is being filled, if any.
+    block_seal: Option<u64>,
 }
 
 impl<'a> CheckpointWriter<'a> {
@@ -129,6 +153,7 @@ impl<'a> CheckpointWriter<'a> {
         storage: &'a dyn Storage,
         final_path: &Path,
         header: FileHeader,
+        sealer: Option<&'a BlockSealer<'a>>,
     ) -> Result<CheckpointWriter<'a>, StoreError> {
         let mut tmp = final_path.as_os_str().to_owned();
         tmp.push(".tmp");
@@ -151,6 +176,9 @@ impl<'a> CheckpointWriter<'a> {
             blocks: 0,
             blocks_bytes: 0,
             blocks_crc: 0,
+            file_id: header.file_id,
+            sealer,
+            block_seal: None,
         })
     }
 
@@ -161,6 +189,15 @@ impl<'a> CheckpointWriter<'a> {
             self.last_key.as_deref().is_none_or(|last| last < key),
             "checkpoint entries must be strictly increasing by key"
         );
+        // A sealed block holds one encrypted namespace's entries and nothing
+        // else, so each block opens with exactly one namespace key.
+        let seal = self
+            .sealer
+            .and_then(|sealer| entry_ns_id(key).filter(|id| sealer.encrypted_ids.contains(id)));
+        if seal != self.block_seal {
+            self.flush_block()?;
+            self.block_seal = seal;
+        }
         self.block
             .extend_from_slice(&(key.len() as u16).to_le_bytes());
         self.block.extend_from_slice(key);
@@ -186,12 +223,27 @@ impl<'a> CheckpointWriter<'a> {
             return Ok(());
         }
         assert!(
-            self.block.len() <= MAX_BLOCK_BYTES,
+            self.block.len() <= MAX_BLOCK_BYTES - SEALED_PREFIX_BYTES - crate::crypto::TAG_BYTES,
             "one entry is far below the block cap"
         );
+        let mut len_field = self.block.len() as u32;
+        if let (Some(ns_id), Some(sealer)) = (self.block_seal, self.sealer) {
+            let aad = block_aad(self.file_id, self.blocks, ns_id);
+            let (epoch, counter) = sealer
+                .keyring
+                .seal_block(ns_id, &aad, &mut self.block)
+                .map_err(|e| StoreError::Key(format!("sealing a checkpoint block: {e}")))?;
+            let mut sealed = Vec::with_capacity(SEALED_PREFIX_BYTES + self.block.len());
+            sealed.extend_from_slice(&ns_id.to_le_bytes());
+            sealed.extend_from_slice(&epoch.to_le_bytes());
+            sealed.extend_from_slice(&counter.to_le_bytes());
+            sealed.extend_from_slice(&self.block);
+            self.block = sealed;
+            len_field = self.block.len() as u32 | SEALED_BLOCK_BIT;
+        }
         let crc = crc32c::crc32c(&self.block);
         let mut head = [0u8; 8];
-        LittleEndian::write_u32(&mut head[0..4], self.block.len() as u32);
+        LittleEndian::write_u32(&mut head[0..4], len_field);
         LittleEndian::write_u32(&mut head[4..8], crc);
         self.pending.extend_from_slice(&head);
         self.pending.extend_from_slice(&self.block);
@@ -249,8 +301,13 @@ pub(crate) type Entry = (Vec<u8>, Option<Vec<u8>>);
 
 /// Streams the entries of a checkpoint file, verifying as it goes; the
 /// header and footer are verified when it opens.
-pub(crate) struct CheckpointReader {
+pub(crate) struct CheckpointReader<'k> {
     path: PathBuf,
+    keyring: Option<&'k Keyring>,
+    /// Where the current block starts in the file, for error messages.
+    block_offset: u64,
+    /// The namespace of the current block if it was sealed.
+    block_seal: Option<u64>,
     file: Box<dyn StorageFile>,
     pub(crate) header: FileHeader,
     footer_entries: u64,
@@ -267,8 +324,21 @@ pub(crate) struct CheckpointReader {
     done: bool,
 }
 
-impl CheckpointReader {
-    pub(crate) fn open(storage: &dyn Storage, path: &Path) -> Result<CheckpointReader, StoreError> {
+/// A sealed block's associated data.
+fn block_aad(file_id: u64, block_index: u64, ns_id: u64) -> [u8; 24] {
+    let mut aad = [0u8; 24];
+    LittleEndian::write_u64(&mut aad[0..8], file_id);
+    LittleEndian::write_u64(&mut aad[8..16], block_index);
+    LittleEndian::write_u64(&mut aad[16..24], ns_id);
+    aad
+}
+
+impl<'k> CheckpointReader<'k> {
+    pub(crate) fn open(
+        storage: &dyn Storage,
+        path: &Path,
+        keyring: Option<&'k Keyring>,
+    ) -> Result<CheckpointReader<'k>, StoreError> {
         let corrupt = |offset: u64, reason: String| StoreError::Corruption {
             path: path.to_path_buf(),
             offset,
@@ -314,6 +384,9 @@ impl CheckpointReader {
         }
         Ok(CheckpointReader {
             path: path.to_path_buf(),
+            keyring,
+            block_offset: 0,
+            block_seal: None,
             file,
             header,
             footer_entries: LittleEndian::read_u64(&footer[8..16]),
@@ -363,7 +436,9 @@ impl CheckpointReader {
         self.file
             .read_exact_at(&mut head, at)
             .map_err(|e| StoreError::io(&self.path, e))?;
-        let len = LittleEndian::read_u32(&head[0..4]) as usize;
+        let len_field = LittleEndian::read_u32(&head[0..4]);
+        let sealed = len_field & SEALED_BLOCK_BIT != 0;
+        let len = (len_field & !SEALED_BLOCK_BIT) as usize;
         let stored = LittleEndian::read_u32(&head[4..8]);
         if len > MAX_BLOCK_BYTES || at + 8 + len as u64 > self.blocks_end {
             return Err(self.corrupt(at, format!("block length {len} is impossible here")));
@@ -379,11 +454,59 @@ impl CheckpointReader {
                 format!("block checksum mismatch (stored {stored:08x}, computed {computed:08x})"),
             ));
         }
+        self.block_seal = None;
+        if sealed {
+            self.open_sealed_block(at)?;
+        }
         self.blocks += 1;
         self.blocks_crc = crc32c::crc32c_append(self.blocks_crc, &stored.to_le_bytes());
         self.offset = at + 8 + len as u64;
+        self.block_offset = at;
         self.block_pos = 0;
         Ok(true)
+    }
+
+    /// Replaces the sealed block in `self.block` (its checksum already
+    /// matched) by its entries.
+    fn open_sealed_block(&mut self, at: u64) -> Result<(), StoreError> {
+        if self.block.len() < SEALED_PREFIX_BYTES + crate::crypto::TAG_BYTES {
+            return Err(self.corrupt(at, "sealed block too short for its nonce and tag"));
+        }
+        let ns_id = LittleEndian::read_u64(&self.block[0..8]);
+        let epoch = LittleEndian::read_u32(&self.block[8..12]);
+        let counter = LittleEndian::read_u64(&self.block[12..20]);
+        let Some(keyring) = self.keyring.filter(|k| k.has_key()) else {
+            return Err(StoreError::Key(format!(
+                "{} holds data of an encrypted namespace (id {ns_id}) at offset {at}; start cubed with --key-file",
+                self.path.display()
+            )));
+        };
+        let aad = block_aad(self.header.file_id, self.blocks, ns_id);
+        let plain = match keyring.open_block(
+            ns_id,
+            epoch,
+            counter,
+            &aad,
+            &mut self.block[SEALED_PREFIX_BYTES..],
+        ) {
+            Ok(len) => len,
+            Err(CryptoError::NoKey) => {
+                return Err(StoreError::Key(format!(
+                    "{} holds data of an encrypted namespace; start cubed with --key-file",
+                    self.path.display()
+                )));
+            }
+            Err(_) => {
+                return Err(self.corrupt(
+                    at,
+                    format!("sealed block of namespace id {ns_id} failed authentication: tampered, moved, or sealed with another key"),
+                ));
+            }
+        };
+        self.block.drain(..SEALED_PREFIX_BYTES);
+        self.block.truncate(plain);
+        self.block_seal = Some(ns_id);
+        Ok(())
     }
 
     /// The next entry, or `None` at the end (after the footer's counts and
@@ -416,7 +539,7 @@ impl CheckpointReader {
                 return Ok(false);
             }
         }
-        let block_start = self.offset - self.block.len() as u64;
+        let block_start = self.block_offset;
         let short = || "entry runs past the end of its block".to_string();
         let b = &self.block[self.block_pos..];
         let parsed = (|| {
@@ -455,6 +578,14 @@ impl CheckpointReader {
         if self.last_key.as_deref().is_some_and(|last| last >= key) {
             return Err(self.corrupt(block_start, "entries are not in increasing key order"));
         }
+        if let Some(ns_id) = self.block_seal
+            && entry_ns_id(key) != Some(ns_id)
+        {
+            return Err(self.corrupt(
+                block_start,
+                format!("a sealed block of namespace id {ns_id} holds another namespace's entry"),
+            ));
+        }
         // Reuse the buffer: one copy of the key, no allocation once warm.
         let last = self.last_key.get_or_insert_with(Vec::new);
         last.clear();
@@ -479,7 +610,7 @@ mod tests {
             lsn_from: 3,
             lsn_to: 99,
         };
-        let mut w = CheckpointWriter::create(&RealDisk, path, header).unwrap();
+        let mut w = CheckpointWriter::create(&RealDisk, path, header, None).unwrap();
         for i in 0..n {
             let key = format!("key-{i:08}");
             let value = (i % 3 != 0).then(|| vec![i as u8; (i % 500) as usize]);
@@ -489,7 +620,7 @@ mod tests {
     }
 
     fn read_all(path: &Path) -> Result<Vec<Entry>, StoreError> {
-        let mut r = CheckpointReader::open(&RealDisk, path)?;
+        let mut r = CheckpointReader::open(&RealDisk, path, None)?;
         let mut out = Vec::new();
         while let Some(e) = r.next_entry()? {
             out.push(e);
@@ -507,7 +638,7 @@ mod tests {
         assert_eq!(entries.len(), 2000);
         assert_eq!(entries[1].1.as_ref().unwrap().len(), 1);
         assert!(entries[3].1.is_none());
-        let r = CheckpointReader::open(&RealDisk, &path).unwrap();
+        let r = CheckpointReader::open(&RealDisk, &path, None).unwrap();
         assert_eq!(r.header.lsn_to, 99);
     }
 

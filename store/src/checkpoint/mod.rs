@@ -28,15 +28,20 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::crypto::Keyring;
 use crate::data_dir::sync_dir;
 use crate::error::StoreError;
 use crate::mutation::Mutation;
+use crate::namespace::{NamespaceCatalog, check_namespace_key};
 use crate::storage::Storage;
 use crate::wal::{list_segments, read_closed_segment};
 use cube_protocol::NamespaceName;
-use file::{CheckpointReader, CheckpointWriter, FileHeader, FileKind};
+use file::{BlockSealer, CheckpointReader, CheckpointWriter, FileHeader, FileKind};
 use manifest::{MAX_DELTAS, Manifest, base_file_name, delta_file_name};
-use state_key::{StateUpdate, cell_key_parts, entry_to_mutation, state_updates};
+use state_key::{
+    StateUpdate, TAG_NAMESPACE, cell_key_parts, entry_ns_id, entry_to_mutation, namespace_key,
+    state_updates,
+};
 
 #[derive(Clone, Debug)]
 pub struct CheckpointConfig {
@@ -110,7 +115,7 @@ pub struct CompactionReport {
 }
 
 /// One namespace's base cells, in Morton order, on their way to the store.
-type NamespaceRun = (NamespaceName, Vec<(u128, Arc<[u8]>)>);
+type NamespaceRun = (u64, NamespaceName, Vec<(u128, Arc<[u8]>)>);
 
 /// The checkpoint files of one data dir and the protocol that changes them.
 pub(crate) struct CheckpointStore {
@@ -119,6 +124,10 @@ pub(crate) struct CheckpointStore {
     wal_dir: PathBuf,
     manifest: Manifest,
     pub(crate) config: CheckpointConfig,
+    /// The namespaces as of `manifest.checkpoint_lsn` (set by `load`, moved
+    /// forward by each fold).
+    catalog: NamespaceCatalog,
+    keyring: Option<Arc<Keyring>>,
 }
 
 impl CheckpointStore {
@@ -128,6 +137,7 @@ impl CheckpointStore {
         dir: &Path,
         wal_dir: &Path,
         config: CheckpointConfig,
+        keyring: Option<Arc<Keyring>>,
     ) -> Result<CheckpointStore, StoreError> {
         let manifest = Manifest::load(storage.as_ref(), dir)?;
         manifest.remove_unreferenced(storage.as_ref(), dir)?;
@@ -137,6 +147,27 @@ impl CheckpointStore {
             wal_dir: wal_dir.to_path_buf(),
             manifest,
             config,
+            catalog: NamespaceCatalog::with_implicit_default(),
+            keyring,
+        })
+    }
+
+    /// What to seal: every encrypted namespace in `catalog` plus `extra`.
+    fn sealer<'k>(
+        keyring: Option<&'k Keyring>,
+        catalog: &NamespaceCatalog,
+        extra: impl IntoIterator<Item = u64>,
+    ) -> Option<BlockSealer<'k>> {
+        let keyring = keyring?;
+        let mut encrypted_ids: std::collections::HashSet<u64> = catalog
+            .iter()
+            .filter(|(_, meta)| meta.encrypted)
+            .map(|(_, meta)| meta.id)
+            .collect();
+        encrypted_ids.extend(extra);
+        (!encrypted_ids.is_empty()).then_some(BlockSealer {
+            keyring,
+            encrypted_ids,
         })
     }
 
@@ -171,18 +202,31 @@ impl CheckpointStore {
     /// Streams base then deltas into the store: the base's cells, already in
     /// Morton order per namespace, go to `bulk_cells` a namespace at a time
     /// (no per-cell decode into a `Mutation`); everything else goes to
-    /// `apply` as mutations. Every block's checksum is verified; a damaged
-    /// file is an error with file and offset.
+    /// `apply` as mutations, namespace entries first (they sort first in
+    /// every file). Entries of namespaces that are no longer live are
+    /// skipped. Every block's checksum is verified (and every sealed
+    /// block's tag); a damaged file is an error with file and offset.
     pub(crate) fn load(
-        &self,
+        &mut self,
         mut apply: impl FnMut(Mutation),
         mut bulk_cells: impl FnMut(&NamespaceName, Vec<(u128, Arc<[u8]>)>),
     ) -> Result<u64, StoreError> {
         let mut entries = 0;
         let files = self.manifest.files(&self.dir);
         let last = files.len().saturating_sub(1);
+        let mut catalog = NamespaceCatalog::with_implicit_default();
+        if self.manifest.base_file_id.is_some() {
+            // A base names every live namespace, `default` included.
+            if let Ok(default) = NamespaceName::new("default") {
+                catalog.apply(&Mutation::NamespaceDrop {
+                    ns: default.clone(),
+                });
+                apply(Mutation::NamespaceDrop { ns: default });
+            }
+        }
+        let keyring = self.keyring.as_deref();
         for (i, path) in files.iter().enumerate() {
-            let mut reader = CheckpointReader::open(self.storage.as_ref(), path)?;
+            let mut reader = CheckpointReader::open(self.storage.as_ref(), path, keyring)?;
             let expected_kind = if i == 0 && self.manifest.base_file_id.is_some() {
                 FileKind::Base
             } else {
@@ -210,58 +254,54 @@ impl CheckpointStore {
                 offset: 0,
                 reason: format!("bad state entry: {reason}"),
             };
-            if expected_kind == FileKind::Base {
-                let mut run: Option<NamespaceRun> = None;
-                let mut failure: Option<String> = None;
-                reader.for_each_entry(|key, value| {
-                    if failure.is_some() {
-                        return;
-                    }
-                    entries += 1;
-                    if let (Some((ns_bytes, morton)), Some(value)) = (cell_key_parts(key), value) {
-                        if run
-                            .as_ref()
-                            .is_none_or(|(ns, _)| ns.as_str().as_bytes() != ns_bytes)
-                        {
-                            if let Some((ns, cells)) = run.take() {
-                                bulk_cells(&ns, cells);
-                            }
-                            match std::str::from_utf8(ns_bytes)
-                                .map_err(|e| e.to_string())
-                                .and_then(|name| {
-                                    NamespaceName::new(name).map_err(|e| e.to_string())
-                                }) {
-                                Ok(ns) => run = Some((ns, Vec::new())),
-                                Err(reason) => {
-                                    failure = Some(reason);
-                                    return;
-                                }
-                            }
-                        }
-                        if let Some((_, cells)) = run.as_mut() {
-                            cells.push((morton, Arc::from(value)));
-                        }
-                        return;
-                    }
-                    match entry_to_mutation(key, value.map(<[u8]>::to_vec)) {
-                        Ok(mutation) => apply(mutation),
-                        Err(reason) => failure = Some(reason),
-                    }
-                })?;
-                if let Some((ns, cells)) = run.take() {
-                    bulk_cells(&ns, cells);
+            let mut run: Option<NamespaceRun> = None;
+            let mut failure: Option<StoreError> = None;
+            let is_base = expected_kind == FileKind::Base;
+            reader.for_each_entry(|key, value| {
+                if failure.is_some() {
+                    return;
                 }
-                if let Some(reason) = failure {
-                    return Err(bad_entry(reason));
-                }
-                continue;
-            }
-            while let Some((key, value)) = reader.next_entry()? {
-                let mutation = entry_to_mutation(&key, value).map_err(bad_entry)?;
-                apply(mutation);
                 entries += 1;
+                if is_base
+                    && let (Some((ns_id, morton)), Some(value)) = (cell_key_parts(key), value)
+                {
+                    if run.as_ref().is_none_or(|(id, _, _)| *id != ns_id) {
+                        if let Some((_, ns, cells)) = run.take() {
+                            bulk_cells(&ns, cells);
+                        }
+                        run = catalog.name_of(ns_id).map(|ns| (ns_id, ns, Vec::new()));
+                    }
+                    if let Some((id, _, cells)) = run.as_mut()
+                        && *id == ns_id
+                    {
+                        cells.push((morton, Arc::from(value)));
+                    }
+                    return;
+                }
+                let name_of = |id: u64| catalog.name_of(id);
+                match entry_to_mutation(key, value.map(<[u8]>::to_vec), &name_of) {
+                    Ok(Some(mutation)) => {
+                        if let Mutation::NamespaceCreate { ns, meta } = &mutation
+                            && let Err(e) = check_namespace_key(ns, meta, keyring)
+                        {
+                            failure = Some(e);
+                            return;
+                        }
+                        catalog.apply(&mutation);
+                        apply(mutation);
+                    }
+                    Ok(None) => {}
+                    Err(reason) => failure = Some(bad_entry(reason)),
+                }
+            })?;
+            if let Some((_, ns, cells)) = run.take() {
+                bulk_cells(&ns, cells);
+            }
+            if let Some(failure) = failure {
+                return Err(failure);
             }
         }
+        self.catalog = catalog;
         Ok(entries)
     }
 
@@ -301,22 +341,61 @@ impl CheckpointStore {
         let mut folded: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
         let mut updates: Vec<StateUpdate> = Vec::new();
         let mut records = 0u64;
+        // The namespaces as the records go by; ids of encrypted namespaces
+        // created here (even if dropped again) so their entries are sealed.
+        let mut catalog = self.catalog.clone();
+        let mut created_encrypted: Vec<u64> = Vec::new();
+        let mut unknown: Option<(PathBuf, u64, NamespaceName)> = None;
+        let keyring = self.keyring.clone();
         for (_, path) in &closed {
-            read_closed_segment(self.storage.as_ref(), path, |lsn, mutation| {
-                if lsn < expected || out_of_order.is_some() {
-                    return;
-                }
-                if lsn != expected {
-                    out_of_order = Some((path.clone(), expected, lsn));
-                    return;
-                }
-                expected += 1;
-                records += 1;
-                state_updates(&mutation, &mut updates);
-                for (key, value) in updates.drain(..) {
-                    folded.insert(key, value);
-                }
-            })?;
+            read_closed_segment(
+                self.storage.as_ref(),
+                path,
+                keyring.as_deref(),
+                |lsn, mutation| {
+                    if lsn < expected || out_of_order.is_some() || unknown.is_some() {
+                        return;
+                    }
+                    if lsn != expected {
+                        out_of_order = Some((path.clone(), expected, lsn));
+                        return;
+                    }
+                    expected += 1;
+                    records += 1;
+                    let ns_id = match &mutation {
+                        Mutation::NamespaceCreate { meta, .. }
+                        | Mutation::NamespaceAlter { meta, .. } => {
+                            if meta.encrypted {
+                                created_encrypted.push(meta.id);
+                            }
+                            meta.id
+                        }
+                        Mutation::NamespaceDrop { .. } => 0,
+                        other => match catalog.get(other.namespace()) {
+                            Some(meta) => meta.id,
+                            None => {
+                                unknown = Some((path.clone(), lsn, other.namespace().clone()));
+                                return;
+                            }
+                        },
+                    };
+                    catalog.apply(&mutation);
+                    state_updates(&mutation, ns_id, &mut updates);
+                    for (key, value) in updates.drain(..) {
+                        folded.insert(key, value);
+                    }
+                },
+            )?;
+        }
+        if let Some((path, lsn, ns)) = unknown {
+            return Err(StoreError::Corruption {
+                path,
+                offset: 0,
+                reason: format!(
+                    "record at LSN {lsn} writes to namespace {:?}, which does not exist at that point",
+                    ns.as_str()
+                ),
+            });
         }
         if let Some((path, want, got)) = out_of_order {
             return Err(StoreError::Corruption {
@@ -343,7 +422,9 @@ impl CheckpointStore {
                 lsn_from: from_lsn,
                 lsn_to,
             };
-            let mut writer = CheckpointWriter::create(self.storage.as_ref(), &path, header)?;
+            let sealer = Self::sealer(keyring.as_deref(), &catalog, created_encrypted);
+            let mut writer =
+                CheckpointWriter::create(self.storage.as_ref(), &path, header, sealer.as_ref())?;
             for (key, value) in &folded {
                 writer.add(key, value.as_deref())?;
             }
@@ -361,6 +442,7 @@ impl CheckpointStore {
             next.delta_file_ids.push(id);
             next.store(self.storage.as_ref(), &self.dir)?;
             self.manifest = next;
+            self.catalog = catalog;
             self.crash_check(CrashPoint::DeltaManifestSwitched)?;
         }
         for (i, (_, path)) in closed.iter().enumerate() {
@@ -403,11 +485,37 @@ impl CheckpointStore {
             lsn_to: self.manifest.checkpoint_lsn,
         };
         let storage = Arc::clone(&self.storage);
-        let mut writer = CheckpointWriter::create(storage.as_ref(), &path, header)?;
+        let keyring = self.keyring.clone();
+        let sealer = Self::sealer(keyring.as_deref(), &self.catalog, []);
+        let mut writer =
+            CheckpointWriter::create(storage.as_ref(), &path, header, sealer.as_ref())?;
         let mut readers = inputs
             .iter()
-            .map(|p| CheckpointReader::open(storage.as_ref(), p))
+            .map(|p| CheckpointReader::open(storage.as_ref(), p, keyring.as_deref()))
             .collect::<Result<Vec<_>, _>>()?;
+        // The catalog as of `checkpoint_lsn` is exactly the live namespaces:
+        // write it first (namespace keys sort first), then keep only
+        // entries of those namespaces' ids. That drops what dropped and
+        // replaced namespaces left behind, and writes `default` explicitly.
+        let mut namespace_entries: Vec<(Vec<u8>, Vec<u8>)> = self
+            .catalog
+            .iter()
+            .map(|(ns, meta)| {
+                let mut value = Vec::with_capacity(meta.encoded_len());
+                meta.encode(&mut value);
+                (namespace_key(ns), value)
+            })
+            .collect();
+        namespace_entries.sort();
+        let mut entries = 0u64;
+        for (key, value) in &namespace_entries {
+            writer.add(key, Some(value))?;
+            entries += 1;
+        }
+        let live = |key: &[u8]| {
+            key.first() != Some(&TAG_NAMESPACE)
+                && entry_ns_id(key).is_some_and(|id| self.catalog.meta_of(id).is_some())
+        };
         // Min-heap on key; among equal keys the newest input (highest index) wins.
         let mut heap: BinaryHeap<Reverse<(Vec<u8>, Reverse<usize>)>> = BinaryHeap::new();
         let mut current: Vec<Option<Option<Vec<u8>>>> = vec![None; readers.len()];
@@ -417,7 +525,6 @@ impl CheckpointStore {
                 heap.push(Reverse((key, Reverse(i))));
             }
         }
-        let mut entries = 0u64;
         while let Some(Reverse((key, Reverse(newest)))) = heap.pop() {
             let mut winner = current[newest].take().flatten();
             let mut advance = vec![newest];
@@ -430,7 +537,9 @@ impl CheckpointStore {
                     advance.push(older);
                 }
             }
-            if let Some(value) = winner.take() {
+            if let Some(value) = winner.take()
+                && live(&key)
+            {
                 writer.add(&key, Some(&value))?;
                 entries += 1;
             }

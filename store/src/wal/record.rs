@@ -5,11 +5,21 @@
 //! 0      4    crc32c       u32 LE, CRC32C of bytes 4..17+len
 //! 4      4    payload_len  u32 LE
 //! 8      8    lsn          u64 LE, log sequence number
-//! 16     1    kind         bits 0-6: 1 = put, 2 = del, 3 = link,
-//!                          4 = unlink, 5 = detach (see mutation.rs);
+//! 16     1    kind         bits 0-5: 1 = put, 2 = del, 3 = link,
+//!                          4 = unlink, 5 = detach, ... (see mutation.rs);
+//!                          bit 6: the payload is sealed;
 //!                          bit 7: last record of its commit group
 //! 17     len  payload
 //! ```
+//! A payload starts with its namespace (`ns_len u8 | ns`). A **sealed**
+//! payload (a record of an encrypted namespace) keeps that prefix in the
+//! clear, so recovery knows whose key to use, and seals the rest:
+//! ```text
+//! ns_len u8 | ns | ns_id u64 LE | epoch u32 LE | AES-256-GCM(rest) | tag (16)
+//! ```
+//! Nonce: epoch (u32 BE) | lsn (u64 BE) (`crypto.rs`). Associated data:
+//! lsn u64 LE | kind byte (with both flag bits) | ns_len | ns | ns_id |
+//! epoch, so a record moved to another LSN or namespace fails to open.
 //! The CRC covers the length, so a torn or flipped length field is caught
 //! like any other damage.
 //!
@@ -19,7 +29,9 @@
 //! later sectors reached the disk and earlier ones did not.
 
 use byteorder::{ByteOrder, LittleEndian};
+use cube_protocol::NamespaceName;
 
+use crate::crypto::{CryptoError, Keyring, TAG_BYTES};
 use crate::mutation::Mutation;
 
 pub const RECORD_HEADER_BYTES: usize = 17;
@@ -29,6 +41,123 @@ pub const MAX_RECORD_PAYLOAD_BYTES: usize = 64 * 1024 * 1024;
 
 /// Bit 7 of the kind byte: this record ends its commit group.
 pub const GROUP_END_BIT: u8 = 0x80;
+
+/// Bit 6 of the kind byte: the payload after the namespace is sealed.
+pub const SEALED_BIT: u8 = 0x40;
+
+/// ns_id and epoch after the namespace of a sealed payload.
+const SEALED_PREFIX_BYTES: usize = 8 + 4;
+
+/// Appends one record for a mutation of an encrypted namespace (id
+/// `ns_id`), its payload sealed. `scratch` is reused between calls.
+pub fn encode_sealed_record(
+    out: &mut Vec<u8>,
+    scratch: &mut Vec<u8>,
+    lsn: u64,
+    mutation: &Mutation,
+    group_end: bool,
+    keyring: &Keyring,
+    ns_id: u64,
+) -> Result<(), CryptoError> {
+    let ns_prefix = 1 + mutation.namespace().as_str().len();
+    scratch.clear();
+    mutation.encode_payload(scratch);
+    debug_assert_eq!(scratch.len(), mutation.payload_len());
+    let mut sealed = scratch.split_off(ns_prefix);
+    let kind = mutation.kind() | SEALED_BIT | if group_end { GROUP_END_BIT } else { 0 };
+    let epoch = keyring.epoch();
+    let aad = record_aad(lsn, kind, &scratch[..ns_prefix], ns_id, epoch);
+    keyring.seal_wal(ns_id, epoch, lsn, &aad, &mut sealed)?;
+    let payload_len = ns_prefix + SEALED_PREFIX_BYTES + sealed.len();
+    let start = out.len();
+    out.extend_from_slice(&[0u8; 4]);
+    out.extend_from_slice(&(payload_len as u32).to_le_bytes());
+    out.extend_from_slice(&lsn.to_le_bytes());
+    out.push(kind);
+    out.extend_from_slice(&scratch[..ns_prefix]);
+    out.extend_from_slice(&ns_id.to_le_bytes());
+    out.extend_from_slice(&epoch.to_le_bytes());
+    out.extend_from_slice(&sealed);
+    assert_eq!(out.len() - start, RECORD_HEADER_BYTES + payload_len);
+    let crc = crc32c::crc32c(&out[start + 4..]);
+    out[start..start + 4].copy_from_slice(&crc.to_le_bytes());
+    Ok(())
+}
+
+fn record_aad(lsn: u64, kind_byte: u8, ns_prefix: &[u8], ns_id: u64, epoch: u32) -> Vec<u8> {
+    let mut aad = Vec::with_capacity(8 + 1 + ns_prefix.len() + 12);
+    aad.extend_from_slice(&lsn.to_le_bytes());
+    aad.push(kind_byte);
+    aad.extend_from_slice(ns_prefix);
+    aad.extend_from_slice(&ns_id.to_le_bytes());
+    aad.extend_from_slice(&epoch.to_le_bytes());
+    aad
+}
+
+/// Why a record whose checksum matched still cannot be read.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RecordOpenError {
+    /// Not a record cube wrote, or (sealed) tampered with: corruption.
+    Damage(String),
+    /// A sealed record without the key to open it, or with a key that was
+    /// never confirmed for its namespace: refuse to start, never repair.
+    Key(String),
+}
+
+/// Decodes a record's mutation, opening a sealed payload with `keyring`.
+pub fn decode_record(
+    record: &RawRecord<'_>,
+    keyring: Option<&Keyring>,
+) -> Result<Mutation, RecordOpenError> {
+    if record.kind & SEALED_BIT == 0 {
+        return Mutation::decode(record.kind, record.payload).map_err(RecordOpenError::Damage);
+    }
+    let damage = |why: &str| RecordOpenError::Damage(why.to_string());
+    let payload = record.payload;
+    let ns_len = usize::from(
+        *payload
+            .first()
+            .ok_or_else(|| damage("empty sealed payload"))?,
+    );
+    let ns_prefix = 1 + ns_len;
+    if payload.len() < ns_prefix + SEALED_PREFIX_BYTES + TAG_BYTES {
+        return Err(damage("sealed payload too short for its nonce and tag"));
+    }
+    let ns_name = std::str::from_utf8(&payload[1..ns_prefix])
+        .ok()
+        .and_then(|name| NamespaceName::new(name).ok())
+        .ok_or_else(|| damage("sealed payload with a malformed namespace"))?;
+    let ns_id = LittleEndian::read_u64(&payload[ns_prefix..ns_prefix + 8]);
+    let epoch = LittleEndian::read_u32(&payload[ns_prefix + 8..ns_prefix + 12]);
+    let Some(keyring) = keyring.filter(|k| k.has_key()) else {
+        return Err(RecordOpenError::Key(format!(
+            "namespace {:?} is encrypted and no master key was given; start cubed with --key-file PATH",
+            ns_name.as_str()
+        )));
+    };
+    let kind_byte = record.kind | SEALED_BIT | if record.group_end { GROUP_END_BIT } else { 0 };
+    let aad = record_aad(record.lsn, kind_byte, &payload[..ns_prefix], ns_id, epoch);
+    let mut plain = Vec::with_capacity(payload.len());
+    plain.extend_from_slice(&payload[..ns_prefix]);
+    let sealed_at = plain.len();
+    plain.extend_from_slice(&payload[ns_prefix + SEALED_PREFIX_BYTES..]);
+    match keyring.open_wal(ns_id, epoch, record.lsn, &aad, &mut plain[sealed_at..]) {
+        Ok(len) => plain.truncate(sealed_at + len),
+        Err(_) if !keyring.is_verified(ns_id) => {
+            return Err(RecordOpenError::Key(format!(
+                "a record of encrypted namespace {:?} at LSN {} does not open with this master key; start cubed with the key the namespace was created with",
+                ns_name.as_str(),
+                record.lsn
+            )));
+        }
+        Err(_) => {
+            return Err(damage(
+                "sealed record failed authentication: it was tampered with or moved",
+            ));
+        }
+    }
+    Mutation::decode(record.kind & !SEALED_BIT, &plain).map_err(RecordOpenError::Damage)
+}
 
 /// Appends one record for `mutation` at `lsn` to `out`.
 pub fn encode_record(out: &mut Vec<u8>, lsn: u64, mutation: &Mutation, group_end: bool) {

@@ -21,15 +21,19 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::crypto::Keyring;
 use crate::data_dir::sync_dir;
 use crate::error::StoreError;
 use crate::mutation::{
-    KIND_DEL, KIND_DETACH, KIND_LINK, KIND_PROGRAM_DEL, KIND_PROGRAM_PUT, KIND_PUT, KIND_TELEMETRY,
-    KIND_UNLINK, Mutation,
+    KIND_DEL, KIND_DETACH, KIND_LINK, KIND_NAMESPACE_ALTER, KIND_NAMESPACE_CREATE,
+    KIND_NAMESPACE_DROP, KIND_PROGRAM_DEL, KIND_PROGRAM_PUT, KIND_PUT, KIND_TELEMETRY, KIND_UNLINK,
+    Mutation,
 };
+use crate::namespace::check_namespace_key;
 use crate::storage::{OpenMode, Storage};
 use crate::wal::record::{
-    GROUP_END_BIT, MAX_RECORD_PAYLOAD_BYTES, RECORD_HEADER_BYTES, parse_record,
+    GROUP_END_BIT, MAX_RECORD_PAYLOAD_BYTES, RECORD_HEADER_BYTES, RecordOpenError, SEALED_BIT,
+    decode_record, parse_record,
 };
 use crate::wal::segment::{
     PREPARED_SUFFIX, SEGMENT_HEADER_BYTES, parse_segment_file_name, parse_segment_header,
@@ -105,6 +109,7 @@ pub fn recover(
     wal_dir: &Path,
     checkpoint_lsn: u64,
     options: &RecoveryOptions,
+    keyring: Option<&Keyring>,
     mut apply: impl FnMut(u64, Mutation),
 ) -> Result<RecoveryReport, StoreError> {
     let started = Instant::now();
@@ -156,7 +161,7 @@ pub fn recover(
             break;
         }
         let outcome = if index == 0 && first_lsn > checkpoint_lsn + 1 {
-            Err((
+            Err(ReplayStop::Damage(
                 0,
                 format!(
                     "LSN gap: the checkpoint holds LSNs up to {checkpoint_lsn}, \
@@ -174,6 +179,7 @@ pub fn recover(
                 expected_lsn,
                 is_last,
                 checkpoint_lsn,
+                keyring,
                 &mut apply,
                 &mut report,
             )
@@ -196,7 +202,8 @@ pub fn recover(
                 report.wal_bytes += offset;
                 tail_end = offset;
             }
-            Err((offset, reason, cut)) => {
+            Err(ReplayStop::Key(reason)) => return Err(StoreError::Key(reason)),
+            Err(ReplayStop::Damage(offset, reason, cut)) => {
                 let bad = BadPoint {
                     segment: index,
                     offset,
@@ -264,24 +271,36 @@ pub(crate) enum SegmentEnd {
     },
 }
 
-/// Replays one segment. The error carries the offset of the damage, the
-/// reason, and where `--repair` would cut (the start of the damaged group).
+/// Why a replay stopped.
+pub(crate) enum ReplayStop {
+    /// The offset of the damage, the reason, and where `--repair` would cut
+    /// (the start of the damaged group).
+    Damage(u64, String, Cut),
+    /// A key problem (missing or wrong master key): never repaired.
+    Key(String),
+}
+
+/// Replays one segment.
+// Shared by recovery and `--verify`, which pass different sinks and limits.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn replay_segment(
     bytes: &[u8],
     name_lsn: u64,
     expected_lsn: Option<u64>,
     is_last: bool,
     checkpoint_lsn: u64,
+    keyring: Option<&Keyring>,
     apply: &mut impl FnMut(u64, Mutation),
     report: &mut RecoveryReport,
-) -> Result<SegmentEnd, (u64, String, Cut)> {
+) -> Result<SegmentEnd, ReplayStop> {
     let whole = |next_lsn| Cut {
         offset: 0,
         next_lsn,
     };
-    let first_lsn = parse_segment_header(bytes).map_err(|reason| (0, reason, whole(name_lsn)))?;
+    let first_lsn = parse_segment_header(bytes)
+        .map_err(|reason| ReplayStop::Damage(0, reason, whole(name_lsn)))?;
     if first_lsn != name_lsn {
-        return Err((
+        return Err(ReplayStop::Damage(
             0,
             format!("header says first LSN {first_lsn}, the file name says {name_lsn}"),
             whole(name_lsn),
@@ -290,7 +309,7 @@ pub(crate) fn replay_segment(
     if let Some(expected) = expected_lsn
         && first_lsn != expected
     {
-        return Err((
+        return Err(ReplayStop::Damage(
             0,
             format!(
                 "LSN gap: this segment starts at LSN {first_lsn}, the previous one ended before LSN {expected}"
@@ -311,14 +330,22 @@ pub(crate) fn replay_segment(
         match parse_record(&bytes[offset..]) {
             Ok(record) => {
                 if record.lsn != next_lsn {
-                    return Err((
+                    return Err(ReplayStop::Damage(
                         offset as u64,
                         format!("record has LSN {}, expected {next_lsn}", record.lsn),
                         committed,
                     ));
                 }
-                let mutation = Mutation::decode(record.kind, record.payload)
-                    .map_err(|reason| (offset as u64, reason, committed))?;
+                let mutation = decode_record(&record, keyring).map_err(|e| match e {
+                    RecordOpenError::Damage(reason) => {
+                        ReplayStop::Damage(offset as u64, reason, committed)
+                    }
+                    RecordOpenError::Key(reason) => ReplayStop::Key(reason),
+                })?;
+                if let Mutation::NamespaceCreate { ns, meta } = &mutation {
+                    check_namespace_key(ns, meta, keyring)
+                        .map_err(|e| ReplayStop::Key(e.to_string()))?;
+                }
                 pending.push((record.lsn, mutation));
                 next_lsn += 1;
                 offset += record.total_bytes;
@@ -350,7 +377,7 @@ pub(crate) fn replay_segment(
                 } else {
                     format!("{damage} in a segment that is not the last")
                 };
-                return Err((offset as u64, why, committed));
+                return Err(ReplayStop::Damage(offset as u64, why, committed));
             }
         }
     }
@@ -361,7 +388,7 @@ pub(crate) fn replay_segment(
                 next_lsn: committed.next_lsn,
             });
         }
-        return Err((
+        return Err(ReplayStop::Damage(
             committed.offset,
             "the segment ends inside a commit group, and it is not the last".into(),
             committed,
@@ -414,7 +441,7 @@ fn later_group_follows(bytes: &[u8], from: usize, min_lsn: u64) -> bool {
         let h = &bytes[at..];
         let len = u32::from_le_bytes([h[4], h[5], h[6], h[7]]) as usize;
         let lsn = u64::from_le_bytes([h[8], h[9], h[10], h[11], h[12], h[13], h[14], h[15]]);
-        let kind = h[16] & !GROUP_END_BIT;
+        let kind = h[16] & !GROUP_END_BIT & !SEALED_BIT;
         let plausible = [
             KIND_PUT,
             KIND_DEL,
@@ -424,6 +451,9 @@ fn later_group_follows(bytes: &[u8], from: usize, min_lsn: u64) -> bool {
             KIND_PROGRAM_PUT,
             KIND_PROGRAM_DEL,
             KIND_TELEMETRY,
+            KIND_NAMESPACE_CREATE,
+            KIND_NAMESPACE_DROP,
+            KIND_NAMESPACE_ALTER,
         ]
         .contains(&kind)
             && (min_lsn..=max_lsn).contains(&lsn)
@@ -573,6 +603,7 @@ fn repair_at(
 pub fn read_closed_segment(
     storage: &dyn Storage,
     path: &Path,
+    keyring: Option<&Keyring>,
     mut each: impl FnMut(u64, Mutation),
 ) -> Result<u64, StoreError> {
     let bytes = storage
@@ -590,8 +621,10 @@ pub fn read_closed_segment(
     while offset < bytes.len() {
         match parse_record(&bytes[offset..]) {
             Ok(record) if record.lsn == next_lsn => {
-                let mutation = Mutation::decode(record.kind, record.payload)
-                    .map_err(|reason| corrupt(offset as u64, reason))?;
+                let mutation = decode_record(&record, keyring).map_err(|e| match e {
+                    RecordOpenError::Damage(reason) => corrupt(offset as u64, reason),
+                    RecordOpenError::Key(reason) => StoreError::Key(reason),
+                })?;
                 each(record.lsn, mutation);
                 next_lsn += 1;
                 offset += record.total_bytes;

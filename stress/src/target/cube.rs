@@ -1,16 +1,20 @@
 //! cube over `cube-client`: one `Client` per connection, namespace
-//! `default`.
+//! `default` unless `--namespace` names another.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use cube_client::{Client, ClientError, Direction, StatsEntry, StatsValue, WalkOptions};
+use cube_client::{
+    Client, ClientError, Direction, ErrorCode, NamespaceName, NamespaceSpec, StatsEntry,
+    StatsValue, WalkOptions,
+};
 use cube_protocol::{Coord, ProtocolError};
 
 use super::{Connection, Connector};
 use crate::error::{OpError, StressError};
 
-const NAMESPACE: &str = "default";
+/// The namespace used when `--namespace` is not given.
+pub const DEFAULT_NAMESPACE: &str = "default";
 
 /// A request slower than this means a wedged daemon: fail instead of
 /// hanging the run.
@@ -18,11 +22,42 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
 pub struct CubeConnector {
     socket: PathBuf,
+    namespace: String,
 }
 
 impl CubeConnector {
-    pub fn new(socket: PathBuf) -> CubeConnector {
-        CubeConnector { socket }
+    pub fn new(socket: PathBuf, namespace: &str) -> CubeConnector {
+        CubeConnector {
+            socket,
+            namespace: namespace.to_owned(),
+        }
+    }
+
+    /// Creates the run's namespace (encrypted if asked) unless it exists;
+    /// an existing one must match `encrypted`.
+    pub fn ensure_namespace(&self, encrypted: bool) -> Result<(), StressError> {
+        let usage = |e: String| StressError::Usage(format!("--namespace {}: {e}", self.namespace));
+        let ns = NamespaceName::new(&self.namespace).map_err(|e| usage(e.to_string()))?;
+        let mut client = self.client()?;
+        let spec = NamespaceSpec {
+            encrypted,
+            ..NamespaceSpec::default()
+        };
+        match client.ns_create(&ns, &spec) {
+            Ok(_) => Ok(()),
+            Err(e) if e.server_code() == Some(ErrorCode::NamespaceExists) => {
+                let info = client.ns_info(&ns)?;
+                if info.encrypted == encrypted {
+                    Ok(())
+                } else {
+                    Err(usage(format!(
+                        "exists with encrypted = {}, the run asked for {encrypted}",
+                        info.encrypted
+                    )))
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     fn client(&self) -> Result<Client, ClientError> {
@@ -52,7 +87,10 @@ impl CubeConnector {
 impl Connector for CubeConnector {
     fn connect(&self) -> Result<Box<dyn Connection>, OpError> {
         let client = self.client().map_err(classify)?;
-        Ok(Box::new(CubeConnection { client }))
+        Ok(Box::new(CubeConnection {
+            client,
+            namespace: self.namespace.clone(),
+        }))
     }
 
     fn server_figures(&self) -> Result<Vec<StatsEntry>, String> {
@@ -63,30 +101,31 @@ impl Connector for CubeConnector {
 
 struct CubeConnection {
     client: Client,
+    namespace: String,
 }
 
 impl Connection for CubeConnection {
     fn put(&mut self, coord: Coord, value: &[u8]) -> Result<(), OpError> {
         self.client
-            .put(NAMESPACE, coord, value)
+            .put(&self.namespace, coord, value)
             .map(drop)
             .map_err(classify)
     }
 
     fn get(&mut self, coord: Coord) -> Result<Option<Vec<u8>>, OpError> {
-        self.client.get(NAMESPACE, coord).map_err(classify)
+        self.client.get(&self.namespace, coord).map_err(classify)
     }
 
     fn link(&mut self, from: Coord, to: Coord) -> Result<(), OpError> {
         self.client
-            .link(NAMESPACE, from, to, "", 1.0)
+            .link(&self.namespace, from, to, "", 1.0)
             .map(drop)
             .map_err(classify)
     }
 
     fn unlink(&mut self, from: Coord, to: Coord) -> Result<(), OpError> {
         self.client
-            .unlink(NAMESPACE, from, to, "")
+            .unlink(&self.namespace, from, to, "")
             .map(drop)
             .map_err(classify)
     }
@@ -99,7 +138,7 @@ impl Connection for CubeConnection {
         };
         let walk = self
             .client
-            .walk(NAMESPACE, from, &options)
+            .walk(&self.namespace, from, &options)
             .map_err(classify)?;
         Ok(walk
             .nodes
@@ -115,17 +154,17 @@ impl Connection for CubeConnection {
         match request {
             super::ProgramRequest::Prog(at, source) => self
                 .client
-                .prog(NAMESPACE, at, source)
+                .prog(&self.namespace, at, source)
                 .map(|_| (0, 0))
                 .map_err(classify),
             super::ProgramRequest::Run(at) => self
                 .client
-                .run(NAMESPACE, at, &[])
+                .run(&self.namespace, at, &[])
                 .map(|reply| (reply.seq, 0))
                 .map_err(classify),
             super::ProgramRequest::CellStats(at) => self
                 .client
-                .cell_stats(NAMESPACE, at, 0)
+                .cell_stats(&self.namespace, at, 0)
                 .map(|stats| (stats.runs, stats.failures))
                 .map_err(classify),
         }
@@ -134,7 +173,7 @@ impl Connection for CubeConnection {
     fn path(&mut self, from: Coord, to: Coord) -> Result<Option<(Vec<Coord>, f64)>, OpError> {
         let answer = self
             .client
-            .path(NAMESPACE, from, to, None, f64::INFINITY)
+            .path(&self.namespace, from, to, None, f64::INFINITY)
             .map_err(classify)?;
         Ok(answer.path.map(|p| (p.coords, p.cost)))
     }

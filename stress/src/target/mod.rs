@@ -171,6 +171,11 @@ pub struct TargetSpec {
     pub socket: Option<PathBuf>,
     /// Extra flags for a throwaway cubed.
     pub daemon_args: Vec<String>,
+    /// cube's namespace for the run (`default` when `None`), created
+    /// before the run if it does not exist.
+    pub namespace: Option<String>,
+    /// Create `namespace` encrypted (the daemon needs `--key-file`).
+    pub encrypted: bool,
 }
 
 impl TargetSpec {
@@ -179,7 +184,18 @@ impl TargetSpec {
             kind,
             socket: None,
             daemon_args: Vec::new(),
+            namespace: None,
+            encrypted: false,
         }
+    }
+}
+
+/// `, namespace NS (encrypted)` for a run outside `default`.
+fn namespace_note(spec: &TargetSpec) -> String {
+    match &spec.namespace {
+        Some(ns) if spec.encrypted => format!(", namespace {ns} (encrypted)"),
+        Some(ns) => format!(", namespace {ns}"),
+        None => String::new(),
     }
 }
 
@@ -187,7 +203,7 @@ impl TargetSpec {
 /// what the driver started (never a daemon it was pointed at).
 enum Backing {
     ThrowawayCube(LocalDaemon),
-    RunningCube,
+    RunningCube(PathBuf),
     Redis(redis::RedisServer),
     /// Held only so the file is removed after the run.
     Sqlite {
@@ -208,13 +224,20 @@ pub struct RunningTarget {
 
 impl RunningTarget {
     pub fn start(spec: &TargetSpec) -> Result<RunningTarget, StressError> {
-        if spec.kind != TargetKind::Cube && (spec.socket.is_some() || !spec.daemon_args.is_empty())
+        if spec.kind != TargetKind::Cube
+            && (spec.socket.is_some() || !spec.daemon_args.is_empty() || spec.namespace.is_some())
         {
             return Err(StressError::Usage(format!(
-                "--socket and --daemon-arg are for --target cube, not {}",
+                "--socket, --daemon-arg and --namespace are for --target cube, not {}",
                 spec.kind.name()
             )));
         }
+        if spec.encrypted && spec.namespace.is_none() {
+            return Err(StressError::Usage(
+                "--encrypted creates the run's --namespace encrypted; name one".to_owned(),
+            ));
+        }
+        let namespace = spec.namespace.as_deref().unwrap_or(cube::DEFAULT_NAMESPACE);
         match spec.kind {
             TargetKind::Cube => match &spec.socket {
                 Some(socket) => {
@@ -225,32 +248,40 @@ impl RunningTarget {
                                 .to_owned(),
                         ));
                     }
-                    let connector = cube::CubeConnector::new(socket.clone());
+                    let connector = cube::CubeConnector::new(socket.clone(), namespace);
+                    if spec.namespace.is_some() {
+                        connector.ensure_namespace(spec.encrypted)?;
+                    }
                     let detail = format!(
-                        "running cubed at {} ({})",
+                        "running cubed at {} ({}){}",
                         socket.display(),
-                        connector.describe()?
+                        connector.describe()?,
+                        namespace_note(spec)
                     );
                     Ok(RunningTarget {
                         kind: spec.kind,
                         detail,
                         connector: Arc::new(connector),
                         fresh: false,
-                        backing: Backing::RunningCube,
+                        backing: Backing::RunningCube(socket.clone()),
                     })
                 }
                 None => {
                     let args: Vec<&str> = spec.daemon_args.iter().map(String::as_str).collect();
                     let daemon = LocalDaemon::start_fresh(&args)?;
-                    let connector = cube::CubeConnector::new(daemon.socket().to_owned());
+                    let connector = cube::CubeConnector::new(daemon.socket().to_owned(), namespace);
+                    if spec.namespace.is_some() {
+                        connector.ensure_namespace(spec.encrypted)?;
+                    }
                     let detail = format!(
-                        "throwaway cubed in {} ({})",
+                        "throwaway cubed in {} ({}){}",
                         daemon
                             .data_dir()
                             .parent()
                             .unwrap_or(daemon.data_dir())
                             .display(),
-                        connector.describe()?
+                        connector.describe()?,
+                        namespace_note(spec)
                     );
                     Ok(RunningTarget {
                         kind: spec.kind,
@@ -313,6 +344,16 @@ impl RunningTarget {
         let started = Instant::now();
         daemon.restart()?;
         Ok(started.elapsed())
+    }
+
+    /// The socket of a cube target (throwaway or running), `None` for the
+    /// others.
+    pub fn socket(&self) -> Option<PathBuf> {
+        match &self.backing {
+            Backing::ThrowawayCube(daemon) => Some(daemon.socket().to_owned()),
+            Backing::RunningCube(socket) => Some(socket.clone()),
+            _ => None,
+        }
     }
 
     /// The throwaway daemon's log, for error reports.

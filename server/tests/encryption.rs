@@ -1,0 +1,815 @@
+//! Guards encryption at rest end to end, on a real `cubed`: no plaintext of an encrypted namespace in any file under the data dir (WAL, delta, base), its data surviving kill -9, checkpoint and compaction, a missing, wrong or too-open key refused naming the namespace, tampered ciphertext (checksums fixed up) refused as corruption with file and offset, and a dropped namespace's name reused with a fresh, empty namespace.
+#![allow(clippy::unwrap_used)]
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use cube_client::{
+    CellBox, Client, Coord, LocalDaemon, NamespaceInfo, NamespaceName, NamespaceSpec, Request,
+    Response,
+};
+use tempfile::TempDir;
+
+/// A small segment size keeps the whole-directory byte scans cheap.
+const SEGMENT_BYTES: &str = "1048576";
+const SEGMENT_HEADER_BYTES: usize = 24;
+const RECORD_HEADER_BYTES: usize = 17;
+const SEALED_RECORD_BIT: u8 = 0x40;
+const CKPT_HEADER_BYTES: usize = 44;
+const CKPT_FOOTER_BYTES: usize = 40;
+const SEALED_BLOCK_BIT: u32 = 1 << 31;
+/// ns_id, epoch, counter in front of a sealed block's ciphertext.
+const SEALED_BLOCK_PREFIX: usize = 20;
+/// How long a daemon that should refuse to start may take to exit.
+const REFUSE_DEADLINE: Duration = Duration::from_secs(20);
+
+/// A data dir, a socket and key files in one temporary directory.
+struct Setup {
+    tmp: TempDir,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let tmp = tempfile::Builder::new()
+            .prefix("cube-enc-")
+            .tempdir()
+            .unwrap();
+        let setup = Setup { tmp };
+        write_key(&setup.key(), &hex_key(0x11), 0o600);
+        write_key(&setup.other_key(), &hex_key(0x77), 0o600);
+        setup
+    }
+
+    fn data(&self) -> PathBuf {
+        self.tmp.path().join("data")
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.tmp.path().join("cubed.sock")
+    }
+
+    fn key(&self) -> PathBuf {
+        self.tmp.path().join("master.key")
+    }
+
+    fn other_key(&self) -> PathBuf {
+        self.tmp.path().join("other.key")
+    }
+
+    fn args<'a>(&self, key: Option<&'a str>) -> Vec<&'a str> {
+        let mut args = vec!["--wal-segment-bytes", SEGMENT_BYTES];
+        if let Some(key) = key {
+            args.extend(["--key-file", key]);
+        }
+        args
+    }
+
+    /// Starts cubed with the master key.
+    fn start(&self) -> LocalDaemon {
+        let key = self.key();
+        let key = key.to_str().unwrap();
+        LocalDaemon::start_in(&self.data(), &self.socket(), &self.args(Some(key))).unwrap()
+    }
+
+    /// Runs cubed with `extra` and expects it to refuse to start: returns
+    /// its exit code and everything it printed.
+    fn refused(&self, extra: &[&str]) -> (Option<i32>, String) {
+        let out_path = self.tmp.path().join("refused.out");
+        let out = fs::File::create(&out_path).unwrap();
+        let mut child = Command::new(LocalDaemon::find_binary().unwrap())
+            .arg("--data")
+            .arg(self.data())
+            .arg("--socket")
+            .arg(self.socket())
+            .args(self.args(None))
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + REFUSE_DEADLINE;
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "cubed {extra:?} started instead of refusing:\n{}",
+                    fs::read_to_string(&out_path).unwrap_or_default()
+                );
+            }
+            thread::sleep(Duration::from_millis(10));
+        };
+        (status.code(), fs::read_to_string(&out_path).unwrap())
+    }
+
+    fn verify(&self, extra: &[&str]) -> (Option<i32>, String) {
+        let out = Command::new(LocalDaemon::find_binary().unwrap())
+            .arg("--verify")
+            .arg(self.data())
+            .args(extra)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), text)
+    }
+}
+
+fn hex_key(seed: u8) -> Vec<u8> {
+    let mut text: String = (0..32u8)
+        .map(|i| format!("{:02x}", seed.wrapping_mul(31).wrapping_add(i * 7) ^ 0x5a))
+        .collect();
+    text.push('\n');
+    text.into_bytes()
+}
+
+fn write_key(path: &Path, bytes: &[u8], mode: u32) {
+    fs::write(path, bytes).unwrap();
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+}
+
+fn name(ns: &str) -> NamespaceName {
+    NamespaceName::new(ns).unwrap()
+}
+
+fn create(c: &mut Client, ns: &str, encrypted: bool) -> NamespaceInfo {
+    let request = Request::NsCreate {
+        ns: name(ns),
+        spec: NamespaceSpec {
+            encrypted,
+            ..Default::default()
+        },
+    };
+    match c.call(&request).unwrap() {
+        Response::NsCreated(info) => {
+            assert_eq!(info.encrypted, encrypted, "{info:?}");
+            info
+        }
+        other => panic!("ns-create answered {other:?}"),
+    }
+}
+
+fn checkpoint(c: &mut Client, compact: bool) {
+    match c.call(&Request::Checkpoint { compact }).unwrap() {
+        Response::Checkpoint(_) => {}
+        other => panic!("checkpoint answered {other:?}"),
+    }
+}
+
+/// 40 random-looking printable bytes, different per `tag`.
+fn marker(tag: &str) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz23456789";
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    for b in tag.bytes() {
+        state = (state ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    (0..40)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            char::from(ALPHABET[(state % ALPHABET.len() as u64) as usize])
+        })
+        .collect()
+}
+
+/// Writes `marker` into `ns` as values, an edge label and a program.
+fn write_marked(c: &mut Client, ns: &str, marker: &str) {
+    for i in 0..20 {
+        let value = format!("row {i}: {marker} :end");
+        c.put(ns, Coord::new(i, -i, 3), value.as_bytes()).unwrap();
+    }
+    c.link(ns, Coord::new(0, 0, 3), Coord::new(1, -1, 3), marker, 2.5)
+        .unwrap();
+    c.link(ns, Coord::new(1, -1, 3), Coord::new(2, -2, 3), "", 1.0)
+        .unwrap();
+    let source = format!("-- {marker}\nreturn \"{marker}\"");
+    match c
+        .call(&Request::Prog {
+            ns: name(ns),
+            coord: Coord::new(7, 7, 7),
+            source: source.into_bytes(),
+        })
+        .unwrap()
+    {
+        Response::Prog { .. } => {}
+        other => panic!("prog answered {other:?}"),
+    }
+    c.run(ns, Coord::new(7, 7, 7), &[marker.as_bytes()])
+        .unwrap();
+}
+
+/// Every regular file under `dir` whose bytes contain `needle`.
+fn files_containing(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
+    let mut hits = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in fs::read_dir(&d).unwrap() {
+            let entry = entry.unwrap();
+            let kind = entry.file_type().unwrap();
+            if kind.is_dir() {
+                stack.push(entry.path());
+            } else if kind.is_file() {
+                // A file can vanish between listing and reading (a
+                // checkpoint deleting what it folded); that is fine.
+                let Ok(bytes) = fs::read(entry.path()) else {
+                    continue;
+                };
+                if contains(&bytes, needle) {
+                    hits.push(entry.path());
+                }
+            }
+        }
+    }
+    hits
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    let first = needle[0];
+    hay.iter().enumerate().any(|(i, &b)| {
+        b == first && hay.len() - i >= needle.len() && &hay[i..i + needle.len()] == needle
+    })
+}
+
+/// The secret marker is nowhere, and no 16-byte piece of it either.
+fn assert_no_plaintext(data: &Path, secret: &str, stage: &str) {
+    for piece in secret.as_bytes().windows(16).step_by(8) {
+        let hits = files_containing(data, piece);
+        assert!(
+            hits.is_empty(),
+            "{stage}: plaintext {:?} of the encrypted namespace found in {hits:?}",
+            String::from_utf8_lossy(piece)
+        );
+    }
+}
+
+fn checkpoint_files(data: &Path, prefix: &str) -> Vec<PathBuf> {
+    fs::read_dir(data.join("checkpoint"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy();
+            n.starts_with(prefix) && n.ends_with(".ckpt")
+        })
+        .collect()
+}
+
+fn wal_segments(data: &Path) -> Vec<PathBuf> {
+    let mut segments: Vec<PathBuf> = fs::read_dir(data.join("wal"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "wal"))
+        .collect();
+    segments.sort();
+    segments
+}
+
+/// Everything a namespace holds: values, edges, programs.
+#[derive(Debug, PartialEq)]
+struct Contents {
+    cells: Vec<(Coord, Vec<u8>)>,
+    edges: Vec<(Coord, Coord, String, u64)>,
+    programs: Vec<(Coord, Vec<u8>)>,
+}
+
+fn contents(c: &mut Client, ns: &str) -> Contents {
+    let everything = CellBox::new(
+        Coord::new(-1000, -1000, -1000),
+        Coord::new(1000, 1000, 1000),
+    )
+    .unwrap();
+    let mut cells: Vec<(Coord, Vec<u8>)> = c
+        .scan(ns, everything, 1000)
+        .map(|cell| {
+            let cell = cell.unwrap();
+            (cell.coord, cell.value)
+        })
+        .collect();
+    cells.sort_by_key(|(coord, _)| (coord.x, coord.y, coord.z));
+    let mut edges = Vec::new();
+    let mut after = None;
+    loop {
+        let page = c.edge_page(ns, 1000, after).unwrap();
+        edges.extend(page.edges.into_iter().map(|e| {
+            (
+                e.from,
+                e.to,
+                e.label.as_str().to_owned(),
+                e.weight.to_bits(),
+            )
+        }));
+        match page.resume_after {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    edges.sort_by_key(|(from, to, label, _)| {
+        (from.x, from.y, from.z, to.x, to.y, to.z, label.clone())
+    });
+    let mut programs = Vec::new();
+    let mut after = None;
+    loop {
+        let page = c.program_page(ns, 1000, after).unwrap();
+        programs.extend(page.programs.into_iter().map(|p| (p.coord, p.source)));
+        match page.resume_after {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    Contents {
+        cells,
+        edges,
+        programs,
+    }
+}
+
+#[test]
+fn no_file_under_the_data_dir_holds_plaintext_of_an_encrypted_namespace() {
+    let setup = Setup::new();
+    let daemon = setup.start();
+    let mut c = daemon.client().unwrap();
+    create(&mut c, "plain", false);
+    create(&mut c, "secret", true);
+    let secret = marker("secret");
+    let control = marker("control");
+    write_marked(&mut c, "secret", &secret);
+    write_marked(&mut c, "plain", &control);
+    let data = setup.data();
+
+    // In the log only.
+    assert!(checkpoint_files(&data, "delta-").is_empty());
+    let hits = files_containing(&data, control.as_bytes());
+    assert!(
+        hits.iter()
+            .any(|p| p.extension().is_some_and(|x| x == "wal")),
+        "the scan finds the unencrypted namespace's marker in the WAL: {hits:?}"
+    );
+    assert_no_plaintext(&data, &secret, "WAL");
+
+    // Folded into a delta.
+    checkpoint(&mut c, false);
+    assert!(!checkpoint_files(&data, "delta-").is_empty());
+    let hits = files_containing(&data, control.as_bytes());
+    assert!(
+        hits.iter().any(|p| p
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("delta-")),
+        "the scan finds the unencrypted namespace's marker in a delta: {hits:?}"
+    );
+    assert_no_plaintext(&data, &secret, "delta");
+
+    // More writes, then merged into a base.
+    write_marked(&mut c, "secret", &format!("{secret}-2"));
+    checkpoint(&mut c, true);
+    assert!(!checkpoint_files(&data, "base-").is_empty());
+    let hits = files_containing(&data, control.as_bytes());
+    assert!(
+        hits.iter().any(|p| p
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("base-")),
+        "the scan finds the unencrypted namespace's marker in a base: {hits:?}"
+    );
+    assert_no_plaintext(&data, &secret, "base");
+
+    // The data is still readable through the daemon, of course.
+    let got = contents(&mut c, "secret");
+    assert_eq!(got.cells.len(), 20);
+    assert!(got.edges.iter().any(|e| e.2 == format!("{secret}-2")));
+    assert!(contains(&got.programs[0].1, secret.as_bytes()));
+}
+
+#[test]
+fn encrypted_data_survives_kill9_checkpoint_compaction_and_restart() {
+    let setup = Setup::new();
+    let mut daemon = setup.start();
+    let mut c = daemon.client().unwrap();
+    create(&mut c, "secret", true);
+    create(&mut c, "plain", false);
+    write_marked(&mut c, "secret", &marker("a"));
+    write_marked(&mut c, "plain", &marker("b"));
+    c.del("secret", Coord::new(3, -3, 3)).unwrap();
+    c.unlink("secret", Coord::new(1, -1, 3), Coord::new(2, -2, 3), "")
+        .unwrap();
+    let secret = contents(&mut c, "secret");
+    let plain = contents(&mut c, "plain");
+    assert_eq!(
+        (
+            secret.cells.len(),
+            secret.edges.len(),
+            secret.programs.len()
+        ),
+        (19, 1, 1),
+        "{secret:?}"
+    );
+    drop(c);
+
+    // Everything in the WAL.
+    daemon.kill9().unwrap();
+    daemon.restart().unwrap();
+    let mut c = daemon.client().unwrap();
+    assert_eq!(contents(&mut c, "secret"), secret, "after kill -9 (WAL)");
+    assert_eq!(contents(&mut c, "plain"), plain);
+
+    // Part in a delta, part in the WAL.
+    checkpoint(&mut c, false);
+    for i in 100..110 {
+        c.put(
+            "secret",
+            Coord::new(i, i, i),
+            format!("late {i}").as_bytes(),
+        )
+        .unwrap();
+    }
+    let secret = contents(&mut c, "secret");
+    drop(c);
+    daemon.kill9().unwrap();
+    daemon.restart().unwrap();
+    let mut c = daemon.client().unwrap();
+    assert_eq!(contents(&mut c, "secret"), secret, "after delta + WAL");
+
+    // Compacted into a base, then more in the WAL.
+    checkpoint(&mut c, true);
+    assert!(!checkpoint_files(&setup.data(), "base-").is_empty());
+    c.put("secret", Coord::new(-5, -5, -5), b"after compaction")
+        .unwrap();
+    c.link(
+        "secret",
+        Coord::new(-5, -5, -5),
+        Coord::new(100, 100, 100),
+        "x",
+        0.5,
+    )
+    .unwrap();
+    let secret = contents(&mut c, "secret");
+    let plain = contents(&mut c, "plain");
+    drop(c);
+    daemon.kill9().unwrap();
+    daemon.restart().unwrap();
+    let mut c = daemon.client().unwrap();
+    assert_eq!(contents(&mut c, "secret"), secret, "after base + WAL");
+    assert_eq!(contents(&mut c, "plain"), plain);
+
+    // A clean stop folds everything; the next start replays nothing.
+    drop(c);
+    assert!(daemon.terminate().unwrap().success());
+    daemon.restart().unwrap();
+    let mut c = daemon.client().unwrap();
+    assert_eq!(contents(&mut c, "secret"), secret, "after a clean stop");
+    assert_eq!(contents(&mut c, "plain"), plain);
+    // And the store still takes sealed writes after all that.
+    c.put("secret", Coord::new(9, 9, 9), b"still writable")
+        .unwrap();
+    assert_eq!(
+        c.get("secret", Coord::new(9, 9, 9)).unwrap().unwrap(),
+        b"still writable"
+    );
+}
+
+/// Where the encrypted namespace's data is when the daemon is refused.
+#[derive(Clone, Copy, Debug)]
+enum Stage {
+    /// Only in the WAL (kill -9 before any checkpoint).
+    Wal,
+    /// Only in checkpoint files (a clean stop folds the whole log).
+    Checkpoint,
+}
+
+/// A stopped daemon whose encrypted namespace `secret` holds data at
+/// `stage`, and that data.
+fn stopped_with_secret(stage: Stage) -> (Setup, LocalDaemon, Contents) {
+    let setup = Setup::new();
+    let mut daemon = setup.start();
+    let mut c = daemon.client().unwrap();
+    create(&mut c, "plain", false);
+    create(&mut c, "secret", true);
+    write_marked(&mut c, "secret", &marker("k"));
+    let before = contents(&mut c, "secret");
+    drop(c);
+    match stage {
+        Stage::Wal => {
+            daemon.kill9().unwrap();
+            assert!(checkpoint_files(&setup.data(), "").is_empty());
+        }
+        Stage::Checkpoint => {
+            assert!(daemon.terminate().unwrap().success());
+            assert!(!checkpoint_files(&setup.data(), "").is_empty());
+            let segments = wal_segments(&setup.data());
+            assert!(
+                segments
+                    .iter()
+                    .all(|s| record_offsets(&fs::read(s).unwrap()).is_empty()),
+                "the log was folded whole: {segments:?}"
+            );
+        }
+    }
+    (setup, daemon, before)
+}
+
+/// None of the refusals changed anything: the right key still opens it all.
+fn assert_opens_with_the_right_key(daemon: &mut LocalDaemon, before: &Contents) {
+    daemon.restart().unwrap();
+    let mut c = daemon.client().unwrap();
+    assert_eq!(&contents(&mut c, "secret"), before);
+}
+
+#[test]
+fn a_missing_key_is_refused_naming_the_namespace() {
+    for stage in [Stage::Wal, Stage::Checkpoint] {
+        let (setup, mut daemon, before) = stopped_with_secret(stage);
+        let (code, text) = setup.refused(&[]);
+        assert!(
+            matches!(code, Some(c) if c != 0),
+            "{stage:?}: exit {code:?}: {text}"
+        );
+        assert!(
+            text.contains("namespace \"secret\"") && text.contains("--key-file"),
+            "{stage:?}: without a key, names the namespace and --key-file: {text}"
+        );
+        assert_opens_with_the_right_key(&mut daemon, &before);
+    }
+}
+
+#[test]
+fn a_wrong_key_is_refused_naming_the_namespace_not_as_corruption() {
+    for stage in [Stage::Wal, Stage::Checkpoint] {
+        let (setup, mut daemon, before) = stopped_with_secret(stage);
+        let other = setup.other_key();
+        let (code, text) = setup.refused(&["--key-file", other.to_str().unwrap()]);
+        assert!(
+            matches!(code, Some(c) if c != 0),
+            "{stage:?}: exit {code:?}: {text}"
+        );
+        assert!(
+            text.contains("namespace \"secret\""),
+            "{stage:?}: a wrong key names the namespace: {text}"
+        );
+        assert!(
+            !text.contains("corruption") && !text.contains("--repair"),
+            "{stage:?}: a wrong key is not reported as damage to repair: {text}"
+        );
+        // Nor does --repair cut anything because of a wrong key.
+        let (code, text) = setup.refused(&["--repair", "--key-file", other.to_str().unwrap()]);
+        assert!(
+            matches!(code, Some(c) if c != 0),
+            "{stage:?}: --repair: {code:?}: {text}"
+        );
+        assert_opens_with_the_right_key(&mut daemon, &before);
+    }
+}
+
+#[test]
+fn a_key_file_others_can_read_is_refused_with_the_chmod_that_fixes_it() {
+    let (setup, mut daemon, before) = stopped_with_secret(Stage::Wal);
+    let open_key = setup.tmp.path().join("open.key");
+    write_key(&open_key, &hex_key(0x11), 0o644);
+    let (code, text) = setup.refused(&["--key-file", open_key.to_str().unwrap()]);
+    assert!(matches!(code, Some(c) if c != 0), "exit {code:?}: {text}");
+    assert!(
+        text.contains("chmod") && text.contains("0644"),
+        "says the mode and the chmod that fixes it: {text}"
+    );
+    // The same bytes at mode 0600 are the right key.
+    fs::set_permissions(&open_key, fs::Permissions::from_mode(0o600)).unwrap();
+    let mut fixed = LocalDaemon::start_in(
+        &setup.data(),
+        &setup.socket(),
+        &setup.args(Some(open_key.to_str().unwrap())),
+    )
+    .unwrap();
+    let mut c = fixed.client().unwrap();
+    assert_eq!(contents(&mut c, "secret"), before);
+    drop(c);
+    fixed.kill9().unwrap();
+    assert_opens_with_the_right_key(&mut daemon, &before);
+}
+
+/// Offsets of the records of one WAL segment, up to the zeros.
+fn record_offsets(bytes: &[u8]) -> Vec<usize> {
+    let mut offsets = Vec::new();
+    let mut at = SEGMENT_HEADER_BYTES;
+    while at + RECORD_HEADER_BYTES <= bytes.len() && bytes[at..at + 8] != [0u8; 8] {
+        offsets.push(at);
+        let len = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
+        at += RECORD_HEADER_BYTES + len;
+    }
+    offsets
+}
+
+#[test]
+fn a_tampered_sealed_wal_record_with_a_valid_crc_is_refused_as_corruption() {
+    let setup = Setup::new();
+    let mut daemon = setup.start();
+    let mut c = daemon.client().unwrap();
+    create(&mut c, "secret", true);
+    for i in 0..30 {
+        c.put(
+            "secret",
+            Coord::new(i, 0, 0),
+            format!("sealed value {i:02}").as_bytes(),
+        )
+        .unwrap();
+    }
+    let before = contents(&mut c, "secret");
+    drop(c);
+    daemon.kill9().unwrap();
+
+    let segments = wal_segments(&setup.data());
+    let segment = &segments[0];
+    let good = fs::read(segment).unwrap();
+    let sealed: Vec<usize> = record_offsets(&good)
+        .into_iter()
+        .filter(|&at| good[at + 16] & SEALED_RECORD_BIT != 0)
+        .collect();
+    assert_eq!(sealed.len(), 30, "every put of the namespace is sealed");
+    let at = sealed[15];
+    let len = u32::from_le_bytes(good[at + 4..at + 8].try_into().unwrap()) as usize;
+    // ns_len | "secret" | ns_id | epoch | ciphertext | tag
+    let ciphertext = at + RECORD_HEADER_BYTES + 1 + 6 + 12;
+    let mut bad = good.clone();
+    bad[ciphertext + 3] ^= 0x01;
+    let crc = crc32c::crc32c(&bad[at + 4..at + RECORD_HEADER_BYTES + len]);
+    bad[at..at + 4].copy_from_slice(&crc.to_le_bytes());
+    fs::write(segment, &bad).unwrap();
+
+    let file = segment.display().to_string();
+    let (code, text) = setup.refused(&["--key-file", setup.key().to_str().unwrap()]);
+    assert!(matches!(code, Some(c) if c != 0), "exit {code:?}: {text}");
+    assert!(
+        text.contains(&format!("corruption in {file} at offset {at}")),
+        "names the file and the record's offset {at}: {text}"
+    );
+    assert!(
+        text.contains("authentication") && !text.contains("checksum mismatch"),
+        "only AES-GCM caught it: {text}"
+    );
+
+    let key = setup.key();
+    let (code, text) = setup.verify(&["--key-file", key.to_str().unwrap()]);
+    assert_eq!(code, Some(1), "--verify with the key fails: {text}");
+    assert!(
+        text.contains(&file) && text.contains(&format!("offset {at}")),
+        "--verify names the file and offset: {text}"
+    );
+
+    // Control: the untouched bytes start fine, with every value.
+    fs::write(segment, &good).unwrap();
+    daemon.restart().unwrap();
+    let mut c = daemon.client().unwrap();
+    assert_eq!(contents(&mut c, "secret"), before);
+}
+
+/// `(offset, payload_len, sealed)` of every block of a checkpoint file.
+fn blocks(bytes: &[u8]) -> Vec<(usize, usize, bool)> {
+    let end = bytes.len() - CKPT_FOOTER_BYTES;
+    let mut out = Vec::new();
+    let mut at = CKPT_HEADER_BYTES;
+    while at < end {
+        let field = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+        let len = (field & !SEALED_BLOCK_BIT) as usize;
+        out.push((at, len, field & SEALED_BLOCK_BIT != 0));
+        at += 8 + len;
+    }
+    assert_eq!(at, end, "blocks end at the footer");
+    out
+}
+
+/// Recomputes every block CRC, the footer's chain of them and the
+/// footer's own CRC, as if the file had been written this way.
+fn fix_checkpoint_crcs(bytes: &mut [u8]) {
+    let mut chain = 0u32;
+    for (at, len, _) in blocks(bytes) {
+        let crc = crc32c::crc32c(&bytes[at + 8..at + 8 + len]);
+        bytes[at + 4..at + 8].copy_from_slice(&crc.to_le_bytes());
+        chain = crc32c::crc32c_append(chain, &crc.to_le_bytes());
+    }
+    let footer = bytes.len() - CKPT_FOOTER_BYTES;
+    bytes[footer + 32..footer + 36].copy_from_slice(&chain.to_le_bytes());
+    let crc = crc32c::crc32c(&bytes[footer..footer + 36]);
+    bytes[footer + 36..footer + 40].copy_from_slice(&crc.to_le_bytes());
+}
+
+#[test]
+fn a_tampered_sealed_checkpoint_block_with_valid_crcs_is_refused_as_corruption() {
+    let setup = Setup::new();
+    let mut daemon = setup.start();
+    let mut c = daemon.client().unwrap();
+    create(&mut c, "plain", false);
+    create(&mut c, "secret", true);
+    write_marked(&mut c, "plain", &marker("p"));
+    write_marked(&mut c, "secret", &marker("s"));
+    checkpoint(&mut c, true);
+    let before = contents(&mut c, "secret");
+    drop(c);
+    daemon.kill9().unwrap();
+
+    let bases = checkpoint_files(&setup.data(), "base-");
+    assert_eq!(bases.len(), 1, "{bases:?}");
+    let base = &bases[0];
+    let good = fs::read(base).unwrap();
+    let mut untouched = good.clone();
+    fix_checkpoint_crcs(&mut untouched);
+    assert_eq!(
+        untouched, good,
+        "the CRC fix-up reproduces what cubed wrote"
+    );
+    let sealed: Vec<(usize, usize, bool)> = blocks(&good).into_iter().filter(|b| b.2).collect();
+    assert!(
+        !sealed.is_empty(),
+        "the encrypted namespace's blocks are sealed"
+    );
+    let (at, len, _) = sealed[0];
+    let mut bad = good.clone();
+    bad[at + 8 + SEALED_BLOCK_PREFIX + (len - SEALED_BLOCK_PREFIX) / 2] ^= 0x80;
+    fix_checkpoint_crcs(&mut bad);
+    fs::write(base, &bad).unwrap();
+
+    let file = base.display().to_string();
+    let (code, text) = setup.refused(&["--key-file", setup.key().to_str().unwrap()]);
+    assert!(matches!(code, Some(c) if c != 0), "exit {code:?}: {text}");
+    assert!(
+        text.contains(&format!("corruption in {file} at offset {at}")),
+        "names the file and the block's offset {at}: {text}"
+    );
+    assert!(
+        text.contains("authentication") && !text.contains("checksum mismatch"),
+        "only AES-GCM caught it: {text}"
+    );
+    let key = setup.key();
+    let (code, text) = setup.verify(&["--key-file", key.to_str().unwrap()]);
+    assert_eq!(code, Some(1), "--verify with the key fails: {text}");
+    assert!(
+        text.contains(&file) && text.contains(&format!("offset {at}")),
+        "--verify names the file and offset: {text}"
+    );
+
+    fs::write(base, &good).unwrap();
+    daemon.restart().unwrap();
+    let mut c = daemon.client().unwrap();
+    assert_eq!(contents(&mut c, "secret"), before);
+}
+
+#[test]
+fn a_dropped_encrypted_namespace_comes_back_empty_under_a_new_id() {
+    let setup = Setup::new();
+    let mut daemon = setup.start();
+    let mut c = daemon.client().unwrap();
+    let first = create(&mut c, "secret", true);
+    write_marked(&mut c, "secret", &marker("old"));
+    checkpoint(&mut c, false); // some of the old data in a delta ...
+    c.put("secret", Coord::new(50, 50, 50), b"old, in the WAL")
+        .unwrap(); // ... and some in the log
+    c.ns_drop(&name("secret")).unwrap();
+
+    let empty = Contents {
+        cells: Vec::new(),
+        edges: Vec::new(),
+        programs: Vec::new(),
+    };
+    let second = create(&mut c, "secret", true);
+    assert_ne!(second.id, first.id, "a new namespace, a new id");
+    assert_eq!(contents(&mut c, "secret"), empty, "re-created encrypted");
+    c.put("secret", Coord::new(1, 1, 1), b"second life")
+        .unwrap();
+    c.ns_drop(&name("secret")).unwrap();
+
+    let third = create(&mut c, "secret", false);
+    assert!(third.id != first.id && third.id != second.id);
+    assert_eq!(contents(&mut c, "secret"), empty, "re-created unencrypted");
+    c.put("secret", Coord::new(2, 2, 2), b"plain now").unwrap();
+    c.link("secret", Coord::new(2, 2, 2), Coord::new(1, 1, 1), "", 1.0)
+        .unwrap();
+    let now = contents(&mut c, "secret");
+    assert_eq!(now.cells.len(), 1);
+    drop(c);
+
+    // Nothing of the old namespaces comes back after a crash ...
+    daemon.kill9().unwrap();
+    daemon.restart().unwrap();
+    let mut c = daemon.client().unwrap();
+    assert_eq!(contents(&mut c, "secret"), now, "after kill -9");
+    let info = c.ns_info(&name("secret")).unwrap();
+    assert_eq!((info.id, info.encrypted), (third.id, false));
+    // ... nor after folding and compacting it all.
+    checkpoint(&mut c, true);
+    drop(c);
+    daemon.kill9().unwrap();
+    daemon.restart().unwrap();
+    let mut c = daemon.client().unwrap();
+    assert_eq!(contents(&mut c, "secret"), now, "after compaction");
+    assert_eq!(c.ns_info(&name("secret")).unwrap().id, third.id);
+}
