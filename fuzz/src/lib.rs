@@ -30,8 +30,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cube_protocol::frame::read_frame;
-use cube_server::{HarnessLimits, HarnessOutcome, ProgramHarness};
 use cube_protocol::{HEADER_BYTES, Limits, PROTOCOL_VERSION, Request, Response};
+use cube_server::{HarnessLimits, HarnessOutcome, ProgramHarness};
 use cube_store::sim_disk::{FaultPlan, SimDisk};
 use cube_store::wal::recover;
 use cube_store::{Engine, EngineConfig, MemStore, Mutation, OpenMode, RecoveryOptions, Storage};
@@ -583,10 +583,12 @@ pub fn program_run(data: &[u8]) {
             return;
         };
         let expected_seq = harness.runs() + 1;
-        let checked = harness.run(source, &args).and_then(|outcome| match outcome {
-            HarnessOutcome::Refused(_) => Ok(()),
-            HarnessOutcome::Ran(run) => run.check(&HarnessLimits::SMALL, expected_seq),
-        });
+        let checked = harness
+            .run(source, &args)
+            .and_then(|outcome| match outcome {
+                HarnessOutcome::Refused(_) => Ok(()),
+                HarnessOutcome::Ran(run) => run.check(&HarnessLimits::SMALL, expected_seq),
+            });
         if let Err(finding) = checked {
             // A broken engine would fail every later input the same way.
             *slot = None;

@@ -13,7 +13,7 @@
 use std::os::unix::net::UnixStream;
 
 use cube_protocol::{ErrorCode, NamespaceName, Request, ServerError};
-use cube_store::MemStore;
+use cube_store::{MemStore, NamespaceGuard};
 use cube_store::namespace::Access;
 
 use crate::config::Args;
@@ -102,10 +102,17 @@ fn target(request: &Request) -> Option<(&NamespaceName, Needs)> {
 }
 
 /// Gate 3: refuses what `peer` may not do. A namespace the peer may not
-/// see is answered exactly like a missing one.
-pub(crate) fn authorize(peer: &Peer, mem: &MemStore, request: &Request) -> Result<(), ServerError> {
+/// see is answered exactly like a missing one. For a non-administrator the
+/// answer pins the namespace it was allowed into (its id), so the writer
+/// refuses the request if that namespace is dropped, or replaced by one of
+/// the same name, before the request reaches it.
+pub(crate) fn authorize(
+    peer: &Peer,
+    mem: &MemStore,
+    request: &Request,
+) -> Result<Option<NamespaceGuard>, ServerError> {
     if peer.is_admin {
-        return Ok(());
+        return Ok(None);
     }
     if matches!(request, Request::Checkpoint { .. } | Request::Backup { .. }) {
         return Err(ServerError::new(
@@ -118,7 +125,7 @@ pub(crate) fn authorize(peer: &Peer, mem: &MemStore, request: &Request) -> Resul
         ));
     }
     let Some((ns, needs)) = target(request) else {
-        return Ok(());
+        return Ok(None);
     };
     let access = access_of(peer, mem, ns);
     let allowed = match needs {
@@ -127,7 +134,10 @@ pub(crate) fn authorize(peer: &Peer, mem: &MemStore, request: &Request) -> Resul
         Needs::Admin => access >= Access::Admin,
     };
     if allowed {
-        return Ok(());
+        return Ok(mem.namespace_id(ns).map(|id| NamespaceGuard {
+            ns: ns.clone(),
+            id,
+        }));
     }
     if access == Access::None {
         return Err(no_such_namespace(ns));

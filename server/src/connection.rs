@@ -19,7 +19,9 @@ use cube_protocol::{
     Opcode, PROTOCOL_VERSION, ProtocolError, Request, Response, ScanPageEncoder, ScanResult,
     ServerError, StatsEntry, StatsValue,
 };
-use cube_store::{Mutation, ScanLimits, Visit, WriteError, WriteErrorKind, WriteSession};
+use cube_store::{
+    Mutation, NamespaceGuard, ScanLimits, Visit, WriteError, WriteErrorKind, WriteSession,
+};
 
 use crate::access::{Peer, authorize};
 use crate::server::Shared;
@@ -74,6 +76,9 @@ pub(crate) struct Connection {
     pending_reply: Arc<PendingReply>,
     /// Who connected (`SO_PEERCRED`), for namespace access control.
     peer: Peer,
+    /// The namespace the current request was authorized against (only for
+    /// non-administrators); every write it sends is pinned to it.
+    guard: Option<NamespaceGuard>,
 }
 
 impl Connection {
@@ -98,6 +103,7 @@ impl Connection {
             greeted: false,
             read_timeout,
             peer,
+            guard: None,
         })
     }
 
@@ -165,14 +171,18 @@ impl Connection {
                 let _ = self.send_error(header.opcode, header.request_id, &error);
                 return Close::Refused("shutting down".into());
             }
-            if let Err(error) = authorize(&self.peer, self.shared.engine.memstore(), &request) {
-                if let Err(close) = self.send_error(header.opcode, header.request_id, &error) {
-                    return close;
+            match authorize(&self.peer, self.shared.engine.memstore(), &request) {
+                Ok(guard) => self.guard = guard,
+                Err(error) => {
+                    if let Err(close) = self.send_error(header.opcode, header.request_id, &error)
+                    {
+                        return close;
+                    }
+                    self.shared
+                        .stats
+                        .record(opcode, started.elapsed().as_micros() as u64, false);
+                    continue;
                 }
-                self.shared
-                    .stats
-                    .record(opcode, started.elapsed().as_micros() as u64, false);
-                continue;
             }
             if matches!(request, Request::Put { .. } | Request::Del { .. }) {
                 match self.submit_write(request, header.request_id, started) {
@@ -380,7 +390,10 @@ impl Connection {
             | Request::NsGrant { .. }
             | Request::NsRevoke { .. }) => {
                 // Namespace changes are rare: a session of their own.
-                let session = engine.session();
+                let mut session = engine.session();
+                if let Some(session) = session.as_mut() {
+                    session.set_guard(self.guard.clone());
+                }
                 crate::namespaces::handle(
                     ns_request,
                     &self.peer,
@@ -526,6 +539,9 @@ impl Connection {
     fn open_session(&mut self) {
         if self.session.is_none() {
             self.session = self.shared.engine.session();
+        }
+        if let Some(session) = self.session.as_mut() {
+            session.set_guard(self.guard.clone());
         }
     }
 }

@@ -19,7 +19,8 @@ pub enum StoreError {
     Locked { path: PathBuf, holder: String },
     #[error(
         "corruption in {path} at offset {offset}: {reason}; refusing to start. \
-         Run `cubed --repair` to truncate the log at this point (what is dropped is reported and saved)"
+         For a WAL segment, `cubed --repair` truncates the log at this point (what is dropped is reported and saved); \
+         a damaged checkpoint file needs a backup (`cubed --verify DIR` lists every problem)"
     )]
     Corruption {
         path: PathBuf,

@@ -157,10 +157,12 @@ enum WriterCommand {
     Write {
         mutation: Mutation,
         reply: Responder<WriteAck>,
+        guard: Option<NamespaceGuard>,
     },
     Transact {
         txn: TxnFn,
         reply: Responder<TxnAck>,
+        guard: Option<NamespaceGuard>,
     },
     /// Close the current segment (sync it) and start the next; answers the
     /// first LSN of the new segment: every LSN below it is in closed segments.
@@ -195,15 +197,22 @@ pub struct WriteSession {
     tx: Sender<WriterCommand>,
     reply_tx: Sender<Reply>,
     reply_rx: Receiver<Reply>,
+    guard: Option<NamespaceGuard>,
 }
 
 impl WriteSession {
+    /// Pins the following writes to a namespace id (`None`: no pin).
+    pub fn set_guard(&mut self, guard: Option<NamespaceGuard>) {
+        self.guard = guard;
+    }
+
     /// Blocks until the write is durable (under [`SyncPolicy::Always`]) or refused.
     pub fn write(&self, mutation: Mutation) -> Result<WriteAck, WriteError> {
         self.tx
             .send(WriterCommand::Write {
                 mutation,
                 reply: Responder::Channel(self.reply_tx.clone()),
+                guard: self.guard.clone(),
             })
             .map_err(|_| stopped())?;
         self.reply_rx.recv().map_err(|_| stopped())?
@@ -216,6 +225,7 @@ impl WriteSession {
         let command = WriterCommand::Write {
             mutation,
             reply: Responder::Callback(Box::new(on_done)),
+            guard: self.guard.clone(),
         };
         if let Err(crossbeam_channel::SendError(command)) = self.tx.send(command)
             && let WriterCommand::Write { reply, .. } = command
@@ -238,6 +248,7 @@ impl WriteSession {
                     Box::new(txn(view)) as Box<dyn Any + Send>
                 }),
                 reply: Responder::Channel(reply),
+                guard: self.guard.clone(),
             })
             .map_err(|_| stopped())?;
         let ack = answer.recv().map_err(|_| stopped())??;
@@ -319,6 +330,7 @@ impl GroupCommit {
             tx: lock(&self.tx).clone()?,
             reply_tx,
             reply_rx,
+            guard: None,
         })
     }
 
@@ -378,11 +390,24 @@ enum Queued {
     Write {
         mutation: Mutation,
         reply: Responder<WriteAck>,
+        guard: Option<NamespaceGuard>,
     },
     Txn {
         txn: TxnFn,
         reply: Responder<TxnAck>,
+        guard: Option<NamespaceGuard>,
     },
+}
+
+/// Pins a session's writes to the namespace the caller authorized them
+/// against: if that namespace was dropped (or dropped and created again
+/// under the same name, by someone else) before the writer reaches a write,
+/// the write is refused as for a missing namespace instead of landing in
+/// a namespace its sender was never allowed into.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamespaceGuard {
+    pub ns: NamespaceName,
+    pub id: u64,
 }
 
 /// A prepared entry: its mutations are final and have LSNs.
@@ -490,6 +515,12 @@ impl Writer {
         quota_check(&self.mem, &self.group_usage, ns, delta)
     }
 
+    /// A guarded write whose namespace is gone or is another one now.
+    fn guard_refusal(&self, guard: Option<&NamespaceGuard>) -> Option<WriteError> {
+        let guard = guard?;
+        (self.mem.namespace_id(&guard.ns) != Some(guard.id)).then(|| no_such_namespace(&guard.ns))
+    }
+
     fn namespace_limited(&self, ns: &NamespaceName) -> bool {
         self.mem
             .namespace_quota(ns)
@@ -555,12 +586,20 @@ impl Writer {
                         roll_reply = Some(reply);
                         break;
                     }
-                    WriterCommand::Write { mutation, reply } => {
+                    WriterCommand::Write {
+                        mutation,
+                        reply,
+                        guard,
+                    } => {
                         group_bytes += mutation.payload_len();
-                        group.push(Queued::Write { mutation, reply });
+                        group.push(Queued::Write {
+                            mutation,
+                            reply,
+                            guard,
+                        });
                     }
-                    WriterCommand::Transact { txn, reply } => {
-                        group.push(Queued::Txn { txn, reply });
+                    WriterCommand::Transact { txn, reply, guard } => {
+                        group.push(Queued::Txn { txn, reply, guard });
                     }
                 }
                 if group.len() < self.config.max_group_records
@@ -771,7 +810,15 @@ impl Writer {
         self.group_usage.clear();
         for queued in group.drain(..) {
             match queued {
-                Queued::Write { mutation, reply } => {
+                Queued::Write {
+                    mutation,
+                    reply,
+                    guard,
+                } => {
+                    if let Some(error) = self.guard_refusal(guard.as_ref()) {
+                        reply.answer(Err(error));
+                        continue;
+                    }
                     let ns = mutation.namespace();
                     if mutation.is_namespace_change() {
                         if let Err(error) = self.check_namespace_change(&mutation) {
@@ -809,7 +856,11 @@ impl Writer {
                         lsn: 0,
                     });
                 }
-                Queued::Txn { txn, reply } => {
+                Queued::Txn { txn, reply, guard } => {
+                    if let Some(error) = self.guard_refusal(guard.as_ref()) {
+                        reply.answer(Err(error));
+                        continue;
+                    }
                     if !overlay_live {
                         for entry in &prepared {
                             for mutation in entry.mutations() {

@@ -314,3 +314,33 @@ fn quotas_refuse_writes_and_whole_transactions_before_the_log() {
     assert_eq!(quota.max_cells, Some(3), "quotas are durable");
     engine.close_without_checkpoint();
 }
+
+#[test]
+fn a_guarded_session_never_writes_into_a_replacement_namespace() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    let engine = Engine::open(config(&dir, None)).unwrap();
+    create(&engine, "t").unwrap();
+    let id = engine.memstore().namespace_id(&name("t")).unwrap();
+    let mut session = engine.session().unwrap();
+    session.set_guard(Some(cube_store::NamespaceGuard { ns: name("t"), id }));
+    let put_t = |value: &[u8]| Mutation::Put {
+        ns: name("t"),
+        coord: Coord::new(0, 0, 0),
+        value: value.to_vec(),
+    };
+    session.write(put_t(b"allowed")).unwrap();
+    // Someone else drops "t" and creates another "t" before the next write
+    // reaches the writer: it must not land in the new namespace.
+    drop_ns(&engine, "t").unwrap();
+    create(&engine, "t").unwrap();
+    let refused = session.write(put_t(b"late")).unwrap_err();
+    assert_eq!(refused.kind, WriteErrorKind::NoSuchNamespace);
+    let refused = session
+        .transact(|view| view.put(&name("t"), Coord::new(1, 0, 0), b"late".to_vec()))
+        .unwrap_err();
+    assert_eq!(refused.kind, WriteErrorKind::NoSuchNamespace);
+    assert_eq!(get(&engine, "t", 0), Some(None));
+    assert_eq!(get(&engine, "t", 1), Some(None));
+    engine.close_without_checkpoint();
+}

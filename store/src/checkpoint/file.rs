@@ -496,6 +496,12 @@ impl<'k> CheckpointReader<'k> {
                     self.path.display()
                 )));
             }
+            Err(_) if !keyring.is_verified(ns_id) => {
+                return Err(StoreError::Key(format!(
+                    "{} holds a block of encrypted namespace id {ns_id} at offset {at} that does not open with this master key; start cubed with the key the namespace was created with",
+                    self.path.display()
+                )));
+            }
             Err(_) => {
                 return Err(self.corrupt(
                     at,

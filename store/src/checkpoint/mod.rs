@@ -257,7 +257,7 @@ impl CheckpointStore {
             let mut run: Option<NamespaceRun> = None;
             let mut failure: Option<StoreError> = None;
             let is_base = expected_kind == FileKind::Base;
-            reader.for_each_entry(|key, value| {
+            let read = reader.for_each_entry(|key, value| {
                 if failure.is_some() {
                     return;
                 }
@@ -293,12 +293,15 @@ impl CheckpointStore {
                     Ok(None) => {}
                     Err(reason) => failure = Some(bad_entry(reason)),
                 }
-            })?;
-            if let Some((_, ns, cells)) = run.take() {
-                bulk_cells(&ns, cells);
-            }
+            });
+            // A problem found in an entry (a key check that failed, say)
+            // explains what the reader hit after it: report it first.
             if let Some(failure) = failure {
                 return Err(failure);
+            }
+            read?;
+            if let Some((_, ns, cells)) = run.take() {
+                bulk_cells(&ns, cells);
             }
         }
         self.catalog = catalog;
