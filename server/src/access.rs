@@ -13,8 +13,8 @@
 use std::os::unix::net::UnixStream;
 
 use cube_protocol::{ErrorCode, NamespaceName, Request, ServerError};
-use cube_store::{MemStore, NamespaceGuard};
 use cube_store::namespace::Access;
+use cube_store::{MemStore, NamespaceGuard};
 
 use crate::config::Args;
 use crate::connection::no_such_namespace;
@@ -134,10 +134,9 @@ pub(crate) fn authorize(
         Needs::Admin => access >= Access::Admin,
     };
     if allowed {
-        return Ok(mem.namespace_id(ns).map(|id| NamespaceGuard {
-            ns: ns.clone(),
-            id,
-        }));
+        return Ok(mem
+            .namespace_id(ns)
+            .map(|id| NamespaceGuard { ns: ns.clone(), id }));
     }
     if access == Access::None {
         return Err(no_such_namespace(ns));

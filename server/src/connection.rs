@@ -174,8 +174,7 @@ impl Connection {
             match authorize(&self.peer, self.shared.engine.memstore(), &request) {
                 Ok(guard) => self.guard = guard,
                 Err(error) => {
-                    if let Err(close) = self.send_error(header.opcode, header.request_id, &error)
-                    {
+                    if let Err(close) = self.send_error(header.opcode, header.request_id, &error) {
                         return close;
                     }
                     self.shared
