@@ -344,6 +344,55 @@ fn cells_round_trip_through_csv() {
     );
 }
 
+#[test]
+fn import_reads_stdin_and_says_what_it_did() {
+    let daemon = LocalDaemon::start_fresh(&[]).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cubec"))
+        .arg("--socket")
+        .arg(daemon.socket())
+        .args(["import", "default", "-"])
+        .env_remove("CUBE_SOCKET")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin
+            .write_all(
+                b"{\"type\":\"cell\",\"coord\":[1,2,3],\"value\":\"piped\"}\n\n\
+                  {\"type\":\"edge\",\"from\":[1,2,3],\"to\":[3,2,1]}\n",
+            )
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_exit(&out, 0);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.starts_with(
+            "imported 2 records into default (1 cells, 1 edges, 0 programs) from 3 lines"
+        ),
+        "{text}"
+    );
+    // Not a terminal: no progress bar, nothing on stderr.
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut client = daemon.client().unwrap();
+    assert_eq!(
+        client.get("default", Coord::new(1, 2, 3)).unwrap(),
+        Some(b"piped".to_vec())
+    );
+    let edges = client
+        .edges("default", Coord::new(1, 2, 3), Direction::Out, None)
+        .unwrap();
+    assert_eq!((edges.len(), edges[0].weight), (1, 1.0));
+}
+
 /// Ten cell lines, `v1` at (1,0,0) to `v10` at (10,0,0), with line
 /// `bad_line` replaced by `bad`.
 fn ten_lines_with(dir: &Path, bad_line: usize, bad: &str) -> std::path::PathBuf {

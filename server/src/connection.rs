@@ -55,6 +55,29 @@ impl std::fmt::Display for Close {
     }
 }
 
+/// Reads the rest of a frame against one deadline for the whole frame.
+struct FrameDeadline<'a> {
+    reader: &'a mut BufReader<UnixStream>,
+    deadline: Instant,
+}
+
+impl io::Read for FrameDeadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        // Only a read that goes to the socket needs the timeout set.
+        if self.reader.buffer().is_empty() {
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the frame did not arrive within the frame timeout",
+                ));
+            }
+            self.reader.get_ref().set_read_timeout(Some(left))?;
+        }
+        io::Read::read(self.reader, buf)
+    }
+}
+
 fn is_timeout(e: &io::Error) -> bool {
     matches!(
         e.kind(),
@@ -253,11 +276,23 @@ impl Connection {
         }
         let peeked = self.peek_header();
         let complete = peeked.is_some_and(|h| self.reader.buffer().len() as u64 >= h.frame_bytes());
-        if !complete {
-            self.set_read_timeout(Some(self.shared.args.frame_timeout()))?;
-        }
         let limits = self.shared.args.limits();
-        match read_frame(&mut self.reader, &limits, &mut self.body) {
+        let read = if complete {
+            read_frame(&mut self.reader, &limits, &mut self.body)
+        } else {
+            // The whole rest of the frame must arrive within the frame
+            // timeout: a per-read timeout would let a client trickling a
+            // byte at a time hold its thread and connection slot forever.
+            let mut rest = FrameDeadline {
+                reader: &mut self.reader,
+                deadline: Instant::now() + self.shared.args.frame_timeout(),
+            };
+            let read = read_frame(&mut rest, &limits, &mut self.body);
+            // The socket's timeout was moved under the cache's feet.
+            self.read_timeout = Some(Duration::ZERO);
+            read
+        };
+        match read {
             Ok(header) => Ok(header),
             Err(ProtocolError::Closed) => Err(Close::PeerClosed),
             Err(ProtocolError::Io(e)) if is_timeout(&e) => Err(Close::StalledMidFrame),

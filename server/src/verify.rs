@@ -12,7 +12,8 @@ use cube_store::verify::verify_data_dir_with_key;
 /// of encrypted namespaces are opened (authenticated) too.
 pub fn run(dir: &Path, key_file: Option<&Path>) -> i32 {
     let keyring = match key_file.map(load_key_file).transpose() {
-        // Epoch 0: a keyring that only opens, never seals.
+        // Start id 0: a keyring that only opens (every sealed record and
+        // block carries the start id it was sealed under), never seals.
         Ok(master) => master.map(|m| Arc::new(Keyring::new(Some(m), 0))),
         Err(e) => {
             eprintln!("cubed: {e}");

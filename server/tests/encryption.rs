@@ -1,4 +1,4 @@
-//! Guards encryption at rest end to end, on a real `cubed`: no plaintext of an encrypted namespace in any file under the data dir (WAL, delta, base), its data surviving kill -9, checkpoint and compaction, a missing, wrong or too-open key refused naming the namespace, tampered ciphertext (checksums fixed up) refused as corruption with file and offset, and a dropped namespace's name reused with a fresh, empty namespace.
+//! Guards encryption at rest end to end, on a real `cubed`: no plaintext of an encrypted namespace in any file under the data dir (WAL, delta, base), its data surviving kill -9, checkpoint and compaction, a missing, wrong or too-open key refused naming the namespace, tampered ciphertext (checksums fixed up) refused as corruption with file and offset, a dropped namespace's name reused with a fresh, empty namespace, and two copies of a data dir that run on under one key never sealing under the same key.
 #![allow(clippy::unwrap_used)]
 
 use std::fs;
@@ -22,8 +22,10 @@ const SEALED_RECORD_BIT: u8 = 0x40;
 const CKPT_HEADER_BYTES: usize = 44;
 const CKPT_FOOTER_BYTES: usize = 40;
 const SEALED_BLOCK_BIT: u32 = 1 << 31;
-/// ns_id, epoch, counter in front of a sealed block's ciphertext.
-const SEALED_BLOCK_PREFIX: usize = 20;
+/// ns_id, start id, counter in front of a sealed block's ciphertext.
+const SEALED_BLOCK_PREFIX: usize = 24;
+/// ns_id, start id after the namespace of a sealed WAL payload.
+const SEALED_RECORD_PREFIX: usize = 16;
 /// How long a daemon that should refuse to start may take to exit.
 const REFUSE_DEADLINE: Duration = Duration::from_secs(20);
 
@@ -638,8 +640,8 @@ fn a_tampered_sealed_wal_record_with_a_valid_crc_is_refused_as_corruption() {
     assert_eq!(sealed.len(), 30, "every put of the namespace is sealed");
     let at = sealed[15];
     let len = u32::from_le_bytes(good[at + 4..at + 8].try_into().unwrap()) as usize;
-    // ns_len | "secret" | ns_id | epoch | ciphertext | tag
-    let ciphertext = at + RECORD_HEADER_BYTES + 1 + 6 + 12;
+    // ns_len | "secret" | ns_id | start | ciphertext | tag
+    let ciphertext = at + RECORD_HEADER_BYTES + 1 + 6 + SEALED_RECORD_PREFIX;
     let mut bad = good.clone();
     bad[ciphertext + 3] ^= 0x01;
     let crc = crc32c::crc32c(&bad[at + 4..at + RECORD_HEADER_BYTES + len]);
@@ -812,4 +814,144 @@ fn a_dropped_encrypted_namespace_comes_back_empty_under_a_new_id() {
     let mut c = daemon.client().unwrap();
     assert_eq!(contents(&mut c, "secret"), now, "after compaction");
     assert_eq!(c.ns_info(&name("secret")).unwrap().id, third.id);
+}
+
+/// Copies a stopped daemon's data dir, file by file.
+fn copy_dir(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    for entry in fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let kind = entry.file_type().unwrap();
+        let target = to.join(entry.file_name());
+        if kind.is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else if kind.is_file() {
+            fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// A sealed WAL record of namespace "secret": its LSN, the start id stored
+/// in it, and its ciphertext and tag.
+#[derive(Debug)]
+struct SealedRecord {
+    lsn: u64,
+    start: u64,
+    sealed: Vec<u8>,
+}
+
+/// Every sealed record in the data dir's WAL, in LSN order.
+fn sealed_records(data: &Path) -> Vec<SealedRecord> {
+    let mut out = Vec::new();
+    for segment in wal_segments(data) {
+        let bytes = fs::read(&segment).unwrap();
+        for at in record_offsets(&bytes) {
+            if bytes[at + 16] & SEALED_RECORD_BIT == 0 {
+                continue;
+            }
+            let len = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
+            let payload = &bytes[at + RECORD_HEADER_BYTES..at + RECORD_HEADER_BYTES + len];
+            assert_eq!(&payload[..7], b"\x06secret");
+            out.push(SealedRecord {
+                lsn: u64::from_le_bytes(bytes[at + 8..at + 16].try_into().unwrap()),
+                start: u64::from_le_bytes(payload[15..23].try_into().unwrap()),
+                sealed: payload[7 + SEALED_RECORD_PREFIX..].to_vec(),
+            });
+        }
+    }
+    out
+}
+
+/// A put payload after its namespace: coord, value length, value.
+fn put_plaintext(coord: Coord, value: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for v in [coord.x, coord.y, coord.z] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+    out.extend_from_slice(value);
+    out
+}
+
+/// A restored backup or a file-system snapshot that runs on next to (or
+/// after) its original, under the same master key: each start draws its own
+/// start id, so the two seal the same LSN under different keys. Under a
+/// per-data-dir counter they would have reused (key, nonce), and the XOR of
+/// the two ciphertexts would have been the XOR of the two plaintexts.
+#[test]
+fn two_copies_of_a_data_dir_never_seal_under_the_same_key() {
+    let setup = Setup::new();
+    let mut daemon = setup.start();
+    let mut c = daemon.client().unwrap();
+    create(&mut c, "secret", true);
+    for i in 0..5 {
+        c.put("secret", Coord::new(i, 0, 0), b"before the copy")
+            .unwrap();
+    }
+    drop(c);
+    daemon.kill9().unwrap();
+    let copy = setup.tmp.path().join("copy");
+    copy_dir(&setup.data(), &copy);
+    let first_run = sealed_records(&setup.data());
+    assert_eq!(first_run.len(), 5, "{first_run:?}");
+
+    // Both run on, under the same key, and write at the same LSN.
+    let coord = Coord::new(9, 9, 9);
+    let values: [&[u8]; 2] = [
+        b"written by the original: AAAAAAAA",
+        b"written by the copy: BBBBBBBBBBBB",
+    ];
+    let key = setup.key();
+    let args = setup.args(Some(key.to_str().unwrap()));
+    let dirs = [setup.data(), copy.clone()];
+    let mut last = Vec::new();
+    for (dir, value) in dirs.iter().zip(values) {
+        let socket = setup.tmp.path().join("copy.sock");
+        let mut run = LocalDaemon::start_in(dir, &socket, &args).unwrap();
+        let mut c = run.client().unwrap();
+        c.put("secret", coord, value).unwrap();
+        assert_eq!(c.get("secret", coord).unwrap().unwrap(), value);
+        drop(c);
+        run.kill9().unwrap();
+        let records = sealed_records(dir);
+        assert_eq!(records.len(), 6, "{records:?}");
+        last.push(records.into_iter().next_back().unwrap());
+    }
+    let (a, b) = (&last[0], &last[1]);
+    assert_eq!(a.lsn, b.lsn, "the copies sealed the same LSN");
+    assert_eq!(a.sealed.len(), b.sealed.len());
+    assert_ne!(a.start, 0);
+    assert_ne!(a.start, b.start, "each start draws its own start id");
+    assert!(
+        first_run
+            .iter()
+            .all(|r| r.start == first_run[0].start && r.start != a.start && r.start != b.start),
+        "a new start id at every start"
+    );
+    let xor = |x: &[u8], y: &[u8]| -> Vec<u8> { x.iter().zip(y).map(|(p, q)| p ^ q).collect() };
+    let plain_xor = xor(
+        &put_plaintext(coord, values[0]),
+        &put_plaintext(coord, values[1]),
+    );
+    let cipher_xor = xor(&a.sealed, &b.sealed);
+    assert_ne!(
+        cipher_xor[..plain_xor.len()],
+        plain_xor[..],
+        "no shared keystream between the copies"
+    );
+    // The coordinate and length are the same plaintext in both: under one
+    // (key, nonce) they would have been the same ciphertext.
+    assert_ne!(a.sealed[..16], b.sealed[..16]);
+
+    // Each copy still opens what both of its starts sealed.
+    for (dir, value) in dirs.iter().zip(values) {
+        let socket = setup.tmp.path().join("copy.sock");
+        let mut run = LocalDaemon::start_in(dir, &socket, &args).unwrap();
+        let mut c = run.client().unwrap();
+        assert_eq!(c.get("secret", coord).unwrap().unwrap(), value);
+        let before = c.get("secret", Coord::new(4, 0, 0)).unwrap().unwrap();
+        assert_eq!(before, b"before the copy");
+        drop(c);
+        run.kill9().unwrap();
+    }
 }

@@ -7,19 +7,27 @@
 //!
 //! Why it is built this way (the whole scheme is in `docs/storage-format.md`,
 //! "Encryption at rest (cubecrypt)"):
-//! - AES-GCM loses both confidentiality and integrity if a nonce repeats
-//!   under one key, so nonces are counters, never random: a WAL record's is
-//!   `epoch || lsn`, a checkpoint block's is `epoch || counter`. The epoch is
-//!   a per-data-dir start counter that [`bump_epoch`] makes durable before
-//!   anything is sealed, so two starts never share a nonce.
-//! - The WAL and checkpoint nonce spaces overlap (both are `epoch || u64`),
+//! - AES-GCM loses both confidentiality and integrity if a (key, nonce)
+//!   pair repeats. Every start of the daemon draws a random, nonzero 64-bit
+//!   **start id** ([`Keyring::for_new_start`]) and seals only under keys
+//!   derived for that start: per (purpose, namespace id, start id). Two
+//!   starts, and two copies of a data dir (a restored backup, a snapshot)
+//!   that run on, therefore use different keys, except with probability
+//!   2^-64 per pair of starts. No durable state is needed.
+//! - Within one start, nonces are counters: a WAL record's is
+//!   `low 32 bits of start || lsn`, a checkpoint block's is
+//!   `low 32 bits of start || counter`. LSNs and the process-wide block
+//!   counter are unique within a start.
+//! - The WAL and checkpoint nonce spaces overlap (both are `u32 || u64`),
 //!   so they use different keys; each namespace has its own keys too. All
 //!   are HKDF-SHA256 expansions of the master key.
-//! - Derived keys are cached per namespace so a seal costs one hash lookup
-//!   plus AES-GCM itself (AES-NI and carry-less multiply through ring).
+//! - Derived keys are cached per (namespace, start) so a seal costs one hash
+//!   lookup plus AES-GCM itself (AES-NI and carry-less multiply through
+//!   ring). Opening data of an earlier start derives its keys once.
 //!
 //! Limits: one seal takes at most [`MAX_SEAL_BYTES`]; the block counter
-//! refuses to wrap past `u64::MAX`; a key file is at most 65 bytes.
+//! refuses to wrap past `u64::MAX`; a key file is at most 65 bytes; the key
+//! cache holds at most [`KEY_CACHE_MAX_ENTRIES`] (namespace, start) pairs.
 //! Nothing here panics on any input: a garbage or short ciphertext is
 //! [`CryptoError::OpenFailed`].
 
@@ -33,11 +41,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
+use ring::error::Unspecified;
 use ring::hkdf;
-
-use crate::data_dir::sync_dir;
-use crate::error::StoreError;
-use crate::storage::{OpenMode, Storage};
+use ring::rand::{SecureRandom, SystemRandom};
 
 pub const MASTER_KEY_BYTES: usize = 32;
 /// The AES-GCM tag appended to every sealed buffer.
@@ -47,16 +53,19 @@ pub const KEY_CHECK_BYTES: usize = 16;
 /// The most one seal takes. Far above the store's largest record (64 MiB)
 /// and far below GCM's own limit (2^36 - 32 bytes per nonce).
 pub const MAX_SEAL_BYTES: usize = 1 << 30;
-/// The start counter's file in the data dir.
-pub const EPOCH_FILE_NAME: &str = "EPOCH";
+/// At most this many (namespace id, start id) pairs have cached keys (two
+/// AES key schedules, about 1 KiB, each). A full cache is cleared: keys are
+/// derived again on use, which costs two HKDF expansions.
+pub const KEY_CACHE_MAX_ENTRIES: usize = 4096;
 
 const _: () = assert!(TAG_BYTES == ring::aead::MAX_TAG_LEN);
 
 /// Fixed HKDF salt: domain-separates cubecrypt from any other use of the
 /// same key material. Changing it changes every key (a format version).
 const HKDF_SALT: &[u8] = b"cube cubecrypt v1";
-/// HKDF info prefixes, one per purpose; the namespace id (u64 LE) follows.
-/// Distinct lengths, so no (purpose, id) pair encodes like another.
+/// HKDF info prefixes, one per purpose. A data key's info is purpose ||
+/// ns_id (u64 LE) || start (u64 LE); the key check's is purpose || ns_id.
+/// Distinct lengths, so no (purpose, id, start) encodes like another.
 const INFO_WAL: &[u8] = b"wal";
 const INFO_CHECKPOINT: &[u8] = b"checkpoint";
 const INFO_KEY_CHECK: &[u8] = b"key check";
@@ -64,12 +73,13 @@ const INFO_KEY_CHECK: &[u8] = b"key check";
 /// 64 hex digits and a newline; anything longer is not a key file.
 const KEY_FILE_MAX_BYTES: u64 = 2 * MASTER_KEY_BYTES as u64 + 1;
 const KEY_FILE_FORMAT: &str = "expected 32 raw bytes, or 64 hex digits and an optional newline";
-/// u32 LE epoch, then CRC32C of those 4 bytes (LE).
-const EPOCH_FILE_BYTES: usize = 8;
+/// Draws of the random start id before giving up on an RNG that keeps
+/// returning zero (a 2^-64 event for a working one).
+const START_DRAWS: usize = 4;
 
 /// The checkpoint-block nonce counter. Process-wide rather than per
 /// [`Keyring`]: two keyrings built in one process with the same master key
-/// and epoch (tests, tools) still never hand out the same block nonce.
+/// and start id (tests, tools) still never hand out the same block nonce.
 static BLOCK_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// The 32-byte master key. Its bytes never leave this module: `Debug`
@@ -108,10 +118,13 @@ pub enum CryptoError {
     /// Authentication failed: the wrong key, or the bytes, their associated
     /// data or their position (nonce) were changed.
     OpenFailed,
-    /// A seal was refused to keep the nonce scheme sound (epoch 0 or not
+    /// A seal was refused to keep the nonce scheme sound (start id 0 or not
     /// this keyring's, counter exhausted) or the input exceeds
     /// [`MAX_SEAL_BYTES`]. A bug in the caller, not a data problem.
     Refused(&'static str),
+    /// The system's random number generator failed, so no start id could be
+    /// drawn: the daemon refuses to start rather than risk a reused key.
+    Random,
 }
 
 impl fmt::Display for CryptoError {
@@ -127,6 +140,10 @@ impl fmt::Display for CryptoError {
                 "authentication failed: wrong key, or the data was tampered with or damaged",
             ),
             CryptoError::Refused(reason) => write!(f, "cubecrypt refused to seal: {reason}"),
+            CryptoError::Random => f.write_str(
+                "the system random number generator failed, so no encryption start id \
+                 could be drawn; refusing to start",
+            ),
         }
     }
 }
@@ -226,7 +243,7 @@ fn hex_value(digit: u8) -> Option<u8> {
     }
 }
 
-/// One namespace's derived keys.
+/// One namespace's derived keys for one start.
 struct NsKeys {
     wal: LessSafeKey,
     checkpoint: LessSafeKey,
@@ -241,15 +258,16 @@ impl hkdf::KeyType for KeyCheckLen {
     }
 }
 
-/// The master key's HKDF PRK, the epoch of this start, and the derived
-/// per-namespace keys. Shared by the writer and the checkpointer.
+/// The master key's HKDF PRK, the start id of this start, and the derived
+/// per-(namespace, start) keys. Shared by the writer and the checkpointer.
 pub struct Keyring {
     /// `None`: started without `--key-file`; every operation is `NoKey`.
     prk: Option<hkdf::Prk>,
-    epoch: u32,
-    /// One entry (two AES key schedules, about 1 KiB) per namespace id used
-    /// since start; [`Keyring::forget`] drops one.
-    keys: RwLock<HashMap<u64, Arc<NsKeys>>>,
+    start: u64,
+    /// One entry (two AES key schedules, about 1 KiB) per (namespace id,
+    /// start id) used since start, at most [`KEY_CACHE_MAX_ENTRIES`];
+    /// [`Keyring::forget`] drops a namespace's.
+    keys: RwLock<HashMap<(u64, u64), Arc<NsKeys>>>,
     /// Namespace ids whose key check matched this master key: a sealed
     /// record of one of them that fails to open was tampered with; of any
     /// other, the key is the likelier culprit (refuse, never repair).
@@ -260,22 +278,33 @@ impl fmt::Debug for Keyring {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Keyring")
             .field("has_key", &self.has_key())
-            .field("epoch", &self.epoch)
-            .field("namespaces_cached", &self.cache().len())
+            .field("start", &self.start)
+            .field("keys_cached", &self.cache().len())
             .finish()
     }
 }
 
 impl Keyring {
-    /// `epoch`: a number that is different at every start of the daemon with
-    /// this data dir: the value [`bump_epoch`] returned. Seals refuse epoch 0,
-    /// which `bump_epoch` never returns (it means nobody bumped).
-    pub fn new(master: Option<MasterKey>, epoch: u32) -> Keyring {
+    /// A keyring for one start of the daemon: draws a random, nonzero
+    /// 64-bit start id from the system RNG, so that nothing this start seals
+    /// shares a key with any other start, nor with a copy of the data dir
+    /// that runs on. [`CryptoError::Random`] if the RNG fails.
+    pub fn for_new_start(master: MasterKey) -> Result<Keyring, CryptoError> {
+        let rng = SystemRandom::new();
+        let start = draw_start(|bytes| rng.fill(bytes))?;
+        Ok(Keyring::new(Some(master), start))
+    }
+
+    /// A keyring with a given start id: for tests and tools. The daemon
+    /// uses [`Keyring::for_new_start`]. Any start id opens (data carries its
+    /// own); seals refuse start 0, so `Keyring::new(key, 0)` only opens. A
+    /// caller that seals must never use a start id twice with one key.
+    pub fn new(master: Option<MasterKey>, start: u64) -> Keyring {
         // The master key is dropped (and zeroed) here; only the PRK is kept.
         let prk = master.map(|key| hkdf::Salt::new(hkdf::HKDF_SHA256, HKDF_SALT).extract(&key.0));
         Keyring {
             prk,
-            epoch,
+            start,
             keys: RwLock::new(HashMap::new()),
             verified: RwLock::new(std::collections::HashSet::new()),
         }
@@ -301,8 +330,9 @@ impl Keyring {
         self.prk.is_some()
     }
 
-    pub fn epoch(&self) -> u32 {
-        self.epoch
+    /// This start's id: what seals use and what the sealed layouts store.
+    pub fn start(&self) -> u64 {
+        self.start
     }
 
     /// 16 bytes derived from the master key and the namespace id, stored in
@@ -321,33 +351,34 @@ impl Keyring {
         Ok(out)
     }
 
-    /// Drops a namespace's cached keys (after `ns drop`); they are derived
-    /// again if the id is used again.
+    /// Drops a namespace's cached keys, of every start (after `ns drop`);
+    /// they are derived again if the id is used again.
     pub fn forget(&self, ns_id: u64) {
         self.keys
             .write()
             .unwrap_or_else(PoisonError::into_inner)
-            .remove(&ns_id);
+            .retain(|&(id, _), _| id != ns_id);
     }
 
     /// WAL record payload: encrypts `buf` in place and appends the 16-byte
-    /// tag. Nonce = epoch (u32 BE) || lsn (u64 BE), under the namespace's WAL
-    /// key. `aad` is authenticated, not encrypted. `epoch` must be this
-    /// keyring's: sealing under an older one could repeat a nonce. The caller
-    /// seals each LSN at most once per start (LSNs are never reassigned
-    /// within a start; a latched writer never retries).
+    /// tag. Key: the namespace's WAL key for `start`; nonce = low 32 bits of
+    /// `start` (BE) || lsn (u64 BE). `aad` is authenticated, not encrypted.
+    /// `start` must be this keyring's: sealing under another start's key
+    /// could repeat a nonce. The caller seals each LSN at most once per start
+    /// (LSNs are never reassigned within a start; a latched writer never
+    /// retries).
     pub fn seal_wal(
         &self,
         ns_id: u64,
-        epoch: u32,
+        start: u64,
         lsn: u64,
         aad: &[u8],
         buf: &mut Vec<u8>,
     ) -> Result<(), CryptoError> {
-        let keys = self.keys_for(ns_id)?;
-        self.check_seal(epoch, buf.len())?;
+        let keys = self.keys_for(ns_id, start)?;
+        self.check_seal(start, buf.len())?;
         keys.wal
-            .seal_in_place_append_tag(nonce(epoch, lsn), Aad::from(aad), buf)
+            .seal_in_place_append_tag(nonce(start, lsn), Aad::from(aad), buf)
             .map_err(|_| CryptoError::Refused("AES-GCM refused the input"))
     }
 
@@ -355,62 +386,65 @@ impl Keyring {
     /// success returns the plaintext length (the plaintext is `buf[..len]`).
     /// On failure `buf` is overwritten in an unspecified way: keep a copy if
     /// the ciphertext is needed afterwards.
+    ///
+    /// `start` is the start id stored with the record: that of this keyring
+    /// or of any earlier start (recovery opens what earlier starts sealed).
     pub fn open_wal(
         &self,
         ns_id: u64,
-        epoch: u32,
+        start: u64,
         lsn: u64,
         aad: &[u8],
         buf: &mut [u8],
     ) -> Result<usize, CryptoError> {
-        let keys = self.keys_for(ns_id)?;
-        open(&keys.wal, nonce(epoch, lsn), aad, buf)
+        let keys = self.keys_for(ns_id, start)?;
+        open(&keys.wal, nonce(start, lsn), aad, buf)
     }
 
-    /// Checkpoint block: encrypts `buf` in place and appends the tag, with
-    /// nonce = epoch (u32 BE) || counter (u64 BE) under the namespace's
-    /// checkpoint key. The counter is process-wide and taken once per call.
-    /// Returns (epoch, counter), which the caller stores next to the
-    /// ciphertext to open it.
+    /// Checkpoint block: encrypts `buf` in place and appends the tag, under
+    /// the namespace's checkpoint key for this keyring's start, with nonce =
+    /// low 32 bits of the start (BE) || counter (u64 BE). The counter is
+    /// process-wide and taken once per call. Returns (start, counter), which
+    /// the caller stores next to the ciphertext to open it.
     pub fn seal_block(
         &self,
         ns_id: u64,
         aad: &[u8],
         buf: &mut Vec<u8>,
-    ) -> Result<(u32, u64), CryptoError> {
-        let keys = self.keys_for(ns_id)?;
-        self.check_seal(self.epoch, buf.len())?;
+    ) -> Result<(u64, u64), CryptoError> {
+        let keys = self.keys_for(ns_id, self.start)?;
+        self.check_seal(self.start, buf.len())?;
         let counter = BLOCK_COUNTER
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_add(1))
             .map_err(|_| CryptoError::Refused("the block nonce counter is exhausted"))?;
         keys.checkpoint
-            .seal_in_place_append_tag(nonce(self.epoch, counter), Aad::from(aad), buf)
+            .seal_in_place_append_tag(nonce(self.start, counter), Aad::from(aad), buf)
             .map_err(|_| CryptoError::Refused("AES-GCM refused the input"))?;
-        Ok((self.epoch, counter))
+        Ok((self.start, counter))
     }
 
     /// Inverse of [`Keyring::seal_block`]; as [`Keyring::open_wal`].
     pub fn open_block(
         &self,
         ns_id: u64,
-        epoch: u32,
+        start: u64,
         counter: u64,
         aad: &[u8],
         buf: &mut [u8],
     ) -> Result<usize, CryptoError> {
-        let keys = self.keys_for(ns_id)?;
-        open(&keys.checkpoint, nonce(epoch, counter), aad, buf)
+        let keys = self.keys_for(ns_id, start)?;
+        open(&keys.checkpoint, nonce(start, counter), aad, buf)
     }
 
-    fn check_seal(&self, epoch: u32, len: usize) -> Result<(), CryptoError> {
-        if epoch == 0 {
+    fn check_seal(&self, start: u64, len: usize) -> Result<(), CryptoError> {
+        if start == 0 {
             return Err(CryptoError::Refused(
-                "epoch 0: the keyring was built without bump_epoch",
+                "start id 0: this keyring only opens (see Keyring::for_new_start)",
             ));
         }
-        if epoch != self.epoch {
+        if start != self.start {
             return Err(CryptoError::Refused(
-                "sealing under another start's epoch could repeat a nonce",
+                "sealing under another start's keys could repeat a nonce",
             ));
         }
         if len > MAX_SEAL_BYTES {
@@ -419,44 +453,73 @@ impl Keyring {
         Ok(())
     }
 
-    fn cache(&self) -> std::sync::RwLockReadGuard<'_, HashMap<u64, Arc<NsKeys>>> {
-        // The map is never left half-updated (insert and remove are single
-        // calls), so a panic elsewhere while holding the lock is harmless.
+    fn cache(&self) -> std::sync::RwLockReadGuard<'_, HashMap<(u64, u64), Arc<NsKeys>>> {
+        // The map is never left half-updated (insert, retain and clear are
+        // single calls), so a panic elsewhere while holding the lock is
+        // harmless.
         self.keys.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn keys_for(&self, ns_id: u64) -> Result<Arc<NsKeys>, CryptoError> {
+    fn keys_for(&self, ns_id: u64, start: u64) -> Result<Arc<NsKeys>, CryptoError> {
         let prk = self.prk.as_ref().ok_or(CryptoError::NoKey)?;
-        if let Some(keys) = self.cache().get(&ns_id) {
+        if let Some(keys) = self.cache().get(&(ns_id, start)) {
             return Ok(Arc::clone(keys));
         }
         // Derived outside the lock; a racing thread derives the same keys,
         // and whichever lands first is kept.
         let derived = Arc::new(NsKeys {
-            wal: derive_aead_key(prk, INFO_WAL, ns_id)?,
-            checkpoint: derive_aead_key(prk, INFO_CHECKPOINT, ns_id)?,
+            wal: derive_aead_key(prk, INFO_WAL, ns_id, start)?,
+            checkpoint: derive_aead_key(prk, INFO_CHECKPOINT, ns_id, start)?,
         });
         let mut map = self.keys.write().unwrap_or_else(PoisonError::into_inner);
-        Ok(Arc::clone(map.entry(ns_id).or_insert(derived)))
+        if map.len() >= KEY_CACHE_MAX_ENTRIES && !map.contains_key(&(ns_id, start)) {
+            // Bounds the memory that data of many starts (or forged start
+            // ids) could pin; the keys in use come back on their next use.
+            map.clear();
+        }
+        Ok(Arc::clone(map.entry((ns_id, start)).or_insert(derived)))
     }
 }
 
+/// A start id from `fill` (the system RNG, or a stand-in in tests): 8
+/// random bytes, never 0. An RNG error, or only zeros in
+/// [`START_DRAWS`] draws, is [`CryptoError::Random`].
+fn draw_start(
+    mut fill: impl FnMut(&mut [u8]) -> Result<(), Unspecified>,
+) -> Result<u64, CryptoError> {
+    for _ in 0..START_DRAWS {
+        let mut bytes = [0u8; 8];
+        fill(&mut bytes).map_err(|_| CryptoError::Random)?;
+        let start = u64::from_le_bytes(bytes);
+        if start != 0 {
+            return Ok(start);
+        }
+    }
+    Err(CryptoError::Random)
+}
+
+/// A data key: HKDF-SHA256 expand with info = purpose || ns_id (u64 LE) ||
+/// start (u64 LE).
 fn derive_aead_key(
     prk: &hkdf::Prk,
     purpose: &[u8],
     ns_id: u64,
+    start: u64,
 ) -> Result<LessSafeKey, CryptoError> {
     let id = ns_id.to_le_bytes();
-    let info = [purpose, &id[..]];
+    let start = start.to_le_bytes();
+    let info = [purpose, &id[..], &start[..]];
     let okm = prk
         .expand(&info, &AES_256_GCM)
         .map_err(|_| CryptoError::Refused("HKDF expansion failed"))?;
     Ok(LessSafeKey::new(UnboundKey::from(okm)))
 }
 
-fn nonce(epoch: u32, n: u64) -> Nonce {
+/// Low 32 bits of the start id (BE) || `n` (u64 BE). The key is already
+/// per start; the start's bits in the nonce are defence in depth.
+fn nonce(start: u64, n: u64) -> Nonce {
     let mut bytes = [0u8; ring::aead::NONCE_LEN];
-    bytes[..4].copy_from_slice(&epoch.to_be_bytes());
+    bytes[..4].copy_from_slice(&(start as u32).to_be_bytes());
     bytes[4..].copy_from_slice(&n.to_be_bytes());
     Nonce::assume_unique_for_key(bytes)
 }
@@ -471,106 +534,25 @@ fn open(key: &LessSafeKey, nonce: Nonce, aad: &[u8], buf: &mut [u8]) -> Result<u
         .map_err(|_| CryptoError::OpenFailed)
 }
 
-/// The data dir's start counter: reads `DATA/EPOCH` (u32 LE + CRC32C of it,
-/// 8 bytes; a missing file is 0), adds 1, writes it back durably (temp file,
-/// fsync, rename over, fsync the directory) and returns the new value. Call
-/// it once per start, after taking the data dir lock and before any seal.
-///
-/// A damaged file is an error naming it, never a silent reset: a reset would
-/// hand out epochs already used, and with them nonces. Past `u32::MAX` is an
-/// error too.
-pub(crate) fn bump_epoch(storage: &dyn Storage, data_dir: &Path) -> Result<u32, StoreError> {
-    let path = data_dir.join(EPOCH_FILE_NAME);
-    let current = match storage.read_file(&path) {
-        Ok(bytes) => decode_epoch(&bytes).map_err(|reason| refuse_epoch(&path, reason))?,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => 0,
-        Err(e) => return Err(StoreError::io(&path, e)),
-    };
-    let next = current.checked_add(1).ok_or_else(|| {
-        refuse_epoch(
-            &path,
-            format!(
-                "the start counter is at its limit ({}); it cannot be bumped",
-                u32::MAX
-            ),
-        )
-    })?;
-    let tmp = data_dir.join(format!("{EPOCH_FILE_NAME}.tmp"));
-    storage
-        .open(&tmp, OpenMode::CreateTruncate)
-        .and_then(|mut file| {
-            file.write_all_at(&encode_epoch(next), 0)?;
-            file.sync_data()
-        })
-        .map_err(|e| StoreError::io(&tmp, e))?;
-    storage
-        .rename(&tmp, &path)
-        .map_err(|e| StoreError::io(&path, e))?;
-    sync_dir(storage, data_dir)?;
-    Ok(next)
-}
-
-fn encode_epoch(epoch: u32) -> [u8; EPOCH_FILE_BYTES] {
-    let value = epoch.to_le_bytes();
-    let mut out = [0u8; EPOCH_FILE_BYTES];
-    out[..4].copy_from_slice(&value);
-    out[4..].copy_from_slice(&crc32c::crc32c(&value).to_le_bytes());
-    out
-}
-
-fn decode_epoch(bytes: &[u8]) -> Result<u32, String> {
-    let Ok(bytes) = <[u8; EPOCH_FILE_BYTES]>::try_from(bytes) else {
-        return Err(format!(
-            "damaged: {} bytes, expected {EPOCH_FILE_BYTES}",
-            bytes.len()
-        ));
-    };
-    let value = [bytes[0], bytes[1], bytes[2], bytes[3]];
-    let stored = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
-    if stored != crc32c::crc32c(&value) {
-        return Err("damaged: checksum mismatch".into());
-    }
-    Ok(u32::from_le_bytes(value))
-}
-
-/// Not `StoreError::Corruption`: its advice (`--repair` truncates the WAL)
-/// does not apply to this file.
-fn refuse_epoch(path: &Path, reason: String) -> StoreError {
-    StoreError::io(
-        path,
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!(
-                "start counter (EPOCH) {reason}; refusing to start, because guessing it \
-                 could reuse an encryption nonce. If no namespace in this data dir is \
-                 encrypted, deleting the file is safe"
-            ),
-        ),
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::fs;
     use std::os::unix::fs::PermissionsExt;
 
-    use crate::sim_disk::{FaultPlan, SimDisk};
-    use crate::storage::RealDisk;
-
     fn key(byte: u8) -> MasterKey {
         MasterKey::from_bytes([byte; MASTER_KEY_BYTES])
     }
 
-    fn ring(byte: u8, epoch: u32) -> Keyring {
-        Keyring::new(Some(key(byte)), epoch)
+    fn ring(byte: u8, start: u64) -> Keyring {
+        Keyring::new(Some(key(byte)), start)
     }
 
     const AAD: &[u8] = b"record header";
 
     fn sealed_wal(k: &Keyring, plain: &[u8]) -> Vec<u8> {
         let mut buf = plain.to_vec();
-        k.seal_wal(7, k.epoch(), 42, AAD, &mut buf).unwrap();
+        k.seal_wal(7, k.start(), 42, AAD, &mut buf).unwrap();
         buf
     }
 
@@ -665,13 +647,16 @@ mod tests {
     fn another_position_namespace_or_purpose_fails_to_open() {
         let k = ring(1, 3);
         let sealed = sealed_wal(&k, b"moved record");
-        let tries: [(u64, u32, u64); 3] = [(7, 3, 43), (7, 4, 42), (8, 3, 42)];
-        for (ns, epoch, lsn) in tries {
+        // (7, 3 + 2^32, 42) has the same nonce as (7, 3, 42): only the key,
+        // derived per start, differs.
+        let tries: [(u64, u64, u64); 4] =
+            [(7, 3, 43), (7, 4, 42), (7, 3 + (1 << 32), 42), (8, 3, 42)];
+        for (ns, start, lsn) in tries {
             let mut buf = sealed.clone();
             assert_eq!(
-                k.open_wal(ns, epoch, lsn, AAD, &mut buf),
+                k.open_wal(ns, start, lsn, AAD, &mut buf),
                 Err(CryptoError::OpenFailed),
-                "ns {ns} epoch {epoch} lsn {lsn}"
+                "ns {ns} start {start} lsn {lsn}"
             );
         }
         // The WAL and checkpoint keys differ: a WAL record does not open as
@@ -716,7 +701,7 @@ mod tests {
     }
 
     #[test]
-    fn seals_refuse_epoch_zero_and_foreign_epochs() {
+    fn seals_refuse_start_zero_and_foreign_starts() {
         let mut buf = b"x".to_vec();
         assert!(matches!(
             ring(1, 0).seal_wal(1, 0, 1, AAD, &mut buf),
@@ -726,15 +711,120 @@ mod tests {
             ring(1, 0).seal_block(1, AAD, &mut buf),
             Err(CryptoError::Refused(_))
         ));
-        assert!(matches!(
-            ring(1, 5).seal_wal(1, 4, 1, AAD, &mut buf),
-            Err(CryptoError::Refused(_))
-        ));
+        for foreign in [0, 4, 5 + (1 << 32), u64::MAX] {
+            assert!(
+                matches!(
+                    ring(1, 5).seal_wal(1, foreign, 1, AAD, &mut buf),
+                    Err(CryptoError::Refused(_))
+                ),
+                "start {foreign}"
+            );
+        }
         assert_eq!(buf, b"x", "untouched");
-        // Opening under an older epoch is what recovery does: allowed.
-        let mut old = b"y".to_vec();
-        ring(1, 4).seal_wal(1, 4, 1, AAD, &mut old).unwrap();
-        assert_eq!(ring(1, 5).open_wal(1, 4, 1, AAD, &mut old), Ok(1));
+    }
+
+    /// Two starts (or two copies of a data dir that run on) with one master
+    /// key seal the same (namespace, LSN, plaintext) differently, even when
+    /// their start ids share the low 32 bits that go into the nonce, and
+    /// neither opens under the other's start id.
+    #[test]
+    fn two_starts_with_one_master_key_never_share_a_key() {
+        let starts: [u64; 3] = [0x0000_0001_dead_beef, 0x0000_0002_dead_beef, 0x1234];
+        let sealed: Vec<Vec<u8>> = starts
+            .iter()
+            .map(|&start| sealed_wal(&ring(1, start), b"the same plaintext"))
+            .collect();
+        for i in 0..starts.len() {
+            for j in 0..starts.len() {
+                let mut buf = sealed[i].clone();
+                let opened = ring(1, starts[j]).open_wal(7, starts[j], 42, AAD, &mut buf);
+                if i == j {
+                    assert_eq!(opened, Ok(18));
+                } else {
+                    assert_ne!(sealed[i], sealed[j], "starts {i} and {j}");
+                    assert_eq!(opened, Err(CryptoError::OpenFailed), "{i} as {j}");
+                }
+            }
+        }
+        // Blocks: each start's checkpoint key is its own too.
+        let (a, b) = (ring(1, starts[0]), ring(1, starts[1]));
+        let mut block = b"a block".to_vec();
+        let (start, counter) = a.seal_block(9, AAD, &mut block).unwrap();
+        assert_eq!(start, starts[0]);
+        assert_eq!(
+            b.open_block(9, starts[1], counter, AAD, &mut block.clone()),
+            Err(CryptoError::OpenFailed)
+        );
+        assert_eq!(b.open_block(9, start, counter, AAD, &mut block), Ok(7));
+    }
+
+    /// Recovery opens what earlier starts sealed: the start id stored with
+    /// the data is enough.
+    #[test]
+    fn a_keyring_opens_what_earlier_starts_sealed() {
+        let old = ring(1, 0xaaaa_0000_0000_0001);
+        let mut record = sealed_wal(&old, b"old record");
+        let mut block = b"old block".to_vec();
+        let (start, counter) = old.seal_block(7, AAD, &mut block).unwrap();
+        drop(old);
+        let new = ring(1, 0xbbbb_0000_0000_0002);
+        let mut mine = sealed_wal(&new, b"new record");
+        assert_eq!(new.open_wal(7, start, 42, AAD, &mut record), Ok(10));
+        assert_eq!(&record[..10], b"old record");
+        assert_eq!(new.open_block(7, start, counter, AAD, &mut block), Ok(9));
+        assert_eq!(&block[..9], b"old block");
+        assert_eq!(new.open_wal(7, new.start(), 42, AAD, &mut mine), Ok(10));
+        assert_eq!(new.cache().len(), 2, "one entry per (namespace, start)");
+    }
+
+    #[test]
+    fn for_new_start_draws_a_random_nonzero_start() {
+        let a = Keyring::for_new_start(key(1)).unwrap();
+        let b = Keyring::for_new_start(key(1)).unwrap();
+        assert_ne!(a.start(), 0);
+        assert_ne!(a.start(), b.start(), "2^-64");
+        let mut buf = b"sealed by a".to_vec();
+        a.seal_wal(7, a.start(), 1, AAD, &mut buf).unwrap();
+        assert_eq!(b.open_wal(7, a.start(), 1, AAD, &mut buf), Ok(11));
+    }
+
+    #[test]
+    fn a_failing_or_stuck_rng_gives_no_start() {
+        assert_eq!(draw_start(|_| Err(Unspecified)), Err(CryptoError::Random));
+        let mut draws = 0;
+        let zeros = |bytes: &mut [u8]| {
+            draws += 1;
+            bytes.fill(0);
+            Ok(())
+        };
+        assert_eq!(draw_start(zeros), Err(CryptoError::Random));
+        assert_eq!(draws, START_DRAWS);
+        // A zero draw is drawn again, not used.
+        let mut first = true;
+        let start = draw_start(|bytes| {
+            bytes.fill(if first { 0 } else { 0x5a });
+            first = false;
+            Ok(())
+        });
+        assert_eq!(start, Ok(0x5a5a_5a5a_5a5a_5a5a));
+        assert!(CryptoError::Random.to_string().contains("random"));
+    }
+
+    /// Data of many starts (or forged start ids) cannot grow the cache past
+    /// its bound; a cleared cache derives the same keys again.
+    #[test]
+    fn the_key_cache_is_bounded() {
+        let k = ring(1, 3);
+        let mut mine = sealed_wal(&k, b"kept");
+        for start in 1..=(KEY_CACHE_MAX_ENTRIES as u64 + 10) {
+            let mut buf = vec![0u8; TAG_BYTES];
+            assert_eq!(
+                k.open_wal(7, start, 1, AAD, &mut buf),
+                Err(CryptoError::OpenFailed)
+            );
+            assert!(k.cache().len() <= KEY_CACHE_MAX_ENTRIES);
+        }
+        assert_eq!(k.open_wal(7, 3, 42, AAD, &mut mine), Ok(4));
     }
 
     fn hex(bytes: &[u8]) -> String {
@@ -747,21 +837,27 @@ mod tests {
             .collect()
     }
 
-    /// Pins the documented scheme (salt, info strings, nonce layout) to
-    /// vectors computed independently (Python: hmac + `cryptography`'s
+    /// Pins the documented scheme (salt, info strings with the start id,
+    /// nonce layout with the start's low 32 bits) to vectors computed
+    /// independently (Python: hmac + hashlib for HKDF, `cryptography`'s
     /// AESGCM), so a change that would strand existing data fails here.
+    /// Master key 32 x 0x01, start 0x0123456789abcdef, namespace id 7.
     #[test]
     fn known_answers_match_the_documented_scheme() {
-        let k = ring(1, 3);
+        const START: u64 = 0x0123_4567_89ab_cdef;
+        let k = ring(1, START);
+        // info "key check" || 1u64 LE: no start id, as before.
         assert_eq!(
             hex(&k.key_check(1).unwrap()),
             "eb8f6c557cb1dbff7a8a4d389e3eef54"
         );
+        // Key: info "wal" || 7u64 LE || START LE; nonce 89abcdef || 42u64 BE.
         let mut buf = b"cube".to_vec();
-        k.seal_wal(7, 3, 42, AAD, &mut buf).unwrap();
-        assert_eq!(hex(&buf), "eab226adc528eebb9511994c050163fe63e964d1");
-        let mut block = unhex("61946c36bc2582052f332927f2c3ae0e9d63757f");
-        let n = k.open_block(7, 3, 5, AAD, &mut block).unwrap();
+        k.seal_wal(7, START, 42, AAD, &mut buf).unwrap();
+        assert_eq!(hex(&buf), "30dbd550f5cbad8113318b98171b5136b86bca4d");
+        // Key: info "checkpoint" || 7u64 LE || START LE; nonce 89abcdef || 5u64 BE.
+        let mut block = unhex("0b8b79449a70ae0a2edeb76a6de1d8f783d812d4");
+        let n = k.open_block(7, START, 5, AAD, &mut block).unwrap();
         assert_eq!(&block[..n], b"cube");
     }
 
@@ -775,11 +871,17 @@ mod tests {
     }
 
     #[test]
-    fn forget_drops_cached_keys_and_they_come_back() {
+    fn forget_drops_cached_keys_of_every_start_and_they_come_back() {
         let k = ring(1, 3);
         let mut buf = sealed_wal(&k, b"kept");
+        for start in [1, 2] {
+            let _ = k.open_wal(7, start, 1, AAD, &mut [0u8; TAG_BYTES]);
+        }
+        let _ = k.open_wal(8, 3, 1, AAD, &mut [0u8; TAG_BYTES]);
+        assert!(format!("{k:?}").contains("keys_cached: 4"), "{k:?}");
         k.forget(7);
-        assert!(format!("{k:?}").contains("namespaces_cached: 0"));
+        assert!(format!("{k:?}").contains("keys_cached: 1"), "{k:?}");
+        assert!(k.cache().contains_key(&(8, 3)), "other namespaces stay");
         assert_eq!(k.open_wal(7, 3, 42, AAD, &mut buf), Ok(4));
     }
 
@@ -878,75 +980,5 @@ mod tests {
         let p = write_key(tmp.path(), "big", &[7u8; 4096], 0o600);
         let text = load_key_file(&p).unwrap_err().to_string();
         assert!(text.contains("4096 bytes; expected"), "{text}");
-    }
-
-    #[test]
-    fn bump_epoch_increments_and_survives() {
-        let tmp = tempfile::tempdir().unwrap();
-        let disk = RealDisk;
-        assert_eq!(bump_epoch(&disk, tmp.path()).unwrap(), 1);
-        assert_eq!(bump_epoch(&disk, tmp.path()).unwrap(), 2);
-        assert_eq!(bump_epoch(&disk, tmp.path()).unwrap(), 3);
-        let bytes = fs::read(tmp.path().join(EPOCH_FILE_NAME)).unwrap();
-        assert_eq!(bytes, encode_epoch(3));
-        assert!(!tmp.path().join("EPOCH.tmp").exists());
-    }
-
-    #[test]
-    fn bump_epoch_refuses_a_damaged_file() {
-        let tmp = tempfile::tempdir().unwrap();
-        let disk = RealDisk;
-        bump_epoch(&disk, tmp.path()).unwrap();
-        let path = tmp.path().join(EPOCH_FILE_NAME);
-        let good = fs::read(&path).unwrap();
-        let mut flipped = good.clone();
-        flipped[0] ^= 4;
-        let damaged: [&[u8]; 4] = [&flipped, &good[..7], b"", &[good.as_slice(), b"x"].concat()];
-        for bytes in damaged {
-            fs::write(&path, bytes).unwrap();
-            let text = bump_epoch(&disk, tmp.path()).unwrap_err().to_string();
-            assert!(text.contains("EPOCH") && text.contains("damaged"), "{text}");
-            assert_eq!(fs::read(&path).unwrap(), bytes, "left as found");
-        }
-        fs::write(&path, encode_epoch(u32::MAX)).unwrap();
-        let text = bump_epoch(&disk, tmp.path()).unwrap_err().to_string();
-        assert!(text.contains("limit"), "{text}");
-    }
-
-    /// Through power loss and injected I/O errors, a start never gets an
-    /// epoch that an earlier start was given.
-    #[test]
-    fn bump_epoch_never_repeats_across_crashes_and_faults() {
-        let dir = Path::new("/data");
-        let (mut bumped, mut failed) = (0, 0);
-        for seed in 0..200 {
-            let mut disk = SimDisk::new(FaultPlan {
-                seed,
-                write_eio_ppm: 100_000,
-                sync_eio_ppm: 100_000,
-                dir_sync_eio_ppm: 100_000,
-                ..FaultPlan::default()
-            });
-            disk.create_dir_all(dir).unwrap();
-            let mut highest = 0;
-            for _ in 0..6 {
-                for _ in 0..3 {
-                    match bump_epoch(&disk, dir) {
-                        Ok(epoch) => {
-                            assert!(epoch > highest, "seed {seed}: {epoch} after {highest}");
-                            highest = epoch;
-                            bumped += 1;
-                        }
-                        Err(_) => failed += 1,
-                    }
-                }
-                disk = disk.crash();
-            }
-        }
-        // The faults and crashes did happen, and most bumps still worked.
-        assert!(
-            failed > 100 && bumped > 2000,
-            "{failed} failed, {bumped} bumped"
-        );
     }
 }

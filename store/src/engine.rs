@@ -1,6 +1,7 @@
 //! The engine: a locked data dir, the recovered in-memory store, the writer
 //! thread and the checkpointer, opened and closed as one.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -11,7 +12,8 @@ use cube_protocol::{Coord, NamespaceName};
 use crate::checkpoint::backup::BackupReport;
 use crate::checkpoint::checkpointer::{Checkpointer, record};
 use crate::checkpoint::{CheckpointConfig, CheckpointReport, CheckpointStore};
-use crate::crypto::{Keyring, bump_epoch, load_key_file};
+use crate::crypto::{Keyring, load_key_file};
+use crate::curve::Curve;
 use crate::data_dir::DataDir;
 use crate::error::StoreError;
 use crate::group_commit::{GroupCommit, GroupCommitConfig, WriteSession};
@@ -77,28 +79,111 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Applies mutations to the store in batches.
+/// Applies replayed mutations to the store in batches. Cell puts and
+/// deletes (nearly all of a log) are not applied one by one: they are
+/// buffered per namespace, sorted, and merged into the namespace's sorted
+/// base in one pass (`CellMap::apply_sorted`), which is several times
+/// cheaper than a tree insert each. Nothing reads the store yet, so only
+/// the final state matters, and order is kept where it matters: a detach
+/// (which deletes a cell) and namespace changes flush the cell buffers
+/// first; links, programs and telemetry touch no cell.
 struct BatchApplier<'a> {
     mem: &'a MemStore,
     batch: Vec<Mutation>,
     existed: Vec<bool>,
+    /// Per namespace: its curve and the buffered writes in log order.
+    cells: HashMap<NamespaceName, (Curve, CellWrites)>,
+    buffered: usize,
 }
 
-impl BatchApplier<'_> {
-    fn push(&mut self, mutation: Mutation) {
-        let namespace_change = mutation.is_namespace_change();
-        self.batch.push(mutation);
-        // A namespace change is applied at once: cells bulk-loaded next
-        // (outside this batch) must land in the namespace it creates.
-        if namespace_change || self.batch.len() == RECOVERY_BATCH_RECORDS {
-            self.flush();
+/// Cell writes by curve key (`None` deletes).
+type CellWrites = Vec<(u128, Option<Arc<[u8]>>)>;
+
+/// Buffered cell writes are merged once this many are waiting (bounds the
+/// memory they hold; each merge rewrites the namespace's base once).
+const RECOVERY_CELL_BUFFER: usize = 1 << 21;
+
+impl<'a> BatchApplier<'a> {
+    fn new(mem: &'a MemStore) -> BatchApplier<'a> {
+        BatchApplier {
+            mem,
+            batch: Vec::with_capacity(RECOVERY_BATCH_RECORDS),
+            existed: Vec::with_capacity(RECOVERY_BATCH_RECORDS),
+            cells: HashMap::new(),
+            buffered: 0,
         }
     }
 
-    fn flush(&mut self) {
+    fn push(&mut self, mutation: Mutation) {
+        match mutation {
+            Mutation::Put { ns, coord, value } => self.buffer(ns, coord, Some(Arc::from(value))),
+            Mutation::Del { ns, coord } => self.buffer(ns, coord, None),
+            Mutation::Detach { .. } => {
+                self.flush_cells();
+                self.batch.push(mutation);
+                self.flush_batch();
+            }
+            other if other.is_namespace_change() => {
+                // A namespace change is applied at once, after everything
+                // before it: cells bulk-loaded next (outside this batch)
+                // must land in the namespace it creates.
+                self.flush();
+                self.batch.push(other);
+                self.flush_batch();
+            }
+            other => {
+                self.batch.push(other);
+                if self.batch.len() == RECOVERY_BATCH_RECORDS {
+                    self.flush_batch();
+                }
+            }
+        }
+    }
+
+    fn buffer(&mut self, ns: NamespaceName, coord: Coord, value: Option<Arc<[u8]>>) {
+        let entry = match self.cells.get_mut(&ns) {
+            Some(entry) => entry,
+            None => {
+                // A namespace missing here was refused by the writer, so
+                // its records cannot be in the log; keep the old behaviour
+                // (ignored on apply) with any curve.
+                let curve = self.mem.curve(&ns).unwrap_or(Curve::DEFAULT);
+                self.cells.entry(ns).or_insert((curve, Vec::new()))
+            }
+        };
+        let (curve, writes) = entry;
+        writes.push((curve.key(coord), value));
+        self.buffered += 1;
+        if self.buffered >= RECOVERY_CELL_BUFFER {
+            self.flush_cells();
+        }
+    }
+
+    fn flush_cells(&mut self) {
+        for (ns, (_, mut writes)) in self.cells.drain() {
+            // Stable: for a key written twice, the later write stays later.
+            writes.sort_by_key(|(key, _)| *key);
+            let mut last_wins: CellWrites = Vec::with_capacity(writes.len());
+            for write in writes {
+                match last_wins.last_mut() {
+                    Some(last) if last.0 == write.0 => *last = write,
+                    _ => last_wins.push(write),
+                }
+            }
+            self.mem.apply_sorted_cells(&ns, last_wins);
+        }
+        self.buffered = 0;
+    }
+
+    fn flush_batch(&mut self) {
         let refs: Vec<&Mutation> = self.batch.iter().collect();
         self.mem.apply_group(&refs, &mut self.existed);
         self.batch.clear();
+    }
+
+    fn flush(&mut self) {
+        self.flush_cells();
+        self.flush_batch();
     }
 }
 
@@ -112,19 +197,17 @@ impl Engine {
         let keyring = match &config.key_file {
             Some(path) => {
                 let master = load_key_file(path).map_err(|e| StoreError::Key(e.to_string()))?;
-                // A new epoch before anything is sealed: nonces of this run
-                // can never repeat one of an earlier run (crypto.rs).
-                let epoch = bump_epoch(storage.as_ref(), &config.data_dir)?;
-                Some(Arc::new(Keyring::new(Some(master), epoch)))
+                // A random start id before anything is sealed: this run's
+                // keys are its own, unlike any earlier run's or a copy's
+                // (crypto.rs).
+                let keyring =
+                    Keyring::for_new_start(master).map_err(|e| StoreError::Key(e.to_string()))?;
+                Some(Arc::new(keyring))
             }
             None => None,
         };
         let mem = Arc::new(MemStore::new());
-        let mut applier = BatchApplier {
-            mem: &mem,
-            batch: Vec::with_capacity(RECOVERY_BATCH_RECORDS),
-            existed: Vec::with_capacity(RECOVERY_BATCH_RECORDS),
-        };
+        let mut applier = BatchApplier::new(&mem);
 
         let load_started = Instant::now();
         let mut checkpoints = CheckpointStore::open(

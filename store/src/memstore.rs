@@ -244,6 +244,26 @@ impl MemStore {
         true
     }
 
+    /// Applies cell writes sorted by curve key, each key once (`None`
+    /// deletes), in one merge (`CellMap::apply_sorted`): for replay at
+    /// startup. `false` if the namespace does not exist.
+    pub(crate) fn apply_sorted_cells(
+        &self,
+        ns: &NamespaceName,
+        batch: Vec<(u128, Option<Arc<[u8]>>)>,
+    ) -> bool {
+        let Some(space) = self.namespace(ns) else {
+            return false;
+        };
+        let mut cells = write(&space.cells);
+        let bytes = cells.apply_sorted(batch);
+        let total = space.value_bytes.load(Ordering::Relaxed) as i64 + bytes;
+        space
+            .value_bytes
+            .store(total.max(0) as u64, Ordering::Relaxed);
+        true
+    }
+
     /// The curve a namespace was created with.
     pub fn curve(&self, ns: &NamespaceName) -> Option<Curve> {
         Some(self.namespace(ns)?.curve)

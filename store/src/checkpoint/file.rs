@@ -17,9 +17,12 @@
 //!   4  4  payload_crc  CRC32C of the payload as stored
 //!   8  .. payload: entries, each
 //!         key_len u16 | key | op u8 (0 tombstone, 1 value) | [value_len u32 | value]
-//!         or, sealed: ns_id u64 LE | epoch u32 LE | counter u64 LE |
+//!         or, sealed: ns_id u64 LE | start u64 LE | counter u64 LE |
 //!         AES-256-GCM(entries) | tag (16); every entry in it belongs to
-//!         namespace `ns_id`. Associated data: file_id u64 LE |
+//!         namespace `ns_id`. `start` is the random id of the daemon start
+//!         that sealed it (its key is the namespace's checkpoint key for that
+//!         start; the nonce is low 32 bits of start | counter, both BE).
+//!         Associated data: file_id u64 LE |
 //!         block index u64 LE | ns_id u64 LE, so a block moved to another
 //!         file, position or namespace fails to open (crypto.rs).
 //! footer (40 bytes, the last bytes of the file)
@@ -56,8 +59,8 @@ const FOOTER_MAGIC: &[u8; 8] = b"CUBEFOOT";
 const VERSION: u32 = 2;
 /// Bit 31 of a block's length field: its payload is sealed.
 const SEALED_BLOCK_BIT: u32 = 1 << 31;
-/// ns_id, epoch, counter in front of a sealed block's ciphertext.
-const SEALED_PREFIX_BYTES: usize = 8 + 4 + 8;
+/// ns_id, start id, counter in front of a sealed block's ciphertext.
+const SEALED_PREFIX_BYTES: usize = 8 + 8 + 8;
 /// Entries are packed into blocks of about this size.
 const TARGET_BLOCK_BYTES: usize = 64 * 1024;
 /// No block is larger; a larger length field is damage.
@@ -229,13 +232,13 @@ impl<'a> CheckpointWriter<'a> {
         let mut len_field = self.block.len() as u32;
         if let (Some(ns_id), Some(sealer)) = (self.block_seal, self.sealer) {
             let aad = block_aad(self.file_id, self.blocks, ns_id);
-            let (epoch, counter) = sealer
+            let (start_id, counter) = sealer
                 .keyring
                 .seal_block(ns_id, &aad, &mut self.block)
                 .map_err(|e| StoreError::Key(format!("sealing a checkpoint block: {e}")))?;
             let mut sealed = Vec::with_capacity(SEALED_PREFIX_BYTES + self.block.len());
             sealed.extend_from_slice(&ns_id.to_le_bytes());
-            sealed.extend_from_slice(&epoch.to_le_bytes());
+            sealed.extend_from_slice(&start_id.to_le_bytes());
             sealed.extend_from_slice(&counter.to_le_bytes());
             sealed.extend_from_slice(&self.block);
             self.block = sealed;
@@ -473,8 +476,8 @@ impl<'k> CheckpointReader<'k> {
             return Err(self.corrupt(at, "sealed block too short for its nonce and tag"));
         }
         let ns_id = LittleEndian::read_u64(&self.block[0..8]);
-        let epoch = LittleEndian::read_u32(&self.block[8..12]);
-        let counter = LittleEndian::read_u64(&self.block[12..20]);
+        let start_id = LittleEndian::read_u64(&self.block[8..16]);
+        let counter = LittleEndian::read_u64(&self.block[16..24]);
         let Some(keyring) = self.keyring.filter(|k| k.has_key()) else {
             return Err(StoreError::Key(format!(
                 "{} holds data of an encrypted namespace (id {ns_id}) at offset {at}; start cubed with --key-file",
@@ -484,7 +487,7 @@ impl<'k> CheckpointReader<'k> {
         let aad = block_aad(self.header.file_id, self.blocks, ns_id);
         let plain = match keyring.open_block(
             ns_id,
-            epoch,
+            start_id,
             counter,
             &aad,
             &mut self.block[SEALED_PREFIX_BYTES..],

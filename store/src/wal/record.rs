@@ -15,11 +15,13 @@
 //! payload (a record of an encrypted namespace) keeps that prefix in the
 //! clear, so recovery knows whose key to use, and seals the rest:
 //! ```text
-//! ns_len u8 | ns | ns_id u64 LE | epoch u32 LE | AES-256-GCM(rest) | tag (16)
+//! ns_len u8 | ns | ns_id u64 LE | start u64 LE | AES-256-GCM(rest) | tag (16)
 //! ```
-//! Nonce: epoch (u32 BE) | lsn (u64 BE) (`crypto.rs`). Associated data:
-//! lsn u64 LE | kind byte (with both flag bits) | ns_len | ns | ns_id |
-//! epoch, so a record moved to another LSN or namespace fails to open.
+//! `start` is the random id of the daemon start that sealed it: the key is
+//! the namespace's WAL key for that start, the nonce low 32 bits of start
+//! (BE) | lsn (u64 BE) (`crypto.rs`). Associated data: lsn u64 LE | kind
+//! byte (with both flag bits) | ns_len | ns | ns_id | start, so a record
+//! moved to another LSN or namespace fails to open.
 //! The CRC covers the length, so a torn or flipped length field is caught
 //! like any other damage.
 //!
@@ -45,8 +47,8 @@ pub const GROUP_END_BIT: u8 = 0x80;
 /// Bit 6 of the kind byte: the payload after the namespace is sealed.
 pub const SEALED_BIT: u8 = 0x40;
 
-/// ns_id and epoch after the namespace of a sealed payload.
-const SEALED_PREFIX_BYTES: usize = 8 + 4;
+/// ns_id and start id after the namespace of a sealed payload.
+const SEALED_PREFIX_BYTES: usize = 8 + 8;
 
 /// Appends one record for a mutation of an encrypted namespace (id
 /// `ns_id`), its payload sealed. `scratch` is reused between calls.
@@ -65,9 +67,9 @@ pub fn encode_sealed_record(
     debug_assert_eq!(scratch.len(), mutation.payload_len());
     let mut sealed = scratch.split_off(ns_prefix);
     let kind = mutation.kind() | SEALED_BIT | if group_end { GROUP_END_BIT } else { 0 };
-    let epoch = keyring.epoch();
-    let aad = record_aad(lsn, kind, &scratch[..ns_prefix], ns_id, epoch);
-    keyring.seal_wal(ns_id, epoch, lsn, &aad, &mut sealed)?;
+    let start_id = keyring.start();
+    let aad = record_aad(lsn, kind, &scratch[..ns_prefix], ns_id, start_id);
+    keyring.seal_wal(ns_id, start_id, lsn, &aad, &mut sealed)?;
     let payload_len = ns_prefix + SEALED_PREFIX_BYTES + sealed.len();
     let start = out.len();
     out.extend_from_slice(&[0u8; 4]);
@@ -76,7 +78,7 @@ pub fn encode_sealed_record(
     out.push(kind);
     out.extend_from_slice(&scratch[..ns_prefix]);
     out.extend_from_slice(&ns_id.to_le_bytes());
-    out.extend_from_slice(&epoch.to_le_bytes());
+    out.extend_from_slice(&start_id.to_le_bytes());
     out.extend_from_slice(&sealed);
     assert_eq!(out.len() - start, RECORD_HEADER_BYTES + payload_len);
     let crc = crc32c::crc32c(&out[start + 4..]);
@@ -84,13 +86,13 @@ pub fn encode_sealed_record(
     Ok(())
 }
 
-fn record_aad(lsn: u64, kind_byte: u8, ns_prefix: &[u8], ns_id: u64, epoch: u32) -> Vec<u8> {
-    let mut aad = Vec::with_capacity(8 + 1 + ns_prefix.len() + 12);
+fn record_aad(lsn: u64, kind_byte: u8, ns_prefix: &[u8], ns_id: u64, start_id: u64) -> Vec<u8> {
+    let mut aad = Vec::with_capacity(8 + 1 + ns_prefix.len() + SEALED_PREFIX_BYTES);
     aad.extend_from_slice(&lsn.to_le_bytes());
     aad.push(kind_byte);
     aad.extend_from_slice(ns_prefix);
     aad.extend_from_slice(&ns_id.to_le_bytes());
-    aad.extend_from_slice(&epoch.to_le_bytes());
+    aad.extend_from_slice(&start_id.to_le_bytes());
     aad
 }
 
@@ -128,7 +130,7 @@ pub fn decode_record(
         .and_then(|name| NamespaceName::new(name).ok())
         .ok_or_else(|| damage("sealed payload with a malformed namespace"))?;
     let ns_id = LittleEndian::read_u64(&payload[ns_prefix..ns_prefix + 8]);
-    let epoch = LittleEndian::read_u32(&payload[ns_prefix + 8..ns_prefix + 12]);
+    let start_id = LittleEndian::read_u64(&payload[ns_prefix + 8..ns_prefix + 16]);
     let Some(keyring) = keyring.filter(|k| k.has_key()) else {
         return Err(RecordOpenError::Key(format!(
             "namespace {:?} is encrypted and no master key was given; start cubed with --key-file PATH",
@@ -136,12 +138,18 @@ pub fn decode_record(
         )));
     };
     let kind_byte = record.kind | SEALED_BIT | if record.group_end { GROUP_END_BIT } else { 0 };
-    let aad = record_aad(record.lsn, kind_byte, &payload[..ns_prefix], ns_id, epoch);
+    let aad = record_aad(
+        record.lsn,
+        kind_byte,
+        &payload[..ns_prefix],
+        ns_id,
+        start_id,
+    );
     let mut plain = Vec::with_capacity(payload.len());
     plain.extend_from_slice(&payload[..ns_prefix]);
     let sealed_at = plain.len();
     plain.extend_from_slice(&payload[ns_prefix + SEALED_PREFIX_BYTES..]);
-    match keyring.open_wal(ns_id, epoch, record.lsn, &aad, &mut plain[sealed_at..]) {
+    match keyring.open_wal(ns_id, start_id, record.lsn, &aad, &mut plain[sealed_at..]) {
         Ok(len) => plain.truncate(sealed_at + len),
         Err(_) if !keyring.is_verified(ns_id) => {
             return Err(RecordOpenError::Key(format!(
