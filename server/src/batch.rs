@@ -23,6 +23,7 @@ use cube_protocol::{
 use cube_store::{EdgeKey, MAX_TXN_MUTATIONS, Mutation, WriteSession};
 
 use crate::connection::{no_such_namespace, write_error};
+use crate::edges::edge_cap_reached;
 use crate::server::Shared;
 
 // A batch must fit in one writer transaction, or it could not be atomic.
@@ -156,28 +157,10 @@ fn apply(
             for (index, mutation) in mutations.into_iter().enumerate() {
                 if let Mutation::Link { edge, .. } = &mutation
                     && !view.has_edge(&ns, edge)
+                    && let Some(full) = edge_cap_reached(view, &ns, edge, max_edges)
                 {
-                    let (out, _) = view.edge_degree(&ns, edge.from);
-                    let (_, inc) = view.edge_degree(&ns, edge.to);
-                    let full = if out >= max_edges {
-                        Some(("leave", edge.from))
-                    } else if inc >= max_edges {
-                        Some(("arrive at", edge.to))
-                    } else {
-                        None
-                    };
-                    if let Some((verb, coord)) = full {
-                        view.rollback();
-                        return Err(op_error(
-                            ErrorCode::LimitExceeded,
-                            index,
-                            "link",
-                            &format!(
-                                "{max_edges} edges already {verb} {coord}, this server's limit \
-                                 (cubed --max-edges-per-cell)"
-                            ),
-                        ));
-                    }
+                    view.rollback();
+                    return Err(op_error(ErrorCode::LimitExceeded, index, "link", &full));
                 }
                 view.emit(mutation);
             }

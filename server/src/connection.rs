@@ -357,6 +357,14 @@ impl Connection {
             Request::Ping => Ok(Response::Pong),
             Request::Stats => {
                 let mut entries = self.shared.stats_entries();
+                if !self.peer.is_admin {
+                    // Whole-store figures count every tenant's data and
+                    // traffic; a tenant sees the server's health and its
+                    // own namespaces (added below), nothing of the others.
+                    entries.retain(|e| {
+                        e.name.starts_with("server.") || e.name.starts_with("connections.")
+                    });
+                }
                 entries.extend(crate::namespaces::stats_entries(
                     &self.peer,
                     engine.memstore(),

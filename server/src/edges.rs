@@ -200,6 +200,28 @@ enum LinkOutcome {
     Refused(ServerError),
 }
 
+/// Why a new edge would pass `--max-edges-per-cell` at one of its ends, or
+/// `None` if it fits (also used by `batch`).
+pub(crate) fn edge_cap_reached(
+    view: &cube_store::TxnView<'_>,
+    ns: &NamespaceName,
+    edge: &EdgeKey,
+    max_edges: usize,
+) -> Option<String> {
+    let (out, _) = view.edge_degree(ns, edge.from);
+    let (_, inc) = view.edge_degree(ns, edge.to);
+    let (verb, coord) = if out >= max_edges {
+        ("leave", edge.from)
+    } else if inc >= max_edges {
+        ("arrive at", edge.to)
+    } else {
+        return None;
+    };
+    Some(format!(
+        "{max_edges} edges already {verb} {coord}, this server's limit (cubed --max-edges-per-cell)"
+    ))
+}
+
 fn link(
     session: Option<&WriteSession>,
     args: &Args,
@@ -216,25 +238,11 @@ fn link(
                 return LinkOutcome::Refused(no_such_namespace(&ns));
             }
             let exists = view.has_edge(&ns, &edge);
-            if !exists {
-                let (out, _) = view.edge_degree(&ns, edge.from);
-                let (_, inc) = view.edge_degree(&ns, edge.to);
-                let full = if out >= max_edges {
-                    Some(("leave", edge.from))
-                } else if inc >= max_edges {
-                    Some(("arrive at", edge.to))
-                } else {
-                    None
-                };
-                if let Some((verb, coord)) = full {
-                    return LinkOutcome::Refused(ServerError::new(
-                        ErrorCode::LimitExceeded,
-                        format!(
-                            "{max_edges} edges already {verb} {coord}, this server's limit \
-                             (cubed --max-edges-per-cell); unlink some first"
-                        ),
-                    ));
-                }
+            if !exists && let Some(full) = edge_cap_reached(view, &ns, &edge, max_edges) {
+                return LinkOutcome::Refused(ServerError::new(
+                    ErrorCode::LimitExceeded,
+                    format!("{full}; unlink some first"),
+                ));
             }
             view.emit(Mutation::Link { ns, edge, weight });
             LinkOutcome::Linked { created: !exists }
