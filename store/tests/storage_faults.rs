@@ -2,7 +2,9 @@
 //! simulated disk that loses unsynced data on power loss, tears writes into
 //! sectors, fails writes and syncs (EIO, ENOSPC) and "succeeds" on a retried
 //! failed fsync, random operations, faults and crashes never lose an
-//! acknowledged write, never return garbage, and never panic.
+//! acknowledged write, never return garbage, and never panic. Odd seeds
+//! write into an encrypted namespace, so sealed records and sealed
+//! checkpoint blocks go through the same faults.
 //!
 //! CI runs a fixed set of seeds. `CUBE_SIM_SEEDS=N` runs N seeds
 //! (`make sim SEEDS=N`); `CUBE_SIM_SEED=S` replays one seed.
@@ -35,17 +37,30 @@ impl Rng {
     }
 }
 
-fn config(disk: &SimDisk) -> EngineConfig {
+fn config(disk: &SimDisk, key_file: &Path) -> EngineConfig {
     let mut c = EngineConfig::new(Path::new("/sim/data"));
     c.storage = Arc::new(disk.clone());
+    // The key file is read from the real disk; the data dir is simulated.
+    c.key_file = Some(key_file.to_path_buf());
     c.group_commit.segment_bytes = 2048;
     c.checkpoint.poll_interval = Duration::from_secs(3600);
     c.checkpoint.delta_compact_bytes = 4096;
     c
 }
 
-fn ns() -> NamespaceName {
-    NamespaceName::new("default").unwrap()
+/// Odd seeds use an encrypted namespace, even seeds `default`.
+fn ns(seed: u64) -> NamespaceName {
+    NamespaceName::new(if seed % 2 == 1 { "sealed" } else { "default" }).unwrap()
+}
+
+/// A 0600 key file in a real temp dir (kept alive by the returned guard).
+fn key_file() -> (tempfile::TempDir, std::path::PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("master.key");
+    std::fs::write(&path, "5a".repeat(32)).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    (dir, path)
 }
 
 fn coord(k: u64) -> Coord {
@@ -62,9 +77,9 @@ struct Model {
 
 /// Opens the engine, retrying when an injected fault hits recovery itself
 /// (an I/O error is a fine answer; garbage or a panic is not).
-fn open(disk: &mut SimDisk, seed: u64, step: usize) -> Engine {
+fn open(disk: &mut SimDisk, key: &Path, seed: u64, step: usize) -> Engine {
     for attempt in 0..50 {
-        match Engine::open(config(disk)) {
+        match Engine::open(config(disk, key)) {
             Ok(engine) => return engine,
             Err(StoreError::Io { .. }) => {
                 // The failed attempt may have written; power-cycle and retry.
@@ -78,7 +93,12 @@ fn open(disk: &mut SimDisk, seed: u64, step: usize) -> Engine {
 
 fn verify(engine: &Engine, model: &mut Model, seed: u64, step: usize) {
     for k in 0..KEYS {
-        let got = engine.get(&ns(), coord(k)).unwrap().map(|v| v.to_vec());
+        let got = engine
+            .get(&ns(seed), coord(k))
+            .unwrap_or_else(|| {
+                panic!("seed {seed} step {step}: the acknowledged namespace is gone")
+            })
+            .map(|v| v.to_vec());
         let acked = model.acked.get(&k).cloned();
         let ok = got == acked || model.maybe.get(&k).is_some_and(|m| *m == got);
         assert!(
@@ -107,7 +127,33 @@ fn simulate(seed: u64) {
     let mut disk = SimDisk::new(plan);
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let mut model = Model::default();
-    let mut engine = open(&mut disk, seed, 0);
+    let (_key_dir, key) = key_file();
+    let mut engine = open(&mut disk, &key, seed, 0);
+    if seed % 2 == 1 {
+        // Create the encrypted namespace, through faults if need be.
+        let mut meta = cube_store::namespace::NamespaceMeta::implicit_default(0);
+        meta.encrypted = true;
+        loop {
+            let created = engine.session().unwrap().write(Mutation::NamespaceCreate {
+                ns: ns(seed),
+                meta: meta.clone(),
+            });
+            match created {
+                Ok(_) => break,
+                Err(e) if e.kind == WriteErrorKind::NamespaceExists => break,
+                Err(_) => {
+                    let crashed = disk.crash();
+                    engine.close_without_checkpoint();
+                    drop(engine);
+                    disk = crashed;
+                    engine = open(&mut disk, &key, seed, 0);
+                }
+            }
+        }
+    }
+    if seed % 2 == 1 {
+        assert!(engine.memstore().sealed_id(&ns(seed)).is_some());
+    }
     let mut latched = false;
     for step in 0..STEPS {
         let roll = rng.below(100);
@@ -116,7 +162,7 @@ fn simulate(seed: u64) {
             let (mutation, value) = if rng.below(4) == 0 {
                 (
                     Mutation::Del {
-                        ns: ns(),
+                        ns: ns(seed),
                         coord: coord(k),
                     },
                     None,
@@ -126,7 +172,7 @@ fn simulate(seed: u64) {
                 let v = vec![(seed as u8).wrapping_add(step as u8); len];
                 (
                     Mutation::Put {
-                        ns: ns(),
+                        ns: ns(seed),
                         coord: coord(k),
                         value: v.clone(),
                     },
@@ -166,7 +212,7 @@ fn simulate(seed: u64) {
             engine.close_without_checkpoint();
             drop(engine);
             disk = crashed;
-            engine = open(&mut disk, seed, step);
+            engine = open(&mut disk, &key, seed, step);
             verify(&engine, &mut model, seed, step);
             latched = false;
         }
@@ -178,7 +224,7 @@ fn simulate(seed: u64) {
         seed,
         ..FaultPlan::default()
     });
-    let engine = open(&mut disk, seed, STEPS);
+    let engine = open(&mut disk, &key, seed, STEPS);
     verify(&engine, &mut model, seed, STEPS);
     engine.close_without_checkpoint();
 }
