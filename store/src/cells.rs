@@ -133,11 +133,19 @@ impl CellMap {
     /// A map holding `cells`, which must be in strictly increasing key
     /// order (as a checkpoint stores them); built straight into the base,
     /// which is the fastest load and leaves the best layout.
-    // For the checkpoint loader, which is being written beside this.
-    #[allow(dead_code)]
+    #[cfg(test)]
     pub(crate) fn from_sorted(cells: impl IntoIterator<Item = (u128, Value)>) -> CellMap {
         let (keys, values): (Vec<u128>, Vec<Value>) = cells.into_iter().unzip();
-        assert!(
+        CellMap::from_sorted_columns(keys, values)
+    }
+
+    /// [`CellMap::from_sorted`] from keys and values already apart (the
+    /// checkpoint loader builds them so: no second pass to split pairs).
+    pub(crate) fn from_sorted_columns(keys: Vec<u128>, values: Vec<Value>) -> CellMap {
+        assert_eq!(keys.len(), values.len(), "one value per key");
+        // The checkpoint reader already refuses keys out of order; this
+        // guards other callers.
+        debug_assert!(
             keys.windows(2).all(|w| w[0] < w[1]),
             "cells not in key order"
         );

@@ -92,7 +92,10 @@ struct BatchApplier<'a> {
     batch: Vec<Mutation>,
     existed: Vec<bool>,
     /// Per namespace: its curve and the buffered writes in log order.
-    cells: HashMap<NamespaceName, (Curve, CellWrites)>,
+    cells: Vec<(NamespaceName, Curve, CellWrites)>,
+    /// Where each namespace is in `cells`, and the last one written.
+    index: HashMap<NamespaceName, usize>,
+    last: Option<usize>,
     buffered: usize,
 }
 
@@ -109,7 +112,9 @@ impl<'a> BatchApplier<'a> {
             mem,
             batch: Vec::with_capacity(RECOVERY_BATCH_RECORDS),
             existed: Vec::with_capacity(RECOVERY_BATCH_RECORDS),
-            cells: HashMap::new(),
+            cells: Vec::new(),
+            index: HashMap::new(),
+            last: None,
             buffered: 0,
         }
     }
@@ -141,17 +146,25 @@ impl<'a> BatchApplier<'a> {
     }
 
     fn buffer(&mut self, ns: NamespaceName, coord: Coord, value: Option<Arc<[u8]>>) {
-        let entry = match self.cells.get_mut(&ns) {
-            Some(entry) => entry,
-            None => {
-                // A namespace missing here was refused by the writer, so
-                // its records cannot be in the log; keep the old behaviour
-                // (ignored on apply) with any curve.
-                let curve = self.mem.curve(&ns).unwrap_or(Curve::DEFAULT);
-                self.cells.entry(ns).or_insert((curve, Vec::new()))
-            }
+        // Logs are mostly runs of one namespace: compare with the last one
+        // before hashing the name.
+        let at = match self.last {
+            Some(at) if self.cells[at].0 == ns => at,
+            _ => match self.index.get(&ns) {
+                Some(&at) => at,
+                None => {
+                    // A namespace missing here was refused by the writer,
+                    // so its records cannot be in the log; any curve will
+                    // do (the writes are ignored on apply).
+                    let curve = self.mem.curve(&ns).unwrap_or(Curve::DEFAULT);
+                    self.index.insert(ns.clone(), self.cells.len());
+                    self.cells.push((ns, curve, Vec::new()));
+                    self.cells.len() - 1
+                }
+            },
         };
-        let (curve, writes) = entry;
+        self.last = Some(at);
+        let (_, curve, writes) = &mut self.cells[at];
         writes.push((curve.key(coord), value));
         self.buffered += 1;
         if self.buffered >= RECOVERY_CELL_BUFFER {
@@ -160,7 +173,9 @@ impl<'a> BatchApplier<'a> {
     }
 
     fn flush_cells(&mut self) {
-        for (ns, (_, mut writes)) in self.cells.drain() {
+        self.index.clear();
+        self.last = None;
+        for (ns, _, mut writes) in self.cells.drain(..) {
             // Stable: for a key written twice, the later write stays later.
             writes.sort_by_key(|(key, _)| *key);
             let mut last_wins: CellWrites = Vec::with_capacity(writes.len());

@@ -80,6 +80,16 @@ impl NamespaceCells {
     }
 }
 
+/// One namespace's cells from a checkpoint base, in Morton key order, as
+/// the loader collects them: keys and values apart (the run's own layout)
+/// and their value bytes counted on the way.
+#[derive(Default)]
+pub(crate) struct SortedCells {
+    pub morton_keys: Vec<u128>,
+    pub values: Vec<Arc<[u8]>>,
+    pub value_bytes: u64,
+}
+
 /// Cells of every namespace. Cheap to share: clone the `Arc`.
 pub struct MemStore {
     namespaces: RwLock<HashMap<NamespaceName, Arc<NamespaceCells>>>,
@@ -222,21 +232,18 @@ impl MemStore {
     /// (no per-cell inserts); otherwise they are inserted one by one under
     /// the namespace's own curve. Only for startup, before any reader.
     /// Returns `false` if the namespace does not exist.
-    pub fn load_sorted_cells(
-        &self,
-        ns: &NamespaceName,
-        morton_sorted: Vec<(u128, Arc<[u8]>)>,
-    ) -> bool {
+    pub(crate) fn load_sorted_cells(&self, ns: &NamespaceName, sorted: SortedCells) -> bool {
         let Some(space) = self.namespace(ns) else {
             return false;
         };
         let mut cells = write(&space.cells);
-        let bytes: u64 = morton_sorted.iter().map(|(_, v)| v.len() as u64).sum();
-        space.value_bytes.fetch_add(bytes, Ordering::Relaxed);
+        space
+            .value_bytes
+            .fetch_add(sorted.value_bytes, Ordering::Relaxed);
         if space.curve == Curve::Morton && cells.len() == 0 {
-            *cells = Cells::from_sorted(morton_sorted);
+            *cells = Cells::from_sorted_columns(sorted.morton_keys, sorted.values);
         } else {
-            for (morton, value) in morton_sorted {
+            for (morton, value) in sorted.morton_keys.into_iter().zip(sorted.values) {
                 let coord = crate::curve::morton_decode(morton);
                 cells.insert(space.curve.key(coord), value);
             }

@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use crate::crypto::Keyring;
 use crate::data_dir::sync_dir;
 use crate::error::StoreError;
+use crate::memstore::SortedCells;
 use crate::mutation::Mutation;
 use crate::namespace::{NamespaceCatalog, check_namespace_key};
 use crate::storage::Storage;
@@ -115,7 +116,7 @@ pub struct CompactionReport {
 }
 
 /// One namespace's base cells, in Morton order, on their way to the store.
-type NamespaceRun = (u64, NamespaceName, Vec<(u128, Arc<[u8]>)>);
+type NamespaceRun = (u64, NamespaceName, SortedCells);
 
 /// The checkpoint files of one data dir and the protocol that changes them.
 pub(crate) struct CheckpointStore {
@@ -209,7 +210,7 @@ impl CheckpointStore {
     pub(crate) fn load(
         &mut self,
         mut apply: impl FnMut(Mutation),
-        mut bulk_cells: impl FnMut(&NamespaceName, Vec<(u128, Arc<[u8]>)>),
+        mut bulk_cells: impl FnMut(&NamespaceName, SortedCells),
     ) -> Result<u64, StoreError> {
         let mut entries = 0;
         let files = self.manifest.files(&self.dir);
@@ -269,12 +270,16 @@ impl CheckpointStore {
                         if let Some((_, ns, cells)) = run.take() {
                             bulk_cells(&ns, cells);
                         }
-                        run = catalog.name_of(ns_id).map(|ns| (ns_id, ns, Vec::new()));
+                        run = catalog
+                            .name_of(ns_id)
+                            .map(|ns| (ns_id, ns, SortedCells::default()));
                     }
                     if let Some((id, _, cells)) = run.as_mut()
                         && *id == ns_id
                     {
-                        cells.push((morton, Arc::from(value)));
+                        cells.morton_keys.push(morton);
+                        cells.values.push(Arc::from(value));
+                        cells.value_bytes += value.len() as u64;
                     }
                     return;
                 }
