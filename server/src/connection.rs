@@ -206,7 +206,13 @@ impl Connection {
                     continue;
                 }
             }
-            if matches!(request, Request::Put { .. } | Request::Del { .. }) {
+            if matches!(
+                request,
+                Request::Put { .. }
+                    | Request::Del { .. }
+                    | Request::Prog { .. }
+                    | Request::Run { .. }
+            ) {
                 match self.submit_write(request, header.request_id, started) {
                     Ok(()) => continue,
                     Err(error) => {
@@ -443,20 +449,20 @@ impl Connection {
                     session.as_ref(),
                 )
             }
-            program_request @ (Request::Prog { .. }
+            program_request @ Request::CellStats { .. } => {
+                crate::programs::handle(&self.shared, program_request)
+            }
+            // Served before this dispatch: put, del, prog and run by
+            // `submit_write`, scan by `scan` (straight into the output
+            // buffer).
+            Request::Put { .. }
+            | Request::Del { .. }
+            | Request::Prog { .. }
             | Request::Run { .. }
-            | Request::CellStats { .. }) => {
-                self.open_session();
-                crate::programs::handle(&self.shared, self.session.as_ref(), program_request)
-            }
-            // Served before this dispatch: put and del by `submit_write`,
-            // scan by `scan` (straight into the output buffer).
-            Request::Put { .. } | Request::Del { .. } | Request::Scan { .. } => {
-                Err(ServerError::new(
-                    ErrorCode::Internal,
-                    "put, del and scan are served before the generic handler",
-                ))
-            }
+            | Request::Scan { .. } => Err(ServerError::new(
+                ErrorCode::Internal,
+                "put, del, prog, run and scan are served before the generic handler",
+            )),
         }
     }
 
@@ -525,23 +531,22 @@ impl Connection {
         }
     }
 
-    /// Hands a put or del to the writer; its answer is sent by the writer
-    /// thread once durable (see `write_reply`).
+    /// Hands a put, del, prog or run to the writer; its answer is sent by
+    /// the writer thread once durable (see `write_reply`).
     fn submit_write(
         &mut self,
         request: Request,
         request_id: u64,
         started: Instant,
     ) -> Result<(), ServerError> {
-        let (mutation, opcode) = match request {
-            Request::Put { ns, coord, value } => (Mutation::Put { ns, coord, value }, Opcode::Put),
-            Request::Del { ns, coord } => (Mutation::Del { ns, coord }, Opcode::Del),
-            _ => {
-                return Err(ServerError::new(
-                    ErrorCode::Internal,
-                    "only put and del are submitted",
-                ));
+        let opcode = request.opcode();
+        let write = match request {
+            Request::Put { ns, coord, value } => {
+                Submitted::Cell(Mutation::Put { ns, coord, value })
             }
+            Request::Del { ns, coord } => Submitted::Cell(Mutation::Del { ns, coord }),
+            // A syntax error is refused here, before anything is queued.
+            other => Submitted::Program(crate::programs::prepare(other)?),
         };
         self.open_session();
         let session = self.session.as_ref().ok_or_else(|| {
@@ -554,25 +559,36 @@ impl Connection {
         let stream = Arc::clone(&self.reply_stream);
         let slot = Arc::clone(&self.pending_reply);
         let shared = Arc::clone(&self.shared);
-        session.submit(mutation, move |result| {
+        let answer = move |result: Result<Response, ServerError>| {
             let mut frame = Vec::with_capacity(64);
             let ok = result.is_ok();
             match result {
-                Ok(ack) if opcode == Opcode::Del => Response::Del {
-                    lsn: ack.lsn,
-                    existed: ack.existed,
-                }
-                .encode(request_id, &mut frame),
-                Ok(ack) => Response::Put { lsn: ack.lsn }.encode(request_id, &mut frame),
-                Err(e) => {
-                    Response::encode_error(opcode as u16, request_id, &write_error(&e), &mut frame)
-                }
+                Ok(response) => response.encode(request_id, &mut frame),
+                Err(error) => Response::encode_error(opcode as u16, request_id, &error, &mut frame),
             }
             shared
                 .stats
                 .record(opcode, started.elapsed().as_micros() as u64, ok);
             deliver(&stream, frame, &slot);
-        });
+        };
+        match write {
+            Submitted::Cell(mutation) => session.submit(mutation, move |result| {
+                answer(
+                    result
+                        .map(|ack| match opcode {
+                            Opcode::Del => Response::Del {
+                                lsn: ack.lsn,
+                                existed: ack.existed,
+                            },
+                            _ => Response::Put { lsn: ack.lsn },
+                        })
+                        .map_err(|e| write_error(&e)),
+                );
+            }),
+            Submitted::Program(write) => {
+                crate::programs::submit(&self.shared, session, write, started, answer);
+            }
+        }
         Ok(())
     }
 
@@ -653,4 +669,10 @@ pub(crate) fn count(name: &str, value: u64) -> StatsEntry {
         name: name.to_string(),
         value: StatsValue::Count(value),
     }
+}
+
+/// A write `submit_write` queues.
+enum Submitted {
+    Cell(Mutation),
+    Program(crate::programs::ProgramWrite),
 }

@@ -252,14 +252,44 @@ impl WriteSession {
             })
             .map_err(|_| stopped())?;
         let ack = answer.recv().map_err(|_| stopped())??;
-        let output = ack.output.downcast::<R>().map_err(|_| {
-            WriteError::new(
-                WriteErrorKind::Invalid,
-                "transaction output of an unexpected type",
-            )
-        })?;
-        Ok((*output, ack.first_lsn))
+        downcast_ack(ack)
     }
+
+    /// Queues `txn` like [`WriteSession::transact`] and returns at once;
+    /// `on_done` runs on the writer thread with the closure's result and
+    /// the LSN of its first mutation once they are durable, or with the
+    /// refusal (see [`Responder::Callback`]: it must be quick and must
+    /// never block). Saves the caller a sleep and a wake-up per
+    /// transaction.
+    pub fn transact_then<R: Send + 'static>(
+        &self,
+        txn: impl FnOnce(&mut TxnView<'_>) -> R + Send + 'static,
+        on_done: impl FnOnce(Result<(R, u64), WriteError>) + Send + 'static,
+    ) {
+        let command = WriterCommand::Transact {
+            txn: Box::new(move |view: &mut TxnView<'_>| Box::new(txn(view)) as Box<dyn Any + Send>),
+            reply: Responder::Callback(Box::new(move |result: Result<TxnAck, WriteError>| {
+                on_done(result.and_then(downcast_ack));
+            })),
+            guard: self.guard.clone(),
+        };
+        if let Err(crossbeam_channel::SendError(command)) = self.tx.send(command)
+            && let WriterCommand::Transact { reply, .. } = command
+        {
+            reply.answer(Err(stopped()));
+        }
+    }
+}
+
+/// A transaction's output as the type its closure returned.
+fn downcast_ack<R: 'static>(ack: TxnAck) -> Result<(R, u64), WriteError> {
+    let output = ack.output.downcast::<R>().map_err(|_| {
+        WriteError::new(
+            WriteErrorKind::Invalid,
+            "transaction output of an unexpected type",
+        )
+    })?;
+    Ok((*output, ack.first_lsn))
 }
 
 /// Owner of the writer thread. Shared by reference (shutdown takes `&self`)

@@ -3,11 +3,14 @@
 //! A program is Lua 5.4 source stored at a coordinate. `prog` compiles it
 //! on the connection thread (a syntax error is refused with its line and
 //! nothing is stored), then writes it like any cell. `run` executes it on
-//! the writer thread through [`WriteSession::transact`]: it sees the
+//! the writer thread through [`WriteSession::transact_then`]: it sees the
 //! latest state, its writes and its telemetry record commit in one WAL
 //! group, acknowledged after fsync, and runs are serialized with every
 //! other write. A failing run (an error, or a spent fuel, time or memory
 //! budget) is rolled back, but its telemetry record is still committed.
+//! Both answer from the writer thread once durable, as put and del do
+//! (`write_reply`): the connection thread queues the request and goes back
+//! to reading, and never sleeps on the writer.
 //! The log holds only the effects, never the program's execution, so
 //! recovery is deterministic whatever the program read (clock, random).
 
@@ -144,104 +147,159 @@ impl ProgramService {
     }
 }
 
-/// Serves `prog`, `run` and `cell-stats`.
-pub(crate) fn handle(
-    shared: &Shared,
-    session: Option<&WriteSession>,
-    request: Request,
-) -> Result<Response, ServerError> {
-    let started = Instant::now();
-    let service = &shared.programs;
-    let session = || {
-        session.ok_or_else(|| {
-            ServerError::new(
-                ErrorCode::ShuttingDown,
-                "cubed is shutting down; the request was not carried out",
-            )
-        })
-    };
+/// A `prog` or `run` checked on its connection thread, ready for the
+/// writer.
+pub(crate) enum ProgramWrite {
+    Prog(Mutation),
+    Run {
+        ns: NamespaceName,
+        coord: Coord,
+        args: Vec<Vec<u8>>,
+    },
+}
+
+/// Checks a `prog` (its syntax: an error is refused here, with its line,
+/// and nothing is queued) or a `run`; anything else is not a program write.
+pub(crate) fn prepare(request: Request) -> Result<ProgramWrite, ServerError> {
     match request {
         Request::Prog { ns, coord, source } => {
-            let mutation = if source.is_empty() {
-                Mutation::ProgramDel { ns, coord }
-            } else {
-                sandbox::check_syntax(&source).map_err(|e| {
-                    let at = e
-                        .line
-                        .map_or(String::new(), |line| format!("line {line}: "));
-                    ServerError::new(
-                        ErrorCode::ProgramSyntax,
-                        format!("{at}{}; nothing was stored", e.message),
-                    )
-                })?;
-                Mutation::ProgramPut { ns, coord, source }
-            };
-            let session = session()?;
-            let wait = Instant::now();
-            let ack = session.write(mutation).map_err(|e| write_error(&e))?;
-            service
-                .stats
-                .prog
-                .record(started.elapsed().saturating_sub(wait.elapsed()));
-            Ok(Response::Prog {
-                lsn: ack.lsn,
-                replaced: ack.existed,
-            })
+            if source.is_empty() {
+                return Ok(ProgramWrite::Prog(Mutation::ProgramDel { ns, coord }));
+            }
+            sandbox::check_syntax(&source).map_err(|e| {
+                let at = e
+                    .line
+                    .map_or(String::new(), |line| format!("line {line}: "));
+                ServerError::new(
+                    ErrorCode::ProgramSyntax,
+                    format!("{at}{}; nothing was stored", e.message),
+                )
+            })?;
+            Ok(ProgramWrite::Prog(Mutation::ProgramPut {
+                ns,
+                coord,
+                source,
+            }))
         }
-        Request::Run { ns, coord, args } => {
-            let session = session()?;
+        Request::Run { ns, coord, args } => Ok(ProgramWrite::Run { ns, coord, args }),
+        other => Err(ServerError::new(
+            ErrorCode::Internal,
+            format!("{} is not a program write", other.opcode().name()),
+        )),
+    }
+}
+
+/// Queues a prepared `prog` or `run` and returns at once; `reply` gets
+/// the response on the writer thread once it is durable (or refused), so
+/// it must be quick and never block (see `write_reply`). `started` is when
+/// the request arrived: the server-side latency recorded for `stats`
+/// counts the connection thread's part, the run's execution on the writer
+/// and the answer's making, never the wait in the queue or for the fsync.
+pub(crate) fn submit(
+    shared: &Shared,
+    session: &WriteSession,
+    write: ProgramWrite,
+    started: Instant,
+    reply: impl FnOnce(Result<Response, ServerError>) + Send + 'static,
+) {
+    let service = &shared.programs;
+    let stats = Arc::clone(&service.stats);
+    match write {
+        ProgramWrite::Prog(mutation) => {
+            let before = started.elapsed();
+            session.submit(mutation, move |result| {
+                let answering = Instant::now();
+                let result = result
+                    .map(|ack| Response::Prog {
+                        lsn: ack.lsn,
+                        replaced: ack.existed,
+                    })
+                    .map_err(|e| write_error(&e));
+                if result.is_ok() {
+                    stats.prog.record(before + answering.elapsed());
+                }
+                reply(result);
+            });
+        }
+        ProgramWrite::Run { ns, coord, args } => {
             let settings = service.settings;
-            let stats = Arc::clone(&service.stats);
-            let where_ = format!("{ns} {coord}");
-            let wait = Instant::now();
-            let (output, first_lsn) = session
-                .transact(move |view| run_in_writer(view, ns, coord, &args, &settings, &stats))
-                .map_err(|e| write_error(&e))?;
-            let waited = wait.elapsed();
-            match output {
-                RunOutput::NoNamespace(ns) => Err(no_such_namespace(&ns)),
-                RunOutput::NoProgram => Err(ServerError::new(
-                    ErrorCode::InvalidArgument,
-                    format!("no program at {where_}; store one with prog"),
-                )),
-                RunOutput::Unavailable(why) => Err(ServerError::new(ErrorCode::Internal, why)),
-                RunOutput::Ran {
+            let run_stats = Arc::clone(&stats);
+            let at_ns = ns.clone();
+            let before = started.elapsed();
+            session.transact_then(
+                move |view| run_in_writer(view, ns, coord, &args, &settings, &run_stats),
+                move |result| {
+                    let answering = Instant::now();
+                    let result = match result {
+                        Ok((output, first_lsn)) => {
+                            run_response(output, first_lsn, &at_ns, coord, |exec| {
+                                stats.run.record(before + exec + answering.elapsed());
+                            })
+                        }
+                        Err(e) => Err(write_error(&e)),
+                    };
+                    reply(result);
+                },
+            );
+        }
+    }
+}
+
+/// A run's response from what its transaction handed back; `ran` gets the
+/// execution time of a run that did execute.
+fn run_response(
+    output: RunOutput,
+    first_lsn: u64,
+    ns: &NamespaceName,
+    coord: Coord,
+    ran: impl FnOnce(Duration),
+) -> Result<Response, ServerError> {
+    match output {
+        RunOutput::NoNamespace(ns) => Err(no_such_namespace(&ns)),
+        RunOutput::NoProgram => Err(ServerError::new(
+            ErrorCode::InvalidArgument,
+            format!("no program at {ns} {coord}; store one with prog"),
+        )),
+        RunOutput::Unavailable(why) => Err(ServerError::new(ErrorCode::Internal, why)),
+        RunOutput::Ran {
+            seq,
+            instructions,
+            cells_written,
+            exec,
+            result,
+        } => {
+            ran(exec);
+            match result {
+                Ok(value) => Ok(Response::Run(RunReply {
+                    lsn: first_lsn,
                     seq,
                     instructions,
                     cells_written,
-                    exec,
-                    result,
-                } => {
-                    service
-                        .stats
-                        .run
-                        .record(started.elapsed().saturating_sub(waited) + exec);
-                    match result {
-                        Ok(value) => Ok(Response::Run(RunReply {
-                            lsn: first_lsn,
-                            seq,
-                            instructions,
-                            cells_written,
-                            value,
-                        })),
-                        Err((outcome, message)) => {
-                            let code = match outcome {
-                                RunOutcome::Fuel => ErrorCode::ProgramFuel,
-                                RunOutcome::Memory => ErrorCode::ProgramMemory,
-                                _ => ErrorCode::ProgramError,
-                            };
-                            Err(ServerError::new(
-                                code,
-                                format!(
-                                    "{message} (run {seq} at {where_}: nothing it wrote was \
-                                     applied; the failure is recorded in its telemetry)"
-                                ),
-                            ))
-                        }
-                    }
+                    value,
+                })),
+                Err((outcome, message)) => {
+                    let code = match outcome {
+                        RunOutcome::Fuel => ErrorCode::ProgramFuel,
+                        RunOutcome::Memory => ErrorCode::ProgramMemory,
+                        _ => ErrorCode::ProgramError,
+                    };
+                    Err(ServerError::new(
+                        code,
+                        format!(
+                            "{message} (run {seq} at {ns} {coord}: nothing it wrote was \
+                             applied; the failure is recorded in its telemetry)"
+                        ),
+                    ))
                 }
             }
         }
+    }
+}
+
+/// Serves `cell-stats` (`prog` and `run` go through [`prepare`] and
+/// [`submit`]).
+pub(crate) fn handle(shared: &Shared, request: Request) -> Result<Response, ServerError> {
+    match request {
         Request::CellStats { ns, coord, limit } => {
             let mem = shared.engine.memstore();
             if !mem.has_namespace(&ns) {
@@ -266,7 +324,7 @@ pub(crate) fn handle(
     }
 }
 
-/// What a run's transaction hands back to its connection thread.
+/// What a run's transaction hands back for its answer.
 enum RunOutput {
     NoNamespace(NamespaceName),
     NoProgram,

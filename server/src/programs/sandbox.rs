@@ -34,7 +34,7 @@
 //! heavy (copying megabyte strings), which instruction counting cannot see.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -57,6 +57,18 @@ const COMPILED_CACHE_BYTES: usize = 32 * 1024 * 1024;
 
 /// Entries of the by-address function cache before it is emptied.
 const ADDRESS_CACHE_ENTRIES: usize = 65_536;
+
+/// Memory the syntax-checking VM may hold (mostly garbage of earlier
+/// checks) before a check ends with a full collection.
+const SYNTAX_VM_GARBAGE_BYTES: usize = 1024 * 1024;
+
+/// Sources this thread's syntax check accepted lately, kept whole (so a
+/// hit is exact) when at most this long...
+const ACCEPTED_SOURCE_BYTES: usize = 4096;
+/// ...and at most this many of them before the set is emptied. Clients
+/// often store one program at many cells (a rule per cell); a repeat is
+/// then a hash lookup instead of a compile.
+const ACCEPTED_SOURCES: usize = 64;
 
 /// Lua's own message for a failed allocation.
 const OUT_OF_MEMORY: &str = "not enough memory";
@@ -91,6 +103,7 @@ thread_local! {
     };
     static VM: RefCell<Option<ProgramVm>> = const { RefCell::new(None) };
     static SYNTAX_VM: RefCell<Option<Lua>> = const { RefCell::new(None) };
+    static ACCEPTED: RefCell<Option<HashSet<Box<[u8]>>>> = const { RefCell::new(None) };
 }
 
 fn spent_message(spent: Spent) -> &'static str {
@@ -414,8 +427,35 @@ pub(crate) struct SyntaxError {
     pub(crate) message: String,
 }
 
-/// Compiles `source` without running it, in a bare VM of this thread.
+/// Compiles `source` without running it, in a bare VM of this thread
+/// (or finds it among the sources this thread accepted lately: whether a
+/// source compiles depends on its bytes alone).
 pub(crate) fn check_syntax(source: &[u8]) -> Result<(), SyntaxError> {
+    let small = source.len() <= ACCEPTED_SOURCE_BYTES;
+    if small
+        && ACCEPTED.with(|set| {
+            set.borrow()
+                .as_ref()
+                .is_some_and(|set| set.contains(source))
+        })
+    {
+        return Ok(());
+    }
+    compile_check(source)?;
+    if small {
+        ACCEPTED.with(|set| {
+            let mut set = set.borrow_mut();
+            let set = set.get_or_insert_with(HashSet::new);
+            if set.len() >= ACCEPTED_SOURCES {
+                set.clear();
+            }
+            set.insert(Box::from(source));
+        });
+    }
+    Ok(())
+}
+
+fn compile_check(source: &[u8]) -> Result<(), SyntaxError> {
     SYNTAX_VM.with(|slot| {
         let mut slot = slot.borrow_mut();
         if slot.is_none() {
@@ -437,7 +477,11 @@ pub(crate) fn check_syntax(source: &[u8]) -> Result<(), SyntaxError> {
             .set_name(format!("={CHUNK_NAME}"))
             .set_mode(ChunkMode::Text)
             .into_function();
-        lua.gc_collect().ok();
+        // A full collection after every check cost more than the compile
+        // itself; collect only once what compiles left behind adds up.
+        if lua.used_memory() > SYNTAX_VM_GARBAGE_BYTES {
+            lua.gc_collect().ok();
+        }
         match outcome {
             Ok(_) => Ok(()),
             Err(e) => {
