@@ -16,7 +16,8 @@ use cpu_time::CpuTime;
 use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use cube_protocol::Coord;
 use cube_store::curve::{
-    Curve, hilbert_decode, hilbert_key, morton_decode, morton_key, morton_key_lut, morton_key_magic,
+    Curve, hilbert_decode, hilbert_key, morton_decode, morton_decode_magic, morton_key,
+    morton_key_lut, morton_key_magic,
 };
 
 /// A named encoder, and a named decoder with the curve whose keys it reads.
@@ -51,9 +52,12 @@ fn encode(c: &mut Criterion<CpuTime>) {
         let mut group = c.benchmark_group(format!("encode/{label}"));
         group.sampling_mode(SamplingMode::Flat);
         group.throughput(Throughput::Elements(BATCH as u64));
-        let encoders: [Encoder; 4] = [
-            // `morton_key`: what stores and checkpoints call (the fastest
-            // method this CPU supports); the others are its candidates.
+        let encoders: [Encoder; 5] = [
+            // The loop itself (an indirect call per coordinate and the
+            // XOR), to read the others against: ~1.5-2 ns of each figure.
+            ("harness", |c: Coord| (c.x ^ c.y ^ c.z) as u128),
+            // `morton_key`: what stores and checkpoints call (BMI2 `pdep`
+            // where fast, else `morton-lut`); the others are candidates.
             ("morton", morton_key),
             ("morton-lut", morton_key_lut),
             ("morton-magic", morton_key_magic),
@@ -79,8 +83,11 @@ fn decode(c: &mut Criterion<CpuTime>) {
     let mut group = c.benchmark_group("decode/full-range");
     group.sampling_mode(SamplingMode::Flat);
     group.throughput(Throughput::Elements(BATCH as u64));
-    let decoders: [Decoder; 2] = [
+    let decoders: [Decoder; 3] = [
+        // `morton_decode` (BMI2 `pext` where fast); `morton-magic` is the
+        // portable path it falls back to.
         ("morton", morton_decode, Curve::Morton),
+        ("morton-magic", morton_decode_magic, Curve::Morton),
         ("hilbert", hilbert_decode, Curve::Hilbert),
     ];
     for (name, f, curve) in decoders {

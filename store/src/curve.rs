@@ -19,7 +19,10 @@ use std::str::FromStr;
 use cube_protocol::Coord;
 
 pub use hilbert::{hilbert_decode, hilbert_key};
-pub use morton::{morton_decode, morton_key, morton_key_lut, morton_key_magic};
+pub use morton::{
+    morton_decode, morton_decode_bmi2, morton_decode_magic, morton_key, morton_key_bmi2,
+    morton_key_lut, morton_key_magic,
+};
 
 /// The 96 bits a key can use.
 pub const KEY_MASK: u128 = (1u128 << 96) - 1;

@@ -16,7 +16,8 @@
 //! ([`raw_step`]), so there is no hand-typed table to get wrong, and
 //! [`tests`] compare the machine against a literal transcription of his
 //! algorithm. Encoding looks up three levels at a time (a 24 KiB table that
-//! stays in L1); the octree walks in `region.rs` use the one-level tables.
+//! stays in L1), after one lookup for the top two levels; the octree walks
+//! in `region.rs` use the one-level tables.
 
 use cube_protocol::Coord;
 
@@ -271,12 +272,22 @@ const fn build_one(forward: bool) -> [u16; STATES * 8] {
     table
 }
 
+/// Rows in the three-level tables: the states, rounded up to a power of
+/// two so that an index `(entry & STATE_BITS) | chunk` is provably in
+/// bounds (no bounds check on the hot chain). The padding rows are never
+/// read, so they cost no cache.
+const THREE_ROWS: usize = STATES.next_power_of_two();
+
+/// The state part of a three-level entry (`next state << 9`), masked to
+/// [`THREE_ROWS`].
+const STATE_BITS: usize = (THREE_ROWS - 1) << 9;
+
 /// Three levels at once, composed from the one-level table: index
 /// `state << 9 | three input digits`, entry `three output digits | next
 /// state << 9`.
-const fn build_three(one: &[u16; STATES * 8]) -> [u16; STATES * 512] {
-    const { assert!(STATES << 9 <= 1 << 16, "entries fit in u16") };
-    let mut table = [0u16; STATES * 512];
+const fn build_three(one: &[u16; STATES * 8]) -> [u16; THREE_ROWS * 512] {
+    const { assert!(THREE_ROWS << 9 <= 1 << 16, "entries fit in u16") };
+    let mut table = [0u16; THREE_ROWS * 512];
     let mut state = 0;
     while state < STATES {
         let mut input = 0;
@@ -302,37 +313,62 @@ const fn build_three(one: &[u16; STATES * 8]) -> [u16; STATES * 512] {
 const ENCODE_1_TABLE: [u16; STATES * 8] = build_one(true);
 const DECODE_1_TABLE: [u16; STATES * 8] = build_one(false);
 
-/// One level, encode: `(state << 3 | octant) -> digit | next << 3`.
-static ENCODE_1: [u16; STATES * 8] = ENCODE_1_TABLE;
 /// One level, decode: `(state << 3 | digit) -> octant | next << 3`.
 static DECODE_1: [u16; STATES * 8] = DECODE_1_TABLE;
-static ENCODE_3: [u16; STATES * 512] = build_three(&ENCODE_1_TABLE);
-static DECODE_3: [u16; STATES * 512] = build_three(&DECODE_1_TABLE);
+static ENCODE_3: [u16; THREE_ROWS * 512] = build_three(&ENCODE_1_TABLE);
+static DECODE_3: [u16; THREE_ROWS * 512] = build_three(&DECODE_1_TABLE);
 
 /// The start state's number.
 pub(crate) const START_STATE: usize = MACHINE.class_of_raw[START_RAW];
 
-/// Runs the machine over a 96-bit string of octal digits, top level first:
-/// two single levels (bits 95..90), then ten steps of three levels. The
-/// steps form one chain of dependent loads, so this is where the time goes.
-#[inline]
-fn run(input: u128, one: &[u16; STATES * 8], three: &[u16; STATES * 512]) -> u128 {
-    let mut state = START_STATE;
-    let mut out: u128 = 0;
-    for level in [31u32, 30] {
-        let entry = usize::from(one[(state << 3) | ((input >> (3 * level)) as usize & 7)]);
-        out = (out << 3) | (entry & 7) as u128;
-        state = entry >> 3;
+/// The machine's walk through the top two levels (bits 95..=90) from the
+/// start state, for all 64 inputs: the six output bits and the state, as
+/// `digits | state << 6`. One load instead of two dependent ones.
+const fn build_top(one: &[u16; STATES * 8]) -> [u16; 64] {
+    let mut table = [0u16; 64];
+    let mut input = 0;
+    while input < 64 {
+        let first = one[(START_STATE << 3) | (input >> 3)] as usize;
+        let second = one[(first & !7) | (input & 7)] as usize;
+        let digits = ((first & 7) << 3) | (second & 7);
+        table[input] = (digits | ((second >> 3) << 6)) as u16;
+        input += 1;
     }
-    let mut step = 10u32;
-    while step > 0 {
-        step -= 1;
-        let chunk = (input >> (9 * step)) as usize & 0x1ff;
-        let entry = usize::from(three[(state << 9) | chunk]);
-        out = (out << 9) | (entry & 0x1ff) as u128;
-        state = entry >> 9;
-    }
-    out
+    table
+}
+
+static ENCODE_TOP: [u16; 64] = build_top(&ENCODE_1_TABLE);
+static DECODE_TOP: [u16; 64] = build_top(&DECODE_1_TABLE);
+
+/// Runs `steps` (at most 10) three-level steps of the machine from `state`
+/// over the low `9 * steps` bits of `input` (a 96-bit string of octal
+/// digits), top first, and returns their output in the same bits. The
+/// loads form one dependent chain, so this is where the time goes; the
+/// rest is kept to constant shifts on `u64` halves (steps 9..=6 are bits
+/// 54..=89, steps 5..=0 bits 0..=53), each half left-aligned so that the
+/// next chunk is always its top nine bits.
+#[inline(always)]
+fn run_steps(state: usize, steps: u32, input: u128, three: &[u16; THREE_ROWS * 512]) -> u128 {
+    debug_assert!(steps <= 10);
+    let hi_steps = steps.saturating_sub(6);
+    let lo_steps = steps - hi_steps;
+    let mut base = state << 9;
+    let mut half = |mut bits: u64, count: u32| -> u64 {
+        let mut out = 0u64;
+        for _ in 0..count {
+            let entry = usize::from(three[base | (bits >> 55) as usize]);
+            bits <<= 9;
+            out = (out << 9) | (entry & 0x1ff) as u64;
+            base = entry & STATE_BITS;
+        }
+        out
+    };
+    let hi = half(
+        ((input >> 54) as u64).unbounded_shl(64 - 9 * hi_steps),
+        hi_steps,
+    );
+    let lo = half((input as u64).unbounded_shl(64 - 9 * lo_steps), lo_steps);
+    (u128::from(hi) << 54) | u128::from(lo)
 }
 
 /// The octant and state of the child with key digit `digit` of an octree
@@ -393,33 +429,14 @@ const SHORTCUT: Shortcut = {
     shortcut
 };
 
-/// Runs `j` three-level steps from `state` over the low `9j` bits of
-/// `input`, adding the outputs into `out` in place.
-#[inline]
-fn run_low(
-    mut state: usize,
-    mut out: u128,
-    input: u128,
-    j: u32,
-    three: &[u16; STATES * 512],
-) -> u128 {
-    let mut step = j;
-    while step > 0 {
-        step -= 1;
-        let chunk = (input >> (9 * step)) as usize & 0x1ff;
-        let entry = usize::from(three[(state << 9) | chunk]);
-        out |= ((entry & 0x1ff) as u128) << (9 * step);
-        state = entry >> 9;
-    }
-    out
-}
-
 /// Levels below the top whose bits, on every axis, only repeat the
 /// opposite of the sign bit.
 #[inline]
 fn sign_extension_levels(c: Coord) -> u32 {
-    let run = |v: i32| ((v ^ (v >> 31)) as u32).leading_zeros() - 1;
-    run(c.x).min(run(c.y)).min(run(c.z))
+    // Per axis, the leading zeros of `v ^ sign` less the sign bit; the
+    // minimum over the axes is that of their OR (one count, not three).
+    let magnitude = |v: i32| (v ^ (v >> 31)) as u32;
+    (magnitude(c.x) | magnitude(c.y) | magnitude(c.z)).leading_zeros() - 1
 }
 
 /// The 96-bit Hilbert key of a coordinate. Like the Morton key it starts
@@ -431,15 +448,15 @@ pub fn hilbert_key(c: Coord) -> u128 {
     // Levels left after the sign level and the sign extension, in steps
     // of three (rounded up).
     let j = (31 - sign_extension_levels(c)).div_ceil(3);
-    if j > 10 {
-        return run(morton, &ENCODE_1, &ENCODE_3);
+    if j >= 10 {
+        // Two copies of the steps: this one, with a constant count, is
+        // unrolled.
+        let entry = usize::from(ENCODE_TOP[(morton >> 90) as usize & 63]);
+        return (((entry & 63) as u128) << 90) | run_steps(entry >> 6, 10, morton, &ENCODE_3);
     }
     let sign = (morton >> 93) as usize & 7;
-    let (state, top) = (
-        SHORTCUT.state[sign][j as usize],
-        SHORTCUT.key_top[sign][j as usize],
-    );
-    run_low(usize::from(state), top, morton, j, &ENCODE_3)
+    let state = usize::from(SHORTCUT.state[sign][j as usize]);
+    SHORTCUT.key_top[sign][j as usize] | run_steps(state, j, morton, &ENCODE_3)
 }
 
 /// The coordinate of a key made by [`hilbert_key`]. Bits above 96 are
@@ -452,14 +469,15 @@ pub fn hilbert_decode(key: u128) -> Coord {
     let sign = usize::from(DECODE_1[(START_STATE << 3) | ((key >> 93) as usize & 7)] & 7);
     let matched_levels = ((key ^ SHORTCUT.key_top[sign][0]).leading_zeros() - 32) / 3;
     let j = (32 - matched_levels).div_ceil(3);
-    if j > 10 {
-        return morton_decode(run(key, &DECODE_1, &DECODE_3));
-    }
-    let (state, top) = (
-        SHORTCUT.state[sign][j as usize],
-        SHORTCUT.morton_top[sign][j as usize],
-    );
-    morton_decode(run_low(usize::from(state), top, key, j, &DECODE_3))
+    let morton = if j >= 10 {
+        // As in `hilbert_key`: a constant count, unrolled.
+        let entry = usize::from(DECODE_TOP[(key >> 90) as usize & 63]);
+        (((entry & 63) as u128) << 90) | run_steps(entry >> 6, 10, key, &DECODE_3)
+    } else {
+        let state = usize::from(SHORTCUT.state[sign][j as usize]);
+        SHORTCUT.morton_top[sign][j as usize] | run_steps(state, j, key, &DECODE_3)
+    };
+    morton_decode(morton)
 }
 
 #[cfg(test)]
@@ -508,7 +526,9 @@ mod tests {
     #[test]
     fn the_machine_has_the_expected_states() {
         assert_eq!(STATES, 24);
-        assert_eq!(std::mem::size_of_val(&ENCODE_3), 24 * 1024, "fits in L1");
+        // 32 rows of 512 entries, of which the 24 used (24 KiB) fit in L1.
+        assert_eq!(std::mem::size_of_val(&ENCODE_3), 32 * 1024);
+        assert_eq!(STATES * 512 * 2, 24 * 1024, "fits in L1");
     }
 
     #[test]
@@ -571,6 +591,36 @@ mod tests {
                 for z in -4..4 {
                     let c = Coord::new(x, y, z);
                     assert_eq!(hilbert_decode(hilbert_key(c)), c);
+                }
+            }
+        }
+    }
+
+    /// The fast paths switch on how many top levels are sign extension
+    /// (a table for the top two levels, or the short cut, then 1..=10
+    /// three-level steps split over two `u64` halves). Every magnitude
+    /// boundary, on every axis and sign, against the reference.
+    #[test]
+    fn every_step_count_and_sign_matches_skilling() {
+        let mut values = vec![0, -1, i32::MIN, i32::MAX];
+        for bit in 0..31 {
+            let p = 1i32 << bit;
+            values.extend([p, p - 1, -p, -p - 1, p | 1, -(p | 1)]);
+        }
+        let others = [0, -1, 5, -6, i32::MIN, i32::MAX];
+        for &v in &values {
+            for &o in &others {
+                for c in [
+                    Coord::new(v, o, o),
+                    Coord::new(o, v, o),
+                    Coord::new(o, o, v),
+                    Coord::new(v, v, v),
+                ] {
+                    let key = hilbert_key(c);
+                    assert_eq!(key, skilling_key(c), "{c}");
+                    assert_eq!(hilbert_decode(key), c, "{c}");
+                    // Bits above 96 are ignored.
+                    assert_eq!(hilbert_decode(key | (0xabcd << 100)), c, "{c}");
                 }
             }
         }
