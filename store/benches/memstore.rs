@@ -144,6 +144,32 @@ fn point_ops(c: &mut Criterion<CpuTime>) {
     let mut group = c.benchmark_group("memstore-1M");
     group.sampling_mode(SamplingMode::Flat);
     group.throughput(Throughput::Elements(probes.len() as u64));
+    // The floor for a random `get`: loads from random indices of an array
+    // the size of the store's key array (1 M u128, 16 MiB). `floor-load`
+    // issues them independently (the CPU overlaps the misses), as the get
+    // loop could at best; `floor-chase` makes each index depend on the
+    // last load, which is one full memory latency per probe.
+    let array: Vec<u128> = (0..CELLS as u128).map(|i| i * 0x9e37_79b9).collect();
+    let indices: Vec<usize> = (0..4096)
+        .map(|_| rng.below(CELLS as i32) as usize)
+        .collect();
+    group.bench_function("floor-load", |b| {
+        b.iter(|| {
+            indices
+                .iter()
+                .map(|&i| array[i] as u64)
+                .fold(0, u64::wrapping_add)
+        })
+    });
+    group.bench_function("floor-chase", |b| {
+        b.iter(|| {
+            let mut at = 0usize;
+            for &i in &indices {
+                at = (i ^ (array[at] as usize & 1)) % CELLS;
+            }
+            at
+        })
+    });
     for curve in Curve::ALL {
         let name = ns(curve);
         group.bench_function(BenchmarkId::new("get-local", curve.name()), |b| {

@@ -41,6 +41,14 @@ const BASE_TO_DELTA_RATIO: usize = 8;
 /// Keys per fence: the index keeps every 64th key, and every 64th of those.
 const FENCE: usize = 64;
 
+/// A forward search that has galloped this far goes to the index instead.
+const GALLOP_LIMIT: usize = FENCE * FENCE;
+
+/// An overlay layer (delta or frozen delta) met by a [`Seeker`] further
+/// back than this many keys is found again by a descent rather than by
+/// stepping.
+const LAYER_STEPS: usize = 8;
+
 /// An immutable sorted run: keys and values in parallel arrays, so a
 /// search touches only keys, plus a two-level index of every 64th key and
 /// every 64th of those. A plain binary search over 1 M keys (16 MiB) misses
@@ -84,6 +92,39 @@ impl Run {
             Ok(i) => Ok(k_lo + i),
             Err(i) => Err(k_lo + i),
         }
+    }
+
+    /// The first index at or after `from` whose key is >= `key`, given
+    /// that every key before `from` is < `key`. A scan moves forward
+    /// through the box's runs, so it gallops from where it is: the cost is
+    /// the log of the distance travelled (a few probes in cached lines),
+    /// not a descent from the top; past [`GALLOP_LIMIT`] the indexed
+    /// search is cheaper.
+    fn lower_bound_from(&self, from: usize, key: u128) -> usize {
+        let keys = &self.keys;
+        let len = keys.len();
+        if from >= len || keys[from] >= key {
+            return from.min(len);
+        }
+        debug_assert!(from == 0 || keys[from - 1] < key);
+        // keys[lo] < key throughout; the answer is in (lo, hi].
+        let mut lo = from;
+        let mut step = 1;
+        let hi = loop {
+            let probe = lo + step;
+            if probe >= len {
+                break len;
+            }
+            if keys[probe] >= key {
+                break probe;
+            }
+            lo = probe;
+            if step >= GALLOP_LIMIT {
+                return self.position(key).unwrap_or_else(|i| i);
+            }
+            step *= 2;
+        };
+        lo + 1 + keys[lo + 1..hi].partition_point(|k| *k < key)
     }
 
     fn get(&self, key: u128) -> Option<&Value> {
@@ -210,6 +251,16 @@ impl CellMap {
         )
     }
 
+    /// A forward-only reader for region scans, starting at key `from`.
+    pub(crate) fn seeker(&self, from: u128) -> Seeker<'_> {
+        Seeker {
+            base: &self.base,
+            pos: self.base.position(from).unwrap_or_else(|i| i),
+            delta: Layer::new(&self.delta, from),
+            frozen: self.frozen.as_deref().map(|f| Layer::new(f, from)),
+        }
+    }
+
     /// All live cells in key order.
     // For the checkpoint writer, which is being written beside this.
     #[allow(dead_code)]
@@ -266,7 +317,7 @@ impl CellMap {
             && self.delta.len() >= MIN_DELTA_ENTRIES.max(self.base.keys.len() / BASE_TO_DELTA_RATIO)
     }
 
-    fn freeze(&mut self) {
+    pub(crate) fn freeze(&mut self) {
         let delta = std::mem::take(&mut self.delta);
         self.frozen = Some(Arc::new(delta));
     }
@@ -366,6 +417,128 @@ impl<'a> Iterator for Range<'a> {
                 // A tombstone: the key is deleted; carry on.
                 _ => continue,
             }
+        }
+    }
+}
+
+/// One overlay layer as a [`Seeker`] passes it: its smallest key at or
+/// after the seeker's position.
+struct Layer<'a> {
+    map: &'a BTreeMap<u128, Slot>,
+    iter: btree_map::Range<'a, u128, Slot>,
+    head: Option<u128>,
+}
+
+impl<'a> Layer<'a> {
+    fn new(map: &'a BTreeMap<u128, Slot>, from: u128) -> Layer<'a> {
+        let mut iter = map.range(from..);
+        let head = iter.next().map(|(k, _)| *k);
+        Layer { map, iter, head }
+    }
+
+    /// Moves the head to the first key >= `from` (never backwards).
+    #[inline]
+    fn advance(&mut self, from: u128) {
+        let mut stepped = 0;
+        while let Some(head) = self.head
+            && head < from
+        {
+            if stepped == LAYER_STEPS {
+                *self = Layer::new(self.map, from);
+                return;
+            }
+            self.head = self.iter.next().map(|(k, _)| *k);
+            stepped += 1;
+        }
+    }
+}
+
+/// The live cells of one key range, as [`Seeker::span`] finds them.
+pub(crate) enum Span<'a> {
+    /// No overlay layer has a key in the range: the base's slices are the
+    /// answer, walked with no merging at all (the common case: recent
+    /// writes are few and elsewhere).
+    Base {
+        keys: &'a [u128],
+        values: &'a [Value],
+    },
+    /// The layers merged, from the range's start; it runs past the range's
+    /// end, so the caller stops at the end.
+    Merged(Range<'a>),
+}
+
+/// Reads a [`CellMap`] range by range in increasing key order, for region
+/// scans: each range is found by galloping forward from the last, and a
+/// range with no recent writes in it comes back as plain slices of the
+/// base.
+pub(crate) struct Seeker<'a> {
+    base: &'a Run,
+    /// Every base key before `pos` is below the ranges still to come.
+    pos: usize,
+    delta: Layer<'a>,
+    frozen: Option<Layer<'a>>,
+}
+
+impl<'a> Seeker<'a> {
+    fn overlay_head(&mut self, from: u128) -> Option<u128> {
+        self.delta.advance(from);
+        let delta = self.delta.head;
+        let frozen = self.frozen.as_mut().and_then(|f| {
+            f.advance(from);
+            f.head
+        });
+        match (delta, frozen) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The live cells with keys in `start..=end`. Calls must come in
+    /// increasing order of `start`, each past the previous `end`.
+    pub(crate) fn span(&mut self, start: u128, end: u128) -> Span<'a> {
+        debug_assert!(start <= end);
+        let base = self.base;
+        self.pos = base.lower_bound_from(self.pos, start);
+        let lo = self.pos;
+        // Keys are distinct, so the range holds at most end - start + 1 of
+        // them: when the key at that offset is still inside, the range is
+        // full (every cell of a dense run is stored) and no search is
+        // needed.
+        let most = usize::try_from(end - start).map_or(usize::MAX, |d| d.saturating_add(1));
+        let cap = lo.saturating_add(most).min(base.keys.len());
+        let hi = if cap > lo && base.keys[cap - 1] <= end {
+            cap
+        } else {
+            match end.checked_add(1) {
+                Some(after) => base.lower_bound_from(lo, after),
+                None => base.keys.len(),
+            }
+        };
+        self.pos = hi;
+        match self.overlay_head(start) {
+            Some(overlay) if overlay <= end => Span::Merged(Range::new(
+                base,
+                lo,
+                self.delta.map.range(start..),
+                self.frozen.as_ref().map(|f| f.map.range(start..)),
+            )),
+            _ => Span::Base {
+                keys: &base.keys[lo..hi],
+                values: &base.values[lo..hi],
+            },
+        }
+    }
+
+    /// The smallest key above `after` in any layer: a live cell, a
+    /// tombstone or a cell a tombstone hides (so possibly nothing to
+    /// return, but never past a live cell).
+    pub(crate) fn next_key_after(&mut self, after: u128) -> Option<u128> {
+        let from = after.checked_add(1)?;
+        self.pos = self.base.lower_bound_from(self.pos, from);
+        let base = self.base.keys.get(self.pos).copied();
+        match (base, self.overlay_head(from)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
     }
 }

@@ -25,7 +25,7 @@ use crate::curve::Curve;
 use crate::edges::EdgeGraph;
 use crate::mutation::Mutation;
 use crate::namespace::{NamespaceMeta, Quota, Usage};
-use crate::scan::{ChunkEnd, ScanLimits, ScanOutcome, ScanState, Visit, start_key};
+use crate::scan::{ChunkEnd, Decoder, ScanLimits, ScanOutcome, ScanState, Visit, start_key};
 
 /// The writer applies at most this many mutations per hold of a
 /// namespace's write lock (a group can be 4096): about 40 us of inserts, so
@@ -295,13 +295,13 @@ impl MemStore {
         mut visit: impl FnMut(Coord, &[u8]) -> Visit,
     ) -> Option<ScanOutcome> {
         let space = self.namespace(ns)?;
-        let curve = space.curve;
+        let mut decoder = Decoder::new(space.curve);
         Some(scan_space(
             &space,
             region,
             after,
             limits,
-            &mut |key, value: &Arc<[u8]>| visit(curve.decode(key), value),
+            &mut |key, value: &Arc<[u8]>| visit(decoder.decode(key), value),
         ))
     }
 
@@ -464,12 +464,7 @@ fn scan_space(
         let steps = (max_steps - state.outcome.visited).min(SCAN_SLICE_STEPS);
         let end = {
             let cells = read(&space.cells);
-            state.chunk(
-                |key| cells.range(key),
-                steps,
-                limits.max_cells.max(1),
-                visit,
-            )
+            state.chunk(&cells, steps, limits.max_cells.max(1), visit)
         };
         let resume_after = match end {
             ChunkEnd::Done => return state.outcome,

@@ -2,13 +2,14 @@
 //! time.
 //!
 //! A box is a union of key runs ([`Runs`]). The scan walks the namespace's
-//! ordered map and the runs together: a stored key inside the current run is
-//! a hit; a key past it moves the runs forward to that key (skipping whole
-//! subtrees, never enumerating runs that hold no data); a key before the
-//! next run is outside the box and is stepped over, or, if the gap is wide,
-//! jumped over with a fresh seek. Work is therefore proportional to the
-//! stored keys met plus the runs that hold them, not to the box's volume,
-//! so a count of all of `i32` space touches only the cells that exist.
+//! ordered map and the runs together: every stored key inside the current
+//! run is a hit, taken straight from the sorted array with no per-key box
+//! test; after a run, the next stored key moves the runs forward to it
+//! (skipping whole subtrees, never enumerating runs that hold no data), and
+//! if it lies before the next run it is outside the box and jumped over.
+//! Work is therefore proportional to the stored keys met plus the runs that
+//! hold them, not to the box's volume, so a count of all of `i32` space
+//! touches only the cells that exist.
 //!
 //! Every call is bounded twice: by the cells the caller wants in one page,
 //! and by a step budget (stored keys examined), so a sparse box whose key
@@ -18,15 +19,9 @@
 
 use cube_protocol::{CellBox, Coord};
 
+use crate::cells::{CellMap, Span, Value};
 use crate::curve::region::{KeyRange, Runs};
 use crate::curve::{Curve, MAX_KEY};
-
-/// A gap of at most this many keys between a stored key outside the box
-/// and the next run is crossed by stepping the iterator; a wider one by a
-/// new seek. Stepping costs a few ns per stored key, a seek about a hundred
-/// (a root-to-leaf descent), so for gaps this small stepping never loses
-/// by much and usually wins (the keys in a short gap are few).
-const STEP_OVER_KEYS: u128 = 64;
 
 /// What one scan call may do before it hands back a cursor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,67 +111,450 @@ impl ScanState {
     }
 
     /// Scans `cells` from `self.next_key`, examining at most `steps` stored
-    /// keys. `range_from(k)` iterates the stored entries with key >= k in
-    /// order. `visit` sees each stored cell inside the box, by key.
-    pub(crate) fn chunk<'a, I, V>(
+    /// keys. `visit` sees each stored cell inside the box, by key.
+    ///
+    /// Every key of a run is inside the box, so a run's cells are taken
+    /// with no per-key test: the seeker finds where the run starts and ends
+    /// in the base array (galloping forward from the last run) and, unless
+    /// recent writes fall inside it, hands back plain slices. Between runs,
+    /// the next stored key decides which run comes next, so empty stretches
+    /// of the box are skipped whole; a stored key that lands outside the
+    /// box counts as one step.
+    pub(crate) fn chunk<V>(
         &mut self,
-        range_from: impl Fn(u128) -> I,
+        cells: &CellMap,
         steps: u64,
         max_cells: u64,
-        visit: &mut impl FnMut(u128, &V) -> Visit,
+        visit: &mut V,
     ) -> ChunkEnd
     where
-        I: Iterator<Item = (&'a u128, &'a V)>,
-        V: ?Sized + 'a,
+        V: FnMut(u128, &Value) -> Visit,
     {
-        let mut run = match self.run {
-            Some(run) if run.end >= self.next_key => run,
-            _ => match self.runs.next_run_from(self.next_key) {
-                Some(run) => run,
-                None => return ChunkEnd::Done,
-            },
-        };
-        let mut entries = range_from(run.start.max(self.next_key));
+        let mut budget = steps.max(1);
+        let mut seeker = cells.seeker(self.next_key);
         self.outcome.seeks += 1;
-        for _ in 0..steps.max(1) {
-            let Some((&key, value)) = entries.next() else {
+        loop {
+            let run = match self.run {
+                Some(run) if run.end >= self.next_key => run,
+                _ => match self.runs.next_run_from(self.next_key) {
+                    Some(run) => run,
+                    None => return ChunkEnd::Done,
+                },
+            };
+            self.run = Some(run);
+            let start = run.start.max(self.next_key);
+            match seeker.span(start, run.end) {
+                Span::Base { keys, values } => {
+                    if let Some(end) = self.take_slice(keys, values, &mut budget, max_cells, visit)
+                    {
+                        return end;
+                    }
+                }
+                Span::Merged(entries) => {
+                    for (&key, value) in entries {
+                        if key > run.end {
+                            break;
+                        }
+                        if let Some(end) = self.take(key, value, &mut budget, max_cells, visit) {
+                            return end;
+                        }
+                    }
+                }
+            }
+            if run.end >= MAX_KEY {
+                return ChunkEnd::Done;
+            }
+            self.next_key = run.end + 1;
+            if budget == 0 {
+                return self.pause();
+            }
+            let Some(key) = seeker.next_key_after(run.end) else {
                 return ChunkEnd::Done;
             };
-            self.outcome.visited += 1;
-            if key > run.end {
-                match self.runs.next_run_from(key) {
-                    Some(next) => run = next,
-                    None => return ChunkEnd::Done,
-                }
-                self.run = Some(run);
-            }
-            if key < run.start {
-                // Outside the box, before the next run.
-                self.next_key = run.start;
-                if run.start - key > STEP_OVER_KEYS {
-                    entries = range_from(run.start);
-                    self.outcome.seeks += 1;
-                }
-                continue;
-            }
-            let full = self.outcome.cells >= max_cells;
-            if full || visit(key, value) == Visit::Stop {
+            let Some(next) = self.runs.next_run_from(key) else {
+                return ChunkEnd::Done;
+            };
+            self.run = Some(next);
+            if key < next.start {
+                // Outside the box, before the next run: examined, and the
+                // scan goes on from that run.
+                self.outcome.visited += 1;
+                budget -= 1;
+                self.next_key = next.start;
+            } else {
+                // Nothing is stored between the runs; `key` is taken (and
+                // counted) with its run.
                 self.next_key = key;
-                // A visitor that refuses the very first cell breaks its
-                // contract; resuming just before that cell still loses
-                // nothing unless it is key 0.
-                return ChunkEnd::Stopped(self.last_taken.unwrap_or(key.saturating_sub(1)));
             }
-            self.outcome.cells += 1;
-            self.last_taken = Some(key);
-            self.next_key = key + 1;
         }
-        self.run = Some(run);
+    }
+
+    /// Stored cells inside the box, all of them unless the budget, the
+    /// page or the visitor says stop (then `Some`, as [`Self::take`] would
+    /// end). The loop keeps its counters in registers and settles them
+    /// once: this is the hot loop of a dense scan.
+    #[inline(always)]
+    fn take_slice<V>(
+        &mut self,
+        keys: &[u128],
+        values: &[Value],
+        budget: &mut u64,
+        max_cells: u64,
+        visit: &mut V,
+    ) -> Option<ChunkEnd>
+    where
+        V: FnMut(u128, &Value) -> Visit,
+    {
+        debug_assert_eq!(keys.len(), values.len());
+        debug_assert!(self.outcome.cells <= max_cells);
+        let room = (*budget).min(max_cells - self.outcome.cells);
+        let n = keys.len().min(usize::try_from(room).unwrap_or(usize::MAX));
+        let mut taken = 0;
+        while taken < n && visit(keys[taken], &values[taken]) == Visit::Take {
+            taken += 1;
+        }
+        if taken > 0 {
+            let last = keys[taken - 1];
+            *budget -= taken as u64;
+            self.outcome.visited += taken as u64;
+            self.outcome.cells += taken as u64;
+            self.last_taken = Some(last);
+            self.next_key = last + 1;
+        }
+        // Past the cells taken, the next one (if any) is where the stop
+        // came from: the visitor (before `n`), else the budget or the page,
+        // in the order `take` checks them.
+        let &key = keys.get(taken)?;
+        if taken == n && *budget == 0 {
+            return Some(self.pause());
+        }
+        Some(self.stop_at(key))
+    }
+
+    /// Stopped by the page or the visitor at `key`, which is not taken.
+    fn stop_at(&mut self, key: u128) -> ChunkEnd {
+        self.next_key = key;
+        // A visitor that refuses the very first cell breaks its contract;
+        // resuming just before that cell still loses nothing unless it is
+        // key 0.
+        ChunkEnd::Stopped(self.last_taken.unwrap_or(key.saturating_sub(1)))
+    }
+
+    /// One stored cell inside the box: `Some` ends the chunk.
+    #[inline(always)]
+    fn take<V>(
+        &mut self,
+        key: u128,
+        value: &Value,
+        budget: &mut u64,
+        max_cells: u64,
+        visit: &mut V,
+    ) -> Option<ChunkEnd>
+    where
+        V: FnMut(u128, &Value) -> Visit,
+    {
+        if *budget == 0 {
+            return Some(self.pause());
+        }
+        if self.outcome.cells >= max_cells || visit(key, value) == Visit::Stop {
+            return Some(self.stop_at(key));
+        }
+        *budget -= 1;
+        self.outcome.visited += 1;
+        self.outcome.cells += 1;
+        self.last_taken = Some(key);
+        self.next_key = key + 1;
+        None
+    }
+
+    /// Out of steps, after at least one (so `next_key` is past the chunk's
+    /// start, and above 0).
+    fn pause(&self) -> ChunkEnd {
         if self.next_key > MAX_KEY {
             ChunkEnd::Done
         } else {
-            // At least one step was taken, so next_key > the chunk's start >= 0.
             ChunkEnd::Paused(self.next_key - 1)
+        }
+    }
+}
+
+/// Turns the keys a scan meets into coordinates. A scan meets keys in
+/// increasing order, mostly in runs that share all but their low bits, so
+/// for Morton the 12 low key bits (the low 4 bits of each axis) come from a
+/// table and the rest is decoded once per 16x16x16 block: about a
+/// nanosecond a cell instead of a full decode. Hilbert's low bits depend on
+/// the orientation of the enclosing block, so it decodes each key in full.
+pub(crate) struct Decoder {
+    curve: Curve,
+    /// The key >> 12 of the block `block_origin` was decoded for.
+    block: Option<u128>,
+    block_origin: Coord,
+    low: &'static [u16; LOW_KEYS],
+}
+
+/// Keys in one 16x16x16 Morton block.
+const LOW_KEYS: usize = 1 << 12;
+
+/// For each 12-bit Morton key suffix, its low 4 bits of x, y, z packed as
+/// x << 8 | y << 4 | z, derived from the curve's own decode.
+fn morton_low_table() -> &'static [u16; LOW_KEYS] {
+    static TABLE: std::sync::OnceLock<[u16; LOW_KEYS]> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut table = [0u16; LOW_KEYS];
+        for (suffix, entry) in table.iter_mut().enumerate() {
+            let c = Curve::Morton.decode(suffix as u128);
+            *entry = ((c.x & 15) << 8 | (c.y & 15) << 4 | (c.z & 15)) as u16;
+        }
+        table
+    })
+}
+
+impl Decoder {
+    pub(crate) fn new(curve: Curve) -> Decoder {
+        Decoder {
+            curve,
+            block: None,
+            block_origin: Coord::new(0, 0, 0),
+            low: morton_low_table(),
+        }
+    }
+
+    #[inline(always)]
+    pub(crate) fn decode(&mut self, key: u128) -> Coord {
+        if self.curve != Curve::Morton {
+            return self.curve.decode(key);
+        }
+        let block = key >> 12;
+        if self.block != Some(block) {
+            self.block = Some(block);
+            // The block's corner: the low 4 bits of each axis are 0 (the
+            // order-preserving map flips only the sign bit).
+            self.block_origin = Curve::Morton.decode(block << 12);
+        }
+        let low = i32::from(self.low[(key as usize) & (LOW_KEYS - 1)]);
+        let o = self.block_origin;
+        let c = Coord::new(o.x | low >> 8, o.y | (low >> 4) & 15, o.z | low & 15);
+        debug_assert_eq!(c, self.curve.decode(key));
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Keys examined per lock hold in these tests: small, so chunks end
+    /// and resume everywhere.
+    const SLICE: u64 = 3;
+
+    /// All pages of a scan of `cells` the way `MemStore` drives it, with a
+    /// visitor that stops after `stop_after` cells a page; checks cursors
+    /// and counts, and returns the cells in the order they came.
+    fn scan_pages(
+        cells: &CellMap,
+        curve: Curve,
+        region: &CellBox,
+        page: u64,
+        steps: u64,
+        stop_after: usize,
+    ) -> Vec<(u128, Value)> {
+        let mut out = Vec::new();
+        let mut after: Option<Coord> = None;
+        loop {
+            let Some(from) = start_key(curve, after) else {
+                return out;
+            };
+            let mut state = ScanState::new(curve, region, from);
+            let mut taken: Vec<(u128, Value)> = Vec::new();
+            let end = loop {
+                let slice = (steps - state.outcome.visited).min(SLICE);
+                let end = state.chunk(cells, slice, page, &mut |key, value: &Value| {
+                    if taken.len() == stop_after {
+                        return Visit::Stop;
+                    }
+                    taken.push((key, Arc::clone(value)));
+                    Visit::Take
+                });
+                match end {
+                    ChunkEnd::Done => break None,
+                    ChunkEnd::Stopped(key) => break Some(key),
+                    ChunkEnd::Paused(key) if state.outcome.visited >= steps => break Some(key),
+                    ChunkEnd::Paused(_) => {}
+                }
+            };
+            assert_eq!(state.outcome.cells, taken.len() as u64);
+            assert!(taken.len() as u64 <= page);
+            assert!(taken.iter().all(|(k, _)| region.contains(curve.decode(*k))));
+            out.extend(taken);
+            match end {
+                None => return out,
+                Some(key) => {
+                    if let Some(previous) = after {
+                        assert!(key > curve.key(previous), "cursor must move forward");
+                    }
+                    after = Some(curve.decode(key));
+                }
+            }
+        }
+    }
+
+    type Writes = Vec<((i32, i32, i32), Option<u8>)>;
+
+    /// A map with cells in all three layers (base, frozen delta, delta),
+    /// and the plain model of what it holds.
+    fn layered(
+        curve: Curve,
+        base: &BTreeMap<(i32, i32, i32), u8>,
+        frozen: &Writes,
+        delta: &Writes,
+    ) -> (CellMap, BTreeMap<u128, Value>) {
+        let key = |(x, y, z): (i32, i32, i32)| curve.key(Coord::new(x, y, z));
+        let mut model: BTreeMap<u128, Value> = base
+            .iter()
+            .map(|(c, v)| (key(*c), Arc::from([*v].as_slice())))
+            .collect();
+        let mut cells = CellMap::from_sorted(model.iter().map(|(k, v)| (*k, Arc::clone(v))));
+        for (writes, freeze) in [(frozen, true), (delta, false)] {
+            for (c, v) in writes {
+                match v {
+                    Some(v) => {
+                        let v: Value = Arc::from([*v].as_slice());
+                        cells.insert(key(*c), Arc::clone(&v));
+                        model.insert(key(*c), v);
+                    }
+                    None => {
+                        cells.remove(&key(*c));
+                        model.remove(&key(*c));
+                    }
+                }
+            }
+            if freeze {
+                cells.freeze();
+            }
+        }
+        (cells, model)
+    }
+
+    fn check(
+        cells: &CellMap,
+        model: &BTreeMap<u128, Value>,
+        curve: Curve,
+        region: &CellBox,
+        page: u64,
+        steps: u64,
+        stop_after: usize,
+    ) {
+        let want: Vec<(u128, Value)> = model
+            .iter()
+            .filter(|(k, _)| region.contains(curve.decode(**k)))
+            .map(|(k, v)| (*k, Arc::clone(v)))
+            .collect();
+        let got = scan_pages(cells, curve, region, page, steps, stop_after);
+        assert_eq!(got, want, "{curve:?} {region:?} page {page} steps {steps}");
+        let all = scan_pages(cells, curve, region, u64::MAX, u64::MAX, usize::MAX);
+        assert_eq!(all, want);
+    }
+
+    fn axis() -> impl Strategy<Value = i32> {
+        -1i32..11
+    }
+
+    fn writes() -> impl Strategy<Value = Writes> {
+        prop::collection::vec(((0i32..10, 0i32..10, 0i32..10), any::<Option<u8>>()), 0..40)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Scans over every mix of layers (base slices, merged stretches,
+        /// tombstones hiding base cells), with pages, step budgets and
+        /// visitor stops, return exactly the model's cells in key order.
+        #[test]
+        fn layered_scans_match_the_model(
+            base in prop::collection::btree_map((0i32..10, 0i32..10, 0i32..10), any::<u8>(), 0..900),
+            frozen in writes(),
+            delta in writes(),
+            a in (axis(), axis(), axis()),
+            b in (axis(), axis(), axis()),
+            page in 1u64..40,
+            steps in 1u64..40,
+            stop_after in 1usize..50,
+        ) {
+            let region = CellBox::new(
+                Coord::new(a.0.min(b.0), a.1.min(b.1), a.2.min(b.2)),
+                Coord::new(a.0.max(b.0), a.1.max(b.1), a.2.max(b.2)),
+            )
+            .unwrap();
+            for curve in Curve::ALL {
+                let (cells, model) = layered(curve, &base, &frozen, &delta);
+                check(&cells, &model, curve, &region, page, steps, stop_after);
+            }
+        }
+    }
+
+    /// A fully populated base (whole runs come back as slices), a few
+    /// recent writes and deletes inside and around the box.
+    #[test]
+    fn dense_base_with_recent_writes() {
+        let mut base = BTreeMap::new();
+        for x in 0..16 {
+            for y in 0..16 {
+                for z in 0..16 {
+                    base.insert((x, y, z), (x + y + z) as u8);
+                }
+            }
+        }
+        let frozen: Writes = vec![((3, 4, 5), None), ((7, 7, 7), Some(1)), ((15, 0, 2), None)];
+        let delta: Writes = vec![
+            ((3, 4, 5), Some(9)),
+            ((8, 8, 8), None),
+            ((2, 9, 9), Some(2)),
+        ];
+        for curve in Curve::ALL {
+            let (cells, model) = layered(curve, &base, &frozen, &delta);
+            for (lo, hi) in [
+                ((0, 0, 0), (15, 15, 15)),
+                ((2, 3, 4), (9, 9, 9)),
+                ((-3, -3, -3), (20, 4, 20)),
+                ((8, 8, 8), (8, 8, 8)),
+                ((1, 0, 0), (14, 15, 15)),
+            ] {
+                let region =
+                    CellBox::new(Coord::new(lo.0, lo.1, lo.2), Coord::new(hi.0, hi.1, hi.2))
+                        .unwrap();
+                for (page, steps) in [(5, 7), (1000, 2), (64, 4096), (1, 1)] {
+                    check(&cells, &model, curve, &region, page, steps, 1000);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_block_decoder_agrees_with_the_curve() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for curve in Curve::ALL {
+            let mut decoder = Decoder::new(curve);
+            let mut keys: Vec<u128> = (0..20_000)
+                .map(|_| (u128::from(next()) << 32 | u128::from(next())) & MAX_KEY)
+                .collect();
+            keys.extend(0..5000);
+            keys.extend(MAX_KEY - 5000..=MAX_KEY);
+            let base = keys[7] & !0xfff;
+            keys.extend(base..base + 9000);
+            for key in keys {
+                assert_eq!(decoder.decode(key), curve.decode(key), "{curve:?} {key:#x}");
+            }
         }
     }
 }
