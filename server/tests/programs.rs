@@ -427,4 +427,25 @@ fn every_sandbox_escape_is_refused() {
     .unwrap();
     assert_eq!(c.run(NS, at, &[]).unwrap().value, ProgramValue::Bool(true));
     assert_eq!(c.run(NS, at, &[]).unwrap().value, ProgramValue::Bool(true));
+    // The environment table is reused between runs that leave it empty:
+    // globals set with rawset, or by a run that then fails, are gone too,
+    // and so is anything another cell's program left.
+    let other = Coord::new(6, 6, 6);
+    c.prog(
+        NS,
+        other,
+        b"rawset(_ENV, 'leaked', 2) hidden = 3 error('after the writes')",
+    )
+    .unwrap();
+    assert_eq!(code(&run_err(&mut c, other)), Some(ErrorCode::ProgramError));
+    c.prog(
+        NS,
+        at,
+        b"return leaked == nil and hidden == nil and rawget(_ENV, 'leaked') == nil",
+    )
+    .unwrap();
+    assert_eq!(c.run(NS, at, &[]).unwrap().value, ProgramValue::Bool(true));
+    c.prog(NS, other, b"leaked = 4 return leaked").unwrap();
+    assert_eq!(c.run(NS, other, &[]).unwrap().value, ProgramValue::Int(4));
+    assert_eq!(c.run(NS, at, &[]).unwrap().value, ProgramValue::Bool(true));
 }

@@ -139,10 +139,58 @@ impl Overlay {
 /// The most cells a transaction's region read returns.
 pub const MAX_TXN_SCAN_CELLS: usize = 65_536;
 
-/// What a transaction sees and does.
-pub struct TxnView<'a> {
-    mem: &'a MemStore,
-    overlay: &'a mut Overlay,
+/// Where a transaction's store and overlay are.
+// Boxing the held overlay would cost a run an allocation to save a few
+// hundred bytes of stack in a value that exists once at a time.
+#[allow(clippy::large_enum_variant)]
+enum Place<'a> {
+    /// The writer's own, lent for one transaction.
+    Lent {
+        mem: &'a Arc<MemStore>,
+        overlay: &'a mut Overlay,
+    },
+    /// Taken out of a lent view by [`TxnView::detach`], so that code which
+    /// cannot hold a borrow (a Lua function made once per VM) can own the
+    /// transaction for a while.
+    Held {
+        mem: Arc<MemStore>,
+        overlay: Overlay,
+    },
+}
+
+impl Place<'_> {
+    fn mem(&self) -> &MemStore {
+        match self {
+            Place::Lent { mem, .. } => mem,
+            Place::Held { mem, .. } => mem,
+        }
+    }
+
+    fn overlay(&self) -> &Overlay {
+        match self {
+            Place::Lent { overlay, .. } => overlay,
+            Place::Held { overlay, .. } => overlay,
+        }
+    }
+
+    fn overlay_mut(&mut self) -> &mut Overlay {
+        match self {
+            Place::Lent { overlay, .. } => overlay,
+            Place::Held { overlay, .. } => overlay,
+        }
+    }
+
+    fn shared_mem(&self) -> Arc<MemStore> {
+        match self {
+            Place::Lent { mem, .. } => Arc::clone(mem),
+            Place::Held { mem, .. } => Arc::clone(mem),
+        }
+    }
+}
+
+/// What a transaction did so far, to commit or undo.
+#[derive(Default)]
+struct TxnLog {
     mutations: Vec<Mutation>,
     /// Mutations refused for being past [`crate::MAX_TXN_MUTATIONS`].
     overflowed: usize,
@@ -160,72 +208,98 @@ pub struct TxnView<'a> {
     meta_undo: Vec<(NamespaceName, Option<NamespaceMeta>)>,
 }
 
+/// What a transaction sees and does.
+pub struct TxnView<'a> {
+    place: Place<'a>,
+    log: TxnLog,
+}
+
 impl<'a> TxnView<'a> {
-    pub(crate) fn new(mem: &'a MemStore, overlay: &'a mut Overlay) -> TxnView<'a> {
+    pub(crate) fn new(mem: &'a Arc<MemStore>, overlay: &'a mut Overlay) -> TxnView<'a> {
         TxnView {
-            mem,
-            overlay,
-            mutations: Vec::new(),
-            overflowed: 0,
-            undo: Vec::new(),
-            edge_undo: Vec::new(),
-            program_undo: Vec::new(),
-            usage: Vec::new(),
-            limited: Vec::new(),
-            meta_undo: Vec::new(),
+            place: Place::Lent { mem, overlay },
+            log: TxnLog::default(),
         }
+    }
+
+    /// Moves the transaction (the group's overlay with it) into a view
+    /// that owns everything, for code that must hold it beyond a borrow.
+    /// Until [`TxnView::attach`] gives it back, this view reads an empty
+    /// overlay and has emitted nothing: use only the detached one.
+    pub fn detach(&mut self) -> TxnView<'static> {
+        TxnView {
+            place: Place::Held {
+                mem: self.place.shared_mem(),
+                overlay: std::mem::take(self.place.overlay_mut()),
+            },
+            log: std::mem::take(&mut self.log),
+        }
+    }
+
+    /// Takes back what [`TxnView::detach`] moved out, with everything the
+    /// detached view did since.
+    pub fn attach(&mut self, detached: TxnView<'static>) {
+        let TxnView { place, log } = detached;
+        if let Place::Held { overlay, .. } = place {
+            *self.place.overlay_mut() = overlay;
+        }
+        self.log = log;
     }
 
     /// A namespace's metadata as of this point in the log.
     pub fn namespace_meta(&self, ns: &NamespaceName) -> Option<NamespaceMeta> {
-        if let Some(meta) = self.overlay.metas.get(ns) {
+        if let Some(meta) = self.place.overlay().metas.get(ns) {
             return Some(meta.clone());
         }
-        self.mem.namespace_meta(ns)
+        self.place.mem().namespace_meta(ns)
     }
 
     /// Usage changes of quota-limited namespaces emitted so far.
     pub(crate) fn usage_changes(&self) -> &[(NamespaceName, UsageDelta)] {
-        &self.usage
+        &self.log.usage
     }
 
     fn track_usage(&mut self, mutation: &Mutation) {
         let ns = mutation.namespace();
-        let limited = match self.limited.iter().find(|(n, _)| n == ns) {
+        let limited = match self.log.limited.iter().find(|(n, _)| n == ns) {
             Some((_, limited)) => *limited,
             None => {
                 let limited = self
-                    .mem
+                    .place
+                    .mem()
                     .namespace_quota(ns)
                     .is_some_and(|quota| !quota.is_unlimited());
-                self.limited.push((ns.clone(), limited));
+                self.log.limited.push((ns.clone(), limited));
                 limited
             }
         };
         if !limited {
             return;
         }
-        let delta = self.overlay.usage_change(self.mem, mutation);
-        match self.usage.iter_mut().find(|(n, _)| n == ns) {
+        let delta = self
+            .place
+            .overlay()
+            .usage_change(self.place.mem(), mutation);
+        match self.log.usage.iter_mut().find(|(n, _)| n == ns) {
             Some((_, total)) => total.add(delta),
-            None => self.usage.push((ns.clone(), delta)),
+            None => self.log.usage.push((ns.clone(), delta)),
         }
     }
 
     pub fn has_namespace(&self, ns: &NamespaceName) -> bool {
-        self.mem.has_namespace(ns)
+        self.place.mem().has_namespace(ns)
     }
 
     /// The cell's value as of this point in the log, or `None`.
     pub fn get(&self, ns: &NamespaceName, coord: Coord) -> Option<Arc<[u8]>> {
         // Skipping an empty overlay saves the key's clone on the hot path
         // of programs that read many cells.
-        if !self.overlay.cells.is_empty()
-            && let Some(pending) = self.overlay.cells.get(&(ns.clone(), coord))
+        if !self.place.overlay().cells.is_empty()
+            && let Some(pending) = self.place.overlay().cells.get(&(ns.clone(), coord))
         {
             return pending.clone();
         }
-        self.mem.get(ns, coord).flatten()
+        self.place.mem().get(ns, coord).flatten()
     }
 
     /// Writes a cell (seen by this transaction's later reads and by later
@@ -251,8 +325,8 @@ impl<'a> TxnView<'a> {
     /// Whether one more mutation fits; counts the ones that do not, so the
     /// writer can refuse the whole transaction without holding them all.
     fn room(&mut self) -> bool {
-        if self.mutations.len() >= crate::MAX_TXN_MUTATIONS {
-            self.overflowed += 1;
+        if self.log.mutations.len() >= crate::MAX_TXN_MUTATIONS {
+            self.log.overflowed += 1;
             return false;
         }
         true
@@ -264,22 +338,28 @@ impl<'a> TxnView<'a> {
         }
         self.track_usage(&mutation);
         if let Mutation::NamespaceAlter { ns, meta } = &mutation {
-            let previous = self.overlay.metas.insert(ns.clone(), meta.clone());
-            self.meta_undo.push((ns.clone(), previous));
+            let previous = self
+                .place
+                .overlay_mut()
+                .metas
+                .insert(ns.clone(), meta.clone());
+            self.log.meta_undo.push((ns.clone(), previous));
         }
-        self.overlay
+        self.place
+            .overlay_mut()
             .edges
-            .record(&mutation, Some(&mut self.edge_undo));
-        self.overlay
+            .record(&mutation, Some(&mut self.log.edge_undo));
+        self.place
+            .overlay_mut()
             .programs
-            .record(&mutation, Some(&mut self.program_undo));
+            .record(&mutation, Some(&mut self.log.program_undo));
         match &mutation {
             Mutation::Put { ns, coord, .. }
             | Mutation::Del { ns, coord }
             | Mutation::Detach { ns, coord, .. } => {
                 let key = (ns.clone(), *coord);
-                let previous = self.overlay.record_cell(&mutation);
-                self.undo.push((key, previous));
+                let previous = self.place.overlay_mut().record_cell(&mutation);
+                self.log.undo.push((key, previous));
             }
             Mutation::Link { .. }
             | Mutation::Unlink { .. }
@@ -290,7 +370,7 @@ impl<'a> TxnView<'a> {
             | Mutation::NamespaceDrop { .. }
             | Mutation::NamespaceAlter { .. } => {}
         }
-        self.mutations.push(mutation);
+        self.log.mutations.push(mutation);
     }
 
     /// Adds any mutation; it commits with the transaction. Cell and edge
@@ -301,70 +381,89 @@ impl<'a> TxnView<'a> {
 
     /// Whether the edge exists as of this point in the log.
     pub fn has_edge(&self, ns: &NamespaceName, edge: &EdgeKey) -> bool {
-        self.overlay.edges.has_edge(self.mem, ns, edge)
+        self.place
+            .overlay()
+            .edges
+            .has_edge(self.place.mem(), ns, edge)
     }
 
     /// Every edge into or out of `coord` as of this point in the log.
     pub fn incident_edges(&self, ns: &NamespaceName, coord: Coord) -> Vec<EdgeKey> {
-        self.overlay.edges.incident(self.mem, ns, coord)
+        self.place
+            .overlay()
+            .edges
+            .incident(self.place.mem(), ns, coord)
     }
 
     /// The program stored at `coord` as of this point in the log.
     pub fn program(&self, ns: &NamespaceName, coord: Coord) -> Option<Arc<[u8]>> {
-        self.overlay.programs.program(self.mem, ns, coord)
+        self.place
+            .overlay()
+            .programs
+            .program(self.place.mem(), ns, coord)
     }
 
     /// A cell's run telemetry counts as of this point in the log (`None`:
     /// never run).
     pub fn telemetry_head(&self, ns: &NamespaceName, coord: Coord) -> Option<TelemetryHead> {
-        self.overlay.programs.telemetry_head(self.mem, ns, coord)
+        self.place
+            .overlay()
+            .programs
+            .telemetry_head(self.place.mem(), ns, coord)
     }
 
     /// `(outgoing, incoming)` edge counts of `coord` as of this point in
     /// the log.
     pub fn edge_degree(&self, ns: &NamespaceName, coord: Coord) -> (usize, usize) {
-        self.overlay.edges.degree(self.mem, ns, coord)
+        self.place
+            .overlay()
+            .edges
+            .degree(self.place.mem(), ns, coord)
     }
 
     /// Namespaces this transaction writes to.
     pub(crate) fn pending_namespaces(&self) -> impl Iterator<Item = &NamespaceName> {
-        self.mutations.iter().map(Mutation::namespace)
+        self.log.mutations.iter().map(Mutation::namespace)
     }
 
     /// Discards every mutation this transaction emitted so far.
     pub fn rollback(&mut self) {
-        for (key, previous) in self.undo.drain(..).rev() {
+        for (key, previous) in self.log.undo.drain(..).rev() {
             match previous {
                 Some(entry) => {
-                    self.overlay.cells.insert(key, entry);
+                    self.place.overlay_mut().cells.insert(key, entry);
                 }
                 None => {
-                    self.overlay.cells.remove(&key);
+                    self.place.overlay_mut().cells.remove(&key);
                 }
             }
         }
-        self.overlay.edges.restore(self.edge_undo.drain(..).rev());
-        self.overlay
+        self.place
+            .overlay_mut()
+            .edges
+            .restore(self.log.edge_undo.drain(..).rev());
+        self.place
+            .overlay_mut()
             .programs
-            .restore(self.program_undo.drain(..).rev());
-        for (ns, previous) in self.meta_undo.drain(..).rev() {
+            .restore(self.log.program_undo.drain(..).rev());
+        for (ns, previous) in self.log.meta_undo.drain(..).rev() {
             match previous {
                 Some(meta) => {
-                    self.overlay.metas.insert(ns, meta);
+                    self.place.overlay_mut().metas.insert(ns, meta);
                 }
                 None => {
-                    self.overlay.metas.remove(&ns);
+                    self.place.overlay_mut().metas.remove(&ns);
                 }
             }
         }
-        self.usage.clear();
-        self.mutations.clear();
-        self.overflowed = 0;
+        self.log.usage.clear();
+        self.log.mutations.clear();
+        self.log.overflowed = 0;
     }
 
     /// Mutations emitted so far (including any refused past the cap).
     pub fn emitted(&self) -> usize {
-        self.mutations.len() + self.overflowed
+        self.log.mutations.len() + self.log.overflowed
     }
 
     /// The cells of `region` in curve order, overlay included, at most
@@ -375,10 +474,11 @@ impl<'a> TxnView<'a> {
         region: &CellBox,
         limit: usize,
     ) -> Option<Vec<(Coord, Arc<[u8]>)>> {
-        let curve = self.mem.curve(ns)?;
+        let curve = self.place.mem().curve(ns)?;
         let limit = limit.min(MAX_TXN_SCAN_CELLS);
         let pending: Vec<(&Coord, &Option<Arc<[u8]>>)> = self
-            .overlay
+            .place
+            .overlay()
             .cells
             .iter()
             .filter(|((n, c), _)| n == ns && region.contains(*c))
@@ -391,7 +491,7 @@ impl<'a> TxnView<'a> {
         let mut after = None;
         while cells.len() < wanted {
             let mut taken = 0usize;
-            let outcome = self.mem.scan(
+            let outcome = self.place.mem().scan(
                 ns,
                 region,
                 after,
@@ -432,12 +532,12 @@ impl<'a> TxnView<'a> {
         coords: &[Coord],
         mut visit: impl FnMut(Coord, &[u8]),
     ) {
-        let pending = !self.overlay.cells.is_empty();
+        let pending = !self.place.overlay().cells.is_empty();
         let mut key = (ns.clone(), Coord::new(0, 0, 0));
-        self.mem.get_each(ns, coords, |coord, stored| {
+        self.place.mem().get_each(ns, coords, |coord, stored| {
             if pending {
                 key.1 = coord;
-                if let Some(value) = self.overlay.cells.get(&key) {
+                if let Some(value) = self.place.overlay().cells.get(&key) {
                     if let Some(value) = value {
                         visit(coord, value);
                     }
@@ -452,13 +552,51 @@ impl<'a> TxnView<'a> {
 
     /// The store underneath, for reads the overlay does not model.
     pub fn store(&self) -> &MemStore {
-        self.mem
+        self.place.mem()
     }
 
     pub(crate) fn into_mutations(self) -> Vec<Mutation> {
-        self.mutations
+        self.log.mutations
     }
 }
 
 /// A transaction as the writer runs it.
 pub(crate) type TxnFn = Box<dyn FnOnce(&mut TxnView<'_>) -> Box<dyn Any + Send> + Send>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_detached_view_carries_the_transaction_and_gives_it_back() {
+        let mem = Arc::new(MemStore::new());
+        let ns = NamespaceName::new("default").unwrap();
+        let (a, b) = (Coord::new(1, 2, 3), Coord::new(4, 5, 6));
+        let mut overlay = Overlay::default();
+        // An earlier write of the group, pending in the overlay.
+        overlay.record(&Mutation::Put {
+            ns: ns.clone(),
+            coord: a,
+            value: b"group".to_vec(),
+        });
+        let mut view = TxnView::new(&mem, &mut overlay);
+        view.put(&ns, b, b"mine".to_vec());
+        let mut detached = view.detach();
+        // The detached view sees the group's writes and the transaction's
+        // own, and goes on writing.
+        assert_eq!(detached.get(&ns, a).as_deref(), Some(&b"group"[..]));
+        assert_eq!(detached.get(&ns, b).as_deref(), Some(&b"mine"[..]));
+        assert!(detached.del(&ns, a));
+        assert_eq!(detached.emitted(), 2);
+        view.attach(detached);
+        assert_eq!(view.emitted(), 2);
+        assert_eq!(view.get(&ns, a), None);
+        // A rollback after the round trip undoes what both did.
+        view.rollback();
+        assert_eq!(view.emitted(), 0);
+        assert_eq!(view.get(&ns, a).as_deref(), Some(&b"group"[..]));
+        assert_eq!(view.get(&ns, b), None);
+        drop(view);
+        assert_eq!(overlay.cells.len(), 1);
+    }
+}

@@ -33,8 +33,8 @@ use mlua::Value;
 use crate::config::Args;
 use crate::connection::{count, no_such_namespace, write_error};
 use crate::server::Shared;
-use api::RunContext;
-use sandbox::{RunBudget, Spent, call_args, readable, with_vm};
+use api::Run;
+use sandbox::{RunBudget, Spent, readable, with_vm};
 
 /// What runs are allowed, from the daemon's flags.
 #[derive(Clone, Copy, Debug)]
@@ -364,10 +364,13 @@ fn run_in_writer(
 ) -> RunOutput {
     let started = Instant::now();
     let started_unix_us = unix_us();
-    if !view.has_namespace(&ns) {
-        return RunOutput::NoNamespace(ns);
-    }
+    // A stored program implies its namespace (a drop forgets the
+    // namespace's programs, and commits in a group of its own), so the
+    // namespace is looked up only to explain a missing program.
     let Some(source) = view.program(&ns, coord) else {
+        if !view.has_namespace(&ns) {
+            return RunOutput::NoNamespace(ns);
+        }
         return RunOutput::NoProgram;
     };
     let mut writes = 0u32;
@@ -375,28 +378,39 @@ fn run_in_writer(
         if let Err(e) = vm.set_here(&ns, coord) {
             return (Err((RunOutcome::Error, sandbox::error_text(&e))), 0);
         }
-        let outcome = vm.run(&source, settings.budget, |vm, function, env| {
-            let mut context = RunContext {
-                view: &mut *view,
-                ns: ns.clone(),
+        let outcome = {
+            let mut state = vm.slot.borrow_mut();
+            if state.ns.as_ref() != Some(&ns) {
+                state.ns = Some(ns.clone());
+            }
+            state.run = Some(Run {
+                view: view.detach(),
                 here: coord,
                 max_value_bytes: settings.max_value_bytes,
                 walk_limits: settings.walk_limits,
                 writes: 0,
                 write_bytes: 0,
-            };
-            let result = vm.lua.scope(|scope| {
-                let dispatcher = scope
-                    .create_function_mut(|lua, args: api::Args| context.dispatch(lua, args))?;
-                vm.run_slot.raw_seti(1, dispatcher)?;
-                let returned = function.call::<Value>(call_args(&vm.lua, env, args)?);
-                vm.run_slot.raw_seti(1, Value::Nil)?;
-                let value = to_program_value(returned?, settings)?;
-                Ok(value)
             });
-            writes = context.writes;
-            result
-        });
+            drop(state);
+            let outcome = vm.run(
+                &source,
+                args,
+                settings.budget,
+                started,
+                |function, call_args| {
+                    let returned = function.call::<Value>(call_args)?;
+                    to_program_value(returned, settings)
+                },
+            );
+            // The dispatcher holds the slot only inside its own call, so
+            // it is free here; the transaction goes back to the writer's
+            // view before anything else reads it.
+            if let Some(run) = vm.slot.borrow_mut().run.take() {
+                writes = run.writes;
+                view.attach(run.view);
+            }
+            outcome
+        };
         let result = outcome.result.map_err(|failure| {
             let outcome = match failure.spent {
                 Some(Spent::Fuel | Spent::Time) => RunOutcome::Fuel,

@@ -3,7 +3,7 @@
 -- metatable of per-run environments, and the raw `cube` API table.
 -- Programs only ever see what is reachable from the per-run environment.
 
-local budget_check, charge, R = ...
+local budget_check, charge, D = ...
 
 local type, tostring, tonumber, select, error = type, tostring, tonumber, select, error
 local pairs, ipairs, next, rawget, rawlen, rawequal = pairs, ipairs, next, rawget, rawlen, rawequal
@@ -163,24 +163,23 @@ local function copy(lib)
   return out
 end
 
--- The program API. R[1] is the current run's dispatcher, set by the
--- runner for the length of one run; the op numbers are those of
--- server/src/programs/api.rs.
+-- The program API. D is the VM's dispatcher (made once; it serves the run
+-- in progress); the op numbers are those of server/src/programs/api.rs.
 local api = {}
-function api.get(x, y, z) return R[1](1, x, y, z) end
-function api.put(x, y, z, v) return R[1](2, x, y, z, v) end
-function api.del(x, y, z) return R[1](3, x, y, z) end
-function api.num(x, y, z) return R[1](4, x, y, z) end
-function api.incr(x, y, z, d) return R[1](5, x, y, z, d) end
-function api.rget(dx, dy, dz) return R[1](17, dx, dy, dz) end
-function api.rput(dx, dy, dz, v) return R[1](18, dx, dy, dz, v) end
-function api.rdel(dx, dy, dz) return R[1](19, dx, dy, dz) end
-function api.rnum(dx, dy, dz) return R[1](20, dx, dy, dz) end
-function api.rincr(dx, dy, dz, d) return R[1](21, dx, dy, dz, d) end
-function api.count(x0, y0, z0, x1, y1, z1) return R[1](32, x0, y0, z0, x1, y1, z1) end
-function api.sum(x0, y0, z0, x1, y1, z1) return R[1](33, x0, y0, z0, x1, y1, z1) end
-function api.rcount(x0, y0, z0, x1, y1, z1) return R[1](48, x0, y0, z0, x1, y1, z1) end
-function api.rsum(x0, y0, z0, x1, y1, z1) return R[1](49, x0, y0, z0, x1, y1, z1) end
+function api.get(x, y, z) return D(1, x, y, z) end
+function api.put(x, y, z, v) return D(2, x, y, z, v) end
+function api.del(x, y, z) return D(3, x, y, z) end
+function api.num(x, y, z) return D(4, x, y, z) end
+function api.incr(x, y, z, d) return D(5, x, y, z, d) end
+function api.rget(dx, dy, dz) return D(17, dx, dy, dz) end
+function api.rput(dx, dy, dz, v) return D(18, dx, dy, dz, v) end
+function api.rdel(dx, dy, dz) return D(19, dx, dy, dz) end
+function api.rnum(dx, dy, dz) return D(20, dx, dy, dz) end
+function api.rincr(dx, dy, dz, d) return D(21, dx, dy, dz, d) end
+function api.count(x0, y0, z0, x1, y1, z1) return D(32, x0, y0, z0, x1, y1, z1) end
+function api.sum(x0, y0, z0, x1, y1, z1) return D(33, x0, y0, z0, x1, y1, z1) end
+function api.rcount(x0, y0, z0, x1, y1, z1) return D(48, x0, y0, z0, x1, y1, z1) end
+function api.rsum(x0, y0, z0, x1, y1, z1) return D(49, x0, y0, z0, x1, y1, z1) end
 
 local function iterate(flat)
   local i = -3
@@ -192,11 +191,11 @@ local function iterate(flat)
     end
   end
 end
-function api.cells(x0, y0, z0, x1, y1, z1) return iterate(R[1](34, x0, y0, z0, x1, y1, z1)) end
-function api.rcells(x0, y0, z0, x1, y1, z1) return iterate(R[1](50, x0, y0, z0, x1, y1, z1)) end
-function api.edges(direction, label) return R[1](64, direction, label) end
-function api.walk(depth, direction, label) return R[1](65, depth, direction, label) end
-function api.now() return R[1](80) end
+function api.cells(x0, y0, z0, x1, y1, z1) return iterate(D(34, x0, y0, z0, x1, y1, z1)) end
+function api.rcells(x0, y0, z0, x1, y1, z1) return iterate(D(50, x0, y0, z0, x1, y1, z1)) end
+function api.edges(direction, label) return D(64, direction, label) end
+function api.walk(depth, direction, label) return D(65, depth, direction, label) end
+function api.now() return D(80) end
 function api.run()
   error("cube.run: a program cannot run another cell's program (see docs/programs.md, "
     .. "\"Calling other cells\")", 2)

@@ -9,8 +9,11 @@
 //! The sandbox, and why each piece is there:
 //! - Programs see only a per-run environment whose fallback is a table of
 //!   safe globals: `string`, `table`, `math`, `utf8` and the harmless base
-//!   functions. No `io`, `os`, `debug`, `package`, `require`, `load`,
-//!   `dofile`, `loadfile`, `collectgarbage`, `print`, `coroutine`.
+//!   functions. (One environment table serves run after run while programs
+//!   leave it empty; one a program wrote globals into is replaced before
+//!   the next run, so nothing carries over.) No `io`, `os`, `debug`,
+//!   `package`, `require`, `load`, `dofile`, `loadfile`, `collectgarbage`,
+//!   `print`, `coroutine`.
 //! - Library tables are read-only proxies shared by every run, and
 //!   `rawset` refuses them, so no program can change what another sees.
 //!   The string metatable is protected (`getmetatable("")` is `false`).
@@ -35,12 +38,15 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mlua::chunk::ChunkMode;
 use mlua::debug::Debug;
 use mlua::{Function, HookTriggers, Lua, LuaOptions, MultiValue, StdLib, Table, Value, VmState};
+
+use super::api::{self, RunSlot};
 
 /// The count hook fires every this many VM instructions: often enough to
 /// stop a runaway loop within microseconds, rarely enough to cost about 1 %.
@@ -55,8 +61,11 @@ const CHUNK_NAME: &str = "prog";
 /// is emptied (programs are small and recompiling is microseconds).
 const COMPILED_CACHE_BYTES: usize = 32 * 1024 * 1024;
 
-/// Entries of the by-address function cache before it is emptied.
-const ADDRESS_CACHE_ENTRIES: usize = 65_536;
+/// Slots of the by-address function cache (log2). Direct-mapped: a
+/// program stored anew gets a new source `Arc`, so a map by address kept
+/// growing (and rehashing) under clients that re-store programs, while a
+/// slot array costs one index and replaces what it displaces.
+const ADDRESS_CACHE_BITS: u32 = 13;
 
 /// Memory the syntax-checking VM may hold (mostly garbage of earlier
 /// checks) before a check ends with a full collection.
@@ -185,8 +194,10 @@ pub(crate) struct Failure {
 pub(crate) struct ProgramVm {
     pub(crate) lua: Lua,
     env_meta: Table,
-    /// Private table whose slot 1 holds the current run's dispatcher.
-    pub(crate) run_slot: Table,
+    /// The per-run environment, reused while runs leave it empty.
+    env: Table,
+    /// The run the API dispatcher serves (see `api::RunSlot`).
+    pub(crate) slot: RunSlot,
     /// The raw `cube` API table (programs see a read-only proxy); its
     /// `x`, `y`, `z` and `ns` are set per run.
     pub(crate) api: Table,
@@ -195,10 +206,11 @@ pub(crate) struct ProgramVm {
     /// The same functions by the address of the store's source `Arc`
     /// (held, so the address stays unique): a run of an unchanged program
     /// finds its function without hashing the source.
-    by_source_address: HashMap<usize, (Arc<[u8]>, Function)>,
+    by_source_address: Vec<Option<(Arc<[u8]>, Function)>>,
     pub(crate) compiles: u64,
     /// The namespace and cell the API table was last set for.
-    here: Option<(cube_protocol::NamespaceName, cube_protocol::Coord)>,
+    here_ns: Option<cube_protocol::NamespaceName>,
+    here: Option<cube_protocol::Coord>,
 }
 
 /// What the sandbox prelude builds, once per VM, with the full standard
@@ -245,12 +257,15 @@ impl ProgramVm {
             };
             charge(units)
         })?;
-        let run_slot = lua.create_table()?;
+        let slot = RunSlot::default();
+        let dispatcher = api::dispatcher(&lua, Rc::clone(&slot))?;
         let (base, env_meta, api): (Table, Table, Table) = lua
             .load(PRELUDE)
             .set_name("=cube")
             .set_mode(ChunkMode::Text)
-            .call((budget_check, charge_fn, run_slot.clone()))?;
+            .call((budget_check, charge_fn, dispatcher))?;
+        let env = lua.create_table()?;
+        env.set_metatable(Some(env_meta.clone()))?;
         // The real globals are never a program's environment, but take
         // the dangerous ones away anyway.
         let globals = lua.globals();
@@ -274,12 +289,14 @@ impl ProgramVm {
         Ok(ProgramVm {
             lua,
             env_meta,
-            run_slot,
+            env,
+            slot,
             api,
             compiled: HashMap::new(),
             compiled_bytes: 0,
-            by_source_address: HashMap::new(),
+            by_source_address: vec![None; 1 << ADDRESS_CACHE_BITS],
             compiles: 0,
+            here_ns: None,
             here: None,
         })
     }
@@ -287,19 +304,17 @@ impl ProgramVm {
     /// The compiled function of `source` (from the cache, or compiled now,
     /// inside the current run's budget).
     fn function(&mut self, source: &Arc<[u8]>) -> Result<Function, Failure> {
-        let address = Arc::as_ptr(source).cast::<u8>() as usize;
-        if let Some((held, function)) = self.by_source_address.get(&address)
+        let slot = address_slot(source);
+        if let Some(Some((held, function))) = self.by_source_address.get(slot)
             && Arc::ptr_eq(held, source)
         {
             return Ok(function.clone());
         }
-        if self.by_source_address.len() >= ADDRESS_CACHE_ENTRIES {
-            self.by_source_address.clear();
-        }
         if let Some(function) = self.compiled.get(source.as_ref()) {
             let function = function.clone();
-            self.by_source_address
-                .insert(address, (Arc::clone(source), function.clone()));
+            if let Some(entry) = self.by_source_address.get_mut(slot) {
+                *entry = Some((Arc::clone(source), function.clone()));
+            }
             return Ok(function);
         }
         // The program becomes the body of a function taking its
@@ -326,28 +341,30 @@ impl ProgramVm {
         }
         self.compiled_bytes += source.len();
         self.compiled.insert(Arc::clone(source), function.clone());
-        self.by_source_address
-            .insert(address, (Arc::clone(source), function.clone()));
+        if let Some(entry) = self.by_source_address.get_mut(slot) {
+            *entry = Some((Arc::clone(source), function.clone()));
+        }
         Ok(function)
     }
 
-    /// Points the API table at the run's cell (skipped when unchanged:
-    /// programs cannot modify the table).
+    /// Points the API table at the run's cell, setting only what changed
+    /// since the last run (programs cannot modify the table): most runs
+    /// stay in one namespace, and each table write costs a call into Lua.
     pub(crate) fn set_here(
         &mut self,
         ns: &cube_protocol::NamespaceName,
         here: cube_protocol::Coord,
     ) -> mlua::Result<()> {
-        if self
-            .here
-            .as_ref()
-            .is_some_and(|(last_ns, last)| last_ns == ns && *last == here)
-        {
-            return Ok(());
+        if self.here_ns.as_ref() != Some(ns) {
+            self.here_ns = None;
+            api::set_here_ns(&self.api, ns)?;
+            self.here_ns = Some(ns.clone());
         }
-        self.here = None;
-        super::api::set_here(&self.api, ns, here)?;
-        self.here = Some((ns.clone(), here));
+        if self.here != Some(here) {
+            self.here = None;
+            api::set_here(&self.api, here)?;
+            self.here = Some(here);
+        }
         Ok(())
     }
 
@@ -355,17 +372,26 @@ impl ProgramVm {
         self.compiled.len()
     }
 
-    /// Runs `source` under `budget`. `call` gets the VM, the compiled
-    /// function and the per-run environment, makes the call (inside
-    /// whatever scope its API needs) and turns the result into `R`, all
-    /// still inside the budget.
+    /// Runs `source` with `args` under `budget`, its wall-clock backstop
+    /// counted from `started`. `call` gets the compiled function and the
+    /// call's arguments (the per-run environment, then `args`),
+    /// makes the call and turns the result into `R`, all still inside the
+    /// budget.
     pub(crate) fn run<R>(
         &mut self,
         source: &Arc<[u8]>,
+        args: &[Vec<u8>],
         budget: RunBudget,
-        call: impl FnOnce(&ProgramVm, &Function, Table) -> mlua::Result<R>,
+        started: Instant,
+        call: impl FnOnce(&Function, (&Table, MultiValue)) -> mlua::Result<R>,
     ) -> LuaOutcome<R> {
         let used_before = self.lua.used_memory();
+        // The arguments are made before the limit is set, so that their
+        // strings skip mlua's protected (pcall) allocation path; they
+        // still count against the budget, which starts from
+        // `used_before`: arguments past it fail the program's first
+        // allocation, as a memory error.
+        let values = arg_values(&self.lua, args).map_err(failure);
         let _ = self
             .lua
             .set_memory_limit(used_before.saturating_add(budget.memory_bytes));
@@ -373,14 +399,21 @@ impl ProgramVm {
             b.active.set(true);
             b.fuel_limit.set(budget.fuel);
             b.used.set(0);
-            b.deadline.set(Some(Instant::now() + budget.time));
+            b.deadline.set(Some(started + budget.time));
             b.spent.set(None);
         });
-        let result = self.function(source).and_then(|function| {
-            let env = self.lua.create_table().map_err(failure)?;
-            env.set_metatable(Some(self.env_meta.clone()))
-                .map_err(failure)?;
-            call(self, &function, env).map_err(failure)
+        let result = values.and_then(|values| {
+            let function = self.function(source)?;
+            // A program that left globals gets them dropped with its
+            // environment, made anew (inside the budget, as it always was)
+            // for the next run; nothing else can hold the table.
+            if !self.env.is_empty() {
+                let env = self.lua.create_table().map_err(failure)?;
+                env.set_metatable(Some(self.env_meta.clone()))
+                    .map_err(failure)?;
+                self.env = env;
+            }
+            call(&function, (&self.env, values)).map_err(failure)
         });
         let (fuel_used, spent) = BUDGET.with(|b| {
             b.active.set(false);
@@ -404,6 +437,13 @@ impl ProgramVm {
         };
         LuaOutcome { result, fuel_used }
     }
+}
+
+/// The by-address cache slot of a source: its address, mixed (Fibonacci
+/// hashing) so that allocations' common low and high bits spread out.
+fn address_slot(source: &Arc<[u8]>) -> usize {
+    let address = Arc::as_ptr(source).cast::<u8>() as usize as u64;
+    (address.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - ADDRESS_CACHE_BITS)) as usize
 }
 
 /// Runs `f` with this thread's program VM, creating it on first use.
@@ -547,14 +587,13 @@ pub(crate) fn readable(text: &str) -> String {
     }
 }
 
-/// The value of an argument list, for the per-run call.
-pub(crate) fn call_args(lua: &Lua, env: Table, args: &[Vec<u8>]) -> mlua::Result<MultiValue> {
-    let mut values = Vec::with_capacity(args.len() + 1);
-    values.push(Value::Table(env));
+/// A run's arguments as Lua strings.
+fn arg_values(lua: &Lua, args: &[Vec<u8>]) -> mlua::Result<MultiValue> {
+    let mut values = MultiValue::with_capacity(args.len());
     for arg in args {
-        values.push(Value::String(lua.create_string(arg)?));
+        values.push_back(Value::String(lua.create_string(arg)?));
     }
-    Ok(MultiValue::from_vec(values))
+    Ok(values)
 }
 
 #[cfg(test)]
