@@ -323,7 +323,14 @@ impl MemStore {
 
     /// `None` for a missing namespace, `Some(None)` for a missing cell.
     pub fn get(&self, ns: &NamespaceName, coord: Coord) -> Option<Option<Arc<[u8]>>> {
-        let space = self.namespace(ns)?;
+        // The namespace is borrowed under the map's read lock rather than
+        // its `Arc` cloned (`MemStore::namespace`): that is two fewer
+        // locked read-modify-writes, each of which also stops the CPU from
+        // overlapping this get's loads with the next one's. Lock order
+        // `namespaces` then `cells`, as `cell_count`; nothing takes
+        // `namespaces` while holding a `cells` write lock.
+        let namespaces = read(&self.namespaces);
+        let space = namespaces.get(ns)?;
         let value = read(&space.cells).get(&space.curve.key(coord)).cloned();
         Some(value)
     }
