@@ -286,8 +286,9 @@ impl ScanState {
 /// the orientation of the enclosing block, so it decodes each key in full.
 pub(crate) struct Decoder {
     curve: Curve,
-    /// The key >> 12 of the block `block_origin` was decoded for.
-    block: Option<u128>,
+    /// The key >> 12 of the block `block_origin` was decoded for, or
+    /// `u128::MAX` (never a block: keys have 96 bits) before the first.
+    block: u128,
     block_origin: Coord,
     low: &'static [u16; LOW_KEYS],
 }
@@ -310,26 +311,39 @@ fn morton_low_table() -> &'static [u16; LOW_KEYS] {
 }
 
 impl Decoder {
+    #[inline(never)]
+    fn decode_full(&self, key: u128) -> Coord {
+        self.curve.decode(key)
+    }
+
+    #[inline(never)]
+    fn enter_block(&mut self, block: u128) {
+        self.block = block;
+        // The block's corner: the low 4 bits of each axis are 0 (the
+        // order-preserving map flips only the sign bit).
+        self.block_origin = Curve::Morton.decode(block << 12);
+    }
+
     pub(crate) fn new(curve: Curve) -> Decoder {
         Decoder {
             curve,
-            block: None,
+            block: u128::MAX,
             block_origin: Coord::new(0, 0, 0),
             low: morton_low_table(),
         }
     }
 
+    /// The per-key path is a few instructions; everything else (Hilbert's
+    /// full decode, a new Morton block) is kept out of line, so a scan's
+    /// visitor stays small enough to inline into the hot loop.
     #[inline(always)]
     pub(crate) fn decode(&mut self, key: u128) -> Coord {
         if self.curve != Curve::Morton {
-            return self.curve.decode(key);
+            return self.decode_full(key);
         }
         let block = key >> 12;
-        if self.block != Some(block) {
-            self.block = Some(block);
-            // The block's corner: the low 4 bits of each axis are 0 (the
-            // order-preserving map flips only the sign bit).
-            self.block_origin = Curve::Morton.decode(block << 12);
+        if self.block != block {
+            self.enter_block(block);
         }
         let low = i32::from(self.low[(key as usize) & (LOW_KEYS - 1)]);
         let o = self.block_origin;
