@@ -240,7 +240,8 @@ impl ScanState {
         ChunkEnd::Stopped(self.last_taken.unwrap_or(key.saturating_sub(1)))
     }
 
-    /// One stored cell inside the box: `Some` ends the chunk.
+    /// One stored cell inside the box: `Some` ends the chunk. A slice of
+    /// one, so the merged path and the slice path stop for the same reasons.
     #[inline(always)]
     fn take<V>(
         &mut self,
@@ -253,18 +254,13 @@ impl ScanState {
     where
         V: FnMut(u128, &Value) -> Visit,
     {
-        if *budget == 0 {
-            return Some(self.pause());
-        }
-        if self.outcome.cells >= max_cells || visit(key, value) == Visit::Stop {
-            return Some(self.stop_at(key));
-        }
-        *budget -= 1;
-        self.outcome.visited += 1;
-        self.outcome.cells += 1;
-        self.last_taken = Some(key);
-        self.next_key = key + 1;
-        None
+        self.take_slice(
+            std::slice::from_ref(&key),
+            std::slice::from_ref(value),
+            budget,
+            max_cells,
+            visit,
+        )
     }
 
     /// Out of steps, after at least one (so `next_key` is past the chunk's
