@@ -411,8 +411,8 @@ impl Connection {
                     count("backup.us", report.duration.as_micros() as u64),
                 ]))
             }
-            Request::Get { ns, coord } => match engine.get(&ns, coord) {
-                Some(value) => Ok(Response::Get(value.map(|v| v.to_vec()))),
+            Request::Get { ns, coord } => match engine.get_copy(&ns, coord) {
+                Some(value) => Ok(Response::Get(value)),
                 None => Err(no_such_namespace(&ns)),
             },
             edge_request @ (Request::Link { .. }

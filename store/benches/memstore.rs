@@ -190,6 +190,19 @@ fn point_ops(c: &mut Criterion<CpuTime>) {
                 found
             })
         });
+        // What the server's `get` does: the bytes read (here summed;
+        // there copied into the reply) under the lock, no `Arc` clone.
+        group.bench_function(BenchmarkId::new("get-borrowed", curve.name()), |b| {
+            b.iter(|| {
+                let mut found = 0usize;
+                for c in &probes {
+                    found += store
+                        .read_cell(&name, *c, |v| v.map_or(0, |v| v.len() + usize::from(v[0])))
+                        .unwrap();
+                }
+                found
+            })
+        });
         // Overwrites of existing cells, applied as the writer does: one
         // group (here 64 mutations) at a time.
         let puts: Vec<Mutation> = probes

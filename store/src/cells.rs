@@ -21,10 +21,14 @@
 use std::collections::BTreeMap;
 use std::collections::btree_map;
 use std::iter::Peekable;
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{Sender, unbounded};
+
+use crate::delta_filter::DeltaFilter;
+use crate::huge_pages::huge_vec;
+use crate::key_index::KeyIndex;
 
 pub(crate) type Value = Arc<[u8]>;
 
@@ -54,13 +58,19 @@ const LAYER_STEPS: usize = 8;
 /// every 64th of those. A plain binary search over 1 M keys (16 MiB) misses
 /// the cache and the TLB on most of its 20 probes (measured 0.5-0.9 us on
 /// this project's VMs); with the index, the top two levels stay cached
-/// (4 KiB and 256 KiB) and the last search covers 1 KiB of keys.
+/// (4 KiB and 256 KiB) and the last search covers 1 KiB of keys. Point
+/// reads go faster still through a hash index ([`KeyIndex`]) that the
+/// compactor thread adds once the run exists; until then (or if it could
+/// not be built) they use the fences.
 #[derive(Default)]
 struct Run {
     keys: Vec<u128>,
     values: Vec<Value>,
     fence: Vec<u128>,
     top: Vec<u128>,
+    /// Set once, off the read and write paths (`Run::build_index`);
+    /// `Some(None)`: tried, and the run is read through its fences.
+    index: OnceLock<Option<KeyIndex>>,
 }
 
 impl Run {
@@ -72,6 +82,23 @@ impl Run {
             values,
             fence,
             top,
+            index: OnceLock::new(),
+        }
+    }
+
+    /// Builds the point-read index if it is not there yet. Costs about
+    /// 25 ms per million keys, so only the compactor thread calls it.
+    fn build_index(&self) {
+        self.index.get_or_init(|| KeyIndex::build(&self.keys));
+    }
+
+    /// The index of `key`, if the run holds it: through the hash index
+    /// when it is built, else through the fences.
+    #[inline]
+    fn find(&self, key: u128) -> Option<usize> {
+        match self.index.get() {
+            Some(Some(index)) => index.find(&self.keys, key),
+            _ => self.position(key).ok(),
         }
     }
 
@@ -128,18 +155,14 @@ impl Run {
     }
 
     fn get(&self, key: u128) -> Option<&Value> {
-        self.position(key).ok().map(|i| &self.values[i])
-    }
-
-    fn contains(&self, key: u128) -> bool {
-        self.position(key).is_ok()
+        self.find(key).map(|i| &self.values[i])
     }
 
     /// The base merged with a frozen delta: newer slots win, tombstones
     /// drop the key.
     fn merge(&self, delta: &BTreeMap<u128, Slot>) -> Run {
-        let mut keys = Vec::with_capacity(self.keys.len() + delta.len());
-        let mut values = Vec::with_capacity(self.keys.len() + delta.len());
+        let mut keys = huge_vec(self.keys.len() + delta.len());
+        let mut values = huge_vec(self.keys.len() + delta.len());
         let mut base = self.keys.iter().zip(&self.values).peekable();
         for (&key, slot) in delta {
             while let Some((&k, v)) = base.next_if(|(k, _)| **k < key) {
@@ -161,13 +184,26 @@ impl Run {
 }
 
 /// The ordered cells of one namespace; see the module comment.
-#[derive(Default)]
 pub(crate) struct CellMap {
     base: Arc<Run>,
     /// Being merged into the base by the compactor; read like the base.
     frozen: Option<Arc<BTreeMap<u128, Slot>>>,
     delta: BTreeMap<u128, Slot>,
+    /// Every key `delta` holds (and maybe a few it no longer does).
+    delta_filter: DeltaFilter,
     live: usize,
+}
+
+impl Default for CellMap {
+    fn default() -> CellMap {
+        CellMap {
+            base: Arc::default(),
+            frozen: None,
+            delta: BTreeMap::new(),
+            delta_filter: DeltaFilter::with_capacity(MIN_DELTA_ENTRIES),
+            live: 0,
+        }
+    }
 }
 
 impl CellMap {
@@ -190,9 +226,11 @@ impl CellMap {
             keys.windows(2).all(|w| w[0] < w[1]),
             "cells not in key order"
         );
+        let base = Arc::new(Run::new(keys, values));
         CellMap {
-            live: keys.len(),
-            base: Arc::new(Run::new(keys, values)),
+            live: base.keys.len(),
+            delta_filter: DeltaFilter::with_capacity(freeze_threshold(&base)),
+            base,
             frozen: None,
             delta: BTreeMap::new(),
         }
@@ -203,7 +241,9 @@ impl CellMap {
     }
 
     pub(crate) fn get(&self, key: &u128) -> Option<&Value> {
-        if let Some(slot) = self.delta.get(key) {
+        if self.delta_filter.may_contain(*key)
+            && let Some(slot) = self.delta.get(key)
+        {
             return slot.as_ref();
         }
         if let Some(frozen) = &self.frozen
@@ -214,25 +254,44 @@ impl CellMap {
         self.base.get(*key)
     }
 
-    /// Whether a layer below the delta holds the key (alive or as a
-    /// tombstone), so a delete must leave a tombstone to hide it.
-    fn older_layers_hold(&self, key: u128) -> bool {
-        self.frozen.as_ref().is_some_and(|f| f.contains_key(&key)) || self.base.contains(key)
+    /// The value a layer below the delta holds for `key`: `Some(None)`
+    /// for a tombstone in the frozen delta, `None` if no layer has it.
+    fn older_slot(&self, key: u128) -> Option<Option<&Value>> {
+        older_slot(self.frozen.as_deref(), &self.base, key)
     }
 
-    pub(crate) fn insert(&mut self, key: u128, value: Value) -> Option<Value> {
-        let previous = self.get(&key).cloned();
-        self.delta.insert(key, Some(value));
+    /// Stores `value` at `key`; returns the length of the value it
+    /// replaced, if there was one. Only lengths come back (for the value
+    /// byte count): handing back the old value would mean cloning its
+    /// `Arc` when it lives in an older layer, an atomic write to a cold
+    /// line on every put.
+    pub(crate) fn insert(&mut self, key: u128, value: Value) -> Option<usize> {
+        let previous = match self.delta.entry(key) {
+            btree_map::Entry::Occupied(mut slot) => slot.insert(Some(value)).map(|old| old.len()),
+            btree_map::Entry::Vacant(slot) => {
+                slot.insert(Some(value));
+                self.delta_filter.insert(key);
+                older_slot(self.frozen.as_deref(), &self.base, key)
+                    .flatten()
+                    .map(|v| v.len())
+            }
+        };
         if previous.is_none() {
             self.live += 1;
         }
         previous
     }
 
-    pub(crate) fn remove(&mut self, key: &u128) -> Option<Value> {
-        let previous = self.get(key).cloned()?;
-        if self.older_layers_hold(*key) {
+    /// Deletes `key`; returns the length of the value it held, if any.
+    pub(crate) fn remove(&mut self, key: &u128) -> Option<usize> {
+        let previous = match self.delta.get(key) {
+            Some(slot) => slot.as_ref().map(|v| v.len()),
+            None => self.older_slot(*key).flatten().map(|v| v.len()),
+        }?;
+        // A tombstone is needed only where an older layer holds the key.
+        if self.older_slot(*key).is_some() {
             self.delta.insert(*key, None);
+            self.delta_filter.insert(*key);
         } else {
             self.delta.remove(key);
         }
@@ -284,9 +343,10 @@ impl CellMap {
         if !self.delta.is_empty() {
             base = Arc::new(base.merge(&std::mem::take(&mut self.delta)));
         }
+        self.delta_filter = DeltaFilter::with_capacity(freeze_threshold(&base));
         let mut bytes = 0i64;
-        let mut keys = Vec::with_capacity(base.keys.len() + batch.len());
-        let mut values = Vec::with_capacity(base.keys.len() + batch.len());
+        let mut keys = huge_vec(base.keys.len() + batch.len());
+        let mut values = huge_vec(base.keys.len() + batch.len());
         let mut old = base.keys.iter().zip(&base.values).peekable();
         for (key, slot) in batch {
             while let Some((&k, v)) = old.next_if(|(k, _)| **k < key) {
@@ -313,14 +373,37 @@ impl CellMap {
 
     /// Whether the delta should be frozen for merging now.
     fn wants_freeze(&self) -> bool {
-        self.frozen.is_none()
-            && self.delta.len() >= MIN_DELTA_ENTRIES.max(self.base.keys.len() / BASE_TO_DELTA_RATIO)
+        self.frozen.is_none() && self.delta.len() >= freeze_threshold(&self.base)
     }
 
     pub(crate) fn freeze(&mut self) {
         let delta = std::mem::take(&mut self.delta);
         self.frozen = Some(Arc::new(delta));
+        // Sized for the next delta, which freezes against a base about
+        // this one's size plus the frozen delta.
+        let expected =
+            freeze_threshold(&self.base) + freeze_threshold(&self.base) / BASE_TO_DELTA_RATIO;
+        self.delta_filter = DeltaFilter::with_capacity(expected);
     }
+}
+
+/// The delta size at which it is frozen for merging into `base`.
+fn freeze_threshold(base: &Run) -> usize {
+    MIN_DELTA_ENTRIES.max(base.keys.len() / BASE_TO_DELTA_RATIO)
+}
+
+/// What the frozen delta, else the base, holds for `key` (see
+/// [`CellMap::older_slot`]); apart from the map so that the writer can ask
+/// while it holds an entry of the live delta.
+fn older_slot<'a>(
+    frozen: Option<&'a BTreeMap<u128, Slot>>,
+    base: &'a Run,
+    key: u128,
+) -> Option<Option<&'a Value>> {
+    if let Some(slot) = frozen.and_then(|f| f.get(&key)) {
+        return Some(slot.as_ref());
+    }
+    base.get(key).map(Some)
 }
 
 /// A merged, in-order walk over the delta, the frozen delta and the base:
@@ -562,7 +645,9 @@ fn compact(map: &RwLock<CellMap>) {
             None => return,
         }
     };
-    let merged = Arc::new(base.merge(&frozen));
+    let merged = base.merge(&frozen);
+    merged.build_index();
+    let merged = Arc::new(merged);
     let (old_base, old_frozen) = {
         let mut cells = write(map);
         let unchanged = Arc::ptr_eq(&cells.base, &base)
@@ -638,7 +723,29 @@ impl Compactor {
             cells.freeze();
         }
         let owner = Arc::clone(owner);
-        let job: Job = Arc::new(move || compact(map(&owner)));
+        self.queue(Arc::new(move || compact(map(&owner))));
+    }
+
+    /// Queues the point-read index build for `map`'s base, for runs made
+    /// outside the compactor (checkpoint load, replay). Freezes a delta
+    /// that is due first, so a store recovered into its delta is merged
+    /// too.
+    pub(crate) fn index_later<T: Send + Sync + 'static>(
+        &self,
+        owner: &Arc<T>,
+        map: fn(&T) -> &RwLock<CellMap>,
+    ) {
+        self.after_write(owner, map);
+        let owner = Arc::clone(owner);
+        self.queue(Arc::new(move || {
+            // Built without the lock: readers keep using the fences until
+            // it is published.
+            let base = Arc::clone(&read(map(&owner)).base);
+            base.build_index();
+        }));
+    }
+
+    fn queue(&self, job: Job) {
         match &self.jobs {
             Some(jobs) => {
                 if let Err(unsent) = jobs.send(job) {
@@ -665,8 +772,10 @@ mod tests {
 
     use super::*;
 
+    /// Lengths vary with `n`, so the lengths `insert` and `remove`
+    /// return tell values apart.
     fn v(n: u8) -> Value {
-        Arc::from([n].as_slice())
+        Arc::from(vec![n; 1 + usize::from(n % 4)].as_slice())
     }
 
     #[derive(Clone, Debug)]
@@ -675,6 +784,8 @@ mod tests {
         Del(u8),
         Freeze,
         Merge,
+        /// Builds the base's point-read index, as after recovery.
+        Index,
         /// Replay's bulk path: writes sorted and deduplicated first.
         Bulk(Vec<(u8, Option<u8>)>),
     }
@@ -685,6 +796,7 @@ mod tests {
             2 => any::<u8>().prop_map(|k| Op::Del(k % 64)),
             1 => Just(Op::Freeze),
             1 => Just(Op::Merge),
+            1 => Just(Op::Index),
             1 => prop::collection::vec((any::<u8>(), any::<Option<u8>>()), 0..20)
                 .prop_map(|w| Op::Bulk(w.into_iter().map(|(k, v)| (k % 64, v)).collect())),
         ]
@@ -701,11 +813,11 @@ mod tests {
                 match op {
                     Op::Put(k, n) => {
                         let got = write(&lock).insert(u128::from(k), v(n));
-                        prop_assert_eq!(got, model.insert(u128::from(k), v(n)));
+                        prop_assert_eq!(got, model.insert(u128::from(k), v(n)).map(|old| old.len()));
                     }
                     Op::Del(k) => {
                         let got = write(&lock).remove(&u128::from(k));
-                        prop_assert_eq!(got, model.remove(&u128::from(k)));
+                        prop_assert_eq!(got, model.remove(&u128::from(k)).map(|old| old.len()));
                     }
                     Op::Freeze => {
                         let mut cells = write(&lock);
@@ -714,6 +826,8 @@ mod tests {
                         }
                     }
                     Op::Merge => compact(&lock),
+                    // What the compactor does after recovery.
+                    Op::Index => read(&lock).base.build_index(),
                     Op::Bulk(writes) => {
                         let mut batch: BTreeMap<u128, Option<Value>> = BTreeMap::new();
                         for (k, n) in writes {

@@ -258,6 +258,7 @@ impl Engine {
             |_lsn, mutation| applier.push(mutation),
         )?;
         applier.flush();
+        mem.index_after_recovery();
 
         let segment = match &recovery.tail {
             Some(tail) => WalSegment::open_for_append(
@@ -320,6 +321,13 @@ impl Engine {
     /// Reads never wait on the writer. `None` means no such namespace.
     pub fn get(&self, ns: &NamespaceName, coord: Coord) -> Option<Option<Arc<[u8]>>> {
         self.mem.get(ns, coord)
+    }
+
+    /// The value at `coord` copied out under the lock
+    /// ([`MemStore::read_cell`]); `None` if there is no such namespace.
+    pub fn get_copy(&self, ns: &NamespaceName, coord: Coord) -> Option<Option<Vec<u8>>> {
+        self.mem
+            .read_cell(ns, coord, |value| value.map(|v| v.to_vec()))
     }
 
     pub fn memstore(&self) -> &Arc<MemStore> {

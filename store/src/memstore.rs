@@ -71,6 +71,16 @@ impl NamespaceCells {
         }
     }
 
+    /// Adds `delta` to the value byte count. Callers hold the `cells`
+    /// write lock, so no other thread changes the count meanwhile and a
+    /// plain load and store do (no locked read-modify-write).
+    fn add_value_bytes(&self, delta: i64) {
+        let total = self.value_bytes.load(Ordering::Relaxed) as i64 + delta;
+        debug_assert!(total >= 0, "value bytes went negative: {total}");
+        self.value_bytes
+            .store(total.max(0) as u64, Ordering::Relaxed);
+    }
+
     pub(crate) fn usage(&self) -> Usage {
         Usage {
             cells: read(&self.cells).len() as u64,
@@ -251,6 +261,15 @@ impl MemStore {
         true
     }
 
+    /// After recovery: has the compactor index every namespace's base run
+    /// for point reads (and merge any delta that recovery left due), in
+    /// the background, so the daemon starts serving without waiting.
+    pub(crate) fn index_after_recovery(&self) {
+        for space in read(&self.namespaces).values() {
+            self.compactor.index_later(space, |space| &space.cells);
+        }
+    }
+
     /// Applies cell writes sorted by curve key, each key once (`None`
     /// deletes), in one merge (`CellMap::apply_sorted`): for replay at
     /// startup. `false` if the namespace does not exist.
@@ -264,10 +283,7 @@ impl MemStore {
         };
         let mut cells = write(&space.cells);
         let bytes = cells.apply_sorted(batch);
-        let total = space.value_bytes.load(Ordering::Relaxed) as i64 + bytes;
-        space
-            .value_bytes
-            .store(total.max(0) as u64, Ordering::Relaxed);
+        space.add_value_bytes(bytes);
         true
     }
 
@@ -323,16 +339,31 @@ impl MemStore {
 
     /// `None` for a missing namespace, `Some(None)` for a missing cell.
     pub fn get(&self, ns: &NamespaceName, coord: Coord) -> Option<Option<Arc<[u8]>>> {
+        self.read_cell(ns, coord, |value| value.cloned())
+    }
+
+    /// Calls `read` with the value at `coord` (`None`: no cell) under the
+    /// namespace's read lock, and returns what it returns; `None` if there
+    /// is no such namespace. For readers that copy the bytes out anyway
+    /// (the server's `get` reply): no `Arc` clone and drop, which are two
+    /// locked writes to the value's cold cache line, and which stop the
+    /// CPU from overlapping one read's cache misses with the next's.
+    /// `read` runs under the lock, so it must be short.
+    pub fn read_cell<R>(
+        &self,
+        ns: &NamespaceName,
+        coord: Coord,
+        read_value: impl FnOnce(Option<&Arc<[u8]>>) -> R,
+    ) -> Option<R> {
         // The namespace is borrowed under the map's read lock rather than
         // its `Arc` cloned (`MemStore::namespace`): that is two fewer
-        // locked read-modify-writes, each of which also stops the CPU from
-        // overlapping this get's loads with the next one's. Lock order
-        // `namespaces` then `cells`, as `cell_count`; nothing takes
-        // `namespaces` while holding a `cells` write lock.
+        // locked read-modify-writes. Lock order `namespaces` then `cells`,
+        // as `cell_count`; nothing takes `namespaces` while holding a
+        // `cells` write lock.
         let namespaces = read(&self.namespaces);
         let space = namespaces.get(ns)?;
-        let value = read(&space.cells).get(&space.curve.key(coord)).cloned();
-        Some(value)
+        let cells = read(&space.cells);
+        Some(read_value(cells.get(&space.curve.key(coord))))
     }
 
     /// Applies a durable group in order; `existed` gets, per mutation,
@@ -363,14 +394,25 @@ impl MemStore {
                     let mut edges = write(&space.edges);
                     for slice in group[start..end].chunks(APPLY_SLICE_RECORDS) {
                         let mut cells = write(&space.cells);
+                        let mut value_bytes = 0i64;
                         for mutation in slice {
                             existed.push(match mutation {
                                 Mutation::ProgramPut { .. }
                                 | Mutation::ProgramDel { .. }
                                 | Mutation::Telemetry { .. } => self.programs.apply(mutation),
-                                _ => apply_one(&mut cells, &mut edges, &space, mutation),
+                                _ => apply_one(
+                                    &mut cells,
+                                    &mut edges,
+                                    &space,
+                                    mutation,
+                                    &mut value_bytes,
+                                ),
                             });
                         }
+                        // Value bytes change only here, under the cells
+                        // write lock: one atomic per slice, not two per put.
+                        space.add_value_bytes(value_bytes);
+                        drop(cells);
                     }
                     drop(edges);
                     self.compactor.after_write(&space, |space| &space.cells);
@@ -405,29 +447,30 @@ impl Default for MemStore {
     }
 }
 
+/// Applies one cell or edge mutation; adds the change in value bytes to
+/// `value_bytes` (the caller publishes a slice's total at once, still under
+/// the cells write lock).
 fn apply_one(
     cells: &mut Cells,
     edges: &mut EdgeGraph,
     space: &NamespaceCells,
     mutation: &Mutation,
+    value_bytes: &mut i64,
 ) -> bool {
     let curve = space.curve;
-    // Value bytes change only here, under the cells write lock.
-    let removed = |old: Option<Arc<[u8]>>| match old {
-        Some(old) => {
-            space
-                .value_bytes
-                .fetch_sub(old.len() as u64, Ordering::Relaxed);
+    let mut removed = |old_len: Option<usize>| match old_len {
+        Some(len) => {
+            *value_bytes -= len as i64;
             true
         }
         None => false,
     };
     match mutation {
         Mutation::Put { coord, value, .. } => {
-            space
-                .value_bytes
-                .fetch_add(value.len() as u64, Ordering::Relaxed);
-            removed(cells.insert(curve.key(*coord), Arc::from(value.as_slice())))
+            let old = cells.insert(curve.key(*coord), Arc::from(value.as_slice()));
+            let existed = removed(old);
+            *value_bytes += value.len() as i64;
+            existed
         }
         Mutation::Del { coord, .. } => removed(cells.remove(&curve.key(*coord))),
         Mutation::Link { edge, weight, .. } => edges.link(edge, *weight),
