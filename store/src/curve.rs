@@ -9,7 +9,7 @@
 //! [`region`] turns a box into runs of keys for either curve.
 //! `docs/curve-bakeoff.md` has the measurements behind [`Curve::DEFAULT`].
 
-mod hilbert;
+pub(crate) mod hilbert;
 mod morton;
 pub mod region;
 
