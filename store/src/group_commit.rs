@@ -96,7 +96,14 @@ pub struct GroupCommitConfig {
     pub max_group_bytes: usize,
     /// Requests waiting for the writer; senders block beyond it.
     pub queue_capacity: usize,
+    /// Namespaces the store may hold (the implicit `default` included);
+    /// a create beyond it is refused. Each costs a few KiB even empty,
+    /// and nothing else bounds how many a client makes.
+    pub max_namespaces: usize,
 }
+
+/// The default [`GroupCommitConfig::max_namespaces`].
+pub const MAX_NAMESPACES: usize = 65_536;
 
 impl Default for GroupCommitConfig {
     fn default() -> GroupCommitConfig {
@@ -106,6 +113,7 @@ impl Default for GroupCommitConfig {
             max_group_records: 4096,
             max_group_bytes: 8 * 1024 * 1024,
             queue_capacity: 8192,
+            max_namespaces: MAX_NAMESPACES,
         }
     }
 }
@@ -566,6 +574,15 @@ impl Writer {
                     return Err(WriteError::new(
                         WriteErrorKind::NamespaceExists,
                         format!("namespace {:?} exists already", ns.as_str()),
+                    ));
+                }
+                let count = self.mem.namespace_count();
+                if count >= self.config.max_namespaces {
+                    return Err(WriteError::new(
+                        WriteErrorKind::QuotaExceeded,
+                        format!(
+                            "cubed holds {count} namespaces, its limit; drop one (cubec ns drop NAME) before creating another"
+                        ),
                     ));
                 }
                 if meta.encrypted && !self.keyring.as_ref().is_some_and(|k| k.has_key()) {

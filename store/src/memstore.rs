@@ -219,6 +219,10 @@ impl MemStore {
         read(&self.namespaces).values().cloned().collect()
     }
 
+    pub fn namespace_count(&self) -> usize {
+        read(&self.namespaces).len()
+    }
+
     pub fn has_namespace(&self, ns: &NamespaceName) -> bool {
         read(&self.namespaces).contains_key(ns)
     }

@@ -1,4 +1,4 @@
-//! Guards namespaces in the engine: create/drop/re-create never resurrects old data (through the WAL, checkpoint deltas, compaction and crashes at every checkpoint step), the `default` namespace stays dropped once dropped, quotas refuse writes and whole transactions before anything is logged, and creates and drops are durable.
+//! Guards namespaces in the engine: create/drop/re-create never resurrects old data (through the WAL, checkpoint deltas, compaction and crashes at every checkpoint step), the `default` namespace stays dropped once dropped, quotas refuse writes and whole transactions before anything is logged, creates and drops are durable, and the namespace count is limited.
 #![allow(clippy::unwrap_used)]
 
 use std::path::Path;
@@ -343,4 +343,22 @@ fn a_guarded_session_never_writes_into_a_replacement_namespace() {
     assert_eq!(get(&engine, "t", 0), Some(None));
     assert_eq!(get(&engine, "t", 1), Some(None));
     engine.close_without_checkpoint();
+}
+
+/// The store holds at most `max_namespaces` (the implicit `default`
+/// counted); a create beyond it is refused before it is logged, and a drop
+/// makes room again.
+#[test]
+fn namespace_count_is_limited_and_a_drop_makes_room() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), None);
+    c.group_commit.max_namespaces = 3;
+    let engine = Engine::open(c).unwrap();
+    create(&engine, "a").unwrap();
+    create(&engine, "b").unwrap();
+    assert_eq!(create(&engine, "c"), Err(WriteErrorKind::QuotaExceeded));
+    assert_eq!(get(&engine, "c", 0), None, "the refused namespace exists");
+    drop_ns(&engine, "a").unwrap();
+    create(&engine, "c").unwrap();
+    assert_eq!(get(&engine, "c", 0), Some(None));
 }
