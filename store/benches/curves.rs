@@ -3,7 +3,10 @@
 //! coordinates, so figures are throughput (ns per coordinate with the CPU
 //! overlapping independent coordinates), which is how scans and bulk loads
 //! use the curves; single-call latency is higher for Hilbert, whose table
-//! walk is one dependent chain (see `docs/curve-bakeoff.md`).
+//! walk is one dependent chain (see `docs/curve-bakeoff.md`). The `-batch`
+//! cases convert the same coordinates through the slice API
+//! (`hilbert_keys`, `Curve::keys`, ...), which walks several Hilbert keys
+//! side by side.
 #![allow(clippy::unwrap_used)]
 
 #[path = "support/cpu_time.rs"]
@@ -16,8 +19,8 @@ use cpu_time::CpuTime;
 use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use cube_protocol::Coord;
 use cube_store::curve::{
-    Curve, hilbert_decode, hilbert_key, morton_decode, morton_decode_magic, morton_key,
-    morton_key_lut, morton_key_magic,
+    Curve, hilbert_decode, hilbert_decode_many, hilbert_key, hilbert_keys, morton_decode,
+    morton_decode_magic, morton_key, morton_key_lut, morton_key_magic,
 };
 
 /// A named encoder, and a named decoder with the curve whose keys it reads.
@@ -74,6 +77,15 @@ fn encode(c: &mut Criterion<CpuTime>) {
                 })
             });
         }
+        // The batch API: the whole slice in one call, keys written out
+        // (no per-coordinate indirect call or XOR to subtract).
+        let mut keys = vec![0u128; BATCH];
+        group.bench_function("morton-batch", |b| {
+            b.iter(|| Curve::Morton.keys(black_box(&coords), black_box(&mut keys)))
+        });
+        group.bench_function("hilbert-batch", |b| {
+            b.iter(|| hilbert_keys(black_box(&coords), black_box(&mut keys)))
+        });
         group.finish();
     }
 }
@@ -103,6 +115,15 @@ fn decode(c: &mut Criterion<CpuTime>) {
             })
         });
     }
+    let mut out = vec![Coord::new(0, 0, 0); BATCH];
+    let keys: Vec<u128> = coords.iter().map(|c| morton_key(*c)).collect();
+    group.bench_function("morton-batch", |b| {
+        b.iter(|| Curve::Morton.decode_many(black_box(&keys), black_box(&mut out)))
+    });
+    let keys: Vec<u128> = coords.iter().map(|c| hilbert_key(*c)).collect();
+    group.bench_function("hilbert-batch", |b| {
+        b.iter(|| hilbert_decode_many(black_box(&keys), black_box(&mut out)))
+    });
     group.finish();
 }
 

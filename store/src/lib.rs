@@ -41,7 +41,10 @@ pub mod transaction;
 pub mod verify;
 pub mod wal;
 
-pub use curve::{Curve, hilbert_decode, hilbert_key, morton_decode, morton_key};
+pub use curve::{
+    Curve, hilbert_decode, hilbert_decode_many, hilbert_key, hilbert_keys, morton_decode,
+    morton_key,
+};
 pub use data_dir::{DataDir, sync_dir};
 pub use edges::{EdgeKey, PathError, PathOutcome, WalkLimits};
 pub use error::{StoreError, WriteError, WriteErrorKind};
