@@ -460,6 +460,8 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
         /// The batch functions are the single ones, over any coordinates
         /// and any length.
         #[test]
@@ -472,8 +474,6 @@ mod tests {
             morton_decode_many(&keys, &mut back);
             prop_assert_eq!(back, coords);
         }
-
-        #![proptest_config(ProptestConfig::with_cases(2000))]
 
         #[test]
         fn both_spreads_agree_and_round_trip_everywhere(x: i32, y: i32, z: i32) {
