@@ -200,7 +200,7 @@ impl Default for CellMap {
             base: Arc::default(),
             frozen: None,
             delta: BTreeMap::new(),
-            delta_filter: DeltaFilter::with_capacity(MIN_DELTA_ENTRIES),
+            delta_filter: DeltaFilter::with_capacity(0),
             live: 0,
         }
     }
@@ -229,7 +229,7 @@ impl CellMap {
         let base = Arc::new(Run::new(keys, values));
         CellMap {
             live: base.keys.len(),
-            delta_filter: DeltaFilter::with_capacity(freeze_threshold(&base)),
+            delta_filter: DeltaFilter::with_capacity(0),
             base,
             frozen: None,
             delta: BTreeMap::new(),
@@ -270,7 +270,7 @@ impl CellMap {
             btree_map::Entry::Occupied(mut slot) => slot.insert(Some(value)).map(|old| old.len()),
             btree_map::Entry::Vacant(slot) => {
                 slot.insert(Some(value));
-                self.delta_filter.insert(key);
+                self.filter_new_delta_key(key);
                 older_slot(self.frozen.as_deref(), &self.base, key)
                     .flatten()
                     .map(|v| v.len())
@@ -282,6 +282,22 @@ impl CellMap {
         previous
     }
 
+    /// Records in the filter a key just added to the delta. A filter the
+    /// delta has outgrown is rebuilt four times larger from the delta's
+    /// keys (amortised: each key is re-added about 1/3 time on average),
+    /// so an empty or small namespace keeps a filter of a few bytes.
+    fn filter_new_delta_key(&mut self, key: u128) {
+        if self.delta.len() <= self.delta_filter.capacity() || !self.delta_filter.can_grow() {
+            self.delta_filter.insert(key);
+            return;
+        }
+        let mut filter = DeltaFilter::with_capacity(self.delta.len().saturating_mul(4));
+        for &k in self.delta.keys() {
+            filter.insert(k);
+        }
+        self.delta_filter = filter;
+    }
+
     /// Deletes `key`; returns the length of the value it held, if any.
     pub(crate) fn remove(&mut self, key: &u128) -> Option<usize> {
         let previous = match self.delta.get(key) {
@@ -290,8 +306,9 @@ impl CellMap {
         }?;
         // A tombstone is needed only where an older layer holds the key.
         if self.older_slot(*key).is_some() {
-            self.delta.insert(*key, None);
-            self.delta_filter.insert(*key);
+            if self.delta.insert(*key, None).is_none() {
+                self.filter_new_delta_key(*key);
+            }
         } else {
             self.delta.remove(key);
         }
@@ -343,7 +360,7 @@ impl CellMap {
         if !self.delta.is_empty() {
             base = Arc::new(base.merge(&std::mem::take(&mut self.delta)));
         }
-        self.delta_filter = DeltaFilter::with_capacity(freeze_threshold(&base));
+        self.delta_filter = DeltaFilter::with_capacity(0);
         let mut bytes = 0i64;
         let mut keys = huge_vec(base.keys.len() + batch.len());
         let mut values = huge_vec(base.keys.len() + batch.len());
@@ -378,12 +395,9 @@ impl CellMap {
 
     pub(crate) fn freeze(&mut self) {
         let delta = std::mem::take(&mut self.delta);
+        // Sized for the next delta, which freezes at about this one's size.
+        self.delta_filter = DeltaFilter::with_capacity(delta.len());
         self.frozen = Some(Arc::new(delta));
-        // Sized for the next delta, which freezes against a base about
-        // this one's size plus the frozen delta.
-        let expected =
-            freeze_threshold(&self.base) + freeze_threshold(&self.base) / BASE_TO_DELTA_RATIO;
-        self.delta_filter = DeltaFilter::with_capacity(expected);
     }
 }
 

@@ -13,7 +13,9 @@
 //! about one query in a hundred for an absent key wrongly answers "maybe",
 //! which only costs that read the tree lookup it would have done anyway.
 //! Keys are never removed (a key deleted from the delta may stay "maybe");
-//! the filter is replaced, empty, whenever the delta is.
+//! the filter is replaced, empty, whenever the delta is, and rebuilt larger
+//! when the delta outgrows it (`CellMap::filter_new_delta_key`), so its
+//! size follows the delta's and an idle namespace costs a few bytes.
 
 use crate::key_index::{mix, process_seed};
 
@@ -29,6 +31,8 @@ pub(crate) struct DeltaFilter {
     /// `words.len() - 1`; the length is a power of two.
     mask: usize,
     seed: u64,
+    /// Entries it was sized for.
+    capacity: usize,
 }
 
 impl DeltaFilter {
@@ -41,7 +45,19 @@ impl DeltaFilter {
             words: vec![0; words],
             mask: words - 1,
             seed: process_seed().rotate_left(17),
+            capacity: words * 64 / BITS_PER_ENTRY,
         }
+    }
+
+    /// Entries it holds at its designed false-positive rate; past it the
+    /// owner rebuilds it larger.
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Whether a larger filter could be made (below [`MAX_WORDS`]).
+    pub(crate) fn can_grow(&self) -> bool {
+        self.words.len() < MAX_WORDS
     }
 
     pub(crate) fn insert(&mut self, key: u128) {
@@ -81,6 +97,15 @@ mod tests {
             .count();
         // About 1 % expected; 5 % would mean the bits are not spread.
         assert!(false_positives < 5_000, "{false_positives} of 100000");
+    }
+
+    #[test]
+    fn capacity_follows_the_size_asked_for_up_to_the_cap() {
+        assert!(DeltaFilter::with_capacity(0).capacity() >= 1);
+        let filter = DeltaFilter::with_capacity(1000);
+        assert!(filter.capacity() >= 1000 && filter.can_grow());
+        let largest = DeltaFilter::with_capacity(usize::MAX);
+        assert!(!largest.can_grow());
     }
 
     #[test]
