@@ -300,12 +300,15 @@ impl CellMap {
 
     /// Deletes `key`; returns the length of the value it held, if any.
     pub(crate) fn remove(&mut self, key: &u128) -> Option<usize> {
+        // Looked up once: what older layers hold decides both the answer
+        // (when the delta has no entry) and whether a tombstone is needed.
+        let older = self.older_slot(*key).map(|slot| slot.map(|v| v.len()));
         let previous = match self.delta.get(key) {
             Some(slot) => slot.as_ref().map(|v| v.len()),
-            None => self.older_slot(*key).flatten().map(|v| v.len()),
+            None => older.flatten(),
         }?;
         // A tombstone is needed only where an older layer holds the key.
-        if self.older_slot(*key).is_some() {
+        if older.is_some() {
             if self.delta.insert(*key, None).is_none() {
                 self.filter_new_delta_key(*key);
             }
