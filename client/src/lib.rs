@@ -31,7 +31,9 @@ pub use cube_protocol::{
     MAX_SCAN_PAGE_CELLS, NamespaceName, PathFound, Request, Response, ScanCell, ScanResult,
     ServerError, StatsEntry, StatsValue, WalkNode, WalkResult, WalkStop, parse_coord,
 };
-pub use cube_protocol::{CellStats, ProgramValue, RunOutcome, RunRecord, RunReply};
+pub use cube_protocol::{
+    CellStats, ProgramValue, RunOutcome, RunRecord, RunReply, StepFailure, StepReply,
+};
 pub use cube_protocol::{CurveChoice, MAX_GRANTS, NamespaceGrant, NamespaceInfo, NamespaceSpec};
 pub use edges::{Detached, Linked, PathAnswer, WalkOptions};
 pub use error::ClientError;

@@ -1,11 +1,11 @@
-//! [`Client`] methods for cell programs: `prog`, `run` and `cell_stats`
-//! (`docs/programs.md`). Sizes and argument counts are checked here before
+//! [`Client`] methods for cell programs: `prog`, `run`, `step` and
+//! `cell_stats` (`docs/programs.md`). Sizes and argument counts are checked here before
 //! anything is sent, so an oversized request is a
 //! [`ClientError::BadArgument`] naming the limit.
 
 use cube_protocol::{
     CellStats, Coord, MAX_PROGRAM_BYTES, MAX_RUN_ARG_BYTES, MAX_RUN_ARGS, NamespaceName, Request,
-    Response, RunReply,
+    Response, RunReply, StepReply,
 };
 
 use crate::client::Client;
@@ -22,6 +22,24 @@ pub struct Stored {
 
 fn namespace(name: &str) -> Result<NamespaceName, ClientError> {
     NamespaceName::new(name).map_err(|e| ClientError::BadArgument(e.to_string()))
+}
+
+/// The limits `run` and `step` share: at most [`MAX_RUN_ARGS`] arguments,
+/// each at most [`MAX_RUN_ARG_BYTES`].
+fn check_args(args: &[&[u8]]) -> Result<(), ClientError> {
+    if args.len() > MAX_RUN_ARGS {
+        return Err(ClientError::BadArgument(format!(
+            "{} arguments, over the limit of {MAX_RUN_ARGS}",
+            args.len()
+        )));
+    }
+    if let Some(arg) = args.iter().find(|a| a.len() > MAX_RUN_ARG_BYTES) {
+        return Err(ClientError::BadArgument(format!(
+            "an argument of {} bytes is over the limit of {MAX_RUN_ARG_BYTES}",
+            arg.len()
+        )));
+    }
+    Ok(())
 }
 
 fn unexpected(what: &str, response: &Response) -> ClientError {
@@ -58,18 +76,7 @@ impl Client {
     /// code `program_error`, `program_fuel` or `program_memory`; the run
     /// is recorded in the cell's telemetry either way.
     pub fn run(&mut self, ns: &str, coord: Coord, args: &[&[u8]]) -> Result<RunReply, ClientError> {
-        if args.len() > MAX_RUN_ARGS {
-            return Err(ClientError::BadArgument(format!(
-                "{} arguments, over the limit of {MAX_RUN_ARGS}",
-                args.len()
-            )));
-        }
-        if let Some(arg) = args.iter().find(|a| a.len() > MAX_RUN_ARG_BYTES) {
-            return Err(ClientError::BadArgument(format!(
-                "an argument of {} bytes is over the limit of {MAX_RUN_ARG_BYTES}",
-                arg.len()
-            )));
-        }
+        check_args(args)?;
         let request = Request::Run {
             ns: namespace(ns)?,
             coord,
@@ -78,6 +85,37 @@ impl Client {
         match self.call(&request)? {
             Response::Run(reply) => Ok(reply),
             other => Err(unexpected("run", &other)),
+        }
+    }
+
+    /// Runs every program stored in the box `lo..=hi` once, in the
+    /// namespace's curve order, each with `args` (its own cell as
+    /// `cube.x/y/z`). Every run reads the state from before the step, so
+    /// no run sees another's writes (one generation of a cellular
+    /// automaton). A failed run applies nothing and is recorded in its
+    /// cell's telemetry; the others' writes and every run's telemetry
+    /// record commit as one durable group. Failed runs are not an error:
+    /// the reply counts them and carries the first. A box with `lo` above
+    /// `hi` on some axis is a server error with code `invalid_argument`;
+    /// more programs in the box than the server allows, `limit_exceeded`
+    /// (and nothing runs).
+    pub fn step(
+        &mut self,
+        ns: &str,
+        lo: Coord,
+        hi: Coord,
+        args: &[&[u8]],
+    ) -> Result<StepReply, ClientError> {
+        check_args(args)?;
+        let request = Request::Step {
+            ns: namespace(ns)?,
+            lo,
+            hi,
+            args: args.iter().map(|a| a.to_vec()).collect(),
+        };
+        match self.call(&request)? {
+            Response::Step(reply) => Ok(reply),
+            other => Err(unexpected("step", &other)),
         }
     }
 

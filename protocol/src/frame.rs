@@ -73,10 +73,13 @@ pub enum Opcode {
     CellStats = 0x0042,
     /// Every program of a namespace, a page at a time (`cubec export`).
     ProgramList = 0x0043,
+    /// Run every program stored in a box once, each seeing the state from
+    /// before the step; all writes commit as one group.
+    Step = 0x0044,
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 27] = [
+    pub const ALL: [Opcode; 28] = [
         Opcode::Hello,
         Opcode::Ping,
         Opcode::Stats,
@@ -104,6 +107,7 @@ impl Opcode {
         Opcode::Run,
         Opcode::CellStats,
         Opcode::ProgramList,
+        Opcode::Step,
     ];
 
     pub fn from_u16(raw: u16) -> Option<Opcode> {
@@ -140,6 +144,7 @@ impl Opcode {
             Opcode::Run => "run",
             Opcode::CellStats => "cell-stats",
             Opcode::ProgramList => "prog-list",
+            Opcode::Step => "step",
         }
     }
 }

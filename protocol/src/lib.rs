@@ -41,7 +41,7 @@ pub use namespace::{
 pub use program::{
     CellStats, MAX_CELL_STATS_RECORDS, MAX_OUTCOME_MESSAGE_BYTES, MAX_PROGRAM_BYTES,
     MAX_RESULT_ENTRIES, MAX_RUN_ARG_BYTES, MAX_RUN_ARGS, ProgramValue, RunOutcome, RunRecord,
-    RunReply,
+    RunReply, StepFailure, StepReply,
 };
 
 /// The protocol version this crate speaks. Bumped on any incompatible change.

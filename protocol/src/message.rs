@@ -22,8 +22,8 @@ use crate::namespace::{
     read_spec,
 };
 use crate::program::{
-    CellStats, MAX_PROGRAM_BYTES, RunReply, put_args, put_cell_stats, put_run_reply, read_args,
-    read_cell_stats, read_run_reply,
+    CellStats, MAX_PROGRAM_BYTES, RunReply, StepReply, put_args, put_cell_stats, put_run_reply,
+    put_step_reply, read_args, read_cell_stats, read_run_reply, read_step_reply,
 };
 use crate::wire::{
     BodyReader, put_blob, put_coord, put_namespace, put_optional_coord, put_short_string, put_u16,
@@ -230,6 +230,16 @@ pub enum Request {
         limit: u32,
         after: Option<Coord>,
     },
+    /// Runs every program stored in the box `lo..=hi` once, in the
+    /// namespace's curve order, each with `args`. Every run reads the
+    /// state from before the step; the writes of the runs that succeed,
+    /// and every run's telemetry record, commit as one group.
+    Step {
+        ns: NamespaceName,
+        lo: Coord,
+        hi: Coord,
+        args: Vec<Vec<u8>>,
+    },
 }
 
 impl Request {
@@ -262,6 +272,7 @@ impl Request {
             Request::Batch { .. } => Opcode::Batch,
             Request::EdgeList { .. } => Opcode::EdgeList,
             Request::ProgramList { .. } => Opcode::ProgramList,
+            Request::Step { .. } => Opcode::Step,
         }
     }
 
@@ -412,6 +423,12 @@ impl Request {
                 put_u32(b, *limit);
                 put_optional_coord(b, *after);
             }
+            Request::Step { ns, lo, hi, args } => {
+                put_namespace(b, ns);
+                put_coord(b, *lo);
+                put_coord(b, *hi);
+                put_args(b, args);
+            }
         });
     }
 
@@ -557,6 +574,12 @@ impl Request {
                 limit: r.u32()?,
                 after: r.optional_coord()?,
             },
+            Opcode::Step => Request::Step {
+                ns: r.namespace()?,
+                lo: r.coord()?,
+                hi: r.coord()?,
+                args: read_args(&mut r)?,
+            },
         };
         r.finish()?;
         Ok(request)
@@ -682,6 +705,8 @@ pub enum Response {
     },
     EdgeList(EdgePage),
     ProgramList(ProgramPage),
+    /// Every program in the box ran; what succeeded is durable.
+    Step(StepReply),
 }
 
 /// Named figures (stats and reports): a `u16` count, then per entry a
@@ -798,6 +823,7 @@ impl Response {
             Response::Batch { .. } => Opcode::Batch,
             Response::EdgeList(_) => Opcode::EdgeList,
             Response::ProgramList(_) => Opcode::ProgramList,
+            Response::Step(_) => Opcode::Step,
         }
     }
 
@@ -874,6 +900,7 @@ impl Response {
                 }
                 Response::EdgeList(page) => put_edge_page(b, page),
                 Response::ProgramList(page) => put_program_page(b, page),
+                Response::Step(reply) => put_step_reply(b, reply),
                 Response::Scan {
                     result,
                     resume_after,
@@ -1043,6 +1070,7 @@ impl Response {
             },
             Opcode::EdgeList => Response::EdgeList(read_edge_page(&mut r)?),
             Opcode::ProgramList => Response::ProgramList(read_program_page(&mut r)?),
+            Opcode::Step => Response::Step(read_step_reply(&mut r)?),
         };
         r.finish()?;
         Ok(Ok(response))

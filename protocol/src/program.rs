@@ -1,13 +1,15 @@
-//! Cell programs on the wire: the body codecs of `prog`, `run` and
-//! `cell-stats` (opcodes 0x0040-0x0042, `docs/protocol.md` section 6), the
-//! value a run returns and the per-cell telemetry records.
+//! Cell programs on the wire: the body codecs of `prog`, `run`,
+//! `cell-stats` and `step` (opcodes 0x0040-0x0044, `docs/protocol.md`
+//! section 6), the value a run returns, what a step reports and the
+//! per-cell telemetry records.
 //!
 //! Every list and string here has an explicit limit, checked by the
 //! decoders before anything is allocated, so a hostile peer cannot make
 //! either side reserve more than the frame it actually sent.
 
 use crate::error::DecodeError;
-use crate::wire::{BodyReader, put_blob, put_short_string, put_u16, put_u32, put_u64};
+use crate::model::Coord;
+use crate::wire::{BodyReader, put_blob, put_coord, put_short_string, put_u16, put_u32, put_u64};
 
 /// Largest program source accepted by `prog`, in bytes. Programs are
 /// small rules next to their data; 64 KiB is far beyond any of the
@@ -122,6 +124,35 @@ pub struct RunReply {
     pub instructions: u64,
     pub cells_written: u32,
     pub value: ProgramValue,
+}
+
+/// What a `step` answers: every program in the box ran once, and the
+/// writes of those that succeeded committed together.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepReply {
+    /// The LSN of the step's first record, 0 when it ran no program.
+    pub lsn: u64,
+    /// Programs that ran (one per cell of the box holding one).
+    pub programs: u32,
+    /// Of those, the runs that failed (their writes were not applied).
+    pub failed: u32,
+    /// Cells written by the runs that succeeded, all together.
+    pub cells_written: u32,
+    /// Fuel used by all runs together.
+    pub instructions: u64,
+    /// The first failed run in the step's order, if any.
+    pub first_failure: Option<StepFailure>,
+}
+
+/// The first failure of a step: where, which run, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepFailure {
+    pub coord: Coord,
+    /// The failed run's telemetry sequence number at its cell.
+    pub seq: u64,
+    pub outcome: RunOutcome,
+    /// At most [`MAX_OUTCOME_MESSAGE_BYTES`].
+    pub message: String,
 }
 
 /// What `cell-stats` answers about one coordinate.
@@ -277,6 +308,76 @@ pub(crate) fn read_run_reply(
         instructions: r.u64()?,
         cells_written: r.u32()?,
         value: read_value(r, max_value_bytes, false)?,
+    })
+}
+
+pub(crate) fn put_step_reply(out: &mut Vec<u8>, reply: &StepReply) {
+    debug_assert!(
+        reply.failed <= reply.programs && reply.first_failure.is_some() == (reply.failed > 0),
+        "a step reply the decoder would refuse: {reply:?}"
+    );
+    put_u64(out, reply.lsn);
+    put_u32(out, reply.programs);
+    put_u32(out, reply.failed);
+    put_u32(out, reply.cells_written);
+    put_u64(out, reply.instructions);
+    match &reply.first_failure {
+        None => out.push(0),
+        Some(failure) => {
+            out.push(1);
+            put_coord(out, failure.coord);
+            put_u64(out, failure.seq);
+            out.push(failure.outcome as u8);
+            put_short_string(out, &failure.message, MAX_OUTCOME_MESSAGE_BYTES);
+        }
+    }
+}
+
+pub(crate) fn read_step_reply(r: &mut BodyReader<'_>) -> Result<StepReply, DecodeError> {
+    let lsn = r.u64()?;
+    let programs = r.u32()?;
+    let failed = r.u32()?;
+    if failed > programs {
+        return Err(DecodeError::BadField {
+            what: "step failures (more than the programs run)",
+            got: u64::from(failed),
+        });
+    }
+    let cells_written = r.u32()?;
+    let instructions = r.u64()?;
+    let first_failure = if r.bool()? {
+        let coord = r.coord()?;
+        let seq = r.u64()?;
+        let raw = r.u8()?;
+        let outcome = RunOutcome::from_u8(raw)
+            .filter(|outcome| *outcome != RunOutcome::Ok)
+            .ok_or(DecodeError::BadField {
+                what: "step failure outcome",
+                got: u64::from(raw),
+            })?;
+        let message = r.short_string("run outcome message", MAX_OUTCOME_MESSAGE_BYTES)?;
+        Some(StepFailure {
+            coord,
+            seq,
+            outcome,
+            message,
+        })
+    } else {
+        None
+    };
+    if first_failure.is_some() != (failed > 0) {
+        return Err(DecodeError::BadField {
+            what: "step first failure (present exactly when a run failed)",
+            got: u64::from(failed),
+        });
+    }
+    Ok(StepReply {
+        lsn,
+        programs,
+        failed,
+        cells_written,
+        instructions,
+        first_failure,
     })
 }
 

@@ -5,12 +5,14 @@ use std::io::{self, Read};
 use std::time::{Duration, Instant};
 
 use cube_protocol::frame::{self, RESPONSE_BIT, read_frame};
-use cube_protocol::{CellStats, ProgramValue, RunOutcome, RunRecord, RunReply};
+use cube_protocol::{
+    CellStats, ProgramValue, RunOutcome, RunRecord, RunReply, StepFailure, StepReply,
+};
 use cube_protocol::{
     Coord, DecodeError, Direction, EdgeInfo, EdgeLabel, ErrorCode, FrameHeader, HEADER_BYTES,
-    Limits, MAX_STATS_ENTRIES, NamespaceName, Opcode, PROTOCOL_VERSION, PathFound, ProtocolError,
-    Request, Response, ScanCell, ScanResult, ServerError, StatsEntry, StatsValue, WalkNode,
-    WalkResult, WalkStop,
+    Limits, MAX_OUTCOME_MESSAGE_BYTES, MAX_STATS_ENTRIES, NamespaceName, Opcode, PROTOCOL_VERSION,
+    PathFound, ProtocolError, Request, Response, ScanCell, ScanResult, ServerError, StatsEntry,
+    StatsValue, WalkNode, WalkResult, WalkStop,
 };
 use cube_protocol::{CurveChoice, NamespaceGrant, NamespaceInfo, NamespaceSpec};
 use proptest::collection::vec;
@@ -312,7 +314,7 @@ fn response() -> impl Strategy<Value = Response> {
     ]
 }
 
-/// `prog`, `run` and `cell-stats` requests.
+/// `prog`, `run`, `cell-stats` and `step` requests.
 fn program_request() -> impl Strategy<Value = Request> {
     prop_oneof![
         (namespace(), coord(), bytes(4096)).prop_map(|(ns, coord, source)| Request::Prog {
@@ -325,6 +327,10 @@ fn program_request() -> impl Strategy<Value = Request> {
             coord,
             args
         }),
+        // Any two corners: an inverted box is the server's to refuse
+        // (invalid_argument), not the codec's.
+        (namespace(), coord(), coord(), vec(bytes(256), 0..8))
+            .prop_map(|(ns, lo, hi, args)| Request::Step { ns, lo, hi, args }),
         (namespace(), coord(), any::<u32>()).prop_map(|(ns, coord, limit)| Request::CellStats {
             ns,
             coord,
@@ -357,13 +363,62 @@ fn program_value() -> impl Strategy<Value = ProgramValue> {
     ]
 }
 
-fn program_response() -> impl Strategy<Value = Response> {
-    let outcome = select(vec![
+fn run_outcome() -> impl Strategy<Value = RunOutcome> {
+    select(vec![
         RunOutcome::Ok,
         RunOutcome::Error,
         RunOutcome::Fuel,
         RunOutcome::Memory,
+    ])
+}
+
+/// A step's answer as a server may send it: `failed` at most `programs`,
+/// and a first failure exactly when `failed` > 0.
+fn step_reply() -> impl Strategy<Value = StepReply> {
+    let failed_outcome = select(vec![
+        RunOutcome::Error,
+        RunOutcome::Fuel,
+        RunOutcome::Memory,
     ]);
+    let failure = (coord(), any::<u64>(), failed_outcome, "\\PC{0,100}").prop_map(
+        |(coord, seq, outcome, message)| StepFailure {
+            coord,
+            seq,
+            outcome,
+            message,
+        },
+    );
+    (
+        any::<u64>(),
+        prop_oneof![Just(0u32), Just(1), Just(u32::MAX), any::<u32>()],
+        any::<u32>(),
+        any::<u32>(),
+        any::<u64>(),
+        proptest::option::of(failure),
+    )
+        .prop_map(
+            |(lsn, programs, failed_raw, cells_written, instructions, first_failure)| {
+                let (programs, failed) = match first_failure {
+                    None => (programs, 0),
+                    Some(_) => {
+                        let programs = programs.max(1);
+                        (programs, 1 + failed_raw % programs)
+                    }
+                };
+                StepReply {
+                    lsn,
+                    programs,
+                    failed,
+                    cells_written,
+                    instructions,
+                    first_failure,
+                }
+            },
+        )
+}
+
+fn program_response() -> impl Strategy<Value = Response> {
+    let outcome = run_outcome();
     let record = (any::<[u64; 4]>(), any::<u32>(), outcome, "\\PC{0,100}").prop_map(
         |([seq, started_unix_us, duration_ns, instructions], cells_written, outcome, message)| {
             RunRecord {
@@ -402,6 +457,7 @@ fn program_response() -> impl Strategy<Value = Response> {
                     records,
                 })
             }),
+        step_reply().prop_map(Response::Step),
     ]
 }
 
@@ -1022,6 +1078,98 @@ fn damaged_namespaces_are_bad_namespace() {
     }
 }
 
+/// A `step` response body (status 0 first) with the given counts and,
+/// after the presence byte `has_failure`, `failure` as raw bytes.
+fn step_body(programs: u32, failed: u32, has_failure: u8, failure: &[u8]) -> Vec<u8> {
+    let mut body = vec![0u8];
+    body.extend_from_slice(&7u64.to_le_bytes());
+    body.extend_from_slice(&programs.to_le_bytes());
+    body.extend_from_slice(&failed.to_le_bytes());
+    body.extend_from_slice(&0u32.to_le_bytes());
+    body.extend_from_slice(&0u64.to_le_bytes());
+    body.push(has_failure);
+    body.extend_from_slice(failure);
+    body
+}
+
+/// A first failure at (1, 2, 3), run 9, with `outcome` and `message`.
+fn step_failure_bytes(outcome: u8, message: &[u8]) -> Vec<u8> {
+    let mut b = Vec::new();
+    for v in [1i32, 2, 3] {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    b.extend_from_slice(&9u64.to_le_bytes());
+    b.push(outcome);
+    b.extend_from_slice(&(message.len() as u16).to_le_bytes());
+    b.extend_from_slice(message);
+    b
+}
+
+#[test]
+fn step_replies_that_contradict_themselves_are_malformed() {
+    let decode = |body: &[u8]| {
+        let header = FrameHeader {
+            body_len: body.len() as u32,
+            body_crc32c: 0,
+            version: PROTOCOL_VERSION,
+            opcode: Opcode::Step as u16 | RESPONSE_BIT,
+            request_id: 1,
+        };
+        Response::decode(&header, body, &Limits::default())
+    };
+    let boom = step_failure_bytes(RunOutcome::Error as u8, b"boom");
+    // The well-formed shapes decode.
+    let ok = decode(&step_body(3, 1, 1, &boom)).unwrap().unwrap();
+    let Response::Step(reply) = ok else {
+        panic!("not a step reply: {ok:?}")
+    };
+    assert_eq!(
+        reply.first_failure,
+        Some(StepFailure {
+            coord: Coord::new(1, 2, 3),
+            seq: 9,
+            outcome: RunOutcome::Error,
+            message: "boom".to_owned(),
+        })
+    );
+    assert!(decode(&step_body(0, 0, 0, &[])).unwrap().is_ok());
+    assert!(
+        decode(&step_body(u32::MAX, u32::MAX, 1, &boom))
+            .unwrap()
+            .is_ok()
+    );
+    let longest = step_failure_bytes(RunOutcome::Fuel as u8, &[b'm'; 512]);
+    assert!(decode(&step_body(1, 1, 1, &longest)).unwrap().is_ok());
+    // More failures than programs.
+    assert!(decode(&step_body(2, 3, 1, &boom)).is_err());
+    // A failure without a failed run, and failed runs without a failure.
+    assert!(decode(&step_body(2, 0, 1, &boom)).is_err());
+    assert!(decode(&step_body(2, 1, 0, &[])).is_err());
+    // A presence byte that is not a bool.
+    assert!(decode(&step_body(2, 1, 2, &boom)).is_err());
+    // An outcome out of range, or "ok" for a failure; a message over 512
+    // bytes or not UTF-8.
+    assert!(decode(&step_body(2, 1, 1, &step_failure_bytes(4, b"x"))).is_err());
+    let ok_failure = step_failure_bytes(RunOutcome::Ok as u8, b"x");
+    assert!(decode(&step_body(2, 1, 1, &ok_failure)).is_err());
+    let long = step_failure_bytes(RunOutcome::Error as u8, &[b'm'; 513]);
+    assert!(decode(&step_body(2, 1, 1, &long)).is_err());
+    let bad_utf8 = step_failure_bytes(RunOutcome::Error as u8, b"\xff");
+    assert!(decode(&step_body(2, 1, 1, &bad_utf8)).is_err());
+    // Bytes after the reply.
+    let mut trailing = step_body(0, 0, 0, &[]);
+    trailing.push(0);
+    assert!(decode(&trailing).is_err());
+    for body in [
+        step_body(2, 3, 1, &boom),
+        step_body(2, 0, 1, &boom),
+        step_body(2, 1, 0, &[]),
+    ] {
+        let err = decode(&body).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::MalformedFrame, "{err:?}");
+    }
+}
+
 #[test]
 fn unknown_opcodes_are_unknown_opcode() {
     for raw in [0u16, 0x0006, 0x0017, 0x7fff, 0x8001, 0xffff] {
@@ -1272,6 +1420,10 @@ proptest! {
                     error: ServerError::new(ErrorCode::Internal, cut(&long.clone(), MAX_MESSAGE_BYTES)),
                 },
             ),
+            (
+                Msg::Resp(step_with_failure_message(long.clone())),
+                Msg::Resp(step_with_failure_message(cut(&long, MAX_OUTCOME_MESSAGE_BYTES))),
+            ),
         ];
         for (sent, expected) in msgs {
             let frame = sent.to_frame(1);
@@ -1280,6 +1432,23 @@ proptest! {
             prop_assert_eq!(decoded, expected);
         }
     }
+}
+
+/// A step reply whose one failed run says `message`.
+fn step_with_failure_message(message: String) -> Response {
+    Response::Step(StepReply {
+        lsn: 1,
+        programs: 2,
+        failed: 1,
+        cells_written: 0,
+        instructions: 0,
+        first_failure: Some(StepFailure {
+            coord: Coord::new(0, 0, 0),
+            seq: 1,
+            outcome: RunOutcome::Error,
+            message,
+        }),
+    })
 }
 
 #[test]

@@ -8,7 +8,9 @@
 use std::collections::BTreeMap;
 
 use cube_protocol::frame::{self, RESPONSE_BIT};
-use cube_protocol::{CellStats, ProgramValue, RunOutcome, RunRecord, RunReply};
+use cube_protocol::{
+    CellStats, ProgramValue, RunOutcome, RunRecord, RunReply, StepFailure, StepReply,
+};
 use cube_protocol::{
     Coord, Direction, EdgeInfo, EdgeLabel, ErrorCode, FrameHeader, HEADER_BYTES, Limits,
     MAX_EDGE_LIST, MAX_LABEL_BYTES, MAX_SCAN_PAGE_CELLS, MAX_STATS_ENTRIES, MAX_WALK_NODES,
@@ -733,7 +735,8 @@ fn bulk_examples() -> Vec<Example> {
     ]
 }
 
-/// `prog`, `run` and `cell-stats` (opcodes 0x0040-0x0042).
+/// `prog`, `run`, `cell-stats` (opcodes 0x0040-0x0042) and `step`
+/// (0x0044).
 fn program_examples() -> Vec<Example> {
     let at = Coord::new(1, -2, 3);
     let mut prog_fields = ns_fields();
@@ -749,6 +752,39 @@ fn program_examples() -> Vec<Example> {
     let mut stats_fields = ns_fields();
     stats_fields.extend(coord_fields("coord", at));
     stats_fields.push(f(4, "limit = 1 (most recent records wanted)"));
+    let (lo, hi, failed_at) = (
+        Coord::new(0, 0, 0),
+        Coord::new(2, 2, 0),
+        Coord::new(1, 1, 0),
+    );
+    let mut step_fields = ns_fields();
+    step_fields.extend(coord_fields("lo", lo));
+    step_fields.extend(coord_fields("hi", hi));
+    step_fields.extend([
+        f(2, "argument count = 1"),
+        f(4, "argument length = 1"),
+        f(1, "argument = \"1\""),
+    ]);
+    let step_message = "line 2: boom";
+    let mut step_reply_fields = vec![
+        f(1, "status = 0 (ok)"),
+        f(8, "lsn = 40 (u64, the step's first record)"),
+        f(4, "programs = 9 (u32)"),
+        f(4, "failed = 1 (u32)"),
+        f(4, "cells_written = 8 (u32, by the 8 runs that succeeded)"),
+        f(8, "instructions = 12000 (u64, all runs together)"),
+        f(
+            1,
+            "has_failure = 1 (a run failed; the first failure follows)",
+        ),
+    ];
+    step_reply_fields.extend(coord_fields("failure", failed_at));
+    step_reply_fields.extend([
+        f(8, "seq = 3 (u64, the failed run's number at its cell)"),
+        f(1, "outcome = 1 (error)"),
+        f(2, format!("message length = {}", step_message.len())),
+        f(step_message.len(), format!("message = {step_message:?}")),
+    ]);
     vec![
         request(
             "prog-request",
@@ -884,6 +920,56 @@ fn program_examples() -> Vec<Example> {
             15,
             ErrorCode::ProgramFuel,
             "out of fuel (run 5 at default 1,-2,3)",
+        ),
+        request(
+            "step-request",
+            16,
+            Request::Step {
+                ns: default_ns(),
+                lo,
+                hi,
+                args: vec![b"1".to_vec()],
+            },
+            step_fields,
+        ),
+        response(
+            "step-response",
+            16,
+            Response::Step(StepReply {
+                lsn: 40,
+                programs: 9,
+                failed: 1,
+                cells_written: 8,
+                instructions: 12_000,
+                first_failure: Some(StepFailure {
+                    coord: failed_at,
+                    seq: 3,
+                    outcome: RunOutcome::Error,
+                    message: step_message.to_owned(),
+                }),
+            }),
+            step_reply_fields,
+        ),
+        response(
+            "step-response-empty",
+            17,
+            Response::Step(StepReply {
+                lsn: 0,
+                programs: 0,
+                failed: 0,
+                cells_written: 0,
+                instructions: 0,
+                first_failure: None,
+            }),
+            vec![
+                f(1, "status = 0 (ok)"),
+                f(8, "lsn = 0 (u64; nothing was written)"),
+                f(4, "programs = 0 (u32)"),
+                f(4, "failed = 0 (u32)"),
+                f(4, "cells_written = 0 (u32)"),
+                f(8, "instructions = 0 (u64)"),
+                f(1, "has_failure = 0 (no run failed; nothing follows)"),
+            ],
         ),
     ]
 }

@@ -87,6 +87,7 @@ fn target(request: &Request) -> Option<(&NamespaceName, Needs)> {
         | Request::Detach { ns, .. }
         | Request::Prog { ns, .. }
         | Request::Run { ns, .. }
+        | Request::Step { ns, .. }
         | Request::Batch { ns, .. } => (ns, Write),
         Request::NsDrop { ns } | Request::NsGrant { ns, .. } | Request::NsRevoke { ns, .. } => {
             (ns, Admin)

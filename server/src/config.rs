@@ -133,6 +133,13 @@ pub struct Args {
           value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub program_time_ms: u64,
 
+    /// Writer-time backstop of one `step` (all its runs), in milliseconds:
+    /// a step holds the writer, so its runs left after this fail as out of
+    /// fuel without running.
+    #[arg(long, value_name = "MS", default_value_t = DEFAULT_PROGRAM_STEP_MS,
+          value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub program_step_ms: u64,
+
     /// Telemetry records kept per cell (the run count is exact regardless).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_PROGRAM_TELEMETRY_KEEP,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(cube_store::MAX_TELEMETRY_KEEP)))]
@@ -178,6 +185,10 @@ pub const DEFAULT_MAX_EDGES_PER_CELL: u32 = 4096;
 pub const DEFAULT_PROGRAM_FUEL: u64 = 1_000_000;
 pub const DEFAULT_PROGRAM_MEMORY: usize = 8 * 1024 * 1024;
 pub const DEFAULT_PROGRAM_TIME_MS: u64 = 250;
+/// A step's writer-time backstop: long enough for a 32^3 step of small
+/// rules (tens of milliseconds), short enough that other writers wait
+/// seconds at most.
+pub const DEFAULT_PROGRAM_STEP_MS: u64 = 2000;
 pub const DEFAULT_PROGRAM_TELEMETRY_KEEP: u32 = 1000;
 
 fn parse_program_memory(text: &str) -> Result<usize, String> {

@@ -212,6 +212,7 @@ impl Connection {
                     | Request::Del { .. }
                     | Request::Prog { .. }
                     | Request::Run { .. }
+                    | Request::Step { .. }
             ) {
                 match self.submit_write(request, header.request_id, started) {
                     Ok(()) => continue,
@@ -452,16 +453,17 @@ impl Connection {
             program_request @ Request::CellStats { .. } => {
                 crate::programs::handle(&self.shared, program_request)
             }
-            // Served before this dispatch: put, del, prog and run by
+            // Served before this dispatch: put, del, prog, run and step by
             // `submit_write`, scan by `scan` (straight into the output
             // buffer).
             Request::Put { .. }
             | Request::Del { .. }
             | Request::Prog { .. }
             | Request::Run { .. }
+            | Request::Step { .. }
             | Request::Scan { .. } => Err(ServerError::new(
                 ErrorCode::Internal,
-                "put, del, prog, run and scan are served before the generic handler",
+                "put, del, prog, run, step and scan are served before the generic handler",
             )),
         }
     }

@@ -1,9 +1,9 @@
-//! Keeps docs/programs.md true: every worked example (counter, heat diffusion step, 3-D Game of Life rule, propagation along edges) is read from the doc and run against a real cubed, with its documented effect checked.
+//! Keeps docs/programs.md true: every worked example (counter, heat diffusion step, 3-D Game of Life rule by runs and in place by steps, propagation along edges) is read from the doc and run against a real cubed, with its documented effect checked.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::HashSet;
 
-use cube_client::{Client, Coord, LocalDaemon, ProgramValue};
+use cube_client::{CellBox, Client, Coord, LocalDaemon, ProgramValue};
 
 const DOC: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/programs.md"));
 const NS: &str = "default";
@@ -32,7 +32,7 @@ fn number(client: &mut Client, at: Coord) -> f64 {
 
 #[test]
 fn every_example_in_the_doc_is_tested() {
-    let tested = ["counter", "heat", "life", "propagate"];
+    let tested = ["counter", "heat", "life", "life-in-place", "propagate"];
     let in_doc: Vec<&str> = DOC
         .match_indices("<!-- program: ")
         .map(|(at, m)| {
@@ -144,6 +144,70 @@ fn life_rule_computes_one_generation_cell_by_cell() {
                 assert_eq!(stored.is_some(), expected, "{x},{y},{z}");
             }
         }
+    }
+}
+
+#[test]
+fn life_in_place_computes_generations_by_steps_and_survives_kill_9() {
+    let side = 6;
+    let mut daemon = LocalDaemon::start_fresh(&[]).unwrap();
+    let mut c = daemon.client().unwrap();
+    let source = example("life-in-place");
+    let mut alive = HashSet::new();
+    let mut state = 2545u64;
+    for x in 0..side {
+        for y in 0..side {
+            for z in 0..side {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                if (state >> 33) % 10 < 3 {
+                    alive.insert((x, y, z));
+                    c.put(NS, Coord::new(x, y, z), b"1").unwrap();
+                }
+                c.prog(NS, Coord::new(x, y, z), source.as_bytes()).unwrap();
+            }
+        }
+    }
+    let (lo, hi) = (
+        Coord::new(0, 0, 0),
+        Coord::new(side - 1, side - 1, side - 1),
+    );
+    for generation in 1..=3u64 {
+        let reply = c.step(NS, lo, hi, &[]).unwrap();
+        assert_eq!(
+            (reply.programs, reply.failed),
+            ((side * side * side) as u32, 0)
+        );
+        let mut next = HashSet::new();
+        for x in 0..side {
+            for y in 0..side {
+                for z in 0..side {
+                    if life_step(&alive, x, y, z) {
+                        next.insert((x, y, z));
+                    }
+                }
+            }
+        }
+        let changed = alive.symmetric_difference(&next).count() as u32;
+        assert_eq!(reply.cells_written, changed, "generation {generation}");
+        alive = next;
+        if generation == 2 {
+            drop(c);
+            daemon.kill9().unwrap();
+            daemon.restart().unwrap();
+            c = daemon.client().unwrap();
+        }
+        let stored: HashSet<(i32, i32, i32)> = c
+            .scan(NS, CellBox::new(lo, hi).unwrap(), 4096)
+            .map(|cell| {
+                let at = cell.unwrap().coord;
+                (at.x, at.y, at.z)
+            })
+            .collect();
+        assert_eq!(stored, alive, "generation {generation}");
+        let stats = c.cell_stats(NS, Coord::new(1, 2, 3), 10).unwrap();
+        assert_eq!(stats.runs, generation);
     }
 }
 

@@ -19,6 +19,7 @@
 
 mod cells;
 pub mod checkpoint;
+mod coord_hash;
 pub mod crypto;
 pub mod curve;
 mod data_dir;
@@ -54,7 +55,7 @@ pub use group_commit::{
 };
 pub use memstore::{APPLY_SLICE_RECORDS, MemStore, SCAN_SLICE_STEPS};
 pub use mutation::Mutation;
-pub use programs::{MAX_TELEMETRY_KEEP, TelemetryChange, TelemetryHead};
+pub use programs::{MAX_TELEMETRY_KEEP, StoredProgram, TelemetryChange, TelemetryHead};
 pub use scan::{ScanLimits, ScanOutcome, Visit};
 pub use stats::{StoreStats, StoreStatsSnapshot};
 pub use storage::{OpenMode, RealDisk, Storage, StorageFile};

@@ -21,6 +21,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use cube_protocol::{CellBox, Coord, NamespaceName};
 
 use crate::cells::{CellMap, Compactor};
+use crate::coord_hash::CoordHashBuilder;
 use crate::curve::Curve;
 use crate::edges::EdgeGraph;
 use crate::mutation::Mutation;
@@ -102,7 +103,7 @@ pub(crate) struct SortedCells {
 
 /// Cells of every namespace. Cheap to share: clone the `Arc`.
 pub struct MemStore {
-    namespaces: RwLock<HashMap<NamespaceName, Arc<NamespaceCells>>>,
+    namespaces: RwLock<HashMap<NamespaceName, Arc<NamespaceCells>, CoordHashBuilder>>,
     /// Merges namespaces' frozen deltas into their sorted bases.
     compactor: Compactor,
     /// Cell programs and their run telemetry (`crate::programs`).
@@ -125,7 +126,7 @@ impl MemStore {
     /// A store holding only the empty `default` namespace.
     pub fn new() -> MemStore {
         let store = MemStore {
-            namespaces: RwLock::new(HashMap::new()),
+            namespaces: RwLock::new(HashMap::default()),
             compactor: Compactor::start(),
             programs: Default::default(),
         };

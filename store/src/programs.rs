@@ -15,12 +15,15 @@
 //! failure count travels in every record, so both are exact after any
 //! restart, from the WAL or from checkpoint files.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use byteorder::{ByteOrder, LittleEndian};
-use cube_protocol::{Coord, MAX_OUTCOME_MESSAGE_BYTES, NamespaceName, RunOutcome, RunRecord};
+use cube_protocol::{
+    CellBox, Coord, MAX_OUTCOME_MESSAGE_BYTES, NamespaceName, RunOutcome, RunRecord,
+};
 
+use crate::coord_hash::CoordHashBuilder;
 use crate::memstore::MemStore;
 use crate::mutation::Mutation;
 
@@ -128,7 +131,7 @@ impl CellTelemetry {
 /// Per namespace, then per coordinate: a lookup by `&NamespaceName`
 /// needs no clone of the name (runs look up programs and telemetry on
 /// every call).
-type ByCell<T> = HashMap<NamespaceName, HashMap<Coord, T>>;
+type ByCell<T> = HashMap<NamespaceName, HashMap<Coord, T, CoordHashBuilder>, CoordHashBuilder>;
 
 /// Programs and telemetry of every namespace. Only the writer (and
 /// recovery) changes them; `stats NS X,Y,Z` and the writer read them.
@@ -136,6 +139,38 @@ type ByCell<T> = HashMap<NamespaceName, HashMap<Coord, T>>;
 pub(crate) struct ProgramTable {
     programs: RwLock<ByCell<Arc<[u8]>>>,
     telemetry: RwLock<ByCell<CellTelemetry>>,
+    interned: Mutex<InternedSources>,
+}
+
+/// One allocation per distinct program source. A rule stored at every
+/// cell of a region is then one `Arc`: memory is one copy, and the
+/// server's compiled-function cache (by source address) finds it without
+/// reading or hashing the source, which a step over 32 768 cells would
+/// otherwise do 32 768 times from cold memory.
+#[derive(Default)]
+struct InternedSources {
+    sources: HashSet<Arc<[u8]>>,
+    /// Sources nobody else holds are swept when the set reaches this.
+    sweep_at: usize,
+}
+
+/// The least `sweep_at`: small sets are never swept.
+const INTERN_SWEEP_MIN: usize = 1024;
+
+impl InternedSources {
+    fn intern(&mut self, source: &[u8]) -> Arc<[u8]> {
+        if let Some(found) = self.sources.get(source) {
+            return Arc::clone(found);
+        }
+        if self.sources.len() >= self.sweep_at.max(INTERN_SWEEP_MIN) {
+            // Amortised: the set at least doubles between two sweeps.
+            self.sources.retain(|held| Arc::strong_count(held) > 1);
+            self.sweep_at = 2 * self.sources.len();
+        }
+        let source: Arc<[u8]> = Arc::from(source);
+        self.sources.insert(Arc::clone(&source));
+        source
+    }
 }
 
 fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
@@ -158,7 +193,12 @@ impl ProgramTable {
                     Some(cells) => cells,
                     None => programs.entry(ns.clone()).or_default(),
                 };
-                cells.insert(*coord, Arc::from(source.as_slice())).is_some()
+                let source = self
+                    .interned
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .intern(source);
+                cells.insert(*coord, source).is_some()
             }
             Mutation::ProgramDel { ns, coord } => write(&self.programs)
                 .get_mut(ns)
@@ -307,7 +347,53 @@ impl MemStore {
 }
 
 /// A program as a listing hands it out: where, and its source.
-type StoredProgram = (Coord, Arc<[u8]>);
+pub type StoredProgram = (Coord, Arc<[u8]>);
+
+impl MemStore {
+    /// The programs stored in `region` of `ns`, at most `limit` of them
+    /// (unordered), and whether more were left out. A box smaller than
+    /// the namespace's program count is probed cell by cell; a bigger one
+    /// costs one pass over the namespace's programs, so a huge box never
+    /// costs its volume.
+    pub(crate) fn programs_in(
+        &self,
+        ns: &NamespaceName,
+        region: &CellBox,
+        limit: usize,
+    ) -> (Vec<StoredProgram>, bool) {
+        let programs = read(&self.programs.programs);
+        let Some(cells) = programs.get(ns) else {
+            return (Vec::new(), false);
+        };
+        let mut found = Vec::new();
+        if region.volume() <= cells.len() as u128 {
+            let (lo, hi) = (region.lo(), region.hi());
+            for x in lo.x..=hi.x {
+                for y in lo.y..=hi.y {
+                    for z in lo.z..=hi.z {
+                        let coord = Coord::new(x, y, z);
+                        if let Some(source) = cells.get(&coord) {
+                            if found.len() == limit {
+                                return (found, true);
+                            }
+                            found.push((coord, Arc::clone(source)));
+                        }
+                    }
+                }
+            }
+        } else {
+            for (coord, source) in cells {
+                if region.contains(*coord) {
+                    if found.len() == limit {
+                        return (found, true);
+                    }
+                    found.push((*coord, Arc::clone(source)));
+                }
+            }
+        }
+        (found, false)
+    }
+}
 
 impl ProgramTable {
     /// Up to `max_items` programs of `ns` with coordinates strictly after
@@ -347,8 +433,8 @@ impl ProgramTable {
 /// recorded) earlier in its own group.
 #[derive(Default)]
 pub(crate) struct PendingPrograms {
-    sources: HashMap<CellId, Option<Arc<[u8]>>>,
-    heads: HashMap<CellId, PendingHead>,
+    sources: HashMap<CellId, Option<Arc<[u8]>>, CoordHashBuilder>,
+    heads: HashMap<CellId, PendingHead, CoordHashBuilder>,
 }
 
 /// What the group's pending appends at one cell add to its telemetry.
@@ -458,6 +544,45 @@ impl PendingPrograms {
             return pending.clone();
         }
         mem.program(ns, coord)
+    }
+
+    /// The programs in `region` of `ns` with the group's pending changes
+    /// applied, at most `limit` (unordered); `None` when there are more.
+    pub(crate) fn programs_in(
+        &self,
+        mem: &MemStore,
+        ns: &NamespaceName,
+        region: &CellBox,
+        limit: usize,
+    ) -> Option<Vec<StoredProgram>> {
+        let pending: Vec<(Coord, &Option<Arc<[u8]>>)> = self
+            .sources
+            .iter()
+            .filter(|((at_ns, coord), _)| at_ns == ns && region.contains(*coord))
+            .map(|((_, coord), source)| (*coord, source))
+            .collect();
+        // Pending removals may shrink the stored set back under the
+        // limit, so read that many more before judging.
+        let removals = pending.iter().filter(|(_, s)| s.is_none()).count();
+        let (stored, more) = mem.programs_in(ns, region, limit.saturating_add(removals));
+        if more {
+            return None;
+        }
+        if pending.is_empty() {
+            return (stored.len() <= limit).then_some(stored);
+        }
+        let mut merged: HashMap<Coord, Arc<[u8]>> = stored.into_iter().collect();
+        for (coord, source) in pending {
+            match source {
+                Some(source) => {
+                    merged.insert(coord, Arc::clone(source));
+                }
+                None => {
+                    merged.remove(&coord);
+                }
+            }
+        }
+        (merged.len() <= limit).then(|| merged.into_iter().collect())
     }
 
     pub(crate) fn telemetry_head(
@@ -750,6 +875,33 @@ mod tests {
                 trim_from,
             },
         }
+    }
+
+    #[test]
+    fn identical_sources_share_one_allocation_and_unheld_ones_are_swept() {
+        let table = ProgramTable::default();
+        let ns = NamespaceName::new("default").unwrap();
+        let put = |x: i32, source: &[u8]| Mutation::ProgramPut {
+            ns: ns.clone(),
+            coord: Coord::new(x, 0, 0),
+            source: source.to_vec(),
+        };
+        table.apply(&put(0, b"return 1"));
+        table.apply(&put(1, b"return 1"));
+        table.apply(&put(2, b"return 2"));
+        let programs = read(&table.programs);
+        let cells = &programs[&ns];
+        let at = |x: i32| &cells[&Coord::new(x, 0, 0)];
+        assert!(Arc::ptr_eq(at(0), at(1)));
+        assert!(!Arc::ptr_eq(at(0), at(2)));
+        drop(programs);
+        // Replace every program many times with distinct sources: the set
+        // of interned sources stays bounded by the sweep.
+        for i in 0..5 * INTERN_SWEEP_MIN {
+            table.apply(&put((i % 3) as i32, format!("return {i}").as_bytes()));
+        }
+        let interned = table.interned.lock().unwrap().sources.len();
+        assert!(interned <= 2 * INTERN_SWEEP_MIN, "{interned} sources kept");
     }
 
     #[test]

@@ -20,11 +20,12 @@ use std::sync::Arc;
 
 use cube_protocol::{CellBox, Coord, NamespaceName};
 
+use crate::coord_hash::CoordHashBuilder;
 use crate::edges::{EdgeKey, EdgeUndo, PendingEdges};
 use crate::memstore::MemStore;
 use crate::mutation::Mutation;
 use crate::namespace::{NamespaceMeta, UsageDelta};
-use crate::programs::{PendingPrograms, ProgramUndo, TelemetryHead};
+use crate::programs::{PendingPrograms, ProgramUndo, StoredProgram, TelemetryHead};
 use crate::scan::{ScanLimits, Visit};
 
 /// The cell writes of the current group not yet applied to the store:
@@ -36,7 +37,7 @@ type PendingValue = Option<Arc<[u8]>>;
 
 #[derive(Default)]
 pub(crate) struct Overlay {
-    cells: HashMap<CellId, PendingValue>,
+    cells: HashMap<CellId, PendingValue, CoordHashBuilder>,
     /// The group's pending edge changes (links, unlinks, detaches).
     edges: PendingEdges,
     /// The group's pending programs and run telemetry.
@@ -401,6 +402,25 @@ impl<'a> TxnView<'a> {
             .overlay()
             .programs
             .program(self.place.mem(), ns, coord)
+    }
+
+    /// The programs stored in `region` of `ns` as of this point in the
+    /// log, in the namespace's curve order; `None` when there are more
+    /// than `limit` (or no such namespace, which holds none).
+    pub fn programs_in(
+        &self,
+        ns: &NamespaceName,
+        region: &CellBox,
+        limit: usize,
+    ) -> Option<Vec<StoredProgram>> {
+        let curve = self.place.mem().curve(ns)?;
+        let mut found =
+            self.place
+                .overlay()
+                .programs
+                .programs_in(self.place.mem(), ns, region, limit)?;
+        found.sort_unstable_by_key(|(coord, _)| curve.key(*coord));
+        Some(found)
     }
 
     /// A cell's run telemetry counts as of this point in the log (`None`:

@@ -123,3 +123,62 @@ fn a_transaction_sees_earlier_writes_and_a_rollback_applies_nothing() {
     }
     engine.close_without_checkpoint();
 }
+
+#[test]
+fn programs_in_a_box_see_the_groups_pending_programs_in_curve_order_within_the_limit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let engine = Engine::open(EngineConfig::new(tmp.path())).unwrap();
+    let session = engine.session().unwrap();
+    let put = |x: i32, source: &[u8]| Mutation::ProgramPut {
+        ns: ns(),
+        coord: Coord::new(x, 0, 0),
+        source: source.to_vec(),
+    };
+    for x in 0..6 {
+        session.write(put(x, b"return 1")).unwrap();
+    }
+    let small = CellBox::new(Coord::new(1, 0, 0), Coord::new(4, 0, 0)).unwrap();
+    let all = CellBox::new(
+        Coord::new(i32::MIN, i32::MIN, i32::MIN),
+        Coord::new(i32::MAX, i32::MAX, i32::MAX),
+    )
+    .unwrap();
+    let ((in_small, in_all, limited, after), _) = session
+        .transact(move |view| {
+            // Pending in this transaction: one removed, one replaced, one new.
+            view.emit(Mutation::ProgramDel {
+                ns: ns(),
+                coord: Coord::new(2, 0, 0),
+            });
+            view.emit(put(3, b"return 3"));
+            view.emit(put(-7, b"return -7"));
+            let coords = |found: Option<Vec<(Coord, Arc<[u8]>)>>| {
+                found.map(|f| {
+                    f.into_iter()
+                        .map(|(c, s)| (c.x, s.to_vec()))
+                        .collect::<Vec<_>>()
+                })
+            };
+            (
+                coords(view.programs_in(&ns(), &small, 10)),
+                coords(view.programs_in(&ns(), &all, 10)),
+                coords(view.programs_in(&ns(), &all, 5)),
+                coords(view.programs_in(&ns(), &all, 6)),
+            )
+        })
+        .unwrap();
+    let curve = engine.memstore().curve(&ns()).unwrap();
+    let mut expected_all: Vec<i32> = vec![-7, 0, 1, 3, 4, 5];
+    expected_all.sort_by_key(|x| curve.key(Coord::new(*x, 0, 0)));
+    let xs = |found: &Option<Vec<(i32, Vec<u8>)>>| {
+        found
+            .as_ref()
+            .map(|f| f.iter().map(|(x, _)| *x).collect::<Vec<_>>())
+    };
+    assert_eq!(xs(&in_small), Some(vec![1, 3, 4]));
+    assert_eq!(in_small.unwrap()[1].1, b"return 3");
+    assert_eq!(xs(&in_all), Some(expected_all.clone()));
+    assert_eq!(limited, None, "six programs are more than five");
+    assert_eq!(xs(&after), Some(expected_all));
+    engine.close_without_checkpoint();
+}

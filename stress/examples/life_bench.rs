@@ -5,12 +5,16 @@
 //!
 //! ```text
 //! cargo build --release -p cube-server -p cube-stress --examples
-//! target/release/examples/life_bench [SIDE] [CLIENTS] [--sync always|never]
+//! target/release/examples/life_bench [SIDE] [CLIENTS] [--sync always|never] [--steps N]
 //! ```
 //! It prints wall-clock runs per second and, from the daemon's own
 //! figures, cell-programs per second of daemon time: runs divided by the
 //! writer time spent executing them (`programs.exec_us_*`, loading the
 //! program, running it and recording its telemetry; fsync excluded).
+//! With `--steps N` it then computes the same generation N more times as
+//! one `step` request each (every program of the region in one writer
+//! transaction and one commit group), and prints each step's wall time and
+//! writer time (`programs.step_us_*`).
 //! Figures go to `docs/benchmarks.md` ("Cell programs").
 #![allow(clippy::unwrap_used)]
 
@@ -48,6 +52,11 @@ fn main() {
         .position(|a| a == "--sync")
         .and_then(|i| args.get(i + 1).cloned())
         .unwrap_or_else(|| "always".to_owned());
+    let steps: usize = args
+        .iter()
+        .position(|a| a == "--steps")
+        .and_then(|i| args.get(i + 1))
+        .map_or(0, |n| n.parse().unwrap());
     let daemon = LocalDaemon::start_fresh(&["--sync", &sync]).unwrap();
     let source = life_program();
 
@@ -129,5 +138,43 @@ fn main() {
         figure(&after, "programs.run_us_mean"),
         figure(&after, "cmd.run.latency_us_mean"),
         figure(&after, "wal.fsyncs") - figure(&before, "wal.fsyncs")
+    );
+
+    if steps == 0 {
+        return;
+    }
+    let mut client = daemon.client().unwrap();
+    let (lo, hi) = (
+        Coord::new(0, 0, 0),
+        Coord::new(side - 1, side - 1, side - 1),
+    );
+    let mut writer_us = Vec::new();
+    for i in 0..steps {
+        let before = client.stats().unwrap();
+        let started = Instant::now();
+        let reply = client.step(NS, lo, hi, &[b"1000"]).unwrap();
+        let wall = started.elapsed().as_secs_f64();
+        let after = client.stats().unwrap();
+        assert_eq!((reply.programs as i64, reply.failed), (cells, 0));
+        let step_us = figure(&after, "programs.step_us_mean") * figure(&after, "programs.steps")
+            - figure(&before, "programs.step_us_mean") * figure(&before, "programs.steps");
+        writer_us.push(step_us);
+        println!(
+            "step {i}: {} programs in {:.1} ms wall, {:.1} ms of writer time = {:.2} us per cell-program \
+             = {:.0} cell-programs/s of daemon time ({} cells written)",
+            reply.programs,
+            wall * 1000.0,
+            step_us / 1000.0,
+            step_us / f64::from(reply.programs),
+            f64::from(reply.programs) / (step_us / 1e6),
+            reply.cells_written
+        );
+    }
+    writer_us.sort_by(f64::total_cmp);
+    let median = writer_us[writer_us.len() / 2];
+    println!(
+        "median step: {:.1} ms of writer time = {:.0} cell-programs/s of daemon time",
+        median / 1000.0,
+        cells as f64 / (median / 1e6)
     );
 }

@@ -37,7 +37,8 @@ Exit codes (stable; scripts may rely on them):
   2  usage: bad arguments, coordinate or namespace name, an unreadable --file,
      or a value over the server's max_value_bytes (checked before sending);
      for import, a bad line in the input
-  3  cubed answered with an error, or the connection broke mid-request
+  3  cubed answered with an error, or the connection broke mid-request;
+     for run, the program failed; for step, at least one program failed
   4  cannot connect to cubed (not running, or wrong --socket / CUBE_SOCKET)
 
 Examples:
@@ -49,6 +50,7 @@ Examples:
   cubec walk default 0,0,0 --depth 3
   cubec prog default 0,0,0 'return cube.rincr(0, 0, 0, 1)'
   cubec run default 0,0,0
+  cubec step default 0,0,0 63,63,0
   cubec stats default 0,0,0
   cubec ns create tenant-a --max-cells 1000000
   cubec ns list
@@ -174,6 +176,10 @@ Examples:
     /// Run the program of a cell, atomically, and print what it returned
     #[command(after_help = programs::RUN_HELP)]
     Run(programs::RunArgs),
+
+    /// Run every program in a box once, all reading the state from before the step
+    #[command(after_help = programs::STEP_HELP)]
+    Step(programs::StepArgs),
 
     /// Create, list, inspect, drop and share namespaces
     #[command(after_help = namespaces::NS_HELP)]
@@ -429,6 +435,7 @@ fn run(cli: &Cli) -> Result<u8, Failure> {
         Command::Stats(_) => stats(&mut client, cli.json, &mut stdout),
         Command::Prog(args) => programs::prog(&mut client, args, cli.json, &mut stdout),
         Command::Run(args) => programs::run(&mut client, args, cli.json, &mut stdout),
+        Command::Step(args) => programs::step(&mut client, args, cli.json, &mut stdout),
         Command::Ns(args) => namespaces::run(&mut client, args, cli.json, &mut stdout),
         Command::Export(args) => transfer::export(&mut client, args, &mut stdout),
         Command::Import(args) => transfer::import(&mut client, args, cli.json, &mut stdout),
@@ -929,7 +936,7 @@ mod tests {
         let mut cmd = Cli::command();
         for sub in [
             "ping", "put", "get", "del", "scan", "stats", "link", "unlink", "edges", "walk",
-            "path", "ns", "export", "import",
+            "path", "ns", "export", "import", "prog", "run", "step",
         ] {
             let help = cmd
                 .find_subcommand_mut(sub)

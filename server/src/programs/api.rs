@@ -71,6 +71,40 @@ pub(crate) struct Run {
     pub(crate) walk_limits: WalkLimits,
     pub(crate) writes: u32,
     pub(crate) write_bytes: usize,
+    /// Most cells and value bytes this run may write: [`MAX_RUN_WRITES`]
+    /// and [`MAX_RUN_WRITE_BYTES`], or less for a run in a step, whose
+    /// runs share the step's transaction.
+    pub(crate) write_cap: u32,
+    pub(crate) write_bytes_cap: usize,
+    /// In a step: this run's writes, held back from the view so that every
+    /// run of the step reads the state from before it (`None`: a plain
+    /// run, writing to its view).
+    pub(crate) deferred: Option<Vec<DeferredWrite>>,
+}
+
+/// A put (`Some`) or delete (`None`) a run in a step made.
+pub(crate) type DeferredWrite = (Coord, Option<Vec<u8>>);
+
+impl Run {
+    /// A plain run at `here`, writing to `view`.
+    pub(crate) fn new(
+        view: TxnView<'static>,
+        here: Coord,
+        max_value_bytes: usize,
+        walk_limits: WalkLimits,
+    ) -> Run {
+        Run {
+            view,
+            here,
+            max_value_bytes,
+            walk_limits,
+            writes: 0,
+            write_bytes: 0,
+            write_cap: MAX_RUN_WRITES,
+            write_bytes_cap: MAX_RUN_WRITE_BYTES,
+            deferred: None,
+        }
+    }
 }
 
 /// Where the dispatcher finds the current run.
@@ -97,6 +131,9 @@ pub(crate) fn dispatcher(lua: &Lua, slot: RunSlot) -> mlua::Result<mlua::Functio
             walk_limits: run.walk_limits,
             writes: &mut run.writes,
             write_bytes: &mut run.write_bytes,
+            write_cap: run.write_cap,
+            write_bytes_cap: run.write_bytes_cap,
+            deferred: run.deferred.as_mut(),
         }
         .dispatch(lua, args)
     })
@@ -111,6 +148,9 @@ struct RunContext<'v> {
     walk_limits: WalkLimits,
     writes: &'v mut u32,
     write_bytes: &'v mut usize,
+    write_cap: u32,
+    write_bytes_cap: usize,
+    deferred: Option<&'v mut Vec<DeferredWrite>>,
 }
 
 /// The dispatcher's arguments: the op, then up to seven values.
@@ -413,23 +453,41 @@ impl RunContext<'_> {
         coord: Coord,
         value: Option<Vec<u8>>,
     ) -> mlua::Result<bool> {
-        if *self.writes >= MAX_RUN_WRITES {
+        // A run in a step may be capped below a run's own limits by what
+        // the step's earlier runs wrote.
+        let whose = if self.deferred.is_some() {
+            "the runs of one step together"
+        } else {
+            "a run"
+        };
+        if *self.writes >= self.write_cap {
+            let cap = self.write_cap;
             return Err(api_error(
                 lua,
                 op,
-                format!("a run may write at most {MAX_RUN_WRITES} cells"),
+                format!("{whose} may write at most {cap} cells"),
             ));
         }
         let len = value.as_ref().map_or(0, Vec::len);
-        if *self.write_bytes + len > MAX_RUN_WRITE_BYTES {
+        if *self.write_bytes + len > self.write_bytes_cap {
+            let cap = self.write_bytes_cap;
             return Err(api_error(
                 lua,
                 op,
-                format!("a run may write at most {MAX_RUN_WRITE_BYTES} bytes of values"),
+                format!("{whose} may write at most {cap} bytes of values"),
             ));
         }
         *self.writes += 1;
         *self.write_bytes += len;
+        if let Some(deferred) = self.deferred.as_mut() {
+            // The step applies it after its last run; reads go on seeing
+            // the state from before the step.
+            // A delete answers whether the cell held a value before the
+            // step, which is what the run can read.
+            let existed = value.is_none() && self.view.get(self.ns, coord).is_some();
+            deferred.push((coord, value));
+            return Ok(existed);
+        }
         Ok(match value {
             Some(bytes) => {
                 self.view.put(self.ns, coord, bytes);

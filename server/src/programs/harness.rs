@@ -250,6 +250,7 @@ impl ProgramHarness {
                 max_work: 10_000,
                 max_answer_bytes: 64 * 1024,
             },
+            step_time: limits.time,
         };
         let harness = ProgramHarness {
             engine,

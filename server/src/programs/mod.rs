@@ -17,13 +17,14 @@
 pub(crate) mod api;
 pub(crate) mod harness;
 pub(crate) mod sandbox;
+pub(crate) mod step;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use cube_protocol::{
-    CellStats, Coord, ErrorCode, MAX_CELL_STATS_RECORDS, MAX_OUTCOME_MESSAGE_BYTES,
+    CellBox, CellStats, Coord, ErrorCode, MAX_CELL_STATS_RECORDS, MAX_OUTCOME_MESSAGE_BYTES,
     MAX_RESULT_ENTRIES, NamespaceName, ProgramValue, Request, Response, RunOutcome, RunRecord,
     RunReply, ServerError, StatsEntry, StatsValue,
 };
@@ -45,6 +46,8 @@ pub(crate) struct ProgramSettings {
     pub(crate) max_value_bytes: usize,
     pub(crate) max_frame_bytes: usize,
     pub(crate) walk_limits: WalkLimits,
+    /// Writer-time backstop of a whole `step`.
+    pub(crate) step_time: Duration,
 }
 
 impl ProgramSettings {
@@ -59,6 +62,7 @@ impl ProgramSettings {
             max_value_bytes: args.max_value_bytes as usize,
             max_frame_bytes: args.max_frame_bytes as usize,
             walk_limits: args.walk_limits(),
+            step_time: Duration::from_millis(args.program_step_ms.max(1)),
         }
     }
 }
@@ -113,6 +117,9 @@ pub(crate) struct ProgramStats {
     run: Timing,
     /// The program's execution on the writer (load, call, telemetry).
     exec: Timing,
+    steps: AtomicU64,
+    /// A whole `step` on the writer (every run, the writes, the records).
+    step: Timing,
 }
 
 /// Cell programs as the server runs them.
@@ -143,6 +150,8 @@ impl ProgramService {
         s.prog.entries("prog", &mut out);
         s.run.entries("run", &mut out);
         s.exec.entries("exec", &mut out);
+        out.push(count("programs.steps", s.steps.load(Relaxed)));
+        s.step.entries("step", &mut out);
         out
     }
 }
@@ -154,6 +163,11 @@ pub(crate) enum ProgramWrite {
     Run {
         ns: NamespaceName,
         coord: Coord,
+        args: Vec<Vec<u8>>,
+    },
+    Step {
+        ns: NamespaceName,
+        region: CellBox,
         args: Vec<Vec<u8>>,
     },
 }
@@ -182,6 +196,11 @@ pub(crate) fn prepare(request: Request) -> Result<ProgramWrite, ServerError> {
             }))
         }
         Request::Run { ns, coord, args } => Ok(ProgramWrite::Run { ns, coord, args }),
+        Request::Step { ns, lo, hi, args } => {
+            let region = CellBox::new(lo, hi)
+                .map_err(|why| ServerError::new(ErrorCode::InvalidArgument, why))?;
+            Ok(ProgramWrite::Step { ns, region, args })
+        }
         other => Err(ServerError::new(
             ErrorCode::Internal,
             format!("{} is not a program write", other.opcode().name()),
@@ -241,6 +260,42 @@ pub(crate) fn submit(
                     reply(result);
                 },
             );
+        }
+        ProgramWrite::Step { ns, region, args } => {
+            let settings = service.settings;
+            session.transact_then(
+                move |view| step::step_in_writer(view, ns, region, &args, &settings, &stats),
+                move |result| {
+                    reply(match result {
+                        Ok((output, first_lsn)) => step_response(output, first_lsn, &region),
+                        Err(e) => Err(write_error(&e)),
+                    });
+                },
+            );
+        }
+    }
+}
+
+/// A step's response from what its transaction handed back.
+fn step_response(
+    output: step::StepOutput,
+    first_lsn: u64,
+    region: &CellBox,
+) -> Result<Response, ServerError> {
+    match output {
+        step::StepOutput::NoNamespace(ns) => Err(no_such_namespace(&ns)),
+        step::StepOutput::TooManyPrograms => Err(ServerError::new(
+            ErrorCode::LimitExceeded,
+            format!(
+                "the box {region} holds more than {} programs; step it in smaller boxes; \
+                 nothing ran",
+                step::MAX_STEP_PROGRAMS
+            ),
+        )),
+        step::StepOutput::Unavailable(why) => Err(ServerError::new(ErrorCode::Internal, why)),
+        step::StepOutput::Ran(mut reply) => {
+            reply.lsn = first_lsn;
+            Ok(Response::Step(reply))
         }
     }
 }
@@ -383,14 +438,12 @@ fn run_in_writer(
             if state.ns.as_ref() != Some(&ns) {
                 state.ns = Some(ns.clone());
             }
-            state.run = Some(Run {
-                view: view.detach(),
-                here: coord,
-                max_value_bytes: settings.max_value_bytes,
-                walk_limits: settings.walk_limits,
-                writes: 0,
-                write_bytes: 0,
-            });
+            state.run = Some(Run::new(
+                view.detach(),
+                coord,
+                settings.max_value_bytes,
+                settings.walk_limits,
+            ));
             drop(state);
             let outcome = vm.run(
                 &source,
@@ -411,14 +464,7 @@ fn run_in_writer(
             }
             outcome
         };
-        let result = outcome.result.map_err(|failure| {
-            let outcome = match failure.spent {
-                Some(Spent::Fuel | Spent::Time) => RunOutcome::Fuel,
-                Some(Spent::Memory) => RunOutcome::Memory,
-                None => RunOutcome::Error,
-            };
-            (outcome, readable(&failure.message))
-        });
+        let result = outcome.result.map_err(failed_outcome);
         stats.compiles.store(vm.compiles, Relaxed);
         stats.cached.store(vm.cached_programs() as u64, Relaxed);
         (result, outcome.fuel_used)
@@ -433,28 +479,76 @@ fn run_in_writer(
         view.rollback();
         0
     };
-    let head = view.telemetry_head(&ns, coord).unwrap_or_default();
-    let seq = head.runs + 1;
-    let (outcome, message) = match &result {
-        Ok(_) => (RunOutcome::Ok, String::new()),
-        Err((outcome, message)) => (*outcome, cut(message, MAX_OUTCOME_MESSAGE_BYTES).to_owned()),
-    };
+    let seq = record_run(
+        view,
+        stats,
+        settings,
+        ns,
+        coord,
+        RunRecord {
+            seq: 0,
+            started_unix_us,
+            duration_ns: duration_ns(started.elapsed()),
+            instructions,
+            cells_written,
+            outcome: RunOutcome::Ok,
+            message: String::new(),
+        },
+        result.as_ref().err(),
+    );
     let exec = started.elapsed();
-    let record = RunRecord {
+    stats.exec.record(exec);
+    RunOutput::Ran {
         seq,
-        started_unix_us,
-        duration_ns: exec.as_nanos().min(u128::from(u64::MAX)) as u64,
         instructions,
         cells_written,
-        outcome,
-        message,
+        exec,
+        result,
+    }
+}
+
+/// The outcome and readable message of a run its budget or an error
+/// stopped.
+fn failed_outcome(failure: sandbox::Failure) -> (RunOutcome, String) {
+    let outcome = match failure.spent {
+        Some(Spent::Fuel | Spent::Time) => RunOutcome::Fuel,
+        Some(Spent::Memory) => RunOutcome::Memory,
+        None => RunOutcome::Error,
     };
+    (outcome, readable(&failure.message))
+}
+
+fn duration_ns(elapsed: Duration) -> u64 {
+    elapsed.as_nanos().min(u128::from(u64::MAX)) as u64
+}
+
+/// Appends a run's telemetry record at its cell (the seq and outcome
+/// filled in from the cell's head and `failure`) and counts the run in
+/// the daemon's figures; returns the seq.
+#[allow(clippy::too_many_arguments)]
+fn record_run(
+    view: &mut TxnView<'_>,
+    stats: &ProgramStats,
+    settings: &ProgramSettings,
+    ns: NamespaceName,
+    coord: Coord,
+    mut record: RunRecord,
+    failure: Option<&(RunOutcome, String)>,
+) -> u64 {
+    let head = view.telemetry_head(&ns, coord).unwrap_or_default();
+    record.seq = head.runs + 1;
+    if let Some((outcome, message)) = failure {
+        record.outcome = *outcome;
+        record.message = cut(message, MAX_OUTCOME_MESSAGE_BYTES).to_owned();
+    }
+    let seq = record.seq;
+    let outcome = record.outcome;
     view.emit(Mutation::Telemetry {
         ns,
         coord,
         change: TelemetryChange::Append {
             record,
-            failures: head.failures + u64::from(result.is_err()),
+            failures: head.failures + u64::from(failure.is_some()),
             keep: settings.keep,
             trim_from: head.oldest_seq.max(1),
         },
@@ -474,15 +568,7 @@ fn run_in_writer(
             stats.out_of_memory.fetch_add(1, Relaxed);
         }
     }
-    let exec = started.elapsed();
-    stats.exec.record(exec);
-    RunOutput::Ran {
-        seq,
-        instructions,
-        cells_written,
-        exec,
-        result,
-    }
+    seq
 }
 
 /// A run's return value as the protocol carries it: nil, a boolean, a

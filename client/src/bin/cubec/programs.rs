@@ -1,5 +1,5 @@
-//! `cubec prog`, `run` and `stats NS X,Y,Z`: arguments, output formats
-//! and exit codes of the cell-program commands (`docs/programs.md`).
+//! `cubec prog`, `run`, `step` and `stats NS X,Y,Z`: arguments, output
+//! formats and exit codes of the cell-program commands (`docs/programs.md`).
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
@@ -8,11 +8,14 @@ use std::path::PathBuf;
 
 use clap::{ArgGroup, Args};
 use cube_client::{
-    CellStats, Client, Coord, NamespaceName, ProgramValue, RunRecord, RunReply, base64, json,
-    parse_coord,
+    CellBox, CellStats, Client, Coord, NamespaceName, ProgramValue, RunRecord, RunReply,
+    StepFailure, StepReply, base64, json, parse_coord,
 };
 
-use super::{CellArgs, Failure, cell_json, emit, emit_line, escape_value, parse_namespace_arg};
+use super::{
+    CellArgs, EXIT_SERVER, Failure, cell_json, coord_json, emit, emit_line, escape_value,
+    parse_namespace_arg,
+};
 
 pub(crate) const PROG_HELP: &str = "\
 Stores a Lua 5.4 program at a cell, replacing any program there. The server
@@ -40,6 +43,32 @@ Examples:
   cubec run default 0,0,0
   cubec run default 5,5,5 1000
   cubec --json run default 0,0,0 a b c";
+
+pub(crate) const STEP_HELP: &str = "\
+Runs every program stored in the box X0,Y0,Z0..X1,Y1,Z1 (both corners
+included) once, in the namespace's curve order, each with the same ARGs and
+its own cell as cube.x, cube.y, cube.z. Every run reads the state from before
+the step and sees no write of the step, not even its own: like one
+generation of a cellular automaton. A run that fails applies nothing; the
+writes of the runs that succeed are applied in the step's order (a later
+run's write to the same cell wins). All of it, with one telemetry record per
+run, commits as one durable write.
+
+Prints `ran N programs in NS BOX: K ok, F failed, C cells written, I
+instructions (lsn L)`, and, if a run failed, the first failure: its cell,
+its run number there (seq), its outcome and message. With --json, one object
+with lsn, programs, ok, failed, cells_written, instructions and first_failure
+(null or {coord: [x, y, z], seq, outcome, message}). Exits 3 when any program failed
+(the other runs' writes still stand; `cubec stats NS X,Y,Z` shows a cell's
+runs). A box without programs runs nothing and exits 0. Limits: at most
+32768 programs in the box, 65536 cells written per step (minus one per
+program), and the daemon's --program-step-ms of writer time (later runs fail
+out of fuel); fuel and memory per run as for `run`.
+
+Examples:
+  cubec step default 0,0,0 63,63,0
+  cubec step default -1,-1,-1 1,1,1 1000
+  cubec --json step default 0,0,0 9,9,9";
 
 pub(crate) const STATS_HELP: &str = "\
 Without a cell: the daemon's counters and gauges, including cmd.prog.* and
@@ -78,6 +107,25 @@ pub(crate) struct RunArgs {
     pub(crate) cell: CellArgs,
 
     /// Arguments passed to the program (as strings)
+    #[arg(allow_hyphen_values = true, value_name = "ARG")]
+    pub(crate) args: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct StepArgs {
+    /// Namespace: 1 to 64 of a-z, 0-9, '_' and '-' (a fresh server has `default`)
+    #[arg(value_parser = parse_namespace_arg, value_name = "NS")]
+    pub(crate) ns: NamespaceName,
+
+    /// The box's low corner, e.g. 0,0,0
+    #[arg(value_parser = parse_coord, allow_hyphen_values = true, value_name = "X0,Y0,Z0")]
+    pub(crate) lo: Coord,
+
+    /// The box's high corner, e.g. 63,63,0
+    #[arg(value_parser = parse_coord, allow_hyphen_values = true, value_name = "X1,Y1,Z1")]
+    pub(crate) hi: Coord,
+
+    /// Arguments passed to every program (as strings)
     #[arg(allow_hyphen_values = true, value_name = "ARG")]
     pub(crate) args: Vec<OsString>,
 }
@@ -212,6 +260,110 @@ fn run_json(cell: &CellArgs, reply: &RunReply) -> String {
         reply.instructions,
         reply.cells_written,
         value_json(&reply.value)
+    )
+}
+
+pub(crate) fn step(
+    client: &mut Client,
+    args: &StepArgs,
+    as_json: bool,
+    out: &mut impl Write,
+) -> Result<u8, Failure> {
+    // Checked here like scan's box, so the mistake is a usage error (exit 2)
+    // that names the axis, before anything is sent.
+    CellBox::new(args.lo, args.hi)
+        .map_err(|why| Failure::usage(format!("{why}; see `cubec help step`")))?;
+    let bytes: Vec<Vec<u8>> = args.args.iter().map(|a| a.clone().into_vec()).collect();
+    let refs: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+    let reply = client.step(args.ns.as_str(), args.lo, args.hi, &refs)?;
+    let text = if as_json {
+        format!("{}\n", step_json(args, &reply))
+    } else {
+        step_text(args, &reply)
+    };
+    emit(out, text.as_bytes())?;
+    match &reply.first_failure {
+        Some(failure) if reply.failed > 0 => {
+            eprintln!(
+                "cubec: {} of {} programs failed, the first at {} {}; the other runs' writes \
+                 were applied; `cubec stats {} {}` shows that cell's recent runs",
+                reply.failed, reply.programs, args.ns, failure.coord, args.ns, failure.coord
+            );
+            Ok(EXIT_SERVER)
+        }
+        _ => Ok(0),
+    }
+}
+
+fn plural(n: u32, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+fn step_text(args: &StepArgs, reply: &StepReply) -> String {
+    let place = format!("{} {}..{}", args.ns, args.lo, args.hi);
+    if reply.programs == 0 {
+        return format!("no program in {place}; nothing ran\n");
+    }
+    let mut text = format!(
+        "ran {} in {place}: {} ok, {} failed, {} written, {} (lsn {})\n",
+        plural(reply.programs, "program", "programs"),
+        reply.programs.saturating_sub(reply.failed),
+        reply.failed,
+        plural(reply.cells_written, "cell", "cells"),
+        if reply.instructions == 1 {
+            "1 instruction".to_owned()
+        } else {
+            format!("{} instructions", reply.instructions)
+        },
+        reply.lsn
+    );
+    if let Some(failure) = &reply.first_failure {
+        text.push_str(&format!(
+            "first failure: {} (seq {}) {}",
+            failure.coord,
+            failure.seq,
+            failure.outcome.name()
+        ));
+        if !failure.message.is_empty() {
+            let mut escaped = Vec::new();
+            escape_value(failure.message.as_bytes(), &mut escaped);
+            text.push_str(": ");
+            text.push_str(&String::from_utf8_lossy(&escaped));
+        }
+        text.push('\n');
+    }
+    text
+}
+
+fn step_failure_json(failure: &StepFailure) -> String {
+    format!(
+        "{{\"coord\":[{},{},{}],\"seq\":{},\"outcome\":{},\"message\":{}}}",
+        failure.coord.x,
+        failure.coord.y,
+        failure.coord.z,
+        failure.seq,
+        json::string(failure.outcome.name()),
+        json::string(&failure.message)
+    )
+}
+
+fn step_json(args: &StepArgs, reply: &StepReply) -> String {
+    format!(
+        "{{\"ns\":{},\"lo\":{},\"hi\":{},\"lsn\":{},\"programs\":{},\"ok\":{},\"failed\":{},\
+         \"cells_written\":{},\"instructions\":{},\"first_failure\":{}}}",
+        json::string(args.ns.as_str()),
+        coord_json(args.lo),
+        coord_json(args.hi),
+        reply.lsn,
+        reply.programs,
+        reply.programs.saturating_sub(reply.failed),
+        reply.failed,
+        reply.cells_written,
+        reply.instructions,
+        reply
+            .first_failure
+            .as_ref()
+            .map_or("null".to_owned(), step_failure_json)
     )
 }
 
@@ -440,6 +592,110 @@ mod tests {
         assert!(
             parse(&["stats", "default"]).is_err(),
             "a namespace needs a cell"
+        );
+    }
+
+    #[test]
+    fn step_parses_a_box_and_arguments() {
+        let cli = parse(&["step", "default", "-1,-1,-1", "1,1,1", "-5", "x"]).unwrap();
+        let Command::Step(args) = cli.command else {
+            panic!("not step")
+        };
+        assert_eq!(
+            (args.lo, args.hi),
+            (Coord::new(-1, -1, -1), Coord::new(1, 1, 1))
+        );
+        assert_eq!(args.args, ["-5", "x"]);
+        let Command::Step(args) = parse(&["step", "default", "0,0,0", "2,2,2"])
+            .unwrap()
+            .command
+        else {
+            panic!("not step")
+        };
+        assert!(args.args.is_empty());
+        assert!(
+            parse(&["step", "default", "0,0,0"]).is_err(),
+            "a box needs two corners"
+        );
+        assert!(parse(&["step", "default", "0,0,0", "1,1"]).is_err());
+    }
+
+    fn step_args() -> StepArgs {
+        StepArgs {
+            ns: NamespaceName::new("default").unwrap(),
+            lo: Coord::new(0, 0, 0),
+            hi: Coord::new(2, 2, 2),
+            args: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn step_replies_render_as_text_and_json() {
+        let mut reply = StepReply {
+            lsn: 123,
+            programs: 27,
+            failed: 0,
+            cells_written: 14,
+            instructions: 5000,
+            first_failure: None,
+        };
+        assert_eq!(
+            step_text(&step_args(), &reply),
+            "ran 27 programs in default 0,0,0..2,2,2: 27 ok, 0 failed, 14 cells written, \
+             5000 instructions (lsn 123)\n"
+        );
+        assert_eq!(
+            step_json(&step_args(), &reply),
+            "{\"ns\":\"default\",\"lo\":[0,0,0],\"hi\":[2,2,2],\"lsn\":123,\"programs\":27,\
+             \"ok\":27,\"failed\":0,\"cells_written\":14,\"instructions\":5000,\
+             \"first_failure\":null}"
+        );
+        reply.failed = 2;
+        reply.first_failure = Some(StepFailure {
+            coord: Coord::new(1, -2, 3),
+            seq: 4,
+            outcome: cube_client::RunOutcome::Error,
+            message: "line 1: boom\nagain \"x\"".to_owned(),
+        });
+        let text = step_text(&step_args(), &reply);
+        assert!(text.contains(": 25 ok, 2 failed,"), "{text}");
+        assert!(
+            text.ends_with("\nfirst failure: 1,-2,3 (seq 4) error: line 1: boom\\nagain \"x\"\n"),
+            "{text}"
+        );
+        let json = step_json(&step_args(), &reply);
+        assert!(
+            json.ends_with(
+                "\"first_failure\":{\"coord\":[1,-2,3],\"seq\":4,\"outcome\":\"error\",\
+                 \"message\":\"line 1: boom\\nagain \\\"x\\\"\"}}"
+            ),
+            "{json}"
+        );
+        let empty = StepReply {
+            lsn: 0,
+            programs: 0,
+            failed: 0,
+            cells_written: 0,
+            instructions: 0,
+            first_failure: None,
+        };
+        assert_eq!(
+            step_text(&step_args(), &empty),
+            "no program in default 0,0,0..2,2,2; nothing ran\n"
+        );
+        let one = StepReply {
+            programs: 1,
+            cells_written: 1,
+            instructions: 1,
+            ..empty
+        };
+        assert!(
+            step_text(&step_args(), &one).starts_with(
+                "ran 1 program in default 0,0,0..2,2,2: 1 ok, 0 failed, 1 cell written, \
+                 1 instruction (lsn 0)"
+            ),
+            "{}",
+            step_text(&step_args(), &one)
         );
     }
 

@@ -1,0 +1,166 @@
+//! Guards `step` against a real cubed: every run reads the state from before the step, a failed run applies nothing while the others commit, every run is in its cell's telemetry, and bad boxes, unknown namespaces, huge boxes and the step's time budget get clear answers (the Game of Life by steps, across kill -9, is in program_examples.rs).
+#![allow(clippy::unwrap_used)]
+
+use cube_client::{Client, Coord, ErrorCode, LocalDaemon, RunOutcome};
+
+const NS: &str = "default";
+
+/// Each cell takes its left neighbour's value (or loses its own when the
+/// neighbour has none). Run in order within one generation, the values
+/// would cascade; a step moves each exactly one cell.
+const SHIFT_RIGHT: &[u8] = b"local v = cube.rget(-1, 0, 0)\n\
+    if v == nil then cube.rdel(0, 0, 0) else cube.rput(0, 0, 0, v) end\n\
+    return v";
+
+fn values(c: &mut Client, xs: std::ops::RangeInclusive<i32>) -> Vec<Option<String>> {
+    xs.map(|x| {
+        c.get(NS, Coord::new(x, 0, 0))
+            .unwrap()
+            .map(|v| String::from_utf8(v).unwrap())
+    })
+    .collect()
+}
+
+#[test]
+fn every_run_of_a_step_reads_the_state_from_before_the_step() {
+    let daemon = LocalDaemon::start_fresh(&[]).unwrap();
+    let mut c = daemon.client().unwrap();
+    for x in 0..8 {
+        c.put(NS, Coord::new(x, 0, 0), format!("v{x}").as_bytes())
+            .unwrap();
+        c.prog(NS, Coord::new(x, 0, 0), SHIFT_RIGHT).unwrap();
+    }
+    // A program outside the box does not run.
+    c.prog(NS, Coord::new(9, 0, 0), SHIFT_RIGHT).unwrap();
+    let reply = c
+        .step(NS, Coord::new(0, 0, 0), Coord::new(7, 0, 0), &[])
+        .unwrap();
+    assert_eq!(
+        (reply.programs, reply.failed, reply.cells_written),
+        (8, 0, 8)
+    );
+    assert!(reply.lsn > 0 && reply.first_failure.is_none(), "{reply:?}");
+    let mut expected: Vec<Option<String>> = vec![None];
+    expected.extend((0..7).map(|x| Some(format!("v{x}"))));
+    expected.extend([None, None]);
+    assert_eq!(values(&mut c, 0..=9), expected);
+    // Each run is in its cell's telemetry, once; the cell outside is not.
+    for x in 0..8 {
+        let stats = c.cell_stats(NS, Coord::new(x, 0, 0), 10).unwrap();
+        assert_eq!((stats.runs, stats.failures), (1, 0), "x = {x}");
+        assert_eq!(stats.records[0].outcome, RunOutcome::Ok);
+        assert_eq!(stats.records[0].cells_written, 1);
+    }
+    assert_eq!(c.cell_stats(NS, Coord::new(9, 0, 0), 10).unwrap().runs, 0);
+    // A second step moves everything one more cell.
+    c.step(NS, Coord::new(0, 0, 0), Coord::new(7, 0, 0), &[])
+        .unwrap();
+    let mut expected: Vec<Option<String>> = vec![None, None];
+    expected.extend((0..6).map(|x| Some(format!("v{x}"))));
+    assert_eq!(values(&mut c, 0..=7), expected);
+}
+
+#[test]
+fn a_failed_run_applies_nothing_while_the_others_commit() {
+    let daemon = LocalDaemon::start_fresh(&[]).unwrap();
+    let mut c = daemon.client().unwrap();
+    let counter = b"cube.rput(0, 0, 1, 'written')\nreturn cube.rincr(0, 0, 0)";
+    let failing = b"cube.rput(0, 0, 1, 'written')\nerror('no ' .. cube.x)";
+    for x in 0..4 {
+        let source: &[u8] = if x == 2 { failing } else { counter };
+        c.prog(NS, Coord::new(x, 0, 0), source).unwrap();
+    }
+    let reply = c
+        .step(NS, Coord::new(0, 0, 0), Coord::new(3, 0, 0), &[b"ignored"])
+        .unwrap();
+    assert_eq!(
+        (reply.programs, reply.failed, reply.cells_written),
+        (4, 1, 6)
+    );
+    let failure = reply.first_failure.unwrap();
+    assert_eq!((failure.coord, failure.seq), (Coord::new(2, 0, 0), 1));
+    assert_eq!(failure.outcome, RunOutcome::Error);
+    assert!(failure.message.contains("no 2"), "{failure:?}");
+    for x in 0..4 {
+        let (value, written) = (
+            c.get(NS, Coord::new(x, 0, 0)).unwrap(),
+            c.get(NS, Coord::new(x, 0, 1)).unwrap(),
+        );
+        let stats = c.cell_stats(NS, Coord::new(x, 0, 0), 10).unwrap();
+        if x == 2 {
+            assert_eq!((value, written), (None, None));
+            assert_eq!((stats.runs, stats.failures), (1, 1));
+            assert_eq!(stats.records[0].outcome, RunOutcome::Error);
+        } else {
+            assert_eq!(value.as_deref(), Some(&b"1"[..]));
+            assert_eq!(written.as_deref(), Some(&b"written"[..]));
+            assert_eq!((stats.runs, stats.failures), (1, 0));
+        }
+    }
+}
+
+#[test]
+fn bad_boxes_unknown_namespaces_and_empty_boxes_get_clear_answers() {
+    let daemon = LocalDaemon::start_fresh(&[]).unwrap();
+    let mut c = daemon.client().unwrap();
+    let err = c
+        .step(NS, Coord::new(5, 0, 0), Coord::new(1, 0, 0), &[])
+        .unwrap_err();
+    assert_eq!(err.server_code(), Some(ErrorCode::InvalidArgument), "{err}");
+    assert!(err.to_string().contains("x0 = 5 is above x1 = 1"), "{err}");
+    let err = c
+        .step("nowhere", Coord::new(0, 0, 0), Coord::new(1, 1, 1), &[])
+        .unwrap_err();
+    assert_eq!(err.server_code(), Some(ErrorCode::NoSuchNamespace), "{err}");
+    // The whole of space, holding no program: nothing runs, nothing is
+    // written, and the answer does not cost the box's volume.
+    let all = (
+        Coord::new(i32::MIN, i32::MIN, i32::MIN),
+        Coord::new(i32::MAX, i32::MAX, i32::MAX),
+    );
+    let reply = c.step(NS, all.0, all.1, &[]).unwrap();
+    assert_eq!((reply.programs, reply.lsn, reply.cells_written), (0, 0, 0));
+    // ... and with one program far out, exactly that one runs.
+    let far = Coord::new(i32::MIN, 7, i32::MAX);
+    c.prog(NS, far, b"cube.rput(0, 0, 0, 'here')").unwrap();
+    let reply = c.step(NS, all.0, all.1, &[]).unwrap();
+    assert_eq!((reply.programs, reply.cells_written), (1, 1));
+    assert_eq!(c.get(NS, far).unwrap().as_deref(), Some(&b"here"[..]));
+}
+
+#[test]
+fn runs_past_the_steps_time_budget_fail_as_out_of_fuel_without_running() {
+    // Fuel enough for seconds: the clock stops these runs.
+    let daemon =
+        LocalDaemon::start_fresh(&["--program-step-ms", "20", "--program-fuel", "100000000000"])
+            .unwrap();
+    let mut c = daemon.client().unwrap();
+    // Each run would spin until its own budget (250 ms) stops it.
+    let spin = b"cube.rput(0, 0, 1, 'x')\nwhile true do end";
+    for x in 0..5 {
+        c.prog(NS, Coord::new(x, 0, 0), spin).unwrap();
+    }
+    let reply = c
+        .step(NS, Coord::new(0, 0, 0), Coord::new(4, 0, 0), &[])
+        .unwrap();
+    assert_eq!(
+        (reply.programs, reply.failed, reply.cells_written),
+        (5, 5, 0)
+    );
+    assert_eq!(reply.first_failure.unwrap().outcome, RunOutcome::Fuel);
+    let mut not_started = 0;
+    for x in 0..5 {
+        assert_eq!(c.get(NS, Coord::new(x, 0, 1)).unwrap(), None);
+        let stats = c.cell_stats(NS, Coord::new(x, 0, 0), 10).unwrap();
+        assert_eq!((stats.runs, stats.failures), (1, 1), "x = {x}");
+        assert_eq!(stats.records[0].outcome, RunOutcome::Fuel);
+        if stats.records[0].message.contains("did not run") {
+            not_started += 1;
+        }
+    }
+    // The first run spins until the step's deadline; the others never
+    // start.
+    assert_eq!(not_started, 4);
+    // The daemon goes on serving.
+    c.put(NS, Coord::new(0, 0, 9), b"fine").unwrap();
+}
