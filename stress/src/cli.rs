@@ -29,7 +29,7 @@ pub const EXIT_CANNOT_RUN: u8 = 2;
 
 const AFTER_HELP: &str = "\
 Examples:
-  cube-stress                                     # seed workload (prog + run), 16 clients, 10 s, throwaway cubed
+  cube-stress                                     # seed workload (prog + run, step), 16 clients, 10 s, throwaway cubed
   cube-stress --workload mixed                    # puts and gets
   cube-stress --workload put --clients 64 --json put.json --plot put.svg
   cube-stress --crash-every 2 --duration 20       # SIGKILL cubed every 2 s, verify after each restart

@@ -141,7 +141,7 @@ impl Comparison {
                 WorkloadKind::Get => "get: reads of written keys",
                 WorkloadKind::Mixed => "mixed",
                 WorkloadKind::Walk => "walk: walks and paths with links",
-                WorkloadKind::Seed => "seed: prog and run of cell programs",
+                WorkloadKind::Seed => "seed: prog, run and step of cell programs",
             };
             let _ = writeln!(
                 out,

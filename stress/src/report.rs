@@ -77,7 +77,7 @@ impl RunReport {
             WorkloadKind::Mixed => self.workload.read_ratio,
             // Walks and paths are the reads; links and unlinks the writes.
             WorkloadKind::Walk => 0.6,
-            // cell-stats reads; prog and run write.
+            // cell-stats reads; prog, run and step write.
             WorkloadKind::Seed => 0.06,
         }
     }

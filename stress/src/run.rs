@@ -756,6 +756,10 @@ fn describe(op: Op) -> String {
         Op::Path { from, to } => format!("path {} -> {}", coord_of(from), coord_of(to)),
         Op::Prog { cell, .. } => format!("prog at seed cell {}", seed_workload::coord(cell)),
         Op::Run { cell } => format!("run at seed cell {}", seed_workload::coord(cell)),
+        Op::Step { first_cell, cells } => {
+            let (lo, hi) = seed_workload::step_box(first_cell, cells);
+            format!("step over seed cells {lo}..={hi}")
+        }
         Op::CellStats { cell } => {
             format!("cell-stats at seed cell {}", seed_workload::coord(cell))
         }
@@ -852,6 +856,39 @@ fn execute(
                 Err(Failure::Op(e))
             }
         },
+        Op::Step { first_cell, cells } => {
+            let (lo, hi) = seed_workload::step_box(first_cell, cells);
+            let box_cells = first_cell..first_cell + cells;
+            match connection.step(lo, hi) {
+                Ok(answer) => {
+                    // Acknowledged: every run in the box is in its cell's
+                    // telemetry, failed or not.
+                    box_cells.for_each(|cell| shared.seed.acked(cell));
+                    if answer.programs != cells {
+                        return Err(Failure::Mismatch(format!(
+                            "step over seed cells {lo}..={hi} ran {} programs, but each of \
+                             its {cells} cells holds one",
+                            answer.programs
+                        )));
+                    }
+                    if answer.failed > 0 {
+                        // A counter never fails: its cell's counter now
+                        // lags its telemetry, which the end check reports.
+                        return Err(Failure::Op(OpError::Failed(format!(
+                            "{} of its {} runs failed, the first: {}",
+                            answer.failed,
+                            answer.programs,
+                            answer.first_failure.as_deref().unwrap_or("(not described)")
+                        ))));
+                    }
+                    Ok(())
+                }
+                Err(e) => {
+                    box_cells.for_each(|cell| shared.seed.uncertain(cell));
+                    Err(Failure::Op(e))
+                }
+            }
+        }
         Op::CellStats { cell } => {
             // Runs acknowledged before asking are all recorded by then.
             let floor = shared.seed.acked_count(cell);

@@ -1,13 +1,16 @@
 //! The `seed` workload: cell programs, as the predecessor drove them.
 //!
 //! Before the clock starts every seed cell gets a counter program. Then
-//! each client stores programs (`prog`, 47 %) and runs them (`run`, 47 %)
-//! at random seed cells, and every so often asks a cell for its telemetry
-//! (`cell-stats`, 6 %). Every stored variant is a counter, so a cell's
-//! value, its telemetry run count and the runs the driver saw acknowledged
-//! must all be equal at the end, exactly: that is the check (the
-//! predecessor's "C=77 accumulated records as expected"). Pairs per second
-//! are (prog + run) / 2.
+//! each client stores programs (`prog`, 46 %) and runs them (`run`, 46 %)
+//! at random seed cells, now and then runs every program of a short row
+//! segment at once (`step`, 2 %: [`STEP_CELLS`] consecutive cells of one
+//! row, each run +1 at its own cell), and every so often asks a cell for
+//! its telemetry (`cell-stats`, 6 %). Every stored variant is a counter,
+//! so a cell's value, its telemetry run count and the runs the driver saw
+//! acknowledged (single runs and steps over it) must all be equal at the
+//! end, exactly: that is the check (the predecessor's "C=77 accumulated
+//! records as expected"). Pairs per second are (prog + run) / 2, which is
+//! also run's (and prog's) own rate: the two keep equal shares.
 //!
 //! Seed cells live in the plane z = -1, outside the key space (which has
 //! z >= 0), so the key space's own read-back is not disturbed.
@@ -30,6 +33,8 @@ const ROW: u64 = 1024;
 /// Counter variants stored by `prog`: different sources (each compiled
 /// once by the daemon), the same effect.
 const VARIANTS: u64 = 8;
+/// Seed cells per `step` (fewer when a row has fewer seed cells).
+pub const STEP_CELLS: u64 = 16;
 
 /// How many seed cells a key space of this size gets.
 pub fn cells(keys: &KeySpace) -> u64 {
@@ -47,15 +52,38 @@ pub fn source(variant: u64) -> String {
 }
 
 pub fn next_op(rng: &mut Rng, keys: &KeySpace) -> Op {
-    let cell = rng.below(cells(keys));
+    let cells = cells(keys);
+    let cell = rng.below(cells);
     match rng.below(100) {
-        0..47 => Op::Prog {
+        0..46 => Op::Prog {
             cell,
             variant: rng.below(VARIANTS),
         },
-        47..94 => Op::Run { cell },
+        46..92 => Op::Run { cell },
+        92..94 => step_around(rng, cell, cells),
         _ => Op::CellStats { cell },
     }
+}
+
+/// A step over up to [`STEP_CELLS`] consecutive seed cells of `cell`'s
+/// row, all below `cells`: a box of existing seed cells only.
+fn step_around(rng: &mut Rng, cell: u64, cells: u64) -> Op {
+    let row_start = cell - cell % ROW;
+    let row_cells = (row_start + ROW).min(cells) - row_start;
+    let len = STEP_CELLS.min(row_cells);
+    Op::Step {
+        first_cell: row_start + rng.below(row_cells - len + 1),
+        cells: len,
+    }
+}
+
+/// The box `lo..=hi` of a step over `cells` seed cells from `first_cell`
+/// on (one row, so the box holds exactly those cells).
+pub fn step_box(first_cell: u64, cells: u64) -> (Coord, Coord) {
+    (
+        coord(first_cell),
+        coord(first_cell + cells.saturating_sub(1)),
+    )
 }
 
 /// What the driver saw per seed cell: runs acknowledged (each one
@@ -209,7 +237,7 @@ mod tests {
         assert_eq!(cells(&keys), MAX_SEED_CELLS);
         assert!((0..cells(&keys)).all(|c| coord(c).z == -1));
         let mut rng = Rng::new(5);
-        let mut counts = [0; 3];
+        let mut counts = [0; 4];
         for _ in 0..10_000 {
             match next_op(&mut rng, &keys) {
                 Op::Prog { cell, variant } => {
@@ -217,13 +245,49 @@ mod tests {
                     counts[0] += 1;
                 }
                 Op::Run { .. } => counts[1] += 1,
-                Op::CellStats { .. } => counts[2] += 1,
+                Op::Step { first_cell, cells } => {
+                    assert_eq!(cells, STEP_CELLS);
+                    assert!(first_cell + cells <= MAX_SEED_CELLS);
+                    counts[2] += 1;
+                }
+                Op::CellStats { .. } => counts[3] += 1,
                 other => panic!("{other:?}"),
             }
         }
+        // prog and run keep equal shares, so run's rate is the pair rate.
         assert!(
-            counts[0] > 4000 && counts[1] > 4000 && counts[2] > 300,
+            counts[0] > 4000 && counts[1] > 4000 && counts[2] > 100 && counts[3] > 300,
             "{counts:?}"
         );
+        assert!(counts[2] < 400, "{counts:?}");
+    }
+
+    /// Every step's box holds existing seed cells only, all in one row,
+    /// whatever the key space's size.
+    #[test]
+    fn steps_cover_existing_cells_of_one_row() {
+        for keys in [1, 2, 15, 16, 17, 1023, 1024, 1025, 1030, 2048, 5000] {
+            let space = KeySpace::new(keys, 1).unwrap();
+            let n = cells(&space);
+            let mut rng = Rng::new(keys);
+            let mut steps = 0;
+            for _ in 0..5_000 {
+                let Op::Step { first_cell, cells } = next_op(&mut rng, &space) else {
+                    continue;
+                };
+                steps += 1;
+                let last = first_cell + cells - 1;
+                assert!((1..=STEP_CELLS).contains(&cells), "{keys}: {cells}");
+                assert!(last < n, "{keys}: {first_cell}+{cells} > {n}");
+                assert_eq!(first_cell / ROW, last / ROW, "{keys}: crosses a row");
+                // As long as the row has room, a step is STEP_CELLS long.
+                let row_cells = (first_cell / ROW * ROW + ROW).min(n) - first_cell / ROW * ROW;
+                assert_eq!(cells, STEP_CELLS.min(row_cells), "{keys}");
+                let (lo, hi) = step_box(first_cell, cells);
+                assert_eq!((lo.y, lo.z, hi.y, hi.z), (hi.y, -1, lo.y, -1));
+                assert_eq!((hi.x - lo.x + 1) as u64, cells);
+            }
+            assert!(steps > 0, "{keys}");
+        }
     }
 }

@@ -23,11 +23,12 @@ pub enum Command {
     Path,
     Prog,
     Run,
+    Step,
     CellStats,
 }
 
 impl Command {
-    pub const ALL: [Command; 9] = [
+    pub const ALL: [Command; 10] = [
         Command::Put,
         Command::Get,
         Command::Link,
@@ -36,6 +37,7 @@ impl Command {
         Command::Path,
         Command::Prog,
         Command::Run,
+        Command::Step,
         Command::CellStats,
     ];
 
@@ -50,6 +52,7 @@ impl Command {
             Command::Path => "path",
             Command::Prog => "prog",
             Command::Run => "run",
+            Command::Step => "step",
             Command::CellStats => "cell-stats",
         }
     }
@@ -80,6 +83,10 @@ pub enum Op {
     Prog { cell: u64, variant: u64 },
     /// Running the program of seed cell `cell`.
     Run { cell: u64 },
+    /// One `step` over the `cells` seed cells from `first_cell` on, all in
+    /// one row of the seed plane: every counter program in the box runs
+    /// once.
+    Step { first_cell: u64, cells: u64 },
     /// Reading seed cell `cell`'s telemetry counts.
     CellStats { cell: u64 },
 }
@@ -95,6 +102,7 @@ impl Op {
             Op::Path { .. } => Command::Path,
             Op::Prog { .. } => Command::Prog,
             Op::Run { .. } => Command::Run,
+            Op::Step { .. } => Command::Step,
             Op::CellStats { .. } => Command::CellStats,
         }
     }
@@ -112,9 +120,10 @@ pub enum WorkloadKind {
     /// links (25 %) and unlinks (15 %); every key is linked to its lattice
     /// neighbours before the clock starts. cube only.
     Walk,
-    /// Cell programs: prog (47 %) and run (47 %) of counter programs at
-    /// many cells, cell-stats (6 %); at the end every cell's telemetry
-    /// count must equal the runs acknowledged for it. cube only.
+    /// Cell programs: prog (46 %) and run (46 %) of counter programs at
+    /// many cells, step (2 %) over 16 cells of a row, cell-stats (6 %);
+    /// at the end every cell's telemetry count must equal the runs
+    /// acknowledged for it. cube only.
     Seed,
 }
 

@@ -1,4 +1,4 @@
-//! Guards the `seed` workload end to end (the default of `cube-stress` and `make stress`): prog + run pairs and cell-stats against a throwaway cubed, every seed cell's telemetry count checked against the runs the driver saw acknowledged, also across a kill -9.
+//! Guards the `seed` workload end to end (the default of `cube-stress` and `make stress`): prog + run pairs, steps over row segments and cell-stats against a throwaway cubed, every seed cell's telemetry count checked against the runs the driver saw acknowledged, also across a kill -9.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -47,7 +47,7 @@ fn the_default_workload_is_seed_and_every_telemetry_count_matches() {
     assert_eq!(field(&report, "workload"), &Json::str("seed"));
     assert_eq!(field(&report, "passed"), &Json::Bool(true));
     let commands = field(&report, "commands");
-    for command in ["prog", "run", "cell-stats"] {
+    for command in ["prog", "run", "step", "cell-stats"] {
         assert!(
             int(field(field(commands, command), "count")) > 0,
             "no {command}"

@@ -10,7 +10,7 @@ use cube_client::{
 };
 use cube_protocol::{Coord, ProtocolError};
 
-use super::{Connection, Connector};
+use super::{Connection, Connector, ProgramAnswer, ProgramRequest, StepAnswer};
 use crate::error::{OpError, StressError};
 
 /// The namespace used when `--namespace` is not given.
@@ -147,25 +147,44 @@ impl Connection for CubeConnection {
             .collect())
     }
 
-    fn program_request(
-        &mut self,
-        request: super::ProgramRequest<'_>,
-    ) -> Result<(u64, u64), OpError> {
+    fn program_request(&mut self, request: ProgramRequest<'_>) -> Result<ProgramAnswer, OpError> {
         match request {
-            super::ProgramRequest::Prog(at, source) => self
+            ProgramRequest::Prog(at, source) => self
                 .client
                 .prog(&self.namespace, at, source)
-                .map(|_| (0, 0))
+                .map(|_| ProgramAnswer::Stored)
                 .map_err(classify),
-            super::ProgramRequest::Run(at) => self
+            ProgramRequest::Run(at) => self
                 .client
                 .run(&self.namespace, at, &[])
-                .map(|reply| (reply.seq, 0))
+                .map(|reply| ProgramAnswer::Ran { seq: reply.seq })
                 .map_err(classify),
-            super::ProgramRequest::CellStats(at) => self
+            ProgramRequest::Step(lo, hi) => self
+                .client
+                .step(&self.namespace, lo, hi, &[])
+                .map(|reply| {
+                    ProgramAnswer::Stepped(StepAnswer {
+                        programs: u64::from(reply.programs),
+                        failed: u64::from(reply.failed),
+                        first_failure: reply.first_failure.map(|f| {
+                            format!(
+                                "run {} at {} ended {}: {}",
+                                f.seq,
+                                f.coord,
+                                f.outcome.name(),
+                                f.message
+                            )
+                        }),
+                    })
+                })
+                .map_err(classify),
+            ProgramRequest::CellStats(at) => self
                 .client
                 .cell_stats(&self.namespace, at, 0)
-                .map(|stats| (stats.runs, stats.failures))
+                .map(|stats| ProgramAnswer::Stats {
+                    runs: stats.runs,
+                    failures: stats.failures,
+                })
                 .map_err(classify),
         }
     }

@@ -105,9 +105,9 @@ pub trait Connection: Send {
         Err(unsupported("path"))
     }
 
-    /// A cell-program request: `prog` answers `(0, 0)`, `run` `(seq, 0)`,
-    /// `cell-stats` `(runs, failures)`. Only cube has programs.
-    fn program_request(&mut self, request: ProgramRequest<'_>) -> Result<(u64, u64), OpError> {
+    /// A cell-program request and its answer (see [`ProgramAnswer`]).
+    /// Only cube has programs.
+    fn program_request(&mut self, request: ProgramRequest<'_>) -> Result<ProgramAnswer, OpError> {
         let _ = request;
         Err(unsupported("cell programs"))
     }
@@ -120,23 +120,40 @@ pub trait ProgramConnection {
     fn prog(&mut self, coord: Coord, source: &[u8]) -> Result<(), OpError>;
     /// Runs the program at `coord`; returns its telemetry seq.
     fn run(&mut self, coord: Coord) -> Result<u64, OpError>;
+    /// Runs every program in the box `lo..=hi` once, as one step (no
+    /// arguments); failed runs are in the answer, not an error.
+    fn step(&mut self, lo: Coord, hi: Coord) -> Result<StepAnswer, OpError>;
     /// `(runs, failures)` of the program telemetry at `coord`.
     fn cell_stats(&mut self, coord: Coord) -> Result<(u64, u64), OpError>;
 }
 
 impl<T: Connection + ?Sized> ProgramConnection for T {
     fn prog(&mut self, coord: Coord, source: &[u8]) -> Result<(), OpError> {
-        self.program_request(ProgramRequest::Prog(coord, source))
-            .map(drop)
+        match self.program_request(ProgramRequest::Prog(coord, source))? {
+            ProgramAnswer::Stored => Ok(()),
+            other => Err(mismatched("prog", &other)),
+        }
     }
 
     fn run(&mut self, coord: Coord) -> Result<u64, OpError> {
-        self.program_request(ProgramRequest::Run(coord))
-            .map(|(seq, _)| seq)
+        match self.program_request(ProgramRequest::Run(coord))? {
+            ProgramAnswer::Ran { seq } => Ok(seq),
+            other => Err(mismatched("run", &other)),
+        }
+    }
+
+    fn step(&mut self, lo: Coord, hi: Coord) -> Result<StepAnswer, OpError> {
+        match self.program_request(ProgramRequest::Step(lo, hi))? {
+            ProgramAnswer::Stepped(answer) => Ok(answer),
+            other => Err(mismatched("step", &other)),
+        }
     }
 
     fn cell_stats(&mut self, coord: Coord) -> Result<(u64, u64), OpError> {
-        self.program_request(ProgramRequest::CellStats(coord))
+        match self.program_request(ProgramRequest::CellStats(coord))? {
+            ProgramAnswer::Stats { runs, failures } => Ok((runs, failures)),
+            other => Err(mismatched("cell-stats", &other)),
+        }
     }
 }
 
@@ -144,7 +161,40 @@ impl<T: Connection + ?Sized> ProgramConnection for T {
 pub enum ProgramRequest<'a> {
     Prog(Coord, &'a [u8]),
     Run(Coord),
+    /// The box `lo..=hi`.
+    Step(Coord, Coord),
     CellStats(Coord),
+}
+
+/// The answer to a [`ProgramRequest`], one variant per request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProgramAnswer {
+    /// `prog`: stored.
+    Stored,
+    /// `run`: the run's telemetry seq at its cell.
+    Ran { seq: u64 },
+    /// `step`.
+    Stepped(StepAnswer),
+    /// `cell-stats`: the cell's run and failure counts.
+    Stats { runs: u64, failures: u64 },
+}
+
+/// What a `step` answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepAnswer {
+    /// Programs that ran, one per cell of the box holding one.
+    pub programs: u64,
+    /// Of those, the runs that failed (recorded in telemetry, nothing applied).
+    pub failed: u64,
+    /// The first failed run, described (where, how, why), if any.
+    pub first_failure: Option<String>,
+}
+
+/// A target answered a program request with another request's answer.
+fn mismatched(request: &str, answer: &ProgramAnswer) -> OpError {
+    OpError::Failed(format!(
+        "{request} got an answer of another kind: {answer:?}"
+    ))
 }
 
 fn unsupported(command: &str) -> OpError {
