@@ -164,3 +164,38 @@ fn runs_past_the_steps_time_budget_fail_as_out_of_fuel_without_running() {
     // The daemon goes on serving.
     c.put(NS, Coord::new(0, 0, 9), b"fine").unwrap();
 }
+
+#[test]
+fn programs_far_apart_read_the_same_state_as_programs_close_together() {
+    // Two groups of shifting cells a million cells apart: their bounding
+    // box is too big for the step's snapshot, so the runs read the store,
+    // and must see the same pre-step state.
+    let daemon = LocalDaemon::start_fresh(&[]).unwrap();
+    let mut c = daemon.client().unwrap();
+    for base in [0, 1_000_000] {
+        for x in 0..4 {
+            let at = Coord::new(base + x, 0, 0);
+            c.put(NS, at, format!("v{x}").as_bytes()).unwrap();
+            c.prog(NS, at, SHIFT_RIGHT).unwrap();
+        }
+    }
+    let reply = c
+        .step(NS, Coord::new(0, 0, 0), Coord::new(1_000_003, 0, 0), &[])
+        .unwrap();
+    assert_eq!((reply.programs, reply.failed), (8, 0));
+    for base in [0, 1_000_000] {
+        let got: Vec<Option<Vec<u8>>> = (0..4)
+            .map(|x| c.get(NS, Coord::new(base + x, 0, 0)).unwrap())
+            .collect();
+        assert_eq!(
+            got,
+            [
+                None,
+                Some(b"v0".to_vec()),
+                Some(b"v1".to_vec()),
+                Some(b"v2".to_vec())
+            ],
+            "base {base}"
+        );
+    }
+}

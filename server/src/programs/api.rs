@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use cube_protocol::{CellBox, Coord, Direction, EdgeLabel, NamespaceName};
+use cube_store::transaction::MAX_TXN_SCAN_CELLS;
 use cube_store::{TxnView, WalkLimits};
 use mlua::{Lua, Table, Value};
 
@@ -80,6 +81,9 @@ pub(crate) struct Run {
     /// run of the step reads the state from before it (`None`: a plain
     /// run, writing to its view).
     pub(crate) deferred: Option<Vec<DeferredWrite>>,
+    /// In a step: the cells around its programs as they were before it,
+    /// which is what every run of the step reads.
+    pub(crate) snapshot: Option<StepSnapshot>,
 }
 
 /// A put (`Some`) or delete (`None`) a run in a step made.
@@ -103,7 +107,100 @@ impl Run {
             write_cap: MAX_RUN_WRITES,
             write_bytes_cap: MAX_RUN_WRITE_BYTES,
             deferred: None,
+            snapshot: None,
         }
+    }
+}
+
+/// The cells a step's runs read most: the box around its programs, one
+/// cell wider on every side (a rule's neighbourhood), read once before the
+/// first run into a dense array. It stays exact for the whole step: the
+/// step's writes are held back, and nothing else writes while the step
+/// holds the writer. A point read then costs an index instead of a lookup
+/// in the store (about 40 ns each; a Game of Life rule makes 29).
+pub(crate) struct StepSnapshot {
+    lo: Coord,
+    sides: [u64; 3],
+    cells: Vec<Option<Arc<[u8]>>>,
+}
+
+/// The widest box a snapshot covers, in cells (4 MiB of slots).
+const MAX_SNAPSHOT_CELLS: u128 = 1 << 18;
+
+impl StepSnapshot {
+    /// The snapshot around `programs` (their bounding box, one cell
+    /// wider), or `None` when that box is too big, or holds more cells than
+    /// one transaction scan returns: the runs then read the view.
+    pub(crate) fn read(
+        view: &TxnView<'static>,
+        ns: &NamespaceName,
+        programs: &[Coord],
+    ) -> Option<StepSnapshot> {
+        let first = *programs.first()?;
+        let (mut lo, mut hi) = (first, first);
+        for c in programs {
+            lo = Coord::new(lo.x.min(c.x), lo.y.min(c.y), lo.z.min(c.z));
+            hi = Coord::new(hi.x.max(c.x), hi.y.max(c.y), hi.z.max(c.z));
+        }
+        let lo = Coord::new(
+            lo.x.saturating_sub(1),
+            lo.y.saturating_sub(1),
+            lo.z.saturating_sub(1),
+        );
+        let hi = Coord::new(
+            hi.x.saturating_add(1),
+            hi.y.saturating_add(1),
+            hi.z.saturating_add(1),
+        );
+        let region = CellBox::new(lo, hi).ok()?;
+        let volume = region.volume();
+        if volume > MAX_SNAPSHOT_CELLS {
+            return None;
+        }
+        let found = view.scan(ns, &region, MAX_TXN_SCAN_CELLS)?;
+        if found.len() >= MAX_TXN_SCAN_CELLS {
+            return None;
+        }
+        let side = |l: i32, h: i32| (i64::from(h) - i64::from(l) + 1) as u64;
+        let mut snapshot = StepSnapshot {
+            lo,
+            sides: [side(lo.x, hi.x), side(lo.y, hi.y), side(lo.z, hi.z)],
+            cells: vec![None; volume as usize],
+        };
+        for (coord, value) in found {
+            if let Some(slot) = snapshot.slot(coord) {
+                snapshot.cells[slot] = Some(value);
+            }
+        }
+        Some(snapshot)
+    }
+
+    fn slot(&self, c: Coord) -> Option<usize> {
+        let offset = |v: i32, lo: i32| (i64::from(v) - i64::from(lo)) as u64;
+        let (dx, dy, dz) = (
+            offset(c.x, self.lo.x),
+            offset(c.y, self.lo.y),
+            offset(c.z, self.lo.z),
+        );
+        // A coordinate below `lo` wraps to a huge offset, so one compare
+        // per axis covers both sides.
+        if dx >= self.sides[0] || dy >= self.sides[1] || dz >= self.sides[2] {
+            return None;
+        }
+        Some(((dx * self.sides[1] + dy) * self.sides[2] + dz) as usize)
+    }
+
+    /// `None`: outside the snapshot. `Some(value)`: the cell's value as
+    /// the step reads it.
+    #[inline]
+    pub(crate) fn get(&self, c: Coord) -> Option<Option<&[u8]>> {
+        let slot = self.slot(c)?;
+        self.cells.get(slot).map(|v| v.as_deref())
+    }
+
+    /// Whether the whole of `region` is inside the snapshot.
+    fn holds(&self, region: &CellBox) -> bool {
+        self.slot(region.lo()).is_some() && self.slot(region.hi()).is_some()
     }
 }
 
@@ -134,6 +231,7 @@ pub(crate) fn dispatcher(lua: &Lua, slot: RunSlot) -> mlua::Result<mlua::Functio
             write_cap: run.write_cap,
             write_bytes_cap: run.write_bytes_cap,
             deferred: run.deferred.as_mut(),
+            snapshot: run.snapshot.as_ref(),
         }
         .dispatch(lua, args)
     })
@@ -151,6 +249,7 @@ struct RunContext<'v> {
     write_cap: u32,
     write_bytes_cap: usize,
     deferred: Option<&'v mut Vec<DeferredWrite>>,
+    snapshot: Option<&'v StepSnapshot>,
 }
 
 /// The dispatcher's arguments: the op, then up to seven values.
@@ -304,10 +403,10 @@ impl RunContext<'_> {
                 let relative = op & RELATIVE != 0;
                 let coord = self.coord(lua, op, [&a, &b, &c], relative)?;
                 match op & !RELATIVE {
-                    OP_GET => match self.view.get(self.ns, coord) {
-                        Some(value) => Ok(Value::String(lua.create_string(value.as_ref())?)),
+                    OP_GET => self.with_value(coord, |value| match value {
+                        Some(value) => Ok(Value::String(lua.create_string(value)?)),
                         None => Ok(Value::Nil),
-                    },
+                    }),
                     OP_PUT => {
                         let bytes = self.value_bytes(lua, op, d)?;
                         self.write(lua, op, coord, Some(bytes))?;
@@ -479,13 +578,15 @@ impl RunContext<'_> {
         }
         *self.writes += 1;
         *self.write_bytes += len;
-        if let Some(deferred) = self.deferred.as_mut() {
+        if self.deferred.is_some() {
             // The step applies it after its last run; reads go on seeing
-            // the state from before the step.
-            // A delete answers whether the cell held a value before the
-            // step, which is what the run can read.
-            let existed = value.is_none() && self.view.get(self.ns, coord).is_some();
-            deferred.push((coord, value));
+            // the state from before the step. A delete answers whether the
+            // cell held a value before the step, which is what the run can
+            // read.
+            let existed = value.is_none() && self.with_value(coord, |v| v.is_some());
+            if let Some(deferred) = self.deferred.as_mut() {
+                deferred.push((coord, value));
+            }
             return Ok(existed);
         }
         Ok(match value {
@@ -497,20 +598,29 @@ impl RunContext<'_> {
         })
     }
 
+    /// Calls `f` with the cell's value as the run may read it: from the
+    /// step's snapshot when the cell is inside it, else from the view.
+    fn with_value<R>(&self, coord: Coord, f: impl FnOnce(Option<&[u8]>) -> R) -> R {
+        if let Some(found) = self.snapshot.and_then(|s| s.get(coord)) {
+            return f(found);
+        }
+        f(self.view.get(self.ns, coord).as_deref())
+    }
+
     fn number_at(&self, lua: &Lua, op: i64, coord: Coord) -> mlua::Result<Option<Number>> {
-        match self.view.get(self.ns, coord) {
+        self.with_value(coord, |value| match value {
             None => Ok(None),
-            Some(bytes) => parse_number(&bytes).map(Some).ok_or_else(|| {
+            Some(bytes) => parse_number(bytes).map(Some).ok_or_else(|| {
                 api_error(
                     lua,
                     op,
                     format!(
                         "the cell {coord} holds {}, not a decimal number",
-                        shown(&bytes)
+                        shown(bytes)
                     ),
                 )
             }),
-        }
+        })
     }
 
     /// Visits the cells of `region` that hold a value (overlay included),
@@ -527,6 +637,21 @@ impl RunContext<'_> {
         if volume <= POINT_READ_VOLUME {
             charge(volume as u64 * REGION_CELL_FUEL)?;
             let (lo, hi) = (region.lo(), region.hi());
+            if let Some(snapshot) = self.snapshot
+                && snapshot.holds(region)
+            {
+                for x in lo.x..=hi.x {
+                    for y in lo.y..=hi.y {
+                        for z in lo.z..=hi.z {
+                            let coord = Coord::new(x, y, z);
+                            if let Some(Some(value)) = snapshot.get(coord) {
+                                visit(coord, value)?;
+                            }
+                        }
+                    }
+                }
+                return Ok(());
+            }
             let mut coords = [Coord::new(0, 0, 0); POINT_READ_VOLUME as usize];
             let mut n = 0;
             for x in lo.x..=hi.x {
@@ -759,6 +884,47 @@ pub(crate) fn set_here_ns(api: &Table, ns: &NamespaceName) -> mlua::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A snapshot of the box `lo..=hi` holding `present` (value = index).
+    fn snapshot(lo: Coord, hi: Coord, present: &[Coord]) -> StepSnapshot {
+        let side = |l: i32, h: i32| (i64::from(h) - i64::from(l) + 1) as u64;
+        let sides = [side(lo.x, hi.x), side(lo.y, hi.y), side(lo.z, hi.z)];
+        let mut snapshot = StepSnapshot {
+            lo,
+            sides,
+            cells: vec![None; (sides[0] * sides[1] * sides[2]) as usize],
+        };
+        for (i, c) in present.iter().enumerate() {
+            let slot = snapshot.slot(*c).unwrap();
+            snapshot.cells[slot] = Some(Arc::from(vec![i as u8]));
+        }
+        snapshot
+    }
+
+    #[test]
+    fn a_snapshot_answers_inside_its_box_only_even_at_the_edges_of_space() {
+        let lo = Coord::new(i32::MIN, -1, i32::MAX - 2);
+        let hi = Coord::new(i32::MIN + 3, 1, i32::MAX);
+        let present = [lo, hi, Coord::new(i32::MIN + 1, 0, i32::MAX - 1)];
+        let s = snapshot(lo, hi, &present);
+        for (i, c) in present.iter().enumerate() {
+            assert_eq!(s.get(*c), Some(Some(&[i as u8][..])), "{c}");
+        }
+        assert_eq!(s.get(Coord::new(i32::MIN + 2, 0, i32::MAX)), Some(None));
+        for outside in [
+            Coord::new(i32::MIN + 4, 0, i32::MAX),
+            Coord::new(i32::MIN, -2, i32::MAX),
+            Coord::new(i32::MIN, 2, i32::MAX),
+            Coord::new(i32::MIN, 0, i32::MAX - 3),
+            Coord::new(i32::MAX, 0, i32::MAX),
+            Coord::new(0, 0, 0),
+        ] {
+            assert_eq!(s.get(outside), None, "{outside}");
+        }
+        assert!(s.holds(&CellBox::new(lo, hi).unwrap()));
+        let wider = CellBox::new(lo, Coord::new(i32::MIN + 4, 1, i32::MAX)).unwrap();
+        assert!(!s.holds(&wider));
+    }
 
     #[test]
     fn decimal_text_parses_like_incr_and_round_trips() {

@@ -22,7 +22,7 @@ use std::time::Instant;
 use cube_protocol::{CellBox, Coord, NamespaceName, RunOutcome, RunRecord, StepFailure, StepReply};
 use cube_store::{MAX_TXN_MUTATIONS, TxnView};
 
-use super::api::{DeferredWrite, MAX_RUN_WRITE_BYTES, MAX_RUN_WRITES, Run};
+use super::api::{DeferredWrite, MAX_RUN_WRITE_BYTES, MAX_RUN_WRITES, Run, StepSnapshot};
 use super::sandbox::{RunBudget, with_vm};
 use super::{
     MAX_OUTCOME_MESSAGE_BYTES, ProgramSettings, ProgramStats, cut, duration_ns, failed_outcome,
@@ -87,6 +87,8 @@ pub(crate) fn step_in_writer(
             settings.walk_limits,
         );
         run.deferred = Some(Vec::new());
+        let cells: Vec<Coord> = programs.iter().map(|(coord, _)| *coord).collect();
+        run.snapshot = StepSnapshot::read(&run.view, &ns, &cells);
         slot.run = Some(run);
         drop(slot);
         for (coord, source) in &programs {
