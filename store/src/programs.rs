@@ -455,6 +455,10 @@ pub(crate) enum ProgramUndo {
 }
 
 impl PendingPrograms {
+    pub(crate) fn reserve_heads(&mut self, additional: usize) {
+        self.heads.reserve(additional);
+    }
+
     pub(crate) fn clear(&mut self) {
         self.sources.clear();
         self.heads.clear();

@@ -419,8 +419,19 @@ impl<'a> TxnView<'a> {
                 .overlay()
                 .programs
                 .programs_in(self.place.mem(), ns, region, limit)?;
-        found.sort_unstable_by_key(|(coord, _)| curve.key(*coord));
+        // Each key computed once: a step sorts tens of thousands.
+        found.sort_by_cached_key(|(coord, _)| curve.key(*coord));
         Some(found)
+    }
+
+    /// Makes room for `additional` more mutations, most of them telemetry
+    /// records, so that a transaction emitting thousands at once (a step)
+    /// does not regrow its log and the group's pending maps as it goes.
+    pub fn reserve(&mut self, additional: usize) {
+        let additional = additional.min(crate::MAX_TXN_MUTATIONS);
+        self.log.mutations.reserve(additional);
+        self.log.program_undo.reserve(additional);
+        self.place.overlay_mut().programs.reserve_heads(additional);
     }
 
     /// A cell's run telemetry counts as of this point in the log (`None`:

@@ -176,6 +176,7 @@ pub(crate) fn step_in_writer(
     assert!(writes.len() <= write_room as usize);
     assert!(ran.len() == programs.len());
     let cells_written = writes.len() as u32;
+    view.reserve(writes.len() + ran.len());
     for (coord, value) in writes {
         match value {
             Some(bytes) => view.put(&ns, coord, bytes),
@@ -239,8 +240,8 @@ mod probe {
     use crate::config::Args;
 
     /// `PROBE_SIDE`^3 cells (default 32), a 30 % soup and the docs' Life
-    /// rule at every cell; prints the writer time of each step per
-    /// cell-program.
+    /// rule (or `PROBE_PROGRAM`) at every cell; prints the writer time of
+    /// each step per cell-program.
     #[test]
     #[ignore = "timing probe"]
     fn life_step_time() {
@@ -258,7 +259,8 @@ mod probe {
         let marker = "<!-- program: life -->";
         let rest = &doc[doc.find(marker).unwrap() + marker.len()..];
         let start = rest.find("```lua\n").unwrap() + "```lua\n".len();
-        let source = rest[start..start + rest[start..].find("```").unwrap()].to_owned();
+        let source = std::env::var("PROBE_PROGRAM")
+            .unwrap_or_else(|_| rest[start..start + rest[start..].find("```").unwrap()].to_owned());
         let setup_ns = ns.clone();
         session
             .transact(move |view| {
