@@ -58,9 +58,9 @@ Prints `ran N programs in NS BOX: K ok, F failed, C cells written, I
 instructions (lsn L)`, and, if a run failed, the first failure: its cell,
 its run number there (seq), its outcome and message. With --json, one object
 with lsn, programs, ok, failed, cells_written, instructions and first_failure
-(null or {coord: [x, y, z], seq, outcome, message}). Exits 3 when any program failed
-(the other runs' writes still stand; `cubec stats NS X,Y,Z` shows a cell's
-runs). A box without programs runs nothing and exits 0. Limits: at most
+(null or {coord: [x, y, z], seq, outcome, message}). Exits 3 when any program
+failed (the other runs' writes still stand; `cubec stats NS X,Y,Z` shows a
+cell's runs). A box without programs runs nothing and exits 0. Limits: at most
 32768 programs in the box, 65536 cells written per step (minus one per
 program), and the daemon's --program-step-ms of writer time (later runs fail
 out of fuel); fuel and memory per run as for `run`.
