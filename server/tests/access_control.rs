@@ -472,6 +472,7 @@ fn read_only_grant_reads_read_write_grant_writes_and_revoke_hides_again() {
         &["prog", "shared", "2,0,0", "return 1"],
         &["prog", "--delete", "shared", "2,0,0"],
         &["run", "shared", "5,0,0"],
+        &["step", "shared", "0,0,0", "9,9,9"],
         &["import", "shared", &file],
     ] {
         let err = t.refused_as(OTHER, args, "permission_denied");
