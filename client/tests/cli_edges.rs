@@ -1,40 +1,12 @@
 //! Guards the edge commands' contract with scripts against a real `cubed`: `cubec link/unlink/edges/walk/path` and `del --detach` print the documented lines and JSON, exit 1 for a missing edge or no path, 2 for a bad weight or label (before sending), 3 for a walk past the daemon's limits, and say on stderr when a walk stops early.
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
 
 use cube_client::LocalDaemon;
-
-fn cubec(socket: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cubec"))
-        .arg("--socket")
-        .arg(socket)
-        .args(args)
-        .env_remove("CUBE_SOCKET")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8(output.stdout.clone()).unwrap()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-#[track_caller]
-fn assert_exit(output: &Output, code: i32) {
-    assert_eq!(
-        output.status.code(),
-        Some(code),
-        "stdout: {}\nstderr: {}",
-        String::from_utf8_lossy(&output.stdout),
-        stderr(output)
-    );
-}
+use support::{assert_exit, cubec, stderr, stdout};
 
 #[track_caller]
 fn ok(socket: &Path, args: &[&str]) -> String {

@@ -1,6 +1,8 @@
 //! Guards `cubec export` and `cubec import` against real daemons: random cells (every byte value), edges (labels, weights) and programs round-trip exactly through JSON lines into a fresh daemon, cells through CSV; a bad line (the client's or the daemon's verdict) is reported with its number and nothing of its batch is applied, or with `--skip-bad` only it is left out; an acknowledged import survives `kill -9`; and the `batch` request is all-or-nothing and refuses what is over its limits.
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -9,32 +11,7 @@ use cube_client::{
     BatchOp, CellBox, Client, Coord, Direction, EdgeLabel, ErrorCode, LocalDaemon, MAX_BATCH_OPS,
     NamespaceName, Request, failed_op_index,
 };
-
-fn cubec(socket: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cubec"))
-        .arg("--socket")
-        .arg(socket)
-        .args(args)
-        .env_remove("CUBE_SOCKET")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-#[track_caller]
-fn assert_exit(output: &Output, code: i32) {
-    assert_eq!(
-        output.status.code(),
-        Some(code),
-        "stdout: {}\nstderr: {}",
-        String::from_utf8_lossy(&output.stdout),
-        stderr(output)
-    );
-}
+use support::{assert_exit, cubec, stderr};
 
 /// `cubec export` of `ns` into `path`; returns the file's bytes.
 fn export_to(daemon: &LocalDaemon, args: &[&str], path: &Path) -> Vec<u8> {

@@ -1,41 +1,12 @@
 //! Guards `cubec scan`'s contract with scripts against a real `cubed`: one `x,y,z<TAB>value` line per cell with escaped values, exact bytes in `--json`, `--count` (also over all of space), `--limit` with a continuation that resumes exactly where it stopped, and clear usage errors for inverted boxes.
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
 use std::collections::BTreeSet;
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
 
 use cube_client::{Coord, LocalDaemon, base64};
-
-fn cubec(socket: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cubec"))
-        .arg("--socket")
-        .arg(socket)
-        .args(args)
-        .env_remove("CUBE_SOCKET")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8(output.stdout.clone()).unwrap()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-#[track_caller]
-fn assert_exit(output: &Output, code: i32) {
-    assert_eq!(
-        output.status.code(),
-        Some(code),
-        "stdout: {}\nstderr: {}",
-        String::from_utf8_lossy(&output.stdout),
-        stderr(output)
-    );
-}
+use support::{assert_exit, cubec, stderr, stdout};
 
 /// A daemon holding `v<x>.<y>.<z>` at every cell of -2..=2 x -2..=2 x {0, 1}.
 fn daemon_with_cells() -> (LocalDaemon, BTreeSet<String>) {

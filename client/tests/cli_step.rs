@@ -1,40 +1,10 @@
 //! Guards `cubec step` (and `Client::step`) against a real `cubed`: every program in the box runs once, all reading the state from before the step, a failed run applies nothing while the others' writes stand (exit 3, the first failure named), an empty box runs nothing, an inverted box is a clear usage error, and too many programs run none.
 #![allow(clippy::unwrap_used)]
 
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
+mod support;
 
 use cube_client::{BatchOp, Client, ClientError, Coord, ErrorCode, LocalDaemon, RunOutcome};
-
-fn cubec(socket: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cubec"))
-        .arg("--socket")
-        .arg(socket)
-        .args(args)
-        .env_remove("CUBE_SOCKET")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-#[track_caller]
-fn assert_exit(output: &Output, code: i32) {
-    assert_eq!(
-        output.status.code(),
-        Some(code),
-        "stdout: {}\nstderr: {}",
-        stdout(output),
-        stderr(output)
-    );
-}
+use support::{assert_exit, cubec, stderr, stdout};
 
 #[track_caller]
 fn assert_contains(text: &str, needle: &str) {
