@@ -657,14 +657,14 @@ fn to_program_value(value: Value, settings: &ProgramSettings) -> mlua::Result<Pr
 }
 
 #[cfg(test)]
-mod bench {
+pub(crate) mod bench {
     use super::*;
     use clap::Parser;
     use cube_store::{Engine, EngineConfig, GroupCommitConfig, SyncPolicy};
 
-    #[test]
-    #[ignore = "timing probe"]
-    fn counter_exec_time() {
+    /// An engine for timing probes: a fresh data dir, no fsync (the
+    /// probes time the writer's work, not the disk).
+    pub(crate) fn probe_engine() -> (tempfile::TempDir, Engine) {
         let dir = tempfile::tempdir().unwrap();
         let mut config = EngineConfig::new(dir.path());
         config.group_commit = GroupCommitConfig {
@@ -672,6 +672,13 @@ mod bench {
             ..GroupCommitConfig::default()
         };
         let engine = Engine::open(config).unwrap();
+        (dir, engine)
+    }
+
+    #[test]
+    #[ignore = "timing probe"]
+    fn counter_exec_time() {
+        let (_dir, engine) = probe_engine();
         let session = engine.session().unwrap();
         let ns = NamespaceName::new("default").unwrap();
         let at = Coord::new(0, 0, 0);

@@ -234,7 +234,7 @@ mod probe {
     use std::sync::Arc;
 
     use clap::Parser;
-    use cube_store::{Engine, EngineConfig, GroupCommitConfig, Mutation, SyncPolicy};
+    use cube_store::Mutation;
 
     use super::*;
     use crate::config::Args;
@@ -246,13 +246,7 @@ mod probe {
     #[ignore = "timing probe"]
     fn life_step_time() {
         let side: i32 = std::env::var("PROBE_SIDE").map_or(32, |s| s.parse().unwrap());
-        let dir = tempfile::tempdir().unwrap();
-        let mut config = EngineConfig::new(dir.path());
-        config.group_commit = GroupCommitConfig {
-            sync: SyncPolicy::Never,
-            ..GroupCommitConfig::default()
-        };
-        let engine = Engine::open(config).unwrap();
+        let (_dir, engine) = super::super::bench::probe_engine();
         let session = engine.session().unwrap();
         let ns = NamespaceName::new("default").unwrap();
         let doc = include_str!("../../../docs/programs.md");
