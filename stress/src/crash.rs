@@ -29,7 +29,10 @@
 //! applied in part shows as cells that disagree, and a lost acknowledged
 //! run as a counter, marks or telemetry count behind the model's. The
 //! variants have sources of distinct lengths, so `cell-stats`' program size
-//! says which one is stored.
+//! says which one is stored. Now and then the program runs through `step
+//! TAG` over the client's whole program plane instead: its one program
+//! runs from the state before the step, which for this program is the same
+//! effect, committed as the step's group.
 //!
 //! The seed fixes the kill schedule and every client's operation stream;
 //! thread timing is not replayable, so a violation also keeps the data
@@ -45,7 +48,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use cube_client::{
     CellBox, Client, ClientError, Coord, Direction, ErrorCode, LocalDaemon, ProgramValue, RunReply,
-    StatsEntry, StatsValue,
+    StatsEntry, StatsValue, StepReply,
 };
 use cube_protocol::ProtocolError;
 
@@ -519,14 +522,37 @@ impl ClientState {
 /// empty source), `Run` runs it with the argument `tag`.
 #[derive(Clone, Debug, PartialEq)]
 enum Op {
-    Put { key: u32, value: Vec<u8> },
-    Del { key: u32 },
-    Link { from: u32, to: u32, weight: f64 },
-    Unlink { from: u32, to: u32 },
-    Detach { key: u32 },
-    Prog { variant: u8 },
+    Put {
+        key: u32,
+        value: Vec<u8>,
+    },
+    Del {
+        key: u32,
+    },
+    Link {
+        from: u32,
+        to: u32,
+        weight: f64,
+    },
+    Unlink {
+        from: u32,
+        to: u32,
+    },
+    Detach {
+        key: u32,
+    },
+    Prog {
+        variant: u8,
+    },
     ProgDelete,
-    Run { tag: u64 },
+    Run {
+        tag: u64,
+    },
+    /// `step TAG` over the client's program plane: the same effect as
+    /// `Run`, as a step's one run.
+    Step {
+        tag: u64,
+    },
 }
 
 impl Op {
@@ -540,6 +566,7 @@ impl Op {
             Op::Prog { .. } => "prog",
             Op::ProgDelete => "prog-delete",
             Op::Run { .. } => "run",
+            Op::Step { .. } => "step",
         }
     }
 
@@ -563,7 +590,7 @@ impl Op {
             }
             Op::Prog { variant } => state.program = Some(*variant),
             Op::ProgDelete => state.program = None,
-            Op::Run { tag } => {
+            Op::Run { tag } | Op::Step { tag } => {
                 // Without a program the daemon refuses the run and records
                 // nothing (the driver never sends one then).
                 let Some(variant) = state.program else {
@@ -595,6 +622,10 @@ impl Op {
             }
             Op::ProgDelete => format!("prog --delete {}", program_coord(client)),
             Op::Run { tag } => format!("run {} {tag}", program_coord(client)),
+            Op::Step { tag } => {
+                let (lo, hi) = program_plane(client);
+                format!("step {lo} {hi} {tag}")
+            }
         }
     }
 }
@@ -603,6 +634,14 @@ impl Op {
 /// `(client, 0..PROGRAM_CELLS, PROGRAM_Z)`.
 fn program_coord(client: usize) -> Coord {
     Coord::new(client as i32, 0, PROGRAM_Z)
+}
+
+/// The corners of client `client`'s program plane.
+fn program_plane(client: usize) -> (Coord, Coord) {
+    (
+        program_coord(client),
+        Coord::new(client as i32, PROGRAM_CELLS as i32 - 1, PROGRAM_Z),
+    )
 }
 
 /// The index of `c` in client `client`'s program plane, if it is there.
@@ -919,8 +958,9 @@ impl ClientRun {
         }
     }
 
-    /// A program step: store a program when there is none; otherwise 93 %
-    /// runs, 5 % replacements by a random variant, 2 % deletions.
+    /// A program step: store a program when there is none; otherwise 83 %
+    /// runs, 10 % steps, 5 % replacements by a random variant, 2 %
+    /// deletions.
     fn program_step(&mut self) -> Op {
         let variant = self.rng.below(u64::from(PROGRAM_VARIANTS)) as u8;
         if self.acked.program.is_none() {
@@ -929,6 +969,7 @@ impl ClientRun {
         match self.rng.below(100) {
             0..5 => Op::Prog { variant },
             5..7 => Op::ProgDelete,
+            7..17 => Op::Step { tag: self.seq },
             _ => Op::Run { tag: self.seq },
         }
     }
@@ -961,6 +1002,34 @@ impl ClientRun {
             format!(
                 "returns {:?}, telemetry seq {}, {} cells written",
                 found.0, found.1, found.2
+            ),
+        );
+        false
+    }
+
+    /// Checks a step's answer against the model: one program ran (or none,
+    /// with no program stored), none failed, and it wrote the cells the run
+    /// would have. `false` (and a violation) if not.
+    fn check_step_reply(&mut self, cycle: usize, reply: &StepReply) -> bool {
+        let expected = match self.acked.program {
+            Some(variant) => (1, 0, 1 + marked_cells(variant)),
+            None => (0, 0, 0),
+        };
+        let found = (reply.programs, reply.failed, reply.cells_written);
+        if found == expected {
+            return true;
+        }
+        self.problem(
+            cycle,
+            Some(program_coord(self.id)),
+            "a step's answer disagrees with the acknowledged state".to_owned(),
+            format!(
+                "{} program(s) ran, {} failed, {} cells written",
+                expected.0, expected.1, expected.2
+            ),
+            format!(
+                "{} program(s) ran, {} failed, {} cells written ({:?})",
+                found.0, found.1, found.2, reply.first_failure
             ),
         );
         false
@@ -1018,9 +1087,12 @@ impl ClientRun {
                     self.in_flight = Some(op.clone());
                     match send(&mut client, self.id, &op) {
                         Ok(reply) => {
-                            if let Some(reply) = reply
-                                && !self.check_run_reply(shared.cycle, &reply)
-                            {
+                            let agrees = match &reply {
+                                Answer::Done => true,
+                                Answer::Run(reply) => self.check_run_reply(shared.cycle, reply),
+                                Answer::Step(reply) => self.check_step_reply(shared.cycle, reply),
+                            };
+                            if !agrees {
                                 return;
                             }
                             op.apply(&mut self.acked);
@@ -1067,10 +1139,18 @@ fn connect(socket: &Path) -> Result<Client, ClientError> {
     Ok(client)
 }
 
-/// Sends one operation; a run's answer comes back for checking.
-fn send(client: &mut Client, id: usize, op: &Op) -> Result<Option<RunReply>, ClientError> {
-    fn done<T>(_: T) -> Option<RunReply> {
-        None
+/// What an operation's answer leaves to check.
+enum Answer {
+    Done,
+    Run(RunReply),
+    Step(StepReply),
+}
+
+/// Sends one operation; a run's or a step's answer comes back for
+/// checking.
+fn send(client: &mut Client, id: usize, op: &Op) -> Result<Answer, ClientError> {
+    fn done<T>(_: T) -> Answer {
+        Answer::Done
     }
     let at = |key: u32| coord(id, key);
     match op {
@@ -1093,7 +1173,13 @@ fn send(client: &mut Client, id: usize, op: &Op) -> Result<Option<RunReply>, Cli
         Op::ProgDelete => client.prog(NAMESPACE, program_coord(id), b"").map(done),
         Op::Run { tag } => client
             .run(NAMESPACE, program_coord(id), &[tag.to_string().as_bytes()])
-            .map(Some),
+            .map(Answer::Run),
+        Op::Step { tag } => {
+            let (lo, hi) = program_plane(id);
+            client
+                .step(NAMESPACE, lo, hi, &[tag.to_string().as_bytes()])
+                .map(Answer::Step)
+        }
     }
 }
 
@@ -1589,7 +1675,7 @@ fn judge(client: &mut ClientRun, found: ClientState, cycle: usize, report: &mut 
         op.apply(&mut state);
         state
     });
-    let run_in_flight = matches!(in_flight, Some(Op::Run { .. }));
+    let run_in_flight = matches!(in_flight, Some(Op::Run { .. } | Op::Step { .. }));
     if found == client.acked {
         if in_flight.is_some() {
             report.in_flight_lost += 1;
@@ -1769,6 +1855,20 @@ mod tests {
         // Variant 0 writes two marks; the third keeps the older run's.
         assert_eq!(state.prog_cells.get(&2), Some(&run_mark(3, 11, 0)));
         assert_eq!(state.prog_cells.get(&3), Some(&mark));
+    }
+
+    #[test]
+    fn a_step_over_the_program_plane_is_modelled_as_its_one_run() {
+        let (mut by_run, mut by_step) = (ClientState::default(), ClientState::default());
+        for state in [&mut by_run, &mut by_step] {
+            Op::Prog { variant: 2 }.apply(state);
+        }
+        Op::Run { tag: 4 }.apply(&mut by_run);
+        Op::Step { tag: 4 }.apply(&mut by_step);
+        assert_eq!(by_run, by_step);
+        let (lo, hi) = program_plane(3);
+        assert_eq!(owned_program_cell(3, lo), Some(0));
+        assert_eq!(owned_program_cell(3, hi), Some(PROGRAM_CELLS - 1));
     }
 
     #[test]
