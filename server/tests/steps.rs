@@ -199,3 +199,38 @@ fn programs_far_apart_read_the_same_state_as_programs_close_together() {
         );
     }
 }
+
+#[test]
+fn the_runs_of_a_step_share_one_transactions_room_for_writes() {
+    // Five runs of 16 384 writes each (a run's own limit) do not fit one
+    // transaction beside their five records: the runs that would pass it
+    // fail, and the others' writes commit.
+    let daemon = LocalDaemon::start_fresh(&[]).unwrap();
+    let mut c = daemon.client().unwrap();
+    let writer = b"for i = 1, 16384 do cube.put(cube.x, i, 1, 'v') end";
+    for x in 0..5 {
+        c.prog(NS, Coord::new(x, 0, 0), writer).unwrap();
+    }
+    let reply = c
+        .step(NS, Coord::new(0, 0, 0), Coord::new(4, 0, 0), &[])
+        .unwrap();
+    assert_eq!(
+        (reply.programs, reply.failed, reply.cells_written),
+        (5, 2, 3 * 16_384),
+        "{reply:?}"
+    );
+    let failure = reply.first_failure.unwrap();
+    assert_eq!(failure.coord, Coord::new(3, 0, 0));
+    assert!(
+        failure
+            .message
+            .contains("the runs of one step together may write at most 16379 cells"),
+        "{failure:?}"
+    );
+    assert_eq!(
+        c.get(NS, Coord::new(2, 16_384, 1)).unwrap().as_deref(),
+        Some(&b"v"[..])
+    );
+    assert_eq!(c.get(NS, Coord::new(3, 1, 1)).unwrap(), None);
+    assert_eq!(c.get(NS, Coord::new(4, 1, 1)).unwrap(), None);
+}
