@@ -4,7 +4,8 @@
 //! --no-default-features --bin cube-fuzz-seeds`.
 //!
 //! - `protocol_frames/`: request streams and response streams as a client
-//!   and a server send them.
+//!   and a server send them (program requests and answers, `step`'s among
+//!   them, in their own pair).
 //! - `wal_segment/`: one segment, two segments back to back, and a torn
 //!   tail, written by the engine's own writer.
 //! - `checkpoint_file/`: a delta and a base written by a fold and a
@@ -21,8 +22,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cube_protocol::{
-    Coord, Direction, EdgeInfo, EdgeLabel, EdgeWeight, ErrorCode, NamespaceName, Request, Response,
-    ScanCell, ScanResult, ServerError, StatsEntry, StatsValue,
+    Coord, Direction, EdgeInfo, EdgeLabel, EdgeWeight, ErrorCode, NamespaceName, ProgramValue,
+    Request, Response, RunOutcome, RunReply, ScanCell, ScanResult, ServerError, StatsEntry,
+    StatsValue, StepFailure, StepReply,
 };
 use cube_store::sim_disk::{FaultPlan, SimDisk};
 use cube_store::{EdgeKey, Engine, EngineConfig, Mutation, Storage};
@@ -119,6 +121,35 @@ fn protocol_seeds(dir: &Path) -> Result<()> {
     }
     write(dir, "requests-scan-edges", &out)?;
 
+    let requests = [
+        Request::Prog {
+            ns: ns.clone(),
+            coord: Coord::new(0, 0, 0),
+            source: b"return cube.rincr(0, 0, 0)".to_vec(),
+        },
+        Request::Run {
+            ns: ns.clone(),
+            coord: Coord::new(0, 0, 0),
+            args: vec![b"1000".to_vec()],
+        },
+        Request::Step {
+            ns: ns.clone(),
+            lo: Coord::new(-1, -1, -1),
+            hi: Coord::new(1, 1, 1),
+            args: vec![b"1000".to_vec(), Vec::new()],
+        },
+        Request::CellStats {
+            ns: ns.clone(),
+            coord: Coord::new(0, 0, 0),
+            limit: 10,
+        },
+    ];
+    let mut out = Vec::new();
+    for (id, request) in requests.iter().enumerate() {
+        request.encode(id as u64 + 200, &mut out);
+    }
+    write(dir, "requests-programs", &out)?;
+
     let responses = [
         Response::Hello {
             protocol_version: 1,
@@ -173,6 +204,42 @@ fn protocol_seeds(dir: &Path) -> Result<()> {
         &mut out,
     );
     write(dir, "responses", &out)?;
+
+    let responses = [
+        Response::Run(RunReply {
+            lsn: 7,
+            seq: 3,
+            instructions: 1000,
+            cells_written: 1,
+            value: ProgramValue::Int(3),
+        }),
+        Response::Step(StepReply {
+            lsn: 8,
+            programs: 27,
+            failed: 1,
+            cells_written: 26,
+            instructions: 27_000,
+            first_failure: Some(StepFailure {
+                coord: Coord::new(1, 1, 1),
+                seq: 4,
+                outcome: RunOutcome::Error,
+                message: "line 1: boom".to_owned(),
+            }),
+        }),
+        Response::Step(StepReply {
+            lsn: 0,
+            programs: 0,
+            failed: 0,
+            cells_written: 0,
+            instructions: 0,
+            first_failure: None,
+        }),
+    ];
+    let mut out = Vec::new();
+    for (id, response) in responses.iter().enumerate() {
+        response.encode(id as u64 + 200, &mut out);
+    }
+    write(dir, "responses-programs", &out)?;
     Ok(())
 }
 
