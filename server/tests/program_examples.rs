@@ -105,35 +105,41 @@ fn life_step(alive: &HashSet<(i32, i32, i32)>, x: i32, y: i32, z: i32) -> bool {
     n == 5 || (alive.contains(&(x, y, z)) && n == 4)
 }
 
-#[test]
-fn life_rule_computes_one_generation_cell_by_cell() {
-    let daemon = LocalDaemon::start_fresh(&[]).unwrap();
-    let mut c = daemon.client().unwrap();
-    let side = 6;
-    // A deterministic pseudo-random soup, about 40 % alive.
+/// Stores a deterministic pseudo-random soup (`tenths` in ten cells alive,
+/// value `1`) and `source` at every cell of the cube `0..side`; returns the
+/// live cells.
+fn soup_with_rule(
+    c: &mut Client,
+    side: i32,
+    seed: u64,
+    tenths: u64,
+    source: &str,
+) -> HashSet<(i32, i32, i32)> {
     let mut alive = HashSet::new();
-    let mut state = 12345u64;
+    let mut state = seed;
     for x in 0..side {
         for y in 0..side {
             for z in 0..side {
                 state = state
                     .wrapping_mul(6364136223846793005)
                     .wrapping_add(1442695040888963407);
-                if (state >> 33) % 10 < 4 {
+                if (state >> 33) % 10 < tenths {
                     alive.insert((x, y, z));
                     c.put(NS, Coord::new(x, y, z), b"1").unwrap();
                 }
-            }
-        }
-    }
-    let source = example("life");
-    for x in 0..side {
-        for y in 0..side {
-            for z in 0..side {
                 c.prog(NS, Coord::new(x, y, z), source.as_bytes()).unwrap();
             }
         }
     }
+    alive
+}
+
+#[test]
+fn life_rule_computes_one_generation_cell_by_cell() {
+    let daemon = LocalDaemon::start_fresh(&[]).unwrap();
+    let mut c = daemon.client().unwrap();
+    let side = 6;
+    let alive = soup_with_rule(&mut c, side, 12345, 4, &example("life"));
     for x in 0..side {
         for y in 0..side {
             for z in 0..side {
@@ -152,23 +158,7 @@ fn life_in_place_computes_generations_by_steps_and_survives_kill_9() {
     let side = 6;
     let mut daemon = LocalDaemon::start_fresh(&[]).unwrap();
     let mut c = daemon.client().unwrap();
-    let source = example("life-in-place");
-    let mut alive = HashSet::new();
-    let mut state = 2545u64;
-    for x in 0..side {
-        for y in 0..side {
-            for z in 0..side {
-                state = state
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                if (state >> 33) % 10 < 3 {
-                    alive.insert((x, y, z));
-                    c.put(NS, Coord::new(x, y, z), b"1").unwrap();
-                }
-                c.prog(NS, Coord::new(x, y, z), source.as_bytes()).unwrap();
-            }
-        }
-    }
+    let mut alive = soup_with_rule(&mut c, side, 2545, 3, &example("life-in-place"));
     let (lo, hi) = (
         Coord::new(0, 0, 0),
         Coord::new(side - 1, side - 1, side - 1),
