@@ -196,6 +196,31 @@ impl SegmentRoller {
     }
 }
 
+/// How long the idle writer polls its queue, after a group of one request,
+/// before it sleeps. A lone client sends its next request a few tens of
+/// microseconds after its answer; polling that long spares the writer a
+/// sleep and a futex wake-up on the path of every request. Only after a
+/// group of one: under load, polling would take the CPU the connection
+/// threads need (polling after every group cost about 20 % of the puts at
+/// 16 and 64 clients on two cores).
+const WRITER_SPIN: Duration = Duration::from_micros(50);
+
+/// The next command if one arrives within [`WRITER_SPIN`].
+fn spin_for_next(rx: &Receiver<WriterCommand>) -> Option<WriterCommand> {
+    let started = Instant::now();
+    loop {
+        if let Ok(command) = rx.try_recv() {
+            return Some(command);
+        }
+        if started.elapsed() >= WRITER_SPIN {
+            return None;
+        }
+        for _ in 0..64 {
+            std::hint::spin_loop();
+        }
+    }
+}
+
 fn stopped() -> WriteError {
     WriteError::new(WriteErrorKind::ShuttingDown, "the writer has stopped")
 }
@@ -604,8 +629,15 @@ impl Writer {
     fn run(mut self, rx: &Receiver<WriterCommand>) {
         let mut group: Vec<Queued> = Vec::with_capacity(self.config.max_group_records);
         let mut stopping = false;
+        // Whether the last group held a single request: one client at a
+        // time, the case where polling pays (see `WRITER_SPIN`).
+        let mut lone_request = false;
         while !stopping {
             let first = match self.sync_deadline() {
+                None if lone_request => match spin_for_next(rx) {
+                    Some(command) => Some(command),
+                    None => rx.recv().ok(),
+                },
                 None => rx.recv().ok(),
                 Some(deadline) => {
                     match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
@@ -655,6 +687,7 @@ impl Writer {
                     next = rx.try_recv().ok();
                 }
             }
+            lone_request = group.len() == 1;
             if !group.is_empty() {
                 self.commit_split(&mut group);
             }
