@@ -233,4 +233,15 @@ fn the_runs_of_a_step_share_one_transactions_room_for_writes() {
     );
     assert_eq!(c.get(NS, Coord::new(3, 1, 1)).unwrap(), None);
     assert_eq!(c.get(NS, Coord::new(4, 1, 1)).unwrap(), None);
+    // Alone in its step, a run meets its own limit first, and is told so.
+    let greedy = b"for i = 1, 16385 do cube.put(cube.x, i, 1, 'v') end";
+    c.prog(NS, Coord::new(9, 0, 0), greedy).unwrap();
+    let reply = c
+        .step(NS, Coord::new(9, 0, 0), Coord::new(9, 0, 0), &[])
+        .unwrap();
+    let message = reply.first_failure.unwrap().message;
+    assert!(
+        message.contains("a run may write at most 16384 cells"),
+        "{message}"
+    );
 }

@@ -553,27 +553,30 @@ impl RunContext<'_> {
         value: Option<Vec<u8>>,
     ) -> mlua::Result<bool> {
         // A run in a step may be capped below a run's own limits by what
-        // the step's earlier runs wrote.
-        let whose = if self.deferred.is_some() {
-            "the runs of one step together"
-        } else {
-            "a run"
+        // the step's earlier runs wrote; the message says which limit.
+        let whose = |step_bound: bool| {
+            if step_bound {
+                "the runs of one step together"
+            } else {
+                "a run"
+            }
         };
         if *self.writes >= self.write_cap {
-            let cap = self.write_cap;
+            let (cap, who) = (self.write_cap, whose(self.write_cap < MAX_RUN_WRITES));
             return Err(api_error(
                 lua,
                 op,
-                format!("{whose} may write at most {cap} cells"),
+                format!("{who} may write at most {cap} cells"),
             ));
         }
         let len = value.as_ref().map_or(0, Vec::len);
         if *self.write_bytes + len > self.write_bytes_cap {
             let cap = self.write_bytes_cap;
+            let who = whose(cap < MAX_RUN_WRITE_BYTES);
             return Err(api_error(
                 lua,
                 op,
-                format!("{whose} may write at most {cap} bytes of values"),
+                format!("{who} may write at most {cap} bytes of values"),
             ));
         }
         *self.writes += 1;
