@@ -1,16 +1,15 @@
 //! Guards the namespace commands' contract with scripts against a real `cubed`: `cubec ns create/list/info/drop/grant/revoke` print the documented lines and JSON, a dropped name can be reused (and the drop survives a restart), a write over a quota exits 3 with a message naming the quota and applies nothing, bad names exit 2 before anything is sent, refusals say what to do next, and a second uid sees only what it was granted.
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 use cube_client::LocalDaemon;
-
-fn cubec(socket: &Path, args: &[&str]) -> Output {
-    cubec_as(socket, args, None)
-}
+use support::{assert_exit, cubec, stderr, stdout};
 
 /// Runs `cubec` (as `uid`, if given: the test process must be root).
 fn cubec_as(socket: &Path, args: &[&str], uid: Option<u32>) -> Output {
@@ -25,25 +24,6 @@ fn cubec_as(socket: &Path, args: &[&str], uid: Option<u32>) -> Output {
         command.uid(uid).gid(uid);
     }
     command.output().unwrap()
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8(output.stdout.clone()).unwrap()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-#[track_caller]
-fn assert_exit(output: &Output, code: i32) {
-    assert_eq!(
-        output.status.code(),
-        Some(code),
-        "stdout: {}\nstderr: {}",
-        String::from_utf8_lossy(&output.stdout),
-        stderr(output)
-    );
 }
 
 #[track_caller]
