@@ -203,6 +203,34 @@ fn point_ops(c: &mut Criterion<CpuTime>) {
                 found
             })
         });
+        // A batched read (the server's `mget`), 256 cells per call: the
+        // same bytes as `get-borrowed`, with the lookups' misses overlapped.
+        group.bench_function(BenchmarkId::new("get-many", curve.name()), |b| {
+            b.iter(|| {
+                let mut found = 0usize;
+                for batch in probes.chunks(256) {
+                    store
+                        .read_cells(&name, batch, |_, v| {
+                            found += v.map_or(0, |v| v.len() + usize::from(v[0]));
+                        })
+                        .unwrap();
+                }
+                found
+            })
+        });
+        group.bench_function(BenchmarkId::new("get-many-local", curve.name()), |b| {
+            b.iter(|| {
+                let mut found = 0usize;
+                for batch in local.chunks(256) {
+                    store
+                        .read_cells(&name, batch, |_, v| {
+                            found += v.map_or(0, |v| v.len() + usize::from(v[0]));
+                        })
+                        .unwrap();
+                }
+                found
+            })
+        });
         // Overwrites of existing cells, applied as the writer does: one
         // group (here 64 mutations) at a time.
         let puts: Vec<Mutation> = probes

@@ -29,6 +29,7 @@ use crossbeam_channel::{Sender, unbounded};
 use crate::delta_filter::DeltaFilter;
 use crate::huge_pages::huge_vec;
 use crate::key_index::KeyIndex;
+use crate::prefetch::prefetch;
 
 pub(crate) type Value = Arc<[u8]>;
 
@@ -41,6 +42,12 @@ type Slot = Option<Value>;
 /// after ~base/8 writes.
 const MIN_DELTA_ENTRIES: usize = 16 * 1024;
 const BASE_TO_DELTA_RATIO: usize = 8;
+
+/// How many keys ahead of its lookup a batched read starts each stage of
+/// prefetching ([`CellMap::get_many`]): far enough that a stage's lines
+/// arrive before the next stage needs them, near enough that they are
+/// still cached.
+const PREFETCH_DISTANCE: usize = 8;
 
 /// Keys per fence: the index keeps every 64th key, and every 64th of those.
 const FENCE: usize = 64;
@@ -252,6 +259,68 @@ impl CellMap {
             return slot.as_ref();
         }
         self.base.get(*key)
+    }
+
+    /// Calls `visit(i, value)` for each of `keys` in order, like
+    /// [`CellMap::get`] of each, but with the misses of nearby keys
+    /// overlapped: a random read of a large map is a chain of dependent
+    /// cache misses (index slot, key, value pointer, value bytes), so one
+    /// `get` after another costs four memory latencies each. Here each key
+    /// goes through a pipeline of prefetches, [`PREFETCH_DISTANCE`] keys
+    /// apart (slot; key and value pointer; lookup and value bytes; visit),
+    /// so each stage finds its lines (mostly) cached, and the misses of
+    /// about three stages' worth of keys are in flight at once.
+    pub(crate) fn get_many(&self, keys: &[u128], mut visit: impl FnMut(usize, Option<&Value>)) {
+        let base = &*self.base;
+        let Some(Some(index)) = base.index.get() else {
+            // Read through the fences: a run only lacks its index for a
+            // moment after a merge or recovery.
+            for (i, key) in keys.iter().enumerate() {
+                visit(i, self.get(key));
+            }
+            return;
+        };
+        const D: usize = PREFETCH_DISTANCE;
+        // Home slots, worked out once per key, read D and 2D keys later.
+        let mut homes = [0usize; 4 * D];
+        // Lookups done, waiting D keys for their value bytes to arrive.
+        let mut found: [Option<&Value>; D] = [None; D];
+        let overlays = self.frozen.is_some();
+        for i in 0..keys.len() + 3 * D {
+            if let Some(&key) = keys.get(i) {
+                let home = index.home(key);
+                homes[i % (4 * D)] = home;
+                index.prefetch_slot(home);
+            }
+            if let Some(j) = i.checked_sub(D)
+                && j < keys.len()
+                && let Some(position) = index.position_at(homes[j % (4 * D)])
+                && position < base.keys.len()
+            {
+                prefetch(&base.keys[position]);
+                prefetch(&base.values[position]);
+            }
+            if let Some(j) = i.checked_sub(3 * D)
+                && j < keys.len()
+            {
+                visit(j, found[j % D]);
+            }
+            if let Some(j) = i.checked_sub(2 * D)
+                && let Some(&key) = keys.get(j)
+            {
+                let value = if overlays || self.delta_filter.may_contain(key) {
+                    self.get(&key)
+                } else {
+                    index
+                        .find_from(&base.keys, key, homes[j % (4 * D)])
+                        .map(|p| &base.values[p])
+                };
+                if let Some(value) = value {
+                    prefetch(value.as_ptr());
+                }
+                found[j % D] = value;
+            }
+        }
     }
 
     /// The value a layer below the delta holds for `key`: `Some(None)`
@@ -875,6 +944,16 @@ mod tests {
                 for k in 0..64u128 {
                     prop_assert_eq!(cells.get(&k), model.get(&k));
                 }
+                // The batched read: every key (present, deleted, never
+                // written, repeated), in an order that is not key order.
+                let keys: Vec<u128> = (0..70u128).rev().chain(0..70).map(|k| (k * 37) % 70).collect();
+                let mut seen = 0;
+                cells.get_many(&keys, |i, value| {
+                    assert_eq!(i, seen, "visited in order");
+                    assert_eq!(value, model.get(&keys[i]), "key {}", keys[i]);
+                    seen += 1;
+                });
+                prop_assert_eq!(seen, keys.len());
             }
         }
     }

@@ -21,6 +21,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::OnceLock;
 
 use crate::huge_pages::huge_vec;
+use crate::prefetch::prefetch;
 
 /// The longest probe sequence a lookup walks; see the module comment.
 /// Twice the longest seen at the table's highest load (1/2) up to 8 M
@@ -87,7 +88,14 @@ impl KeyIndex {
     /// over.
     #[inline]
     pub(crate) fn find(&self, keys: &[u128], key: u128) -> Option<usize> {
-        let mut slot = self.home(key);
+        self.find_from(keys, key, self.home(key))
+    }
+
+    /// [`KeyIndex::find`] with `key`'s home slot already worked out
+    /// ([`KeyIndex::home`]), as a batched read has.
+    #[inline]
+    pub(crate) fn find_from(&self, keys: &[u128], key: u128, home: usize) -> Option<usize> {
+        let mut slot = home & self.mask;
         for _ in 0..self.max_probe {
             let position = self.slots[slot];
             if position == EMPTY {
@@ -102,14 +110,29 @@ impl KeyIndex {
         None
     }
 
+    /// Starts loading a home slot ([`crate::MemStore::read_cells`]).
+    #[inline]
+    pub(crate) fn prefetch_slot(&self, home: usize) {
+        prefetch(&self.slots[home & self.mask]);
+    }
+
+    /// The position a home slot holds, if any: where its key most likely
+    /// is, for a prefetch.
+    #[inline]
+    pub(crate) fn position_at(&self, home: usize) -> Option<usize> {
+        let position = self.slots[home & self.mask];
+        (position != EMPTY).then_some(position as usize)
+    }
+
     /// Bytes of memory the table holds.
     #[cfg(test)]
     fn bytes(&self) -> usize {
         self.slots.len() * std::mem::size_of::<u32>()
     }
 
+    /// `key`'s home slot: where its probe starts.
     #[inline]
-    fn home(&self, key: u128) -> usize {
+    pub(crate) fn home(&self, key: u128) -> usize {
         (mix(key, self.seed) as usize) & self.mask
     }
 }

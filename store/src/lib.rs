@@ -33,6 +33,7 @@ pub mod listing;
 mod memstore;
 mod mutation;
 pub mod namespace;
+mod prefetch;
 pub mod programs;
 mod scan;
 pub mod sim_disk;

@@ -371,6 +371,30 @@ impl MemStore {
         Some(read_value(cells.get(&space.curve.key(coord))))
     }
 
+    /// Calls `visit(i, value)` with the value at each `coords[i]` (`None`:
+    /// no cell), in order, all under one hold of the namespace's read lock,
+    /// so the answers come from one state of the store; `None` if there is
+    /// no such namespace. Several times faster per cell than one
+    /// [`MemStore::read_cell`] each on a store that outgrows the cache,
+    /// because the lookups' cache misses overlap (`CellMap::get_many`).
+    /// The lock is held for the whole batch, so callers bound its length
+    /// (the server's `mget`: `cube_protocol::MAX_MGET_CELLS`), and `visit`
+    /// must be short.
+    pub fn read_cells(
+        &self,
+        ns: &NamespaceName,
+        coords: &[Coord],
+        visit: impl FnMut(usize, Option<&Arc<[u8]>>),
+    ) -> Option<()> {
+        let namespaces = read(&self.namespaces);
+        let space = namespaces.get(ns)?;
+        let mut keys = vec![0u128; coords.len()];
+        space.curve.keys(coords, &mut keys);
+        let cells = read(&space.cells);
+        cells.get_many(&keys, visit);
+        Some(())
+    }
+
     /// Applies a durable group in order; `existed` gets, per mutation,
     /// whether the cell (for an edge mutation: the edge) existed before it.
     /// Called only by the writer (and recovery). A run of same-namespace
