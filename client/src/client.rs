@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use cube_protocol::frame::{self, RESPONSE_BIT};
 use cube_protocol::{
-    CellBox, Coord, FrameHeader, Limits, MAX_SCAN_PAGE_CELLS, NamespaceName, PROTOCOL_VERSION,
-    ProtocolError, Request, Response, ScanCell, ScanResult, ServerError, StatsEntry,
+    CellBox, Coord, FrameHeader, Limits, MAX_MGET_CELLS, MAX_SCAN_PAGE_CELLS, NamespaceName,
+    PROTOCOL_VERSION, ProtocolError, Request, Response, ScanCell, ScanResult, ServerError,
+    StatsEntry,
 };
 
 use crate::error::ClientError;
@@ -167,6 +168,44 @@ impl Client {
             Response::Get(value) => Ok(value),
             other => Err(unexpected("get", &other)),
         }
+    }
+
+    /// The values at `coords`, in the same order (duplicates allowed), each
+    /// `None` when its cell is empty.
+    ///
+    /// Up to [`MAX_MGET_CELLS`] coordinates go in one request, and the
+    /// answer is one consistent state of the namespace: no write lands
+    /// between two of its cells. A longer list is split into requests of
+    /// [`MAX_MGET_CELLS`] transparently; the answer is then one state per
+    /// request, **not** one snapshot of the whole list. An empty list sends
+    /// nothing. If the values of one request would not fit the server's
+    /// frame limit, the server refuses it (`limit_exceeded`): ask for fewer
+    /// cells at a time.
+    pub fn mget(
+        &mut self,
+        ns: &str,
+        coords: &[Coord],
+    ) -> Result<Vec<Option<Vec<u8>>>, ClientError> {
+        let ns = namespace(ns)?;
+        let mut values = Vec::with_capacity(coords.len());
+        for chunk in coords.chunks(MAX_MGET_CELLS as usize) {
+            let request = Request::Mget {
+                ns: ns.clone(),
+                coords: chunk.to_vec(),
+            };
+            match self.call(&request)? {
+                Response::Mget(answer) if answer.len() == chunk.len() => values.extend(answer),
+                Response::Mget(answer) => {
+                    return Err(ClientError::UnexpectedResponse(format!(
+                        "an mget answer with {} values for {} coordinates",
+                        answer.len(),
+                        chunk.len()
+                    )));
+                }
+                other => return Err(unexpected("mget", &other)),
+            }
+        }
+        Ok(values)
     }
 
     /// Deletes the value at `coord`; returns whether there was one.

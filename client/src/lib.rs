@@ -27,7 +27,7 @@ pub use cube_protocol::{
     MAX_PROGRAM_BYTES, MAX_PROGRAM_PAGE, ProgramPage,
 };
 pub use cube_protocol::{
-    CellBox, Coord, Direction, EdgeInfo, EdgeLabel, EdgeWeight, ErrorCode, Limits,
+    CellBox, Coord, Direction, EdgeInfo, EdgeLabel, EdgeWeight, ErrorCode, Limits, MAX_MGET_CELLS,
     MAX_SCAN_PAGE_CELLS, NamespaceName, PathFound, Request, Response, ScanCell, ScanResult,
     ServerError, StatsEntry, StatsValue, WalkNode, WalkResult, WalkStop, parse_coord,
 };

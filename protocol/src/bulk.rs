@@ -228,7 +228,7 @@ pub(crate) fn put_edge_page(b: &mut Vec<u8>, page: &EdgePage) {
 pub(crate) fn read_edge_page(r: &mut BodyReader<'_>) -> Result<EdgePage, DecodeError> {
     let count = r.u32()?;
     if count > MAX_EDGE_PAGE {
-        return Err(DecodeError::TooLarge {
+        return Err(DecodeError::TooMany {
             what: "edge-list page edge count",
             got: u64::from(count),
             limit: u64::from(MAX_EDGE_PAGE),
@@ -263,7 +263,7 @@ pub(crate) fn put_program_page(b: &mut Vec<u8>, page: &ProgramPage) {
 pub(crate) fn read_program_page(r: &mut BodyReader<'_>) -> Result<ProgramPage, DecodeError> {
     let count = r.u32()?;
     if count > MAX_PROGRAM_PAGE {
-        return Err(DecodeError::TooLarge {
+        return Err(DecodeError::TooMany {
             what: "prog-list page program count",
             got: u64::from(count),
             limit: u64::from(MAX_PROGRAM_PAGE),

@@ -284,7 +284,7 @@ pub(crate) fn read_count(
 ) -> Result<usize, DecodeError> {
     let count = r.u32()?;
     if count > limit {
-        return Err(DecodeError::TooLarge {
+        return Err(DecodeError::TooMany {
             what,
             got: u64::from(count),
             limit: u64::from(limit),

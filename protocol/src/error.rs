@@ -14,8 +14,16 @@ pub enum DecodeError {
     TrailingBytes { trailing: usize },
     #[error("unknown opcode 0x{0:04x}")]
     UnknownOpcode(u16),
+    /// A length in bytes over its limit.
     #[error("{what} is {got} bytes, over the limit of {limit}")]
     TooLarge {
+        what: &'static str,
+        got: u64,
+        limit: u64,
+    },
+    /// A count of items (cells, entries, arguments) over its limit.
+    #[error("{what} is {got}, over the limit of {limit}")]
+    TooMany {
         what: &'static str,
         got: u64,
         limit: u64,

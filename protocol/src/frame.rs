@@ -39,6 +39,9 @@ pub enum Opcode {
     /// Many writes of one namespace (values, edges, programs) applied
     /// atomically: all of them or none (`cubec import`).
     Batch = 0x0014,
+    /// Many point reads of one namespace, answered from one state of the
+    /// store (`cubec mget`).
+    Mget = 0x0015,
     /// Create an edge between two coordinates, or set its weight.
     Link = 0x0020,
     /// Remove an edge.
@@ -79,7 +82,7 @@ pub enum Opcode {
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 28] = [
+    pub const ALL: [Opcode; 29] = [
         Opcode::Hello,
         Opcode::Ping,
         Opcode::Stats,
@@ -90,6 +93,7 @@ impl Opcode {
         Opcode::Del,
         Opcode::Scan,
         Opcode::Batch,
+        Opcode::Mget,
         Opcode::Link,
         Opcode::Unlink,
         Opcode::Edges,
@@ -127,6 +131,7 @@ impl Opcode {
             Opcode::Del => "del",
             Opcode::Scan => "scan",
             Opcode::Batch => "batch",
+            Opcode::Mget => "mget",
             Opcode::Link => "link",
             Opcode::Unlink => "unlink",
             Opcode::Edges => "edges",

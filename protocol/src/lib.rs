@@ -31,8 +31,8 @@ pub use edge::{
 pub use error::{DecodeError, ErrorCode, ProtocolError};
 pub use frame::{FrameHeader, HEADER_BYTES, Limits, Opcode};
 pub use message::{
-    MAX_SCAN_PAGE_CELLS, MAX_STATS_ENTRIES, Request, Response, ScanCell, ScanPageEncoder,
-    ScanResult, ServerError, StatsEntry, StatsValue,
+    MAX_MGET_CELLS, MAX_SCAN_PAGE_CELLS, MAX_STATS_ENTRIES, MgetEncoder, Request, Response,
+    ScanCell, ScanPageEncoder, ScanResult, ServerError, StatsEntry, StatsValue,
 };
 pub use model::{CellBox, Coord, NamespaceName, parse_coord};
 pub use namespace::{

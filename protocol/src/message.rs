@@ -42,6 +42,10 @@ pub const MAX_STATS_ENTRIES: usize = 4096;
 /// answers at most this many (and fewer when the page would outgrow a
 /// frame), so a huge box never becomes one giant response.
 pub const MAX_SCAN_PAGE_CELLS: u32 = 65_536;
+/// Most coordinates in one `mget` request (and values in its answer). The
+/// server reads them all under one hold of the namespace's read lock, so
+/// the batch is bounded; `Client::mget` splits longer lists.
+pub const MAX_MGET_CELLS: u32 = 4096;
 
 /// Bit 0 of a scan request's flags: count the cells, send no values.
 const SCAN_FLAG_COUNT_ONLY: u8 = 1;
@@ -50,6 +54,10 @@ const SCAN_KIND_COUNT: u8 = 0;
 const SCAN_KIND_CELLS: u8 = 1;
 /// The smallest encoded scan cell: a coordinate and an empty blob.
 const MIN_SCAN_CELL_BYTES: usize = 12 + 4;
+/// An encoded coordinate.
+const COORD_BYTES: usize = 12;
+/// The smallest encoded `mget` answer cell: the presence byte of a missing one.
+const MIN_MGET_CELL_BYTES: usize = 1;
 
 const STATUS_OK: u8 = 0;
 const STATUS_ERROR: u8 = 1;
@@ -81,6 +89,13 @@ pub enum Request {
     Get {
         ns: NamespaceName,
         coord: Coord,
+    },
+    /// The values at many coordinates of one namespace, read from one
+    /// state of the store, in request order (duplicates allowed). 1 to
+    /// [`MAX_MGET_CELLS`] coordinates; the decoder refuses other counts.
+    Mget {
+        ns: NamespaceName,
+        coords: Vec<Coord>,
     },
     Del {
         ns: NamespaceName,
@@ -252,6 +267,7 @@ impl Request {
             Request::Backup { .. } => Opcode::Backup,
             Request::Put { .. } => Opcode::Put,
             Request::Get { .. } => Opcode::Get,
+            Request::Mget { .. } => Opcode::Mget,
             Request::Del { .. } => Opcode::Del,
             Request::Scan { .. } => Opcode::Scan,
             Request::Link { .. } => Opcode::Link,
@@ -299,6 +315,13 @@ impl Request {
             | Request::Detach { ns, coord } => {
                 put_namespace(b, ns);
                 put_coord(b, *coord);
+            }
+            Request::Mget { ns, coords } => {
+                put_namespace(b, ns);
+                put_u32(b, coords.len() as u32);
+                for coord in coords {
+                    put_coord(b, *coord);
+                }
             }
             Request::Scan {
                 ns,
@@ -466,6 +489,30 @@ impl Request {
                 ns: r.namespace()?,
                 coord: r.coord()?,
             },
+            Opcode::Mget => {
+                let ns = r.namespace()?;
+                let count = r.u32()?;
+                if count == 0 {
+                    return Err(DecodeError::BadField {
+                        what: "mget cell count (must be 1 to 4096)",
+                        got: 0,
+                    });
+                }
+                if count > MAX_MGET_CELLS {
+                    return Err(DecodeError::TooMany {
+                        what: "mget cell count",
+                        got: u64::from(count),
+                        limit: u64::from(MAX_MGET_CELLS),
+                    });
+                }
+                // Never reserve more than the body could hold.
+                let fits = r.remaining() / COORD_BYTES;
+                let mut coords = Vec::with_capacity((count as usize).min(fits));
+                for _ in 0..count {
+                    coords.push(r.coord()?);
+                }
+                Request::Mget { ns, coords }
+            }
             Opcode::Scan => {
                 let ns = r.namespace()?;
                 let lo = r.coord()?;
@@ -635,6 +682,9 @@ pub enum Response {
         lsn: u64,
     },
     Get(Option<Vec<u8>>),
+    /// One entry per requested coordinate, in request order: the value, or
+    /// `None` when the cell is empty.
+    Mget(Vec<Option<Vec<u8>>>),
     Del {
         lsn: u64,
         existed: bool,
@@ -736,7 +786,7 @@ fn put_entries(b: &mut Vec<u8>, entries: &[StatsEntry]) {
 fn read_entries(r: &mut BodyReader<'_>) -> Result<Vec<StatsEntry>, DecodeError> {
     let count = usize::from(r.u16()?);
     if count > MAX_STATS_ENTRIES {
-        return Err(DecodeError::TooLarge {
+        return Err(DecodeError::TooMany {
             what: "stats entry count",
             got: count as u64,
             limit: MAX_STATS_ENTRIES as u64,
@@ -803,6 +853,7 @@ impl Response {
             Response::Backup(_) => Opcode::Backup,
             Response::Put { .. } => Opcode::Put,
             Response::Get(_) => Opcode::Get,
+            Response::Mget(_) => Opcode::Mget,
             Response::Del { .. } => Opcode::Del,
             Response::Scan { .. } => Opcode::Scan,
             Response::Link { .. } => Opcode::Link,
@@ -855,6 +906,12 @@ impl Response {
                         put_blob(b, v);
                     }
                 },
+                Response::Mget(values) => {
+                    put_u32(b, values.len() as u32);
+                    for value in values {
+                        put_mget_cell(b, value.as_deref());
+                    }
+                }
                 Response::Del { lsn, existed }
                 | Response::Unlink { lsn, existed }
                 | Response::Link {
@@ -992,13 +1049,34 @@ impl Response {
                 lsn: r.u64()?,
                 existed: r.bool()?,
             },
+            Opcode::Mget => {
+                let count = r.u32()?;
+                if count > MAX_MGET_CELLS {
+                    return Err(DecodeError::TooMany {
+                        what: "mget answer cell count",
+                        got: u64::from(count),
+                        limit: u64::from(MAX_MGET_CELLS),
+                    });
+                }
+                // Never reserve more than the body could hold.
+                let fits = r.remaining() / MIN_MGET_CELL_BYTES;
+                let mut values = Vec::with_capacity((count as usize).min(fits));
+                for _ in 0..count {
+                    values.push(if r.bool()? {
+                        Some(r.blob("value", limits.max_value_bytes as usize)?)
+                    } else {
+                        None
+                    });
+                }
+                Response::Mget(values)
+            }
             Opcode::Scan => {
                 let result = match r.u8()? {
                     SCAN_KIND_COUNT => ScanResult::Count(r.u64()?),
                     SCAN_KIND_CELLS => {
                         let count = r.u32()?;
                         if count > MAX_SCAN_PAGE_CELLS {
-                            return Err(DecodeError::TooLarge {
+                            return Err(DecodeError::TooMany {
                                 what: "scan page cell count",
                                 got: u64::from(count),
                                 limit: u64::from(MAX_SCAN_PAGE_CELLS),
@@ -1144,6 +1222,96 @@ impl<'a> ScanPageEncoder<'a> {
         };
         self.out[self.frame_start..self.frame_start + HEADER_BYTES]
             .copy_from_slice(&header.to_bytes());
+    }
+}
+
+/// One cell of an `mget` answer: a presence byte, then the value as a blob
+/// if it is 1.
+fn put_mget_cell(out: &mut Vec<u8>, value: Option<&[u8]>) {
+    match value {
+        None => out.push(0),
+        Some(v) => {
+            out.push(1);
+            put_blob(out, v);
+        }
+    }
+}
+
+/// Builds an `mget` answer frame value by value, straight from the store,
+/// so each value is copied once (into the frame). The bytes are exactly
+/// those of [`Response::encode`] for the same values.
+pub struct MgetEncoder<'a> {
+    out: &'a mut Vec<u8>,
+    frame_start: usize,
+    count_at: usize,
+    cells: u32,
+    request_id: u64,
+}
+
+impl<'a> MgetEncoder<'a> {
+    /// Starts the frame answering `request_id` at the end of `out`.
+    pub fn begin(out: &'a mut Vec<u8>, request_id: u64) -> MgetEncoder<'a> {
+        let frame_start = out.len();
+        out.extend_from_slice(&[0u8; HEADER_BYTES]);
+        out.push(STATUS_OK);
+        let count_at = out.len();
+        put_u32(out, 0);
+        MgetEncoder {
+            out,
+            frame_start,
+            count_at,
+            cells: 0,
+            request_id,
+        }
+    }
+
+    /// The frame's size so far (header included); it is the finished size.
+    pub fn frame_bytes(&self) -> usize {
+        self.out.len() - self.frame_start
+    }
+
+    /// The size of a frame holding no cell yet.
+    pub const EMPTY_FRAME_BYTES: usize = HEADER_BYTES + 1 + 4;
+
+    /// The bytes one more cell adds: a value of `value_len` bytes, or a
+    /// missing one (`None`).
+    pub fn cell_bytes(value_len: Option<usize>) -> usize {
+        match value_len {
+            None => 1,
+            Some(len) => 1 + 4 + len,
+        }
+    }
+
+    pub fn cells(&self) -> u32 {
+        self.cells
+    }
+
+    /// Appends one cell. Callers keep answers within [`MAX_MGET_CELLS`]
+    /// cells and the frame limit (see [`Self::cell_bytes`]).
+    pub fn push(&mut self, value: Option<&[u8]>) {
+        put_mget_cell(self.out, value);
+        self.cells += 1;
+    }
+
+    /// Writes the cell count and the header.
+    pub fn finish(self) {
+        let count_at = self.count_at;
+        self.out[count_at..count_at + 4].copy_from_slice(&self.cells.to_le_bytes());
+        let body = &self.out[self.frame_start + HEADER_BYTES..];
+        let header = FrameHeader {
+            body_len: body.len() as u32,
+            body_crc32c: crc32c::crc32c(body),
+            version: PROTOCOL_VERSION,
+            opcode: Opcode::Mget as u16 | RESPONSE_BIT,
+            request_id: self.request_id,
+        };
+        self.out[self.frame_start..self.frame_start + HEADER_BYTES]
+            .copy_from_slice(&header.to_bytes());
+    }
+
+    /// Drops the partial frame, leaving `out` as it was before [`Self::begin`].
+    pub fn abandon(self) {
+        self.out.truncate(self.frame_start);
     }
 }
 
@@ -1307,5 +1475,197 @@ mod scan_tests {
             Response::decode(&header, body, &Limits::default()),
             Err(DecodeError::Truncated { .. })
         ));
+    }
+}
+
+#[cfg(test)]
+mod mget_tests {
+    use super::tests::split;
+    use super::*;
+
+    fn ns() -> NamespaceName {
+        NamespaceName::new("default").unwrap()
+    }
+
+    /// A request frame with the namespace "default", `count` as the cell
+    /// count and `coords` coordinates after it.
+    fn raw_request(count: u32, coords: usize) -> (FrameHeader, Vec<u8>) {
+        let mut out = Vec::new();
+        encode_frame(&mut out, Opcode::Mget as u16, 5, |b| {
+            put_namespace(b, &ns());
+            put_u32(b, count);
+            for i in 0..coords {
+                put_coord(b, Coord::new(i as i32, -1, 2));
+            }
+        });
+        let (header, body) = split(&out);
+        (header, body.to_vec())
+    }
+
+    #[test]
+    fn mget_request_round_trips_with_duplicates_and_the_largest_count() {
+        let many: Vec<Coord> = (0..MAX_MGET_CELLS as i32)
+            .map(|i| Coord::new(i, -i, i32::MIN + i))
+            .collect();
+        let dup = Coord::new(1, 2, 3);
+        for coords in [vec![dup], vec![dup, Coord::new(-1, 0, 7), dup], many] {
+            let req = Request::Mget { ns: ns(), coords };
+            let mut out = Vec::new();
+            req.encode(11, &mut out);
+            let (header, body) = split(&out);
+            assert_eq!(header.opcode, Opcode::Mget as u16);
+            assert_eq!(
+                Request::decode(&header, body, &Limits::default()).unwrap(),
+                req
+            );
+        }
+    }
+
+    #[test]
+    fn mget_counts_of_zero_or_over_the_limit_are_refused() {
+        let (header, body) = raw_request(0, 0);
+        let err = Request::decode(&header, &body, &Limits::default()).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::MalformedFrame);
+        assert!(err.to_string().contains("mget cell count"), "{err}");
+        assert!(err.to_string().contains("1 to 4096"), "{err}");
+
+        let (header, body) = raw_request(MAX_MGET_CELLS + 1, MAX_MGET_CELLS as usize + 1);
+        let err = Request::decode(&header, &body, &Limits::default()).unwrap_err();
+        assert_eq!(
+            err,
+            DecodeError::TooMany {
+                what: "mget cell count",
+                got: u64::from(MAX_MGET_CELLS) + 1,
+                limit: u64::from(MAX_MGET_CELLS),
+            }
+        );
+        assert_eq!(err.code(), ErrorCode::MalformedFrame);
+
+        // A huge claim in a tiny body is refused before anything is read.
+        let (header, body) = raw_request(u32::MAX, 1);
+        assert!(matches!(
+            Request::decode(&header, &body, &Limits::default()),
+            Err(DecodeError::TooMany { .. })
+        ));
+    }
+
+    #[test]
+    fn mget_request_with_fewer_coords_than_claimed_or_trailing_bytes_is_refused() {
+        let (header, body) = raw_request(3, 2);
+        assert!(matches!(
+            Request::decode(&header, &body, &Limits::default()),
+            Err(DecodeError::Truncated { .. })
+        ));
+        let (header, body) = raw_request(2, 3);
+        assert!(matches!(
+            Request::decode(&header, &body, &Limits::default()),
+            Err(DecodeError::TrailingBytes { trailing: 12 })
+        ));
+        // A bad namespace is bad_namespace, as for get.
+        let mut body = vec![3u8];
+        body.extend_from_slice(b"A B");
+        body.extend_from_slice(&1u32.to_le_bytes());
+        body.extend_from_slice(&[0u8; 12]);
+        let header = FrameHeader {
+            body_len: body.len() as u32,
+            body_crc32c: crc32c::crc32c(&body),
+            version: PROTOCOL_VERSION,
+            opcode: Opcode::Mget as u16,
+            request_id: 1,
+        };
+        let err = Request::decode(&header, &body, &Limits::default()).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::BadNamespace);
+    }
+
+    #[test]
+    fn mget_response_round_trips_and_streams_identically() {
+        let values = vec![
+            Some(b"abc".to_vec()),
+            None,
+            Some(Vec::new()),
+            Some(vec![0xff, 0x00]),
+            None,
+        ];
+        for values in [values, Vec::new()] {
+            let response = Response::Mget(values.clone());
+            let mut expected = Vec::new();
+            response.encode(77, &mut expected);
+            let (header, body) = split(&expected);
+            assert_eq!(
+                Response::decode(&header, body, &Limits::default()).unwrap(),
+                Ok(response)
+            );
+
+            let mut streamed = vec![9u8; 3];
+            let mut encoder = MgetEncoder::begin(&mut streamed, 77);
+            assert_eq!(encoder.frame_bytes(), MgetEncoder::EMPTY_FRAME_BYTES);
+            let mut predicted = MgetEncoder::EMPTY_FRAME_BYTES;
+            for value in &values {
+                predicted += MgetEncoder::cell_bytes(value.as_ref().map(Vec::len));
+                encoder.push(value.as_deref());
+                assert_eq!(encoder.frame_bytes(), predicted);
+            }
+            assert_eq!(encoder.cells() as usize, values.len());
+            encoder.finish();
+            assert_eq!(&streamed[3..], &expected[..]);
+            assert_eq!(predicted, expected.len());
+        }
+        // An abandoned frame leaves nothing behind.
+        let mut out = vec![1u8, 2];
+        let mut encoder = MgetEncoder::begin(&mut out, 1);
+        encoder.push(Some(b"x"));
+        encoder.abandon();
+        assert_eq!(out, vec![1, 2]);
+    }
+
+    #[test]
+    fn mget_response_refuses_bad_counts_presence_bytes_and_big_values() {
+        let frame = |write: &dyn Fn(&mut Vec<u8>)| {
+            let mut out = Vec::new();
+            encode_frame(&mut out, Opcode::Mget as u16 | RESPONSE_BIT, 1, |b| {
+                b.push(STATUS_OK);
+                write(b);
+            });
+            out
+        };
+        let decode = |out: &[u8], limits: &Limits| {
+            let (header, body) = split(out);
+            Response::decode(&header, body, limits)
+        };
+        let over = frame(&|b| put_u32(b, MAX_MGET_CELLS + 1));
+        assert!(matches!(
+            decode(&over, &Limits::default()),
+            Err(DecodeError::TooMany { .. })
+        ));
+        // The most cells allowed, claimed in a tiny body.
+        let lying = frame(&|b| {
+            put_u32(b, MAX_MGET_CELLS);
+            b.push(0);
+        });
+        assert!(matches!(
+            decode(&lying, &Limits::default()),
+            Err(DecodeError::Truncated { .. })
+        ));
+        let bad_presence = frame(&|b| {
+            put_u32(b, 1);
+            b.push(2);
+        });
+        assert!(matches!(
+            decode(&bad_presence, &Limits::default()),
+            Err(DecodeError::BadField { .. })
+        ));
+        let big = frame(&|b| {
+            put_u32(b, 1);
+            put_mget_cell(b, Some(&[7; 100]));
+        });
+        let limits = Limits {
+            max_value_bytes: 99,
+            ..Limits::default()
+        };
+        assert_eq!(
+            decode(&big, &limits).unwrap_err().code(),
+            ErrorCode::ValueTooLarge
+        );
+        assert!(decode(&big, &Limits::default()).is_ok());
     }
 }

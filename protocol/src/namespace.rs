@@ -248,7 +248,7 @@ pub(crate) fn read_info(r: &mut BodyReader<'_>) -> Result<NamespaceInfo, DecodeE
     let [max_cells, max_bytes, max_edges] = read_quotas(r, flags)?;
     let count = usize::from(r.u16()?);
     if count > MAX_GRANTS {
-        return Err(DecodeError::TooLarge {
+        return Err(DecodeError::TooMany {
             what: "namespace grant count",
             got: count as u64,
             limit: MAX_GRANTS as u64,
@@ -291,7 +291,7 @@ pub(crate) fn put_name_list(b: &mut Vec<u8>, names: &[NamespaceName]) {
 pub(crate) fn read_name_list(r: &mut BodyReader<'_>) -> Result<Vec<NamespaceName>, DecodeError> {
     let count = r.u32()?;
     if count as usize > MAX_LISTED_NAMESPACES {
-        return Err(DecodeError::TooLarge {
+        return Err(DecodeError::TooMany {
             what: "namespace count",
             got: u64::from(count),
             limit: MAX_LISTED_NAMESPACES as u64,
@@ -595,7 +595,7 @@ mod tests {
         let (header, body) = body_frame(opcode, &b);
         assert!(matches!(
             Response::decode(&header, &body, &Limits::default()),
-            Err(DecodeError::TooLarge { .. })
+            Err(DecodeError::TooMany { .. })
         ));
         // 256 grants claimed, 4 bytes present.
         let mut b = info_prefix(2, 0);
@@ -632,7 +632,7 @@ mod tests {
             assert!(
                 matches!(
                     Response::decode(&header, &body, &Limits::default()),
-                    Err(DecodeError::TooLarge { .. } | DecodeError::Truncated { .. })
+                    Err(DecodeError::TooMany { .. } | DecodeError::Truncated { .. })
                 ),
                 "{count}"
             );

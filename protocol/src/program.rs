@@ -215,7 +215,7 @@ pub(crate) fn read_value(
         VALUE_TABLE if !nested => {
             let count = r.u32()?;
             if count > MAX_RESULT_ENTRIES {
-                return Err(DecodeError::TooLarge {
+                return Err(DecodeError::TooMany {
                     what: "result table entries",
                     got: u64::from(count),
                     limit: u64::from(MAX_RESULT_ENTRIES),
@@ -276,7 +276,7 @@ pub(crate) fn put_args(out: &mut Vec<u8>, args: &[Vec<u8>]) {
 pub(crate) fn read_args(r: &mut BodyReader<'_>) -> Result<Vec<Vec<u8>>, DecodeError> {
     let count = usize::from(r.u16()?);
     if count > MAX_RUN_ARGS {
-        return Err(DecodeError::TooLarge {
+        return Err(DecodeError::TooMany {
             what: "run argument count",
             got: count as u64,
             limit: MAX_RUN_ARGS as u64,
@@ -410,7 +410,7 @@ pub(crate) fn read_cell_stats(r: &mut BodyReader<'_>) -> Result<CellStats, Decod
     let failures = r.u64()?;
     let count = r.u32()?;
     if count > MAX_CELL_STATS_RECORDS {
-        return Err(DecodeError::TooLarge {
+        return Err(DecodeError::TooMany {
             what: "cell stats record count",
             got: u64::from(count),
             limit: u64::from(MAX_CELL_STATS_RECORDS),

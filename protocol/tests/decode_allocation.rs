@@ -195,6 +195,40 @@ fn namespace_lists_claiming_the_maximum_in_tiny_bodies_allocate_nothing() {
     );
 }
 
+#[test]
+fn mget_counts_claiming_the_maximum_in_tiny_bodies_allocate_nothing() {
+    // request: "default", 4096 coordinates claimed, one present.
+    let mut req = vec![7u8];
+    req.extend_from_slice(b"default");
+    req.extend_from_slice(&4096u32.to_le_bytes());
+    req.extend_from_slice(&[0u8; 12]);
+    let (result, largest, _) = measure(|| {
+        Request::decode(&header(Opcode::Mget as u16, &req), &req, &Limits::default()).map(drop)
+    });
+    assert!(
+        matches!(result, Err(DecodeError::Truncated { .. })),
+        "{result:?}"
+    );
+    // The name, and room for the one coordinate present.
+    assert!(
+        largest <= name_bytes(7).max(12),
+        "mget decode allocated {largest}"
+    );
+    // answer: 4096 values claimed, 1 byte present.
+    let resp = [0u8, 0x00, 0x10, 0x00, 0x00, 0x00];
+    let opcode = Opcode::Mget as u16 | RESPONSE_BIT;
+    let (result, largest, _) =
+        measure(|| Response::decode(&header(opcode, &resp), &resp, &Limits::default()).map(drop));
+    assert!(
+        matches!(result, Err(DecodeError::Truncated { .. })),
+        "{result:?}"
+    );
+    assert!(
+        largest <= std::mem::size_of::<Option<Vec<u8>>>(),
+        "mget answer decode allocated {largest}"
+    );
+}
+
 fn any_opcode() -> impl Strategy<Value = u16> {
     prop_oneof![
         select(Opcode::ALL.to_vec()).prop_map(|op| op as u16),
@@ -258,6 +292,9 @@ proptest! {
         } else if opcode == Opcode::NsList as u16 | RESPONSE_BIT {
             // A listed name takes at least 2 body bytes.
             std::mem::size_of::<NamespaceName>() * (body.len() / 2)
+        } else if opcode == Opcode::Mget as u16 | RESPONSE_BIT {
+            // A missing cell takes 1 body byte.
+            std::mem::size_of::<Option<Vec<u8>>>() * body.len()
         } else {
             0
         };

@@ -85,6 +85,8 @@ fn request() -> impl Strategy<Value = Request> {
             value
         }),
         (namespace(), coord()).prop_map(|(ns, coord)| Request::Get { ns, coord }),
+        // 1 to a few dozen coordinates, duplicates likely (0 is refused).
+        (namespace(), vec(coord(), 1..40)).prop_map(|(ns, coords)| Request::Mget { ns, coords }),
         (namespace(), coord()).prop_map(|(ns, coord)| Request::Del { ns, coord }),
         (
             namespace(),
@@ -300,6 +302,7 @@ fn response() -> impl Strategy<Value = Response> {
         vec(stats_entry(), 0..32).prop_map(Response::Backup),
         any::<u64>().prop_map(|lsn| Response::Put { lsn }),
         proptest::option::of(value()).prop_map(Response::Get),
+        vec(proptest::option::of(bytes(256)), 0..24).prop_map(Response::Mget),
         (any::<u64>(), any::<bool>()).prop_map(|(lsn, existed)| Response::Del { lsn, existed }),
         (scan_result(), proptest::option::of(coord())).prop_map(|(result, resume_after)| {
             Response::Scan {
@@ -734,6 +737,9 @@ fn assert_canonical(header: &FrameHeader, body: &[u8], limits: &Limits) {
         if let Request::Put { value, .. } = &req {
             assert!(value.len() <= limits.max_value_bytes as usize);
         }
+        if let Request::Mget { coords, .. } = &req {
+            assert!((1..=cube_protocol::MAX_MGET_CELLS as usize).contains(&coords.len()));
+        }
     }
     match Response::decode(header, body, limits) {
         Ok(Ok(resp)) => {
@@ -747,6 +753,12 @@ fn assert_canonical(header: &FrameHeader, body: &[u8], limits: &Limits) {
             assert_eq!(header_of(&out).opcode, header.opcode);
             if let Response::Get(Some(value)) = &resp {
                 assert!(value.len() <= limits.max_value_bytes as usize);
+            }
+            if let Response::Mget(values) = &resp {
+                assert!(values.len() <= cube_protocol::MAX_MGET_CELLS as usize);
+                for value in values.iter().flatten() {
+                    assert!(value.len() <= limits.max_value_bytes as usize);
+                }
             }
         }
         Ok(Err(error)) => {
@@ -917,7 +929,7 @@ proptest! {
     }
 
     /// A length field claiming up to 4 GiB inside a tiny body is refused at
-    /// once (Truncated or TooLarge), never allocated and never read past.
+    /// once (Truncated, TooLarge or TooMany), never allocated and never read past.
     #[test]
     fn huge_length_fields_in_tiny_bodies_fail_fast(
         claim in prop_oneof![Just(u32::MAX), Just(1u32 << 31), 2048u32..],
@@ -942,7 +954,12 @@ proptest! {
                 response.unwrap_err()
             };
             prop_assert!(
-                matches!(err, DecodeError::Truncated { .. } | DecodeError::TooLarge { .. }),
+                matches!(
+                    err,
+                    DecodeError::Truncated { .. }
+                        | DecodeError::TooLarge { .. }
+                        | DecodeError::TooMany { .. }
+                ),
                 "opcode {opcode:#06x}: {err:?}"
             );
         }
@@ -1011,6 +1028,22 @@ fn hostile_bodies(claim: u32, tail: &[u8]) -> Vec<(u16, Vec<u8>)> {
     info.extend_from_slice(&[0u8; 4 + 32]);
     info.extend_from_slice(&256u16.to_le_bytes());
     out.push((Opcode::NsInfo as u16 | RESPONSE_BIT, with_tail(info)));
+    // mget: a cell count over the limit, or within it but far beyond the
+    // coordinates present
+    for count in [claim.max(cube_protocol::MAX_MGET_CELLS + 1), 4096] {
+        let mut mget = ns_default.clone();
+        mget.extend_from_slice(&count.to_le_bytes());
+        out.push((Opcode::Mget as u16, with_tail(mget)));
+    }
+    // mget response: a cell count; then one present value with a long length
+    let mut mget_resp = vec![0u8];
+    mget_resp.extend_from_slice(&claim.to_le_bytes());
+    out.push((Opcode::Mget as u16 | RESPONSE_BIT, with_tail(mget_resp)));
+    let mut mget_value = vec![0u8];
+    mget_value.extend_from_slice(&1u32.to_le_bytes());
+    mget_value.push(1);
+    mget_value.extend_from_slice(&claim.to_le_bytes());
+    out.push((Opcode::Mget as u16 | RESPONSE_BIT, with_tail(mget_value)));
     // error response: message length
     let mut err = vec![1u8];
     err.extend_from_slice(&(ErrorCode::Internal as u16).to_le_bytes());

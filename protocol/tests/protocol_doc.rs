@@ -13,9 +13,9 @@ use cube_protocol::{
 };
 use cube_protocol::{
     Coord, Direction, EdgeInfo, EdgeLabel, ErrorCode, FrameHeader, HEADER_BYTES, Limits,
-    MAX_EDGE_LIST, MAX_LABEL_BYTES, MAX_SCAN_PAGE_CELLS, MAX_STATS_ENTRIES, MAX_WALK_NODES,
-    NamespaceName, Opcode, PROTOCOL_VERSION, PathFound, Request, Response, ScanCell, ScanResult,
-    ServerError, StatsEntry, StatsValue, WalkNode, WalkResult, WalkStop,
+    MAX_EDGE_LIST, MAX_LABEL_BYTES, MAX_MGET_CELLS, MAX_SCAN_PAGE_CELLS, MAX_STATS_ENTRIES,
+    MAX_WALK_NODES, NamespaceName, Opcode, PROTOCOL_VERSION, PathFound, Request, Response,
+    ScanCell, ScanResult, ServerError, StatsEntry, StatsValue, WalkNode, WalkResult, WalkStop,
 };
 use cube_protocol::{
     CurveChoice, MAX_GRANTS, MAX_LISTED_NAMESPACES, NamespaceGrant, NamespaceInfo, NamespaceSpec,
@@ -1247,6 +1247,48 @@ fn base_examples() -> Vec<Example> {
                 f(1, "more = 0 (the box is finished; no cursor follows)"),
             ],
         ),
+        request(
+            "mget-request",
+            11,
+            Request::Mget {
+                ns: default_ns(),
+                coords: vec![
+                    Coord::new(1, -2, 3),
+                    Coord::new(9, 9, 9),
+                    Coord::new(1, -2, 3),
+                ],
+            },
+            vec![
+                f(1, "namespace length = 7"),
+                f(7, "namespace = \"default\""),
+                f(4, "count = 3 (u32; 1 to 4096)"),
+                f(4, "x = 1 (i32)"),
+                f(4, "y = -2 (i32)"),
+                f(4, "z = 3 (i32)"),
+                f(4, "x = 9"),
+                f(4, "y = 9"),
+                f(4, "z = 9"),
+                f(4, "x = 1 (the same cell again)"),
+                f(4, "y = -2"),
+                f(4, "z = 3"),
+            ],
+        ),
+        response(
+            "mget-response",
+            11,
+            Response::Mget(vec![Some(b"hello".to_vec()), None, Some(b"hello".to_vec())]),
+            vec![
+                f(1, "status = 0 (ok)"),
+                f(4, "count = 3 (u32, one per coordinate asked)"),
+                f(1, "found = 1"),
+                f(4, "value length = 5"),
+                f(5, "value = \"hello\""),
+                f(1, "found = 0 (empty cell; no value field follows)"),
+                f(1, "found = 1"),
+                f(4, "value length = 5"),
+                f(5, "value = \"hello\""),
+            ],
+        ),
         error(
             "error-response",
             Opcode::Get as u16,
@@ -1462,6 +1504,7 @@ fn stated_constants_match() {
         format!("`max_value_bytes` | {}", limits.max_value_bytes),
         format!("stats entries | {MAX_STATS_ENTRIES}"),
         format!("scan page cells | {MAX_SCAN_PAGE_CELLS}"),
+        format!("cells per `mget` | {MAX_MGET_CELLS}"),
         format!("edge label | {MAX_LABEL_BYTES} bytes"),
         format!("edges per `edges` answer | {MAX_EDGE_LIST}"),
         format!("nodes per `walk` answer, coordinates per `path` answer | {MAX_WALK_NODES}"),

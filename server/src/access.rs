@@ -72,6 +72,7 @@ fn target(request: &Request) -> Option<(&NamespaceName, Needs)> {
     use Needs::*;
     Some(match request {
         Request::Get { ns, .. }
+        | Request::Mget { ns, .. }
         | Request::Scan { ns, .. }
         | Request::Edges { ns, .. }
         | Request::Walk { ns, .. }

@@ -241,6 +241,15 @@ impl Connection {
                     count_only,
                     after,
                 } => self.scan(header.request_id, &ns, lo, hi, limit, count_only, after),
+                // So are mget answers, each value copied once.
+                Request::Mget { ns, coords } => crate::mget::answer(
+                    self.shared.engine.memstore(),
+                    &ns,
+                    &coords,
+                    header.request_id,
+                    limits.max_frame_bytes,
+                    &mut self.out,
+                ),
                 other => self.handle(other).map(|response| {
                     self.out.clear();
                     response.encode(header.request_id, &mut self.out);
@@ -454,16 +463,17 @@ impl Connection {
                 crate::programs::handle(&self.shared, program_request)
             }
             // Served before this dispatch: put, del, prog, run and step by
-            // `submit_write`, scan by `scan` (straight into the output
-            // buffer).
+            // `submit_write`, scan by `scan` and mget by `mget::answer`
+            // (straight into the output buffer).
             Request::Put { .. }
             | Request::Del { .. }
             | Request::Prog { .. }
             | Request::Run { .. }
             | Request::Step { .. }
-            | Request::Scan { .. } => Err(ServerError::new(
+            | Request::Scan { .. }
+            | Request::Mget { .. } => Err(ServerError::new(
                 ErrorCode::Internal,
-                "put, del, prog, run, step and scan are served before the generic handler",
+                "put, del, prog, run, step, scan and mget are served before the generic handler",
             )),
         }
     }

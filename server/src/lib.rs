@@ -16,6 +16,7 @@ pub mod config;
 mod connection;
 mod edges;
 mod listing;
+mod mget;
 mod namespaces;
 mod programs;
 #[macro_use]

@@ -17,6 +17,8 @@ use cube_client::{
 
 #[path = "cubec/edges.rs"]
 mod edges;
+#[path = "cubec/mget.rs"]
+mod mget;
 #[path = "cubec/namespaces.rs"]
 mod namespaces;
 #[path = "cubec/programs.rs"]
@@ -32,8 +34,8 @@ const EXIT_CONNECT: u8 = 4;
 const TOP_AFTER_HELP: &str = "\
 Exit codes (stable; scripts may rely on them):
   0  success
-  1  not found: get or del of an empty cell, unlink of a missing edge,
-     path with no path
+  1  not found: get or del of an empty cell, mget with an empty cell among
+     those asked, unlink of a missing edge, path with no path
   2  usage: bad arguments, coordinate or namespace name, an unreadable --file,
      or a value over the server's max_value_bytes (checked before sending);
      for import, a bad line in the input
@@ -45,6 +47,7 @@ Examples:
   cubec ping
   cubec put default 1,-2,3 'hello'
   cubec get default 1,-2,3 > value.bin
+  cubec mget default 1,-2,3 0,0,0
   cubec scan default -10,-10,0 10,10,0
   cubec link default 0,0,0 1,0,0 --label road --weight 2
   cubec walk default 0,0,0 --depth 3
@@ -112,6 +115,10 @@ Examples:
   cubec get default -1,0,7 > image.png
   cubec --json get default 1,2,3")]
     Get(CellArgs),
+
+    /// Print the values at many cells, read in one request from one state of the store
+    #[command(after_help = mget::MGET_HELP)]
+    Mget(mget::MgetArgs),
 
     /// Delete the value at a cell (with --detach, also every edge into or out of it)
     #[command(after_help = "\
@@ -403,6 +410,7 @@ fn run(cli: &Cli) -> Result<u8, Failure> {
         Command::Ping => ping(&mut client, cli.json, &mut stdout),
         Command::Put(args) => put(&mut client, args, cli.json, &mut stdout),
         Command::Get(args) => get(&mut client, args, cli.json, &mut stdout),
+        Command::Mget(args) => mget::mget(&mut client, args, cli.json, &mut stdout),
         Command::Del(args) if args.detach => edges::detach(
             &mut client,
             &args.cell.ns,
@@ -935,8 +943,8 @@ mod tests {
         assert!(help.contains("4  cannot connect"), "{help}");
         let mut cmd = Cli::command();
         for sub in [
-            "ping", "put", "get", "del", "scan", "stats", "link", "unlink", "edges", "walk",
-            "path", "ns", "export", "import", "prog", "run", "step",
+            "ping", "put", "get", "mget", "del", "scan", "stats", "link", "unlink", "edges",
+            "walk", "path", "ns", "export", "import", "prog", "run", "step",
         ] {
             let help = cmd
                 .find_subcommand_mut(sub)

@@ -5,7 +5,7 @@
 //!
 //! - `protocol_frames/`: request streams and response streams as a client
 //!   and a server send them (program requests and answers, `step`'s among
-//!   them, in their own pair).
+//!   them, in their own pair; `mget`'s in another).
 //! - `wal_segment/`: one segment, two segments back to back, and a torn
 //!   tail, written by the engine's own writer.
 //! - `checkpoint_file/`: a delta and a base written by a fold and a
@@ -240,6 +240,38 @@ fn protocol_seeds(dir: &Path) -> Result<()> {
         response.encode(id as u64 + 200, &mut out);
     }
     write(dir, "responses-programs", &out)?;
+
+    // mget: a request with a repeated coordinate, and answers with found,
+    // empty and zero-length values.
+    let mut out = Vec::new();
+    Request::Mget {
+        ns: ns.clone(),
+        coords: vec![
+            Coord::new(1, 2, 3),
+            Coord::new(-1, 0, 7),
+            Coord::new(1, 2, 3),
+        ],
+    }
+    .encode(300, &mut out);
+    Request::Mget {
+        ns,
+        coords: vec![Coord::new(0, 0, 0)],
+    }
+    .encode(301, &mut out);
+    write(dir, "requests-mget", &out)?;
+    let mut out = Vec::new();
+    Response::Mget(vec![Some(b"hi".to_vec()), None, Some(Vec::new())]).encode(300, &mut out);
+    Response::Mget(vec![None]).encode(301, &mut out);
+    Response::encode_error(
+        0x0015,
+        302,
+        &ServerError::new(
+            ErrorCode::LimitExceeded,
+            "the mget answer would be 20971545 bytes, over the frame limit",
+        ),
+        &mut out,
+    );
+    write(dir, "responses-mget", &out)?;
     Ok(())
 }
 
