@@ -18,7 +18,7 @@ use crate::report::RunReport;
 use crate::run::{RunConfig, run};
 use crate::target::{TargetKind, TargetSpec};
 use crate::verify::VerifyMode;
-use crate::workload::{DEFAULT_READ_RATIO, Workload, WorkloadKind};
+use crate::workload::{DEFAULT_MGET_BATCH, DEFAULT_READ_RATIO, Workload, WorkloadKind};
 
 /// Exit status of a run whose requests failed or whose read-back found
 /// lost or wrong values.
@@ -31,6 +31,7 @@ const AFTER_HELP: &str = "\
 Examples:
   cube-stress                                     # seed workload (prog + run, step), 16 clients, 10 s, throwaway cubed
   cube-stress --workload mixed                    # puts and gets
+  cube-stress --workload mget --batch 256         # 256 random keys per mget request
   cube-stress --workload put --clients 64 --json put.json --plot put.svg
   cube-stress --crash-every 2 --duration 20       # SIGKILL cubed every 2 s, verify after each restart
   cube-stress --workload mixed --hostile 48       # the same run alone, then beside 48 hostile clients
@@ -121,6 +122,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "0..1", default_value_t = DEFAULT_READ_RATIO)]
     pub read_ratio: f64,
 
+    /// Keys per request of the mget workload (1..=4096).
+    #[arg(long, value_name = "N", default_value_t = u64::from(DEFAULT_MGET_BATCH))]
+    pub batch: u64,
+
     /// Bytes per value (at least 16: each value carries its key and version).
     #[arg(long, value_name = "BYTES", default_value_t = 64)]
     pub value_size: usize,
@@ -185,7 +190,9 @@ impl RunArgs {
                 namespace: self.namespace.clone(),
                 encrypted: self.encrypted,
             },
-            workload: Workload::new(self.workload, self.read_ratio).map_err(StressError::Usage)?,
+            workload: Workload::new(self.workload, self.read_ratio)
+                .and_then(|workload| workload.with_batch(self.batch))
+                .map_err(StressError::Usage)?,
             clients: self.clients,
             duration: seconds("duration", self.duration)?,
             warmup: seconds("warmup", self.warmup)?,
@@ -411,6 +418,28 @@ mod tests {
         assert!(parse(&["--hostile", "3", "--crash-every", "1"]).is_err());
         assert!(parse(&["--hostile", "100000"]).is_err());
         assert!(parse(&["--hostile", "3"]).is_ok());
+        for batch in ["0", "4097"] {
+            let err = Cli::try_parse_from(["cube-stress", "--workload", "mget", "--batch", batch])
+                .unwrap()
+                .run
+                .config()
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("between 1 and 4096"), "{err}");
+        }
+        for batch in ["1", "4096"] {
+            assert!(parse(&["--workload", "mget", "--batch", batch]).is_ok());
+        }
+        assert_eq!(
+            Cli::try_parse_from(["cube-stress", "--workload", "mget"])
+                .unwrap()
+                .run
+                .config()
+                .unwrap()
+                .workload
+                .batch,
+            DEFAULT_MGET_BATCH
+        );
         assert!(parse(&[]).is_ok());
         let alias = Cli::try_parse_from(["cube-stress", "--target", "redis"]).unwrap();
         assert_eq!(alias.run.target, TargetKind::RedisAlways);

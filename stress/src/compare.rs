@@ -67,6 +67,18 @@ pub struct CompareArgs {
     pub json: Option<PathBuf>,
 }
 
+/// The command whose throughput and latency stand for `workload` in the
+/// comparison.
+fn headline_command(workload: WorkloadKind) -> &'static str {
+    match workload {
+        WorkloadKind::Get => "get",
+        WorkloadKind::Mget => "mget",
+        _ => "put",
+    }
+}
+
+const _: () = assert!(crate::workload::DEFAULT_MGET_BATCH == 64);
+
 /// One workload × client count × target.
 pub struct Cell {
     pub workload: WorkloadKind,
@@ -80,10 +92,7 @@ pub struct Cell {
 
 impl Cell {
     fn command(&self) -> &'static str {
-        match self.workload {
-            WorkloadKind::Get => "get",
-            _ => "put",
-        }
+        headline_command(self.workload)
     }
 
     pub fn ops_per_sec(&self) -> Option<f64> {
@@ -140,6 +149,8 @@ impl Comparison {
                 WorkloadKind::Put => "put: durable writes",
                 WorkloadKind::Get => "get: reads of written keys",
                 WorkloadKind::Mixed => "mixed",
+                // compare has no --batch: the default batch.
+                WorkloadKind::Mget => "mget: requests reading 64 written keys each",
                 WorkloadKind::Walk => "walk: walks and paths with links",
                 WorkloadKind::Seed => "seed: prog, run and step of cell programs",
             };
@@ -550,11 +561,7 @@ pub fn compare(args: &CompareArgs) -> Result<Comparison, StressError> {
         .into_iter()
         .zip(runs)
         .map(|((workload, clients, target), results)| {
-            let command = if workload == WorkloadKind::Get {
-                "get"
-            } else {
-                "put"
-            };
+            let command = headline_command(workload);
             let throughput = |r: &RunReport| r.summary(command).map_or(0.0, |s| s.ops_per_sec);
             let ops_per_sec_runs = results
                 .iter()

@@ -11,7 +11,7 @@ use crate::hostile::HostileCounts;
 use crate::json::Json;
 use crate::latency::{LatencySummary, Recorder};
 use crate::verify::VerifyReport;
-use crate::workload::{Workload, WorkloadKind};
+use crate::workload::{Command, Workload, WorkloadKind};
 
 /// One SIGKILL and what followed.
 #[derive(Clone, Debug)]
@@ -73,7 +73,7 @@ impl RunReport {
     pub fn read_ratio(&self) -> f64 {
         match self.workload.kind {
             WorkloadKind::Put => 0.0,
-            WorkloadKind::Get => 1.0,
+            WorkloadKind::Get | WorkloadKind::Mget => 1.0,
             WorkloadKind::Mixed => self.workload.read_ratio,
             // Walks and paths are the reads; links and unlinks the writes.
             WorkloadKind::Walk => 0.6,
@@ -102,6 +102,7 @@ impl RunReport {
     pub fn headline(&self) -> String {
         let workload = match self.workload.kind {
             WorkloadKind::Mixed => format!("mixed ({:.0}% reads)", self.read_ratio() * 100.0),
+            WorkloadKind::Mget => format!("mget ({} keys per request)", self.workload.batch),
             other => other.name().to_owned(),
         };
         format!(
@@ -110,17 +111,43 @@ impl RunReport {
         )
     }
 
+    /// The `mget` workload's keys read per second: batch × mget/s.
+    pub fn cells_per_sec(&self) -> Option<f64> {
+        if self.workload.kind != WorkloadKind::Mget {
+            return None;
+        }
+        let mget = self.summary(Command::Mget.name())?;
+        Some(mget.ops_per_sec * f64::from(self.workload.batch))
+    }
+
     pub fn to_json(&self) -> Json {
+        let cells_per_sec = self.cells_per_sec();
         let commands = self
             .summaries()
             .into_iter()
-            .map(|(name, s)| (name, summary_json(&s)))
+            .map(|(name, s)| {
+                let mut figures = summary_json(&s);
+                if let (Some(cells), Json::Object(fields)) = (cells_per_sec, &mut figures)
+                    && name == Command::Mget.name()
+                {
+                    fields.push(("cells_per_sec".to_owned(), Json::Float(cells)));
+                }
+                (name, figures)
+            })
             .collect::<Vec<_>>();
         Json::object([
             ("target", Json::str(&self.target)),
             ("target_detail", Json::str(&self.target_detail)),
             ("workload", Json::str(self.workload.name())),
             ("read_ratio", Json::Float(self.read_ratio())),
+            (
+                "batch",
+                if self.workload.kind == WorkloadKind::Mget {
+                    Json::Int(u64::from(self.workload.batch))
+                } else {
+                    Json::Null
+                },
+            ),
             ("clients", Json::Int(self.clients as u64)),
             ("duration_s", Json::Float(self.duration_s)),
             ("warmup_s", Json::Float(self.warmup_s)),
@@ -220,6 +247,13 @@ impl RunReport {
         };
         out.push('\n');
         out.push_str(&latency_table(&self.summaries()));
+        if let Some(cells) = self.cells_per_sec() {
+            let _ = writeln!(
+                out,
+                "cells/s  {cells:.0} ({} keys per mget x mget/s; latency is per mget request)",
+                self.workload.batch
+            );
+        }
         let figures = self.server_highlights();
         if !figures.is_empty() {
             let _ = writeln!(out, "\nserver's own figures (all of them in --json):");
@@ -452,7 +486,6 @@ pub(crate) mod tests {
 
     use super::*;
     use crate::verify::VerifyMode;
-    use crate::workload::Command;
 
     pub(crate) fn sample_report() -> RunReport {
         let mut latencies = Recorder::default();
@@ -544,6 +577,34 @@ pub(crate) mod tests {
             .collect();
         assert_eq!(lines.len(), 2, "{table}");
         assert_eq!(lines[0].len(), lines[1].len(), "{table}");
+    }
+
+    #[test]
+    fn mget_reports_cells_per_second_beside_its_requests() {
+        let mut report = sample_report();
+        assert_eq!(report.cells_per_sec(), None);
+        assert_eq!(report.to_json().get("batch"), Some(&Json::Null));
+        report.workload = Workload::new(WorkloadKind::Mget, 0.9)
+            .unwrap()
+            .with_batch(16)
+            .unwrap();
+        report.latencies = Recorder::default();
+        for us in 1..=100 {
+            report
+                .latencies
+                .record(Command::Mget, Duration::from_micros(us));
+        }
+        // 100 mgets in 2 s, 16 keys each.
+        assert_eq!(report.cells_per_sec(), Some(800.0));
+        let json = report.to_json();
+        assert_eq!(json.get("batch"), Some(&Json::Int(16)));
+        assert_eq!(json.get("read_ratio"), Some(&Json::Float(1.0)));
+        let mget = json.get("commands").and_then(|c| c.get("mget")).unwrap();
+        assert_eq!(mget.get("ops_per_sec"), Some(&Json::Float(50.0)));
+        assert_eq!(mget.get("cells_per_sec"), Some(&Json::Float(800.0)));
+        let table = report.to_table();
+        assert!(table.contains("mget (16 keys per request)"), "{table}");
+        assert!(table.contains("cells/s  800 (16 keys per mget"), "{table}");
     }
 
     #[test]

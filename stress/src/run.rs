@@ -21,7 +21,7 @@ use crate::target::ProgramConnection;
 use crate::target::{Connection, Connector, RunningTarget, TargetKind, TargetSpec};
 use crate::verify::{self, ReadBack, VerifyMode, VerifyReport};
 use crate::walk_workload;
-use crate::workload::{Op, Workload, WorkloadKind};
+use crate::workload::{Op, Workload, WorkloadKind, mget_keys};
 
 /// Error descriptions kept per run; the count is always exact.
 const KEPT_ERRORS: usize = 10;
@@ -672,6 +672,9 @@ enum Failure {
     Op(OpError),
     /// The answer was wrong: a read found what no write put there.
     Mismatch(String),
+    /// Several wrong answers in one request (an `mget`), one description
+    /// each.
+    Mismatches(Vec<String>),
 }
 
 fn client_loop(shared: &Shared<'_>, client: usize) -> ClientOutcome {
@@ -740,6 +743,9 @@ fn client_loop(shared: &Shared<'_>, client: usize) -> ClientOutcome {
                 outcome.error(format!("client {client}: {}: {e}", describe(op)));
             }
             Err(Failure::Mismatch(problem)) => outcome.mismatches.add_mismatch(problem),
+            Err(Failure::Mismatches(problems)) => problems
+                .into_iter()
+                .for_each(|problem| outcome.mismatches.add_mismatch(problem)),
         }
     }
     control.exited();
@@ -750,6 +756,7 @@ fn describe(op: Op) -> String {
     match op {
         Op::Put { key } => format!("put key {key} at {}", coord_of(key)),
         Op::Get { key } => format!("get key {key} at {}", coord_of(key)),
+        Op::Mget { batch, .. } => format!("mget of {batch} keys"),
         Op::Link { from, to } => format!("link {} -> {}", coord_of(from), coord_of(to)),
         Op::Unlink { from, to } => format!("unlink {} -> {}", coord_of(from), coord_of(to)),
         Op::Walk { key } => format!("walk from key {key} at {}", coord_of(key)),
@@ -793,29 +800,32 @@ fn execute(
         }
         Op::Get { key } => {
             let found = connection.get(coord_of(key)).map_err(Failure::Op)?;
-            let Some(bytes) = found else {
+            check_read(shared, client, key, found.as_deref()).map_err(Failure::Mismatch)
+        }
+        Op::Mget { draw, batch } => {
+            let keys: Vec<u64> = mget_keys(draw, batch, &shared.keys).collect();
+            let coords: Vec<_> = keys.iter().map(|&key| coord_of(key)).collect();
+            let values = connection.mget(&coords).map_err(Failure::Op)?;
+            if values.len() != keys.len() {
                 return Err(Failure::Mismatch(format!(
-                    "key {key} at {}: read found nothing, but every key was written before the run",
-                    coord_of(key)
-                )));
-            };
-            let stored = decode_value(&bytes, value_size)
-                .map_err(|problem| Failure::Mismatch(format!("key {key}: {problem}")))?;
-            if stored.key != key {
-                return Err(Failure::Mismatch(format!(
-                    "key {key} at {}: read found the value of key {}",
-                    coord_of(key),
-                    stored.key
+                    "mget of {} keys answered {} values",
+                    keys.len(),
+                    values.len()
                 )));
             }
-            // A client's own keys change only through it, so the exact
-            // version is known; other keys may be mid-change.
-            if shared.keys.owner(key) == client {
-                lock(&shared.ledgers[client])
-                    .check_read(key, Some(stored))
-                    .map_err(Failure::Mismatch)?;
+            // Every cell is checked as a get's answer would be, each
+            // wrong one counted.
+            let problems: Vec<String> = keys
+                .iter()
+                .zip(&values)
+                .filter_map(|(&key, found)| check_read(shared, client, key, found.as_deref()).err())
+                .map(|problem| format!("mget: {problem}"))
+                .collect();
+            if problems.is_empty() {
+                Ok(())
+            } else {
+                Err(Failure::Mismatches(problems))
             }
-            Ok(())
         }
         Op::Link { from, to } => connection
             .link(coord_of(from), coord_of(to))
@@ -907,6 +917,37 @@ fn execute(
     }
 }
 
+/// Checks what a read of `key` found (every key was written before the
+/// run); the error describes what is wrong.
+fn check_read(
+    shared: &Shared<'_>,
+    client: usize,
+    key: u64,
+    found: Option<&[u8]>,
+) -> Result<(), String> {
+    let Some(bytes) = found else {
+        return Err(format!(
+            "key {key} at {}: read found nothing, but every key was written before the run",
+            coord_of(key)
+        ));
+    };
+    let stored = decode_value(bytes, shared.config.value_size)
+        .map_err(|problem| format!("key {key}: {problem}"))?;
+    if stored.key != key {
+        return Err(format!(
+            "key {key} at {}: read found the value of key {}",
+            coord_of(key),
+            stored.key
+        ));
+    }
+    // A client's own keys change only through it, so the exact version is
+    // known; other keys may be mid-change.
+    if shared.keys.owner(key) == client {
+        lock(&shared.ledgers[client]).check_read(key, Some(stored))?;
+    }
+    Ok(())
+}
+
 /// Joins prefill threads; returns what went wrong in each that failed.
 fn prefill_failures<E: std::fmt::Display>(
     workers: Vec<thread::ScopedJoinHandle<'_, Result<(), E>>>,
@@ -928,5 +969,128 @@ fn prefill_outcome(failures: &[String], what: &str) -> Result<(), StressError> {
             format!("cannot {what} before the run: {first}"),
         )),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cube_protocol::Coord;
+
+    use super::*;
+
+    /// Answers `mget` with what it holds: version 1 of every key, except
+    /// what a test changed.
+    struct FakeConnection {
+        cells: std::collections::HashMap<Coord, Vec<u8>>,
+    }
+
+    impl Connection for FakeConnection {
+        fn put(&mut self, coord: Coord, value: &[u8]) -> Result<(), OpError> {
+            self.cells.insert(coord, value.to_vec());
+            Ok(())
+        }
+
+        fn get(&mut self, coord: Coord) -> Result<Option<Vec<u8>>, OpError> {
+            Ok(self.cells.get(&coord).cloned())
+        }
+
+        fn mget(&mut self, coords: &[Coord]) -> Result<Vec<Option<Vec<u8>>>, OpError> {
+            Ok(coords.iter().map(|c| self.cells.get(c).cloned()).collect())
+        }
+    }
+
+    struct NoConnector;
+
+    impl Connector for NoConnector {
+        fn connect(&self) -> Result<Box<dyn Connection>, OpError> {
+            Err(OpError::Failed("not in this test".to_owned()))
+        }
+
+        fn server_figures(&self) -> Result<Vec<StatsEntry>, String> {
+            Ok(Vec::new())
+        }
+    }
+
+    #[test]
+    fn every_wrong_cell_of_an_mget_is_a_mismatch_of_its_own() {
+        const KEYS: u64 = 8;
+        const SIZE: usize = 32;
+        let workload = Workload::new(WorkloadKind::Mget, 0.9)
+            .unwrap()
+            .with_batch(64)
+            .unwrap();
+        let config = RunConfig {
+            target: TargetSpec::new(TargetKind::Cube),
+            workload,
+            clients: 1,
+            duration: Duration::from_secs(1),
+            warmup: Duration::ZERO,
+            value_size: SIZE,
+            keys: KEYS,
+            seed: 1,
+            rate: None,
+            verify: VerifyMode::None,
+            crash_every: None,
+            hostile: 0,
+            progress: false,
+        };
+        let keys = config.validate().unwrap();
+        let ledgers = [Mutex::new(Ledger::new(0, keys))];
+        let mut fake = FakeConnection {
+            cells: Default::default(),
+        };
+        // The prefill's state: version 1 of every key, acknowledged.
+        let mut value = Vec::new();
+        {
+            let mut ledger = lock(&ledgers[0]);
+            let version = ledger.next_version();
+            for key in 0..KEYS {
+                encode_value(key, version, SIZE, &mut value);
+                fake.put(coord_of(key), &value).unwrap();
+                ledger.acked(key, version);
+            }
+        }
+        let control = Control::new(1);
+        let seed = SeedLedger::new(Vec::new());
+        let shared = Shared {
+            connector: &NoConnector,
+            ledgers: &ledgers,
+            keys,
+            config: &config,
+            control: &control,
+            seed: &seed,
+        };
+        let mut rng = Rng::new(9);
+        let op = config.workload.next_op(&mut rng, &keys, 0);
+        let Op::Mget { draw, batch } = op else {
+            panic!("not an mget: {op:?}");
+        };
+        let asked: Vec<u64> = mget_keys(draw, batch, &keys).collect();
+        assert!(matches!(
+            execute(&shared, 0, &mut fake, op, &mut value),
+            Ok(())
+        ));
+
+        // Key 1 lost, key 2 holding key 3's value, key 4 at a version
+        // never written: each read of them is one mismatch.
+        fake.cells.remove(&coord_of(1));
+        let foreign = fake.cells[&coord_of(3)].clone();
+        fake.cells.insert(coord_of(2), foreign);
+        encode_value(4, 7, SIZE, &mut value);
+        fake.cells.insert(coord_of(4), value.clone());
+        let expected = asked.iter().filter(|k| matches!(k, 1 | 2 | 4)).count();
+        assert!(expected > 0, "the batch missed keys 1, 2 and 4: {asked:?}");
+        match execute(&shared, 0, &mut fake, op, &mut value) {
+            Err(Failure::Mismatches(problems)) => {
+                assert_eq!(problems.len(), expected, "{problems:?}");
+                assert!(problems.iter().all(|p| p.starts_with("mget: key ")));
+                let all = problems.join("\n");
+                for needle in ["found nothing", "the value of key 3", "found version 7"] {
+                    assert!(all.contains(needle), "{needle} not in {all}");
+                }
+            }
+            Err(_) => panic!("another failure than mismatches"),
+            Ok(()) => panic!("wrong cells passed"),
+        }
     }
 }

@@ -8,6 +8,7 @@
 //! method on `target::Connection`.
 
 use clap::ValueEnum;
+use cube_protocol::MAX_MGET_CELLS;
 
 use crate::keyspace::KeySpace;
 use crate::rng::Rng;
@@ -17,6 +18,7 @@ use crate::rng::Rng;
 pub enum Command {
     Put,
     Get,
+    Mget,
     Link,
     Unlink,
     Walk,
@@ -28,9 +30,10 @@ pub enum Command {
 }
 
 impl Command {
-    pub const ALL: [Command; 10] = [
+    pub const ALL: [Command; 11] = [
         Command::Put,
         Command::Get,
+        Command::Mget,
         Command::Link,
         Command::Unlink,
         Command::Walk,
@@ -54,6 +57,7 @@ impl Command {
             Command::Run => "run",
             Command::Step => "step",
             Command::CellStats => "cell-stats",
+            Command::Mget => "mget",
         }
     }
 
@@ -70,6 +74,10 @@ pub enum Op {
     Put { key: u64 },
     /// A read of any key.
     Get { key: u64 },
+    /// One request reading `batch` random keys, drawn by [`mget_keys`]
+    /// from `draw` (so the op stays `Copy` and the keys are known again
+    /// when the answer is checked).
+    Mget { draw: u64, batch: u32 },
     /// A durable edge `from -> to` (weight 1) between lattice neighbours,
     /// from one of the thread's own keys.
     Link { from: u64, to: u64 },
@@ -96,6 +104,7 @@ impl Op {
         match self {
             Op::Put { .. } => Command::Put,
             Op::Get { .. } => Command::Get,
+            Op::Mget { .. } => Command::Mget,
             Op::Link { .. } => Command::Link,
             Op::Unlink { .. } => Command::Unlink,
             Op::Walk { .. } => Command::Walk,
@@ -116,12 +125,16 @@ pub enum WorkloadKind {
     Get,
     /// Reads with probability --read-ratio, writes otherwise.
     Mixed,
+    /// Reads of --batch random keys per request, one mget (Redis MGET,
+    /// one SELECT for SQLite); all keys are written once before the clock
+    /// starts, as for get.
+    Mget,
     /// Walks (50 %) and paths (10 %) over a lattice of edges, mixed with
     /// links (25 %) and unlinks (15 %); every key is linked to its lattice
     /// neighbours before the clock starts. cube only.
     Walk,
-    /// Cell programs: prog (46 %) and run (46 %) of counter programs at
-    /// many cells, step (2 %) over 16 cells of a row, cell-stats (6 %);
+    /// Cell programs: prog (46.5 %) and run (46.5 %) of counter programs
+    /// at many cells, step (1 %) over 8 cells of a row, cell-stats (6 %);
     /// at the end every cell's telemetry count must equal the runs
     /// acknowledged for it. cube only.
     Seed,
@@ -133,6 +146,7 @@ impl WorkloadKind {
             WorkloadKind::Put => "put",
             WorkloadKind::Get => "get",
             WorkloadKind::Mixed => "mixed",
+            WorkloadKind::Mget => "mget",
             WorkloadKind::Walk => "walk",
             WorkloadKind::Seed => "seed",
         }
@@ -148,11 +162,19 @@ impl WorkloadKind {
 /// typical cache-like service (YCSB's workload B is 95 %).
 pub const DEFAULT_READ_RATIO: f64 = 0.9;
 
+/// Keys per request of the `mget` workload unless `--batch` says otherwise.
+pub const DEFAULT_MGET_BATCH: u32 = 64;
+
+/// The most keys one `mget` request carries (the protocol's limit).
+pub const MAX_MGET_BATCH: u32 = MAX_MGET_CELLS;
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Workload {
     pub kind: WorkloadKind,
     /// Only used by `mixed`.
     pub read_ratio: f64,
+    /// Keys per request; only used by `mget`.
+    pub batch: u32,
 }
 
 impl Workload {
@@ -160,7 +182,22 @@ impl Workload {
         if !(0.0..=1.0).contains(&read_ratio) {
             return Err(format!("--read-ratio {read_ratio} is not between 0 and 1"));
         }
-        Ok(Workload { kind, read_ratio })
+        Ok(Workload {
+            kind,
+            read_ratio,
+            batch: DEFAULT_MGET_BATCH,
+        })
+    }
+
+    /// The same workload with `batch` keys per `mget` request.
+    pub fn with_batch(self, batch: u64) -> Result<Workload, String> {
+        match u32::try_from(batch) {
+            Ok(batch @ 1..=MAX_MGET_BATCH) => Ok(Workload { batch, ..self }),
+            _ => Err(format!(
+                "--batch {batch} is not between 1 and {MAX_MGET_BATCH} \
+                 (the most keys one mget request carries)"
+            )),
+        }
     }
 
     pub fn name(&self) -> &'static str {
@@ -175,6 +212,10 @@ impl Workload {
             },
             WorkloadKind::Get => Op::Get {
                 key: keys.random_key(rng),
+            },
+            WorkloadKind::Mget => Op::Mget {
+                draw: rng.next_u64(),
+                batch: self.batch,
             },
             WorkloadKind::Mixed => {
                 if rng.chance(self.read_ratio) {
@@ -197,10 +238,26 @@ impl Workload {
     pub fn needs_prefill(&self) -> bool {
         match self.kind {
             WorkloadKind::Put | WorkloadKind::Walk | WorkloadKind::Seed => false,
-            WorkloadKind::Get => true,
+            WorkloadKind::Get | WorkloadKind::Mget => true,
             WorkloadKind::Mixed => self.read_ratio > 0.0,
         }
     }
+
+    /// Keys read per request: `batch` for `mget`, 1 otherwise.
+    pub fn cells_per_request(&self) -> u32 {
+        match self.kind {
+            WorkloadKind::Mget => self.batch,
+            _ => 1,
+        }
+    }
+}
+
+/// The keys of an [`Op::Mget`]: `batch` uniform draws over the key space
+/// (repeats allowed, as in any random sample of reads), the same every
+/// time for the same `draw`.
+pub fn mget_keys(draw: u64, batch: u32, keys: &KeySpace) -> impl Iterator<Item = u64> + '_ {
+    let mut rng = Rng::new(draw);
+    (0..batch).map(move |_| keys.random_key(&mut rng))
 }
 
 #[cfg(test)]
@@ -224,5 +281,30 @@ mod tests {
             .count();
         assert!((1700..1900).contains(&reads), "{reads}");
         assert!(Workload::new(WorkloadKind::Mixed, 1.5).is_err());
+    }
+
+    #[test]
+    fn mget_batches_are_bounded_and_their_keys_reproducible() {
+        let keys = KeySpace::new(1000, 4).unwrap();
+        let base = Workload::new(WorkloadKind::Mget, 0.9).unwrap();
+        assert_eq!(base.batch, DEFAULT_MGET_BATCH);
+        for bad in [0, 4097, u64::from(u32::MAX) + 1] {
+            let err = base.with_batch(bad).unwrap_err();
+            assert!(err.contains("between 1 and 4096"), "{err}");
+        }
+        let mget = base.with_batch(16).unwrap();
+        assert_eq!(base.with_batch(4096).unwrap().batch, 4096);
+        assert_eq!(mget.cells_per_request(), 16);
+        assert!(mget.needs_prefill());
+        let mut rng = Rng::new(5);
+        let Op::Mget { draw, batch } = mget.next_op(&mut rng, &keys, 0) else {
+            panic!("mget workload made another request");
+        };
+        assert_eq!(batch, 16);
+        let first: Vec<u64> = mget_keys(draw, batch, &keys).collect();
+        assert_eq!(first.len(), 16);
+        assert!(first.iter().all(|k| *k < 1000));
+        assert_eq!(first, mget_keys(draw, batch, &keys).collect::<Vec<_>>());
+        assert_eq!(Op::Mget { draw, batch }.command().name(), "mget");
     }
 }

@@ -116,6 +116,10 @@ impl Connection for CubeConnection {
         self.client.get(&self.namespace, coord).map_err(classify)
     }
 
+    fn mget(&mut self, coords: &[Coord]) -> Result<Vec<Option<Vec<u8>>>, OpError> {
+        self.client.mget(&self.namespace, coords).map_err(classify)
+    }
+
     fn link(&mut self, from: Coord, to: Coord) -> Result<(), OpError> {
         self.client
             .link(&self.namespace, from, to, "", 1.0)

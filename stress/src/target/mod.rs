@@ -71,6 +71,11 @@ pub trait Connection: Send {
     /// The value at `coord`, or `None` when there is none.
     fn get(&mut self, coord: Coord) -> Result<Option<Vec<u8>>, OpError>;
 
+    /// The values at `coords`, in order (repeats allowed), each `None`
+    /// when its cell is empty, read in one request: cube's `mget` (one
+    /// consistent state), Redis `MGET`, one SQLite `SELECT`.
+    fn mget(&mut self, coords: &[Coord]) -> Result<Vec<Option<Vec<u8>>>, OpError>;
+
     /// Many writes, for filling the key space before the clock starts.
     /// Targets with a batch form (a pipeline, a transaction) override this.
     fn put_many(&mut self, items: &[(Coord, Vec<u8>)]) -> Result<(), OpError> {

@@ -256,6 +256,7 @@ fn command_figures(commandstats: &str) -> Vec<StatsEntry> {
         let command = match name {
             "cmdstat_set" => "put",
             "cmdstat_get" => "get",
+            "cmdstat_mget" => "mget",
             _ => continue,
         };
         for field in fields.split(',') {
@@ -306,6 +307,14 @@ impl Connection for RedisConnection {
     fn get(&mut self, coord: Coord) -> Result<Option<Vec<u8>>, OpError> {
         let mut command = redis::cmd("GET");
         command.arg(self.key(coord));
+        command.query(&mut self.connection).map_err(classify)
+    }
+
+    fn mget(&mut self, coords: &[Coord]) -> Result<Vec<Option<Vec<u8>>>, OpError> {
+        let mut command = redis::cmd("MGET");
+        for coord in coords {
+            command.arg(self.key(*coord));
+        }
         command.query(&mut self.connection).map_err(classify)
     }
 

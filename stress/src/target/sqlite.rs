@@ -3,6 +3,7 @@
 //! write, one connection per client. The bundled SQLite of `rusqlite`, so
 //! nothing needs installing.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -111,6 +112,29 @@ impl Connection for SqliteConnection {
             .map_err(failed)
     }
 
+    /// One statement, `SELECT x, y, z, value FROM cells WHERE (x, y, z) IN
+    /// (VALUES (?, ?, ?), ...)`, so the batch is one read of one snapshot;
+    /// rows come back in any order and are matched to `coords` by
+    /// coordinate.
+    fn mget(&mut self, coords: &[Coord]) -> Result<Vec<Option<Vec<u8>>>, OpError> {
+        let sql = mget_sql(coords.len());
+        let mut statement = self.connection.prepare_cached(&sql).map_err(failed)?;
+        let bound: Vec<i32> = coords.iter().flat_map(|c| [c.x, c.y, c.z]).collect();
+        let mut found: HashMap<Coord, Vec<u8>> = HashMap::with_capacity(coords.len());
+        let mut rows = statement
+            .query(rusqlite::params_from_iter(bound))
+            .map_err(failed)?;
+        while let Some(row) = rows.next().map_err(failed)? {
+            let coord = Coord::new(
+                row.get(0).map_err(failed)?,
+                row.get(1).map_err(failed)?,
+                row.get(2).map_err(failed)?,
+            );
+            found.insert(coord, row.get(3).map_err(failed)?);
+        }
+        Ok(coords.iter().map(|c| found.get(c).cloned()).collect())
+    }
+
     fn put_many(&mut self, items: &[(Coord, Vec<u8>)]) -> Result<(), OpError> {
         self.put_many_refs(items.iter().map(|(c, v)| (*c, v.as_slice())))
     }
@@ -138,6 +162,16 @@ impl SqliteConnection {
         }
         transaction.commit().map_err(failed)
     }
+}
+
+/// The `mget` statement for `cells` coordinates (at least one).
+fn mget_sql(cells: usize) -> String {
+    let mut sql = String::from("SELECT x, y, z, value FROM cells WHERE (x, y, z) IN (VALUES ");
+    for i in 0..cells.max(1) {
+        sql.push_str(if i == 0 { "(?, ?, ?)" } else { ", (?, ?, ?)" });
+    }
+    sql.push(')');
+    sql
 }
 
 fn failed(e: rusqlite::Error) -> OpError {
