@@ -29,46 +29,64 @@ enum State {
     Sent(Result<(), io::ErrorKind>),
 }
 
+#[derive(Default)]
+struct Slot {
+    state: State,
+    /// The connection thread sleeps in [`PendingReply::wait`]: only then
+    /// does [`PendingReply::finish`] signal the condvar. A notify is a
+    /// futex system call even with nobody waiting, and it would run on the
+    /// writer thread once per write; the connection is rarely there first
+    /// (its client must have read the answer and sent again).
+    waiter: bool,
+}
+
 /// One connection's slot for its in-flight write's answer.
 #[derive(Default)]
 pub(crate) struct PendingReply {
-    state: Mutex<State>,
+    slot: Mutex<Slot>,
     done: Condvar,
 }
 
-fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+fn lock(m: &Mutex<Slot>) -> MutexGuard<'_, Slot> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl PendingReply {
     pub(crate) fn begin(&self) {
-        let mut state = lock(&self.state);
+        let mut slot = lock(&self.slot);
         assert!(
-            matches!(*state, State::Idle),
+            matches!(slot.state, State::Idle),
             "one write in flight per connection"
         );
-        *state = State::InFlight;
+        slot.state = State::InFlight;
     }
 
     fn finish(&self, outcome: Result<(), io::ErrorKind>) {
-        *lock(&self.state) = State::Sent(outcome);
-        self.done.notify_one();
+        let mut slot = lock(&self.slot);
+        slot.state = State::Sent(outcome);
+        let waiter = slot.waiter;
+        drop(slot);
+        if waiter {
+            self.done.notify_one();
+        }
     }
 
     /// Waits until the in-flight answer (if any) is fully sent; returns how
     /// its sending went.
     pub(crate) fn wait(&self) -> Result<(), io::ErrorKind> {
-        let mut state = lock(&self.state);
+        let mut slot = lock(&self.slot);
         loop {
-            match std::mem::take(&mut *state) {
+            match std::mem::take(&mut slot.state) {
                 State::Idle => return Ok(()),
                 State::Sent(outcome) => return outcome,
                 State::InFlight => {
-                    *state = State::InFlight;
-                    state = self
+                    slot.state = State::InFlight;
+                    slot.waiter = true;
+                    slot = self
                         .done
-                        .wait(state)
+                        .wait(slot)
                         .unwrap_or_else(|poisoned| poisoned.into_inner());
+                    slot.waiter = false;
                 }
             }
         }
