@@ -11,8 +11,8 @@ use crate::bulk::{
 };
 use crate::edge::{
     Direction, EdgeInfo, EdgeLabel, PathFound, WALK_FLAG_VALUES, WalkResult, put_edge_list,
-    put_f64, put_label, put_label_filter, put_path, put_walk, read_direction, read_edge_list,
-    read_f64, read_label, read_label_filter, read_path, read_walk,
+    put_f64, put_label, put_label_filter, put_path, put_walk, read_count, read_direction,
+    read_edge_list, read_f64, read_label, read_label_filter, read_path, read_walk,
 };
 use crate::error::{DecodeError, ErrorCode};
 use crate::frame::{FrameHeader, HEADER_BYTES, Limits, Opcode, RESPONSE_BIT, encode_frame};
@@ -491,23 +491,14 @@ impl Request {
             },
             Opcode::Mget => {
                 let ns = r.namespace()?;
-                let count = r.u32()?;
+                let count = read_count(&mut r, "mget cell count", MAX_MGET_CELLS, COORD_BYTES)?;
                 if count == 0 {
                     return Err(DecodeError::BadField {
                         what: "mget cell count (must be 1 to 4096)",
                         got: 0,
                     });
                 }
-                if count > MAX_MGET_CELLS {
-                    return Err(DecodeError::TooMany {
-                        what: "mget cell count",
-                        got: u64::from(count),
-                        limit: u64::from(MAX_MGET_CELLS),
-                    });
-                }
-                // Never reserve more than the body could hold.
-                let fits = r.remaining() / COORD_BYTES;
-                let mut coords = Vec::with_capacity((count as usize).min(fits));
+                let mut coords = Vec::with_capacity(count);
                 for _ in 0..count {
                     coords.push(r.coord()?);
                 }
@@ -1050,17 +1041,13 @@ impl Response {
                 existed: r.bool()?,
             },
             Opcode::Mget => {
-                let count = r.u32()?;
-                if count > MAX_MGET_CELLS {
-                    return Err(DecodeError::TooMany {
-                        what: "mget answer cell count",
-                        got: u64::from(count),
-                        limit: u64::from(MAX_MGET_CELLS),
-                    });
-                }
-                // Never reserve more than the body could hold.
-                let fits = r.remaining() / MIN_MGET_CELL_BYTES;
-                let mut values = Vec::with_capacity((count as usize).min(fits));
+                let count = read_count(
+                    &mut r,
+                    "mget answer cell count",
+                    MAX_MGET_CELLS,
+                    MIN_MGET_CELL_BYTES,
+                )?;
+                let mut values = Vec::with_capacity(count);
                 for _ in 0..count {
                     values.push(if r.bool()? {
                         Some(r.blob("value", limits.max_value_bytes as usize)?)
@@ -1074,17 +1061,13 @@ impl Response {
                 let result = match r.u8()? {
                     SCAN_KIND_COUNT => ScanResult::Count(r.u64()?),
                     SCAN_KIND_CELLS => {
-                        let count = r.u32()?;
-                        if count > MAX_SCAN_PAGE_CELLS {
-                            return Err(DecodeError::TooMany {
-                                what: "scan page cell count",
-                                got: u64::from(count),
-                                limit: u64::from(MAX_SCAN_PAGE_CELLS),
-                            });
-                        }
-                        // Never reserve more than the body could hold.
-                        let fits = r.remaining() / MIN_SCAN_CELL_BYTES;
-                        let mut cells = Vec::with_capacity((count as usize).min(fits));
+                        let count = read_count(
+                            &mut r,
+                            "scan page cell count",
+                            MAX_SCAN_PAGE_CELLS,
+                            MIN_SCAN_CELL_BYTES,
+                        )?;
+                        let mut cells = Vec::with_capacity(count);
                         for _ in 0..count {
                             cells.push(ScanCell {
                                 coord: r.coord()?,

@@ -9,6 +9,8 @@
 //! [`region`] turns a box into runs of keys for either curve.
 //! `docs/curve-bakeoff.md` has the measurements behind [`Curve::DEFAULT`].
 
+#[cfg(target_arch = "x86_64")]
+mod cpu;
 pub(crate) mod hilbert;
 mod morton;
 pub mod region;

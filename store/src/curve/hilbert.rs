@@ -708,6 +708,8 @@ mod avx512 {
 
     use cube_protocol::Coord;
 
+    use crate::curve::cpu::{has_avx512, has_avx512_gfni};
+
     use super::{
         BATCH_LANES, DECODE_1, DECODE_1_TABLE, DECODE_TOP, DECODE_WORD, ENCODE_TOP, ENCODE_WORD,
         SHORTCUT, START_STATE, WordTable, magnitude_bits, morton_keys,
@@ -761,27 +763,6 @@ mod avx512 {
 
     static ENCODE_SHORT: Short = build_short(false);
     static DECODE_SHORT: Short = build_short(true);
-
-    /// Whether this CPU has the AVX-512 subsets used here, decided once
-    /// per process.
-    #[inline]
-    fn available() -> bool {
-        use std::sync::atomic::{AtomicU8, Ordering};
-        const UNKNOWN: u8 = 0;
-        const NO: u8 = 1;
-        const YES: u8 = 2;
-        static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
-        match STATE.load(Ordering::Relaxed) {
-            YES => true,
-            NO => false,
-            _ => {
-                let yes = std::is_x86_feature_detected!("avx512f")
-                    && std::is_x86_feature_detected!("avx512bw");
-                STATE.store(if yes { YES } else { NO }, Ordering::Relaxed);
-                yes
-            }
-        }
-    }
 
     /// `count` steps of each lane (see [`super::build_word`]).
     #[inline]
@@ -1183,28 +1164,6 @@ mod avx512 {
         }
     }
 
-    /// Whether this CPU also has what [`bytes`] needs, decided once per
-    /// process.
-    #[inline]
-    fn bytes_available() -> bool {
-        use std::sync::atomic::{AtomicU8, Ordering};
-        const UNKNOWN: u8 = 0;
-        const NO: u8 = 1;
-        const YES: u8 = 2;
-        static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
-        match STATE.load(Ordering::Relaxed) {
-            YES => true,
-            NO => false,
-            _ => {
-                let yes = available()
-                    && std::is_x86_feature_detected!("avx512vbmi")
-                    && std::is_x86_feature_detected!("gfni");
-                STATE.store(if yes { YES } else { NO }, Ordering::Relaxed);
-                yes
-            }
-        }
-    }
-
     #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,gfni")]
     fn bytes_keys(coords: &[Coord], out: &mut [u128]) {
         let (key_blocks, _) = out.as_chunks_mut::<{ bytes::LANES }>();
@@ -1261,17 +1220,17 @@ mod avx512 {
     /// array.
     #[allow(unsafe_code)]
     pub(super) fn try_keys(coords: &[Coord], out: &mut [u128], allow_bytes: bool) -> usize {
-        if !available() {
+        if !has_avx512() {
             return 0;
         }
         let mut done = 0;
-        if allow_bytes && bytes_available() {
-            // SAFETY: `bytes_available()` checked the features.
+        if allow_bytes && has_avx512_gfni() {
+            // SAFETY: `has_avx512_gfni()` checked the features.
             unsafe { bytes_keys(coords, out) };
             done = coords.len() / bytes::LANES * bytes::LANES;
         }
         let (coords, out) = (&coords[done..], &mut out[done..]);
-        // SAFETY: `available()` checked the features.
+        // SAFETY: `has_avx512()` checked the features.
         unsafe { keys(coords, out) };
         done + coords.len() / LANES * LANES
     }
@@ -1281,10 +1240,10 @@ mod avx512 {
     /// it); see [`try_keys`] for the `unsafe`.
     #[allow(unsafe_code)]
     pub(super) fn try_decode(keys: &[u128], morton: &mut [u128]) -> usize {
-        if !available() {
+        if !has_avx512() {
             return 0;
         }
-        // SAFETY: `available()` checked the features.
+        // SAFETY: `has_avx512()` checked the features.
         unsafe { decode(keys, morton) };
         keys.len() / LANES * LANES
     }

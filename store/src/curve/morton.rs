@@ -366,30 +366,6 @@ mod bmi2 {
     }
 }
 
-/// Whether this CPU has AVX-512 (F, BW), VBMI and GFNI, decided once per
-/// process like [`bmi2_is_fast`].
-#[cfg(target_arch = "x86_64")]
-#[inline]
-fn avx512_gfni_present() -> bool {
-    use std::sync::atomic::{AtomicU8, Ordering};
-    const UNKNOWN: u8 = 0;
-    const NO: u8 = 1;
-    const YES: u8 = 2;
-    static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
-    match STATE.load(Ordering::Relaxed) {
-        YES => true,
-        NO => false,
-        _ => {
-            let present = std::is_x86_feature_detected!("avx512f")
-                && std::is_x86_feature_detected!("avx512bw")
-                && std::is_x86_feature_detected!("avx512vbmi")
-                && std::is_x86_feature_detected!("gfni");
-            STATE.store(if present { YES } else { NO }, Ordering::Relaxed);
-            present
-        }
-    }
-}
-
 /// The batch paths with AVX-512, four keys per register. Key bits 24m to
 /// 24m+23 are byte m of x, y and z interleaved, so each key byte is a
 /// fixed GF(2)-linear function of one byte of each axis: `vgf2p8affineqb`
@@ -409,7 +385,7 @@ mod avx512 {
 
     use cube_protocol::Coord;
 
-    use super::avx512_gfni_present;
+    use crate::curve::cpu::has_avx512_gfni;
 
     /// The shuffles address a coordinate's bytes through these, so any
     /// field order works, but they assume three 4-byte fields and no
@@ -740,10 +716,10 @@ mod avx512 {
     /// BMI2 loop (see the module comment).
     #[allow(unsafe_code)]
     pub(super) fn try_keys(coords: &[Coord], out: &mut [u128]) -> bool {
-        if !LAYOUT_OK || !avx512_gfni_present() {
+        if !LAYOUT_OK || !has_avx512_gfni() {
             return false;
         }
-        // SAFETY: `avx512_gfni_present()` detected every feature `keys`
+        // SAFETY: `has_avx512_gfni()` detected every feature `keys`
         // enables.
         unsafe { keys(coords, out) };
         true
@@ -753,10 +729,10 @@ mod avx512 {
     /// written); see [`try_keys`] for why this `unsafe` is allowed.
     #[allow(unsafe_code)]
     pub(super) fn try_decode_many(keys: &[u128], out: &mut [Coord]) -> bool {
-        if !LAYOUT_OK || !avx512_gfni_present() {
+        if !LAYOUT_OK || !has_avx512_gfni() {
             return false;
         }
-        // SAFETY: `avx512_gfni_present()` detected every feature
+        // SAFETY: `has_avx512_gfni()` detected every feature
         // `decode_all` enables.
         unsafe { decode_all(keys, out) };
         true
@@ -907,7 +883,10 @@ mod tests {
     fn avx512_layout_assumption_holds() {
         // Otherwise the batch functions silently fall back to BMI2.
         const { assert!(avx512::LAYOUT_OK) };
-        eprintln!("AVX-512 path in use: {}", avx512_gfni_present());
+        eprintln!(
+            "AVX-512 path in use: {}",
+            crate::curve::cpu::has_avx512_gfni()
+        );
     }
 
     #[cfg(target_arch = "x86_64")]
