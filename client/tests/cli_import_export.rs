@@ -5,13 +5,13 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 use cube_client::{
     BatchOp, CellBox, Client, Coord, Direction, EdgeLabel, ErrorCode, LocalDaemon, MAX_BATCH_OPS,
     NamespaceName, Request, failed_op_index,
 };
-use support::{assert_exit, cubec, stderr};
+use support::{assert_exit, cubec, cubec_with_stdin, stderr};
 
 /// `cubec export` of `ns` into `path`; returns the file's bytes.
 fn export_to(daemon: &LocalDaemon, args: &[&str], path: &Path) -> Vec<u8> {
@@ -324,27 +324,12 @@ fn cells_round_trip_through_csv() {
 #[test]
 fn import_reads_stdin_and_says_what_it_did() {
     let daemon = LocalDaemon::start_fresh(&[]).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cubec"))
-        .arg("--socket")
-        .arg(daemon.socket())
-        .args(["import", "default", "-"])
-        .env_remove("CUBE_SOCKET")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::Write;
-        let mut stdin = child.stdin.take().unwrap();
-        stdin
-            .write_all(
-                b"{\"type\":\"cell\",\"coord\":[1,2,3],\"value\":\"piped\"}\n\n\
-                  {\"type\":\"edge\",\"from\":[1,2,3],\"to\":[3,2,1]}\n",
-            )
-            .unwrap();
-    }
-    let out = child.wait_with_output().unwrap();
+    let out = cubec_with_stdin(
+        daemon.socket(),
+        &["import", "default", "-"],
+        b"{\"type\":\"cell\",\"coord\":[1,2,3],\"value\":\"piped\"}\n\n\
+          {\"type\":\"edge\",\"from\":[1,2,3],\"to\":[3,2,1]}\n",
+    );
     assert_exit(&out, 0);
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(

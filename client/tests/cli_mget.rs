@@ -3,27 +3,8 @@
 
 mod support;
 
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
-
 use cube_client::{Coord, LocalDaemon, base64};
-use support::{assert_exit, cubec, stderr, stdout};
-
-/// `cubec --socket SOCKET ARGS...` with `input` on stdin.
-fn cubec_with_stdin(daemon: &LocalDaemon, args: &[&str], input: &[u8]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cubec"))
-        .arg("--socket")
-        .arg(daemon.socket())
-        .args(args)
-        .env_remove("CUBE_SOCKET")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(input).unwrap();
-    child.wait_with_output().unwrap()
-}
+use support::{assert_exit, cubec, cubec_with_stdin, stderr, stdout};
 
 /// A daemon with text at 1,-2,3, binary bytes at -1,0,7 and an empty value
 /// at 0,0,0.
@@ -106,7 +87,7 @@ fn json_gives_one_object_per_line_with_exact_bytes() {
 fn coordinates_come_from_stdin_with_a_dash() {
     let daemon = daemon_with_cells();
     let out = cubec_with_stdin(
-        &daemon,
+        daemon.socket(),
         &["mget", "default", "0,0,0", "-"],
         b"1,-2,3\n\n -1,0,7 \n",
     );
@@ -117,7 +98,7 @@ fn coordinates_come_from_stdin_with_a_dash() {
     );
     // More than one request's worth: read 4096 at a time, in order.
     let input: String = (0..5000).map(|i| format!("{},-2,3\n", i % 2)).collect();
-    let out = cubec_with_stdin(&daemon, &["mget", "default", "-"], input.as_bytes());
+    let out = cubec_with_stdin(daemon.socket(), &["mget", "default", "-"], input.as_bytes());
     assert_exit(&out, 1);
     let text = stdout(&out);
     let lines: Vec<&str> = text.lines().collect();
@@ -131,7 +112,7 @@ fn coordinates_come_from_stdin_with_a_dash() {
         assert_eq!(*line, expected, "line {i}");
     }
     // A bad line is a usage error naming it.
-    let out = cubec_with_stdin(&daemon, &["mget", "default", "-"], b"1,2,3\n1,2\n");
+    let out = cubec_with_stdin(daemon.socket(), &["mget", "default", "-"], b"1,2,3\n1,2\n");
     assert_exit(&out, 2);
     assert!(stderr(&out).contains("stdin line 2"), "{}", stderr(&out));
     assert_eq!(stdout(&out), "");
