@@ -1193,19 +1193,39 @@ impl<'a> ScanPageEncoder<'a> {
     /// Writes the cursor, the cell count and the header.
     pub fn finish(self, resume_after: Option<Coord>) {
         put_optional_coord(self.out, resume_after);
-        let count_at = self.count_at;
-        self.out[count_at..count_at + 4].copy_from_slice(&self.cells.to_le_bytes());
-        let body = &self.out[self.frame_start + HEADER_BYTES..];
-        let header = FrameHeader {
-            body_len: body.len() as u32,
-            body_crc32c: crc32c::crc32c(body),
-            version: PROTOCOL_VERSION,
-            opcode: Opcode::Scan as u16 | RESPONSE_BIT,
-            request_id: self.request_id,
-        };
-        self.out[self.frame_start..self.frame_start + HEADER_BYTES]
-            .copy_from_slice(&header.to_bytes());
+        seal_counted_frame(
+            self.out,
+            self.frame_start,
+            self.count_at,
+            self.cells,
+            Opcode::Scan,
+            self.request_id,
+        );
     }
+}
+
+/// Completes a response frame encoded in place from `out[frame_start..]`
+/// (by [`ScanPageEncoder`] or [`MgetEncoder`]): its item count, written
+/// at `count_at` once known, then the header with the body's length and
+/// CRC.
+fn seal_counted_frame(
+    out: &mut [u8],
+    frame_start: usize,
+    count_at: usize,
+    count: u32,
+    opcode: Opcode,
+    request_id: u64,
+) {
+    out[count_at..count_at + 4].copy_from_slice(&count.to_le_bytes());
+    let body = &out[frame_start + HEADER_BYTES..];
+    let header = FrameHeader {
+        body_len: body.len() as u32,
+        body_crc32c: crc32c::crc32c(body),
+        version: PROTOCOL_VERSION,
+        opcode: opcode as u16 | RESPONSE_BIT,
+        request_id,
+    };
+    out[frame_start..frame_start + HEADER_BYTES].copy_from_slice(&header.to_bytes());
 }
 
 /// One cell of an `mget` answer: a presence byte, then the value as a blob
@@ -1278,18 +1298,14 @@ impl<'a> MgetEncoder<'a> {
 
     /// Writes the cell count and the header.
     pub fn finish(self) {
-        let count_at = self.count_at;
-        self.out[count_at..count_at + 4].copy_from_slice(&self.cells.to_le_bytes());
-        let body = &self.out[self.frame_start + HEADER_BYTES..];
-        let header = FrameHeader {
-            body_len: body.len() as u32,
-            body_crc32c: crc32c::crc32c(body),
-            version: PROTOCOL_VERSION,
-            opcode: Opcode::Mget as u16 | RESPONSE_BIT,
-            request_id: self.request_id,
-        };
-        self.out[self.frame_start..self.frame_start + HEADER_BYTES]
-            .copy_from_slice(&header.to_bytes());
+        seal_counted_frame(
+            self.out,
+            self.frame_start,
+            self.count_at,
+            self.cells,
+            Opcode::Mget,
+            self.request_id,
+        );
     }
 
     /// Drops the partial frame, leaving `out` as it was before [`Self::begin`].
