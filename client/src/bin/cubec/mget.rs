@@ -11,19 +11,20 @@ use super::{EXIT_NOT_FOUND, Failure, coord_json, emit, escape_value, parse_names
 pub(crate) const MGET_HELP: &str = "\
 Prints one line per coordinate, in the order given (a coordinate given twice
 is printed twice): `x,y,z<TAB>value`, the value escaped exactly like `cubec
-scan` prints it. An empty cell prints `x,y,z<TAB>\\N`; no value prints as `\\N`,
-because a backslash in a value is always written `\\\\`. With --json, one JSON
-object per line: {\"coord\":[x,y,z],\"found\":true,\"value\":...,\"value_base64\":...}
-(`value` is null when the bytes are not UTF-8; both are null when the cell is
-empty).
+scan` prints it. An empty cell prints `x,y,z<TAB>\\N`; a stored value never
+prints as `\\N`, because a backslash in a value is always written `\\\\`.
+With --json, one JSON object per line:
+{\"coord\":[x,y,z],\"found\":true,\"value\":...,\"value_base64\":...}
+(`value` is null when the bytes are not UTF-8; both are null when the cell
+is empty).
 
 Options (--json, --socket) go before the coordinates. `-` in place of a
 coordinate reads coordinates from stdin, one X,Y,Z per line (blank lines
-are skipped). Up to 4096 coordinates are read in one
-request, from one state of the store: no write lands between two of its
-cells. More are read 4096 at a time, each batch its own state. An answer
-larger than cubed's frame limit (--max-frame-bytes, 16 MiB by default) is
-refused: ask for fewer cells at a time.
+are skipped). Up to 4096 coordinates are read in one request, from one
+state of the store: no write lands between two of its cells. More are
+read 4096 at a time, each batch its own state. An answer larger than
+cubed's frame limit (--max-frame-bytes, 16 MiB by default) is refused: ask
+for fewer cells at a time.
 
 Exits 1 when at least one cell is empty (every cell is still printed), 3
 when the namespace does not exist, like `cubec get`.
