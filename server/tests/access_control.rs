@@ -327,6 +327,7 @@ fn secret_intact(root: &mut Client, ns: &str) {
 const EVERY_COMMAND: &[&[&str]] = &[
     &["get", "NS", "0,0,0"],
     &["--json", "get", "NS", "0,0,0"],
+    &["mget", "NS", "0,0,0", "1,0,0"],
     &["put", "NS", "0,0,0", "overwritten"],
     &["put", "NS", "9,9,9", "new"],
     &["del", "NS", "0,0,0"],
@@ -445,6 +446,11 @@ fn read_only_grant_reads_read_write_grant_writes_and_revoke_hides_again() {
     // Reads work.
     assert_eq!(t.listed_for(OTHER), ["shared"]);
     assert_eq!(t.ok_as(OTHER, &["get", "shared", "0,0,0"]), "classified");
+    let mget = t.ok_as(OTHER, &["mget", "shared", "0,0,0", "1,0,0"]);
+    assert!(
+        mget.contains("classified") && mget.contains("also classified"),
+        "{mget}"
+    );
     let scan = t.ok_as(OTHER, &["scan", "shared", "-5,-5,-5", "5,5,5"]);
     assert!(
         scan.contains("classified") && scan.contains("also classified"),
