@@ -1043,6 +1043,63 @@ mod probe {
 }
 
 #[cfg(test)]
+mod point_read_probe {
+    use super::*;
+    use std::time::Instant;
+
+    /// Where a single random get's time goes on 1 M cells (values behind
+    /// their own allocations, as in the store): the same 4096 keys read
+    /// one lock each (what `MemStore::read_cell` pays, less the namespace
+    /// table), all under one lock with no prefetching, and batched. For
+    /// choosing between lock-free reads and layout work; prints ns a read.
+    #[test]
+    #[ignore = "timing probe"]
+    fn single_get_costs() {
+        let n = 1_000_000u128;
+        let lock = RwLock::new(CellMap::from_sorted(
+            (0..n).map(|k| (k * 4, Arc::from(k.to_le_bytes()[..8].to_vec()))),
+        ));
+        read(&lock).base.build_index();
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let keys: Vec<u128> = (0..4096)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                u128::from(state % n as u64) * 4
+            })
+            .collect();
+        let rounds = 200;
+        for _ in 0..3 {
+            let mut sum = 0usize;
+            let t = Instant::now();
+            for _ in 0..rounds {
+                for key in &keys {
+                    sum += read(&lock).get(key).map_or(0, |v| usize::from(v[0]));
+                }
+            }
+            let locked = t.elapsed().as_nanos() as f64 / (rounds * keys.len()) as f64;
+            let t = Instant::now();
+            for _ in 0..rounds {
+                let cells = read(&lock);
+                for key in &keys {
+                    sum += cells.get(key).map_or(0, |v| usize::from(v[0]));
+                }
+            }
+            let unlocked = t.elapsed().as_nanos() as f64 / (rounds * keys.len()) as f64;
+            let t = Instant::now();
+            for _ in 0..rounds {
+                read(&lock).get_many(&keys, |_, v| sum += v.map_or(0, |v| usize::from(v[0])));
+            }
+            let batched = t.elapsed().as_nanos() as f64 / (rounds * keys.len()) as f64;
+            println!(
+                "ns a read: a lock each {locked:.0}, one lock {unlocked:.0}, batched {batched:.0} ({sum})"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
 mod index_tests {
     use super::*;
 
