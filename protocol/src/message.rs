@@ -1143,34 +1143,25 @@ impl Response {
 /// The bytes are exactly those of [`Response::encode`] for the same page.
 pub struct ScanPageEncoder<'a> {
     out: &'a mut Vec<u8>,
-    frame_start: usize,
-    count_at: usize,
+    frame: CountedFrame,
     cells: u32,
-    request_id: u64,
 }
 
 impl<'a> ScanPageEncoder<'a> {
     /// Starts the frame answering `request_id` at the end of `out`.
     pub fn begin(out: &'a mut Vec<u8>, request_id: u64) -> ScanPageEncoder<'a> {
-        let frame_start = out.len();
-        out.extend_from_slice(&[0u8; HEADER_BYTES]);
-        out.push(STATUS_OK);
-        out.push(SCAN_KIND_CELLS);
-        let count_at = out.len();
-        put_u32(out, 0);
+        let frame = CountedFrame::begin(out, request_id, &[SCAN_KIND_CELLS]);
         ScanPageEncoder {
             out,
-            frame_start,
-            count_at,
+            frame,
             cells: 0,
-            request_id,
         }
     }
 
     /// The frame's size if it were finished now (counting the largest
     /// cursor [`Self::finish`] can add).
     pub fn frame_bytes(&self) -> usize {
-        self.out.len() - self.frame_start + 1 + 12
+        self.out.len() - self.frame.start + 1 + 12
     }
 
     /// The bytes one more cell with a value of `value_len` bytes adds.
@@ -1193,39 +1184,52 @@ impl<'a> ScanPageEncoder<'a> {
     /// Writes the cursor, the cell count and the header.
     pub fn finish(self, resume_after: Option<Coord>) {
         put_optional_coord(self.out, resume_after);
-        seal_counted_frame(
-            self.out,
-            self.frame_start,
-            self.count_at,
-            self.cells,
-            Opcode::Scan,
-            self.request_id,
-        );
+        self.frame.seal(self.out, self.cells, Opcode::Scan);
     }
 }
 
-/// Completes a response frame encoded in place from `out[frame_start..]`
-/// (by [`ScanPageEncoder`] or [`MgetEncoder`]): its item count, written
-/// at `count_at` once known, then the header with the body's length and
-/// CRC.
-fn seal_counted_frame(
-    out: &mut [u8],
-    frame_start: usize,
+/// A successful response frame encoded in place at the end of a buffer
+/// (by [`ScanPageEncoder`] and [`MgetEncoder`]), whose item count and
+/// header are filled in once the items are known.
+struct CountedFrame {
+    /// Where the frame (its header) starts in the buffer.
+    start: usize,
+    /// Where its `u32` item count goes.
     count_at: usize,
-    count: u32,
-    opcode: Opcode,
     request_id: u64,
-) {
-    out[count_at..count_at + 4].copy_from_slice(&count.to_le_bytes());
-    let body = &out[frame_start + HEADER_BYTES..];
-    let header = FrameHeader {
-        body_len: body.len() as u32,
-        body_crc32c: crc32c::crc32c(body),
-        version: PROTOCOL_VERSION,
-        opcode: opcode as u16 | RESPONSE_BIT,
-        request_id,
-    };
-    out[frame_start..frame_start + HEADER_BYTES].copy_from_slice(&header.to_bytes());
+}
+
+impl CountedFrame {
+    /// Appends room for the header, the OK status, `prefix` (fields that
+    /// come before the count) and room for the count.
+    fn begin(out: &mut Vec<u8>, request_id: u64, prefix: &[u8]) -> CountedFrame {
+        let start = out.len();
+        out.extend_from_slice(&[0u8; HEADER_BYTES]);
+        out.push(STATUS_OK);
+        out.extend_from_slice(prefix);
+        let count_at = out.len();
+        put_u32(out, 0);
+        CountedFrame {
+            start,
+            count_at,
+            request_id,
+        }
+    }
+
+    /// Writes the item count, then the header with the body's length and
+    /// CRC.
+    fn seal(&self, out: &mut [u8], count: u32, opcode: Opcode) {
+        out[self.count_at..self.count_at + 4].copy_from_slice(&count.to_le_bytes());
+        let body = &out[self.start + HEADER_BYTES..];
+        let header = FrameHeader {
+            body_len: body.len() as u32,
+            body_crc32c: crc32c::crc32c(body),
+            version: PROTOCOL_VERSION,
+            opcode: opcode as u16 | RESPONSE_BIT,
+            request_id: self.request_id,
+        };
+        out[self.start..self.start + HEADER_BYTES].copy_from_slice(&header.to_bytes());
+    }
 }
 
 /// One cell of an `mget` answer: a presence byte, then the value as a blob
@@ -1245,32 +1249,24 @@ fn put_mget_cell(out: &mut Vec<u8>, value: Option<&[u8]>) {
 /// those of [`Response::encode`] for the same values.
 pub struct MgetEncoder<'a> {
     out: &'a mut Vec<u8>,
-    frame_start: usize,
-    count_at: usize,
+    frame: CountedFrame,
     cells: u32,
-    request_id: u64,
 }
 
 impl<'a> MgetEncoder<'a> {
     /// Starts the frame answering `request_id` at the end of `out`.
     pub fn begin(out: &'a mut Vec<u8>, request_id: u64) -> MgetEncoder<'a> {
-        let frame_start = out.len();
-        out.extend_from_slice(&[0u8; HEADER_BYTES]);
-        out.push(STATUS_OK);
-        let count_at = out.len();
-        put_u32(out, 0);
+        let frame = CountedFrame::begin(out, request_id, &[]);
         MgetEncoder {
             out,
-            frame_start,
-            count_at,
+            frame,
             cells: 0,
-            request_id,
         }
     }
 
     /// The frame's size so far (header included); it is the finished size.
     pub fn frame_bytes(&self) -> usize {
-        self.out.len() - self.frame_start
+        self.out.len() - self.frame.start
     }
 
     /// The size of a frame holding no cell yet.
@@ -1298,19 +1294,12 @@ impl<'a> MgetEncoder<'a> {
 
     /// Writes the cell count and the header.
     pub fn finish(self) {
-        seal_counted_frame(
-            self.out,
-            self.frame_start,
-            self.count_at,
-            self.cells,
-            Opcode::Mget,
-            self.request_id,
-        );
+        self.frame.seal(self.out, self.cells, Opcode::Mget);
     }
 
     /// Drops the partial frame, leaving `out` as it was before [`Self::begin`].
     pub fn abandon(self) {
-        self.out.truncate(self.frame_start);
+        self.out.truncate(self.frame.start);
     }
 }
 
