@@ -20,7 +20,8 @@ use cube_protocol::{
     ServerError, StatsEntry, StatsValue,
 };
 use cube_store::{
-    Mutation, NamespaceGuard, ScanLimits, Visit, WriteError, WriteErrorKind, WriteSession,
+    Mutation, NamespaceGuard, NamespaceMemo, ScanLimits, Visit, WriteError, WriteErrorKind,
+    WriteSession,
 };
 
 use crate::access::{Peer, authorize};
@@ -102,6 +103,9 @@ pub(crate) struct Connection {
     /// The namespace the current request was authorized against (only for
     /// non-administrators); every write it sends is pinned to it.
     guard: Option<NamespaceGuard>,
+    /// The namespace this connection's `get`s read last, so that a run of
+    /// them skips the shared namespace table.
+    namespace_memo: NamespaceMemo,
 }
 
 impl Connection {
@@ -127,6 +131,7 @@ impl Connection {
             read_timeout,
             peer,
             guard: None,
+            namespace_memo: NamespaceMemo::default(),
         })
     }
 
@@ -421,10 +426,12 @@ impl Connection {
                     count("backup.us", report.duration.as_micros() as u64),
                 ]))
             }
-            Request::Get { ns, coord } => match engine.get_copy(&ns, coord) {
-                Some(value) => Ok(Response::Get(value)),
-                None => Err(no_such_namespace(&ns)),
-            },
+            Request::Get { ns, coord } => {
+                match engine.get_copy(&mut self.namespace_memo, &ns, coord) {
+                    Some(value) => Ok(Response::Get(value)),
+                    None => Err(no_such_namespace(&ns)),
+                }
+            }
             edge_request @ (Request::Link { .. }
             | Request::Unlink { .. }
             | Request::Edges { .. }

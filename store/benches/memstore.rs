@@ -190,14 +190,31 @@ fn point_ops(c: &mut Criterion<CpuTime>) {
                 found
             })
         });
-        // What the server's `get` does: the bytes read (here summed;
-        // there copied into the reply) under the lock, no `Arc` clone.
+        // One `read_cell` each: the bytes read (here summed; the server
+        // copies them into the reply) under the lock, no `Arc` clone.
         group.bench_function(BenchmarkId::new("get-borrowed", curve.name()), |b| {
             b.iter(|| {
                 let mut found = 0usize;
                 for c in &probes {
                     found += store
                         .read_cell(&name, *c, |v| v.map_or(0, |v| v.len() + usize::from(v[0])))
+                        .unwrap();
+                }
+                found
+            })
+        });
+        // What the server's `get` does since connections remember their
+        // namespace: `get-borrowed` without the namespace table's lock and
+        // the name's hash.
+        group.bench_function(BenchmarkId::new("get-memo", curve.name()), |b| {
+            let mut memo = cube_store::NamespaceMemo::default();
+            b.iter(|| {
+                let mut found = 0usize;
+                for c in &probes {
+                    found += store
+                        .read_cell_memo(&mut memo, &name, *c, |v| {
+                            v.map_or(0, |v| v.len() + usize::from(v[0]))
+                        })
                         .unwrap();
                 }
                 found

@@ -17,7 +17,7 @@ use crate::curve::Curve;
 use crate::data_dir::DataDir;
 use crate::error::StoreError;
 use crate::group_commit::{GroupCommit, GroupCommitConfig, WriteSession};
-use crate::memstore::MemStore;
+use crate::memstore::{MemStore, NamespaceMemo};
 use crate::mutation::Mutation;
 use crate::stats::{StoreStats, StoreStatsSnapshot};
 use crate::storage::{RealDisk, Storage};
@@ -324,10 +324,16 @@ impl Engine {
     }
 
     /// The value at `coord` copied out under the lock
-    /// ([`MemStore::read_cell`]); `None` if there is no such namespace.
-    pub fn get_copy(&self, ns: &NamespaceName, coord: Coord) -> Option<Option<Vec<u8>>> {
+    /// ([`MemStore::read_cell_memo`]: a connection keeps one `memo` for all
+    /// its reads); `None` if there is no such namespace.
+    pub fn get_copy(
+        &self,
+        memo: &mut NamespaceMemo,
+        ns: &NamespaceName,
+        coord: Coord,
+    ) -> Option<Option<Vec<u8>>> {
         self.mem
-            .read_cell(ns, coord, |value| value.map(|v| v.to_vec()))
+            .read_cell_memo(memo, ns, coord, |value| value.map(|v| v.to_vec()))
     }
 
     pub fn memstore(&self) -> &Arc<MemStore> {

@@ -54,7 +54,7 @@ pub use group_commit::{
     GroupCommit, GroupCommitConfig, MAX_NAMESPACES, MAX_TXN_MUTATIONS, NamespaceGuard, Responder,
     SyncPolicy, TxnAck, WriteAck, WriteSession,
 };
-pub use memstore::{APPLY_SLICE_RECORDS, MemStore, SCAN_SLICE_STEPS};
+pub use memstore::{APPLY_SLICE_RECORDS, MemStore, NamespaceMemo, SCAN_SLICE_STEPS};
 pub use mutation::Mutation;
 pub use programs::{MAX_TELEMETRY_KEEP, StoredProgram, TelemetryChange, TelemetryHead};
 pub use scan::{ScanLimits, ScanOutcome, Visit};

@@ -15,7 +15,7 @@
 //! `docs/benchmarks.md` ("In-memory store and curves").
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use cube_protocol::{CellBox, Coord, NamespaceName};
@@ -56,6 +56,13 @@ pub(crate) struct NamespaceCells {
     /// The namespace's edges (`crate::edges`). Lock order: `edges`, then
     /// `cells`; the writer holds `edges` for a whole group's run.
     pub(crate) edges: RwLock<EdgeGraph>,
+    /// Set, under the `cells` write lock, when the namespace is dropped
+    /// or replaced by one of the same name, and its cells and edges are
+    /// released at the same time. A [`NamespaceMemo`] may still hold the
+    /// `Arc`; it checks this under the read lock it takes anyway, so a
+    /// memo never reads a dropped namespace and never keeps its cells
+    /// alive.
+    dropped: AtomicBool,
 }
 
 impl NamespaceCells {
@@ -69,7 +76,24 @@ impl NamespaceCells {
             cells: RwLock::default(),
             value_bytes: AtomicU64::new(0),
             edges: RwLock::default(),
+            dropped: AtomicBool::new(false),
         }
+    }
+
+    /// Marks a namespace that has left the table dropped and releases its
+    /// cells and edges, which any `Arc` still held (a memo, a scan in
+    /// progress) would otherwise keep in memory. Runs on the writer,
+    /// which applies the drop; the memory is freed after the locks are
+    /// released, so readers do not wait for it.
+    fn retire(&self) {
+        let edges = std::mem::take(&mut *write(&self.edges));
+        let cells = {
+            let mut cells = write(&self.cells);
+            self.dropped.store(true, Ordering::Relaxed);
+            self.value_bytes.store(0, Ordering::Relaxed);
+            std::mem::take(&mut *cells)
+        };
+        drop((edges, cells));
     }
 
     /// Adds `delta` to the value byte count. Callers hold the `cells`
@@ -99,6 +123,19 @@ pub(crate) struct SortedCells {
     pub morton_keys: Vec<u128>,
     pub values: Vec<Arc<[u8]>>,
     pub value_bytes: u64,
+}
+
+/// One reader's note of the namespace it read last, so that a stream of
+/// point reads (a connection's `get`s) skips the namespace table: its
+/// shared read lock and the name's hash cost about as much as the lookup
+/// itself (`memstore-1M/get-memo` against `get-borrowed` in
+/// `store/benches/memstore.rs`). The note is an `Arc` of the namespace,
+/// checked on every use against the namespace's `dropped` flag, so it is
+/// never stale and holds no cells once the namespace is gone. Owned by
+/// one reader (not shared), and cheap to create.
+#[derive(Default)]
+pub struct NamespaceMemo {
+    last: Option<(NamespaceName, Arc<NamespaceCells>)>,
 }
 
 /// Cells of every namespace. Cheap to share: clone the `Arc`.
@@ -187,14 +224,14 @@ impl MemStore {
                     *write(&space.meta) = meta.clone();
                     return true;
                 }
-                let replaced = namespaces
-                    .insert(ns.clone(), Arc::new(NamespaceCells::new(meta.clone())))
-                    .is_some();
+                let replaced =
+                    namespaces.insert(ns.clone(), Arc::new(NamespaceCells::new(meta.clone())));
                 drop(namespaces);
-                if replaced {
+                if let Some(old) = &replaced {
+                    old.retire();
                     self.programs.drop_namespace(ns);
                 }
-                replaced
+                replaced.is_some()
             }
             Mutation::NamespaceAlter { ns, meta } => match self.namespace(ns) {
                 Some(space) => {
@@ -204,9 +241,12 @@ impl MemStore {
                 None => false,
             },
             Mutation::NamespaceDrop { ns } => {
-                let existed = write(&self.namespaces).remove(ns).is_some();
+                let removed = write(&self.namespaces).remove(ns);
+                if let Some(old) = &removed {
+                    old.retire();
+                }
                 self.programs.drop_namespace(ns);
-                existed
+                removed.is_some()
             }
             _ => false,
         }
@@ -369,6 +409,39 @@ impl MemStore {
         let space = namespaces.get(ns)?;
         let cells = read(&space.cells);
         Some(read_value(cells.get(&space.curve.key(coord))))
+    }
+
+    /// [`MemStore::read_cell`] for a reader that reads many cells one at a
+    /// time: the namespace comes from `memo` while it is still the live
+    /// one, and the table is consulted (and `memo` updated) only when the
+    /// name changes or the namespace was dropped.
+    pub fn read_cell_memo<R>(
+        &self,
+        memo: &mut NamespaceMemo,
+        ns: &NamespaceName,
+        coord: Coord,
+        read_value: impl FnOnce(Option<&Arc<[u8]>>) -> R,
+    ) -> Option<R> {
+        if let Some((name, space)) = &memo.last
+            && name == ns
+        {
+            let cells = read(&space.cells);
+            if !space.dropped.load(Ordering::Relaxed) {
+                return Some(read_value(cells.get(&space.curve.key(coord))));
+            }
+        }
+        memo.last = None;
+        let space = self.namespace(ns)?;
+        let found = {
+            let cells = read(&space.cells);
+            // Dropped since the table lookup: it is gone.
+            if space.dropped.load(Ordering::Relaxed) {
+                return None;
+            }
+            read_value(cells.get(&space.curve.key(coord)))
+        };
+        memo.last = Some((ns.clone(), space));
+        Some(found)
     }
 
     /// Calls `visit(i, value)` with the value at each `coords[i]` (`None`:
@@ -581,5 +654,102 @@ mod tests {
         }));
         assert_eq!(store.get(&ns, c), Some(None));
         assert_eq!(store.get(&NamespaceName::new("other").unwrap(), c), None);
+    }
+
+    fn put(ns: &NamespaceName, c: Coord, value: &[u8]) -> Mutation {
+        Mutation::Put {
+            ns: ns.clone(),
+            coord: c,
+            value: value.to_vec(),
+        }
+    }
+
+    fn create(ns: &NamespaceName, id: u64) -> Mutation {
+        let mut meta = NamespaceMeta::implicit_default(0);
+        meta.id = id;
+        Mutation::NamespaceCreate {
+            ns: ns.clone(),
+            meta,
+        }
+    }
+
+    fn memo_read(
+        store: &MemStore,
+        memo: &mut NamespaceMemo,
+        ns: &NamespaceName,
+        c: Coord,
+    ) -> Option<Option<Vec<u8>>> {
+        store.read_cell_memo(memo, ns, c, |v| v.map(|v| v.to_vec()))
+    }
+
+    #[test]
+    fn a_memo_reads_like_the_table_and_follows_writes_and_names() {
+        let store = MemStore::new();
+        let (a, b) = (
+            NamespaceName::new("a").unwrap(),
+            NamespaceName::new("b").unwrap(),
+        );
+        let c = Coord::new(i32::MIN, 0, i32::MAX);
+        let mut memo = NamespaceMemo::default();
+        assert_eq!(memo_read(&store, &mut memo, &a, c), None);
+        store.apply(&create(&a, 10));
+        store.apply(&create(&b, 11));
+        assert_eq!(memo_read(&store, &mut memo, &a, c), Some(None));
+        store.apply(&put(&a, c, b"in a"));
+        store.apply(&put(&b, c, b"in b"));
+        for _ in 0..2 {
+            assert_eq!(
+                memo_read(&store, &mut memo, &a, c),
+                Some(Some(b"in a".to_vec()))
+            );
+            assert_eq!(
+                memo_read(&store, &mut memo, &b, c),
+                Some(Some(b"in b".to_vec()))
+            );
+        }
+        store.apply(&put(&a, c, b"again"));
+        assert_eq!(
+            memo_read(&store, &mut memo, &a, c),
+            Some(Some(b"again".to_vec()))
+        );
+        assert_eq!(
+            memo_read(&store, &mut memo, &NamespaceName::new("c").unwrap(), c),
+            None
+        );
+    }
+
+    #[test]
+    fn a_memo_never_reads_a_dropped_or_replaced_namespace_nor_keeps_its_cells() {
+        let store = MemStore::new();
+        let ns = NamespaceName::new("gone").unwrap();
+        let c = Coord::new(-5, 6, -7);
+        store.apply(&create(&ns, 20));
+        store.apply(&put(&ns, c, b"old"));
+        let mut memo = NamespaceMemo::default();
+        assert_eq!(
+            memo_read(&store, &mut memo, &ns, c),
+            Some(Some(b"old".to_vec()))
+        );
+        let value = store.get(&ns, c).unwrap().unwrap();
+        assert_eq!(Arc::strong_count(&value), 2, "the store and this test");
+
+        store.apply(&Mutation::NamespaceDrop { ns: ns.clone() });
+        // The memo still holds the dropped namespace, but not its cells.
+        assert_eq!(Arc::strong_count(&value), 1);
+        assert_eq!(memo_read(&store, &mut memo, &ns, c), None);
+
+        store.apply(&create(&ns, 21));
+        assert_eq!(memo_read(&store, &mut memo, &ns, c), Some(None));
+        store.apply(&put(&ns, c, b"second"));
+        assert_eq!(
+            memo_read(&store, &mut memo, &ns, c),
+            Some(Some(b"second".to_vec()))
+        );
+
+        // A create under another id replaces the namespace, as a drop would.
+        let value = store.get(&ns, c).unwrap().unwrap();
+        store.apply(&create(&ns, 22));
+        assert_eq!(Arc::strong_count(&value), 1);
+        assert_eq!(memo_read(&store, &mut memo, &ns, c), Some(None));
     }
 }
