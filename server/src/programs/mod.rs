@@ -675,6 +675,68 @@ pub(crate) mod bench {
         (dir, engine)
     }
 
+    /// The seed workload's mix in-process: counters at 4096 cells, each
+    /// run preceded half the time by a `prog` of one of 8 variants, so the
+    /// runs meet cold cells and fresh sources as they do in the daemon.
+    #[test]
+    #[ignore = "timing probe"]
+    fn seed_exec_time() {
+        let (_dir, engine) = probe_engine();
+        let session = engine.session().unwrap();
+        let ns = NamespaceName::new("default").unwrap();
+        let cells = 4096u64;
+        let at = |cell: u64| Coord::new((cell % 1024) as i32, (cell / 1024) as i32, -1);
+        let source = |variant: u64| {
+            format!("-- seed counter, variant {variant}\nreturn cube.rincr(0, 0, 0, 1)\n")
+                .into_bytes()
+        };
+        for cell in 0..cells {
+            session
+                .write(Mutation::ProgramPut {
+                    ns: ns.clone(),
+                    coord: at(cell),
+                    source: source(cell % 8),
+                })
+                .unwrap();
+        }
+        let args = Args::try_parse_from(["cubed"]).unwrap();
+        let settings = ProgramSettings::from_args(&args);
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for round in 0..3 {
+            let stats = Arc::new(ProgramStats::default());
+            let n = 20_000;
+            for _ in 0..n {
+                let r = next();
+                let cell = r % cells;
+                if (r >> 20) % 2 == 0 {
+                    session
+                        .write(Mutation::ProgramPut {
+                            ns: ns.clone(),
+                            coord: at(cell),
+                            source: source((r >> 24) % 8),
+                        })
+                        .unwrap();
+                }
+                let (ns, stats) = (ns.clone(), Arc::clone(&stats));
+                session
+                    .transact(move |view| {
+                        run_in_writer(view, ns, at(cell), &[], &settings, &stats);
+                    })
+                    .unwrap();
+            }
+            let mean =
+                stats.exec.total_ns.load(Relaxed) as f64 / stats.exec.count.load(Relaxed) as f64;
+            println!("round {round}: exec mean {mean:.0} ns over {n} runs");
+        }
+        engine.shutdown().unwrap();
+    }
+
     #[test]
     #[ignore = "timing probe"]
     fn counter_exec_time() {
