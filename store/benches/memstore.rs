@@ -141,6 +141,11 @@ fn point_ops(c: &mut Criterion<CpuTime>) {
     let local: Vec<Coord> = (0..4096)
         .map(|_| Coord::new(40 + rng.below(16), 40 + rng.below(16), 40 + rng.below(16)))
         .collect();
+    // Cells next to the populated cube, none of them stored.
+    let absent: Vec<Coord> = probes
+        .iter()
+        .map(|c| Coord::new(c.x + SIDE, c.y, c.z))
+        .collect();
     let mut group = c.benchmark_group("memstore-1M");
     group.sampling_mode(SamplingMode::Flat);
     group.throughput(Throughput::Elements(probes.len() as u64));
@@ -215,6 +220,20 @@ fn point_ops(c: &mut Criterion<CpuTime>) {
                         .read_cell_memo(&mut memo, &name, *c, |v| {
                             v.map_or(0, |v| v.len() + usize::from(v[0]))
                         })
+                        .unwrap();
+                }
+                found
+            })
+        });
+        // Reads of empty cells (just outside the populated cube), common
+        // in a sparse world: the index answers "absent" from its slots.
+        group.bench_function(BenchmarkId::new("get-absent", curve.name()), |b| {
+            let mut memo = cube_store::NamespaceMemo::default();
+            b.iter(|| {
+                let mut found = 0usize;
+                for c in &absent {
+                    found += store
+                        .read_cell_memo(&mut memo, &name, *c, |v| v.map_or(1, |v| v.len()))
                         .unwrap();
                 }
                 found

@@ -281,20 +281,21 @@ impl CellMap {
             return;
         };
         const D: usize = PREFETCH_DISTANCE;
-        // Home slots, worked out once per key, read D and 2D keys later.
-        let mut homes = [0usize; 4 * D];
+        // Key hashes (home slot and tag), worked out once per key, read D
+        // and 2D keys later.
+        let mut hashes = [0u64; 4 * D];
         // Lookups done, waiting D keys for their value bytes to arrive.
         let mut found: [Option<&Value>; D] = [None; D];
         let overlays = self.frozen.is_some();
         for i in 0..keys.len() + 3 * D {
             if let Some(&key) = keys.get(i) {
-                let home = index.home(key);
-                homes[i % (4 * D)] = home;
-                index.prefetch_slot(home);
+                let hash = index.hash(key);
+                hashes[i % (4 * D)] = hash;
+                index.prefetch_slot(hash);
             }
             if let Some(j) = i.checked_sub(D)
                 && j < keys.len()
-                && let Some(position) = index.position_at(homes[j % (4 * D)])
+                && let Some(position) = index.likely_position(hashes[j % (4 * D)])
                 && position < base.keys.len()
             {
                 prefetch(&base.keys[position]);
@@ -312,7 +313,7 @@ impl CellMap {
                     self.get(&key)
                 } else {
                     index
-                        .find_from(&base.keys, key, homes[j % (4 * D)])
+                        .find_from(&base.keys, key, hashes[j % (4 * D)])
                         .map(|p| &base.values[p])
                 };
                 if let Some(value) = value {

@@ -25,8 +25,8 @@ pub(crate) fn huge_vec<T>(capacity: usize) -> Vec<T> {
     vec
 }
 
-// The one `unsafe` in the store: `madvise` has no safe wrapper. It cannot
-// change memory contents or validity, only how pages are backed.
+// `madvise` has no safe wrapper. It cannot change memory contents or
+// validity, only how pages are backed.
 #[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
 fn advise_huge(start: usize, bytes: usize) {

@@ -533,6 +533,10 @@ struct WordTable {
     tail: [u16; 4],
 }
 
+// The gathers' indices are 14 bits (`walk` masks them with 0x3fff), so the
+// table must have an entry for each, or the reads would leave the static.
+const _: () = assert!(THREE_ROWS * 512 >= 1 << 14);
+
 static ENCODE_WORD: WordTable = WordTable {
     entries: build_word(&build_three(&ENCODE_1_TABLE)),
     tail: [0; 4],
