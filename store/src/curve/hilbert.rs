@@ -1629,3 +1629,56 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+/// Every batch length around the vector blocks, through every walk.
+mod batch_lengths {
+    use super::*;
+
+    fn xorshift(seed: u64, len: usize, shift_mix: bool) -> Vec<Coord> {
+        let mut s = seed | 1;
+        let mut next = move || {
+            s ^= s >> 12;
+            s ^= s << 25;
+            s ^= s >> 27;
+            s.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        };
+        (0..len)
+            .map(|_| {
+                let r = next();
+                let sh = if shift_mix { (r % 32) as u32 } else { 0 };
+                Coord::new(
+                    (next() as i32) >> sh,
+                    (next() as i32) >> sh,
+                    (next() as i32) >> sh,
+                )
+            })
+            .collect()
+    }
+
+    /// Every length around the vector blocks (32 gathers, 64 bytes) and the
+    /// decode block (256), every walk, arbitrary u128 keys for decode.
+    #[test]
+    fn every_length_every_walk_agrees_with_the_single_key_functions() {
+        let mut lens: Vec<usize> = (0..=200).collect();
+        lens.extend([255, 256, 257, 287, 288, 289, 511, 512, 513, 1000]);
+        for &len in &lens {
+            let coords = xorshift(len as u64 + 7, len, true);
+            for walk in [Walk::Fastest, Walk::Gathers, Walk::Portable] {
+                let mut keys = vec![0u128; len];
+                hilbert_keys_with(&coords, &mut keys, walk);
+                for (c, k) in coords.iter().zip(&keys) {
+                    assert_eq!(*k, hilbert_key(*c), "len {len} {c}");
+                }
+                let noisy: Vec<u128> = keys
+                    .iter()
+                    .enumerate()
+                    .map(|(i, k)| k | ((i as u128).wrapping_mul(0x9e37_79b9_7f4a_7c15) << 96))
+                    .collect();
+                let mut back = vec![Coord::new(0, 0, 0); len];
+                hilbert_decode_many_with(&noisy, &mut back, walk);
+                assert_eq!(back, coords, "len {len}");
+            }
+        }
+    }
+}

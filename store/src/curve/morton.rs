@@ -990,3 +990,114 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+/// Every batch length, through every path, never writes past its output.
+mod batch_lengths {
+    use super::*;
+
+    #[test]
+    fn every_length_round_trips_and_writes_nothing_past_its_output() {
+        let mut s = 0x1234_5678_9abc_def1u64;
+        let mut next = move || {
+            s ^= s >> 12;
+            s ^= s << 25;
+            s ^= s >> 27;
+            s.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        };
+        for len in 0..=300usize {
+            let coords: Vec<Coord> = (0..len)
+                .map(|_| Coord::new(next() as i32, next() as i32, next() as i32))
+                .collect();
+            // Sentinels after the output, to catch a write past `len`.
+            let mut keys = vec![0xdead_u128; len + 8];
+            morton_keys(&coords, &mut keys[..len]);
+            assert!(keys[len..].iter().all(|k| *k == 0xdead), "len {len}");
+            for (c, k) in coords.iter().zip(&keys) {
+                assert_eq!(*k, morton_key_lut(*c), "len {len}");
+            }
+            let mut back = vec![Coord::new(7, 7, 7); len + 8];
+            morton_decode_many(&keys[..len], &mut back[..len]);
+            assert!(
+                back[len..].iter().all(|c| *c == Coord::new(7, 7, 7)),
+                "len {len}"
+            );
+            assert_eq!(&back[..len], &coords[..]);
+            #[cfg(target_arch = "x86_64")]
+            {
+                let mut k2 = vec![0xdead_u128; len + 8];
+                if avx512::try_keys(&coords, &mut k2[..len]) {
+                    assert_eq!(&k2[..len], &keys[..len]);
+                    assert!(k2[len..].iter().all(|k| *k == 0xdead));
+                }
+                let mut b2 = vec![Coord::new(7, 7, 7); len + 8];
+                if avx512::try_decode_many(&keys[..len], &mut b2[..len]) {
+                    assert_eq!(&b2[..len], &coords[..]);
+                    assert!(b2[len..].iter().all(|c| *c == Coord::new(7, 7, 7)));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(all(test, target_os = "linux", target_arch = "x86_64"))]
+#[allow(unsafe_code)]
+/// Masked tails read and write nothing past a slice's end: the slices end
+/// at a page the test maps without access, so one byte too far faults.
+mod guard_pages {
+    use super::*;
+
+    /// Slices that end exactly at a PROT_NONE page: any read or write past
+    /// the end (an unmasked byte) faults.
+    #[test]
+    fn masked_tails_stay_before_a_guard_page() {
+        const PAGE: usize = 4096;
+        // SAFETY: the slices lie inside a private anonymous mapping this
+        // test owns (pages 0 and 2 readable and writable, zero-filled, so
+        // valid `Coord`s and `u128`s), are used one length at a time, and
+        // the mapping is unmapped only after the last use.
+        unsafe {
+            let base = libc::mmap(
+                std::ptr::null_mut(),
+                4 * PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            ) as *mut u8;
+            assert_ne!(base as *mut libc::c_void, libc::MAP_FAILED);
+            // Pages: [coords][guard][keys][guard]
+            assert_eq!(
+                libc::mprotect(base.add(PAGE).cast(), PAGE, libc::PROT_NONE),
+                0
+            );
+            assert_eq!(
+                libc::mprotect(base.add(3 * PAGE).cast(), PAGE, libc::PROT_NONE),
+                0
+            );
+            for len in 0..=40usize {
+                // 4096 is a multiple of 4 (Coord align) and 16 (u128 align).
+                let coords_ptr = base.add(PAGE - 12 * len) as *mut Coord;
+                let keys_ptr = base.add(3 * PAGE - 16 * len) as *mut u128;
+                let coords = std::slice::from_raw_parts_mut(coords_ptr, len);
+                for (i, c) in coords.iter_mut().enumerate() {
+                    *c = Coord::new(i as i32 * 7919 - 5, -(i as i32) * 31, i32::MAX - i as i32);
+                }
+                let keys = std::slice::from_raw_parts_mut(keys_ptr, len);
+                assert!(avx512::try_keys(coords, keys) || !crate::curve::cpu::has_avx512_gfni());
+                for (c, k) in coords.iter().zip(keys.iter()) {
+                    assert_eq!(*k, morton_key_lut(*c));
+                }
+                let expect: Vec<Coord> = coords.to_vec();
+                for c in coords.iter_mut() {
+                    *c = Coord::new(0, 0, 0);
+                }
+                assert!(
+                    avx512::try_decode_many(keys, coords) || !crate::curve::cpu::has_avx512_gfni()
+                );
+                assert_eq!(&coords[..], &expect[..]);
+            }
+            libc::munmap(base.cast(), 4 * PAGE);
+        }
+    }
+}
