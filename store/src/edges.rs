@@ -25,7 +25,7 @@ use cube_protocol::{
 };
 
 use crate::coord_hash::CoordHashBuilder;
-use crate::memstore::{MemStore, read};
+use crate::memstore::{MemStore, NamespaceCells, read};
 use crate::mutation::Mutation;
 
 /// An edge's identity: at most one edge per `(from, to, label)`.
@@ -843,9 +843,7 @@ impl MemStore {
         label: Option<&EdgeLabel>,
         limit: usize,
     ) -> Option<Vec<EdgeInfo>> {
-        let space = self.namespace(ns)?;
-        let graph = read(&space.edges);
-        Some(graph.list(coord, direction, label, limit))
+        self.with_graph(ns, |_, graph| graph.list(coord, direction, label, limit))
     }
 
     /// Breadth-first from `from` (see [`WalkResult`]), with each reached
@@ -861,23 +859,23 @@ impl MemStore {
         with_values: bool,
         limits: WalkLimits,
     ) -> Option<WalkResult> {
-        let space = self.namespace(ns)?;
-        let graph = read(&space.edges);
-        let (stop, edges_examined, nodes) = if with_values {
-            let cells = read(&space.cells);
-            graph.walk(from, direction, label, limits, |coord| {
-                cells
-                    .get(&space.curve.key(coord))
-                    .map(|value| value.to_vec())
-            })
-        } else {
-            graph.walk(from, direction, label, limits, |_| None)
-        };
-        Some(WalkResult {
-            stop,
-            edges_examined,
-            with_values,
-            nodes,
+        self.with_graph(ns, |space, graph| {
+            let (stop, edges_examined, nodes) = if with_values {
+                let cells = read(&space.cells);
+                graph.walk(from, direction, label, limits, |coord| {
+                    cells
+                        .get(&space.curve.key(coord))
+                        .map(|value| value.to_vec())
+                })
+            } else {
+                graph.walk(from, direction, label, limits, |_| None)
+            };
+            WalkResult {
+                stop,
+                edges_examined,
+                with_values,
+                nodes,
+            }
         })
     }
 
@@ -892,31 +890,41 @@ impl MemStore {
         max_cost: f64,
         limits: WalkLimits,
     ) -> Option<Result<PathOutcome, PathError>> {
-        let space = self.namespace(ns)?;
-        let graph = read(&space.edges);
-        Some(graph.path(from, to, label, max_cost, limits))
+        self.with_graph(ns, |_, graph| graph.path(from, to, label, max_cost, limits))
     }
 
     /// Every edge into or out of `coord` now. The writer uses it to turn a
     /// detach into the explicit list of edges its record removes.
     pub fn incident_edges(&self, ns: &NamespaceName, coord: Coord) -> Option<Vec<EdgeKey>> {
-        let space = self.namespace(ns)?;
-        let graph = read(&space.edges);
-        Some(graph.incident(coord))
+        self.with_graph(ns, |_, graph| graph.incident(coord))
     }
 
     /// `(outgoing, incoming)` edge counts of `coord`.
     pub fn degree(&self, ns: &NamespaceName, coord: Coord) -> Option<(usize, usize)> {
-        let space = self.namespace(ns)?;
-        let graph = read(&space.edges);
-        Some((graph.out_degree(coord), graph.in_degree(coord)))
+        self.with_graph(ns, |_, graph| {
+            (graph.out_degree(coord), graph.in_degree(coord))
+        })
     }
 
     /// Whether the edge exists now.
     pub fn has_edge(&self, ns: &NamespaceName, edge: &EdgeKey) -> Option<bool> {
+        self.with_graph(ns, |_, graph| graph.contains(edge))
+    }
+
+    /// `f` over a namespace's graph under its read lock; `None` if there
+    /// is no such namespace, also when it was dropped between the lookup
+    /// and the lock (its graph is then empty, a state it never had).
+    fn with_graph<R>(
+        &self,
+        ns: &NamespaceName,
+        f: impl FnOnce(&NamespaceCells, &EdgeGraph) -> R,
+    ) -> Option<R> {
         let space = self.namespace(ns)?;
         let graph = read(&space.edges);
-        Some(graph.contains(edge))
+        if space.is_dropped() {
+            return None;
+        }
+        Some(f(&space, &graph))
     }
 
     /// Total edges across namespaces (for stats).

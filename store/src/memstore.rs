@@ -56,11 +56,12 @@ pub(crate) struct NamespaceCells {
     /// The namespace's edges (`crate::edges`). Lock order: `edges`, then
     /// `cells`; the writer holds `edges` for a whole group's run.
     pub(crate) edges: RwLock<EdgeGraph>,
-    /// Set, under the `cells` write lock, when the namespace is dropped
-    /// or replaced by one of the same name, and its cells and edges are
-    /// released at the same time. A [`NamespaceMemo`] may still hold the
-    /// `Arc`; it checks this under the read lock it takes anyway, so a
-    /// memo never reads a dropped namespace and never keeps its cells
+    /// Set, under the `edges` and `cells` write locks, when the namespace
+    /// is dropped or replaced by one of the same name, and its cells and
+    /// edges are released at the same time. A [`NamespaceMemo`] may still
+    /// hold the `Arc`, and a graph read may have looked it up just before
+    /// the drop; both check this under the read lock they take anyway, so
+    /// neither reads a dropped namespace, and a memo never keeps its cells
     /// alive.
     dropped: AtomicBool,
 }
@@ -86,14 +87,23 @@ impl NamespaceCells {
     /// which applies the drop; the memory is freed after the locks are
     /// released, so readers do not wait for it.
     fn retire(&self) {
-        let edges = std::mem::take(&mut *write(&self.edges));
-        let cells = {
+        // Both locks (in their order) while the flag is set, so a reader
+        // holding either one sees the flag whenever it sees the emptied
+        // maps.
+        let (edges, cells) = {
+            let mut edges = write(&self.edges);
             let mut cells = write(&self.cells);
             self.dropped.store(true, Ordering::Relaxed);
             self.value_bytes.store(0, Ordering::Relaxed);
-            std::mem::take(&mut *cells)
+            (std::mem::take(&mut *edges), std::mem::take(&mut *cells))
         };
         drop((edges, cells));
+    }
+
+    /// Whether the namespace was dropped (or replaced). Meaningful under
+    /// its `cells` or `edges` lock, which `retire` holds while setting it.
+    pub(crate) fn is_dropped(&self) -> bool {
+        self.dropped.load(Ordering::Relaxed)
     }
 
     /// Adds `delta` to the value byte count. Callers hold the `cells`
@@ -426,7 +436,7 @@ impl MemStore {
             && name == ns
         {
             let cells = read(&space.cells);
-            if !space.dropped.load(Ordering::Relaxed) {
+            if !space.is_dropped() {
                 return Some(read_value(cells.get(&space.curve.key(coord))));
             }
         }
@@ -435,7 +445,7 @@ impl MemStore {
         let found = {
             let cells = read(&space.cells);
             // Dropped since the table lookup: it is gone.
-            if space.dropped.load(Ordering::Relaxed) {
+            if space.is_dropped() {
                 return None;
             }
             read_value(cells.get(&space.curve.key(coord)))
