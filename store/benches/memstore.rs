@@ -225,6 +225,21 @@ fn point_ops(c: &mut Criterion<CpuTime>) {
                 found
             })
         });
+        // `get-memo` without touching the value's bytes (only the length,
+        // which the pointer to them carries): what a get would cost if
+        // small values lived inline instead of behind a pointer.
+        group.bench_function(BenchmarkId::new("get-memo-len", curve.name()), |b| {
+            let mut memo = cube_store::NamespaceMemo::default();
+            b.iter(|| {
+                let mut found = 0usize;
+                for c in &probes {
+                    found += store
+                        .read_cell_memo(&mut memo, &name, *c, |v| v.map_or(0, |v| v.len()))
+                        .unwrap();
+                }
+                found
+            })
+        });
         // Reads of empty cells (just outside the populated cube), common
         // in a sparse world: the index answers "absent" from its slots.
         group.bench_function(BenchmarkId::new("get-absent", curve.name()), |b| {
