@@ -323,6 +323,22 @@ fn dense_scans(c: &mut Criterion<CpuTime>) {
         group.bench_function(BenchmarkId::new("scan", curve.name()), |b| {
             b.iter(|| scan_box(&store, curve, &full))
         });
+        // What the server's scan does with each value: copy its bytes
+        // into the answer.
+        group.bench_function(BenchmarkId::new("scan-copy", curve.name()), |b| {
+            let mut out = Vec::with_capacity(64_000 * 16);
+            b.iter(|| {
+                out.clear();
+                store
+                    .scan(&ns(curve), &full, None, unlimited(), |c, v| {
+                        out.extend_from_slice(&c.x.to_le_bytes());
+                        out.extend_from_slice(v);
+                        Visit::Take
+                    })
+                    .unwrap();
+                black_box(out.len())
+            })
+        });
         group.bench_function(BenchmarkId::new("count", curve.name()), |b| {
             b.iter(|| {
                 store

@@ -31,7 +31,7 @@ use crate::huge_pages::huge_vec;
 use crate::key_index::KeyIndex;
 use crate::prefetch::prefetch;
 
-pub(crate) type Value = Arc<[u8]>;
+pub(crate) type Value = crate::cell_value::CellValue;
 
 /// A delta entry: a value, or a tombstone hiding an older value.
 type Slot = Option<Value>;
@@ -441,7 +441,7 @@ impl CellMap {
         for (key, slot) in batch {
             while let Some((&k, v)) = old.next_if(|(k, _)| **k < key) {
                 keys.push(k);
-                values.push(Arc::clone(v));
+                values.push(v.clone());
             }
             if let Some((_, v)) = old.next_if(|(k, _)| **k == key) {
                 bytes -= v.len() as i64;
@@ -454,7 +454,7 @@ impl CellMap {
         }
         for (&k, v) in old {
             keys.push(k);
-            values.push(Arc::clone(v));
+            values.push(v.clone());
         }
         self.live = keys.len();
         self.base = Arc::new(Run::new(keys, values));
@@ -754,7 +754,7 @@ fn compact(map: &RwLock<CellMap>) {
             cells.frozen.take(),
         )
     };
-    // Dropping a large run releases a reference per value; do it here,
+    // Dropping a large run releases a reference per shared value; do it here,
     // outside the lock.
     drop((old_base, old_frozen, base, frozen));
 }
@@ -862,7 +862,7 @@ mod tests {
     /// Lengths vary with `n`, so the lengths `insert` and `remove`
     /// return tell values apart.
     fn v(n: u8) -> Value {
-        Arc::from(vec![n; 1 + usize::from(n % 4)].as_slice())
+        Value::new(&vec![n; 1 + usize::from(n % 4)])
     }
 
     #[derive(Clone, Debug)]
@@ -994,10 +994,9 @@ mod probe {
     fn probe_iteration_costs() {
         let n = 1_000_000u128;
         for delta_entries in [0u128, 1000, 100_000] {
-            let mut map =
-                CellMap::from_sorted((0..n).map(|k| (k * 4, Arc::from([1u8; 8].as_slice()))));
+            let mut map = CellMap::from_sorted((0..n).map(|k| (k * 4, Value::new(&[1u8; 8]))));
             for k in 0..delta_entries {
-                map.insert(n * 8 + k, Arc::from([2u8; 8].as_slice()));
+                map.insert(n * 8 + k, Value::new(&[2u8; 8]));
             }
             let t = Instant::now();
             let mut s = 0usize;
@@ -1058,7 +1057,7 @@ mod point_read_probe {
     fn single_get_costs() {
         let n = 1_000_000u128;
         let lock = RwLock::new(CellMap::from_sorted(
-            (0..n).map(|k| (k * 4, Arc::from(k.to_le_bytes()[..8].to_vec()))),
+            (0..n).map(|k| (k * 4, Value::new(&k.to_le_bytes()[..8]))),
         ));
         read(&lock).base.build_index();
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
@@ -1108,7 +1107,7 @@ mod index_tests {
     fn indexed_search_agrees_with_binary_search() {
         for len in [0usize, 1, 2, 63, 64, 65, 4095, 4096, 4097, 10_000] {
             let keys: Vec<u128> = (0..len as u128).map(|k| k * 3 + 1).collect();
-            let values = vec![Arc::from([0u8].as_slice()); len];
+            let values = vec![Value::new(&[0u8]); len];
             let run = Run::new(keys.clone(), values);
             for probe in 0..(len as u128 * 3 + 5) {
                 assert_eq!(

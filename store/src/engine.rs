@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use cube_protocol::{Coord, NamespaceName};
 
+use crate::cell_value::CellValue;
 use crate::checkpoint::backup::BackupReport;
 use crate::checkpoint::checkpointer::{Checkpointer, record};
 use crate::checkpoint::{CheckpointConfig, CheckpointReport, CheckpointStore};
@@ -100,7 +101,7 @@ struct BatchApplier<'a> {
 }
 
 /// Cell writes by curve key (`None` deletes).
-type CellWrites = Vec<(u128, Option<Arc<[u8]>>)>;
+type CellWrites = Vec<(u128, Option<CellValue>)>;
 
 /// Buffered cell writes are merged once this many are waiting (bounds the
 /// memory they hold; each merge rewrites the namespace's base once).
@@ -121,7 +122,9 @@ impl<'a> BatchApplier<'a> {
 
     fn push(&mut self, mutation: Mutation) {
         match mutation {
-            Mutation::Put { ns, coord, value } => self.buffer(ns, coord, Some(Arc::from(value))),
+            Mutation::Put { ns, coord, value } => {
+                self.buffer(ns, coord, Some(CellValue::from(value)))
+            }
             Mutation::Del { ns, coord } => self.buffer(ns, coord, None),
             Mutation::Detach { .. } => {
                 self.flush_cells();
@@ -145,7 +148,7 @@ impl<'a> BatchApplier<'a> {
         }
     }
 
-    fn buffer(&mut self, ns: NamespaceName, coord: Coord, value: Option<Arc<[u8]>>) {
+    fn buffer(&mut self, ns: NamespaceName, coord: Coord, value: Option<CellValue>) {
         // Logs are mostly runs of one namespace: compare with the last one
         // before hashing the name.
         let at = match self.last {
@@ -319,7 +322,7 @@ impl Engine {
     }
 
     /// Reads never wait on the writer. `None` means no such namespace.
-    pub fn get(&self, ns: &NamespaceName, coord: Coord) -> Option<Option<Arc<[u8]>>> {
+    pub fn get(&self, ns: &NamespaceName, coord: Coord) -> Option<Option<CellValue>> {
         self.mem.get(ns, coord)
     }
 

@@ -17,6 +17,7 @@
 //! File formats are specified byte by byte in `docs/storage-format.md`.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+mod cell_value;
 mod cells;
 pub mod checkpoint;
 mod coord_hash;
@@ -43,6 +44,7 @@ pub mod transaction;
 pub mod verify;
 pub mod wal;
 
+pub use cell_value::{CellValue, INLINE_VALUE_BYTES};
 pub use curve::{
     Curve, hilbert_decode, hilbert_decode_many, hilbert_key, hilbert_keys, morton_decode,
     morton_key,

@@ -20,6 +20,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use cube_protocol::{CellBox, Coord, NamespaceName};
 
+use crate::cell_value::CellValue;
 use crate::cells::{CellMap, Compactor};
 use crate::coord_hash::CoordHashBuilder;
 use crate::curve::Curve;
@@ -131,7 +132,7 @@ impl NamespaceCells {
 #[derive(Default)]
 pub(crate) struct SortedCells {
     pub morton_keys: Vec<u128>,
-    pub values: Vec<Arc<[u8]>>,
+    pub values: Vec<CellValue>,
     pub value_bytes: u64,
 }
 
@@ -331,7 +332,7 @@ impl MemStore {
     pub(crate) fn apply_sorted_cells(
         &self,
         ns: &NamespaceName,
-        batch: Vec<(u128, Option<Arc<[u8]>>)>,
+        batch: Vec<(u128, Option<CellValue>)>,
     ) -> bool {
         let Some(space) = self.namespace(ns) else {
             return false;
@@ -372,7 +373,7 @@ impl MemStore {
             region,
             after,
             limits,
-            &mut |key, value: &Arc<[u8]>| visit(decoder.decode(key), value),
+            &mut |key, value: &CellValue| visit(decoder.decode(key), value),
         ))
     }
 
@@ -393,7 +394,7 @@ impl MemStore {
     }
 
     /// `None` for a missing namespace, `Some(None)` for a missing cell.
-    pub fn get(&self, ns: &NamespaceName, coord: Coord) -> Option<Option<Arc<[u8]>>> {
+    pub fn get(&self, ns: &NamespaceName, coord: Coord) -> Option<Option<CellValue>> {
         self.read_cell(ns, coord, |value| value.cloned())
     }
 
@@ -408,7 +409,7 @@ impl MemStore {
         &self,
         ns: &NamespaceName,
         coord: Coord,
-        read_value: impl FnOnce(Option<&Arc<[u8]>>) -> R,
+        read_value: impl FnOnce(Option<&CellValue>) -> R,
     ) -> Option<R> {
         // The namespace is borrowed under the map's read lock rather than
         // its `Arc` cloned (`MemStore::namespace`): that is two fewer
@@ -430,7 +431,7 @@ impl MemStore {
         memo: &mut NamespaceMemo,
         ns: &NamespaceName,
         coord: Coord,
-        read_value: impl FnOnce(Option<&Arc<[u8]>>) -> R,
+        read_value: impl FnOnce(Option<&CellValue>) -> R,
     ) -> Option<R> {
         if let Some((name, space)) = &memo.last
             && name == ns
@@ -467,7 +468,7 @@ impl MemStore {
         &self,
         ns: &NamespaceName,
         coords: &[Coord],
-        visit: impl FnMut(usize, Option<&Arc<[u8]>>),
+        visit: impl FnMut(usize, Option<&CellValue>),
     ) -> Option<()> {
         let namespaces = read(&self.namespaces);
         let space = namespaces.get(ns)?;
@@ -579,7 +580,7 @@ fn apply_one(
     };
     match mutation {
         Mutation::Put { coord, value, .. } => {
-            let old = cells.insert(curve.key(*coord), Arc::from(value.as_slice()));
+            let old = cells.insert(curve.key(*coord), CellValue::new(value));
             let existed = removed(old);
             *value_bytes += value.len() as i64;
             existed
@@ -615,7 +616,7 @@ fn scan_space(
     region: &CellBox,
     after: Option<Coord>,
     limits: ScanLimits,
-    visit: &mut impl FnMut(u128, &Arc<[u8]>) -> Visit,
+    visit: &mut impl FnMut(u128, &CellValue) -> Visit,
 ) -> ScanOutcome {
     let Some(from) = start_key(space.curve, after) else {
         return ScanOutcome::default();
@@ -734,32 +735,34 @@ mod tests {
         let ns = NamespaceName::new("gone").unwrap();
         let c = Coord::new(-5, 6, -7);
         store.apply(&create(&ns, 20));
-        store.apply(&put(&ns, c, b"old"));
+        // Longer than the inline limit: the store shares its allocation.
+        let old = [b'o'; 40];
+        store.apply(&put(&ns, c, &old));
         let mut memo = NamespaceMemo::default();
         assert_eq!(
             memo_read(&store, &mut memo, &ns, c),
-            Some(Some(b"old".to_vec()))
+            Some(Some(old.to_vec()))
         );
         let value = store.get(&ns, c).unwrap().unwrap();
-        assert_eq!(Arc::strong_count(&value), 2, "the store and this test");
+        assert_eq!(value.shared_count(), Some(2), "the store and this test");
 
         store.apply(&Mutation::NamespaceDrop { ns: ns.clone() });
         // The memo still holds the dropped namespace, but not its cells.
-        assert_eq!(Arc::strong_count(&value), 1);
+        assert_eq!(value.shared_count(), Some(1));
         assert_eq!(memo_read(&store, &mut memo, &ns, c), None);
 
         store.apply(&create(&ns, 21));
         assert_eq!(memo_read(&store, &mut memo, &ns, c), Some(None));
-        store.apply(&put(&ns, c, b"second"));
+        store.apply(&put(&ns, c, &[b's'; 40]));
         assert_eq!(
             memo_read(&store, &mut memo, &ns, c),
-            Some(Some(b"second".to_vec()))
+            Some(Some(vec![b's'; 40]))
         );
 
         // A create under another id replaces the namespace, as a drop would.
         let value = store.get(&ns, c).unwrap().unwrap();
         store.apply(&create(&ns, 22));
-        assert_eq!(Arc::strong_count(&value), 1);
+        assert_eq!(value.shared_count(), Some(1));
         assert_eq!(memo_read(&store, &mut memo, &ns, c), Some(None));
     }
 }

@@ -392,7 +392,6 @@ impl Decoder {
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
-    use std::sync::Arc;
 
     use proptest::prelude::*;
 
@@ -427,7 +426,7 @@ mod tests {
                     if taken.len() == stop_after {
                         return Visit::Stop;
                     }
-                    taken.push((key, Arc::clone(value)));
+                    taken.push((key, value.clone()));
                     Visit::Take
                 });
                 match end {
@@ -466,15 +465,15 @@ mod tests {
         let key = |(x, y, z): (i32, i32, i32)| curve.key(Coord::new(x, y, z));
         let mut model: BTreeMap<u128, Value> = base
             .iter()
-            .map(|(c, v)| (key(*c), Arc::from([*v].as_slice())))
+            .map(|(c, v)| (key(*c), Value::new(&[*v])))
             .collect();
-        let mut cells = CellMap::from_sorted(model.iter().map(|(k, v)| (*k, Arc::clone(v))));
+        let mut cells = CellMap::from_sorted(model.iter().map(|(k, v)| (*k, v.clone())));
         for (writes, freeze) in [(frozen, true), (delta, false)] {
             for (c, v) in writes {
                 match v {
                     Some(v) => {
-                        let v: Value = Arc::from([*v].as_slice());
-                        cells.insert(key(*c), Arc::clone(&v));
+                        let v = Value::new(&[*v]);
+                        cells.insert(key(*c), v.clone());
                         model.insert(key(*c), v);
                     }
                     None => {
@@ -502,7 +501,7 @@ mod tests {
         let want: Vec<(u128, Value)> = model
             .iter()
             .filter(|(k, _)| region.contains(curve.decode(**k)))
-            .map(|(k, v)| (*k, Arc::clone(v)))
+            .map(|(k, v)| (*k, v.clone()))
             .collect();
         let got = scan_pages(cells, curve, region, page, steps, stop_after);
         assert_eq!(got, want, "{curve:?} {region:?} page {page} steps {steps}");

@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use cube_protocol::{CellBox, Coord, NamespaceName};
 
+use crate::cell_value::CellValue;
 use crate::coord_hash::CoordHashBuilder;
 use crate::edges::{EdgeKey, EdgeUndo, PendingEdges};
 use crate::memstore::MemStore;
@@ -33,7 +34,7 @@ use crate::scan::{ScanLimits, Visit};
 /// A cell's identity across namespaces.
 type CellId = (NamespaceName, Coord);
 /// A pending cell value: `None` is a delete.
-type PendingValue = Option<Arc<[u8]>>;
+type PendingValue = Option<CellValue>;
 
 #[derive(Default)]
 pub(crate) struct Overlay {
@@ -55,7 +56,7 @@ impl Overlay {
     }
 
     /// A cell's value as of this point in the group.
-    fn cell_now(&self, mem: &MemStore, ns: &NamespaceName, coord: Coord) -> Option<Arc<[u8]>> {
+    fn cell_now(&self, mem: &MemStore, ns: &NamespaceName, coord: Coord) -> Option<CellValue> {
         if !self.cells.is_empty()
             && let Some(pending) = self.cells.get(&(ns.clone(), coord))
         {
@@ -121,7 +122,7 @@ impl Overlay {
         match mutation {
             Mutation::Put { ns, coord, value } => self
                 .cells
-                .insert((ns.clone(), *coord), Some(Arc::from(value.as_slice()))),
+                .insert((ns.clone(), *coord), Some(CellValue::new(value))),
             Mutation::Del { ns, coord } | Mutation::Detach { ns, coord, .. } => {
                 self.cells.insert((ns.clone(), *coord), None)
             }
@@ -292,7 +293,7 @@ impl<'a> TxnView<'a> {
     }
 
     /// The cell's value as of this point in the log, or `None`.
-    pub fn get(&self, ns: &NamespaceName, coord: Coord) -> Option<Arc<[u8]>> {
+    pub fn get(&self, ns: &NamespaceName, coord: Coord) -> Option<CellValue> {
         // Skipping an empty overlay saves the key's clone on the hot path
         // of programs that read many cells.
         if !self.place.overlay().cells.is_empty()
@@ -504,10 +505,10 @@ impl<'a> TxnView<'a> {
         ns: &NamespaceName,
         region: &CellBox,
         limit: usize,
-    ) -> Option<Vec<(Coord, Arc<[u8]>)>> {
+    ) -> Option<Vec<(Coord, CellValue)>> {
         let curve = self.place.mem().curve(ns)?;
         let limit = limit.min(MAX_TXN_SCAN_CELLS);
-        let pending: Vec<(&Coord, &Option<Arc<[u8]>>)> = self
+        let pending: Vec<(&Coord, &Option<CellValue>)> = self
             .place
             .overlay()
             .cells
@@ -518,7 +519,7 @@ impl<'a> TxnView<'a> {
         // Enough stored cells that deletes in the overlay cannot leave the
         // page short.
         let wanted = limit + pending.len();
-        let mut cells: BTreeMap<u128, (Coord, Arc<[u8]>)> = BTreeMap::new();
+        let mut cells: BTreeMap<u128, (Coord, CellValue)> = BTreeMap::new();
         let mut after = None;
         while cells.len() < wanted {
             let mut taken = 0usize;
@@ -531,7 +532,7 @@ impl<'a> TxnView<'a> {
                     max_steps: ScanLimits::MAX_STEPS,
                 },
                 |coord, value| {
-                    cells.insert(curve.key(coord), (coord, Arc::from(value)));
+                    cells.insert(curve.key(coord), (coord, CellValue::from(value)));
                     taken += 1;
                     Visit::Take
                 },
@@ -544,7 +545,7 @@ impl<'a> TxnView<'a> {
         for (coord, value) in pending {
             match value {
                 Some(v) => {
-                    cells.insert(curve.key(*coord), (*coord, Arc::clone(v)));
+                    cells.insert(curve.key(*coord), (*coord, v.clone()));
                 }
                 None => {
                     cells.remove(&curve.key(*coord));

@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::thread;
 
 use cube_protocol::{CellBox, Coord, NamespaceName};
-use cube_store::{Engine, EngineConfig, Mutation};
+use cube_store::{CellValue, Engine, EngineConfig, Mutation};
 
 fn ns() -> NamespaceName {
     NamespaceName::new("default").unwrap()
 }
 
-fn number(bytes: Option<Arc<[u8]>>) -> u64 {
+fn number(bytes: Option<CellValue>) -> u64 {
     bytes.map_or(0, |b| std::str::from_utf8(&b).unwrap().parse().unwrap())
 }
 

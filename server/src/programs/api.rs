@@ -12,12 +12,11 @@
 
 use std::cell::RefCell;
 use std::rc::Rc;
-use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use cube_protocol::{CellBox, Coord, Direction, EdgeLabel, NamespaceName};
 use cube_store::transaction::MAX_TXN_SCAN_CELLS;
-use cube_store::{TxnView, WalkLimits};
+use cube_store::{CellValue, TxnView, WalkLimits};
 use mlua::{Lua, Table, Value};
 
 use super::sandbox::charge;
@@ -121,7 +120,7 @@ impl Run {
 pub(crate) struct StepSnapshot {
     lo: Coord,
     sides: [u64; 3],
-    cells: Vec<Option<Arc<[u8]>>>,
+    cells: Vec<Option<CellValue>>,
 }
 
 /// The widest box a snapshot covers, in cells (4 MiB of slots).
@@ -673,7 +672,7 @@ impl RunContext<'_> {
             });
             return outcome;
         }
-        let cells: Vec<(Coord, Arc<[u8]>)> = self
+        let cells: Vec<(Coord, CellValue)> = self
             .view
             .scan(self.ns, region, MAX_REGION_CELLS + 1)
             .unwrap_or_default();
@@ -899,7 +898,7 @@ mod tests {
         };
         for (i, c) in present.iter().enumerate() {
             let slot = snapshot.slot(*c).unwrap();
-            snapshot.cells[slot] = Some(Arc::from(vec![i as u8]));
+            snapshot.cells[slot] = Some(CellValue::from(vec![i as u8]));
         }
         snapshot
     }

@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::cell_value::CellValue;
 use crate::crypto::Keyring;
 use crate::data_dir::sync_dir;
 use crate::error::StoreError;
@@ -278,7 +279,7 @@ impl CheckpointStore {
                         && *id == ns_id
                     {
                         cells.morton_keys.push(morton);
-                        cells.values.push(Arc::from(value));
+                        cells.values.push(CellValue::from(value));
                         cells.value_bytes += value.len() as u64;
                     }
                     return;
