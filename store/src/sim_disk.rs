@@ -395,12 +395,20 @@ impl Storage for SimDisk {
         let plan = self.plan();
         let mut state = self.state();
         alive(&state)?;
+        let crashes = state.crashes;
         let Some(d) = state.dirs.get_mut(dir) else {
             // Parents of the data dir (outside the simulated tree) are fine.
             return Ok(());
         };
         d.ops += 1;
-        let roll = decide(plan.seed, &[hash_str(&dir.to_string_lossy()), d.ops, 3]) % 1_000_000;
+        // The crash count too: a directory's op count restarts at each
+        // power cycle, and without it every restart would meet the same
+        // fault at the same step, forever (seed 223 did, on the data
+        // dir's first sync).
+        let roll = decide(
+            plan.seed,
+            &[hash_str(&dir.to_string_lossy()), d.ops, crashes, 3],
+        ) % 1_000_000;
         if roll < u64::from(plan.dir_sync_eio_ppm) {
             return Err(eio("directory fsync"));
         }
@@ -427,9 +435,12 @@ impl SimFile {
     /// Counts an operation on this file and rolls the dice for a fault.
     fn roll(&self, state: &mut SimState, salt: u64) -> u64 {
         let seed = self.disk.plan().seed;
+        let crashes = state.crashes;
         let node = state.inodes.entry(self.inode).or_default();
         node.ops += 1;
-        decide(seed, &[hash_str(&self.name), node.ops, salt]) % 1_000_000
+        // With the crash count, as for directories: a restart that
+        // recreates a file must not meet the same fault at the same step.
+        decide(seed, &[hash_str(&self.name), node.ops, crashes, salt]) % 1_000_000
     }
 }
 
