@@ -21,6 +21,7 @@
 use std::collections::BTreeMap;
 use std::collections::btree_map;
 use std::iter::Peekable;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread::JoinHandle;
 
@@ -52,6 +53,12 @@ const PREFETCH_DISTANCE: usize = 8;
 /// Keys per fence: the index keeps every 64th key, and every 64th of those.
 const FENCE: usize = 64;
 
+/// Keys of each layer [`complete_shadow_marks`] marks per hold of the read
+/// lock (a mark is an index lookup, up to ~100 ns cold), so that the writer
+/// never waits behind it longer than behind one of its own slices of 256
+/// mutations.
+const MARK_PASS_CHUNK: usize = 256;
+
 /// A forward search that has galloped this far goes to the index instead.
 const GALLOP_LIMIT: usize = FENCE * FENCE;
 
@@ -78,6 +85,15 @@ struct Run {
     /// Set once, off the read and write paths (`Run::build_index`);
     /// `Some(None)`: tried, and the run is read through its fences.
     index: OnceLock<Option<KeyIndex>>,
+    /// Whether the index's shadow marks are complete: every key that the
+    /// cell map's delta or frozen delta holds, and this run too, is
+    /// marked. Then a point read that finds an unmarked key here answers
+    /// at once, without the delta's filter and tree (a further cache miss
+    /// or more on every read while a delta exists). Set by
+    /// [`complete_shadow_marks`] once the index exists, and true from then
+    /// on: the writer marks each key entering the delta
+    /// ([`CellMap::note_new_delta_key`]), and a merge makes a new run.
+    shadows_complete: AtomicBool,
 }
 
 impl Run {
@@ -90,6 +106,7 @@ impl Run {
             fence,
             top,
             index: OnceLock::new(),
+            shadows_complete: AtomicBool::new(false),
         }
     }
 
@@ -163,6 +180,15 @@ impl Run {
 
     fn get(&self, key: u128) -> Option<&Value> {
         self.find(key).map(|i| &self.values[i])
+    }
+
+    /// Marks `key` as held by a newer layer too, if this run holds it and
+    /// its index is built (before that, the run's marks are incomplete and
+    /// [`complete_shadow_marks`] will mark it).
+    fn mark_shadowed(&self, key: u128) {
+        if let Some(Some(index)) = self.index.get() {
+            index.mark_shadowed(&self.keys, key);
+        }
     }
 
     /// The base merged with a frozen delta: newer slots win, tombstones
@@ -248,17 +274,46 @@ impl CellMap {
     }
 
     pub(crate) fn get(&self, key: &u128) -> Option<&Value> {
-        if self.delta_filter.may_contain(*key)
-            && let Some(slot) = self.delta.get(key)
+        let base = &*self.base;
+        // Before the slot is read, so that the slot shows every mark the
+        // completing pass made.
+        let marks_complete = base.shadows_complete.load(Ordering::Acquire);
+        let Some(Some(index)) = base.index.get() else {
+            return match self.overlay_slot(*key) {
+                Some(slot) => slot,
+                None => base.get(*key),
+            };
+        };
+        let found = index.find_marked(&base.keys, *key);
+        if let Some((position, false)) = found
+            && marks_complete
         {
-            return slot.as_ref();
+            debug_assert!(
+                self.overlay_slot(*key).is_none(),
+                "key {key:#x} is in a delta but not marked in the base"
+            );
+            return Some(&base.values[position]);
+        }
+        match self.overlay_slot(*key) {
+            Some(slot) => slot,
+            None => found.map(|(position, _)| &base.values[position]),
+        }
+    }
+
+    /// What the delta, else the frozen delta, holds for `key`:
+    /// `Some(None)` for a tombstone, `None` if neither has the key.
+    fn overlay_slot(&self, key: u128) -> Option<Option<&Value>> {
+        if self.delta_filter.may_contain(key)
+            && let Some(slot) = self.delta.get(&key)
+        {
+            return Some(slot.as_ref());
         }
         if let Some(frozen) = &self.frozen
-            && let Some(slot) = frozen.get(key)
+            && let Some(slot) = frozen.get(&key)
         {
-            return slot.as_ref();
+            return Some(slot.as_ref());
         }
-        self.base.get(*key)
+        None
     }
 
     /// Calls `visit(i, value)` for each of `keys` in order, like
@@ -340,7 +395,7 @@ impl CellMap {
             btree_map::Entry::Occupied(mut slot) => slot.insert(Some(value)).map(|old| old.len()),
             btree_map::Entry::Vacant(slot) => {
                 slot.insert(Some(value));
-                self.filter_new_delta_key(key);
+                self.note_new_delta_key(key);
                 older_slot(self.frozen.as_deref(), &self.base, key)
                     .flatten()
                     .map(|v| v.len())
@@ -352,11 +407,14 @@ impl CellMap {
         previous
     }
 
-    /// Records in the filter a key just added to the delta. A filter the
-    /// delta has outgrown is rebuilt four times larger from the delta's
-    /// keys (amortised: each key is re-added about 1/3 time on average),
-    /// so an empty or small namespace keeps a filter of a few bytes.
-    fn filter_new_delta_key(&mut self, key: u128) {
+    /// Records a key just added to the delta: marks it in the base's
+    /// index (a read must not answer from the base without looking at
+    /// the delta), and adds it to the filter. A filter the delta has
+    /// outgrown is rebuilt four times larger from the delta's keys
+    /// (amortised: each key is re-added about 1/3 time on average), so an
+    /// empty or small namespace keeps a filter of a few bytes.
+    fn note_new_delta_key(&mut self, key: u128) {
+        self.base.mark_shadowed(key);
         if self.delta.len() <= self.delta_filter.capacity() || !self.delta_filter.can_grow() {
             self.delta_filter.insert(key);
             return;
@@ -380,7 +438,7 @@ impl CellMap {
         // A tombstone is needed only where an older layer holds the key.
         if older.is_some() {
             if self.delta.insert(*key, None).is_none() {
-                self.filter_new_delta_key(*key);
+                self.note_new_delta_key(*key);
             }
         } else {
             self.delta.remove(key);
@@ -759,6 +817,59 @@ fn compact(map: &RwLock<CellMap>) {
     drop((old_base, old_frozen, base, frozen));
 }
 
+/// Completes the shadow marks of `map`'s base run (see
+/// `Run::shadows_complete`): marks every key the delta and the frozen delta
+/// hold, `chunk` keys of each per hold of the read lock, then declares the
+/// marks complete, in the same hold as the last chunk so that no write
+/// comes between. Keys entering the delta between holds are marked by the
+/// writer itself, since the index exists by then. Runs on the compactor,
+/// after it has built a base's index. Stops if the base is replaced: the
+/// new one gets its own pass from whoever installs it.
+fn complete_shadow_marks(map: &RwLock<CellMap>, chunk: usize) {
+    assert!(chunk > 0);
+    let mut from = 0u128;
+    let mut run: Option<*const Run> = None;
+    loop {
+        let cells = read(map);
+        let base = &cells.base;
+        if run.is_some_and(|run| run != Arc::as_ptr(base)) {
+            return;
+        }
+        run = Some(Arc::as_ptr(base));
+        let Some(Some(index)) = base.index.get() else {
+            return;
+        };
+        if base.shadows_complete.load(Ordering::Relaxed) {
+            return;
+        }
+        let layers = || {
+            [Some(&cells.delta), cells.frozen.as_deref()]
+                .into_iter()
+                .flatten()
+        };
+        // This hold ends where either layer has `chunk` keys past `from`.
+        let end = layers()
+            .filter_map(|layer| layer.range(from..).nth(chunk).map(|(k, _)| *k))
+            .min();
+        for layer in layers() {
+            let keys = match end {
+                Some(end) => layer.range(from..end),
+                None => layer.range(from..),
+            };
+            for (&key, _) in keys {
+                index.mark_shadowed(&base.keys, key);
+            }
+        }
+        match end {
+            Some(end) => from = end,
+            None => {
+                base.shadows_complete.store(true, Ordering::Release);
+                return;
+            }
+        }
+    }
+}
+
 type Job = Arc<dyn Fn() + Send + Sync>;
 
 /// The background thread that merges frozen deltas. One per store; the
@@ -810,7 +921,10 @@ impl Compactor {
             cells.freeze();
         }
         let owner = Arc::clone(owner);
-        self.queue(Arc::new(move || compact(map(&owner))));
+        self.queue(Arc::new(move || {
+            compact(map(&owner));
+            complete_shadow_marks(map(&owner), MARK_PASS_CHUNK);
+        }));
     }
 
     /// Queues the point-read index build for `map`'s base, for runs made
@@ -829,6 +943,7 @@ impl Compactor {
             // it is published.
             let base = Arc::clone(&read(map(&owner)).base);
             base.build_index();
+            complete_shadow_marks(map(&owner), MARK_PASS_CHUNK);
         }));
     }
 
@@ -873,6 +988,8 @@ mod tests {
         Merge,
         /// Builds the base's point-read index, as after recovery.
         Index,
+        /// Completes the base's shadow marks, in holds of this many keys.
+        Mark(usize),
         /// Replay's bulk path: writes sorted and deduplicated first.
         Bulk(Vec<(u8, Option<u8>)>),
     }
@@ -884,6 +1001,7 @@ mod tests {
             1 => Just(Op::Freeze),
             1 => Just(Op::Merge),
             1 => Just(Op::Index),
+            1 => (1usize..4).prop_map(Op::Mark),
             1 => prop::collection::vec((any::<u8>(), any::<Option<u8>>()), 0..20)
                 .prop_map(|w| Op::Bulk(w.into_iter().map(|(k, v)| (k % 64, v)).collect())),
         ]
@@ -915,6 +1033,7 @@ mod tests {
                     Op::Merge => compact(&lock),
                     // What the compactor does after recovery.
                     Op::Index => read(&lock).base.build_index(),
+                    Op::Mark(chunk) => complete_shadow_marks(&lock, chunk),
                     Op::Bulk(writes) => {
                         let mut batch: BTreeMap<u128, Option<Value>> = BTreeMap::new();
                         for (k, n) in writes {

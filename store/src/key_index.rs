@@ -17,7 +17,10 @@
 //! only where the tag matches. At half load a hit otherwise read about 1.5
 //! keys and a miss about 2.5 (absent cells are common reads in a sparse
 //! world); with the tag, a hit reads one key and a miss almost never any.
-//! Slots are
+//! The top bit of a used slot is the key's *shadow mark*: set when a newer
+//! layer of the cell map (its delta) may hold the key too, so that a point
+//! read that finds an unmarked key in a run whose marks are complete can
+//! answer without consulting the delta at all (`crate::cells`). Slots are
 //! chosen by a keyed mix of the key (a random key per process), so clients
 //! who choose coordinates cannot aim many keys at one slot; and no key may
 //! sit more than [`MAX_PROBE`] slots from its home: a build that would
@@ -26,6 +29,8 @@
 
 use std::hash::{BuildHasher, Hasher};
 use std::sync::OnceLock;
+use std::sync::atomic::AtomicU32;
+use std::sync::atomic::Ordering::Relaxed;
 
 use crate::huge_pages::huge_vec;
 use crate::prefetch::prefetch;
@@ -35,21 +40,28 @@ use crate::prefetch::prefetch;
 /// keys, so a build gives up only on keys aimed at the mix.
 pub(crate) const MAX_PROBE: usize = 128;
 
-/// Runs with more keys than this are not indexed (positions are `u32`).
+/// Runs with this many keys or more are not indexed: a position takes at
+/// most 30 bits, leaving at least one tag bit beside the shadow mark.
 pub(crate) const MAX_INDEXED_KEYS: usize = 1 << 30;
 
 const EMPTY: u32 = u32::MAX;
 
+/// A used slot's shadow mark (see the module comment).
+const SHADOW: u32 = 1 << 31;
+
 pub(crate) struct KeyIndex {
-    slots: Box<[u32]>,
+    /// Atomic only for the shadow marks, which are set while readers
+    /// probe; positions and tags never change after the build. Relaxed
+    /// loads compile to plain loads.
+    slots: Box<[AtomicU32]>,
     /// `slots.len() - 1`; the length is a power of two.
     mask: usize,
     seed: u64,
     /// No key sits further than this from its home slot.
     max_probe: usize,
-    /// The low bits of a slot that hold a position; the bits above hold
-    /// the key's tag. Positions are below `1 << position_bits` minus one,
-    /// so a used slot is never [`EMPTY`].
+    /// The low bits of a slot that hold a position; the bits above, up to
+    /// the shadow mark, hold the key's tag. Positions are below `1 <<
+    /// position_bits` minus one, so a used slot is never [`EMPTY`].
     position_bits: u32,
 }
 
@@ -61,7 +73,7 @@ impl KeyIndex {
     }
 
     fn build_bounded(keys: &[u128], max_probe: usize) -> Option<KeyIndex> {
-        if keys.len() > MAX_INDEXED_KEYS {
+        if keys.len() >= MAX_INDEXED_KEYS {
             return None;
         }
         // Load factor in (1/4, 1/2]: 8-16 bytes per key. At up to 2/3 the
@@ -71,12 +83,12 @@ impl KeyIndex {
         // (`probe_lengths` below).
         let len = (2 * keys.len()).next_power_of_two().max(16);
         // The fewest bits that hold every position and leave the all-ones
-        // value unused (`keys.len() < 1 << position_bits`): at most 31.
+        // value unused (`keys.len() < 1 << position_bits`): at most 30.
         let position_bits = usize::BITS - keys.len().leading_zeros();
         let mut index = KeyIndex {
             slots: {
                 let mut slots = huge_vec(len);
-                slots.resize(len, EMPTY);
+                slots.resize_with(len, || AtomicU32::new(EMPTY));
                 slots.into_boxed_slice()
             },
             mask: len - 1,
@@ -84,20 +96,23 @@ impl KeyIndex {
             max_probe,
             position_bits,
         };
-        assert!(position_bits < u32::BITS, "{} keys", keys.len());
+        assert!(position_bits < u32::BITS - 1, "{} keys", keys.len());
         for (position, &key) in keys.iter().enumerate() {
             let hash = index.hash(key);
+            let tag = index.tag(hash);
+            let mask = index.mask;
             let mut slot = index.home(hash);
             let mut probes = 0;
-            while index.slots[slot] != EMPTY {
+            while *index.slots[slot].get_mut() != EMPTY {
                 probes += 1;
                 if probes >= max_probe {
                     return None;
                 }
-                slot = (slot + 1) & index.mask;
+                slot = (slot + 1) & mask;
             }
-            index.slots[slot] = index.tag(hash) | position as u32;
-            debug_assert_ne!(index.slots[slot], EMPTY);
+            let entry = tag | position as u32;
+            debug_assert!(entry != EMPTY && entry & SHADOW == 0);
+            *index.slots[slot].get_mut() = entry;
         }
         Some(index)
     }
@@ -113,18 +128,44 @@ impl KeyIndex {
     /// ([`KeyIndex::hash`]), as a batched read has.
     #[inline]
     pub(crate) fn find_from(&self, keys: &[u128], key: u128, hash: u64) -> Option<usize> {
+        self.find_slot(keys, key, hash)
+            .map(|(_, entry)| (entry & self.position_mask()) as usize)
+    }
+
+    /// [`KeyIndex::find`] that also says whether the key's slot carries
+    /// the shadow mark.
+    #[inline]
+    pub(crate) fn find_marked(&self, keys: &[u128], key: u128) -> Option<(usize, bool)> {
+        self.find_slot(keys, key, self.hash(key))
+            .map(|(_, entry)| ((entry & self.position_mask()) as usize, entry & SHADOW != 0))
+    }
+
+    /// Sets the shadow mark of `key`'s slot, if the index holds the key.
+    /// Marks are never cleared: a stale mark only sends a read to the
+    /// delta, which does not have the key, and on to the run.
+    pub(crate) fn mark_shadowed(&self, keys: &[u128], key: u128) {
+        if let Some((slot, entry)) = self.find_slot(keys, key, self.hash(key))
+            && entry & SHADOW == 0
+        {
+            self.slots[slot].fetch_or(SHADOW, Relaxed);
+        }
+    }
+
+    /// The slot holding `key` and its entry.
+    #[inline]
+    fn find_slot(&self, keys: &[u128], key: u128, hash: u64) -> Option<(usize, u32)> {
         let tag = self.tag(hash);
-        let tag_bits = !self.position_mask();
+        let tag_bits = !self.position_mask() & !SHADOW;
         let mut slot = self.home(hash);
         for _ in 0..self.max_probe {
-            let entry = self.slots[slot];
+            let entry = self.slots[slot].load(Relaxed);
             if entry == EMPTY {
                 return None;
             }
             if entry & tag_bits == tag {
                 let position = (entry & self.position_mask()) as usize;
                 if keys.get(position) == Some(&key) {
-                    return Some(position);
+                    return Some((slot, entry));
                 }
             }
             slot = (slot + 1) & self.mask;
@@ -146,11 +187,11 @@ impl KeyIndex {
         let tag = self.tag(hash);
         let mut slot = self.home(hash);
         for _ in 0..4 {
-            let entry = self.slots[slot];
+            let entry = self.slots[slot].load(Relaxed);
             if entry == EMPTY {
                 return None;
             }
-            if entry & !self.position_mask() == tag {
+            if entry & !self.position_mask() & !SHADOW == tag {
                 return Some((entry & self.position_mask()) as usize);
             }
             slot = (slot + 1) & self.mask;
@@ -161,7 +202,7 @@ impl KeyIndex {
     /// Bytes of memory the table holds.
     #[cfg(test)]
     fn bytes(&self) -> usize {
-        self.slots.len() * std::mem::size_of::<u32>()
+        self.slots.len() * std::mem::size_of::<AtomicU32>()
     }
 
     /// `key`'s hash: its home slot ([`KeyIndex::home`]) and its tag.
@@ -180,7 +221,7 @@ impl KeyIndex {
     /// high half, independent of the low bits that chose the home slot.
     #[inline]
     fn tag(&self, hash: u64) -> u32 {
-        ((hash >> 32) as u32) << self.position_bits
+        (((hash >> 32) as u32) << self.position_bits) & !SHADOW
     }
 
     #[inline]
@@ -274,7 +315,8 @@ mod tests {
                 index
                     .slots
                     .iter()
-                    .all(|&s| s == EMPTY || (s & index.position_mask()) < len as u32)
+                    .map(|s| s.load(Relaxed))
+                    .all(|s| s == EMPTY || (s & index.position_mask()) < len as u32)
             );
         }
     }
@@ -289,6 +331,38 @@ mod tests {
             .filter(|&(i, &key)| index.likely_position(index.hash(key)) == Some(i))
             .count();
         assert!(right * 100 >= keys.len() * 95, "{right} of {}", keys.len());
+    }
+
+    #[test]
+    fn shadow_marks_stick_to_their_keys_and_change_no_answer() {
+        for len in [1usize, 3, 256, 257, 10_000] {
+            let keys: Vec<u128> = (0..len as u128).map(|k| k * 5 + 2).collect();
+            let index = KeyIndex::build(&keys).unwrap();
+            let marked = |i: usize| i.is_multiple_of(3);
+            let likely: Vec<Option<usize>> = keys
+                .iter()
+                .map(|&k| index.likely_position(index.hash(k)))
+                .collect();
+            for (i, &key) in keys.iter().enumerate() {
+                if marked(i) {
+                    index.mark_shadowed(&keys, key);
+                    // Twice is the same as once.
+                    index.mark_shadowed(&keys, key);
+                }
+                // Absent keys have no slot to mark.
+                index.mark_shadowed(&keys, key + 1);
+            }
+            for (i, &key) in keys.iter().enumerate() {
+                assert_eq!(index.find(&keys, key), Some(i), "len {len}");
+                assert_eq!(
+                    index.find_marked(&keys, key),
+                    Some((i, marked(i))),
+                    "len {len}"
+                );
+                assert_eq!(index.find_marked(&keys, key + 1), None, "len {len}");
+                assert_eq!(index.likely_position(index.hash(key)), likely[i]);
+            }
+        }
     }
 
     #[test]
@@ -323,7 +397,9 @@ mod probe_lengths {
             for &key in &keys {
                 let mut slot = index.home(index.hash(key));
                 let mut probes = 0;
-                while keys[(index.slots[slot] & index.position_mask()) as usize] != key {
+                while keys[(index.slots[slot].load(Relaxed) & index.position_mask()) as usize]
+                    != key
+                {
                     slot = (slot + 1) & index.mask;
                     probes += 1;
                 }

@@ -766,3 +766,107 @@ mod tests {
         assert_eq!(memo_read(&store, &mut memo, &ns, c), Some(None));
     }
 }
+
+#[cfg(test)]
+mod point_read_probe {
+    use super::*;
+    use crate::mutation::Mutation;
+    use std::time::Instant;
+
+    const SIDE: i32 = 100;
+
+    fn value(c: Coord) -> Vec<u8> {
+        (c.x as u64 ^ (c.y as u64) << 20 ^ (c.z as u64) << 40)
+            .to_le_bytes()
+            .to_vec()
+    }
+
+    fn cube() -> impl Iterator<Item = Coord> {
+        (0..SIDE)
+            .flat_map(|x| (0..SIDE).flat_map(move |y| (0..SIDE).map(move |z| Coord::new(x, y, z))))
+    }
+
+    /// A random `get` (through a connection's memo) on a 1 M-cell
+    /// Morton namespace in two states, measured alternately in one
+    /// process: written as clients write (groups of 4096 puts; the last
+    /// ~66 k cells are still in the delta, as in `benches/memstore.rs`),
+    /// and restored from a checkpoint (everything in the base). The gap
+    /// is what a live delta costs reads that do not hit it. Prints ns a
+    /// read.
+    #[test]
+    #[ignore = "timing probe"]
+    fn get_with_and_without_a_delta() {
+        let ns = NamespaceName::new("m").unwrap();
+        let live = MemStore::new();
+        live.create_namespace(&ns, Curve::Morton);
+        let mut existed = Vec::new();
+        let puts: Vec<Mutation> = cube()
+            .map(|c| Mutation::Put {
+                ns: ns.clone(),
+                coord: c,
+                value: value(c),
+            })
+            .collect();
+        for group in puts.chunks(4096) {
+            let refs: Vec<&Mutation> = group.iter().collect();
+            live.apply_group(&refs, &mut existed);
+        }
+        let restored = MemStore::new();
+        restored.create_namespace(&ns, Curve::Morton);
+        let mut cells: Vec<(u128, CellValue)> = cube()
+            .map(|c| (crate::curve::morton_key(c), CellValue::new(&value(c))))
+            .collect();
+        cells.sort_unstable_by_key(|(k, _)| *k);
+        let (morton_keys, values) = cells.into_iter().unzip();
+        restored.load_sorted_cells(
+            &ns,
+            SortedCells {
+                morton_keys,
+                values,
+                value_bytes: 0,
+            },
+        );
+        restored.index_after_recovery();
+        // The compactor's merges, indexes and marks.
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % SIDE as u64) as i32
+        };
+        let probes: Vec<Coord> = (0..4096)
+            .map(|_| Coord::new(next(), next(), next()))
+            .collect();
+        let rounds = 50;
+        let mut times: [Vec<f64>; 2] = Default::default();
+        for _ in 0..16 {
+            for (i, store) in [&live, &restored].into_iter().enumerate() {
+                let mut memo = NamespaceMemo::default();
+                let mut sum = 0usize;
+                let t = Instant::now();
+                for _ in 0..rounds {
+                    for c in &probes {
+                        sum += store
+                            .read_cell_memo(&mut memo, &ns, *c, |v| {
+                                v.map_or(0, |v| v.len() + usize::from(v[0]))
+                            })
+                            .unwrap();
+                    }
+                }
+                times[i].push(t.elapsed().as_nanos() as f64 / (rounds * probes.len()) as f64);
+                std::hint::black_box(sum);
+            }
+        }
+        for (name, mut t) in ["live delta", "restored"].into_iter().zip(times) {
+            t.sort_by(f64::total_cmp);
+            println!(
+                "{name}: ns a get: min {:.1}, p25 {:.1}, median {:.1}",
+                t[0],
+                t[t.len() / 4],
+                t[t.len() / 2]
+            );
+        }
+    }
+}
