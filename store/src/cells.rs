@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::collections::btree_map;
 use std::iter::Peekable;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{Sender, unbounded};
@@ -822,20 +822,22 @@ fn compact(map: &RwLock<CellMap>) {
 /// hold, `chunk` keys of each per hold of the read lock, then declares the
 /// marks complete, in the same hold as the last chunk so that no write
 /// comes between. Keys entering the delta between holds are marked by the
-/// writer itself, since the index exists by then. Runs on the compactor,
-/// after it has built a base's index. Stops if the base is replaced: the
-/// new one gets its own pass from whoever installs it.
+/// writer itself, since the index exists by then, so the pass covers only
+/// keys up to the largest one the layers held at its first hold: a writer
+/// adding keys above it cannot keep the pass (and the compactions queued
+/// behind it) going. Runs on the compactor, after it has built a base's
+/// index. Stops if the base is replaced: the new one gets its own pass
+/// from whoever installs it.
 fn complete_shadow_marks(map: &RwLock<CellMap>, chunk: usize) {
     assert!(chunk > 0);
     let mut from = 0u128;
-    let mut run: Option<*const Run> = None;
+    // The run being marked and the pass's last key. The `Weak` keeps the
+    // run's allocation, so no later run can take its address and be
+    // mistaken for it.
+    let mut pass: Option<(Weak<Run>, u128)> = None;
     loop {
         let cells = read(map);
         let base = &cells.base;
-        if run.is_some_and(|run| run != Arc::as_ptr(base)) {
-            return;
-        }
-        run = Some(Arc::as_ptr(base));
         let Some(Some(index)) = base.index.get() else {
             return;
         };
@@ -847,14 +849,34 @@ fn complete_shadow_marks(map: &RwLock<CellMap>, chunk: usize) {
                 .into_iter()
                 .flatten()
         };
+        let last = match &pass {
+            Some((run, last)) => {
+                if run.as_ptr() != Arc::as_ptr(base) {
+                    return;
+                }
+                *last
+            }
+            None => {
+                let last = layers()
+                    .filter_map(|layer| layer.keys().next_back().copied())
+                    .max();
+                let Some(last) = last else {
+                    // Nothing newer than the base: every mark is there.
+                    base.shadows_complete.store(true, Ordering::Release);
+                    return;
+                };
+                pass = Some((Arc::downgrade(base), last));
+                last
+            }
+        };
         // This hold ends where either layer has `chunk` keys past `from`.
         let end = layers()
-            .filter_map(|layer| layer.range(from..).nth(chunk).map(|(k, _)| *k))
+            .filter_map(|layer| layer.range(from..=last).nth(chunk).map(|(k, _)| *k))
             .min();
         for layer in layers() {
             let keys = match end {
                 Some(end) => layer.range(from..end),
-                None => layer.range(from..),
+                None => layer.range(from..=last),
             };
             for (&key, _) in keys {
                 index.mark_shadowed(&base.keys, key);

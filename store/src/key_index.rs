@@ -12,7 +12,7 @@
 //! Layout: open addressing with linear probing over `u32` slots, at most
 //! half full, `u32::MAX` marking an empty one. A slot holds the key's
 //! position in its low bits (as many as the run's length needs) and a tag
-//! of the key's hash in the bits above (12 for a million keys, at least
+//! of the key's hash in the bits above (11 for a million keys, at least
 //! one): a probe compares the key itself, a cache miss in the run's keys,
 //! only where the tag matches. At half load a hit otherwise read about 1.5
 //! keys and a miss about 2.5 (absent cells are common reads in a sparse
