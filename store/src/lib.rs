@@ -37,6 +37,8 @@ pub mod namespace;
 mod prefetch;
 pub mod programs;
 mod scan;
+#[cfg(test)]
+mod shadow_marks_stress;
 pub mod sim_disk;
 mod stats;
 pub mod storage;

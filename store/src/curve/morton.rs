@@ -69,20 +69,25 @@ fn compact3(v: u128) -> u32 {
     (lo | (hi << 16)) as u32
 }
 
-/// `SPREAD_BYTE[b]`: the 8 bits of `b` moved to bits 0, 3, 6, ... 21.
-const SPREAD_BYTE: [u32; 256] = {
-    let mut table = [0u32; 256];
-    let mut b = 0;
-    while b < 256 {
+/// `table[v]`: the bits of `v` (at most 11, so `N` <= 2048) moved to bits
+/// 0, 3, 6, ...
+const fn spread3_table<const N: usize>() -> [u32; N] {
+    assert!(N <= 2048, "11 bits spread to 33 do not fit a u32");
+    let mut table = [0u32; N];
+    let mut v = 0;
+    while v < N {
         let mut bit = 0;
-        while bit < 8 {
-            table[b] |= (((b >> bit) & 1) as u32) << (3 * bit);
+        while bit < 11 {
+            table[v] |= (((v >> bit) & 1) as u32) << (3 * bit);
             bit += 1;
         }
-        b += 1;
+        v += 1;
     }
     table
-};
+}
+
+/// `SPREAD_BYTE[b]`: the 8 bits of `b` moved to bits 0, 3, 6, ... 21.
+const SPREAD_BYTE: [u32; 256] = spread3_table::<256>();
 
 /// The Morton key with one table lookup per byte of each axis: each byte
 /// triple becomes 24 consecutive key bits.
@@ -308,19 +313,7 @@ mod bmi2 {
 
     /// `SPREAD_HIGH[v]`: the 11 bits of `v` moved to bits 0, 3, ... 30,
     /// the pattern of [`HI_Y`] (8 KiB, stays in L1 during a batch).
-    static SPREAD_HIGH: [u32; 2048] = {
-        let mut table = [0u32; 2048];
-        let mut v = 0;
-        while v < 2048 {
-            let mut bit = 0;
-            while bit < 11 {
-                table[v] |= (((v >> bit) & 1) as u32) << (3 * bit);
-                bit += 1;
-            }
-            v += 1;
-        }
-        table
-    };
+    static SPREAD_HIGH: [u32; 2048] = super::spread3_table::<2048>();
 
     /// [`key`] with the high 32 key bits from [`SPREAD_HIGH`] instead of
     /// three more `pdep`s. `pdep` issues at most once per cycle, so six per
