@@ -318,9 +318,9 @@ mod bmi2 {
     /// [`key`] with the high 32 key bits from [`SPREAD_HIGH`] instead of
     /// three more `pdep`s. `pdep` issues at most once per cycle, so six per
     /// key bound the batch at six cycles a key; three `pdep`s and three
-    /// table loads run on different ports and overlap (2.6 to ~1.5 ns per
-    /// coordinate on Zen, `docs/benchmarks.md`). Only for batches: a
-    /// single key would pay the table's cache misses.
+    /// table loads run on different ports and overlap (~2.7 to ~1.9 ns per
+    /// coordinate on a Zen without AVX-512, `docs/curve-bakeoff.md`). Only
+    /// for batches: a single key would pay the table's cache misses.
     #[target_feature(enable = "bmi2")]
     fn key_with_table(x: u32, y: u32, z: u32) -> u128 {
         let lo = _pdep_u64(u64::from(x), LO_X)
