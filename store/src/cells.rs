@@ -300,6 +300,15 @@ impl CellMap {
         }
     }
 
+    /// Whether the base has its index and all its shadow marks, so that
+    /// `get` may answer from it alone; for tests that must show the fast
+    /// path was live.
+    #[cfg(test)]
+    pub(crate) fn base_marks_complete(&self) -> bool {
+        matches!(self.base.index.get(), Some(Some(_)))
+            && self.base.shadows_complete.load(Ordering::Acquire)
+    }
+
     /// What the delta, else the frozen delta, holds for `key`:
     /// `Some(None)` for a tombstone, `None` if neither has the key.
     fn overlay_slot(&self, key: u128) -> Option<Option<&Value>> {

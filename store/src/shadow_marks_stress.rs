@@ -29,7 +29,7 @@ use cube_protocol::{Coord, NamespaceName};
 
 use crate::cell_value::CellValue;
 use crate::curve::{Curve, morton_key};
-use crate::memstore::{MemStore, NamespaceMemo, SortedCells};
+use crate::memstore::{MemStore, NamespaceMemo, SortedCells, read};
 use crate::mutation::Mutation;
 
 /// Keys the test touches: four times the smallest delta that is frozen
@@ -123,6 +123,9 @@ struct Published {
     stop: AtomicBool,
     /// Groups the writer has applied.
     groups: AtomicU64,
+    /// Groups after which the base's marks were complete: the readers'
+    /// fast path (answering from the base alone) was live.
+    groups_with_marks_complete: AtomicU64,
 }
 
 /// Stops the other threads when its thread panics (a failed check).
@@ -192,6 +195,12 @@ fn write_groups(store: &MemStore, ns: &NamespaceName, published: &Published) -> 
             published.finished[id].store(version, Ordering::Release);
         }
         published.groups.fetch_add(1, Ordering::Relaxed);
+        let space = store.namespace(ns).unwrap();
+        if read(&space.cells).base_marks_complete() {
+            published
+                .groups_with_marks_complete
+                .fetch_add(1, Ordering::Relaxed);
+        }
         // The writer's own lookups (through the base's index) say
         // whether each cell existed.
         for (&(id, version), &existed) in touched.iter().zip(&existed) {
@@ -281,6 +290,7 @@ fn point_reads_never_see_a_stale_cell_while_marks_change() {
         finished: (0..KEYS).map(|_| AtomicU32::new(0)).collect(),
         stop: AtomicBool::new(false),
         groups: AtomicU64::new(0),
+        groups_with_marks_complete: AtomicU64::new(0),
     };
     let start = Instant::now();
     let (versions, mutations, reads) = thread::scope(|s| {
@@ -294,12 +304,15 @@ fn point_reads_never_see_a_stale_cell_while_marks_change() {
         let reads = readers.map(|r| r.join().unwrap());
         (versions, mutations, reads)
     });
+    let marked = published.groups_with_marks_complete.load(Ordering::Relaxed);
     println!(
-        "{mutations} mutations in {} groups, reads {reads:?}, {:?}",
+        "{mutations} mutations in {} groups ({marked} with the base's marks complete), reads {reads:?}, {:?}",
         published.groups.load(Ordering::Relaxed),
         start.elapsed()
     );
     assert!(mutations >= MIN_MUTATIONS);
+    // Otherwise the readers never took the path the marks guard.
+    assert!(marked > 0, "the base's marks were never complete");
     assert!(reads.iter().all(|&r| r > 0), "reads {reads:?}");
     // At rest, every key reads exactly as last written.
     for (id, &version) in versions.iter().enumerate() {
