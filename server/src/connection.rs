@@ -32,6 +32,14 @@ use crate::write_reply::{PendingReply, deliver};
 /// into the body buffer.
 const READ_BUFFER_BYTES: usize = 64 * 1024;
 
+/// A connection that has waited this long for its next frame lets go of
+/// its namespace memo, whose base reader may hold a run that a merge or a
+/// drop has since replaced (`NamespaceMemo::forget`); a busy connection
+/// lets go at its next read. So a replaced run outlives its replacement by
+/// at most this long, whatever the connections do. Only an idle wait pays
+/// for it (two more `setsockopt` calls), never a busy stream of requests.
+const MEMO_FORGET_AFTER: Duration = Duration::from_secs(1);
+
 /// Why a connection ended.
 #[derive(Debug)]
 pub(crate) enum Close {
@@ -104,7 +112,8 @@ pub(crate) struct Connection {
     /// non-administrators); every write it sends is pinned to it.
     guard: Option<NamespaceGuard>,
     /// The namespace this connection's `get`s read last, so that a run of
-    /// them skips the shared namespace table.
+    /// them skips the shared namespace table and mostly the cells' lock;
+    /// forgotten after [`MEMO_FORGET_AFTER`] idle.
     namespace_memo: NamespaceMemo,
 }
 
@@ -282,17 +291,37 @@ impl Connection {
         Ok(())
     }
 
+    /// Waits up to `timeout` (`None`: for ever) for bytes to read; `false`
+    /// if none came in time.
+    fn wait_for_frame(&mut self, timeout: Option<Duration>) -> Result<bool, Close> {
+        self.set_read_timeout(timeout)?;
+        match self.reader.fill_buf() {
+            Ok([]) => Err(Close::PeerClosed),
+            Ok(_) => Ok(true),
+            Err(e) if is_timeout(&e) => Ok(false),
+            Err(e) => Err(Close::FramingLost(e.to_string())),
+        }
+    }
+
     /// Waits (idle timeout) for a frame to start, then reads the rest of it
     /// (frame timeout, only switched to when the frame is not yet buffered,
     /// so the common case costs no extra system call).
     fn next_frame(&mut self) -> Result<FrameHeader, Close> {
         if self.reader.buffer().is_empty() {
-            self.set_read_timeout(self.shared.args.idle_timeout())?;
-            match self.reader.fill_buf() {
-                Ok([]) => return Err(Close::PeerClosed),
-                Ok(_) => {}
-                Err(e) if is_timeout(&e) => return Err(Close::IdleTimeout),
-                Err(e) => return Err(Close::FramingLost(e.to_string())),
+            let idle = self.shared.args.idle_timeout();
+            let first = match idle {
+                Some(idle) => idle.min(MEMO_FORGET_AFTER),
+                None => MEMO_FORGET_AFTER,
+            };
+            if !self.wait_for_frame(Some(first))? {
+                if idle == Some(first) {
+                    return Err(Close::IdleTimeout);
+                }
+                self.namespace_memo.forget();
+                let rest = idle.map(|idle| idle - first);
+                if !self.wait_for_frame(rest)? {
+                    return Err(Close::IdleTimeout);
+                }
             }
         }
         let peeked = self.peek_header();

@@ -203,3 +203,42 @@ fn idle_and_half_sent_connections_are_timed_out_without_slowing_others() {
     // The client that kept talking within the idle timeout is still fine.
     assert!(stats.is_ok() || matches!(stats, Err(ClientError::Io(_))));
 }
+
+#[test]
+fn a_connection_idle_past_its_memo_still_reads_fresh_and_closes_only_at_the_idle_timeout() {
+    let daemon = LocalDaemon::start_fresh(&["--idle-timeout-secs", "3"]).unwrap();
+    let mut reader = daemon.client().unwrap();
+    let mut writer = daemon.client().unwrap();
+    let at = Coord::new(4, -5, 6);
+    writer.put("default", at, b"first").unwrap();
+    assert_eq!(
+        reader.get("default", at).unwrap().as_deref(),
+        Some(&b"first"[..])
+    );
+    let mut idler = UnixStream::connect(daemon.socket()).unwrap();
+    let idle_from = Instant::now();
+
+    // Past the one-second memo, well inside the idle timeout: the reader's
+    // connection forgets its memo, stays open, and sees a newer write.
+    std::thread::sleep(Duration::from_millis(1_500));
+    writer.put("default", at, b"second").unwrap();
+    assert_eq!(
+        reader.get("default", at).unwrap().as_deref(),
+        Some(&b"second"[..])
+    );
+
+    idler
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut buf = [0u8; 16];
+    assert_eq!(
+        idler.read(&mut buf).unwrap(),
+        0,
+        "idle connection was closed"
+    );
+    let idle_for = idle_from.elapsed();
+    assert!(
+        idle_for >= Duration::from_millis(2_900),
+        "closed after {idle_for:?}, before the 3 s idle timeout"
+    );
+}

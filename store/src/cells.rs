@@ -41,7 +41,7 @@ type Slot = Option<Value>;
 /// eighth of the base, whichever is more: small enough that the delta stays
 /// cache-resident, large enough that each merge rewrites the base only
 /// after ~base/8 writes.
-const MIN_DELTA_ENTRIES: usize = 16 * 1024;
+pub(crate) const MIN_DELTA_ENTRIES: usize = 16 * 1024;
 const BASE_TO_DELTA_RATIO: usize = 8;
 
 /// How many keys ahead of its lookup a batched read starts each stage of
@@ -94,6 +94,12 @@ struct Run {
     /// on: the writer marks each key entering the delta
     /// ([`CellMap::note_new_delta_key`]), and a merge makes a new run.
     shadows_complete: AtomicBool,
+    /// Set, under the map's write lock, once the run is no longer its
+    /// map's base (a merge replaced it, or the map was retired or
+    /// dropped), and never cleared. From then on the writer marks new
+    /// delta keys in the new base only, so a [`BaseReader`] must stop
+    /// answering from this run.
+    superseded: AtomicBool,
 }
 
 impl Run {
@@ -107,6 +113,7 @@ impl Run {
             top,
             index: OnceLock::new(),
             shadows_complete: AtomicBool::new(false),
+            superseded: AtomicBool::new(false),
         }
     }
 
@@ -216,6 +223,66 @@ impl Run {
     }
 }
 
+/// One reader's own handle on a namespace's base run, which answers most
+/// point reads without the cell map's lock.
+///
+/// Why: a read lock is two locked read-modify-writes per `get`, and a
+/// locked instruction is a full barrier on x86, so one read's cache
+/// misses cannot overlap the next one's; the lock was a third of a random
+/// `get` (`docs/benchmarks.md`, "Point reads without the lock").
+///
+/// Sound because a base run never changes but for its shadow marks, which
+/// are only ever added: while the run is its map's base, a key it holds
+/// without a mark is in no newer layer, so the run's value is the current
+/// one. Once the run is replaced, `superseded` is set (under the map's
+/// write lock, before any write the new base alone would record), and the
+/// reader falls back to the lock. A read racing the replacement may still
+/// answer from the old run, which is then the state at the read's start,
+/// so reads stay linearisable.
+///
+/// Holding the `Arc` keeps a replaced run in memory until the reader's
+/// next read (which lets go of it) or [`crate::NamespaceMemo::forget`];
+/// the server calls that when a connection goes idle.
+pub(crate) struct BaseReader(Arc<Run>);
+
+/// What a [`BaseReader`] found.
+pub(crate) enum BaseRead<'a> {
+    /// The run's value for the key, which is the current one.
+    Current(&'a Value),
+    /// The run (still the base) does not hold the key: only a delta can,
+    /// so [`CellMap::get_beyond`] need not search the run again.
+    NotInRun,
+    /// The run cannot say: ask the map under its lock.
+    AskTheMap,
+}
+
+impl BaseReader {
+    /// Reads `key` from the run alone where that is sound: it holds the key
+    /// unmarked, is still the base, and its marks are complete.
+    #[inline]
+    pub(crate) fn get(&self, key: u128) -> BaseRead<'_> {
+        let run = &*self.0;
+        // Both before the slot is read: a slot read after them shows every
+        // mark made before the run was replaced or its marks completed.
+        if run.superseded.load(Ordering::Acquire) || !run.shadows_complete.load(Ordering::Acquire) {
+            return BaseRead::AskTheMap;
+        }
+        let Some(Some(index)) = run.index.get() else {
+            return BaseRead::AskTheMap;
+        };
+        match index.find_marked(&run.keys, key) {
+            Some((position, false)) => BaseRead::Current(&run.values[position]),
+            Some((_, true)) => BaseRead::AskTheMap,
+            None => BaseRead::NotInRun,
+        }
+    }
+
+    /// Whether the run is still its map's base.
+    pub(crate) fn is_current(&self) -> bool {
+        !self.0.superseded.load(Ordering::Acquire)
+    }
+}
+
 /// The ordered cells of one namespace; see the module comment.
 pub(crate) struct CellMap {
     base: Arc<Run>,
@@ -225,6 +292,12 @@ pub(crate) struct CellMap {
     /// Every key `delta` holds (and maybe a few it no longer does).
     delta_filter: DeltaFilter,
     live: usize,
+}
+
+impl Drop for CellMap {
+    fn drop(&mut self) {
+        self.base.superseded.store(true, Ordering::Release);
+    }
 }
 
 impl Default for CellMap {
@@ -273,6 +346,27 @@ impl CellMap {
         self.live
     }
 
+    /// A handle on the current base for reads without the lock.
+    pub(crate) fn base_reader(&self) -> BaseReader {
+        BaseReader(Arc::clone(&self.base))
+    }
+
+    /// Installs `run` as the base and returns the old one, marked
+    /// superseded (readers holding it go back to the lock). Every
+    /// replacement of the base goes through here.
+    fn replace_base(&mut self, run: Arc<Run>) -> Arc<Run> {
+        self.base.superseded.store(true, Ordering::Release);
+        std::mem::replace(&mut self.base, run)
+    }
+
+    /// Empties the map, as a dropped namespace's: returns its contents
+    /// (for the caller to free outside the lock) with the base marked
+    /// superseded first, so no [`BaseReader`] answers from it after this.
+    pub(crate) fn take_retired(&mut self) -> CellMap {
+        self.base.superseded.store(true, Ordering::Release);
+        std::mem::take(self)
+    }
+
     pub(crate) fn get(&self, key: &u128) -> Option<&Value> {
         let base = &*self.base;
         // Before the slot is read, so that the slot shows every mark the
@@ -300,6 +394,13 @@ impl CellMap {
         }
     }
 
+    /// Whether no merge is pending and the base has its index and all its
+    /// marks; for tests that wait for the compactor.
+    #[cfg(test)]
+    pub(crate) fn settled_with_marks(&self) -> bool {
+        self.frozen.is_none() && self.base_marks_complete()
+    }
+
     /// Whether the base has its index and all its shadow marks, so that
     /// `get` may answer from it alone; for tests that must show the fast
     /// path was live.
@@ -307,6 +408,17 @@ impl CellMap {
     pub(crate) fn base_marks_complete(&self) -> bool {
         matches!(self.base.index.get(), Some(Some(_)))
             && self.base.shadows_complete.load(Ordering::Acquire)
+    }
+
+    /// [`CellMap::get`] for a key that `reader` found absent from its run
+    /// ([`BaseRead::NotInRun`]): if that run is still the base, only the
+    /// deltas are searched (an absent cell costs one index probe, not
+    /// two); else a full `get`.
+    pub(crate) fn get_beyond(&self, key: u128, reader: &BaseReader) -> Option<&Value> {
+        if Arc::ptr_eq(&self.base, &reader.0) {
+            return self.overlay_slot(key).flatten();
+        }
+        self.get(&key)
     }
 
     /// What the delta, else the frozen delta, holds for `key`:
@@ -524,7 +636,7 @@ impl CellMap {
             values.push(v.clone());
         }
         self.live = keys.len();
-        self.base = Arc::new(Run::new(keys, values));
+        self.replace_base(Arc::new(Run::new(keys, values)));
         bytes
     }
 
@@ -816,10 +928,7 @@ fn compact(map: &RwLock<CellMap>) {
             drop((merged, base, frozen));
             return;
         }
-        (
-            std::mem::replace(&mut cells.base, merged),
-            cells.frozen.take(),
-        )
+        (cells.replace_base(merged), cells.frozen.take())
     };
     // Dropping a large run releases a reference per shared value; do it here,
     // outside the lock.

@@ -21,7 +21,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use cube_protocol::{CellBox, Coord, NamespaceName};
 
 use crate::cell_value::CellValue;
-use crate::cells::{CellMap, Compactor};
+use crate::cells::{BaseRead, BaseReader, CellMap, Compactor};
 use crate::coord_hash::CoordHashBuilder;
 use crate::curve::Curve;
 use crate::edges::EdgeGraph;
@@ -96,7 +96,7 @@ impl NamespaceCells {
             let mut cells = write(&self.cells);
             self.dropped.store(true, Ordering::Relaxed);
             self.value_bytes.store(0, Ordering::Relaxed);
-            (std::mem::take(&mut *edges), std::mem::take(&mut *cells))
+            (std::mem::take(&mut *edges), cells.take_retired())
         };
         drop((edges, cells));
     }
@@ -140,13 +140,38 @@ pub(crate) struct SortedCells {
 /// point reads (a connection's `get`s) skips the namespace table: its
 /// shared read lock and the name's hash cost about as much as the lookup
 /// itself (`memstore-1M/get-memo` against `get-borrowed` in
-/// `store/benches/memstore.rs`). The note is an `Arc` of the namespace,
-/// checked on every use against the namespace's `dropped` flag, so it is
-/// never stale and holds no cells once the namespace is gone. Owned by
-/// one reader (not shared), and cheap to create.
+/// `store/benches/memstore.rs`). It also holds a [`BaseReader`] of the
+/// namespace's base run, which answers most reads of stored cells without
+/// the cells' lock. The note is checked on every use: the base reader
+/// against the run being replaced, the namespace against its `dropped`
+/// flag (a drop also replaces the run), so it is never stale. What it
+/// keeps in memory after a drop or a merge (the replaced run) it lets go
+/// of at its next read, or at [`NamespaceMemo::forget`]. Owned by one
+/// reader (not shared), and cheap to create.
 #[derive(Default)]
 pub struct NamespaceMemo {
-    last: Option<(NamespaceName, Arc<NamespaceCells>)>,
+    last: Option<MemoEntry>,
+}
+
+struct MemoEntry {
+    name: NamespaceName,
+    space: Arc<NamespaceCells>,
+    base: BaseReader,
+}
+
+impl NamespaceMemo {
+    /// Lets go of the namespace and its base run, so an idle reader keeps
+    /// nothing alive that a drop or a merge has replaced; the next read
+    /// looks the namespace up again.
+    pub fn forget(&mut self) {
+        self.last = None;
+    }
+
+    /// Whether the memo holds a namespace (for tests of who calls
+    /// [`NamespaceMemo::forget`]).
+    pub fn is_empty(&self) -> bool {
+        self.last.is_none()
+    }
 }
 
 /// Cells of every namespace. Cheap to share: clone the `Arc`.
@@ -433,25 +458,47 @@ impl MemStore {
         coord: Coord,
         read_value: impl FnOnce(Option<&CellValue>) -> R,
     ) -> Option<R> {
-        if let Some((name, space)) = &memo.last
+        if let Some(MemoEntry { name, space, base }) = &mut memo.last
             && name == ns
         {
+            let key = space.curve.key(coord);
+            let not_in_run = match base.get(key) {
+                BaseRead::Current(value) => return Some(read_value(Some(value))),
+                BaseRead::NotInRun => true,
+                BaseRead::AskTheMap => false,
+            };
             let cells = read(&space.cells);
             if !space.is_dropped() {
-                return Some(read_value(cells.get(&space.curve.key(coord))));
+                let value = if not_in_run {
+                    cells.get_beyond(key, base)
+                } else {
+                    cells.get(&key)
+                };
+                let answer = read_value(value);
+                if !base.is_current() {
+                    *base = cells.base_reader();
+                }
+                return Some(answer);
             }
         }
         memo.last = None;
         let space = self.namespace(ns)?;
-        let found = {
+        let (found, base) = {
             let cells = read(&space.cells);
             // Dropped since the table lookup: it is gone.
             if space.is_dropped() {
                 return None;
             }
-            read_value(cells.get(&space.curve.key(coord)))
+            (
+                read_value(cells.get(&space.curve.key(coord))),
+                cells.base_reader(),
+            )
         };
-        memo.last = Some((ns.clone(), space));
+        memo.last = Some(MemoEntry {
+            name: ns.clone(),
+            space,
+            base,
+        });
         Some(found)
     }
 
@@ -747,9 +794,11 @@ mod tests {
         assert_eq!(value.shared_count(), Some(2), "the store and this test");
 
         store.apply(&Mutation::NamespaceDrop { ns: ns.clone() });
-        // The memo still holds the dropped namespace, but not its cells.
+        // The memo still holds the dropped namespace, but not the delta
+        // that held the value (a base run it holds: the next test).
         assert_eq!(value.shared_count(), Some(1));
         assert_eq!(memo_read(&store, &mut memo, &ns, c), None);
+        assert!(memo.is_empty());
 
         store.apply(&create(&ns, 21));
         assert_eq!(memo_read(&store, &mut memo, &ns, c), Some(None));
@@ -762,8 +811,132 @@ mod tests {
         // A create under another id replaces the namespace, as a drop would.
         let value = store.get(&ns, c).unwrap().unwrap();
         store.apply(&create(&ns, 22));
-        assert_eq!(value.shared_count(), Some(1));
         assert_eq!(memo_read(&store, &mut memo, &ns, c), Some(None));
+        assert_eq!(value.shared_count(), Some(1));
+
+        // Forgetting lets go of the live namespace's run too.
+        store.apply(&put(&ns, c, &[b'f'; 40]));
+        assert!(memo_read(&store, &mut memo, &ns, c).is_some());
+        assert!(!memo.is_empty());
+        memo.forget();
+        assert!(memo.is_empty());
+    }
+    /// Waits (up to 20 s) for the compactor to finish any merge and give
+    /// `ns`'s base its index and complete marks, so that memo reads take
+    /// the path without the lock.
+    fn wait_for_marks(store: &MemStore, ns: &NamespaceName) {
+        let space = store.namespace(ns).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !read(&space.cells).settled_with_marks() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "marks never completed"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn a_memo_reads_a_base_without_the_lock_and_lets_go_of_it_when_replaced() {
+        let store = MemStore::new();
+        let ns = NamespaceName::new("based").unwrap();
+        store.apply(&create(&ns, 30));
+        let coords: Vec<Coord> = (0..64).map(|i| Coord::new(i, -i, 3)).collect();
+        let value = |i: usize| vec![b'a' + (i % 26) as u8; 40];
+        let mut cells: Vec<(u128, CellValue)> = coords
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (Curve::Morton.key(*c), CellValue::new(&value(i))))
+            .collect();
+        cells.sort_unstable_by_key(|(k, _)| *k);
+        let (morton_keys, values) = cells.into_iter().unzip();
+        assert!(store.load_sorted_cells(
+            &ns,
+            SortedCells {
+                morton_keys,
+                values,
+                value_bytes: 64 * 40,
+            },
+        ));
+        store.index_after_recovery();
+        wait_for_marks(&store, &ns);
+
+        let mut memo = NamespaceMemo::default();
+        for (i, c) in coords.iter().enumerate() {
+            assert_eq!(memo_read(&store, &mut memo, &ns, *c), Some(Some(value(i))));
+        }
+        // A write after the marks completed marks its key: the memo must
+        // see it, not the base's older value.
+        store.apply(&put(&ns, coords[7], b"new"));
+        assert_eq!(
+            memo_read(&store, &mut memo, &ns, coords[7]),
+            Some(Some(b"new".to_vec()))
+        );
+        store.apply(&Mutation::Del {
+            ns: ns.clone(),
+            coord: coords[8],
+        });
+        assert_eq!(memo_read(&store, &mut memo, &ns, coords[8]), Some(None));
+
+        // After a drop the memo still holds the old run (the value's only
+        // other holder) but never answers from it; its next read finds the
+        // namespace gone and lets go.
+        let held = store.get(&ns, coords[0]).unwrap().unwrap();
+        assert_eq!(held.shared_count(), Some(2), "the base run and this test");
+        store.apply(&Mutation::NamespaceDrop { ns: ns.clone() });
+        assert_eq!(held.shared_count(), Some(2), "the memo's run");
+        assert_eq!(memo_read(&store, &mut memo, &ns, coords[0]), None);
+        assert_eq!(held.shared_count(), Some(1));
+        assert!(memo.is_empty());
+    }
+
+    #[test]
+    fn a_memo_follows_a_merge_and_forgets_on_request() {
+        let store = MemStore::new();
+        let ns = NamespaceName::new("merged").unwrap();
+        store.apply(&create(&ns, 40));
+        let c = Coord::new(1, 2, 3);
+        store.apply(&put(&ns, c, &[b'x'; 40]));
+        // Enough writes that the delta freezes and merges into the base.
+        let mut existed = Vec::new();
+        for round in 0..4 {
+            let group: Vec<Mutation> = (0..crate::cells::MIN_DELTA_ENTRIES)
+                .map(|i| put(&ns, Coord::new(i as i32, round, 9), b"v"))
+                .collect();
+            let refs: Vec<&Mutation> = group.iter().collect();
+            store.apply_group(&refs, &mut existed);
+        }
+        wait_for_marks(&store, &ns);
+        let mut memo = NamespaceMemo::default();
+        assert_eq!(
+            memo_read(&store, &mut memo, &ns, c),
+            Some(Some(vec![b'x'; 40]))
+        );
+        let held = store.get(&ns, c).unwrap().unwrap();
+        assert_eq!(held.shared_count(), Some(2), "the base run and this test");
+        // Another merge replaces the run the memo holds.
+        for round in 4..8 {
+            let group: Vec<Mutation> = (0..crate::cells::MIN_DELTA_ENTRIES)
+                .map(|i| put(&ns, Coord::new(i as i32, round, 9), b"v"))
+                .collect();
+            let refs: Vec<&Mutation> = group.iter().collect();
+            store.apply_group(&refs, &mut existed);
+        }
+        wait_for_marks(&store, &ns);
+        // The replaced run shares the value with the new one; the memo's
+        // next read moves to the new run and the old one is freed.
+        assert_eq!(held.shared_count(), Some(3), "new run, old run, test");
+        assert_eq!(
+            memo_read(&store, &mut memo, &ns, c),
+            Some(Some(vec![b'x'; 40]))
+        );
+        assert_eq!(held.shared_count(), Some(2));
+        memo.forget();
+        assert!(memo.is_empty());
+        assert_eq!(
+            memo_read(&store, &mut memo, &ns, c),
+            Some(Some(vec![b'x'; 40]))
+        );
     }
 }
 
@@ -866,6 +1039,104 @@ mod point_read_probe {
                 t[0],
                 t[t.len() / 4],
                 t[t.len() / 2]
+            );
+        }
+    }
+
+    /// A random `get` of a 1 M-cell namespace restored from a checkpoint
+    /// (all in an indexed, fully marked base), two ways alternately in one
+    /// process: through the memo as the server reads (the base reader, no
+    /// lock), and through the same namespace under the cells' read lock
+    /// (the memo's read before the base reader); stored cells, then empty
+    /// ones. For each curve, prints ns a get and the ratios of the
+    /// medians.
+    #[test]
+    #[ignore = "timing probe"]
+    fn get_without_and_with_the_lock() {
+        for curve in Curve::ALL {
+            let ns = NamespaceName::new("m").unwrap();
+            let store = MemStore::new();
+            store.create_namespace(&ns, curve);
+            let mut cells: Vec<(u128, CellValue)> = cube()
+                .map(|c| (crate::curve::morton_key(c), CellValue::new(&value(c))))
+                .collect();
+            cells.sort_unstable_by_key(|(k, _)| *k);
+            let (morton_keys, values) = cells.into_iter().unzip();
+            store.load_sorted_cells(
+                &ns,
+                SortedCells {
+                    morton_keys,
+                    values,
+                    value_bytes: 0,
+                },
+            );
+            store.index_after_recovery();
+            let space = store.namespace(&ns).unwrap();
+            while !read(&space.cells).settled_with_marks() {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            let mut state = 0x9e37_79b9_7f4a_7c15u64;
+            let mut next = || {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state % SIDE as u64) as i32
+            };
+            let hits: Vec<Coord> = (0..4096)
+                .map(|_| Coord::new(next(), next(), next()))
+                .collect();
+            // Next to the cube: no such cells.
+            let absent: Vec<Coord> = hits
+                .iter()
+                .map(|c| Coord::new(c.x + SIDE, c.y, c.z))
+                .collect();
+            let read_value = |v: Option<&CellValue>| v.map_or(0, |v| v.len() + usize::from(v[0]));
+            let rounds = 50;
+            let mut times: [Vec<f64>; 4] = Default::default();
+            for _ in 0..24 {
+                for (way, t_way) in times.iter_mut().enumerate() {
+                    let probes = if way < 2 { &hits } else { &absent };
+                    let mut memo = NamespaceMemo::default();
+                    let mut sum = 0usize;
+                    let t = Instant::now();
+                    for _ in 0..rounds {
+                        for c in probes {
+                            sum += if way % 2 == 0 {
+                                store
+                                    .read_cell_memo(&mut memo, &ns, *c, read_value)
+                                    .unwrap()
+                            } else {
+                                let cells = read(&space.cells);
+                                read_value(cells.get(&space.curve.key(*c)))
+                            };
+                        }
+                    }
+                    t_way.push(t.elapsed().as_nanos() as f64 / (rounds * probes.len()) as f64);
+                    std::hint::black_box(sum);
+                }
+            }
+            let mut medians = [0.0; 4];
+            let names = [
+                "no lock",
+                "read lock",
+                "absent, no lock",
+                "absent, read lock",
+            ];
+            for (i, (name, t)) in names.into_iter().zip(&mut times).enumerate() {
+                t.sort_by(f64::total_cmp);
+                medians[i] = t[t.len() / 2];
+                println!(
+                    "{curve:?} {name}: ns a get: min {:.1}, p25 {:.1}, median {:.1}, p75 {:.1}",
+                    t[0],
+                    t[t.len() / 4],
+                    t[t.len() / 2],
+                    t[t.len() * 3 / 4]
+                );
+            }
+            println!(
+                "{curve:?} no lock / read lock: hits {:.2}, absent {:.2}",
+                medians[0] / medians[1],
+                medians[2] / medians[3]
             );
         }
     }
