@@ -343,53 +343,76 @@ impl Client {
         let request_id = self.take_request_id();
         self.out.clear();
         request.encode(request_id, &mut self.out);
-        if self.out.len() as u64 > u64::from(self.limits.max_frame_bytes) {
+        self.check_frame_size(request, self.out.len())?;
+        if let Err(write_error) = self.stream.write_all(&self.out) {
+            return Err(self.explain_write_failure(write_error));
+        }
+        let (header, outcome) = self.read_response()?;
+        answer_to(request, request_id, &header, outcome)
+    }
+
+    /// Sends `requests` back to back in one write, then reads their
+    /// answers, which the server sends in request order. Writes among them
+    /// are queued together, so a client's consecutive writes share one
+    /// group commit and its `fdatasync` (`docs/protocol.md`, section 5);
+    /// each answer is still sent only once its write is durable.
+    ///
+    /// The outer error is the connection's (it is then out of step: drop
+    /// the client); each request's own refusal is its entry's error. At
+    /// most [`MAX_PIPELINE_REQUESTS`] requests of at most
+    /// [`MAX_PIPELINE_BYTES`] together: a bigger batch could fill both
+    /// directions' socket buffers while each side waits for the other.
+    pub fn pipeline(
+        &mut self,
+        requests: &[Request],
+    ) -> Result<Vec<Result<Response, ClientError>>, ClientError> {
+        if requests.len() > MAX_PIPELINE_REQUESTS {
             return Err(ClientError::BadArgument(format!(
-                "{} request is {} bytes, over the server's frame limit of {} bytes \
-                 (max_frame_bytes)",
-                request.opcode().name(),
-                self.out.len(),
-                self.limits.max_frame_bytes
+                "{} requests in one pipeline, over the limit of {MAX_PIPELINE_REQUESTS}; \
+                 split the batch",
+                requests.len()
+            )));
+        }
+        self.out.clear();
+        let mut ids = Vec::with_capacity(requests.len());
+        for request in requests {
+            let request_id = self.take_request_id();
+            let start = self.out.len();
+            request.encode(request_id, &mut self.out);
+            self.check_frame_size(request, self.out.len() - start)?;
+            ids.push(request_id);
+        }
+        if self.out.len() > MAX_PIPELINE_BYTES {
+            return Err(ClientError::BadArgument(format!(
+                "a pipeline of {} bytes, over the limit of {MAX_PIPELINE_BYTES}; split the batch",
+                self.out.len()
             )));
         }
         if let Err(write_error) = self.stream.write_all(&self.out) {
             return Err(self.explain_write_failure(write_error));
         }
-        let (header, outcome) = self.read_response()?;
-        let expected_opcode = request.opcode() as u16 | RESPONSE_BIT;
-        match outcome {
-            Err(server_error) => {
-                // The server reports a failure to decode the opcode with the
-                // bare response bit, so that is a fine answer to any request.
-                let about_this_request = header.request_id == request_id
-                    && (header.opcode == expected_opcode || header.opcode == RESPONSE_BIT);
-                if about_this_request || is_connection_error(&header) {
-                    Err(ClientError::Server(server_error))
-                } else {
-                    Err(ClientError::UnexpectedResponse(format!(
-                        "error for request id {} opcode 0x{:04x} while waiting for id {request_id} \
-                         opcode 0x{expected_opcode:04x}: {server_error}",
-                        header.request_id, header.opcode
-                    )))
-                }
-            }
-            Ok(response) => {
-                if header.request_id != request_id {
-                    return Err(ClientError::UnexpectedResponse(format!(
-                        "answer to request id {} while waiting for id {request_id}",
-                        header.request_id
-                    )));
-                }
-                if response.opcode() != request.opcode() {
-                    return Err(ClientError::UnexpectedResponse(format!(
-                        "{} answer to a {} request",
-                        response.opcode().name(),
-                        request.opcode().name()
-                    )));
-                }
-                Ok(response)
+        let mut answers = Vec::with_capacity(requests.len());
+        for (request, request_id) in requests.iter().zip(ids) {
+            let (header, outcome) = self.read_response()?;
+            match answer_to(request, request_id, &header, outcome) {
+                Err(e @ ClientError::Server(_)) => answers.push(Err(e)),
+                Err(other) => return Err(other),
+                Ok(response) => answers.push(Ok(response)),
             }
         }
+        Ok(answers)
+    }
+
+    fn check_frame_size(&self, request: &Request, frame_bytes: usize) -> Result<(), ClientError> {
+        if frame_bytes as u64 > u64::from(self.limits.max_frame_bytes) {
+            return Err(ClientError::BadArgument(format!(
+                "{} request is {frame_bytes} bytes, over the server's frame limit of {} bytes \
+                 (max_frame_bytes)",
+                request.opcode().name(),
+                self.limits.max_frame_bytes
+            )));
+        }
+        Ok(())
     }
 
     /// Read and write timeouts; `None` blocks forever. A timed-out call
@@ -546,6 +569,59 @@ fn unexpected(what: &str, response: &Response) -> ClientError {
         "{} answer to a {what} request",
         response.opcode().name()
     ))
+}
+
+/// Requests one [`Client::pipeline`] may send.
+pub const MAX_PIPELINE_REQUESTS: usize = 64;
+
+/// Bytes one [`Client::pipeline`] may send: well under a Unix socket's
+/// buffer, so the batch is always taken in while answers come back.
+pub const MAX_PIPELINE_BYTES: usize = 64 * 1024;
+
+/// The answer to `request` (sent with `request_id`) from a response frame:
+/// an error answer becomes [`ClientError::Server`]; an answer to some
+/// other request (wrong id or opcode) becomes
+/// [`ClientError::UnexpectedResponse`].
+fn answer_to(
+    request: &Request,
+    request_id: u64,
+    header: &FrameHeader,
+    outcome: Result<Response, ServerError>,
+) -> Result<Response, ClientError> {
+    let expected_opcode = request.opcode() as u16 | RESPONSE_BIT;
+    match outcome {
+        Err(server_error) => {
+            // The server reports a failure to decode the opcode with the
+            // bare response bit, so that is a fine answer to any request.
+            let about_this_request = header.request_id == request_id
+                && (header.opcode == expected_opcode || header.opcode == RESPONSE_BIT);
+            if about_this_request || is_connection_error(header) {
+                Err(ClientError::Server(server_error))
+            } else {
+                Err(ClientError::UnexpectedResponse(format!(
+                    "error for request id {} opcode 0x{:04x} while waiting for id {request_id} \
+                     opcode 0x{expected_opcode:04x}: {server_error}",
+                    header.request_id, header.opcode
+                )))
+            }
+        }
+        Ok(response) => {
+            if header.request_id != request_id {
+                return Err(ClientError::UnexpectedResponse(format!(
+                    "answer to request id {} while waiting for id {request_id}",
+                    header.request_id
+                )));
+            }
+            if response.opcode() != request.opcode() {
+                return Err(ClientError::UnexpectedResponse(format!(
+                    "{} answer to a {} request",
+                    response.opcode().name(),
+                    request.opcode().name()
+                )));
+            }
+            Ok(response)
+        }
+    }
 }
 
 #[cfg(test)]

@@ -20,7 +20,8 @@ mod programs;
 
 pub use bulk::{BatchAck, failed_op_index};
 pub use client::{
-    Client, DEFAULT_SOCKET_PATH, SOCKET_ENV_VAR, ScanIter, ScanPage, default_socket_path,
+    Client, DEFAULT_SOCKET_PATH, MAX_PIPELINE_BYTES, MAX_PIPELINE_REQUESTS, SOCKET_ENV_VAR,
+    ScanIter, ScanPage, default_socket_path,
 };
 pub use cube_protocol::{
     BatchOp, EdgePage, ListedEdge, ListedProgram, MAX_BATCH_BYTES, MAX_BATCH_OPS, MAX_EDGE_PAGE,

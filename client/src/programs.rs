@@ -88,6 +88,59 @@ impl Client {
         }
     }
 
+    /// Stores `source` at `coord` and runs it with `args`, pipelined: both
+    /// requests go in one write and are queued together, so they share a
+    /// group commit and the caller waits for one round trip, not two. The
+    /// run runs the program just stored (the server applies a connection's
+    /// requests in order). The outer error is the connection's; each
+    /// request's refusal is its own (a syntax error refuses the `prog`,
+    /// and the `run` then runs whatever program the cell held before, or
+    /// fails with `no_program`).
+    #[allow(clippy::type_complexity)]
+    pub fn prog_and_run(
+        &mut self,
+        ns: &str,
+        coord: Coord,
+        source: &[u8],
+        args: &[&[u8]],
+    ) -> Result<(Result<Stored, ClientError>, Result<RunReply, ClientError>), ClientError> {
+        if source.len() > MAX_PROGRAM_BYTES {
+            return Err(ClientError::BadArgument(format!(
+                "the program is {} bytes, over the limit of {MAX_PROGRAM_BYTES}",
+                source.len()
+            )));
+        }
+        check_args(args)?;
+        let ns = namespace(ns)?;
+        let requests = [
+            Request::Prog {
+                ns: ns.clone(),
+                coord,
+                source: source.to_vec(),
+            },
+            Request::Run {
+                ns,
+                coord,
+                args: args.iter().map(|a| a.to_vec()).collect(),
+            },
+        ];
+        let mut answers = self.pipeline(&requests)?.into_iter();
+        let (Some(prog), Some(run)) = (answers.next(), answers.next()) else {
+            return Err(ClientError::UnexpectedResponse(
+                "a pipeline of two requests answered fewer".into(),
+            ));
+        };
+        let stored = prog.and_then(|response| match response {
+            Response::Prog { lsn, replaced } => Ok(Stored { lsn, replaced }),
+            other => Err(unexpected("prog", &other)),
+        });
+        let ran = run.and_then(|response| match response {
+            Response::Run(reply) => Ok(reply),
+            other => Err(unexpected("run", &other)),
+        });
+        Ok((stored, ran))
+    }
+
     /// Runs every program stored in the box `lo..=hi` once, in the
     /// namespace's curve order, each with `args` (its own cell as
     /// `cube.x/y/z`). Every run reads the state from before the step, so

@@ -26,7 +26,7 @@ use cube_store::{
 
 use crate::access::{Peer, authorize};
 use crate::server::Shared;
-use crate::write_reply::{PendingReply, deliver};
+use crate::write_reply::{MAX_PIPELINED_WRITES, PendingReply, deliver};
 
 /// Read buffer per connection; frames larger than this are read straight
 /// into the body buffer.
@@ -158,11 +158,6 @@ impl Connection {
                 Ok(header) => header,
                 Err(close) => return close,
             };
-            // The previous write's answer must be out before this request
-            // is answered (responses go in request order).
-            if let Err(kind) = self.pending_reply.wait() {
-                return Close::WriteFailed(io::Error::from(kind));
-            }
             let started = Instant::now();
             let limits = self.shared.args.limits();
             let request = match header
@@ -190,6 +185,21 @@ impl Connection {
                 }
             };
             let opcode = request.opcode();
+            let is_write = matches!(
+                request,
+                Request::Put { .. }
+                    | Request::Del { .. }
+                    | Request::Prog { .. }
+                    | Request::Run { .. }
+                    | Request::Step { .. }
+            );
+            // A write may be queued behind earlier writes whose answers are
+            // not out yet (pipelining, `write_reply`); anything else waits
+            // for them all, so it sees those writes and answers after them.
+            let room = if is_write { MAX_PIPELINED_WRITES } else { 1 };
+            if let Err(kind) = self.pending_reply.wait_below(room) {
+                return Close::WriteFailed(io::Error::from(kind));
+            }
             if !self.greeted && !matches!(request, Request::Hello { .. }) {
                 let error = ServerError::new(
                     ErrorCode::BadRequest,
@@ -220,14 +230,7 @@ impl Connection {
                     continue;
                 }
             }
-            if matches!(
-                request,
-                Request::Put { .. }
-                    | Request::Del { .. }
-                    | Request::Prog { .. }
-                    | Request::Run { .. }
-                    | Request::Step { .. }
-            ) {
+            if is_write {
                 match self.submit_write(request, header.request_id, started) {
                     Ok(()) => continue,
                     Err(error) => {
@@ -371,6 +374,10 @@ impl Connection {
         request_id: u64,
         error: &ServerError,
     ) -> Result<(), Close> {
+        // Earlier writes' answers go first (responses in request order).
+        self.pending_reply
+            .wait()
+            .map_err(|kind| Close::WriteFailed(io::Error::from(kind)))?;
         self.out.clear();
         Response::encode_error(opcode, request_id, error, &mut self.out);
         self.writer.write_all(&self.out).map_err(Close::WriteFailed)
@@ -603,7 +610,7 @@ impl Connection {
                 "cubed is shutting down; the write was not stored",
             )
         })?;
-        self.pending_reply.begin();
+        let seq = self.pending_reply.begin();
         let stream = Arc::clone(&self.reply_stream);
         let slot = Arc::clone(&self.pending_reply);
         let shared = Arc::clone(&self.shared);
@@ -617,7 +624,7 @@ impl Connection {
             shared
                 .stats
                 .record(opcode, started.elapsed().as_micros() as u64, ok);
-            deliver(&stream, frame, &slot);
+            deliver(&stream, seq, frame, &slot);
         };
         match write {
             Submitted::Cell(mutation) => session.submit(mutation, move |result| {

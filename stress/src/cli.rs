@@ -126,6 +126,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = u64::from(DEFAULT_MGET_BATCH))]
     pub batch: u64,
 
+    /// seed only: send each prog together with a run of the same cell,
+    /// pipelined (one round trip for the pair, one shared group commit).
+    #[arg(long)]
+    pub pipeline: bool,
+
     /// Bytes per value (at least 16: each value carries its key and version).
     #[arg(long, value_name = "BYTES", default_value_t = 64)]
     pub value_size: usize,
@@ -192,6 +197,7 @@ impl RunArgs {
             },
             workload: Workload::new(self.workload, self.read_ratio)
                 .and_then(|workload| workload.with_batch(self.batch))
+                .and_then(|workload| workload.with_pipeline(self.pipeline))
                 .map_err(StressError::Usage)?,
             clients: self.clients,
             duration: seconds("duration", self.duration)?,
@@ -430,6 +436,14 @@ mod tests {
         for batch in ["1", "4096"] {
             assert!(parse(&["--workload", "mget", "--batch", batch]).is_ok());
         }
+        let err = Cli::try_parse_from(["cube-stress", "--workload", "put", "--pipeline"])
+            .unwrap()
+            .run
+            .config()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("needs --workload seed"), "{err}");
+        assert!(parse(&["--pipeline"]).is_ok());
         assert_eq!(
             Cli::try_parse_from(["cube-stress", "--workload", "mget"])
                 .unwrap()

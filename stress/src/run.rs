@@ -21,7 +21,7 @@ use crate::target::ProgramConnection;
 use crate::target::{Connection, Connector, RunningTarget, TargetKind, TargetSpec};
 use crate::verify::{self, ReadBack, VerifyMode, VerifyReport};
 use crate::walk_workload;
-use crate::workload::{Op, Workload, WorkloadKind, mget_keys};
+use crate::workload::{Command, Op, Workload, WorkloadKind, mget_keys};
 
 /// Error descriptions kept per run; the count is always exact.
 const KEPT_ERRORS: usize = 10;
@@ -729,7 +729,13 @@ fn client_loop(shared: &Shared<'_>, client: usize) -> ClientOutcome {
         match execute(shared, client, live.as_mut(), op, &mut value) {
             Ok(()) => {
                 if recording {
-                    outcome.recorder.record(op.command(), started.elapsed());
+                    let elapsed = started.elapsed();
+                    outcome.recorder.record(op.command(), elapsed);
+                    // A pipelined pair is a prog and a run, both answered
+                    // in one round trip.
+                    if let Op::ProgRun { .. } = op {
+                        outcome.recorder.record(Command::Run, elapsed);
+                    }
                 }
             }
             Err(Failure::Op(OpError::Disconnected(_))) if control.paused() => {
@@ -763,6 +769,10 @@ fn describe(op: Op) -> String {
         Op::Path { from, to } => format!("path {} -> {}", coord_of(from), coord_of(to)),
         Op::Prog { cell, .. } => format!("prog at seed cell {}", seed_workload::coord(cell)),
         Op::Run { cell } => format!("run at seed cell {}", seed_workload::coord(cell)),
+        Op::ProgRun { cell, .. } => format!(
+            "pipelined prog and run at seed cell {}",
+            seed_workload::coord(cell)
+        ),
         Op::Step { first_cell, cells } => {
             let (lo, hi) = seed_workload::step_box(first_cell, cells);
             format!("step over seed cells {lo}..={hi}")
@@ -866,6 +876,21 @@ fn execute(
                 Err(Failure::Op(e))
             }
         },
+        Op::ProgRun { cell, variant } => {
+            let pair = connection
+                .prog_and_run(
+                    seed_workload::coord(cell),
+                    seed_workload::source(variant).as_bytes(),
+                )
+                .inspect_err(|_| shared.seed.uncertain(cell))
+                .map_err(Failure::Op)?;
+            match pair.run {
+                Ok(_) => shared.seed.acked(cell),
+                Err(_) => shared.seed.uncertain(cell),
+            }
+            pair.prog.map_err(Failure::Op)?;
+            pair.run.map(|_| ()).map_err(Failure::Op)
+        }
         Op::Step { first_cell, cells } => {
             let (lo, hi) = seed_workload::step_box(first_cell, cells);
             let box_cells = first_cell..first_cell + cells;

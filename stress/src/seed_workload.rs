@@ -51,11 +51,17 @@ pub fn source(variant: u64) -> String {
     format!("-- seed counter, variant {variant}\nreturn cube.rincr(0, 0, 0, 1)\n")
 }
 
-pub fn next_op(rng: &mut Rng, keys: &KeySpace) -> Op {
+/// The next request. With `pipeline`, every `prog` and `run` (93 %) is a
+/// pipelined pair of both at one cell instead ([`Op::ProgRun`]).
+pub fn next_op(rng: &mut Rng, keys: &KeySpace, pipeline: bool) -> Op {
     let cells = cells(keys);
     let cell = rng.below(cells);
     // In half-percents: prog 46.5 %, run 46.5 %, step 1 %, cell-stats 6 %.
     match rng.below(200) {
+        0..186 if pipeline => Op::ProgRun {
+            cell,
+            variant: rng.below(VARIANTS),
+        },
         0..93 => Op::Prog {
             cell,
             variant: rng.below(VARIANTS),
@@ -240,7 +246,7 @@ mod tests {
         let mut rng = Rng::new(5);
         let mut counts = [0; 4];
         for _ in 0..10_000 {
-            match next_op(&mut rng, &keys) {
+            match next_op(&mut rng, &keys, false) {
                 Op::Prog { cell, variant } => {
                     assert!(cell < MAX_SEED_CELLS && variant < VARIANTS);
                     counts[0] += 1;
@@ -273,7 +279,7 @@ mod tests {
             let mut rng = Rng::new(keys);
             let mut steps = 0;
             for _ in 0..5_000 {
-                let Op::Step { first_cell, cells } = next_op(&mut rng, &space) else {
+                let Op::Step { first_cell, cells } = next_op(&mut rng, &space, false) else {
                     continue;
                 };
                 steps += 1;

@@ -91,6 +91,10 @@ pub enum Op {
     Prog { cell: u64, variant: u64 },
     /// Running the program of seed cell `cell`.
     Run { cell: u64 },
+    /// `prog` of counter variant `variant` at seed cell `cell` and a `run`
+    /// of it, pipelined in one round trip (`seed --pipeline`); timed as
+    /// both a `prog` and a `run`.
+    ProgRun { cell: u64, variant: u64 },
     /// One `step` over the `cells` seed cells from `first_cell` on, all in
     /// one row of the seed plane: every counter program in the box runs
     /// once.
@@ -109,7 +113,7 @@ impl Op {
             Op::Unlink { .. } => Command::Unlink,
             Op::Walk { .. } => Command::Walk,
             Op::Path { .. } => Command::Path,
-            Op::Prog { .. } => Command::Prog,
+            Op::Prog { .. } | Op::ProgRun { .. } => Command::Prog,
             Op::Run { .. } => Command::Run,
             Op::Step { .. } => Command::Step,
             Op::CellStats { .. } => Command::CellStats,
@@ -175,6 +179,8 @@ pub struct Workload {
     pub read_ratio: f64,
     /// Keys per request; only used by `mget`.
     pub batch: u32,
+    /// `seed` only: each `prog` goes with a `run` of its cell, pipelined.
+    pub pipeline: bool,
 }
 
 impl Workload {
@@ -186,7 +192,20 @@ impl Workload {
             kind,
             read_ratio,
             batch: DEFAULT_MGET_BATCH,
+            pipeline: false,
         })
+    }
+
+    /// The same workload with `prog` and `run` pipelined in pairs (`seed`
+    /// only).
+    pub fn with_pipeline(self, pipeline: bool) -> Result<Workload, String> {
+        if pipeline && self.kind != WorkloadKind::Seed {
+            return Err(format!(
+                "--pipeline pairs prog with run, so it needs --workload seed, not {}",
+                self.kind.name()
+            ));
+        }
+        Ok(Workload { pipeline, ..self })
     }
 
     /// The same workload with `batch` keys per `mget` request.
@@ -201,7 +220,11 @@ impl Workload {
     }
 
     pub fn name(&self) -> &'static str {
-        self.kind.name()
+        if self.pipeline {
+            "seed-pipelined"
+        } else {
+            self.kind.name()
+        }
     }
 
     /// The next request of client `client`.
@@ -229,7 +252,7 @@ impl Workload {
                 }
             }
             WorkloadKind::Walk => crate::walk_workload::next_op(rng, keys, client),
-            WorkloadKind::Seed => crate::seed_workload::next_op(rng, keys),
+            WorkloadKind::Seed => crate::seed_workload::next_op(rng, keys, self.pipeline),
         }
     }
 

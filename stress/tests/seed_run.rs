@@ -1,4 +1,4 @@
-//! Guards the `seed` workload end to end (the default of `cube-stress` and `make stress`): prog + run pairs, steps over row segments and cell-stats against a throwaway cubed, every seed cell's telemetry count checked against the runs the driver saw acknowledged, also across a kill -9.
+//! Guards the `seed` workload end to end (the default of `cube-stress` and `make stress`): prog + run pairs (also pipelined), steps over row segments and cell-stats against a throwaway cubed, every seed cell's telemetry count checked against the runs the driver saw acknowledged, also across a kill -9.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -67,5 +67,19 @@ fn telemetry_counts_match_across_kill_9() {
     let report = seed_run(&["--crash-every", "0.8"]);
     assert_eq!(field(&report, "passed"), &Json::Bool(true));
     assert!(matches!(field(&report, "crashes"), Json::Array(c) if !c.is_empty()));
+    assert_eq!(int(field(field(&report, "verification"), "mismatches")), 0);
+}
+
+#[test]
+fn pipelined_pairs_keep_every_telemetry_count_exact_also_across_kill_9() {
+    let report = seed_run(&["--pipeline", "--crash-every", "0.8"]);
+    assert_eq!(field(&report, "workload"), &Json::str("seed-pipelined"));
+    assert_eq!(field(&report, "passed"), &Json::Bool(true));
+    assert!(matches!(field(&report, "crashes"), Json::Array(c) if !c.is_empty()));
+    let commands = field(&report, "commands");
+    // Each pair is one prog and one run, timed together.
+    let progs = int(field(field(commands, "prog"), "count"));
+    assert!(progs > 0);
+    assert_eq!(progs, int(field(field(commands, "run"), "count")));
     assert_eq!(int(field(field(&report, "verification"), "mismatches")), 0);
 }

@@ -10,7 +10,7 @@ use cube_client::{
 };
 use cube_protocol::{Coord, ProtocolError};
 
-use super::{Connection, Connector, ProgramAnswer, ProgramRequest, StepAnswer};
+use super::{Connection, Connector, PairOutcome, ProgramAnswer, ProgramRequest, StepAnswer};
 use crate::error::{OpError, StressError};
 
 /// The namespace used when `--namespace` is not given.
@@ -191,6 +191,17 @@ impl Connection for CubeConnection {
                 })
                 .map_err(classify),
         }
+    }
+
+    fn prog_and_run(&mut self, coord: Coord, source: &[u8]) -> Result<PairOutcome, OpError> {
+        let (stored, ran) = self
+            .client
+            .prog_and_run(&self.namespace, coord, source, &[])
+            .map_err(classify)?;
+        Ok(PairOutcome {
+            prog: stored.map(|_| ()).map_err(classify),
+            run: ran.map(|reply| reply.seq).map_err(classify),
+        })
     }
 
     fn path(&mut self, from: Coord, to: Coord) -> Result<Option<(Vec<Coord>, f64)>, OpError> {

@@ -110,6 +110,14 @@ pub trait Connection: Send {
         Err(unsupported("path"))
     }
 
+    /// `prog` of `source` at `coord` and a `run` of it, pipelined in one
+    /// round trip; each request's own outcome (the run's telemetry seq).
+    /// Only cube has programs.
+    fn prog_and_run(&mut self, coord: Coord, source: &[u8]) -> Result<PairOutcome, OpError> {
+        let _ = (coord, source);
+        Err(unsupported("cell programs"))
+    }
+
     /// A cell-program request and its answer (see [`ProgramAnswer`]).
     /// Only cube has programs.
     fn program_request(&mut self, request: ProgramRequest<'_>) -> Result<ProgramAnswer, OpError> {
@@ -169,6 +177,13 @@ pub enum ProgramRequest<'a> {
     /// The box `lo..=hi`.
     Step(Coord, Coord),
     CellStats(Coord),
+}
+
+/// What a pipelined `prog` + `run` pair answered, each on its own.
+pub struct PairOutcome {
+    pub prog: Result<(), OpError>,
+    /// The run's telemetry seq.
+    pub run: Result<u64, OpError>,
 }
 
 /// The answer to a [`ProgramRequest`], one variant per request.
