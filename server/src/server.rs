@@ -113,6 +113,7 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
             sync: args.sync,
             segment_bytes: args.wal_segment_bytes,
             max_group_records: args.max_group_records.max(1),
+            answer_hooks: Some(crate::write_reply::ANSWER_HOOKS),
             ..GroupCommitConfig::default()
         },
         recovery: RecoveryOptions {

@@ -23,13 +23,20 @@
 //! one (a write refused at once while the one before waits for its fsync)
 //! is parked until its turn, so responses always go out in request order
 //! (`docs/protocol.md`, section 5) whatever order the writer answers in.
+//!
+//! Gathering: while the writer answers a durable group ([`ANSWER_HOOKS`]),
+//! answers whose turn has come join their connection's cork and go out in
+//! one `send` at the group's end, so pipelined writes that shared a group
+//! wake their client once.
 
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 
+use cube_store::AnswerHooks;
 use socket2::SockRef;
 
 /// Most writes one connection may have queued whose answers are not yet
@@ -45,10 +52,16 @@ struct Slot {
     /// The sequence number of the next answer to go on the socket;
     /// `next_seq - next_to_send` answers are outstanding.
     next_to_send: u64,
+    /// Answers whose turn had come while the writer was answering a group
+    /// ([`before_answers`]): their bytes, in order, sent together by
+    /// [`after_answers`]. They count as outstanding until then.
+    cork: Vec<u8>,
+    /// How many answers `cork` holds (from `next_to_send` on).
+    corked: u64,
     /// Answers that are ready while an earlier one is not sent yet.
     parked: BTreeMap<u64, Vec<u8>>,
-    /// A helper thread is finishing an answer's send; every later answer
-    /// waits for it (parked), so bytes never interleave.
+    /// A helper thread is finishing a send: every later answer waits for
+    /// it (parked), so bytes never interleave.
     slow: bool,
     /// The first send that failed: the connection is closing, later
     /// answers are dropped.
@@ -65,10 +78,19 @@ impl Slot {
     fn outstanding(&self) -> u64 {
         let outstanding = self.next_seq - self.next_to_send;
         assert!(
-            outstanding <= MAX_PIPELINED_WRITES,
-            "{outstanding} answers outstanding"
+            outstanding <= MAX_PIPELINED_WRITES && self.corked <= outstanding,
+            "{outstanding} answers outstanding, {} corked",
+            self.corked
         );
         outstanding
+    }
+
+    /// Moves parked answers whose turn has come into the cork.
+    fn cork_parked(&mut self) {
+        while let Some(frame) = self.parked.remove(&(self.next_to_send + self.corked)) {
+            self.cork.extend_from_slice(&frame);
+            self.corked += 1;
+        }
     }
 }
 
@@ -129,10 +151,10 @@ impl PendingReply {
         }
     }
 
-    /// Counts `seq`'s answer as sent (`outcome`), and wakes the connection
-    /// thread if it waits.
-    fn sent(&self, slot: &mut Slot, outcome: Result<(), io::ErrorKind>) {
-        slot.next_to_send += 1;
+    /// Counts the next `answers` answers as sent (`outcome`), and wakes
+    /// the connection thread if it waits.
+    fn sent(&self, slot: &mut Slot, answers: u64, outcome: Result<(), io::ErrorKind>) {
+        slot.next_to_send += answers;
         if let Err(kind) = outcome {
             slot.failed.get_or_insert(kind);
         }
@@ -142,9 +164,54 @@ impl PendingReply {
     }
 }
 
+thread_local! {
+    /// Set on the writer thread while it answers a durable group.
+    static CORKING: Cell<bool> = const { Cell::new(false) };
+    /// The connections with corked answers, to send in [`after_answers`].
+    static CORKED: RefCell<Vec<(Arc<UnixStream>, Arc<PendingReply>)>> =
+        const { RefCell::new(Vec::new()) };
+}
+
+/// The writer's hooks around a group's answers
+/// (`cube_store::GroupCommitConfig::answer_hooks`).
+pub(crate) const ANSWER_HOOKS: AnswerHooks = AnswerHooks {
+    before: before_answers,
+    after: after_answers,
+};
+
+/// From here to [`after_answers`], a connection's answers are gathered
+/// and then sent in one `send`: a client that pipelined several writes
+/// into one group is woken once for all their answers, and the writer
+/// makes one system call for them, not one each.
+fn before_answers() {
+    CORKING.set(true);
+}
+
+/// Sends every connection's gathered answers.
+fn after_answers() {
+    CORKING.set(false);
+    let corked = CORKED.take();
+    for (stream, pending) in &corked {
+        let mut slot = lock(&pending.slot);
+        let bytes = std::mem::take(&mut slot.cork);
+        let answers = std::mem::take(&mut slot.corked);
+        send_in_turn(stream, pending, slot, Some((bytes, answers)));
+    }
+    // Keep the list's allocation for the next group.
+    CORKED.with(|list| {
+        let mut list = list.borrow_mut();
+        if list.is_empty() {
+            let mut corked = corked;
+            corked.clear();
+            *list = corked;
+        }
+    });
+}
+
 /// Sends answer `seq` (`frame`) on `stream` once every earlier answer of
 /// the connection is out: from the calling thread (the writer) what fits
-/// now without blocking, the rest from a helper thread.
+/// now without blocking, the rest from a helper thread. While the writer
+/// answers a group, the answer joins the connection's cork instead.
 pub(crate) fn deliver(
     stream: &Arc<UnixStream>,
     seq: ReplySeq,
@@ -153,45 +220,73 @@ pub(crate) fn deliver(
 ) {
     let mut slot = lock(&pending.slot);
     assert!(
-        seq.0 >= slot.next_to_send && seq.0 < slot.next_seq,
+        seq.0 >= slot.next_to_send + slot.corked && seq.0 < slot.next_seq,
         "answer {} delivered outside {}..{}",
         seq.0,
-        slot.next_to_send,
+        slot.next_to_send + slot.corked,
         slot.next_seq
     );
-    let mut next = None;
-    if seq.0 == slot.next_to_send && !slot.slow {
-        next = Some(frame);
+    let in_turn = seq.0 == slot.next_to_send + slot.corked && !slot.slow;
+    if in_turn && CORKING.get() {
+        if slot.corked == 0 {
+            CORKED.with(|list| {
+                list.borrow_mut()
+                    .push((Arc::clone(stream), Arc::clone(pending)))
+            });
+        }
+        slot.cork.extend_from_slice(&frame);
+        slot.corked += 1;
+        slot.cork_parked();
+        return;
+    }
+    if in_turn && slot.corked == 0 {
+        send_in_turn(stream, pending, slot, Some((frame, 1)));
     } else {
+        // Behind an earlier answer, corked answers or a slow send: those
+        // send it when its turn comes.
         slot.parked.insert(seq.0, frame);
     }
+}
+
+/// Sends `first` (the bytes of the next `answers` answers in turn), then
+/// every parked answer whose turn comes, from this thread, until a send
+/// does not fit; the rest goes to a helper thread.
+fn send_in_turn(
+    stream: &Arc<UnixStream>,
+    pending: &Arc<PendingReply>,
+    mut slot: MutexGuard<'_, Slot>,
+    mut first: Option<(Vec<u8>, u64)>,
+) {
     loop {
-        let frame = match next.take() {
-            Some(frame) => frame,
+        let (bytes, answers) = match first.take() {
+            Some(first) => first,
             None => {
-                let seq = slot.next_to_send;
-                if slot.slow {
+                if slot.slow || slot.corked > 0 {
                     return;
                 }
+                let seq = slot.next_to_send;
                 match slot.parked.remove(&seq) {
-                    Some(frame) => frame,
+                    Some(frame) => (frame, 1),
                     None => return,
                 }
             }
         };
-        if slot.failed.is_some() {
-            pending.sent(&mut slot, Ok(()));
+        if answers == 0 {
             continue;
         }
-        match send_now(stream, &frame) {
-            Ok(sent) if sent == frame.len() => pending.sent(&mut slot, Ok(())),
+        if slot.failed.is_some() {
+            pending.sent(&mut slot, answers, Ok(()));
+            continue;
+        }
+        match send_now(stream, &bytes) {
+            Ok(sent) if sent == bytes.len() => pending.sent(&mut slot, answers, Ok(())),
             Ok(sent) => {
                 slot.slow = true;
                 drop(slot);
-                finish_slowly(stream, pending, frame[sent..].to_vec());
+                finish_slowly(stream, pending, bytes[sent..].to_vec(), answers);
                 return;
             }
-            Err(kind) => pending.sent(&mut slot, Err(kind)),
+            Err(kind) => pending.sent(&mut slot, answers, Err(kind)),
         }
     }
 }
@@ -211,28 +306,35 @@ fn send_now(stream: &UnixStream, frame: &[u8]) -> Result<usize, io::ErrorKind> {
     Ok(sent)
 }
 
-/// Hands the rest of the answer now being sent, and then every parked
-/// answer whose turn comes, to a helper thread that writes them blocking.
-/// The slot is marked `slow` until the helper has caught up.
-fn finish_slowly(stream: &Arc<UnixStream>, pending: &Arc<PendingReply>, rest: Vec<u8>) {
+/// Hands the rest of the `answers` answers now being sent, and then every
+/// parked answer whose turn comes, to a helper thread that writes them
+/// blocking. The slot is marked `slow` until the helper has caught up.
+fn finish_slowly(
+    stream: &Arc<UnixStream>,
+    pending: &Arc<PendingReply>,
+    rest: Vec<u8>,
+    answers: u64,
+) {
     let (thread_stream, thread_pending) = (Arc::clone(stream), Arc::clone(pending));
     let spawned = thread::Builder::new()
         .name("cube-slow-reply".into())
         .stack_size(64 * 1024)
         .spawn(move || {
-            let mut bytes = rest;
+            let (mut bytes, mut answers) = (rest, answers);
             loop {
                 // The socket's write timeout bounds this for a client that
                 // never reads.
                 let outcome = (&*thread_stream).write_all(&bytes).map_err(|e| e.kind());
                 let mut slot = lock(&thread_pending.slot);
-                thread_pending.sent(&mut slot, outcome);
+                thread_pending.sent(&mut slot, answers, outcome);
                 loop {
                     let seq = slot.next_to_send;
                     match slot.parked.remove(&seq) {
-                        Some(_) if slot.failed.is_some() => thread_pending.sent(&mut slot, Ok(())),
+                        Some(_) if slot.failed.is_some() => {
+                            thread_pending.sent(&mut slot, 1, Ok(()));
+                        }
                         Some(frame) => {
-                            bytes = frame;
+                            (bytes, answers) = (frame, 1);
                             break;
                         }
                         None => {
@@ -245,16 +347,16 @@ fn finish_slowly(stream: &Arc<UnixStream>, pending: &Arc<PendingReply>, rest: Ve
         });
     if let Err(e) = spawned {
         // Out of threads: give up on this client rather than block the
-        // writer. Every answer after this one is dropped.
+        // writer. Every answer after these is dropped.
         let mut slot = lock(&pending.slot);
         slot.slow = false;
-        pending.sent(&mut slot, Err(e.kind()));
+        pending.sent(&mut slot, answers, Err(e.kind()));
         loop {
             let seq = slot.next_to_send;
             if slot.parked.remove(&seq).is_none() {
                 break;
             }
-            pending.sent(&mut slot, Ok(()));
+            pending.sent(&mut slot, 1, Ok(()));
         }
     }
 }
@@ -325,6 +427,56 @@ mod tests {
             deliver(&server, seq, b"b".to_vec(), &pending);
         }
         pending.wait().unwrap();
+    }
+
+    #[test]
+    fn a_groups_answers_to_one_connection_go_out_together_at_its_end() {
+        let (server, mut client) = pair();
+        client.set_nonblocking(true).unwrap();
+        let pending = Arc::new(PendingReply::default());
+        let seqs: Vec<ReplySeq> = (0..4).map(|_| pending.begin()).collect();
+        before_answers();
+        deliver(&server, seqs[1], b"b".to_vec(), &pending);
+        deliver(&server, seqs[0], b"a".to_vec(), &pending);
+        deliver(&server, seqs[2], b"c".to_vec(), &pending);
+        let mut got = [0u8; 8];
+        let early = client.read(&mut got);
+        assert!(
+            matches!(&early, Err(e) if e.kind() == io::ErrorKind::WouldBlock),
+            "an answer went out before its group's end: {early:?}"
+        );
+        after_answers();
+        // The three are sent; the fourth (not in that group) is awaited.
+        pending.wait_below(2).unwrap();
+        assert_eq!(client.read(&mut got).unwrap(), 3);
+        assert_eq!(&got[..3], b"abc");
+        // Outside a group's answers, an answer goes at once.
+        deliver(&server, seqs[3], b"d".to_vec(), &pending);
+        pending.wait().unwrap();
+        assert_eq!(client.read(&mut got).unwrap(), 1);
+        assert_eq!(got[0], b'd');
+    }
+
+    #[test]
+    fn an_answer_from_another_thread_waits_behind_the_writers_cork() {
+        let (server, mut client) = pair();
+        let pending = Arc::new(PendingReply::default());
+        let first = pending.begin();
+        let second = pending.begin();
+        before_answers();
+        deliver(&server, first, b"1".to_vec(), &pending);
+        // A refusal answered from another thread while the writer corks.
+        {
+            let (server, pending) = (Arc::clone(&server), Arc::clone(&pending));
+            thread::spawn(move || deliver(&server, second, b"2".to_vec(), &pending))
+                .join()
+                .unwrap();
+        }
+        after_answers();
+        pending.wait().unwrap();
+        let mut got = [0u8; 2];
+        client.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"12");
     }
 
     #[test]

@@ -100,6 +100,32 @@ pub struct GroupCommitConfig {
     /// a create beyond it is refused. Each costs a few KiB even empty,
     /// and nothing else bounds how many a client makes.
     pub max_namespaces: usize,
+    /// Called on the writer thread around the answers of each durable
+    /// group ([`Responder::Callback`]s among them), so a caller can gather
+    /// the answers it sends and send each client's together (the server
+    /// sends a connection's answers of one group in one `send`).
+    pub answer_hooks: Option<AnswerHooks>,
+}
+
+/// See [`GroupCommitConfig::answer_hooks`]. Plain functions: they run on
+/// the writer thread and keep their state there (thread-local).
+#[derive(Clone, Copy, Debug)]
+pub struct AnswerHooks {
+    /// Before the first answer of a group.
+    pub before: fn(),
+    /// After the last one, also if an answer panicked.
+    pub after: fn(),
+}
+
+/// Calls [`AnswerHooks::after`] when dropped.
+struct AfterAnswers(Option<AnswerHooks>);
+
+impl Drop for AfterAnswers {
+    fn drop(&mut self) {
+        if let Some(hooks) = self.0 {
+            (hooks.after)();
+        }
+    }
 }
 
 /// The default [`GroupCommitConfig::max_namespaces`].
@@ -114,6 +140,7 @@ impl Default for GroupCommitConfig {
             max_group_bytes: 8 * 1024 * 1024,
             queue_capacity: 8192,
             max_namespaces: MAX_NAMESPACES,
+            answer_hooks: None,
         }
     }
 }
@@ -994,6 +1021,11 @@ impl Writer {
 
     /// Answers every entry of a durable (and applied) group.
     fn answer(&mut self, prepared: Vec<Prepared>, existed: &[bool]) {
+        let hooks = self.config.answer_hooks;
+        if let Some(hooks) = hooks {
+            (hooks.before)();
+        }
+        let _after = AfterAnswers(hooks);
         let mut at = 0usize;
         for entry in prepared {
             match entry {
