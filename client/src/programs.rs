@@ -95,7 +95,7 @@ impl Client {
     /// requests in order). The outer error is the connection's; each
     /// request's refusal is its own (a syntax error refuses the `prog`,
     /// and the `run` then runs whatever program the cell held before, or
-    /// fails with `no_program`).
+    /// fails with `invalid_argument` if it held none).
     #[allow(clippy::type_complexity)]
     pub fn prog_and_run(
         &mut self,
