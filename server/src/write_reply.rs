@@ -234,7 +234,13 @@ pub(crate) fn deliver(
                     .push((Arc::clone(stream), Arc::clone(pending)))
             });
         }
-        slot.cork.extend_from_slice(&frame);
+        // A connection's only answer of the group (the common case) is
+        // kept as it is, not copied.
+        if slot.cork.is_empty() {
+            slot.cork = frame;
+        } else {
+            slot.cork.extend_from_slice(&frame);
+        }
         slot.corked += 1;
         slot.cork_parked();
         return;
