@@ -485,6 +485,75 @@ mod tests {
         assert_eq!(&got, b"12");
     }
 
+    /// A connection thread pipelining up to the limit, a "writer" thread
+    /// answering them in groups (corked) in a scrambled order, a second
+    /// thread answering some outside any group, and a client reading:
+    /// every answer arrives, once, in order, and no one waits for ever.
+    #[test]
+    fn answers_from_groups_and_other_threads_all_arrive_in_order() {
+        const ANSWERS: u64 = 20_000;
+        let (server, mut client) = pair();
+        let pending = Arc::new(PendingReply::default());
+        let (to_writer, writer_rx) = std::sync::mpsc::sync_channel::<ReplySeq>(256);
+        let (to_other, other_rx) = std::sync::mpsc::sync_channel::<ReplySeq>(256);
+        let frame = |seq: ReplySeq| seq.0.to_le_bytes().to_vec();
+        let writer = {
+            let (server, pending) = (Arc::clone(&server), Arc::clone(&pending));
+            thread::spawn(move || {
+                let mut rng = 7u64;
+                while let Ok(first) = writer_rx.recv() {
+                    let mut group = vec![first];
+                    group.extend(writer_rx.try_iter().take(40));
+                    // Scramble the group's order (the writer may answer
+                    // a refusal before an earlier write).
+                    for i in (1..group.len()).rev() {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        group.swap(i, (rng % (i as u64 + 1)) as usize);
+                    }
+                    before_answers();
+                    for seq in group {
+                        deliver(&server, seq, frame(seq), &pending);
+                    }
+                    after_answers();
+                }
+            })
+        };
+        let other = {
+            let (server, pending) = (Arc::clone(&server), Arc::clone(&pending));
+            thread::spawn(move || {
+                for seq in other_rx {
+                    deliver(&server, seq, frame(seq), &pending);
+                }
+            })
+        };
+        let reader = thread::spawn(move || {
+            for want in 0..ANSWERS {
+                let mut got = [0u8; 8];
+                client.read_exact(&mut got).unwrap();
+                assert_eq!(u64::from_le_bytes(got), want, "answers out of order");
+            }
+        });
+        for i in 0..ANSWERS {
+            pending.wait_below(MAX_PIPELINED_WRITES).unwrap();
+            let seq = pending.begin();
+            if i % 7 == 3 {
+                to_other.send(seq).unwrap();
+            } else {
+                to_writer.send(seq).unwrap();
+            }
+            if i % 1000 == 999 {
+                pending.wait().unwrap();
+            }
+        }
+        pending.wait().unwrap();
+        drop((to_writer, to_other));
+        writer.join().unwrap();
+        other.join().unwrap();
+        reader.join().unwrap();
+    }
+
     #[test]
     fn a_failed_send_is_reported_and_later_answers_are_dropped() {
         let (server, client) = pair();
