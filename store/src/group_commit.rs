@@ -400,7 +400,24 @@ impl GroupCommit {
         };
         let thread = thread::Builder::new()
             .name("cube-writer".into())
-            .spawn(move || writer.run(&rx))?;
+            .spawn(move || {
+                // A panic here is a broken invariant (an assertion). Going
+                // on without the writer would leave every in-flight write
+                // unanswered and its client waiting for ever, so the
+                // process stops instead: clients see the daemon gone,
+                // every acknowledged write is on disk, and a restart
+                // recovers from the log. The panic's message is already on
+                // stderr (the default hook ran before unwinding got here).
+                let ran =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer.run(&rx)));
+                if ran.is_err() {
+                    eprintln!(
+                        "cube-writer panicked (above); stopping the process so no client \
+                         waits for an answer that will never come"
+                    );
+                    std::process::abort();
+                }
+            })?;
         Ok(GroupCommit {
             tx: Mutex::new(Some(tx)),
             thread: Mutex::new(Some(thread)),
