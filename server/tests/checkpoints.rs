@@ -4,10 +4,13 @@
 //! with its file and offset.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use common::stat;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cube_client::{Client, Coord, LocalDaemon, StatsValue};
+use cube_client::{Coord, LocalDaemon};
 
 /// Small segments and a small threshold, so checkpoints happen in seconds.
 const DAEMON_ARGS: &[&str] = &[
@@ -18,19 +21,6 @@ const DAEMON_ARGS: &[&str] = &[
     "--delta-compact-bytes",
     "200000",
 ];
-
-fn stat(c: &mut Client, name: &str) -> u64 {
-    match c
-        .stats()
-        .unwrap()
-        .into_iter()
-        .find(|e| e.name == name)
-        .map(|e| e.value)
-    {
-        Some(StatsValue::Count(v)) => v,
-        other => panic!("stat {name}: {other:?}"),
-    }
-}
 
 fn value(i: i32, round: u32) -> Vec<u8> {
     format!("round {round} cell {i} {}", "#".repeat(150)).into_bytes()

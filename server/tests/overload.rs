@@ -6,6 +6,9 @@
 //! --hostile` measures the same at scale, docs/benchmarks.md).
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use common::stat;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
@@ -13,22 +16,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use cube_client::{Client, Coord, LocalDaemon, Request, StatsValue};
+use cube_client::{Client, Coord, LocalDaemon, Request};
 use cube_protocol::PROTOCOL_VERSION;
 use cube_protocol::frame::FrameHeader;
-
-fn stat(c: &mut Client, name: &str) -> u64 {
-    match c
-        .stats()
-        .unwrap()
-        .into_iter()
-        .find(|e| e.name == name)
-        .map(|e| e.value)
-    {
-        Some(StatsValue::Count(v)) => v,
-        other => panic!("{name}: {other:?}"),
-    }
-}
 
 fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

@@ -6,14 +6,15 @@
 //! their place (`server/src/write_reply.rs`).
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use common::stat;
 use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::thread;
 use std::time::Duration;
 
-use cube_client::{
-    Client, Coord, ErrorCode, LocalDaemon, ProgramValue, Request, Response, StatsValue,
-};
+use cube_client::{Client, Coord, ErrorCode, LocalDaemon, ProgramValue, Request, Response};
 use cube_protocol::frame::read_frame;
 use cube_protocol::{Limits, NamespaceName, PROTOCOL_VERSION};
 
@@ -135,19 +136,6 @@ fn several_pipelining_connections_at_once() {
             scope.spawn(move || pipeline(daemon, lane));
         }
     });
-}
-
-fn stat(c: &mut Client, name: &str) -> u64 {
-    match c
-        .stats()
-        .unwrap()
-        .into_iter()
-        .find(|e| e.name == name)
-        .map(|e| e.value)
-    {
-        Some(StatsValue::Count(v)) => v,
-        other => panic!("stat {name}: {other:?}"),
-    }
 }
 
 /// What the answer to each request of [`mixed_writes`] must be.
