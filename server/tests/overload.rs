@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::stat;
+use common::{DumpOnFailure, stat};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
@@ -84,6 +84,8 @@ fn a_thousand_concurrent_connections_are_all_served() {
     let daemon = LocalDaemon::start_fresh(&["--max-connections", "1100"]).unwrap();
     let bystander = Bystander::start(&daemon);
     let mut clients: Vec<Client> = (0..1000).map(|_| daemon.client().unwrap()).collect();
+    // Dropped before the clients: it sees their connections as they were.
+    let _dump = DumpOnFailure(&daemon);
     for (i, c) in clients.iter_mut().enumerate() {
         c.put(
             "default",
@@ -107,6 +109,7 @@ fn a_thousand_concurrent_connections_are_all_served() {
 #[test]
 fn connect_disconnect_churn_leaves_nothing_behind() {
     let daemon = LocalDaemon::start_fresh(&[]).unwrap();
+    let _dump = DumpOnFailure(&daemon);
     let bystander = Bystander::start(&daemon);
     let workers: Vec<_> = (0..4)
         .map(|w| {
@@ -144,6 +147,7 @@ fn connect_disconnect_churn_leaves_nothing_behind() {
 #[test]
 fn a_client_that_never_reads_is_cut_off_and_memory_stays_bounded() {
     let daemon = LocalDaemon::start_fresh(&["--write-timeout-ms", "300"]).unwrap();
+    let _dump = DumpOnFailure(&daemon);
     let mut setup = daemon.client().unwrap();
     let big = vec![7u8; 256 * 1024];
     setup.put("default", Coord::new(1, 1, 1), &big).unwrap();
@@ -202,6 +206,7 @@ fn a_client_that_never_reads_is_cut_off_and_memory_stays_bounded() {
 #[test]
 fn bad_frames_at_volume_are_refused_and_others_are_unharmed() {
     let daemon = LocalDaemon::start_fresh(&[]).unwrap();
+    let _dump = DumpOnFailure(&daemon);
     let bystander = Bystander::start(&daemon);
     let oversized = FrameHeader {
         body_len: u32::MAX - 100,
@@ -360,6 +365,7 @@ fn hostile_clients_at_once_leave_a_bystanders_latency_alone() {
     let daemon =
         LocalDaemon::start_fresh(&["--frame-timeout-ms", "500", "--write-timeout-ms", "500"])
             .unwrap();
+    let _dump = DumpOnFailure(&daemon);
     let mut setup = daemon.client().unwrap();
     setup
         .put("default", Coord::new(1, 1, 1), &vec![7u8; 256 * 1024])
@@ -431,6 +437,7 @@ fn hostile_clients_at_once_leave_a_bystanders_latency_alone() {
 #[test]
 fn a_trickling_slowloris_is_cut_off_after_the_frame_timeout() {
     let daemon = LocalDaemon::start_fresh(&["--frame-timeout-ms", "500"]).unwrap();
+    let _dump = DumpOnFailure(&daemon);
     let header = FrameHeader {
         body_len: 4096,
         body_crc32c: 0,

@@ -16,3 +16,48 @@ pub fn stat(c: &mut Client, name: &str) -> u64 {
         other => panic!("stat {name}: {other:?}"),
     }
 }
+
+/// Prints what the daemon was doing when a test fails: its log, and for
+/// each of its threads the name, scheduler state and kernel wait channel,
+/// so a hang (a client timing out) shows which thread was stuck where.
+/// Hold one for the length of the test; it reports only while panicking.
+pub struct DumpOnFailure<'d>(pub &'d cube_client::LocalDaemon);
+
+impl Drop for DumpOnFailure<'_> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let pid = self.0.pid();
+        eprintln!("---- cubed (pid {pid}) log ----\n{}", self.0.log_text());
+        eprintln!("---- cubed threads: how many, name, state, wait channel ----");
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            eprintln!("(the process is gone)");
+            return;
+        };
+        // A thousand connection threads in one state are one line.
+        let mut kinds = std::collections::BTreeMap::<(String, String, String), u32>::new();
+        for task in tasks.flatten() {
+            let read = |file: &str| {
+                std::fs::read_to_string(task.path().join(file))
+                    .unwrap_or_default()
+                    .trim()
+                    .to_owned()
+            };
+            // The state is the field after the parenthesised name.
+            let stat = read("stat");
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .unwrap_or("?")
+                .to_owned();
+            let name = read("comm")
+                .trim_end_matches(|c: char| c.is_ascii_digit())
+                .to_owned();
+            *kinds.entry((name, state, read("wchan"))).or_default() += 1;
+        }
+        for ((name, state, wchan), n) in kinds {
+            eprintln!("{n:>6} {name:<16} {state} {wchan}");
+        }
+    }
+}
