@@ -32,6 +32,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::io::{self, Write};
+use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
@@ -153,10 +154,28 @@ impl PendingReply {
 
     /// Counts the next `answers` answers as sent (`outcome`), and wakes
     /// the connection thread if it waits.
-    fn sent(&self, slot: &mut Slot, answers: u64, outcome: Result<(), io::ErrorKind>) {
+    ///
+    /// The first failure shuts `stream` down both ways. Part of a frame
+    /// may already be on the socket, so the connection is unusable; and
+    /// the connection thread may be asleep reading the next request
+    /// rather than in [`PendingReply::wait`], where it would see
+    /// `failed`. The shutdown ends that read, and the client's, with end
+    /// of stream at once, instead of leaving both hanging on half a frame
+    /// until the idle timeout. It never blocks, so the writer may call it.
+    fn sent(
+        &self,
+        stream: &UnixStream,
+        slot: &mut Slot,
+        answers: u64,
+        outcome: Result<(), io::ErrorKind>,
+    ) {
         slot.next_to_send += answers;
-        if let Err(kind) = outcome {
-            slot.failed.get_or_insert(kind);
+        if let Err(kind) = outcome
+            && slot.failed.is_none()
+        {
+            slot.failed = Some(kind);
+            // Already shut down or gone: nothing more to do either way.
+            let _ = stream.shutdown(Shutdown::Both);
         }
         if slot.waiter {
             self.done.notify_one();
@@ -281,18 +300,18 @@ fn send_in_turn(
             continue;
         }
         if slot.failed.is_some() {
-            pending.sent(&mut slot, answers, Ok(()));
+            pending.sent(stream, &mut slot, answers, Ok(()));
             continue;
         }
         match send_now(stream, &bytes) {
-            Ok(sent) if sent == bytes.len() => pending.sent(&mut slot, answers, Ok(())),
+            Ok(sent) if sent == bytes.len() => pending.sent(stream, &mut slot, answers, Ok(())),
             Ok(sent) => {
                 slot.slow = true;
                 drop(slot);
                 finish_slowly(stream, pending, bytes[sent..].to_vec(), answers);
                 return;
             }
-            Err(kind) => pending.sent(&mut slot, answers, Err(kind)),
+            Err(kind) => pending.sent(stream, &mut slot, answers, Err(kind)),
         }
     }
 }
@@ -332,12 +351,12 @@ fn finish_slowly(
                 // never reads.
                 let outcome = (&*thread_stream).write_all(&bytes).map_err(|e| e.kind());
                 let mut slot = lock(&thread_pending.slot);
-                thread_pending.sent(&mut slot, answers, outcome);
+                thread_pending.sent(&thread_stream, &mut slot, answers, outcome);
                 loop {
                     let seq = slot.next_to_send;
                     match slot.parked.remove(&seq) {
                         Some(_) if slot.failed.is_some() => {
-                            thread_pending.sent(&mut slot, 1, Ok(()));
+                            thread_pending.sent(&thread_stream, &mut slot, 1, Ok(()));
                         }
                         Some(frame) => {
                             (bytes, answers) = (frame, 1);
@@ -356,13 +375,13 @@ fn finish_slowly(
         // writer. Every answer after these is dropped.
         let mut slot = lock(&pending.slot);
         slot.slow = false;
-        pending.sent(&mut slot, answers, Err(e.kind()));
+        pending.sent(stream, &mut slot, answers, Err(e.kind()));
         loop {
             let seq = slot.next_to_send;
             if slot.parked.remove(&seq).is_none() {
                 break;
             }
-            pending.sent(&mut slot, 1, Ok(()));
+            pending.sent(stream, &mut slot, 1, Ok(()));
         }
     }
 }
@@ -565,5 +584,35 @@ mod tests {
         deliver(&server, first, b"a".to_vec(), &pending);
         assert!(pending.wait().is_err());
         assert!(pending.wait_below(MAX_PIPELINED_WRITES).is_err());
+    }
+
+    /// A client that stops reading mid-answer: once the write timeout
+    /// gives up on it, the socket is shut down, so the client (and the
+    /// connection thread, asleep reading) see end of stream after the
+    /// partial frame rather than waiting for the idle timeout.
+    #[test]
+    fn an_answer_that_times_out_shuts_the_connection_down() {
+        let (server, mut client) = pair();
+        server
+            .set_write_timeout(Some(std::time::Duration::from_millis(100)))
+            .unwrap();
+        let pending = Arc::new(PendingReply::default());
+        let seq = pending.begin();
+        deliver(&server, seq, vec![b'x'; 8 << 20], &pending);
+        assert_eq!(pending.wait(), Err(io::ErrorKind::WouldBlock));
+        // `server` is still open here, as the connection's is: only the
+        // shutdown can end the client's read.
+        client
+            .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).unwrap();
+        assert!(
+            !got.is_empty() && got.len() < 8 << 20,
+            "{} bytes",
+            got.len()
+        );
+        let mut server_side = [0u8; 1];
+        assert_eq!((&*server).read(&mut server_side).unwrap(), 0);
     }
 }
