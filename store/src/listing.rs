@@ -57,6 +57,10 @@ impl MemStore {
         let space = self.namespace(ns)?;
         let first_slot = after.map_or(0, |slot| slot.saturating_add(1));
         let graph = read(&space.edges);
+        // Retired but not yet out of the table: already gone.
+        if space.is_dropped() {
+            return None;
+        }
         let (edges, resume_after) = graph.out_edges_from_slot(first_slot, limits);
         Some(EdgePage {
             edges,

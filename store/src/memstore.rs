@@ -253,20 +253,24 @@ impl MemStore {
     fn apply_namespace_change(&self, mutation: &Mutation) -> bool {
         match mutation {
             Mutation::NamespaceCreate { ns, meta } => {
-                let mut namespaces = write(&self.namespaces);
+                let namespaces = read(&self.namespaces);
                 if let Some(space) = namespaces.get(ns)
                     && space.id == meta.id
                 {
                     *write(&space.meta) = meta.clone();
                     return true;
                 }
-                let replaced =
-                    namespaces.insert(ns.clone(), Arc::new(NamespaceCells::new(meta.clone())));
+                // The old namespace is retired before the table changes (as
+                // for a drop, below), so no read can see the new namespace
+                // and then the old one's cells.
+                let replaced = namespaces.get(ns).cloned();
                 drop(namespaces);
                 if let Some(old) = &replaced {
                     old.retire();
                     self.programs.drop_namespace(ns);
                 }
+                write(&self.namespaces)
+                    .insert(ns.clone(), Arc::new(NamespaceCells::new(meta.clone())));
                 replaced.is_some()
             }
             Mutation::NamespaceAlter { ns, meta } => match self.namespace(ns) {
@@ -277,12 +281,25 @@ impl MemStore {
                 None => false,
             },
             Mutation::NamespaceDrop { ns } => {
-                let removed = write(&self.namespaces).remove(ns);
-                if let Some(old) = &removed {
+                // Retired (flagged and emptied) before it leaves the table.
+                // The other way round, a read through the table could find
+                // the namespace gone while a connection's memo, which skips
+                // the table, still answered from the old cells until the
+                // flag was set: a later read seeing an earlier state. Now
+                // every path sees the flag first; table readers check it
+                // under the cells lock. Only this thread changes the table,
+                // so the namespace found is the one removed.
+                let dropped = self.namespace(ns);
+                if let Some(old) = &dropped {
                     old.retire();
+                    let removed = write(&self.namespaces).remove(ns);
+                    assert!(
+                        removed.is_some_and(|removed| Arc::ptr_eq(&removed, old)),
+                        "namespace {ns} changed in the table while it was dropped"
+                    );
                 }
                 self.programs.drop_namespace(ns);
-                removed.is_some()
+                dropped.is_some()
             }
             _ => false,
         }
@@ -444,6 +461,10 @@ impl MemStore {
         let namespaces = read(&self.namespaces);
         let space = namespaces.get(ns)?;
         let cells = read(&space.cells);
+        // Retired but not yet out of the table: already gone.
+        if space.is_dropped() {
+            return None;
+        }
         Some(read_value(cells.get(&space.curve.key(coord))))
     }
 
@@ -522,6 +543,10 @@ impl MemStore {
         let mut keys = vec![0u128; coords.len()];
         space.curve.keys(coords, &mut keys);
         let cells = read(&space.cells);
+        // Retired but not yet out of the table: already gone.
+        if space.is_dropped() {
+            return None;
+        }
         cells.get_many(&keys, visit);
         Some(())
     }
@@ -888,6 +913,62 @@ mod tests {
         assert_eq!(memo_read(&store, &mut memo, &ns, coords[0]), None);
         assert_eq!(held.shared_count(), Some(1));
         assert!(memo.is_empty());
+    }
+
+    /// A drop (or a replacing create) held up half way, as a walk holding
+    /// the graph's read lock holds it: every reader, through the table or
+    /// through a memo that skips it, must still see the old namespace, and
+    /// all see it gone once the drop is through. Found by review: the table
+    /// used to change first, so a table read said "gone" while a memo still
+    /// answered from the old cells.
+    #[test]
+    fn a_drop_held_up_half_way_is_seen_alike_through_the_table_and_a_memo() {
+        for replace in [false, true] {
+            let store = Arc::new(MemStore::new());
+            let ns = NamespaceName::new("held").unwrap();
+            store.apply(&create(&ns, 40));
+            let c = Coord::new(2, 3, 4);
+            let mut cells = vec![(Curve::Morton.key(c), CellValue::new(b"old-value"))];
+            cells.sort_unstable_by_key(|(k, _)| *k);
+            let (morton_keys, values) = cells.into_iter().unzip();
+            assert!(store.load_sorted_cells(
+                &ns,
+                SortedCells {
+                    morton_keys,
+                    values,
+                    value_bytes: 9,
+                },
+            ));
+            store.index_after_recovery();
+            wait_for_marks(&store, &ns);
+            let mut memo = NamespaceMemo::default();
+            let old = Some(Some(b"old-value".to_vec()));
+            assert_eq!(memo_read(&store, &mut memo, &ns, c), old);
+
+            let space = store.namespace(&ns).unwrap();
+            let walk = read(&space.edges);
+            let change = if replace {
+                create(&ns, 41)
+            } else {
+                Mutation::NamespaceDrop { ns: ns.clone() }
+            };
+            let writer = {
+                let store = Arc::clone(&store);
+                std::thread::spawn(move || store.apply(&change))
+            };
+            // Long enough for the writer to reach the graph's lock.
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            assert!(!writer.is_finished(), "the drop waits for the walk");
+            let table = store.get(&ns, c).map(|v| v.map(|v| v.as_ref().to_vec()));
+            assert_eq!(table, old, "replace {replace}: a table read mid-drop");
+            assert_eq!(memo_read(&store, &mut memo, &ns, c), old);
+            drop(walk);
+            assert!(writer.join().unwrap());
+            let gone = if replace { Some(None) } else { None };
+            let table = store.get(&ns, c).map(|v| v.map(|v| v.as_ref().to_vec()));
+            assert_eq!(table, gone);
+            assert_eq!(memo_read(&store, &mut memo, &ns, c), gone);
+        }
     }
 
     #[test]

@@ -287,6 +287,10 @@ impl MemStore {
             return false;
         };
         let cells = read(&space.cells);
+        // Retired but not yet out of the table: already gone.
+        if space.is_dropped() {
+            return false;
+        }
         for &coord in coords {
             visit(
                 coord,
