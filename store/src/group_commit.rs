@@ -162,7 +162,7 @@ pub enum Responder<T> {
     /// Called on the writer thread once the write's group is durable (or
     /// the write is refused). It runs between groups, so it must be quick
     /// and must never block: a non-blocking socket send, say.
-    Callback(Box<dyn FnOnce(Result<T, WriteError>) + Send>),
+    Callback(AnswerOnce<T>),
 }
 
 impl<T> Responder<T> {
@@ -171,7 +171,34 @@ impl<T> Responder<T> {
             Responder::Channel(tx) => {
                 let _ = tx.send(result);
             }
-            Responder::Callback(callback) => callback(result),
+            Responder::Callback(mut callback) => {
+                if let Some(callback) = callback.0.take() {
+                    callback(result);
+                }
+            }
+        }
+    }
+}
+
+/// A callback that is called exactly once: with the write's outcome, or,
+/// if it is dropped unanswered (a command still queued when the writer
+/// stops, say), with `ShuttingDown`. A caller waiting on it (a connection
+/// waiting for its pipelined answers) is never left waiting for ever.
+/// (A dropped [`Responder::Channel`] says the same by disconnecting.)
+pub struct AnswerOnce<T>(Option<AnswerFn<T>>);
+
+type AnswerFn<T> = Box<dyn FnOnce(Result<T, WriteError>) + Send>;
+
+impl<T> AnswerOnce<T> {
+    pub fn new(callback: impl FnOnce(Result<T, WriteError>) + Send + 'static) -> AnswerOnce<T> {
+        AnswerOnce(Some(Box::new(callback)))
+    }
+}
+
+impl<T> Drop for AnswerOnce<T> {
+    fn drop(&mut self) {
+        if let Some(callback) = self.0.take() {
+            callback(Err(stopped()));
         }
     }
 }
@@ -284,7 +311,7 @@ impl WriteSession {
     pub fn submit(&self, mutation: Mutation, on_done: impl FnOnce(Reply) + Send + 'static) {
         let command = WriterCommand::Write {
             mutation,
-            reply: Responder::Callback(Box::new(on_done)),
+            reply: Responder::Callback(AnswerOnce::new(on_done)),
             guard: self.guard.clone(),
         };
         if let Err(crossbeam_channel::SendError(command)) = self.tx.send(command)
@@ -328,9 +355,11 @@ impl WriteSession {
     ) {
         let command = WriterCommand::Transact {
             txn: Box::new(move |view: &mut TxnView<'_>| Box::new(txn(view)) as Box<dyn Any + Send>),
-            reply: Responder::Callback(Box::new(move |result: Result<TxnAck, WriteError>| {
-                on_done(result.and_then(downcast_ack));
-            })),
+            reply: Responder::Callback(AnswerOnce::new(
+                move |result: Result<TxnAck, WriteError>| {
+                    on_done(result.and_then(downcast_ack));
+                },
+            )),
             guard: self.guard.clone(),
         };
         if let Err(crossbeam_channel::SendError(command)) = self.tx.send(command)
@@ -1167,5 +1196,31 @@ mod tests {
         );
         assert!("interval=0".parse::<SyncPolicy>().is_err());
         assert!("sometimes".parse::<SyncPolicy>().is_err());
+    }
+
+    /// A callback answer is given exactly once: with the outcome, or with
+    /// `ShuttingDown` when its command is dropped unanswered (found by
+    /// review: a connection waiting for such an answer waited for ever).
+    #[test]
+    fn a_callback_is_answered_once_even_when_dropped_unanswered() {
+        let answers = Arc::new(Mutex::new(Vec::new()));
+        let responder = |answers: &Arc<Mutex<Vec<Result<u64, WriteErrorKind>>>>| {
+            let answers = Arc::clone(answers);
+            Responder::Callback(AnswerOnce::new(move |r: Result<WriteAck, WriteError>| {
+                answers
+                    .lock()
+                    .unwrap()
+                    .push(r.map(|ack| ack.lsn).map_err(|e| e.kind));
+            }))
+        };
+        responder(&answers).answer(Ok(WriteAck {
+            lsn: 7,
+            existed: false,
+        }));
+        drop(responder(&answers));
+        assert_eq!(
+            *answers.lock().unwrap(),
+            vec![Ok(7), Err(WriteErrorKind::ShuttingDown)]
+        );
     }
 }
