@@ -765,6 +765,25 @@ fn a_tampered_sealed_checkpoint_block_with_valid_crcs_is_refused_as_corruption()
     assert_eq!(contents(&mut c, "secret"), before);
 }
 
+/// Writes to an encrypted namespace that is dropped before the fold that
+/// takes them: the fold ends with the namespace gone from its catalog, yet
+/// the writes are in its delta and must be sealed (found by review: they
+/// were written in clear).
+#[test]
+fn writes_of_an_encrypted_namespace_dropped_before_their_fold_are_sealed() {
+    let setup = Setup::new();
+    let daemon = setup.start();
+    let mut c = daemon.client().unwrap();
+    create(&mut c, "secret", true);
+    checkpoint(&mut c, false);
+    let secret = marker("dropped before its fold");
+    write_marked(&mut c, "secret", &secret);
+    c.ns_drop(&name("secret")).unwrap();
+    checkpoint(&mut c, false);
+    assert!(!checkpoint_files(&setup.data(), "delta-").is_empty());
+    assert_no_plaintext(&setup.data(), &secret, "the fold after the drop");
+}
+
 #[test]
 fn a_dropped_encrypted_namespace_comes_back_empty_under_a_new_id() {
     let setup = Setup::new();

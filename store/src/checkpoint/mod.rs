@@ -350,10 +350,18 @@ impl CheckpointStore {
         let mut folded: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
         let mut updates: Vec<StateUpdate> = Vec::new();
         let mut records = 0u64;
-        // The namespaces as the records go by; ids of encrypted namespaces
-        // created here (even if dropped again) so their entries are sealed.
+        // The namespaces as the records go by, and the ids of every
+        // encrypted namespace the fold meets, so all their entries are
+        // sealed: those encrypted at its start (one dropped during the fold
+        // is gone from the catalog at its end, but its earlier writes are
+        // in this delta) and those created in it (even if dropped again).
         let mut catalog = self.catalog.clone();
-        let mut created_encrypted: Vec<u64> = Vec::new();
+        let mut encrypted_ids: Vec<u64> = self
+            .catalog
+            .iter()
+            .filter(|(_, meta)| meta.encrypted)
+            .map(|(_, meta)| meta.id)
+            .collect();
         let mut unknown: Option<(PathBuf, u64, NamespaceName)> = None;
         let keyring = self.keyring.clone();
         for (_, path) in &closed {
@@ -375,7 +383,7 @@ impl CheckpointStore {
                         Mutation::NamespaceCreate { meta, .. }
                         | Mutation::NamespaceAlter { meta, .. } => {
                             if meta.encrypted {
-                                created_encrypted.push(meta.id);
+                                encrypted_ids.push(meta.id);
                             }
                             meta.id
                         }
@@ -431,7 +439,7 @@ impl CheckpointStore {
                 lsn_from: from_lsn,
                 lsn_to,
             };
-            let sealer = Self::sealer(keyring.as_deref(), &catalog, created_encrypted);
+            let sealer = Self::sealer(keyring.as_deref(), &catalog, encrypted_ids);
             let mut writer =
                 CheckpointWriter::create(self.storage.as_ref(), &path, header, sealer.as_ref())?;
             for (key, value) in &folded {
