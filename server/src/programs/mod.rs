@@ -732,7 +732,8 @@ pub(crate) mod bench {
             }
             let mean =
                 stats.exec.total_ns.load(Relaxed) as f64 / stats.exec.count.load(Relaxed) as f64;
-            println!("round {round}: exec mean {mean:.0} ns over {n} runs");
+            let max = stats.exec.max_ns.load(Relaxed);
+            println!("round {round}: exec mean {mean:.0} ns, max {max} ns over {n} runs");
         }
         engine.shutdown().unwrap();
     }
