@@ -102,3 +102,59 @@ fn backup_under_concurrent_writes_holds_exactly_the_writes_up_to_its_lsn() {
     let err = admin.backup(&dest).unwrap_err().to_string();
     assert!(err.contains("already exists"), "{err}");
 }
+
+/// A hash of every WAL segment's bytes under `data`, by file name.
+fn wal_files(data: &std::path::Path) -> BTreeMap<String, u64> {
+    std::fs::read_dir(data.join("wal"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "wal"))
+        .map(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            let mut hasher = std::hash::DefaultHasher::new();
+            std::hash::Hash::hash(&std::fs::read(&p).unwrap(), &mut hasher);
+            (name, std::hash::Hasher::finish(&hasher))
+        })
+        .collect()
+}
+
+/// A `cubed` started on a backup writes only into the backup: it appends
+/// to its newest segment, which must be its own file, not one shared with
+/// the original (found by review: the segments were hard-linked, so the
+/// copy's writes went into the original's closed segment).
+#[test]
+fn a_daemon_on_a_backup_never_writes_into_the_originals_files() {
+    let mut original = LocalDaemon::start_fresh(&["--wal-segment-bytes", "65536"]).unwrap();
+    let mut c = original.client().unwrap();
+    for i in 0..200 {
+        c.put(
+            "default",
+            Coord::new(i, 0, 0),
+            format!("original {i}").as_bytes(),
+        )
+        .unwrap();
+    }
+    let dest = original.data_dir().parent().unwrap().join("backup-2");
+    c.backup(&dest).unwrap();
+    drop(c);
+    // Stopped without a final fold, so its segments stay as they are.
+    original.kill9().unwrap();
+    let before = wal_files(original.data_dir());
+    assert!(!before.is_empty());
+
+    let copy = LocalDaemon::start_in(&dest, &dest.join("cubed.sock"), &[]).unwrap();
+    let mut c = copy.client().unwrap();
+    for i in 0..50 {
+        c.put("default", Coord::new(i, 1, 0), b"only in the copy")
+            .unwrap();
+    }
+    assert_eq!(wal_files(original.data_dir()), before);
+
+    original.restart().unwrap();
+    let mut c = original.client().unwrap();
+    assert_eq!(
+        c.get("default", Coord::new(199, 0, 0)).unwrap(),
+        Some(b"original 199".to_vec())
+    );
+    assert_eq!(c.get("default", Coord::new(0, 1, 0)).unwrap(), None);
+}

@@ -4,9 +4,13 @@
 //! It runs on the checkpointer thread, so no fold or compaction removes a
 //! file while it is being copied. The writer first closes its segment at
 //! LSN `B`; everything below `B` then lives in immutable files: the
-//! checkpoint files the manifest names and the closed WAL segments. Those
-//! are hard-linked when the destination is on the same file system (they
-//! are never written again) and copied otherwise; the manifest is copied.
+//! checkpoint files the manifest names and the closed WAL segments. The
+//! checkpoint files are hard-linked when the destination is on the same
+//! file system (no one ever writes them again) and copied otherwise. The
+//! segments and the manifest are always copied: a `cubed` started on the
+//! copy appends to its newest segment, may cut a torn tail or `--repair`
+//! a damaged one, and rewrites its manifest, and none of that may reach
+//! the original's files through a shared inode.
 //! Every file and directory of the copy is fsynced. Starting `cubed` on the
 //! copy recovers exactly the state at LSN `B - 1`: every write acknowledged
 //! before the backup began.
@@ -84,7 +88,7 @@ impl CheckpointStore {
         }
         for (first, path) in list_segments(storage, &self.wal_dir, false)? {
             if first < boundary {
-                copy(&path, &dest_wal, true)?;
+                copy(&path, &dest_wal, false)?;
             }
         }
         for dir in [&dest_wal, &dest_checkpoint, dest] {
