@@ -380,12 +380,22 @@ impl Engine {
     }
 
     /// Commits what is queued, syncs, stops the writer, then folds the whole
-    /// WAL into the checkpoint so the next start replays nothing.
+    /// WAL into the checkpoint so the next start replays nothing. Not after
+    /// a storage failure latched the writer: its last group may be in the
+    /// page cache only, its `fdatasync` having failed, and a fold would
+    /// write it into a durable checkpoint as if it had been stored. The log
+    /// is left as it is, for recovery at the next start.
     pub fn shutdown(&self) -> Result<Option<CheckpointReport>, StoreError> {
         self.writer.shutdown();
         let Some(mut store) = lock(&self.checkpointer).stop() else {
             return Ok(None);
         };
+        if let Some(reason) = self.stats.snapshot().writer_failure {
+            eprintln!(
+                "cubed: no final checkpoint, since writes failed ({reason}); the next start recovers from the log"
+            );
+            return Ok(None);
+        }
         // The writer has stopped and synced: every segment is closed.
         let result = store.fold(u64::MAX).map(Option::unwrap_or_default);
         record(&self.stats, &store, &result);

@@ -1172,7 +1172,13 @@ impl Writer {
         self.stats
             .write_errors
             .fetch_add(group.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        let error = WriteError::new(*kind, format!("write not stored: {reason}"));
+        // Not "not stored": after a failed fdatasync the bytes may still
+        // reach the disk, or be read back from the page cache by the next
+        // start's recovery (docs/protocol.md, `storage_io`).
+        let error = WriteError::new(
+            *kind,
+            format!("write not acknowledged (whether a restart keeps it is unspecified): {reason}"),
+        );
         for entry in group {
             entry.refuse(error.clone());
         }
