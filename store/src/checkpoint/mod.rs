@@ -142,6 +142,14 @@ impl CheckpointStore {
         keyring: Option<Arc<Keyring>>,
     ) -> Result<CheckpointStore, StoreError> {
         let manifest = Manifest::load(storage.as_ref(), dir)?;
+        // A crash between the manifest's rename and the directory's fsync
+        // leaves a rename that this start can read but a power loss could
+        // still undo. Recovery is about to delete what this manifest no
+        // longer needs (files here, WAL segments it covers), so make the
+        // rename durable first: the deletions must never outlive it.
+        if storage.file_len(&dir.join(manifest::MANIFEST_NAME)).is_ok() {
+            sync_dir(storage.as_ref(), dir)?;
+        }
         manifest.remove_unreferenced(storage.as_ref(), dir)?;
         Ok(CheckpointStore {
             storage,
