@@ -43,6 +43,8 @@ impl CheckpointStore {
     /// Copies the state below `boundary` (the first LSN of the writer's new
     /// segment) into `dest`, which must not exist.
     pub(crate) fn backup(&self, boundary: u64, dest: &Path) -> Result<BackupReport, StoreError> {
+        // The manifest in memory may not be the one on disk.
+        self.check_usable()?;
         let started = Instant::now();
         let storage = self.storage();
         if dest.exists() {

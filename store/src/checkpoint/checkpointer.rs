@@ -75,6 +75,10 @@ impl Checkpointer {
                             let _ = reply.send(result);
                         }
                         Err(RecvTimeoutError::Timeout) => {
+                            // Latched (it said why once): nothing to retry.
+                            if store.check_usable().is_err() {
+                                continue;
+                            }
                             // Closed segments are all but the newest: the
                             // writer syncs a segment before starting the next.
                             let boundary = match list_segments(store.storage(), &wal_dir, false) {
@@ -158,7 +162,12 @@ pub(crate) fn record(
         Err(e) => {
             stats.checkpoint_failures.fetch_add(1, Relaxed);
             let text = format!("{e}");
-            eprintln!("cubed: checkpoint failed: {text}; the WAL is kept and will be retried");
+            let next = if store.check_usable().is_ok() {
+                "will be retried"
+            } else {
+                "no more checkpoints until cubed restarts"
+            };
+            eprintln!("cubed: checkpoint failed: {text}; the WAL is kept, {next}");
             stats.set_checkpoint_failure(&text);
         }
     }

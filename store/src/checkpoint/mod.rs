@@ -130,6 +130,12 @@ pub(crate) struct CheckpointStore {
     /// forward by each fold).
     catalog: NamespaceCatalog,
     keyring: Option<Arc<Keyring>>,
+    /// Set when storing a manifest failed. The rename may or may not have
+    /// happened, so `manifest` may no longer match the disk: a later fold
+    /// would reuse a file id the disk's manifest names. No more folds,
+    /// compactions or backups until a restart reads the manifest again
+    /// (the WAL keeps every write meanwhile).
+    manifest_failure: Option<String>,
 }
 
 impl CheckpointStore {
@@ -159,6 +165,7 @@ impl CheckpointStore {
             config,
             catalog: NamespaceCatalog::with_implicit_default(),
             keyring,
+            manifest_failure: None,
         })
     }
 
@@ -322,6 +329,27 @@ impl CheckpointStore {
         Ok(entries)
     }
 
+    /// Refuses to go on after a manifest store failed (`manifest_failure`).
+    pub(crate) fn check_usable(&self) -> Result<(), StoreError> {
+        match &self.manifest_failure {
+            Some(reason) => Err(StoreError::WritesDisabled(format!(
+                "checkpoints are off until cubed restarts, since storing the manifest failed: {reason}"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Stores `next` as the manifest and makes it the current one; on
+    /// failure latches the store (`manifest_failure`).
+    fn switch_manifest(&mut self, next: Manifest) -> Result<(), StoreError> {
+        if let Err(e) = next.store(self.storage.as_ref(), &self.dir) {
+            self.manifest_failure = Some(e.to_string());
+            return Err(e);
+        }
+        self.manifest = next;
+        Ok(())
+    }
+
     fn crash_check(&self, point: CrashPoint) -> Result<(), StoreError> {
         if self.config.crash_at == Some(point) {
             return Err(StoreError::SimulatedCrash(format!("{point:?}")));
@@ -343,6 +371,7 @@ impl CheckpointStore {
     /// Folds every segment that starts below `boundary` (all of them must be
     /// closed: synced, and never written again) into a new delta.
     pub(crate) fn fold(&mut self, boundary: u64) -> Result<Option<CheckpointReport>, StoreError> {
+        self.check_usable()?;
         let started = Instant::now();
         let closed: Vec<(u64, PathBuf)> =
             list_segments(self.storage.as_ref(), &self.wal_dir, false)?
@@ -465,8 +494,7 @@ impl CheckpointStore {
             next.checkpoint_lsn = lsn_to;
             next.next_file_id = id + 1;
             next.delta_file_ids.push(id);
-            next.store(self.storage.as_ref(), &self.dir)?;
-            self.manifest = next;
+            self.switch_manifest(next)?;
             self.catalog = catalog;
             self.crash_check(CrashPoint::DeltaManifestSwitched)?;
         }
@@ -499,6 +527,7 @@ impl CheckpointStore {
     /// Merges base + deltas into a new base (newest entry per key wins;
     /// tombstones are dropped because nothing older remains under them).
     pub(crate) fn compact(&mut self) -> Result<CompactionReport, StoreError> {
+        self.check_usable()?;
         let started = Instant::now();
         let inputs = self.manifest.files(&self.dir);
         let id = self.manifest.next_file_id;
@@ -587,8 +616,7 @@ impl CheckpointStore {
             base_file_id: Some(id),
             delta_file_ids: Vec::new(),
         };
-        next.store(storage.as_ref(), &self.dir)?;
-        self.manifest = next;
+        self.switch_manifest(next)?;
         self.crash_check(CrashPoint::BaseManifestSwitched)?;
         for (i, old) in inputs.iter().enumerate() {
             if i == 1 {
