@@ -103,3 +103,39 @@ fn repair_cuts_at_the_start_of_the_damaged_group() {
     // What the repair kept recovers cleanly, to the same place.
     assert_eq!(replayed(&disk, wal, false).unwrap(), (vec![1, 2], 3));
 }
+
+/// The same damaged segment, but already folded into a checkpoint up to
+/// LSN 10 (a crash kept it after the manifest switch): after `--repair`
+/// cuts it at LSN 3, new writes must still start after the checkpoint
+/// (found by review: recovery resumed at LSN 3, so the next start skipped
+/// those writes as folded).
+#[test]
+fn repair_inside_the_checkpoint_resumes_after_it() {
+    let (bytes, _) = damaged_segment();
+    let disk = SimDisk::new(FaultPlan::default());
+    let wal = Path::new("/regression/covered/wal");
+    disk.create_dir_all(wal).unwrap();
+    let path = wal.join(segment_file_name(1));
+    let mut file = disk.open(&path, OpenMode::CreateNew).unwrap();
+    file.write_all_at(&bytes, 0).unwrap();
+    file.sync_data().unwrap();
+    disk.sync_dir(wal).unwrap();
+
+    let mut replayed = Vec::new();
+    let report = recover(
+        &disk,
+        wal,
+        10,
+        &RecoveryOptions { repair: true },
+        None,
+        |lsn, _| replayed.push(lsn),
+    )
+    .unwrap();
+    assert!(
+        replayed.is_empty(),
+        "all inside the checkpoint: {replayed:?}"
+    );
+    assert_eq!(report.next_lsn, 11);
+    assert!(report.tail.is_none(), "a new segment, at LSN 11");
+    assert!(disk.file_len(&path).is_err(), "the covered segment is gone");
+}

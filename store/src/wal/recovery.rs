@@ -238,10 +238,30 @@ pub fn recover(
         }
         index += 1;
     }
-    report.segments = segments.len();
     if let Some(next) = expected_lsn {
         report.next_lsn = next;
     }
+    if report.next_lsn <= checkpoint_lsn {
+        // The log ends inside the checkpoint: a segment whose removal a
+        // crash interrupted, cut short by `--repair`. Appending to it would
+        // hand out LSNs the checkpoint already holds, which the next start
+        // skips as folded (acknowledged writes lost, namespace ids reused).
+        // Everything left is covered, so it goes, and the writer starts a
+        // new segment just after the checkpoint.
+        for (_, path) in segments.drain(..) {
+            storage
+                .remove_file(&path)
+                .map_err(|e| StoreError::io(&path, e))?;
+        }
+        sync_dir(storage, wal_dir)?;
+        report.next_lsn = checkpoint_lsn + 1;
+    }
+    assert!(
+        report.next_lsn > checkpoint_lsn,
+        "recovery resumes at LSN {} inside the checkpoint (up to {checkpoint_lsn})",
+        report.next_lsn
+    );
+    report.segments = segments.len();
     if let Some((first_lsn, path)) = segments.last() {
         assert!(
             tail_end >= SEGMENT_HEADER_BYTES as u64,
