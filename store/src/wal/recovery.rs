@@ -590,16 +590,20 @@ fn repair_at(
             .map_err(|e| StoreError::io(later, e))?;
         segments_dropped += 1;
     }
+    // What is cut is saved durably (its file, the moves of later segments,
+    // the folder itself) before anything is cut: a power loss in between
+    // must never keep the cut and lose the copy.
+    sync_dir(storage, &saved_to)?;
+    sync_dir(storage, wal_dir)?;
     if at == 0 {
         storage
             .remove_file(bad_path)
             .map_err(|e| StoreError::io(bad_path, e))?;
         segments_dropped += 1;
+        sync_dir(storage, wal_dir)?;
     } else {
         truncate_durably(storage, bad_path, at)?;
     }
-    sync_dir(storage, &saved_to)?;
-    sync_dir(storage, wal_dir)?;
     Ok(RepairReport {
         path: bad_path.clone(),
         offset: at,
