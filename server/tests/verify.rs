@@ -101,3 +101,33 @@ fn verify_passes_clean_dirs_and_reports_planted_corruption() {
     );
     assert!(report.contains("FAILED: 2 problem(s)"), "{report}");
 }
+
+/// A segment whose creation a crash cut (empty, or zeros shorter than a
+/// header) after a clean stop: recovery removes it and starts, so verify
+/// notes it instead of reporting damage (found by review).
+#[test]
+fn verify_notes_a_segment_whose_creation_a_crash_cut() {
+    let mut daemon = LocalDaemon::start_fresh(&[]).unwrap();
+    let mut c = daemon.client().unwrap();
+    c.put("default", Coord::new(1, 2, 3), b"kept").unwrap();
+    drop(c);
+    assert!(daemon.terminate().unwrap().success());
+    let wal = daemon.data_dir().join("wal");
+    std::fs::write(wal.join("00000000000000000002.wal"), [0u8; 7]).unwrap();
+
+    let out = verify(daemon.data_dir());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("cells       1"), "{}", text(&out));
+    assert!(
+        text(&out).contains("creation a crash cut"),
+        "{}",
+        text(&out)
+    );
+
+    daemon.restart().unwrap();
+    let mut c = daemon.client().unwrap();
+    assert_eq!(
+        c.get("default", Coord::new(1, 2, 3)).unwrap(),
+        Some(b"kept".to_vec())
+    );
+}

@@ -102,6 +102,13 @@ pub(crate) struct Cut {
     pub(crate) next_lsn: u64,
 }
 
+/// Whether the last segment's bytes are a creation a crash tore before its
+/// header reached the disk (shorter than a header, or all zeros): no record
+/// can have been acknowledged from it, so recovery removes it.
+pub(crate) fn is_torn_creation(bytes: &[u8]) -> bool {
+    bytes.len() < SEGMENT_HEADER_BYTES || is_zero(bytes)
+}
+
 /// Replays every record in `wal_dir` after `checkpoint_lsn` (what the
 /// checkpoint files already hold), in LSN order, into `apply`.
 pub fn recover(
@@ -148,7 +155,7 @@ pub fn recover(
         let bytes = storage
             .read_file(&path)
             .map_err(|e| StoreError::io(&path, e))?;
-        if is_last && (bytes.len() < SEGMENT_HEADER_BYTES || is_zero(&bytes)) {
+        if is_last && is_torn_creation(&bytes) {
             // Creation was torn before the header reached the disk: the
             // writer only appends after the header is synced, so no record
             // can have been acknowledged from this file.
