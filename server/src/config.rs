@@ -9,6 +9,13 @@ use cube_store::{SyncPolicy, WalkLimits};
 
 use crate::log::Level;
 
+/// The most `--max-value-bytes` and `--max-frame-bytes` may be: anything
+/// one request stores (a value, a program's source) becomes one entry of a
+/// checkpoint block, and a block holds at most 64 MiB
+/// (`docs/storage-format.md`), so one entry plus a block's other entries
+/// must stay well under that.
+pub const MAX_STORED_BYTES: u32 = 32 * 1024 * 1024;
+
 /// cubed: the cube daemon. Stores values at 3-D integer coordinates, durably.
 ///
 /// Every write is appended to a write-ahead log and acknowledged only after
@@ -66,12 +73,14 @@ pub struct Args {
     #[arg(long, value_name = "MS", default_value_t = 30_000)]
     pub write_timeout_ms: u64,
 
-    /// Largest value accepted, in bytes.
-    #[arg(long, value_name = "BYTES", default_value_t = Limits::DEFAULT_MAX_VALUE_BYTES)]
+    /// Largest value accepted, in bytes (at most 32 MiB).
+    #[arg(long, value_name = "BYTES", default_value_t = Limits::DEFAULT_MAX_VALUE_BYTES,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_STORED_BYTES)))]
     pub max_value_bytes: u32,
 
-    /// Largest frame accepted (header + body), in bytes.
-    #[arg(long, value_name = "BYTES", default_value_t = Limits::DEFAULT_MAX_FRAME_BYTES)]
+    /// Largest frame accepted (header + body), in bytes (at most 32 MiB).
+    #[arg(long, value_name = "BYTES", default_value_t = Limits::DEFAULT_MAX_FRAME_BYTES,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_STORED_BYTES)))]
     pub max_frame_bytes: u32,
 
     /// A WAL segment is closed and a new one started past this size.
@@ -244,5 +253,29 @@ impl Args {
 
     pub fn write_timeout(&self) -> Duration {
         Duration::from_millis(self.write_timeout_ms.max(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// A value or frame limit past what one checkpoint block can hold is
+    /// refused at startup (found by review: a value near 64 MiB stopped
+    /// the checkpointer on an assertion, and the WAL grew without bound).
+    #[test]
+    fn value_and_frame_limits_stay_within_a_checkpoint_block() {
+        for flag in ["--max-value-bytes", "--max-frame-bytes"] {
+            let most = MAX_STORED_BYTES.to_string();
+            assert!(Args::try_parse_from(["cubed", flag, most.as_str()]).is_ok());
+            let over = (MAX_STORED_BYTES + 1).to_string();
+            let refused = Args::try_parse_from(["cubed", flag, over.as_str()]).unwrap_err();
+            assert!(
+                refused.to_string().contains("not in 1..=33554432"),
+                "{refused}"
+            );
+        }
     }
 }
