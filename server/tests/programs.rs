@@ -449,3 +449,109 @@ fn every_sandbox_escape_is_refused() {
     assert_eq!(c.run(NS, other, &[]).unwrap().value, ProgramValue::Int(4));
     assert_eq!(c.run(NS, at, &[]).unwrap().value, ProgramValue::Bool(true));
 }
+
+/// Runs `source` at `at` and returns the error and how long the run took.
+fn timed_failure(c: &mut Client, at: Coord, source: &str) -> (ClientError, Duration) {
+    c.prog(NS, at, source.as_bytes()).unwrap();
+    let started = Instant::now();
+    let err = c
+        .run(NS, at, &[])
+        .map(|reply| reply.value)
+        .expect_err(source);
+    (err, started.elapsed())
+}
+
+#[test]
+fn library_loops_are_paid_for_whatever_form_their_sizes_take() {
+    // A time backstop far away: only the fuel may stop these programs.
+    let daemon = LocalDaemon::start_fresh(&["--program-time-ms", "20000"]).unwrap();
+    let mut c = daemon.client().unwrap();
+    let at = Coord::new(0, 0, 0);
+    let programs = [
+        // Sizes given as numeric strings skipped the charge.
+        "table.move({}, '1', '30000000', 1, {})",
+        "return table.concat({}, ',', '1', '30000000')",
+        "return table.unpack({}, '1', '30000000')",
+        // A __len read twice: once for the charge, once more in C.
+        "local t = setmetatable({}, {__len = function() return 30000000 end}) \
+         table.remove(t, '1')",
+        "local t = setmetatable({}, {__len = function() return 30000000 end}) \
+         table.insert(t, '1', 0)",
+        // Sorting long strings compares their bytes in every comparison.
+        "local s = string.rep('a', 1 << 20) local t = {} for i = 1, 1000 do t[i] = s end \
+         table.sort(t)",
+    ];
+    for source in programs {
+        let (err, took) = timed_failure(&mut c, at, source);
+        assert_eq!(code(&err), Some(ErrorCode::ProgramFuel), "{source}: {err}");
+        assert!(err.to_string().contains("out of fuel"), "{source}: {err}");
+        assert!(took < Duration::from_secs(1), "{source} took {took:?}");
+    }
+    // A deep __index chain made each element of one C loop cost thousands
+    // of lookups (34 s for this move): such tables are copied element by
+    // element in Lua, where the default time backstop sees every access.
+    let backstop = LocalDaemon::start_fresh(&[]).unwrap();
+    let mut b = backstop.client().unwrap();
+    for source in [
+        "local c = {} for i = 1, 1990 do c = setmetatable({}, {__index = c}) end \
+         table.move(c, 1, 900000, 1, {})",
+        "local c = {} for i = 1, 1990 do c = setmetatable({}, {__index = c}) end \
+         return select('#', table.unpack(c, 1, 150000))",
+    ] {
+        let (err, took) = timed_failure(&mut b, at, source);
+        assert_eq!(code(&err), Some(ErrorCode::ProgramFuel), "{source}: {err}");
+        assert!(took < Duration::from_secs(2), "{source} took {took:?}");
+    }
+    // An empty string repeated looped in C for its count (2.8 s for 1e9,
+    // for ever for 1e15); it is empty at once, whatever the count's form.
+    for source in [
+        "return #string.rep('', '1000000000')",
+        "return #string.rep('', '1e15', '')",
+        "return #(''):rep('0x7fffffffffffffff')",
+    ] {
+        c.prog(NS, at, source.as_bytes()).unwrap();
+        let started = Instant::now();
+        assert_eq!(c.run(NS, at, &[]).unwrap().value, ProgramValue::Int(0));
+        assert!(started.elapsed() < Duration::from_secs(1), "{source}");
+    }
+    // A __len that answers small first and huge after is read once.
+    c.prog(
+        NS,
+        at,
+        b"local n = 0 local t = setmetatable({}, {__len = function() n = n + 1 \
+          return n == 1 and 1 or 30000000 end}) table.insert(t, 1, 0) return n",
+    )
+    .unwrap();
+    let started = Instant::now();
+    assert_eq!(c.run(NS, at, &[]).unwrap().value, ProgramValue::Int(1));
+    assert!(started.elapsed() < Duration::from_secs(1));
+    // The wrappers still do what the library does.
+    c.prog(
+        NS,
+        at,
+        b"local t = {5, 3, 1, 4} table.insert(t, 2, 9) table.insert(t, '7') \
+          local r = table.remove(t, 1) table.sort(t, function(a, b) return tonumber(a) < tonumber(b) end) \
+          local m = setmetatable({}, {__index = function(_, k) return k * 2 end, \
+          __len = function() return 3 end}) table.insert(m, 1, 'x') \
+          return table.concat(t, ',') .. '|' .. r .. '|' .. select('#', table.unpack(t)) .. '|' \
+          .. table.concat(table.move(t, 2, 4, 1, {}), ',') .. '|' .. table.concat(m, ',', 1, 4) \
+          .. '|' .. string.rep('ab', '2', '-') .. '|' .. tostring(table.remove(m, 2))",
+    )
+    .unwrap();
+    assert_eq!(
+        c.run(NS, at, &[]).unwrap().value,
+        ProgramValue::Bytes(b"1,3,4,7,9|5|5|3,4,7|x,2,4,6|ab-ab|2".to_vec())
+    );
+    c.prog(NS, at, b"return string.rep('a', 1.5)").unwrap();
+    let err = run_err(&mut c, at);
+    assert!(
+        err.to_string().contains("number has no integer representation"),
+        "{err}"
+    );
+    // The daemon keeps serving.
+    c.put(NS, Coord::new(5, 5, 5), b"still here").unwrap();
+    assert_eq!(
+        c.get(NS, Coord::new(5, 5, 5)).unwrap().unwrap(),
+        b"still here"
+    );
+}

@@ -66,18 +66,79 @@ local function unavailable(name, why)
   end
 end
 
-local function len_of(t)
-  if type(t) == "table" then
-    return #t
-  end
-  return 0
+local math_tointeger, math_maxinteger = math.tointeger, math.maxinteger
+
+-- The size arguments of the wrapped library functions are converted once,
+-- here, and the raw function is called with the converted value: the raw
+-- functions accept numeric strings ('1e15') and floats with an integer
+-- value, so a charge that looked at the argument's type alone could be
+-- skipped, and the C loop then ran unpaid.
+-- `level` is error's: 3 from a wrapper's own body, 4 from a helper it calls.
+local function arg_error(level, fname, n, why)
+  error("bad argument #" .. n .. " to '" .. fname .. "' (" .. why .. ")", level)
 end
 
-local function count(i, j)
-  if type(i) == "number" and type(j) == "number" and j >= i then
-    return j - i + 1
+local function int_arg(fname, n, x)
+  local i = math_tointeger(tonumber(x))
+  if i == nil then
+    if tonumber(x) ~= nil then
+      arg_error(4, fname, n, "number has no integer representation")
+    end
+    arg_error(4, fname, n, "number expected, got " .. type(x))
   end
-  return 0
+  return i
+end
+
+local function opt_int(fname, n, x, default)
+  if x == nil then
+    return default
+  end
+  return int_arg(fname, n, x) -- a tail call: errors still name the wrapper's caller
+end
+
+-- The length of a string argument (numbers are read as strings, as the
+-- raw functions do; nothing else is, so no __tostring runs here).
+local function str_len(fname, n, s)
+  local t = type(s)
+  if t == "string" then
+    return #s
+  elseif t == "number" then
+    return #tostring(s)
+  end
+  arg_error(4, fname, n, "string expected, got " .. t)
+end
+
+-- A table without a metatable: the raw functions' C loops read and write
+-- it directly, one step per element, so a charge per element pays for
+-- them. With a metatable, each element access may run a chain of up to
+-- 2000 __index tables (or a __len that answers differently each time)
+-- inside one C call; those tables are handled element by element in Lua
+-- instead, where the instruction hook counts and times every access.
+local function plain(t)
+  return type(t) == "table" and raw_getmetatable(t) == nil
+end
+
+-- A table's length, read once (through __len, if it has one) and checked
+-- as the raw functions check it.
+local function length(fname, t)
+  if type(t) ~= "table" then
+    arg_error(4, fname, 1, "table expected, got " .. type(t))
+  end
+  if raw_getmetatable(t) == nil then
+    return rawlen(t)
+  end
+  local n = math_tointeger(tonumber(#t))
+  if n == nil then
+    error("object length is not an integer", 3)
+  end
+  return n
+end
+
+-- Charges for `n` elements (a float: no integer wrap-around).
+local function charge_count(i, j)
+  if j >= i then
+    charge((j + 0.0) - i + 1)
+  end
 end
 
 -- The string library is reachable from every string value (s:upper()),
@@ -98,16 +159,17 @@ S.find = function(s, pattern, init, plain)
   return raw_find(s, pattern, init, true)
 end
 S.rep = function(s, n, sep)
-  if type(n) == "number" and n >= 1 then
-    local unit = #tostring(s)
+  n = int_arg("rep", 2, n)
+  if n >= 1 then
+    local unit = str_len("rep", 1, s)
     if sep ~= nil then
-      unit = unit + #tostring(sep)
+      unit = unit + str_len("rep", 3, sep)
     end
     -- An empty result would loop n times in C without allocating.
     if unit == 0 then
       return ""
     end
-    charge(n * unit // 64 + 1)
+    charge((n + 0.0) * unit / 64 + 1)
   end
   return raw_rep(s, n, sep)
 end
@@ -119,40 +181,159 @@ for k, v in pairs(table) do
   T[k] = v
 end
 local raw_move, raw_sort, raw_concat = table.move, table.sort, table.concat
-local raw_unpack, raw_insert, raw_remove = table.unpack, table.insert, table.remove
+local raw_unpack = table.unpack
+
+-- table.move with its arguments converted and its elements paid for.
+local function move(a1, f, e, t, a2)
+  if a2 == nil then
+    a2 = a1
+  end
+  if e < f then
+    return a2
+  end
+  if not (f > 0 or e < math_maxinteger + f) then
+    arg_error(3, "move", 3, "too many elements to move")
+  end
+  if t > math_maxinteger - (e - f) then
+    arg_error(3, "move", 4, "destination wrap around")
+  end
+  charge_count(f, e)
+  if plain(a1) and plain(a2) then
+    return raw_move(a1, f, e, t, a2)
+  end
+  if type(a1) ~= "table" then
+    arg_error(3, "move", 1, "table expected, got " .. type(a1))
+  end
+  if type(a2) ~= "table" then
+    arg_error(3, "move", 5, "table expected, got " .. type(a2))
+  end
+  if t > e or t <= f or not rawequal(a1, a2) then
+    for k = 0, e - f do
+      a2[t + k] = a1[f + k]
+    end
+  else
+    for k = e - f, 0, -1 do
+      a2[t + k] = a1[f + k]
+    end
+  end
+  return a2
+end
+
+-- Elements i..j of t in a plain table (1..n), read one by one in Lua.
+local function plain_copy(t, i, j)
+  local out = {}
+  for k = i, j do
+    out[k - i + 1] = t[k]
+  end
+  return out
+end
+
 T.move = function(a1, f, e, t, a2)
-  charge(count(f, e))
-  return raw_move(a1, f, e, t, a2)
+  f = int_arg("move", 2, f)
+  e = int_arg("move", 3, e)
+  t = int_arg("move", 4, t)
+  return move(a1, f, e, t, a2)
 end
 T.sort = function(t, comp)
-  local n = len_of(t)
-  if n > 1 then
-    charge(n * math_floor(math_log(n, 2) + 1))
+  local n = length("sort", t)
+  if n <= 1 then
+    return
   end
-  return raw_sort(t, comp)
+  local rounds = math_floor(math_log(n, 2) + 1)
+  charge((n + 0.0) * rounds)
+  local a = t
+  if not plain(t) then
+    a = plain_copy(t, 1, n)
+  end
+  -- Comparing strings costs their length in one C call each: pay for the
+  -- longest, in every comparison.
+  local longest = 0
+  for k = 1, n do
+    local v = a[k]
+    if type(v) == "string" and #v > longest then
+      longest = #v
+    end
+  end
+  if longest > 16 then
+    charge((n + 0.0) * rounds * (longest // 16))
+  end
+  raw_sort(a, comp)
+  if a ~= t then
+    for k = 1, n do
+      t[k] = a[k]
+    end
+  end
 end
 T.concat = function(t, sep, i, j)
-  charge(count(i or 1, j or len_of(t)))
+  i = opt_int("concat", 3, i, 1)
+  if j == nil then
+    j = length("concat", t)
+  else
+    j = int_arg("concat", 4, j)
+  end
+  charge_count(i, j)
+  if j >= i and not plain(t) then
+    if type(t) ~= "table" then
+      arg_error(3, "concat", 1, "table expected, got " .. type(t))
+    end
+    return raw_concat(plain_copy(t, i, j), sep)
+  end
   return raw_concat(t, sep, i, j)
 end
 T.unpack = function(t, i, j)
-  charge(count(i or 1, j or len_of(t)))
+  i = opt_int("unpack", 2, i, 1)
+  if j == nil then
+    j = length("unpack", t)
+  else
+    j = int_arg("unpack", 3, j)
+  end
+  charge_count(i, j)
+  if j >= i and not plain(t) then
+    if type(t) ~= "table" then
+      arg_error(3, "unpack", 1, "table expected, got " .. type(t))
+    end
+    if (j + 0.0) - i >= 1e6 then
+      error("too many results to unpack", 2)
+    end
+    local out = plain_copy(t, i, j)
+    return raw_unpack(out, 1, j - i + 1)
+  end
   return raw_unpack(t, i, j)
 end
+-- insert and remove read the length once (the raw functions would read it
+-- again, through __len, after the charge) and shift with `move`.
 T.insert = function(t, ...)
-  if select("#", ...) >= 2 then
-    local pos = ...
-    if type(pos) == "number" then
-      charge(len_of(t) - pos + 1)
-    end
+  local e = length("insert", t) + 1
+  local nargs = select("#", ...)
+  if nargs == 1 then
+    t[e] = (...)
+    return
+  elseif nargs ~= 2 then
+    error("wrong number of arguments to 'insert'", 2)
   end
-  return raw_insert(t, ...)
+  local pos, v = ...
+  pos = int_arg("insert", 2, pos)
+  if pos < 1 or pos > e then
+    arg_error(3, "insert", 2, "position out of bounds")
+  end
+  if e > pos then
+    move(t, pos, e - 1, pos + 1)
+  end
+  t[pos] = v
 end
 T.remove = function(t, pos)
-  if type(pos) == "number" then
-    charge(len_of(t) - pos + 1)
+  local size = length("remove", t)
+  pos = opt_int("remove", 2, pos, size)
+  if pos ~= size and (pos < 1 or pos > size + 1) then
+    arg_error(3, "remove", 2, "position out of bounds")
   end
-  return raw_remove(t, pos)
+  local v = t[pos]
+  if pos < size then
+    move(t, pos + 1, size, pos)
+    pos = size
+  end
+  t[pos] = nil
+  return v
 end
 
 local function copy(lib)
