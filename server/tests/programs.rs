@@ -555,3 +555,42 @@ fn library_loops_are_paid_for_whatever_form_their_sizes_take() {
         b"still here"
     );
 }
+
+#[test]
+fn a_plain_find_pays_for_its_worst_case() {
+    let daemon = LocalDaemon::start_fresh(&["--program-time-ms", "20000"]).unwrap();
+    let mut c = daemon.client().unwrap();
+    let at = Coord::new(0, 0, 0);
+    // Every place matches all but the needle's last byte: quadratic in
+    // one C call.
+    for source in [
+        "local h = string.rep('a', 1 << 19) local n = string.rep('a', 1 << 18) .. 'b' \
+         return string.find(h, n, 1, true)",
+        "local h = string.rep('a', 1 << 19) local n = string.rep('a', 1 << 18) .. 'b' \
+         return h:find(n, '1', true)",
+    ] {
+        let (err, took) = timed_failure(&mut c, at, source);
+        assert_eq!(code(&err), Some(ErrorCode::ProgramFuel), "{source}: {err}");
+        assert!(err.to_string().contains("out of fuel"), "{source}: {err}");
+        assert!(took < Duration::from_secs(1), "{source} took {took:?}");
+    }
+    // Ordinary searches are cheap and answer as before.
+    c.prog(
+        NS,
+        at,
+        b"local h = string.rep('x', 100000) .. 'needle' \
+          return {string.find(h, 'needle', 1, true), ('hello world'):find('o w', -7, true), \
+          ('abc'):find('', 10, true) == nil}",
+    )
+    .unwrap();
+    let reply = c.run(NS, at, &[]).unwrap();
+    assert_eq!(
+        reply.value,
+        ProgramValue::Table(vec![
+            (ProgramValue::Int(1), ProgramValue::Int(100_001)),
+            (ProgramValue::Int(2), ProgramValue::Int(5)),
+            (ProgramValue::Int(3), ProgramValue::Bool(true)),
+        ])
+    );
+    assert!(reply.instructions < 100_000, "{}", reply.instructions);
+}

@@ -151,10 +151,24 @@ S.dump = nil
 S.match = unavailable("string.match", NO_PATTERNS)
 S.gmatch = unavailable("string.gmatch", NO_PATTERNS)
 S.gsub = unavailable("string.gsub", NO_PATTERNS)
-S.find = function(s, pattern, init, plain)
-  if plain ~= true then
+S.find = function(s, pattern, init, plain_search)
+  if plain_search ~= true then
     error("string.find: only plain search is available in cell programs "
       .. "(pass true as the fourth argument): " .. NO_PATTERNS, 2)
+  end
+  local ls, lp = str_len("find", 1, s), str_len("find", 2, pattern)
+  init = opt_int("find", 3, init, 1)
+  -- Where the search starts, as the raw function reads `init`.
+  if init < 0 then
+    init = init < -ls and 1 or ls + init + 1
+  elseif init == 0 then
+    init = 1
+  end
+  -- A plain search compares the pattern at every place it could start:
+  -- (places) * #pattern bytes at worst, in one C call.
+  local places = ls - init + 1 - lp + 1
+  if lp > 1 and places > 0 then
+    charge((places + 0.0) * lp / 64)
   end
   return raw_find(s, pattern, init, true)
 end
