@@ -594,3 +594,47 @@ fn a_plain_find_pays_for_its_worst_case() {
     );
     assert!(reply.instructions < 100_000, "{}", reply.instructions);
 }
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn a_result_over_the_frame_fails_before_it_is_copied_whole() {
+    let daemon = LocalDaemon::start_fresh(&[]).unwrap();
+    let mut c = daemon.client().unwrap();
+    let at = Coord::new(0, 0, 0);
+    // 4096 references to one 1 MiB string: 4 GiB once copied, which the
+    // conversion did before it compared the total with the frame.
+    let source = "local s = string.rep('x', 1 << 20) local t = {} \
+                  for i = 1, 4096 do t[i] = s end return t";
+    let rss_before = rss_kib(daemon.pid());
+    for _ in 0..2 {
+        let (err, took) = timed_failure(&mut c, at, source);
+        assert_eq!(code(&err), Some(ErrorCode::ProgramError), "{err}");
+        assert!(
+            err.to_string()
+                .contains("do not fit in one response frame"),
+            "{err}"
+        );
+        assert!(took < Duration::from_secs(2), "took {took:?}");
+    }
+    let grew_mib = rss_kib(daemon.pid()).saturating_sub(rss_before) / 1024;
+    assert!(grew_mib < 256, "the daemon grew by {grew_mib} MiB");
+    // A result that fits still comes back whole.
+    c.prog(
+        NS,
+        at,
+        b"local s = string.rep('x', 1 << 20) return {s, s, s}",
+    )
+    .unwrap();
+    match c.run(NS, at, &[]).unwrap().value {
+        ProgramValue::Table(entries) => assert_eq!(entries.len(), 3),
+        other => panic!("{other:?}"),
+    }
+}

@@ -578,13 +578,22 @@ fn to_program_value(value: Value, settings: &ProgramSettings) -> mlua::Result<Pr
     // What the response may carry besides the value.
     let budget = settings.max_frame_bytes.saturating_sub(256);
     let mut bytes = 0usize;
+    let too_big = |bytes: usize| {
+        fail(format!(
+            "{bytes} bytes do not fit in one response frame of {} bytes",
+            settings.max_frame_bytes
+        ))
+    };
+    // The running total is checked before each string is copied, so a
+    // table of many references to one big string fails at the string
+    // that overflows the frame instead of being copied whole first.
     let scalar = |value: Value, bytes: &mut usize| -> mlua::Result<ProgramValue> {
         Ok(match value {
             Value::Boolean(b) => ProgramValue::Bool(b),
             Value::Integer(i) => ProgramValue::Int(i),
             Value::Number(f) => ProgramValue::Float(f),
             Value::String(s) => {
-                let data = s.as_bytes().to_vec();
+                let data = s.as_bytes();
                 if data.len() > settings.max_value_bytes {
                     return Err(fail(format!(
                         "a string of {} bytes is over the value limit of {}",
@@ -592,8 +601,11 @@ fn to_program_value(value: Value, settings: &ProgramSettings) -> mlua::Result<Pr
                         settings.max_value_bytes
                     )));
                 }
-                *bytes += data.len() + 5;
-                ProgramValue::Bytes(data)
+                *bytes = bytes.saturating_add(data.len() + 5);
+                if *bytes > budget {
+                    return Err(too_big(*bytes));
+                }
+                ProgramValue::Bytes(data.to_vec())
             }
             other => {
                 return Err(fail(format!(
@@ -626,6 +638,9 @@ fn to_program_value(value: Value, settings: &ProgramSettings) -> mlua::Result<Pr
                 };
                 let value = scalar(value, &mut bytes)?;
                 bytes += 18;
+                if bytes > budget {
+                    return Err(too_big(bytes));
+                }
                 entries.push((key, value));
             }
             entries.sort_by(|(a, _), (b, _)| match (a, b) {
@@ -648,10 +663,7 @@ fn to_program_value(value: Value, settings: &ProgramSettings) -> mlua::Result<Pr
         }
     };
     if bytes > budget {
-        return Err(fail(format!(
-            "{bytes} bytes do not fit in one response frame of {} bytes",
-            settings.max_frame_bytes
-        )));
+        return Err(too_big(bytes));
     }
     Ok(converted)
 }
