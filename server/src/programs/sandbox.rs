@@ -61,6 +61,12 @@ const CHUNK_NAME: &str = "prog";
 /// is emptied (programs are small and recompiling is microseconds).
 const COMPILED_CACHE_BYTES: usize = 32 * 1024 * 1024;
 
+/// ...and by what they hold: the growth of the VM's memory since the cache
+/// was last emptied (a compiled function can take ten times its source:
+/// 2500 sources of 64 KiB held 1.7 GiB under the source-bytes cap alone).
+/// The growth counts garbage too, which only empties the cache sooner.
+const COMPILED_CACHE_MEMORY: usize = 64 * 1024 * 1024;
+
 /// Slots of the by-address function cache (log2). Direct-mapped: a
 /// program stored anew gets a new source `Arc`, so a map by address kept
 /// growing (and rehashing) under clients that re-store programs, while a
@@ -203,6 +209,8 @@ pub(crate) struct ProgramVm {
     pub(crate) api: Table,
     compiled: HashMap<Arc<[u8]>, Function>,
     compiled_bytes: usize,
+    /// The VM's memory in use when the cache was last emptied.
+    cache_base_memory: usize,
     /// The same functions by the address of the store's source `Arc`
     /// (held, so the address stays unique): a run of an unchanged program
     /// finds its function without hashing the source.
@@ -286,6 +294,7 @@ impl ProgramVm {
             globals.raw_set(name, Value::Nil)?;
         }
         drop(base);
+        let cache_base_memory = lua.used_memory();
         Ok(ProgramVm {
             lua,
             env_meta,
@@ -294,6 +303,7 @@ impl ProgramVm {
             api,
             compiled: HashMap::new(),
             compiled_bytes: 0,
+            cache_base_memory,
             by_source_address: vec![None; 1 << ADDRESS_CACHE_BITS],
             compiles: 0,
             here_ns: None,
@@ -335,9 +345,14 @@ impl ProgramVm {
             .eval()
             .map_err(failure)?;
         self.compiles += 1;
-        if self.compiled_bytes + source.len() > COMPILED_CACHE_BYTES {
-            self.compiled.clear();
-            self.compiled_bytes = 0;
+        let grown = self
+            .lua
+            .used_memory()
+            .saturating_sub(self.cache_base_memory);
+        if self.compiled_bytes + source.len() > COMPILED_CACHE_BYTES
+            || grown > COMPILED_CACHE_MEMORY
+        {
+            self.clear_cache();
         }
         self.compiled_bytes += source.len();
         self.compiled.insert(Arc::clone(source), function.clone());
@@ -345,6 +360,15 @@ impl ProgramVm {
             *entry = Some((Arc::clone(source), function.clone()));
         }
         Ok(function)
+    }
+
+    /// Forgets every compiled program: both maps, or the by-address slots
+    /// would keep the functions alive.
+    fn clear_cache(&mut self) {
+        self.compiled.clear();
+        self.by_source_address.fill(None);
+        self.compiled_bytes = 0;
+        self.cache_base_memory = self.lua.used_memory();
     }
 
     /// Points the API table at the run's cell, setting only what changed
@@ -609,6 +633,41 @@ mod tests {
         // A binary chunk is refused, never loaded.
         let err = check_syntax(b"\x1bLua\x54\x00").unwrap_err();
         assert!(err.message.contains("binary"), "{err:?}");
+    }
+
+    /// Distinct large programs, each run once, keep only a bounded amount
+    /// of compiled code alive (both caches are emptied together, by source
+    /// bytes and by the memory the functions hold).
+    #[test]
+    fn compiled_programs_are_bounded_by_what_they_hold() {
+        let mut vm = ProgramVm::new().unwrap();
+        let budget = RunBudget {
+            fuel: 1_000_000,
+            memory_bytes: 512 * 1024 * 1024,
+            time: Duration::from_secs(60),
+        };
+        // About 64 KiB of source: many small functions compile to far more
+        // than their text.
+        let body: String = (0..2200)
+            .map(|i| format!("t[{i}] = function() end "))
+            .collect();
+        let mut held = Vec::new();
+        for n in 0..600 {
+            let source: Arc<[u8]> = Arc::from(format!("-- {n}\nlocal t = {{}} {body} return {n}").into_bytes());
+            let outcome = vm.run(&source, &[], budget, Instant::now(), |_, _| Ok(()));
+            assert!(outcome.result.is_ok(), "{:?}", outcome.result.err());
+            // The store keeps its sources alive, as these do.
+            held.push(source);
+        }
+        vm.lua.gc_collect().unwrap();
+        vm.lua.gc_collect().unwrap();
+        let used = vm.lua.used_memory();
+        assert!(
+            used < COMPILED_CACHE_MEMORY + 32 * 1024 * 1024,
+            "{} MiB still held by {} cached programs",
+            used >> 20,
+            vm.cached_programs()
+        );
     }
 
     #[test]
