@@ -396,6 +396,12 @@ function api.run()
     .. "\"Calling other cells\")", 2)
 end
 
+-- One generator serves every run of every namespace: a program that could
+-- seed it would fix what math.random returns to the runs after it.
+local M = copy(math)
+M.randomseed = unavailable("math.randomseed",
+  "one generator serves every run, seeded by the daemon")
+
 local base = {
   assert = assert,
   error = error,
@@ -417,7 +423,7 @@ local base = {
   _VERSION = _VERSION,
   string = readonly("string", S),
   table = readonly("table", T),
-  math = readonly("math", copy(math)),
+  math = readonly("math", M),
   utf8 = readonly("utf8", copy(utf8)),
   cube = readonly("cube", api),
 }

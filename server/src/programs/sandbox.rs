@@ -25,6 +25,8 @@
 //! - Library calls whose C loops are not paid for by allocation
 //!   (`string.rep` of empty strings, `table.move`, `sort`, `concat`,
 //!   `unpack`, shifting `insert`/`remove`) are charged fuel by size.
+//! - `math.randomseed` is refused: one generator serves every run of
+//!   every namespace, so a seed would fix what other programs draw.
 //! - `setmetatable` refuses `__gc`, so no finaliser can run outside its
 //!   run's budget.
 //! - `pcall`/`xpcall` cannot swallow a spent budget: once fuel, time or
