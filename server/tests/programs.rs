@@ -548,7 +548,8 @@ fn library_loops_are_paid_for_whatever_form_their_sizes_take() {
     c.prog(NS, at, b"return string.rep('a', 1.5)").unwrap();
     let err = run_err(&mut c, at);
     assert!(
-        err.to_string().contains("number has no integer representation"),
+        err.to_string()
+            .contains("number has no integer representation"),
         "{err}"
     );
     // The daemon keeps serving.
@@ -621,8 +622,7 @@ fn a_result_over_the_frame_fails_before_it_is_copied_whole() {
         let (err, took) = timed_failure(&mut c, at, source);
         assert_eq!(code(&err), Some(ErrorCode::ProgramError), "{err}");
         assert!(
-            err.to_string()
-                .contains("do not fit in one response frame"),
+            err.to_string().contains("do not fit in one response frame"),
             "{err}"
         );
         assert!(took < Duration::from_secs(2), "took {took:?}");

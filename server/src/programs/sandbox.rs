@@ -655,7 +655,8 @@ mod tests {
             .collect();
         let mut held = Vec::new();
         for n in 0..600 {
-            let source: Arc<[u8]> = Arc::from(format!("-- {n}\nlocal t = {{}} {body} return {n}").into_bytes());
+            let source: Arc<[u8]> =
+                Arc::from(format!("-- {n}\nlocal t = {{}} {body} return {n}").into_bytes());
             let outcome = vm.run(&source, &[], budget, Instant::now(), |_, _| Ok(()));
             assert!(outcome.result.is_ok(), "{:?}", outcome.result.err());
             // The store keeps its sources alive, as these do.
