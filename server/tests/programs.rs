@@ -87,6 +87,45 @@ fn a_failed_run_applies_nothing_and_is_still_recorded() {
     assert_eq!(c.cell_stats(NS, at, 0).unwrap().failures, 3);
 }
 
+/// A run whose writes take its namespace past a quota fails like any other
+/// failed run: `quota_exceeded`, nothing applied, and recorded in the
+/// cell's telemetry (found by review: the writer refused the run's writes
+/// and its telemetry record with them, while the daemon counted the run).
+#[test]
+fn a_run_over_its_namespace_quota_applies_nothing_and_is_recorded() {
+    use cube_client::{NamespaceName, NamespaceSpec, Request, Response};
+    let daemon = LocalDaemon::start_fresh(&[]).unwrap();
+    let mut c = daemon.client().unwrap();
+    let request = Request::NsCreate {
+        ns: NamespaceName::new("small").unwrap(),
+        spec: NamespaceSpec {
+            max_cells: Some(1),
+            ..Default::default()
+        },
+    };
+    assert!(matches!(c.call(&request).unwrap(), Response::NsCreated(_)));
+    let at = Coord::new(0, 0, 0);
+    c.prog(
+        "small",
+        at,
+        b"cube.put(1, 0, 0, 'a') cube.put(2, 0, 0, 'b') return 1",
+    )
+    .unwrap();
+    let err = c.run("small", at, &[]).unwrap_err();
+    assert_eq!(code(&err), Some(ErrorCode::QuotaExceeded), "{err}");
+    assert_eq!(c.get("small", Coord::new(1, 0, 0)).unwrap(), None);
+    assert_eq!(c.get("small", Coord::new(2, 0, 0)).unwrap(), None);
+    let stats = c.cell_stats("small", at, 10).unwrap();
+    assert_eq!((stats.runs, stats.failures), (1, 1), "{stats:?}");
+    assert_eq!(stats.records[0].outcome, RunOutcome::Error);
+    assert_eq!(stats.records[0].cells_written, 0);
+    // One cell fits: the same namespace takes a run that writes one.
+    c.prog("small", at, b"cube.put(1, 0, 0, 'a') return 1")
+        .unwrap();
+    c.run("small", at, &[]).unwrap();
+    assert_eq!(c.cell_stats("small", at, 0).unwrap().runs, 2);
+}
+
 #[test]
 fn results_and_arguments_cross_the_wire() {
     let daemon = LocalDaemon::start_fresh(&[]).unwrap();

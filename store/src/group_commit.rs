@@ -489,7 +489,7 @@ impl Drop for GroupCommit {
 }
 
 /// [`Writer::check_quota`], callable while a transaction borrows the overlay.
-fn quota_check(
+pub(crate) fn quota_check(
     mem: &MemStore,
     group_usage: &HashMap<NamespaceName, UsageDelta>,
     ns: &NamespaceName,
@@ -1023,6 +1023,7 @@ impl Writer {
                         overlay_live = true;
                     }
                     let mut view = TxnView::new(&self.mem, &mut self.overlay);
+                    view.set_earlier_usage(&self.group_usage);
                     let output = txn(&mut view);
                     let refusal = if view.emitted() > MAX_TXN_MUTATIONS {
                         Some(WriteError::new(

@@ -23,6 +23,8 @@ use cube_protocol::{CellBox, Coord, NamespaceName};
 use crate::cell_value::CellValue;
 use crate::coord_hash::CoordHashBuilder;
 use crate::edges::{EdgeKey, EdgeUndo, PendingEdges};
+use crate::error::WriteError;
+use crate::group_commit::quota_check;
 use crate::memstore::MemStore;
 use crate::mutation::Mutation;
 use crate::namespace::{NamespaceMeta, UsageDelta};
@@ -208,6 +210,10 @@ struct TxnLog {
     limited: Vec<(NamespaceName, bool)>,
     /// Namespace metadata this transaction replaced, to undo on rollback.
     meta_undo: Vec<(NamespaceName, Option<NamespaceMeta>)>,
+    /// What the group's earlier writes added to quota-limited namespaces
+    /// (the writer's tally when the transaction began), so that
+    /// [`TxnView::quota_refusal`] judges as the writer will.
+    earlier_usage: HashMap<NamespaceName, UsageDelta>,
 }
 
 /// What a transaction sees and does.
@@ -259,6 +265,23 @@ impl<'a> TxnView<'a> {
     /// Usage changes of quota-limited namespaces emitted so far.
     pub(crate) fn usage_changes(&self) -> &[(NamespaceName, UsageDelta)] {
         &self.log.usage
+    }
+
+    /// The writer's tally of the group's earlier usage changes.
+    pub(crate) fn set_earlier_usage(&mut self, usage: &HashMap<NamespaceName, UsageDelta>) {
+        self.log.earlier_usage.clone_from(usage);
+    }
+
+    /// The refusal the writer will give this transaction for taking a
+    /// namespace past its quota with what it wrote so far, counting the
+    /// group's earlier writes; `None` if it fits. A transaction that must
+    /// record its own failure when its writes are refused (a cell
+    /// program's run, whose telemetry records every run) checks here
+    /// before it ends, rolls its writes back, and records the refusal.
+    pub fn quota_refusal(&self) -> Option<WriteError> {
+        self.log.usage.iter().find_map(|(ns, delta)| {
+            quota_check(self.place.mem(), &self.log.earlier_usage, ns, *delta).err()
+        })
     }
 
     fn track_usage(&mut self, mutation: &Mutation) {

@@ -322,6 +322,7 @@ fn run_response(
             cells_written,
             exec,
             result,
+            over_quota,
         } => {
             ran(exec);
             match result {
@@ -334,6 +335,7 @@ fn run_response(
                 })),
                 Err((outcome, message)) => {
                     let code = match outcome {
+                        _ if over_quota => ErrorCode::QuotaExceeded,
                         RunOutcome::Fuel => ErrorCode::ProgramFuel,
                         RunOutcome::Memory => ErrorCode::ProgramMemory,
                         _ => ErrorCode::ProgramError,
@@ -390,6 +392,9 @@ enum RunOutput {
         cells_written: u32,
         exec: Duration,
         result: Result<ProgramValue, (RunOutcome, String)>,
+        /// The run failed because its writes went past a namespace quota
+        /// (answered with `quota_exceeded`, recorded as an error).
+        over_quota: bool,
     },
 }
 
@@ -473,6 +478,18 @@ fn run_in_writer(
         Ok(done) => done,
         Err(why) => return RunOutput::Unavailable(why),
     };
+    // Writes past a namespace quota would be refused by the writer after
+    // this transaction, and its telemetry record with them: judged here
+    // instead, so the run fails like any other (nothing it wrote applied)
+    // and is still recorded.
+    let mut over_quota = false;
+    let result = result.and_then(|value| match view.quota_refusal() {
+        Some(refusal) => {
+            over_quota = true;
+            Err((RunOutcome::Error, refusal.message))
+        }
+        None => Ok(value),
+    });
     let cells_written = if result.is_ok() {
         writes
     } else {
@@ -504,6 +521,7 @@ fn run_in_writer(
         cells_written,
         exec,
         result,
+        over_quota,
     }
 }
 
