@@ -129,16 +129,23 @@ pub(crate) fn authorize(
     let Some((ns, needs)) = target(request) else {
         return Ok(None);
     };
-    let access = access_of(peer, mem, ns);
+    // One lookup for both the access and the id the answer pins: with two,
+    // a drop and re-create of the name in between would pin the new
+    // namespace, which this peer was never allowed into.
+    let meta = mem.namespace_meta(ns);
+    let access = meta
+        .as_ref()
+        .map_or(Access::None, |meta| meta.access(peer.uid, peer.is_admin));
     let allowed = match needs {
         Needs::Read => access >= Access::ReadOnly,
         Needs::Write => access >= Access::ReadWrite,
         Needs::Admin => access >= Access::Admin,
     };
     if allowed {
-        return Ok(mem
-            .namespace_id(ns)
-            .map(|id| NamespaceGuard { ns: ns.clone(), id }));
+        return Ok(meta.map(|meta| NamespaceGuard {
+            ns: ns.clone(),
+            id: meta.id,
+        }));
     }
     if access == Access::None {
         return Err(no_such_namespace(ns));

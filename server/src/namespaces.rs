@@ -156,11 +156,14 @@ fn alter(
 const MAX_STATS_NAMESPACES: usize = 256;
 
 /// `stats` lines per namespace the peer may see: `ns.NAME.cells`, `.bytes`,
-/// `.edges`, `.programs`, plus the daemon's resident memory.
+/// `.edges`, `.programs`, plus, for an administrator, the daemon's resident
+/// memory (it grows with every tenant's data, so a tenant does not see it).
 pub(crate) fn stats_entries(peer: &Peer, mem: &MemStore) -> Vec<cube_protocol::StatsEntry> {
     use crate::connection::count;
     let mut entries = Vec::new();
-    if let Some(rss) = resident_bytes() {
+    if peer.is_admin
+        && let Some(rss) = resident_bytes()
+    {
         entries.push(count("memory.resident_bytes", rss));
     }
     let visible: Vec<NamespaceName> = mem

@@ -405,6 +405,8 @@ fn a_namespace_without_a_grant_is_indistinguishable_from_a_missing_one() {
     // Nor count it: whole-store totals are for administrators; a tenant
     // sees its own namespaces' figures.
     assert!(!stats.contains("store.cells"), "{stats}");
+    // The process's memory grows with every tenant's data.
+    assert!(!stats.contains("memory.resident_bytes"), "{stats}");
     assert!(stats.contains("ns.visible.cells"), "{stats}");
     // Taking the name is refused (the name space is the daemon's; this
     // does tell that the name is in use) and changes nothing: the
