@@ -20,6 +20,11 @@ use crate::wire::{BodyReader, put_blob, put_coord, put_u32, put_u64};
 /// mutations of one transaction (`cube_store::MAX_TXN_MUTATIONS`), the
 /// largest unit the writer commits atomically.
 pub const MAX_BATCH_OPS: u32 = 65_536;
+
+/// What a batch's operation count is called in a [`DecodeError::TooMany`]
+/// (answered with `limit_exceeded`, not `malformed_frame`).
+pub(crate) const BATCH_OPERATIONS: &str =
+    "the operations of a batch (send smaller batches: cubec import --batch)";
 /// Most encoded operation bytes in one `batch` (the sum of
 /// [`BatchOp::encoded_len`]): the writer's cap on one commit group's bytes,
 /// so a batch costs other clients no more latency than a full group does.
@@ -151,14 +156,23 @@ pub(crate) fn put_batch_ops(b: &mut Vec<u8>, ops: &[BatchOp]) {
     }
 }
 
-/// The operations of a batch body. The count is not checked against
-/// [`MAX_BATCH_OPS`] here (the server refuses it with `limit_exceeded`,
-/// which names the limit); what is allocated is bounded by the body.
+/// The operations of a batch body. A count over [`MAX_BATCH_OPS`] is
+/// refused before any operation is read (`limit_exceeded`): a 16 MiB frame
+/// of empty puts would otherwise decode into about a million operations,
+/// six times the frame in memory, only to be refused afterwards.
 pub(crate) fn read_batch_ops(
     r: &mut BodyReader<'_>,
     max_value_bytes: usize,
 ) -> Result<Vec<BatchOp>, DecodeError> {
-    let count = r.u32()? as usize;
+    let count = r.u32()?;
+    if count > MAX_BATCH_OPS {
+        return Err(DecodeError::TooMany {
+            what: BATCH_OPERATIONS,
+            got: u64::from(count),
+            limit: u64::from(MAX_BATCH_OPS),
+        });
+    }
+    let count = count as usize;
     // Reserve no more memory than the body has bytes; a real batch grows
     // the vector as its operations are actually read.
     let fits = r.remaining() / MIN_OP_BYTES.max(std::mem::size_of::<BatchOp>());
@@ -392,10 +406,18 @@ mod tests {
         let err = Request::decode(&header, &body, &Limits::default()).unwrap_err();
         assert_eq!(err.code(), ErrorCode::MalformedFrame);
 
-        // A count of u32::MAX with nothing behind it: truncated, and the
-        // decoder reserved nothing for it.
+        // A count of u32::MAX: over the limit, refused before anything
+        // is read; the limit itself with nothing behind it: truncated, and
+        // the decoder reserved nothing for it.
         let mut body = b"\x07default".to_vec();
         body.extend_from_slice(&u32::MAX.to_le_bytes());
+        header.body_len = body.len() as u32;
+        header.body_crc32c = crc32c::crc32c(&body);
+        let err = Request::decode(&header, &body, &Limits::default()).unwrap_err();
+        assert!(matches!(err, DecodeError::TooMany { .. }), "{err:?}");
+        assert_eq!(err.code(), ErrorCode::LimitExceeded);
+        let mut body = b"\x07default".to_vec();
+        body.extend_from_slice(&MAX_BATCH_OPS.to_le_bytes());
         header.body_len = body.len() as u32;
         header.body_crc32c = crc32c::crc32c(&body);
         assert!(matches!(

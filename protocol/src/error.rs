@@ -77,6 +77,9 @@ impl DecodeError {
             DecodeError::UnknownOpcode(_) => ErrorCode::UnknownOpcode,
             DecodeError::TooLarge { what, .. } if *what == "value" => ErrorCode::ValueTooLarge,
             DecodeError::BadNamespace(_) => ErrorCode::BadNamespace,
+            DecodeError::TooMany { what, .. } if *what == crate::bulk::BATCH_OPERATIONS => {
+                ErrorCode::LimitExceeded
+            }
             _ => ErrorCode::MalformedFrame,
         }
     }
