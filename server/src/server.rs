@@ -162,17 +162,22 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
     );
     let next_id = AtomicU64::new(1);
     let mut events = Events::with_capacity(64);
+    // Set when accepting failed (out of file descriptors, say) with clients
+    // still waiting: the listener is edge-triggered, so no new event may
+    // come for them; the loop retries on a timer instead.
+    let mut retry_accept = false;
     while !stop_requested.load(Ordering::SeqCst) {
-        if let Err(e) = poll.poll(&mut events, None) {
+        let timeout = retry_accept.then_some(ACCEPT_RETRY);
+        if let Err(e) = poll.poll(&mut events, timeout) {
             if e.kind() == io::ErrorKind::Interrupted {
                 continue;
             }
             return Err(DaemonError::Io(e));
         }
-        for event in events.iter() {
-            if event.token() == LISTENER {
-                accept_all(&listener, &shared, &next_id);
-            }
+        let listener_ready = events.iter().any(|event| event.token() == LISTENER);
+        if listener_ready || retry_accept {
+            retry_accept = accept_all(&listener, &shared, &next_id, &stop_requested, retry_accept)
+                == Backlog::RetryLater;
         }
     }
 
@@ -270,16 +275,45 @@ fn watch_signals(stop: Arc<AtomicBool>, waker: Arc<Waker>) -> Result<(), DaemonE
     Ok(())
 }
 
-fn accept_all(listener: &UnixListener, shared: &Arc<Shared>, next_id: &AtomicU64) {
+/// How long the reactor waits before accepting again after `accept`
+/// failed with clients still queued.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+
+/// How [`accept_all`] left the listener's queue.
+#[derive(Debug, PartialEq, Eq)]
+enum Backlog {
+    /// Empty, or a stop was asked for: wait for the next event.
+    Drained,
+    /// `accept` failed (EMFILE and friends): clients may still be queued.
+    RetryLater,
+}
+
+fn accept_all(
+    listener: &UnixListener,
+    shared: &Arc<Shared>,
+    next_id: &AtomicU64,
+    stop_requested: &AtomicBool,
+    retrying: bool,
+) -> Backlog {
     loop {
+        // A flood of connects must not hold off a SIGTERM: the queue is
+        // left to the shutdown, which closes the listener.
+        if stop_requested.load(Ordering::SeqCst) {
+            return Backlog::Drained;
+        }
         let stream = match listener.accept() {
             Ok((stream, _)) => stream,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Backlog::Drained,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => {
-                // EMFILE and friends: log and let the next readiness event retry.
-                warn!("accept failed: {e}");
-                return;
+                // Said once, not at every retry.
+                if !retrying {
+                    warn!(
+                        "accept failed: {e}; retrying every {} ms",
+                        ACCEPT_RETRY.as_millis()
+                    );
+                }
+                return Backlog::RetryLater;
             }
         };
         let active = shared.active.load(Ordering::SeqCst);

@@ -242,3 +242,35 @@ fn a_connection_idle_past_its_memo_still_reads_fresh_and_closes_only_at_the_idle
         "closed after {idle_for:?}, before the 3 s idle timeout"
     );
 }
+
+/// SIGTERM during a flood of connects and disconnects: the reactor stops
+/// accepting and shuts down at once, instead of draining the flood first
+/// (found by review: shutdown waited for the flood to end).
+#[test]
+fn sigterm_during_a_connect_flood_stops_the_daemon_promptly() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let mut daemon = LocalDaemon::start_fresh(&[]).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let flooders: Vec<_> = (0..4)
+        .map(|_| {
+            let (socket, stop) = (daemon.socket().to_path_buf(), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                    drop(UnixStream::connect(&socket));
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let asked = Instant::now();
+    let status = daemon.terminate();
+    let took = asked.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    for flooder in flooders {
+        flooder.join().unwrap();
+    }
+    assert!(status.unwrap().success());
+    assert!(took < Duration::from_secs(20), "shutdown took {took:?}");
+}
