@@ -254,7 +254,37 @@ impl Args {
     pub fn write_timeout(&self) -> Duration {
         Duration::from_millis(self.write_timeout_ms.max(1))
     }
+
+    /// Checks what one flag's range cannot: that the limits fit together.
+    /// A frame must carry the largest value with room for the fixed parts
+    /// of any answer around it (a scan page, a walk node, a `get`), or a
+    /// stored value could never be read back whole.
+    pub fn check(&self) -> Result<(), String> {
+        if self.max_frame_bytes < MIN_FRAME_BYTES {
+            return Err(format!(
+                "--max-frame-bytes {} is below the least a frame must carry, {MIN_FRAME_BYTES}",
+                self.max_frame_bytes
+            ));
+        }
+        let needed = u64::from(self.max_value_bytes) + u64::from(ANSWER_OVERHEAD_BYTES);
+        if u64::from(self.max_frame_bytes) < needed {
+            return Err(format!(
+                "--max-frame-bytes {} cannot carry a value of --max-value-bytes {} in an answer \
+                 (it needs {ANSWER_OVERHEAD_BYTES} bytes more than the value): raise \
+                 --max-frame-bytes to at least {needed} or lower --max-value-bytes",
+                self.max_frame_bytes, self.max_value_bytes
+            ));
+        }
+        Ok(())
+    }
 }
+
+/// The least `--max-frame-bytes` may be.
+pub const MIN_FRAME_BYTES: u32 = 4096;
+
+/// Room an answer needs around one value: frame header, status, counts,
+/// coordinates, lengths, a scan cursor, a walk node's fields.
+pub const ANSWER_OVERHEAD_BYTES: u32 = 1024;
 
 #[cfg(test)]
 mod tests {
@@ -277,5 +307,37 @@ mod tests {
                 "{refused}"
             );
         }
+    }
+
+    /// A frame must carry the largest value with room for an answer's
+    /// fixed parts (found by review: with both limits at 4096 a stored
+    /// value's scan answer was 4107 bytes, over the frame, so it could
+    /// never be scanned or exported).
+    #[test]
+    fn the_frame_limit_must_carry_the_value_limit() {
+        let args = |frame: &str, value: &str| {
+            Args::try_parse_from([
+                "cubed",
+                "--max-frame-bytes",
+                frame,
+                "--max-value-bytes",
+                value,
+            ])
+            .unwrap()
+        };
+        assert!(
+            args("4096", "4096")
+                .check()
+                .unwrap_err()
+                .contains("at least 5120")
+        );
+        assert!(
+            args("1", "1")
+                .check()
+                .unwrap_err()
+                .contains("below the least")
+        );
+        assert!(args("5120", "4096").check().is_ok());
+        assert!(Args::try_parse_from(["cubed"]).unwrap().check().is_ok());
     }
 }
