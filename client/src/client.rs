@@ -35,6 +35,10 @@ pub fn default_socket_path() -> PathBuf {
     }
 }
 
+/// The largest frame this client accepts whatever the server announces
+/// (a server's own limit is at most 32 MiB).
+pub const MAX_ANSWER_FRAME_BYTES: u32 = 64 * 1024 * 1024;
+
 /// A connected, handshaken session with `cubed`.
 ///
 /// Requests are strictly one at a time: each call writes one frame and
@@ -51,6 +55,11 @@ pub struct Client {
     next_request_id: u64,
     limits: Limits,
     server_version: String,
+    /// Set by the first error after which the connection may be out of
+    /// step with the server (a frame read part way, a timeout, an answer to
+    /// another request): every later call fails with it, since the next
+    /// bytes read could be the rest of an old answer taken for a new one.
+    broken: Option<String>,
 }
 
 impl Client {
@@ -72,6 +81,7 @@ impl Client {
             // server announces.
             limits: Limits::default(),
             server_version: String::new(),
+            broken: None,
         };
         client.set_timeout(Some(HANDSHAKE_TIMEOUT))?;
         client.handshake()?;
@@ -112,9 +122,11 @@ impl Client {
             });
         }
         self.server_version = server_version;
+        // Capped: a confused or hostile server must not have this client
+        // accept (and buffer) frames of up to 4 GiB.
         self.limits = Limits {
-            max_frame_bytes,
-            max_value_bytes,
+            max_frame_bytes: max_frame_bytes.min(MAX_ANSWER_FRAME_BYTES),
+            max_value_bytes: max_value_bytes.min(MAX_ANSWER_FRAME_BYTES),
         };
         Ok(())
     }
@@ -340,6 +352,13 @@ impl Client {
     /// becomes [`ClientError::Server`]; an answer to some other request
     /// (wrong id or opcode) becomes [`ClientError::UnexpectedResponse`].
     pub fn call(&mut self, request: &Request) -> Result<Response, ClientError> {
+        self.check_in_step()?;
+        let result = self.call_once(request);
+        self.note_failure(&result);
+        result
+    }
+
+    fn call_once(&mut self, request: &Request) -> Result<Response, ClientError> {
         let request_id = self.take_request_id();
         self.out.clear();
         request.encode(request_id, &mut self.out);
@@ -363,6 +382,42 @@ impl Client {
     /// [`MAX_PIPELINE_BYTES`] together: a bigger batch could fill both
     /// directions' socket buffers while each side waits for the other.
     pub fn pipeline(
+        &mut self,
+        requests: &[Request],
+    ) -> Result<Vec<Result<Response, ClientError>>, ClientError> {
+        self.check_in_step()?;
+        let result = self.pipeline_once(requests);
+        self.note_failure(&result);
+        result
+    }
+
+    /// Refuses a call on a connection an earlier error left out of step.
+    fn check_in_step(&self) -> Result<(), ClientError> {
+        match &self.broken {
+            Some(why) => Err(ClientError::Io(io::Error::new(
+                io::ErrorKind::NotConnected,
+                format!(
+                    "this connection is out of step with cubed since an earlier error ({why}); \
+                     connect again"
+                ),
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Marks the connection out of step after any error but a refusal by
+    /// the server (a whole answer, read in step) or a request refused
+    /// before anything was sent.
+    fn note_failure<T>(&mut self, result: &Result<T, ClientError>) {
+        if let Err(e) = result
+            && !matches!(e, ClientError::Server(_) | ClientError::BadArgument(_))
+            && self.broken.is_none()
+        {
+            self.broken = Some(e.to_string());
+        }
+    }
+
+    fn pipeline_once(
         &mut self,
         requests: &[Request],
     ) -> Result<Vec<Result<Response, ClientError>>, ClientError> {
@@ -446,7 +501,13 @@ impl Client {
     ) -> Result<(FrameHeader, Result<Response, ServerError>), ClientError> {
         let header = frame::read_frame(&mut self.reader, &self.limits, &mut self.body)?;
         header.verify_body(&self.body)?;
-        let outcome = Response::decode(&header, &self.body, &self.limits)
+        // A stored value may be longer than today's value limit (stored
+        // before the limit was lowered): answers are bounded by the frame.
+        let answer_limits = Limits {
+            max_frame_bytes: self.limits.max_frame_bytes,
+            max_value_bytes: self.limits.max_frame_bytes,
+        };
+        let outcome = Response::decode(&header, &self.body, &answer_limits)
             .map_err(|e| ClientError::Protocol(ProtocolError::Decode(e)))?;
         Ok((header, outcome))
     }
@@ -754,30 +815,49 @@ mod tests {
 
     #[test]
     fn answers_to_other_requests_are_refused() {
+        // An answer under another request's id, then one of another kind:
+        // each is refused, and leaves its connection out of step.
+        for wrong_id in [true, false] {
+            let (_dir, path, server) = fake_server(move |mut s| {
+                let (h, _) = read_request(&mut s);
+                send(&mut s, &hello_answer(PROTOCOL_VERSION, 10), h.request_id);
+                let (h, _) = read_request(&mut s);
+                if wrong_id {
+                    send(&mut s, &Response::Pong, h.request_id + 7);
+                } else {
+                    send(&mut s, &Response::Get(None), h.request_id);
+                }
+                let mut sink = [0u8; 64];
+                while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+            });
+            let mut client = Client::connect(&path).unwrap();
+            let err = client.ping().unwrap_err();
+            assert!(matches!(err, ClientError::UnexpectedResponse(_)), "{err:?}");
+            let err = client.ping().unwrap_err();
+            assert!(err.to_string().contains("out of step"), "{err}");
+            drop(client);
+            server.join().unwrap();
+        }
+        // A refusal is a whole answer, read in step: the connection goes on.
         let (_dir, path, server) = fake_server(|mut s| {
             let (h, _) = read_request(&mut s);
             send(&mut s, &hello_answer(PROTOCOL_VERSION, 10), h.request_id);
-            let (h, _) = read_request(&mut s);
-            send(&mut s, &Response::Pong, h.request_id + 7);
-            let (h, _) = read_request(&mut s);
-            send(&mut s, &Response::Get(None), h.request_id);
             let (h, _) = read_request(&mut s);
             let e = ServerError::new(ErrorCode::NoSuchNamespace, "no such namespace \"x\"");
             let mut out = Vec::new();
             Response::encode_error(h.opcode, h.request_id, &e, &mut out);
             s.write_all(&out).unwrap();
+            let (h, _) = read_request(&mut s);
+            send(&mut s, &Response::Pong, h.request_id);
         });
         let mut client = Client::connect(&path).unwrap();
-        let err = client.ping().unwrap_err();
-        assert!(matches!(err, ClientError::UnexpectedResponse(_)), "{err:?}");
-        let err = client.call(&Request::Ping).unwrap_err();
-        assert!(matches!(err, ClientError::UnexpectedResponse(_)), "{err:?}");
         let err = client.get("x", Coord::new(1, 2, 3)).unwrap_err();
         assert_eq!(
             err.server_code(),
             Some(ErrorCode::NoSuchNamespace),
             "{err:?}"
         );
+        client.ping().unwrap();
         server.join().unwrap();
     }
 
@@ -794,6 +874,32 @@ mod tests {
         client.set_timeout(Some(Duration::from_millis(50))).unwrap();
         let err = client.ping().unwrap_err();
         assert!(matches!(err, ClientError::Io(_)), "{err:?}");
+        drop(client);
+        server.join().unwrap();
+    }
+
+    /// After a timeout the connection is out of step: the late answer to
+    /// the timed-out request must never be taken for the next request's
+    /// (found by review: the client carried on and misread what followed).
+    #[test]
+    fn a_connection_out_of_step_refuses_later_calls() {
+        let (_dir, path, server) = fake_server(|mut s| {
+            let (h, _) = read_request(&mut s);
+            send(&mut s, &hello_answer(PROTOCOL_VERSION, 10), h.request_id);
+            // Answer the ping late, after the client gave up on it.
+            let (h, _) = read_request(&mut s);
+            thread::sleep(Duration::from_millis(200));
+            send(&mut s, &Response::Pong, h.request_id);
+            let mut sink = [0u8; 64];
+            while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+        });
+        let mut client = Client::connect(&path).unwrap();
+        client.set_timeout(Some(Duration::from_millis(50))).unwrap();
+        assert!(client.ping().is_err());
+        thread::sleep(Duration::from_millis(300));
+        client.set_timeout(Some(Duration::from_secs(5))).unwrap();
+        let err = client.ping().unwrap_err();
+        assert!(err.to_string().contains("out of step"), "{err}");
         drop(client);
         server.join().unwrap();
     }
