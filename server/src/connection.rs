@@ -32,6 +32,11 @@ use crate::write_reply::{MAX_PIPELINED_WRITES, PendingReply, deliver};
 /// into the body buffer.
 const READ_BUFFER_BYTES: usize = 64 * 1024;
 
+/// What a connection's body and answer buffers keep between requests; a
+/// bigger one is shrunk back after its request (a realloc per big request,
+/// nothing per ordinary one).
+const KEEP_BUFFER_BYTES: usize = 1024 * 1024;
+
 /// A connection that has waited this long for its next frame lets go of
 /// its namespace memo, whose base reader may hold a run that a merge or a
 /// drop has since replaced (`NamespaceMemo::forget`); a busy connection
@@ -154,6 +159,8 @@ impl Connection {
 
     fn serve(&mut self) -> Close {
         loop {
+            // Here, so every way round the loop (answers, refusals) passes.
+            self.release_big_buffers();
             let header = match self.next_frame() {
                 Ok(header) => header,
                 Err(close) => return close,
@@ -281,6 +288,18 @@ impl Connection {
             }
             let latency_us = started.elapsed().as_micros() as u64;
             self.shared.stats.record(opcode, latency_us, result.is_ok());
+        }
+    }
+
+    /// Gives back what one big frame or answer grew the buffers to: a
+    /// connection that once sent 16 MiB (even a frame then refused) would
+    /// otherwise hold it until it closes, and there may be a thousand.
+    fn release_big_buffers(&mut self) {
+        for buffer in [&mut self.body, &mut self.out] {
+            if buffer.capacity() > KEEP_BUFFER_BYTES {
+                buffer.clear();
+                buffer.shrink_to(KEEP_BUFFER_BYTES);
+            }
         }
     }
 
