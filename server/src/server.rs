@@ -95,6 +95,7 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
     if UnixStream::connect(&socket_path).is_ok() {
         return Err(DaemonError::AlreadyRunning(socket_path));
     }
+    ensure_file_descriptors(args.max_connections);
     if args.sync == SyncPolicy::Never {
         warn!(
             "--sync never: writes are NEVER fsynced; a crash of the machine loses acknowledged writes. Benchmarks only."
@@ -186,6 +187,45 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
     let _ = fs::remove_file(&socket_path);
     shutdown(&shared);
     Ok(())
+}
+
+/// File descriptors a connection holds (its socket, the clones its
+/// reader and the writer's answers use) and what the daemon needs besides
+/// (log segments, checkpoint files, the listener, the poll).
+const FDS_PER_CONNECTION: u64 = 4;
+const FDS_BESIDES_CONNECTIONS: u64 = 256;
+
+/// Raises the soft open-file limit towards what `max_connections` needs,
+/// up to the hard limit. Below it, a connection past the descriptors would
+/// be reset with no word (the cap's refusal frame needs a descriptor too),
+/// and a common soft limit of 1024 runs out at about 250 connections.
+fn ensure_file_descriptors(max_connections: usize) {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let needed = max_connections as u64 * FDS_PER_CONNECTION + FDS_BESIDES_CONNECTIONS;
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return;
+    };
+    if soft >= needed {
+        return;
+    }
+    let raised = needed.min(hard);
+    let now = match setrlimit(Resource::RLIMIT_NOFILE, raised, hard) {
+        Ok(()) => raised,
+        Err(_) => soft,
+    };
+    if now < needed {
+        warn!(
+            "--max-connections {max_connections} needs about {needed} open files, but the limit is \
+             {now} (hard limit {hard}): past about {} connections new clients will be cut off; \
+             raise the limit (ulimit -n, or LimitNOFILE= in the service unit) or lower \
+             --max-connections",
+            now.saturating_sub(FDS_BESIDES_CONNECTIONS) / FDS_PER_CONNECTION
+        );
+    } else {
+        info!(
+            "raised the open-file limit from {soft} to {now} for --max-connections {max_connections}"
+        );
+    }
 }
 
 fn log_recovery(engine: &Engine) {

@@ -274,3 +274,41 @@ fn sigterm_during_a_connect_flood_stops_the_daemon_promptly() {
     assert!(status.unwrap().success());
     assert!(took < Duration::from_secs(20), "shutdown took {took:?}");
 }
+
+/// Started under a low soft open-file limit, cubed raises it towards what
+/// --max-connections needs (4 per connection plus 256), up to the hard
+/// limit (found by review: at a soft limit of 1024, clients past about 250
+/// connections were reset with no word).
+#[test]
+fn a_low_open_file_limit_is_raised_for_the_connection_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, socket) = (dir.path().join("data"), dir.path().join("cubed.sock"));
+    let cubed = LocalDaemon::find_binary().unwrap();
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -Sn 128 && exec \"$0\" --data \"$1\" --socket \"$2\" --max-connections 1000")
+        .arg(&cubed)
+        .arg(&data)
+        .arg(&socket)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !socket.exists() {
+        assert!(Instant::now() < deadline, "cubed did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", child.id())).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let numbers: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let (soft, hard) = (numbers[0], numbers[1]);
+    assert_eq!(soft, (1000 * 4 + 256).min(hard), "{line}");
+}
