@@ -974,3 +974,100 @@ fn two_copies_of_a_data_dir_never_seal_under_the_same_key() {
         run.kill9().unwrap();
     }
 }
+
+/// Rewrites a WAL segment record by record: `change` may replace a record
+/// (given its LSN and decoded mutation, for plaintext records) by another
+/// encoding; every other record is copied byte for byte, sealed ones
+/// included (their checksums and AAD do not depend on their offsets).
+fn rewrite_segment(
+    segment: &Path,
+    mut change: impl FnMut(u64, Option<&cube_store::Mutation>, bool) -> Option<cube_store::Mutation>,
+) {
+    use cube_store::wal::record::{decode_record, encode_record, parse_record};
+    let good = fs::read(segment).unwrap();
+    let mut out = good[..SEGMENT_HEADER_BYTES].to_vec();
+    for at in record_offsets(&good) {
+        let record = parse_record(&good[at..]).unwrap();
+        let sealed = record.kind & SEALED_RECORD_BIT != 0;
+        let plain = (!sealed).then(|| decode_record(&record, None).unwrap());
+        match change(record.lsn, plain.as_ref(), sealed) {
+            Some(mutation) => encode_record(&mut out, record.lsn, &mutation, record.group_end),
+            None => out.extend_from_slice(&good[at..at + record.total_bytes]),
+        }
+    }
+    out.resize(good.len().max(out.len()), 0);
+    fs::write(segment, &out).unwrap();
+}
+
+/// Without the key, a plaintext record put in the place of a sealed one
+/// (checksum right) would be taken as the namespace's data; cubed seals
+/// every record of an encrypted namespace, so an unsealed one there is
+/// refused as corruption (found by review: `get` returned the forgery).
+#[test]
+fn a_plaintext_record_in_an_encrypted_namespace_is_refused() {
+    let setup = Setup::new();
+    let mut daemon = setup.start();
+    let mut c = daemon.client().unwrap();
+    create(&mut c, "secret", true);
+    for i in 0..5 {
+        c.put("secret", Coord::new(i, 0, 0), b"sealed").unwrap();
+    }
+    drop(c);
+    daemon.kill9().unwrap();
+    let segment = wal_segments(&setup.data())[0].clone();
+    let last_sealed = {
+        let bytes = fs::read(&segment).unwrap();
+        let at = *record_offsets(&bytes).last().unwrap();
+        assert_ne!(bytes[at + 16] & SEALED_RECORD_BIT, 0);
+        u64::from_le_bytes(bytes[at + 8..at + 16].try_into().unwrap())
+    };
+    rewrite_segment(&segment, |lsn, _, _| {
+        (lsn == last_sealed).then(|| cube_store::Mutation::Put {
+            ns: name("secret"),
+            coord: Coord::new(4, 0, 0),
+            value: b"FORGED".to_vec(),
+        })
+    });
+    let (code, text) = setup.refused(&["--key-file", setup.key().to_str().unwrap()]);
+    assert!(matches!(code, Some(c) if c != 0), "exit {code:?}: {text}");
+    assert!(
+        text.contains("corruption") && text.contains("unsealed record in encrypted namespace"),
+        "{text}"
+    );
+}
+
+/// Clearing the `encrypted` flag of a namespace in its create record
+/// (checksum right) would make its later writes plaintext while its sealed
+/// records still opened; a sealed record in a namespace the metadata calls
+/// unencrypted is refused as corruption (found by review).
+#[test]
+fn an_encrypted_flag_cleared_on_disk_is_refused() {
+    let setup = Setup::new();
+    let mut daemon = setup.start();
+    let mut c = daemon.client().unwrap();
+    create(&mut c, "secret", true);
+    c.put("secret", Coord::new(1, 1, 1), b"sealed").unwrap();
+    drop(c);
+    daemon.kill9().unwrap();
+    let segment = wal_segments(&setup.data())[0].clone();
+    let mut cleared = false;
+    rewrite_segment(&segment, |_, plain, _| match plain {
+        Some(cube_store::Mutation::NamespaceCreate { ns, meta }) if meta.encrypted => {
+            cleared = true;
+            let mut meta = meta.clone();
+            meta.encrypted = false;
+            Some(cube_store::Mutation::NamespaceCreate {
+                ns: ns.clone(),
+                meta,
+            })
+        }
+        _ => None,
+    });
+    assert!(cleared, "the create record was in the segment");
+    let (code, text) = setup.refused(&["--key-file", setup.key().to_str().unwrap()]);
+    assert!(matches!(code, Some(c) if c != 0), "exit {code:?}: {text}");
+    assert!(
+        text.contains("corruption") && text.contains("metadata was altered"),
+        "{text}"
+    );
+}

@@ -23,7 +23,7 @@ use crate::mutation::Mutation;
 use crate::stats::{StoreStats, StoreStatsSnapshot};
 use crate::storage::{RealDisk, Storage};
 use crate::wal::segment::WalSegment;
-use crate::wal::{RecoveryOptions, RecoveryReport, list_segments, recover};
+use crate::wal::{RecoveryOptions, RecoveryReport, SealingRule, list_segments, recover_with};
 
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -252,12 +252,20 @@ impl Engine {
             duration: load_started.elapsed(),
         };
 
-        let recovery = recover(
+        // The log must seal exactly the records of the namespaces that are
+        // encrypted at each point, starting from the checkpoint's.
+        let mut sealing = SealingRule::new(
+            mem.namespace_list()
+                .into_iter()
+                .map(|(ns, meta)| (ns, meta.encrypted)),
+        );
+        let recovery = recover_with(
             storage.as_ref(),
             &wal_dir,
             checkpoints.checkpoint_lsn(),
             &config.recovery,
             keyring.as_deref(),
+            &mut sealing,
             |_lsn, mutation| applier.push(mutation),
         )?;
         applier.flush();

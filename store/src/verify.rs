@@ -161,6 +161,7 @@ pub fn verify_data_dir_with_key(
             is_last,
             0,
             keyring.as_deref(),
+            None,
             &mut |_, _| {},
             &mut counts,
         ) {

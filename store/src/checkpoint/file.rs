@@ -297,7 +297,9 @@ impl<'a> CheckpointWriter<'a> {
 }
 
 /// Sees one entry, borrowed from the block buffer: key, and value or tombstone.
-type EntryVisitor<'a> = dyn FnMut(&[u8], Option<&[u8]>) + 'a;
+/// Key, value (`None`: a deletion), and whether the entry came from a
+/// sealed block.
+type EntryVisitor<'a> = dyn FnMut(&[u8], Option<&[u8]>, bool) + 'a;
 
 /// A state entry as stored: key, and value or tombstone.
 pub(crate) type Entry = (Vec<u8>, Option<Vec<u8>>);
@@ -522,15 +524,18 @@ impl<'k> CheckpointReader<'k> {
     /// block checksums are confirmed).
     pub(crate) fn next_entry(&mut self) -> Result<Option<Entry>, StoreError> {
         let mut entry = None;
-        self.visit_next(&mut |key, value| entry = Some((key.to_vec(), value.map(<[u8]>::to_vec))))?;
+        self.visit_next(&mut |key, value, _| {
+            entry = Some((key.to_vec(), value.map(<[u8]>::to_vec)));
+        })?;
         Ok(entry)
     }
 
     /// Calls `visit` with every remaining entry, borrowing key and value
-    /// from the block buffer: no allocation per entry, for bulk loads.
+    /// from the block buffer: no allocation per entry, for bulk loads; the
+    /// flag says whether the entry's block was sealed.
     pub(crate) fn for_each_entry(
         &mut self,
-        mut visit: impl FnMut(&[u8], Option<&[u8]>),
+        mut visit: impl FnMut(&[u8], Option<&[u8]>, bool),
     ) -> Result<(), StoreError> {
         while self.visit_next(&mut visit)? {}
         Ok(())
@@ -599,7 +604,7 @@ impl<'k> CheckpointReader<'k> {
         let last = self.last_key.get_or_insert_with(Vec::new);
         last.clear();
         last.extend_from_slice(key);
-        visit(key, value);
+        visit(key, value, self.block_seal.is_some());
         self.block_pos += used;
         self.entries += 1;
         Ok(true)

@@ -36,7 +36,7 @@ use crate::memstore::SortedCells;
 use crate::mutation::Mutation;
 use crate::namespace::{NamespaceCatalog, check_namespace_key};
 use crate::storage::Storage;
-use crate::wal::{list_segments, read_closed_segment};
+use crate::wal::{SealingRule, list_segments, read_closed_segment};
 use cube_protocol::NamespaceName;
 use file::{BlockSealer, CheckpointReader, CheckpointWriter, FileHeader, FileKind};
 use manifest::{MAX_DELTAS, Manifest, base_file_name, delta_file_name};
@@ -274,11 +274,39 @@ impl CheckpointStore {
             let mut run: Option<NamespaceRun> = None;
             let mut failure: Option<StoreError> = None;
             let is_base = expected_kind == FileKind::Base;
-            let read = reader.for_each_entry(|key, value| {
+            let read = reader.for_each_entry(|key, value, sealed| {
                 if failure.is_some() {
                     return;
                 }
                 entries += 1;
+                // Sealed exactly when its namespace is encrypted (the
+                // namespace entries, tag 0x01, come first and are plain).
+                if let Some(ns_id) = entry_ns_id(key)
+                    && key.first() != Some(&TAG_NAMESPACE)
+                    && let Some(meta) = catalog.meta_of(ns_id)
+                    && meta.encrypted != sealed
+                {
+                    failure = Some(bad_entry(if sealed {
+                        format!(
+                            "a sealed block of namespace {:?}, whose metadata says it is not \
+                             encrypted: the metadata was altered",
+                            catalog
+                                .name_of(ns_id)
+                                .map(|n| n.as_str().to_owned())
+                                .unwrap_or_default()
+                        )
+                    } else {
+                        format!(
+                            "an unsealed entry of encrypted namespace {:?}: cubed seals every \
+                             block of it, so this one was written by something else",
+                            catalog
+                                .name_of(ns_id)
+                                .map(|n| n.as_str().to_owned())
+                                .unwrap_or_default()
+                        )
+                    }));
+                    return;
+                }
                 if is_base
                     && let (Some((ns_id, morton)), Some(value)) = (cell_key_parts(key), value)
                 {
@@ -400,18 +428,32 @@ impl CheckpointStore {
             .map(|(_, meta)| meta.id)
             .collect();
         let mut unknown: Option<(PathBuf, u64, NamespaceName)> = None;
+        let mut sealing = SealingRule::new(
+            self.catalog
+                .iter()
+                .map(|(ns, meta)| (ns.clone(), meta.encrypted)),
+        );
+        let mut wrongly_sealed: Option<(PathBuf, u64, String)> = None;
         let keyring = self.keyring.clone();
         for (_, path) in &closed {
             read_closed_segment(
                 self.storage.as_ref(),
                 path,
                 keyring.as_deref(),
-                |lsn, mutation| {
-                    if lsn < expected || out_of_order.is_some() || unknown.is_some() {
+                |lsn, mutation, sealed| {
+                    if lsn < expected
+                        || out_of_order.is_some()
+                        || unknown.is_some()
+                        || wrongly_sealed.is_some()
+                    {
                         return;
                     }
                     if lsn != expected {
                         out_of_order = Some((path.clone(), expected, lsn));
+                        return;
+                    }
+                    if let Err(reason) = sealing.check(&mutation, sealed) {
+                        wrongly_sealed = Some((path.clone(), lsn, reason));
                         return;
                     }
                     expected += 1;
@@ -440,6 +482,13 @@ impl CheckpointStore {
                     }
                 },
             )?;
+        }
+        if let Some((path, lsn, reason)) = wrongly_sealed {
+            return Err(StoreError::Corruption {
+                path,
+                offset: 0,
+                reason: format!("record at LSN {lsn}: {reason}"),
+            });
         }
         if let Some((path, lsn, ns)) = unknown {
             return Err(StoreError::Corruption {

@@ -8,8 +8,12 @@
 pub mod preallocator;
 pub mod record;
 pub mod recovery;
+pub mod sealing_rule;
 pub mod segment;
 
 pub use preallocator::SegmentPreallocator;
-pub use recovery::{RecoveryOptions, RecoveryReport, list_segments, read_closed_segment, recover};
+pub use recovery::{
+    RecoveryOptions, RecoveryReport, list_segments, read_closed_segment, recover, recover_with,
+};
+pub use sealing_rule::SealingRule;
 pub use segment::WalSegment;

@@ -35,6 +35,7 @@ use crate::wal::record::{
     GROUP_END_BIT, MAX_RECORD_PAYLOAD_BYTES, RECORD_HEADER_BYTES, RecordOpenError, SEALED_BIT,
     decode_record, parse_record,
 };
+use crate::wal::sealing_rule::SealingRule;
 use crate::wal::segment::{
     PREPARED_SUFFIX, SEGMENT_HEADER_BYTES, parse_segment_file_name, parse_segment_header,
 };
@@ -117,6 +118,30 @@ pub fn recover(
     checkpoint_lsn: u64,
     options: &RecoveryOptions,
     keyring: Option<&Keyring>,
+    apply: impl FnMut(u64, Mutation),
+) -> Result<RecoveryReport, StoreError> {
+    let mut rule = SealingRule::default();
+    recover_with(
+        storage,
+        wal_dir,
+        checkpoint_lsn,
+        options,
+        keyring,
+        &mut rule,
+        apply,
+    )
+}
+
+/// [`recover`], checking each replayed record against `rule` (seeded with
+/// the namespaces of the checkpoint): a data record of an encrypted
+/// namespace must be sealed, and no other may be.
+pub fn recover_with(
+    storage: &dyn Storage,
+    wal_dir: &Path,
+    checkpoint_lsn: u64,
+    options: &RecoveryOptions,
+    keyring: Option<&Keyring>,
+    rule: &mut SealingRule,
     mut apply: impl FnMut(u64, Mutation),
 ) -> Result<RecoveryReport, StoreError> {
     let started = Instant::now();
@@ -187,6 +212,7 @@ pub fn recover(
                 is_last,
                 checkpoint_lsn,
                 keyring,
+                Some(&mut *rule),
                 &mut apply,
                 &mut report,
             )
@@ -317,6 +343,7 @@ pub(crate) fn replay_segment(
     is_last: bool,
     checkpoint_lsn: u64,
     keyring: Option<&Keyring>,
+    mut rule: Option<&mut SealingRule>,
     apply: &mut impl FnMut(u64, Mutation),
     report: &mut RecoveryReport,
 ) -> Result<SegmentEnd, ReplayStop> {
@@ -372,6 +399,13 @@ pub(crate) fn replay_segment(
                 if let Mutation::NamespaceCreate { ns, meta } = &mutation {
                     check_namespace_key(ns, meta, keyring)
                         .map_err(|e| ReplayStop::Key(e.to_string()))?;
+                }
+                // Only past the checkpoint: the rule starts from its state.
+                if record.lsn > checkpoint_lsn
+                    && let Some(rule) = rule.as_deref_mut()
+                {
+                    rule.check(&mutation, record.kind & SEALED_BIT != 0)
+                        .map_err(|reason| ReplayStop::Damage(offset as u64, reason, committed))?;
                 }
                 pending.push((record.lsn, mutation));
                 next_lsn += 1;
@@ -629,13 +663,13 @@ fn repair_at(
 }
 
 /// Reads every record of a closed segment (one the writer has moved past
-/// and synced), for the checkpointer. Any damage is corruption here: a
+/// and synced), for the checkpointer, with whether it was sealed. Any damage is corruption here: a
 /// closed segment has no torn tail, only preallocated zeros.
 pub fn read_closed_segment(
     storage: &dyn Storage,
     path: &Path,
     keyring: Option<&Keyring>,
-    mut each: impl FnMut(u64, Mutation),
+    mut each: impl FnMut(u64, Mutation, bool),
 ) -> Result<u64, StoreError> {
     let bytes = storage
         .read_file(path)
@@ -656,7 +690,7 @@ pub fn read_closed_segment(
                     RecordOpenError::Damage(reason) => corrupt(offset as u64, reason),
                     RecordOpenError::Key(reason) => StoreError::Key(reason),
                 })?;
-                each(record.lsn, mutation);
+                each(record.lsn, mutation, record.kind & SEALED_BIT != 0);
                 next_lsn += 1;
                 offset += record.total_bytes;
                 inside_group = !record.group_end;
