@@ -118,10 +118,16 @@ impl NamespaceCells {
     }
 
     pub(crate) fn usage(&self) -> Usage {
+        // One lock at a time, each released at the end of its statement: in
+        // one struct literal the cells guard lived on while the edges lock
+        // was taken, against the lock order, and deadlocked the writer
+        // (which holds `edges` and then wants `cells`).
+        let edges = read(&self.edges).edge_count();
+        let cells = read(&self.cells).len() as u64;
         Usage {
-            cells: read(&self.cells).len() as u64,
+            cells,
             bytes: self.value_bytes.load(Ordering::Relaxed),
-            edges: read(&self.edges).edge_count(),
+            edges,
         }
     }
 }
@@ -969,6 +975,32 @@ mod tests {
             assert_eq!(table, gone);
             assert_eq!(memo_read(&store, &mut memo, &ns, c), gone);
         }
+    }
+
+    /// `usage` (for `stats`, `ns info`, `ns drop`) never holds the cells'
+    /// lock while it waits for the graph's, which the writer takes first
+    /// (found by review: a `stats` under writes deadlocked the writer).
+    #[test]
+    fn usage_keeps_the_lock_order_of_the_writer() {
+        let store = Arc::new(MemStore::new());
+        let ns = NamespaceName::new("ordered").unwrap();
+        store.apply(&create(&ns, 50));
+        let space = store.namespace(&ns).unwrap();
+        let writer_graph = write(&space.edges);
+        let reader = {
+            let store = Arc::clone(&store);
+            let ns = ns.clone();
+            std::thread::spawn(move || store.namespace_usage(&ns))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(!reader.is_finished(), "usage waits for the graph");
+        // What the writer does next: take the cells with the graph held.
+        assert!(
+            space.cells.try_write().is_ok(),
+            "usage holds the cells' lock while it waits for the graph's"
+        );
+        drop(writer_graph);
+        assert!(reader.join().unwrap().is_some());
     }
 
     #[test]
