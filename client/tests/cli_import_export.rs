@@ -665,3 +665,37 @@ fn import_a_million_cells() {
     assert_eq!(out.stdout.len(), text.len());
     assert_eq!(report["cells"], u64::from(CELLS));
 }
+
+/// A quote inside an unquoted CSV field is text: it must not open a
+/// quoted field that swallows the records after it (found by review: with
+/// --skip-bad, three good records were dropped and the import exited 0).
+#[test]
+fn a_quote_inside_an_unquoted_csv_field_is_text() {
+    let daemon = LocalDaemon::start_fresh(&[]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("inches.csv");
+    std::fs::write(
+        &file,
+        "x,y,z,value\n0,0,0,ok\n1,0,0,5\" screen\n2,0,0,two\n3,0,0,\"multi\nline\"\n4,0,0,four\n",
+    )
+    .unwrap();
+    let out = cubec(
+        daemon.socket(),
+        &["import", "default", file.to_str().unwrap()],
+    );
+    assert_exit(&out, 0);
+    let mut c = daemon.client().unwrap();
+    for (x, want) in [
+        (0, &b"ok"[..]),
+        (1, b"5\" screen"),
+        (2, b"two"),
+        (3, b"multi\nline"),
+        (4, b"four"),
+    ] {
+        assert_eq!(
+            c.get("default", Coord::new(x, 0, 0)).unwrap().as_deref(),
+            Some(want),
+            "cell {x}"
+        );
+    }
+}

@@ -478,6 +478,35 @@ fn check_sizes(op: &BatchOp, max_value_bytes: usize) -> Result<(), String> {
 
 /// The fields of one CSV record (RFC 4180: `""` is a quote inside a quoted
 /// field, and a quoted field may hold commas and line breaks).
+/// Whether `record` (one or more lines) ends inside a quoted CSV field,
+/// read as [`csv_fields`] reads it: a field is quoted only if it starts
+/// with `"`; inside, `""` is a quote and `"` closes it.
+fn ends_inside_quoted_field(record: &[u8]) -> bool {
+    let (mut quoted, mut at_field_start) = (false, true);
+    let mut bytes = record.iter().peekable();
+    while let Some(&b) = bytes.next() {
+        if quoted {
+            if b == b'"' {
+                if bytes.peek() == Some(&&b'"') {
+                    bytes.next();
+                } else {
+                    quoted = false;
+                }
+            }
+            continue;
+        }
+        match b {
+            b'"' if at_field_start => {
+                quoted = true;
+                at_field_start = false;
+            }
+            b',' | b'\n' => at_field_start = true,
+            _ => at_field_start = false,
+        }
+    }
+    quoted
+}
+
 fn csv_fields(record: &str) -> Result<Vec<String>, String> {
     let mut fields = Vec::with_capacity(4);
     let mut chars = record.chars().peekable();
@@ -628,10 +657,10 @@ impl RecordReader {
         let line = self.line;
         if self.format == Format::Csv {
             // A quoted field may hold line breaks: the record goes on
-            // until its quotes balance (a doubled quote counts twice).
-            while self.buf.iter().filter(|&&b| b == b'"').count() % 2 == 1
-                && self.buf.len() <= self.max_record_bytes
-            {
+            // while one is open. Only a quote that starts a field opens one
+            // (as `csv_fields` reads it); a quote inside an unquoted field
+            // is text and must not swallow the lines after it.
+            while ends_inside_quoted_field(&self.buf) && self.buf.len() <= self.max_record_bytes {
                 if !self.read_line()? {
                     break;
                 }
