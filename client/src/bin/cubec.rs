@@ -157,7 +157,8 @@ The box is every cell with X0 <= x <= X1, Y0 <= y <= Y1 and Z0 <= z <= Z1
 (both corners included). Output is one line per cell: `x,y,z<TAB>value`,
 where the value's bytes are printed as text with `\\`, tab, newline, carriage
 return, other control bytes and invalid UTF-8 written as `\\\\`, `\\t`, `\\n`,
-`\\r` and `\\xNN`. With --json, one JSON object per line with the exact bytes in
+`\\r` and `\\xNN`, and other characters that end lines (NEL, U+2028, U+2029)
+as `\\u{NNNN}`. With --json, one JSON object per line with the exact bytes in
 base64. Cells come a page at a time, so any box is fine, even all of space;
 --count counts without transferring values. An empty box prints nothing
 and exits 0.
@@ -691,9 +692,10 @@ fn scan_cell_json(coord: Coord, value: &[u8]) -> String {
 }
 
 /// Appends `value` as one line of text: valid UTF-8 as is, except that the
-/// backslash, tab, newline, carriage return and other control bytes, and
-/// bytes that are not UTF-8, become escapes, so every cell stays one line
-/// and nothing is lost.
+/// backslash, tab, newline, carriage return and other control bytes
+/// (`\xNN`), other control characters and the Unicode line and paragraph
+/// separators (`\u{NNNN}`), and bytes that are not UTF-8 become escapes, so
+/// every cell stays one line and nothing is lost.
 fn escape_value(value: &[u8], out: &mut Vec<u8>) {
     for chunk in value.utf8_chunks() {
         for ch in chunk.valid().chars() {
@@ -704,6 +706,11 @@ fn escape_value(value: &[u8], out: &mut Vec<u8>) {
                 '\r' => out.extend_from_slice(b"\\r"),
                 c if c.is_control() && c.is_ascii() => {
                     out.extend_from_slice(format!("\\x{:02x}", c as u32).as_bytes());
+                }
+                // Other characters that tools treat as line breaks (NEL,
+                // C1 controls, the line and paragraph separators).
+                c if c.is_control() || c == '\u{2028}' || c == '\u{2029}' => {
+                    out.extend_from_slice(format!("\\u{{{:x}}}", c as u32).as_bytes());
                 }
                 c => {
                     let mut buf = [0u8; 4];
@@ -983,6 +990,13 @@ mod tests {
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "a\\tb\\nc\\\\d\\x01\\xffz\u{e9}"
+        );
+        // Characters other tools split lines at (found by review).
+        let mut out = Vec::new();
+        escape_value("\u{85}\u{2028}\u{2029} nel".as_bytes(), &mut out);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "\\u{85}\\u{2028}\\u{2029} nel"
         );
         assert_eq!(
             scan_cell_json(Coord::new(1, -2, 3), b"hi"),

@@ -871,9 +871,15 @@ fn reason_of(error: &ClientError) -> String {
         ClientError::Server(e) => e.message.clone(),
         other => other.to_string(),
     };
-    match text.split_once("): ") {
+    let text = match text.split_once("): ") {
         Some((prefix, rest)) if prefix.starts_with("op ") => rest.to_owned(),
         _ => text,
+    };
+    // With --skip-bad the rest of the batch is sent again and applied, so
+    // the server's "nothing of the batch was applied" would mislead.
+    match text.strip_suffix("; nothing of the batch was applied") {
+        Some(reason) => reason.to_owned(),
+        None => text,
     }
 }
 
