@@ -419,3 +419,24 @@ fn help_documents_exit_codes_and_examples() {
         );
     }
 }
+
+/// With --json a failure is a JSON object on stdout too, with the exit
+/// code and the message (found by review: scripts got nothing to parse).
+#[test]
+fn json_failures_are_json_on_stdout() {
+    let daemon = start();
+    let out = cubec(daemon.socket(), &["--json", "get", "nosuch", "1,2,3"], b"");
+    assert_exit(&out, 3);
+    let answer: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(answer["ok"], false);
+    assert_eq!(answer["exit"], 3);
+    assert!(
+        answer["error"].as_str().unwrap().contains("nosuch"),
+        "{answer}"
+    );
+    let gone = daemon.socket().with_extension("gone");
+    let out = cubec(&gone, &["--json", "ping"], b"");
+    assert_exit(&out, 4);
+    let answer: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(answer["exit"], 4);
+}

@@ -310,6 +310,9 @@ fn parse_namespace_arg(text: &str) -> Result<NamespaceName, String> {
 struct Failure {
     code: u8,
     message: String,
+    /// The command already printed its own JSON answer saying so (an
+    /// import's summary), so `--json` adds no failure object.
+    reported_as_json: bool,
 }
 
 impl Failure {
@@ -317,6 +320,7 @@ impl Failure {
         Failure {
             code: EXIT_USAGE,
             message,
+            reported_as_json: false,
         }
     }
 }
@@ -332,7 +336,11 @@ impl From<ClientError> for Failure {
             Some(step) => format!("{error}; {step}"),
             None => error.to_string(),
         };
-        Failure { code, message }
+        Failure {
+            code,
+            message,
+            reported_as_json: false,
+        }
     }
 }
 
@@ -399,9 +407,23 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(failure) => {
             eprintln!("cubec: {}", failure.message);
+            if cli.json && !failure.reported_as_json {
+                // Scripts read stdout: a failure is an object there too.
+                println!("{}", failure_json(&failure));
+            }
             ExitCode::from(failure.code)
         }
     }
+}
+
+/// `{"ok":false,"exit":N,"error":"..."}`: what `--json` prints on stdout
+/// when a command fails (the message also goes to stderr, as without it).
+fn failure_json(failure: &Failure) -> String {
+    format!(
+        "{{\"ok\":false,\"exit\":{},\"error\":{}}}",
+        failure.code,
+        json::string(&failure.message)
+    )
 }
 
 fn run(cli: &Cli) -> Result<u8, Failure> {

@@ -369,6 +369,7 @@ fn failure(error: ClientError, name: &NamespaceName, doing: Doing) -> Failure {
     Failure {
         code: EXIT_SERVER,
         message: format!("{error}; {step}"),
+        reported_as_json: false,
     }
 }
 

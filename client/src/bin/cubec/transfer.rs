@@ -1100,7 +1100,11 @@ pub(crate) fn import(
     super::emit(out, text.as_bytes())?;
     match failure {
         None => Ok(0),
-        Some((code, _, message)) => Err(Failure { code, message }),
+        Some((code, _, message)) => Err(Failure {
+            code,
+            message,
+            reported_as_json: as_json,
+        }),
     }
 }
 
