@@ -3,6 +3,10 @@
 //! traffic carries on unharmed.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use common::rss_kib;
+
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
@@ -196,15 +200,6 @@ fn each_malformed_frame_gets_its_error_and_others_are_unharmed() {
         !text.contains("panicked"),
         "daemon log shows a panic:\n{text}"
     );
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
 }
 
 /// A connection that once sent a big frame (here 8 MiB, refused for its

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{DumpOnFailure, stat};
+use common::{DumpOnFailure, rss_kib, stat};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
@@ -19,15 +19,6 @@ use std::time::{Duration, Instant};
 use cube_client::{Client, Coord, LocalDaemon, Request};
 use cube_protocol::PROTOCOL_VERSION;
 use cube_protocol::frame::FrameHeader;
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
-}
 
 /// A client that writes and reads back in a loop; any wrong answer panics.
 struct Bystander {

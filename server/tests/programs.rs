@@ -1,6 +1,10 @@
 //! Guards cell programs against a real cubed: syntax errors refused with their line, failed runs applying nothing but still recorded, fuel and memory budgets stopping runaway programs without harming other clients, exact telemetry under concurrency and across kill -9, restart and checkpoint, and every sandbox escape refused.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use common::rss_kib;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
@@ -636,15 +640,6 @@ fn a_plain_find_pays_for_its_worst_case() {
         ])
     );
     assert!(reply.instructions < 100_000, "{}", reply.instructions);
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
 }
 
 #[test]

@@ -17,6 +17,16 @@ pub fn stat(c: &mut Client, name: &str) -> u64 {
     }
 }
 
+/// A process's resident memory, in KiB (`VmRSS` of `/proc/PID/status`).
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
 /// Prints what the daemon was doing when a test fails: its log, and for
 /// each of its threads the name, scheduler state and kernel wait channel,
 /// so a hang (a client timing out) shows which thread was stuck where.
