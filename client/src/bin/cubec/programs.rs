@@ -34,8 +34,9 @@ pub(crate) const RUN_HELP: &str = "\
 Runs the program stored at a cell, atomically, on the daemon: its writes are
 applied together (and durable) or, if it fails, not at all. ARGs reach the
 program as strings (`...`). The result prints as text: nil, true/false, a
-number, a string's bytes, or a table as `KEY<TAB>VALUE` lines; with --json,
-one object with the run's seq, lsn, instructions and cells written.
+number, a string's bytes (followed by a newline unless they end with one;
+--json gives them exactly), or a table as `KEY<TAB>VALUE` lines; with
+--json, one object with the run's seq, lsn, instructions and cells written.
 Exits 3 when the program fails (error, out of fuel, out of memory); the
 failure is still recorded in the cell's telemetry (`cubec stats NS X,Y,Z`).
 
