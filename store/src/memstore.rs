@@ -852,6 +852,26 @@ mod tests {
         memo.forget();
         assert!(memo.is_empty());
     }
+    /// Loads `cells` as `ns`'s base run, as recovery does from a checkpoint
+    /// (Morton namespaces only).
+    fn load_base(store: &MemStore, ns: &NamespaceName, cells: Vec<(Coord, Vec<u8>)>) {
+        let value_bytes = cells.iter().map(|(_, v)| v.len() as u64).sum();
+        let mut keyed: Vec<(u128, CellValue)> = cells
+            .into_iter()
+            .map(|(c, v)| (Curve::Morton.key(c), CellValue::new(&v)))
+            .collect();
+        keyed.sort_unstable_by_key(|(k, _)| *k);
+        let (morton_keys, values) = keyed.into_iter().unzip();
+        assert!(store.load_sorted_cells(
+            ns,
+            SortedCells {
+                morton_keys,
+                values,
+                value_bytes,
+            },
+        ));
+    }
+
     /// Waits (up to 20 s) for the compactor to finish any merge and give
     /// `ns`'s base its index and complete marks, so that memo reads take
     /// the path without the lock.
@@ -874,21 +894,8 @@ mod tests {
         store.apply(&create(&ns, 30));
         let coords: Vec<Coord> = (0..64).map(|i| Coord::new(i, -i, 3)).collect();
         let value = |i: usize| vec![b'a' + (i % 26) as u8; 40];
-        let mut cells: Vec<(u128, CellValue)> = coords
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (Curve::Morton.key(*c), CellValue::new(&value(i))))
-            .collect();
-        cells.sort_unstable_by_key(|(k, _)| *k);
-        let (morton_keys, values) = cells.into_iter().unzip();
-        assert!(store.load_sorted_cells(
-            &ns,
-            SortedCells {
-                morton_keys,
-                values,
-                value_bytes: 64 * 40,
-            },
-        ));
+        let cells = coords.iter().enumerate().map(|(i, c)| (*c, value(i)));
+        load_base(&store, &ns, cells.collect());
         store.index_after_recovery();
         wait_for_marks(&store, &ns);
 
@@ -934,17 +941,7 @@ mod tests {
             let ns = NamespaceName::new("held").unwrap();
             store.apply(&create(&ns, 40));
             let c = Coord::new(2, 3, 4);
-            let mut cells = vec![(Curve::Morton.key(c), CellValue::new(b"old-value"))];
-            cells.sort_unstable_by_key(|(k, _)| *k);
-            let (morton_keys, values) = cells.into_iter().unzip();
-            assert!(store.load_sorted_cells(
-                &ns,
-                SortedCells {
-                    morton_keys,
-                    values,
-                    value_bytes: 9,
-                },
-            ));
+            load_base(&store, &ns, vec![(c, b"old-value".to_vec())]);
             store.index_after_recovery();
             wait_for_marks(&store, &ns);
             let mut memo = NamespaceMemo::default();

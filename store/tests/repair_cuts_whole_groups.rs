@@ -61,16 +61,23 @@ fn replayed(disk: &SimDisk, wal: &Path, repair: bool) -> Result<(Vec<u64>, u64),
     Ok((lsns, report.next_lsn))
 }
 
+/// Writes `bytes` as segment 1 in `wal` and syncs its data (the caller
+/// syncs the directory, which may fail under a fault plan).
+fn write_segment(disk: &SimDisk, wal: &Path, bytes: &[u8]) -> std::path::PathBuf {
+    disk.create_dir_all(wal).unwrap();
+    let path = wal.join(segment_file_name(1));
+    let mut file = disk.open(&path, OpenMode::CreateNew).unwrap();
+    file.write_all_at(bytes, 0).unwrap();
+    file.sync_data().unwrap();
+    path
+}
+
 #[test]
 fn repair_cuts_at_the_start_of_the_damaged_group() {
     let (bytes, damage_at) = damaged_segment();
     let disk = SimDisk::new(FaultPlan::default());
     let wal = Path::new("/regression/data/wal");
-    disk.create_dir_all(wal).unwrap();
-    let path = wal.join(segment_file_name(1));
-    let mut file = disk.open(&path, OpenMode::CreateNew).unwrap();
-    file.write_all_at(&bytes, 0).unwrap();
-    file.sync_data().unwrap();
+    write_segment(&disk, wal, &bytes);
     disk.sync_dir(wal).unwrap();
 
     // Refused, naming the damaged record.
@@ -114,11 +121,7 @@ fn repair_inside_the_checkpoint_resumes_after_it() {
     let (bytes, _) = damaged_segment();
     let disk = SimDisk::new(FaultPlan::default());
     let wal = Path::new("/regression/covered/wal");
-    disk.create_dir_all(wal).unwrap();
-    let path = wal.join(segment_file_name(1));
-    let mut file = disk.open(&path, OpenMode::CreateNew).unwrap();
-    file.write_all_at(&bytes, 0).unwrap();
-    file.sync_data().unwrap();
+    let path = write_segment(&disk, wal, &bytes);
     disk.sync_dir(wal).unwrap();
 
     let mut replayed = Vec::new();
@@ -163,11 +166,7 @@ fn a_power_loss_during_repair_never_loses_what_it_cuts() {
             ..FaultPlan::default()
         });
         let wal = Path::new("/regression/power/wal");
-        disk.create_dir_all(wal).unwrap();
-        let path = wal.join(segment_file_name(1));
-        let mut file = disk.open(&path, OpenMode::CreateNew).unwrap();
-        file.write_all_at(&bytes, 0).unwrap();
-        file.sync_data().unwrap();
+        let path = write_segment(&disk, wal, &bytes);
         if disk.sync_dir(wal).is_err() {
             continue;
         }
