@@ -63,7 +63,9 @@ const FUZZ_LIMITS: Limits = Limits {
 };
 
 const WAL_MAGIC: &[u8; 8] = b"CUBEWAL\0";
-const WAL_HEADER_BYTES: usize = 24;
+/// The segment header of format version 1 (plain CRCs) and 2 (seeded).
+const WAL_V1_HEADER_BYTES: usize = 24;
+const WAL_V2_HEADER_BYTES: usize = 32;
 const RECORD_HEADER_BYTES: usize = 17;
 const CKPT_MAGIC: &[u8; 8] = b"CUBECKPT";
 const CKPT_HEADER_BYTES: usize = 44;
@@ -352,19 +354,34 @@ fn with_store<R>(f: impl FnOnce(&MemStore) -> R) -> R {
 /// Repairs a segment's header checksum, then walks its records (stopping at
 /// an all-zero record header, the preallocated tail), fitting each length
 /// to what is there, numbering LSNs from the header's first LSN, and
-/// repairing each checksum.
+/// repairing each checksum. A header that says version 1 stays version 1
+/// (plain CRCs); any other becomes version 2, its records checksummed from
+/// the header's seed (made nonzero), so both formats get past the checks.
 pub fn fix_segment(segment: &[u8]) -> Vec<u8> {
     let mut out = segment.to_vec();
-    if out.len() < WAL_HEADER_BYTES {
+    let v1 = u32_at(&out, 8) == Some(1);
+    let header_bytes = if v1 {
+        WAL_V1_HEADER_BYTES
+    } else {
+        WAL_V2_HEADER_BYTES
+    };
+    if out.len() < header_bytes {
         return out;
     }
-    let crc = crc32c::crc32c(&out[..20]);
-    put_u32(&mut out, 20, crc);
     let mut lsn = claimed_first_lsn(&out);
     put_u64(&mut out, 12, lsn);
-    let crc = crc32c::crc32c(&out[..20]);
-    put_u32(&mut out, 20, crc);
-    let mut at = WAL_HEADER_BYTES;
+    let seed = if v1 {
+        0
+    } else {
+        put_u32(&mut out, 8, 2);
+        let seed = u32_at(&out, 20).filter(|s| *s != 0).unwrap_or(1);
+        put_u32(&mut out, 20, seed);
+        put_u32(&mut out, 24, 0);
+        seed
+    };
+    let crc = crc32c::crc32c(&out[..header_bytes - 4]);
+    put_u32(&mut out, header_bytes - 4, crc);
+    let mut at = header_bytes;
     while out.len() - at >= RECORD_HEADER_BYTES {
         if out[at..at + RECORD_HEADER_BYTES].iter().all(|b| *b == 0) {
             break;
@@ -373,7 +390,7 @@ pub fn fix_segment(segment: &[u8]) -> Vec<u8> {
         let len = (u32_at(&out, at + 4).unwrap_or(0) as usize).min(room);
         put_u32(&mut out, at + 4, len as u32);
         put_u64(&mut out, at + 8, lsn);
-        let crc = crc32c::crc32c(&out[at + 4..at + RECORD_HEADER_BYTES + len]);
+        let crc = crc32c::crc32c_append(seed, &out[at + 4..at + RECORD_HEADER_BYTES + len]);
         put_u32(&mut out, at, crc);
         lsn += 1;
         at += RECORD_HEADER_BYTES + len;

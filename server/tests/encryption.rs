@@ -16,7 +16,6 @@ use tempfile::TempDir;
 
 /// A small segment size keeps the whole-directory byte scans cheap.
 const SEGMENT_BYTES: &str = "1048576";
-const SEGMENT_HEADER_BYTES: usize = 24;
 const RECORD_HEADER_BYTES: usize = 17;
 const SEALED_RECORD_BIT: u8 = 0x40;
 const CKPT_HEADER_BYTES: usize = 44;
@@ -600,10 +599,16 @@ fn a_key_file_others_can_read_is_refused_with_the_chmod_that_fixes_it() {
     assert_opens_with_the_right_key(&mut daemon, &before);
 }
 
+/// The header of one WAL segment: where its records start, and the seed
+/// of their checksums.
+fn segment_header(bytes: &[u8]) -> cube_store::wal::segment::SegmentHeader {
+    cube_store::wal::segment::parse_segment_header(bytes).unwrap()
+}
+
 /// Offsets of the records of one WAL segment, up to the zeros.
 fn record_offsets(bytes: &[u8]) -> Vec<usize> {
     let mut offsets = Vec::new();
-    let mut at = SEGMENT_HEADER_BYTES;
+    let mut at = segment_header(bytes).header_bytes;
     while at + RECORD_HEADER_BYTES <= bytes.len() && bytes[at..at + 8] != [0u8; 8] {
         offsets.push(at);
         let len = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
@@ -644,7 +649,9 @@ fn a_tampered_sealed_wal_record_with_a_valid_crc_is_refused_as_corruption() {
     let ciphertext = at + RECORD_HEADER_BYTES + 1 + 6 + SEALED_RECORD_PREFIX;
     let mut bad = good.clone();
     bad[ciphertext + 3] ^= 0x01;
-    let crc = crc32c::crc32c(&bad[at + 4..at + RECORD_HEADER_BYTES + len]);
+    let crc = segment_header(&good)
+        .crc_seed
+        .checksum(&bad[at + 4..at + RECORD_HEADER_BYTES + len]);
     bad[at..at + 4].copy_from_slice(&crc.to_le_bytes());
     fs::write(segment, &bad).unwrap();
 
@@ -985,13 +992,20 @@ fn rewrite_segment(
 ) {
     use cube_store::wal::record::{decode_record, encode_record, parse_record};
     let good = fs::read(segment).unwrap();
-    let mut out = good[..SEGMENT_HEADER_BYTES].to_vec();
+    let header = segment_header(&good);
+    let mut out = good[..header.header_bytes].to_vec();
     for at in record_offsets(&good) {
-        let record = parse_record(&good[at..]).unwrap();
+        let record = parse_record(&good[at..], header.crc_seed).unwrap();
         let sealed = record.kind & SEALED_RECORD_BIT != 0;
         let plain = (!sealed).then(|| decode_record(&record, None).unwrap());
         match change(record.lsn, plain.as_ref(), sealed) {
-            Some(mutation) => encode_record(&mut out, record.lsn, &mutation, record.group_end),
+            Some(mutation) => encode_record(
+                &mut out,
+                record.lsn,
+                &mutation,
+                record.group_end,
+                header.crc_seed,
+            ),
             None => out.extend_from_slice(&good[at..at + record.total_bytes]),
         }
     }

@@ -22,6 +22,7 @@ use crate::memstore::{MemStore, NamespaceMemo};
 use crate::mutation::Mutation;
 use crate::stats::{StoreStats, StoreStatsSnapshot};
 use crate::storage::{RealDisk, Storage};
+use crate::wal::SegmentSeeds;
 use crate::wal::segment::WalSegment;
 use crate::wal::{RecoveryOptions, RecoveryReport, SealingRule, list_segments, recover_with};
 
@@ -271,17 +272,21 @@ impl Engine {
         applier.flush();
         mem.index_after_recovery();
 
+        // Secret per start: a client's value can never hold a record that
+        // recovery would take for one of this start's (wal/crc_seed.rs).
+        let seeds = SegmentSeeds::from_system_rng()?;
         let segment = match &recovery.tail {
             Some(tail) => WalSegment::open_for_append(
                 storage.as_ref(),
                 &tail.path,
-                tail.first_lsn,
+                tail.header,
                 tail.len_bytes,
             )?,
             None => WalSegment::create(
                 storage.as_ref(),
                 &wal_dir,
                 recovery.next_lsn,
+                seeds.for_segment(recovery.next_lsn),
                 config.group_commit.segment_bytes,
             )?,
         };
@@ -297,6 +302,7 @@ impl Engine {
             Arc::clone(&stats),
             config.group_commit.clone(),
             keyring,
+            seeds,
         )
         .map_err(|e| StoreError::io(&wal_dir, e))?;
         let roller = writer.roller().ok_or_else(|| {

@@ -33,6 +33,11 @@ pub enum StoreError {
     /// was encrypted with.
     #[error("{0}")]
     Key(String),
+    /// The system random number generator failed (while doing what).
+    #[error(
+        "the system random number generator failed while {0}; cubed cannot start safely without it"
+    )]
+    Random(String),
     /// A crash injected by a test at a named step of a protocol.
     #[doc(hidden)]
     #[error("simulated crash at {0}")]

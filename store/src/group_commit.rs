@@ -30,9 +30,8 @@ use crate::namespace::{UsageDelta, check_quota};
 use crate::stats::StoreStats;
 use crate::storage::Storage;
 use crate::transaction::{Overlay, TxnFn, TxnView};
-use crate::wal::record::{encode_record, encode_sealed_record};
-use crate::wal::segment::SEGMENT_HEADER_BYTES;
-use crate::wal::{SegmentPreallocator, WalSegment};
+use crate::wal::record::{encode_record, encode_sealed_record, reseed_records};
+use crate::wal::{SegmentPreallocator, SegmentSeeds, WalSegment};
 
 /// When a write is acknowledged relative to its `fdatasync`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -401,6 +400,7 @@ impl GroupCommit {
         stats: Arc<StoreStats>,
         config: GroupCommitConfig,
         keyring: Option<Arc<Keyring>>,
+        seeds: SegmentSeeds,
     ) -> io::Result<GroupCommit> {
         assert!(config.max_group_records > 0 && config.queue_capacity > 0);
         let (tx, rx) = bounded(config.queue_capacity);
@@ -413,6 +413,7 @@ impl GroupCommit {
             storage,
             wal_dir,
             segment,
+            seeds,
             preallocator,
             next_lsn,
             mem,
@@ -588,6 +589,8 @@ struct Writer {
     storage: Arc<dyn Storage>,
     wal_dir: PathBuf,
     segment: WalSegment,
+    /// The checksum seed of each segment this writer starts.
+    seeds: SegmentSeeds,
     preallocator: SegmentPreallocator,
     next_lsn: u64,
     mem: Arc<MemStore>,
@@ -781,7 +784,7 @@ impl Writer {
                 format!("writes are disabled after an earlier storage failure: {reason}"),
             ));
         }
-        if self.segment.len_bytes() == SEGMENT_HEADER_BYTES as u64 {
+        if self.segment.holds_no_records() {
             return Ok(self.segment.first_lsn());
         }
         let first_lsn = self.next_lsn;
@@ -817,7 +820,12 @@ impl Writer {
             .take()
             .map_err(|e| failure("starting a new WAL segment failed".into(), &e, is_full(&e)))?;
         self.segment = prepared
-            .install(self.storage.as_ref(), &self.wal_dir, first_lsn)
+            .install(
+                self.storage.as_ref(),
+                &self.wal_dir,
+                first_lsn,
+                self.seeds.for_segment(first_lsn),
+            )
             .map_err(|e| failure("starting a new WAL segment failed".into(), &e, is_full(&e)))?;
         self.stats
             .segments_created
@@ -911,11 +919,18 @@ impl Writer {
                             written == records,
                             keyring,
                             ns_id,
+                            self.segment.crc_seed(),
                         ) {
                             seal_failure = Some(e.to_string());
                         }
                     }
-                    _ => encode_record(&mut self.buf, lsn, mutation, written == records),
+                    _ => encode_record(
+                        &mut self.buf,
+                        lsn,
+                        mutation,
+                        written == records,
+                        self.segment.crc_seed(),
+                    ),
                 }
                 self.next_lsn += 1;
             }
@@ -1113,12 +1128,14 @@ impl Writer {
             };
             (kind, format!("{what} {} failed: {e}", path.display()))
         };
-        if self.segment.len_bytes() > SEGMENT_HEADER_BYTES as u64
+        if !self.segment.holds_no_records()
             && self.segment.len_bytes() + self.buf.len() as u64 > self.config.segment_bytes
         {
             // The closed segment must be complete on disk before records
             // land in its successor, whatever the sync policy.
             self.roll_segment(first_lsn)?;
+            // The group was checksummed for the segment it no longer goes to.
+            reseed_records(&mut self.buf, self.segment.crc_seed());
         }
         self.segment
             .append(&self.buf)

@@ -12,9 +12,12 @@ use std::path::Path;
 use cube_protocol::{Coord, NamespaceName};
 use cube_store::sim_disk::{FaultPlan, SimDisk};
 use cube_store::wal::record::encode_record;
-use cube_store::wal::recover;
 use cube_store::wal::segment::{encode_segment_header, segment_file_name};
+use cube_store::wal::{CrcSeed, recover};
 use cube_store::{Mutation, OpenMode, RecoveryOptions, Storage};
+
+/// The seed of the hand-written segment's checksums.
+const SEED: CrcSeed = CrcSeed::from_u32(0x5eed);
 
 fn put(x: i32) -> Mutation {
     Mutation::Put {
@@ -27,7 +30,7 @@ fn put(x: i32) -> Mutation {
 /// A segment with groups {1}, {2}, {3, 4, 5}, {6}; a byte of record 4's
 /// payload flipped, so a later group follows the damage (not a torn tail).
 fn damaged_segment() -> (Vec<u8>, u64) {
-    let mut bytes = encode_segment_header(1).to_vec();
+    let mut bytes = encode_segment_header(1, SEED).to_vec();
     let mut damage_at = 0;
     for (lsn, group_end) in [
         (1, true),
@@ -40,12 +43,12 @@ fn damaged_segment() -> (Vec<u8>, u64) {
         if lsn == 4 {
             damage_at = bytes.len() as u64;
         }
-        encode_record(&mut bytes, lsn, &put(lsn as i32), group_end);
+        encode_record(&mut bytes, lsn, &put(lsn as i32), group_end, SEED);
     }
     // The last byte of record 4's payload (inside its value).
     let record_4_end = {
         let mut probe = Vec::new();
-        encode_record(&mut probe, 4, &put(4), false);
+        encode_record(&mut probe, 4, &put(4), false, SEED);
         damage_at as usize + probe.len()
     };
     bytes[record_4_end - 1] ^= 0x40;
@@ -152,9 +155,9 @@ fn a_power_loss_during_repair_never_loses_what_it_cuts() {
     let (bytes, _) = damaged_segment();
     let cut_from = {
         // Records 1 and 2, then the cut at the start of group {3, 4, 5}.
-        let mut probe = encode_segment_header(1).to_vec();
-        encode_record(&mut probe, 1, &put(1), true);
-        encode_record(&mut probe, 2, &put(2), true);
+        let mut probe = encode_segment_header(1, SEED).to_vec();
+        encode_record(&mut probe, 1, &put(1), true, SEED);
+        encode_record(&mut probe, 2, &put(2), true, SEED);
         probe.len()
     };
     let cut_bytes = &bytes[cut_from..];

@@ -1,6 +1,7 @@
 //! Guards recovery of a torn tail: cutting the log at every byte offset of
 //! its last records recovers exactly the records wholly before the cut, and
-//! the log then continues at the next LSN.
+//! the log then continues at the next LSN; a client's value that holds
+//! well-formed records cannot turn a torn tail into a refusal to start.
 #![allow(clippy::unwrap_used)]
 
 use std::fs;
@@ -20,9 +21,10 @@ fn config(dir: &Path) -> EngineConfig {
 
 /// End offset of each record in a segment's bytes.
 fn record_ends(bytes: &[u8]) -> Vec<u64> {
+    let header = cube_store::wal::segment::parse_segment_header(bytes).unwrap();
     let mut ends = Vec::new();
-    let mut at = 24;
-    while let Ok(record) = cube_store::wal::record::parse_record(&bytes[at..]) {
+    let mut at = header.header_bytes;
+    while let Ok(record) = cube_store::wal::record::parse_record(&bytes[at..], header.crc_seed) {
         at += record.total_bytes;
         ends.push(at as u64);
     }
@@ -194,4 +196,142 @@ fn a_bad_record_in_an_earlier_segment_is_corruption_not_a_torn_tail() {
     let err = Engine::open(cfg).err().unwrap().to_string();
     assert!(err.contains("LSN gap"), "{err}");
     assert!(err.contains(&segments[2].display().to_string()), "{err}");
+}
+
+/// Found by review: recovery tells a torn tail from corruption by looking
+/// for a valid later commit group after the damage, byte by byte, and a
+/// client chooses the bytes of its values. A value holding two well-formed
+/// records (a group end, then one more) at the next LSNs, checksummed as a
+/// client can (plain CRC32C, or any guess), made a torn write of its own
+/// group look like corruption in the middle of the log: cubed refused to
+/// start until `--repair`. Each segment's records are now checksummed from
+/// a secret seed, so the forgeries are damage like any other.
+#[test]
+fn a_value_holding_forged_records_is_still_dropped_as_a_torn_tail() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("d");
+    let segment = dir.join("wal").join("00000000000000000001.wal");
+    let last_lsn = {
+        let engine = Engine::open(config(&dir)).unwrap();
+        let session = engine.session().unwrap();
+        for x in 0..3 {
+            session
+                .write(Mutation::Put {
+                    ns: ns(),
+                    coord: Coord::new(x, 0, 0),
+                    value: b"kept".to_vec(),
+                })
+                .unwrap();
+        }
+        // The put of the forged value will get LSN 4; its fakes claim 5 and 6.
+        let mut forged = Vec::new();
+        for (lsn, group_end) in [(5, true), (6, true)] {
+            let fake = Mutation::Put {
+                ns: ns(),
+                coord: Coord::new(50, 0, 0),
+                value: b"forged".to_vec(),
+            };
+            cube_store::wal::record::encode_record(
+                &mut forged,
+                lsn,
+                &fake,
+                group_end,
+                cube_store::wal::CrcSeed::UNSEEDED,
+            );
+        }
+        let ack = session
+            .write(Mutation::Put {
+                ns: ns(),
+                coord: Coord::new(9, 0, 0),
+                value: forged,
+            })
+            .unwrap();
+        engine.close_without_checkpoint();
+        ack.lsn
+    };
+    assert_eq!(last_lsn, 4);
+    let mut bytes = fs::read(&segment).unwrap();
+    let ends = record_ends(&bytes);
+    assert_eq!(ends.len(), 4);
+    // Tear the last group: its record's first sector did not reach the disk.
+    let torn_from = ends[2] as usize;
+    bytes[torn_from..torn_from + 8].fill(0);
+    fs::write(&segment, &bytes).unwrap();
+
+    let engine = Engine::open(config(&dir)).expect("a torn tail, not corruption");
+    let report = engine.recovery_report();
+    assert_eq!((report.records_replayed, report.next_lsn), (3, 4));
+    assert_eq!(report.torn_tail.as_ref().unwrap().offset, ends[2]);
+    assert!(engine.get(&ns(), Coord::new(2, 0, 0)).unwrap().is_some());
+    assert!(engine.get(&ns(), Coord::new(9, 0, 0)).unwrap().is_none());
+    assert!(engine.get(&ns(), Coord::new(50, 0, 0)).unwrap().is_none());
+    engine.close_without_checkpoint();
+}
+
+/// A data dir written by a build before the checksum seeds (segment format
+/// version 1: a 24-byte header, plain CRC32C records) still opens, and the
+/// writer appends to its tail segment in that segment's own format.
+#[test]
+fn a_version_1_segment_is_read_and_appended_to() {
+    use cube_store::wal::CrcSeed;
+    use cube_store::wal::record::encode_record;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("d");
+    {
+        // A fresh data dir, so everything else a data dir holds is there.
+        let engine = Engine::open(config(&dir)).unwrap();
+        engine.close_without_checkpoint();
+    }
+    let segment = dir.join("wal").join("00000000000000000001.wal");
+    let mut v1 = Vec::new();
+    v1.extend_from_slice(b"CUBEWAL\0");
+    v1.extend_from_slice(&1u32.to_le_bytes());
+    v1.extend_from_slice(&1u64.to_le_bytes());
+    let crc = crc32c::crc32c(&v1);
+    v1.extend_from_slice(&crc.to_le_bytes());
+    for lsn in 1..=2u64 {
+        let put = Mutation::Put {
+            ns: ns(),
+            coord: Coord::new(lsn as i32, 0, 0),
+            value: b"old".to_vec(),
+        };
+        encode_record(&mut v1, lsn, &put, true, CrcSeed::UNSEEDED);
+    }
+    v1.resize(SEGMENT_BYTES as usize, 0);
+    fs::write(&segment, &v1).unwrap();
+
+    for round in 0..2 {
+        let engine = Engine::open(config(&dir)).unwrap();
+        let report = engine.recovery_report();
+        assert_eq!(report.records_replayed, 2 + round);
+        assert!(report.torn_tail.is_none());
+        assert_eq!(
+            engine.get(&ns(), Coord::new(2, 0, 0)).unwrap().as_deref(),
+            Some(&b"old"[..])
+        );
+        if round == 0 {
+            let ack = engine
+                .session()
+                .unwrap()
+                .write(Mutation::Put {
+                    ns: ns(),
+                    coord: Coord::new(3, 0, 0),
+                    value: b"new".to_vec(),
+                })
+                .unwrap();
+            assert_eq!(ack.lsn, 3);
+        } else {
+            assert_eq!(
+                engine.get(&ns(), Coord::new(3, 0, 0)).unwrap().as_deref(),
+                Some(&b"new"[..])
+            );
+        }
+        engine.close_without_checkpoint();
+    }
+    let header = cube_store::wal::segment::parse_segment_header(&fs::read(&segment).unwrap());
+    assert_eq!(
+        header.unwrap().crc_seed,
+        CrcSeed::UNSEEDED,
+        "still version 1"
+    );
 }

@@ -7,7 +7,9 @@
 //!   and a server send them (program requests and answers, `step`'s among
 //!   them, in their own pair; `mget`'s in another).
 //! - `wal_segment/`: one segment, two segments back to back, and a torn
-//!   tail, written by the engine's own writer.
+//!   tail, written by the engine's own writer. The `v1-` files are the
+//!   same three in segment format version 1, written by the build before
+//!   the checksum seeds; they are kept by hand, since no writer makes them.
 //! - `checkpoint_file/`: a delta and a base written by a fold and a
 //!   compaction, and a manifest.
 //!

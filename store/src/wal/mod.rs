@@ -2,15 +2,18 @@
 //!
 //! - [`record`]: one record's framing (`crc | len | lsn | kind | payload`).
 //! - [`segment`]: one file, named by its first LSN, with a fixed header.
+//! - [`crc_seed`]: the secret per-segment seed of the record checksums.
 //! - [`recovery`]: reading every segment back at start, deciding torn tail
 //!   versus corruption, and the explicit `--repair`.
 
+pub mod crc_seed;
 pub mod preallocator;
 pub mod record;
 pub mod recovery;
 pub mod sealing_rule;
 pub mod segment;
 
+pub use crc_seed::{CrcSeed, SegmentSeeds};
 pub use preallocator::SegmentPreallocator;
 pub use recovery::{
     RecoveryOptions, RecoveryReport, list_segments, read_closed_segment, recover, recover_with,

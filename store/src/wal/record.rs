@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! offset size field
-//! 0      4    crc32c       u32 LE, CRC32C of bytes 4..17+len
+//! 0      4    crc32c       u32 LE, CRC32C of bytes 4..17+len, starting
+//!                          from the segment's seed (crc_seed.rs)
 //! 4      4    payload_len  u32 LE
 //! 8      8    lsn          u64 LE, log sequence number
 //! 16     1    kind         bits 0-5: 1 = put, 2 = del, 3 = link,
@@ -33,6 +34,7 @@
 use byteorder::{ByteOrder, LittleEndian};
 use cube_protocol::NamespaceName;
 
+use super::crc_seed::CrcSeed;
 use crate::crypto::{CryptoError, Keyring, TAG_BYTES};
 use crate::mutation::Mutation;
 
@@ -51,7 +53,9 @@ pub const SEALED_BIT: u8 = 0x40;
 const SEALED_PREFIX_BYTES: usize = 8 + 8;
 
 /// Appends one record for a mutation of an encrypted namespace (id
-/// `ns_id`), its payload sealed. `scratch` is reused between calls.
+/// `ns_id`), its payload sealed, checksummed for a segment with `seed`.
+/// `scratch` is reused between calls.
+#[allow(clippy::too_many_arguments)]
 pub fn encode_sealed_record(
     out: &mut Vec<u8>,
     scratch: &mut Vec<u8>,
@@ -60,6 +64,7 @@ pub fn encode_sealed_record(
     group_end: bool,
     keyring: &Keyring,
     ns_id: u64,
+    seed: CrcSeed,
 ) -> Result<(), CryptoError> {
     let ns_prefix = 1 + mutation.namespace().as_str().len();
     scratch.clear();
@@ -81,7 +86,7 @@ pub fn encode_sealed_record(
     out.extend_from_slice(&start_id.to_le_bytes());
     out.extend_from_slice(&sealed);
     assert_eq!(out.len() - start, RECORD_HEADER_BYTES + payload_len);
-    let crc = crc32c::crc32c(&out[start + 4..]);
+    let crc = seed.checksum(&out[start + 4..]);
     out[start..start + 4].copy_from_slice(&crc.to_le_bytes());
     Ok(())
 }
@@ -167,8 +172,15 @@ pub fn decode_record(
     Mutation::decode(record.kind & !SEALED_BIT, &plain).map_err(RecordOpenError::Damage)
 }
 
-/// Appends one record for `mutation` at `lsn` to `out`.
-pub fn encode_record(out: &mut Vec<u8>, lsn: u64, mutation: &Mutation, group_end: bool) {
+/// Appends one record for `mutation` at `lsn` to `out`, checksummed for a
+/// segment with `seed`.
+pub fn encode_record(
+    out: &mut Vec<u8>,
+    lsn: u64,
+    mutation: &Mutation,
+    group_end: bool,
+    seed: CrcSeed,
+) {
     let start = out.len();
     let payload_len = mutation.payload_len();
     debug_assert!(payload_len <= MAX_RECORD_PAYLOAD_BYTES);
@@ -183,8 +195,25 @@ pub fn encode_record(out: &mut Vec<u8>, lsn: u64, mutation: &Mutation, group_end
         RECORD_HEADER_BYTES + payload_len,
         "payload_len must match encode_payload"
     );
-    let crc = crc32c::crc32c(&out[start + 4..]);
+    let crc = seed.checksum(&out[start + 4..]);
     out[start..start + 4].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Recomputes the checksum of every record in `records` (whole records
+/// back to back, as this build encoded them) for a segment with `seed`:
+/// the writer encodes a group before it knows whether the group fits its
+/// segment, and a group that rolls to a new segment takes that one's seed.
+pub fn reseed_records(records: &mut [u8], seed: CrcSeed) {
+    let mut at = 0;
+    while at < records.len() {
+        assert!(at + RECORD_HEADER_BYTES <= records.len(), "whole records");
+        let payload_len = LittleEndian::read_u32(&records[at + 4..at + 8]) as usize;
+        let end = at + RECORD_HEADER_BYTES + payload_len;
+        assert!(end <= records.len(), "whole records");
+        let crc = seed.checksum(&records[at + 4..end]);
+        records[at..at + 4].copy_from_slice(&crc.to_le_bytes());
+        at = end;
+    }
 }
 
 /// A record read back from disk, borrowing its payload.
@@ -225,8 +254,9 @@ impl std::fmt::Display for RecordDamage {
     }
 }
 
-/// Parses the record at the start of `bytes`. Never panics.
-pub fn parse_record(bytes: &[u8]) -> Result<RawRecord<'_>, RecordDamage> {
+/// Parses the record at the start of `bytes`, in a segment whose records
+/// are checksummed with `seed`. Never panics.
+pub fn parse_record(bytes: &[u8], seed: CrcSeed) -> Result<RawRecord<'_>, RecordDamage> {
     if bytes.len() < RECORD_HEADER_BYTES {
         return Err(RecordDamage::Short);
     }
@@ -239,7 +269,7 @@ pub fn parse_record(bytes: &[u8]) -> Result<RawRecord<'_>, RecordDamage> {
     if bytes.len() < total_bytes {
         return Err(RecordDamage::Short);
     }
-    let computed = crc32c::crc32c(&bytes[4..total_bytes]);
+    let computed = seed.checksum(&bytes[4..total_bytes]);
     if computed != stored {
         return Err(RecordDamage::BadChecksum { stored, computed });
     }
@@ -265,8 +295,9 @@ mod tests {
             coord: Coord::new(1, 2, 3),
             value: b"value".to_vec(),
         };
-        encode_record(&mut buf, 77, &m, true);
-        let rec = parse_record(&buf).unwrap();
+        let seed = CrcSeed::from_u32(0x1234_5678);
+        encode_record(&mut buf, 77, &m, true, seed);
+        let rec = parse_record(&buf, seed).unwrap();
         assert_eq!(
             (rec.lsn, rec.total_bytes, rec.group_end),
             (77, buf.len(), true)
@@ -275,9 +306,35 @@ mod tests {
             let mut bad = buf.clone();
             bad[bit / 8] ^= 1 << (bit % 8);
             assert!(
-                parse_record(&bad).is_err(),
+                parse_record(&bad, seed).is_err(),
                 "flip of bit {bit} went unnoticed"
             );
         }
+    }
+
+    #[test]
+    fn a_record_checksummed_for_another_seed_is_damage() {
+        let m = Mutation::Del {
+            ns: NamespaceName::new("default").unwrap(),
+            coord: Coord::new(1, 2, 3),
+        };
+        let (ours, theirs) = (CrcSeed::from_u32(5), CrcSeed::UNSEEDED);
+        let mut forged = Vec::new();
+        encode_record(&mut forged, 1, &m, true, theirs);
+        assert!(matches!(
+            parse_record(&forged, ours),
+            Err(RecordDamage::BadChecksum { .. })
+        ));
+        // Reseeding a group makes every record valid under the new seed.
+        encode_record(&mut forged, 2, &m, false, theirs);
+        encode_record(&mut forged, 3, &m, true, theirs);
+        reseed_records(&mut forged, ours);
+        let mut at = 0;
+        for lsn in 1..=3 {
+            let record = parse_record(&forged[at..], ours).unwrap();
+            assert_eq!(record.lsn, lsn);
+            at += record.total_bytes;
+        }
+        assert_eq!(at, forged.len());
     }
 }

@@ -31,13 +31,15 @@ use crate::mutation::{
 };
 use crate::namespace::check_namespace_key;
 use crate::storage::{OpenMode, Storage};
+use crate::wal::crc_seed::CrcSeed;
 use crate::wal::record::{
     GROUP_END_BIT, MAX_RECORD_PAYLOAD_BYTES, RECORD_HEADER_BYTES, RecordOpenError, SEALED_BIT,
     decode_record, parse_record,
 };
 use crate::wal::sealing_rule::SealingRule;
 use crate::wal::segment::{
-    PREPARED_SUFFIX, SEGMENT_HEADER_BYTES, parse_segment_file_name, parse_segment_header,
+    PREPARED_SUFFIX, SegmentHeader, header_bytes_needed, parse_segment_file_name,
+    parse_segment_header,
 };
 
 #[derive(Clone, Debug, Default)]
@@ -67,7 +69,8 @@ pub struct RepairReport {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TailSegment {
     pub path: PathBuf,
-    pub first_lsn: u64,
+    /// Its first LSN, and the seed and version its appends must keep.
+    pub header: SegmentHeader,
     pub len_bytes: u64,
 }
 
@@ -107,7 +110,7 @@ pub(crate) struct Cut {
 /// header reached the disk (shorter than a header, or all zeros): no record
 /// can have been acknowledged from it, so recovery removes it.
 pub(crate) fn is_torn_creation(bytes: &[u8]) -> bool {
-    bytes.len() < SEGMENT_HEADER_BYTES || is_zero(bytes)
+    bytes.len() < header_bytes_needed(bytes) || is_zero(bytes)
 }
 
 /// Replays every record in `wal_dir` after `checkpoint_lsn` (what the
@@ -171,7 +174,8 @@ pub fn recover_with(
         duration: Duration::ZERO,
     };
     let mut expected_lsn: Option<u64> = None;
-    // Where the valid records of the last segment read end.
+    // The header of the last segment read, and where its valid records end.
+    let mut tail_header: Option<SegmentHeader> = None;
     let mut tail_end: u64 = 0;
     let mut index = 0;
     while index < segments.len() {
@@ -217,10 +221,13 @@ pub fn recover_with(
                 &mut report,
             )
         };
+        // Replay succeeds, or repair keeps part of it, only past a valid header.
+        let header = parse_segment_header(&bytes).ok();
         match outcome {
             Ok(SegmentEnd::Clean { next_lsn, end }) => {
                 expected_lsn = Some(next_lsn);
                 report.wal_bytes += end;
+                tail_header = header;
                 tail_end = end;
             }
             Ok(SegmentEnd::TornAt { offset, next_lsn }) => {
@@ -233,6 +240,7 @@ pub fn recover_with(
                 });
                 expected_lsn = Some(next_lsn);
                 report.wal_bytes += offset;
+                tail_header = header;
                 tail_end = offset;
             }
             Err(ReplayStop::Key(reason)) => return Err(StoreError::Key(reason)),
@@ -260,11 +268,14 @@ pub fn recover_with(
                 if bad.cut.offset > 0 {
                     expected_lsn = Some(bad.cut.next_lsn);
                     report.wal_bytes += bad.cut.offset;
+                    tail_header = header;
                     tail_end = bad.cut.offset;
                 } else if let Some((_, previous)) = segments.last() {
                     // The damaged segment is gone; the previous one is now
                     // the tail and ends where its records end.
-                    tail_end = end_of_records(storage, previous)?;
+                    let (previous_header, end) = end_of_records(storage, previous)?;
+                    tail_header = Some(previous_header);
+                    tail_end = end;
                 }
                 break;
             }
@@ -296,13 +307,14 @@ pub fn recover_with(
     );
     report.segments = segments.len();
     if let Some((first_lsn, path)) = segments.last() {
+        let header = tail_header.expect("a kept segment was read past a valid header");
         assert!(
-            tail_end >= SEGMENT_HEADER_BYTES as u64,
+            header.first_lsn == *first_lsn && tail_end >= header.header_bytes as u64,
             "a kept segment has a whole header"
         );
         report.tail = Some(TailSegment {
             path: path.clone(),
-            first_lsn: *first_lsn,
+            header,
             len_bytes: tail_end,
         });
     }
@@ -351,8 +363,9 @@ pub(crate) fn replay_segment(
         offset: 0,
         next_lsn,
     };
-    let first_lsn = parse_segment_header(bytes)
+    let header = parse_segment_header(bytes)
         .map_err(|reason| ReplayStop::Damage(0, reason, whole(name_lsn)))?;
+    let (first_lsn, seed) = (header.first_lsn, header.crc_seed);
     if first_lsn != name_lsn {
         return Err(ReplayStop::Damage(
             0,
@@ -371,7 +384,7 @@ pub(crate) fn replay_segment(
             whole(expected),
         ));
     }
-    let mut offset = SEGMENT_HEADER_BYTES;
+    let mut offset = header.header_bytes;
     let mut next_lsn = first_lsn;
     // Records are applied a whole commit group at a time: `pending` holds
     // the group being read, `committed` where the last whole group ended.
@@ -381,7 +394,7 @@ pub(crate) fn replay_segment(
         next_lsn: first_lsn,
     };
     while offset < bytes.len() {
-        match parse_record(&bytes[offset..]) {
+        match parse_record(&bytes[offset..], seed) {
             Ok(record) => {
                 if record.lsn != next_lsn {
                     return Err(ReplayStop::Damage(
@@ -425,7 +438,7 @@ pub(crate) fn replay_segment(
             }
             Err(_) if is_zero(&bytes[offset..]) => break,
             Err(damage) => {
-                if is_last && !later_group_follows(bytes, offset + 1, next_lsn) {
+                if is_last && !later_group_follows(bytes, offset + 1, next_lsn, seed) {
                     // A torn write of the last group, which was never
                     // acknowledged: drop the whole group.
                     return Ok(SegmentEnd::TornAt {
@@ -470,20 +483,25 @@ fn nonzero_len(bytes: &[u8]) -> usize {
     bytes.iter().rposition(|b| *b != 0).map_or(0, |i| i + 1)
 }
 
-/// Where the records of a segment already verified end.
-fn end_of_records(storage: &dyn Storage, path: &Path) -> Result<u64, StoreError> {
+/// The header of a segment already verified, and where its records end.
+fn end_of_records(storage: &dyn Storage, path: &Path) -> Result<(SegmentHeader, u64), StoreError> {
     let bytes = storage
         .read_file(path)
         .map_err(|e| StoreError::io(path, e))?;
-    let mut offset = SEGMENT_HEADER_BYTES;
+    let header = parse_segment_header(&bytes).map_err(|reason| StoreError::Corruption {
+        path: path.to_path_buf(),
+        offset: 0,
+        reason,
+    })?;
+    let mut offset = header.header_bytes;
     let mut committed = offset;
-    while let Ok(record) = parse_record(&bytes[offset.min(bytes.len())..]) {
+    while let Ok(record) = parse_record(&bytes[offset.min(bytes.len())..], header.crc_seed) {
         offset += record.total_bytes;
         if record.group_end {
             committed = offset;
         }
     }
-    Ok(committed as u64)
+    Ok((header, committed as u64))
 }
 
 /// Whether, after damage at `from - 1`, a *later* commit group follows:
@@ -492,7 +510,7 @@ fn end_of_records(storage: &dyn Storage, path: &Path) -> Result<u64, StoreError>
 /// after this one's fsync), so valid records of the torn group itself may
 /// follow the damage, but a later group means real corruption. Cheap field
 /// checks run before each CRC; this runs only when recovery found damage.
-fn later_group_follows(bytes: &[u8], from: usize, min_lsn: u64) -> bool {
+fn later_group_follows(bytes: &[u8], from: usize, min_lsn: u64, seed: CrcSeed) -> bool {
     // No record can start in the zeros of preallocated space.
     let bytes = &bytes[..nonzero_len(bytes)];
     let max_lsn = min_lsn.saturating_add((bytes.len() / RECORD_HEADER_BYTES) as u64 + 1);
@@ -520,7 +538,7 @@ fn later_group_follows(bytes: &[u8], from: usize, min_lsn: u64) -> bool {
             && (min_lsn..=max_lsn).contains(&lsn)
             && len <= MAX_RECORD_PAYLOAD_BYTES
             && RECORD_HEADER_BYTES + len <= h.len();
-        if plausible && let Ok(record) = parse_record(h) {
+        if plausible && let Ok(record) = parse_record(h, seed) {
             if seen_group_end {
                 return true;
             }
@@ -679,12 +697,12 @@ pub fn read_closed_segment(
         offset,
         reason,
     };
-    let first_lsn = parse_segment_header(&bytes).map_err(|reason| corrupt(0, reason))?;
-    let mut offset = SEGMENT_HEADER_BYTES;
-    let mut next_lsn = first_lsn;
+    let header = parse_segment_header(&bytes).map_err(|reason| corrupt(0, reason))?;
+    let mut offset = header.header_bytes;
+    let mut next_lsn = header.first_lsn;
     let mut inside_group = false;
     while offset < bytes.len() {
-        match parse_record(&bytes[offset..]) {
+        match parse_record(&bytes[offset..], header.crc_seed) {
             Ok(record) if record.lsn == next_lsn => {
                 let mutation = decode_record(&record, keyring).map_err(|e| match e {
                     RecordOpenError::Damage(reason) => corrupt(offset as u64, reason),

@@ -1,15 +1,22 @@
 //! One WAL segment file.
 //!
 //! Named `<first-lsn as 20 decimal digits>.wal`, so that lexical order is
-//! LSN order. A fixed 24-byte header, then records back to back:
+//! LSN order. A fixed 32-byte header, then records back to back:
 //!
 //! ```text
 //! offset size field
 //! 0      8    magic       "CUBEWAL\0"
-//! 8      4    version     u32 LE = 1
+//! 8      4    version     u32 LE = 2
 //! 12     8    first_lsn   u64 LE, LSN of the first record (equals the name)
-//! 20     4    header_crc  u32 LE, CRC32C of bytes 0..20
+//! 20     4    crc_seed    u32 LE, secret, nonzero: the initial CRC32C state
+//!                         of every record in the segment (crc_seed.rs)
+//! 24     4    reserved    0
+//! 28     4    header_crc  u32 LE, CRC32C of bytes 0..28
 //! ```
+//!
+//! Version 1 (still read, never written) had a 24-byte header: magic,
+//! version = 1, first_lsn, then header_crc of bytes 0..20, and records
+//! with plain CRC32C ([`CrcSeed::UNSEEDED`]).
 //!
 //! Segments are **preallocated**: the file is zero-filled to its full size
 //! (and synced) before records land in it, so that each group's
@@ -23,13 +30,18 @@ use std::path::{Path, PathBuf};
 
 use byteorder::{ByteOrder, LittleEndian};
 
+use super::crc_seed::CrcSeed;
 use crate::data_dir::sync_dir;
 use crate::error::StoreError;
 use crate::storage::{OpenMode, Storage, StorageFile};
 
-pub const SEGMENT_HEADER_BYTES: usize = 24;
+/// The header this build writes (version 2).
+pub const SEGMENT_HEADER_BYTES: usize = 32;
+/// The header of a version-1 segment.
+pub const V1_SEGMENT_HEADER_BYTES: usize = 24;
 pub const SEGMENT_MAGIC: &[u8; 8] = b"CUBEWAL\0";
-pub const SEGMENT_VERSION: u32 = 1;
+/// The version this build writes; it also reads version 1.
+pub const SEGMENT_VERSION: u32 = 2;
 
 pub fn segment_file_name(first_lsn: u64) -> String {
     format!("{first_lsn:020}.wal")
@@ -44,41 +56,81 @@ pub fn parse_segment_file_name(name: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
-pub fn encode_segment_header(first_lsn: u64) -> [u8; SEGMENT_HEADER_BYTES] {
+pub fn encode_segment_header(first_lsn: u64, crc_seed: CrcSeed) -> [u8; SEGMENT_HEADER_BYTES] {
+    assert!(
+        crc_seed != CrcSeed::UNSEEDED,
+        "a version-2 segment has a seed"
+    );
     let mut h = [0u8; SEGMENT_HEADER_BYTES];
     h[0..8].copy_from_slice(SEGMENT_MAGIC);
     LittleEndian::write_u32(&mut h[8..12], SEGMENT_VERSION);
     LittleEndian::write_u64(&mut h[12..20], first_lsn);
-    let crc = crc32c::crc32c(&h[0..20]);
-    LittleEndian::write_u32(&mut h[20..24], crc);
+    LittleEndian::write_u32(&mut h[20..24], crc_seed.to_u32());
+    let crc = crc32c::crc32c(&h[0..28]);
+    LittleEndian::write_u32(&mut h[28..32], crc);
     h
 }
 
-/// Returns the header's first LSN, or why the header is not valid.
-pub fn parse_segment_header(bytes: &[u8]) -> Result<u64, String> {
-    if bytes.len() < SEGMENT_HEADER_BYTES {
+/// A segment's header, read back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentHeader {
+    pub first_lsn: u64,
+    pub crc_seed: CrcSeed,
+    /// Where the first record starts.
+    pub header_bytes: usize,
+}
+
+/// How many bytes the header at the start of `bytes` needs: a file shorter
+/// than that is a creation torn before its header was whole.
+pub fn header_bytes_needed(bytes: &[u8]) -> usize {
+    match bytes.get(8..12).map(LittleEndian::read_u32) {
+        Some(1) => V1_SEGMENT_HEADER_BYTES,
+        _ => SEGMENT_HEADER_BYTES,
+    }
+}
+
+/// Returns the header, or why it is not valid.
+pub fn parse_segment_header(bytes: &[u8]) -> Result<SegmentHeader, String> {
+    let needed = header_bytes_needed(bytes);
+    if bytes.len() < needed {
         return Err(format!(
-            "segment header is {} bytes, needs {SEGMENT_HEADER_BYTES}",
+            "segment header is {} bytes, needs {needed}",
             bytes.len()
         ));
     }
     if &bytes[0..8] != SEGMENT_MAGIC {
         return Err("not a cube WAL segment (bad magic)".into());
     }
-    let stored = LittleEndian::read_u32(&bytes[20..24]);
-    let computed = crc32c::crc32c(&bytes[0..20]);
+    let version = LittleEndian::read_u32(&bytes[8..12]);
+    if version != 1 && version != SEGMENT_VERSION {
+        return Err(format!(
+            "segment format version {version} is not supported (this build reads 1 and {SEGMENT_VERSION}), or the header is damaged"
+        ));
+    }
+    let crc_at = needed - 4;
+    let stored = LittleEndian::read_u32(&bytes[crc_at..needed]);
+    let computed = crc32c::crc32c(&bytes[0..crc_at]);
     if stored != computed {
         return Err(format!(
             "segment header checksum mismatch (stored {stored:08x}, computed {computed:08x})"
         ));
     }
-    let version = LittleEndian::read_u32(&bytes[8..12]);
-    if version != SEGMENT_VERSION {
-        return Err(format!(
-            "segment format version {version} is not supported (this build reads {SEGMENT_VERSION})"
-        ));
-    }
-    Ok(LittleEndian::read_u64(&bytes[12..20]))
+    let crc_seed = if version == 1 {
+        CrcSeed::UNSEEDED
+    } else {
+        let seed = CrcSeed::from_u32(LittleEndian::read_u32(&bytes[20..24]));
+        if seed == CrcSeed::UNSEEDED || LittleEndian::read_u32(&bytes[24..28]) != 0 {
+            return Err(
+                "version-2 segment header with a zero seed or nonzero reserved bytes".into(),
+            );
+        }
+        seed
+    };
+    Ok(SegmentHeader {
+        first_lsn: LittleEndian::read_u64(&bytes[12..20]),
+        crc_seed,
+        header_bytes: needed,
+    })
 }
 
 /// Zero-fill chunk for preallocation.
@@ -104,6 +156,10 @@ pub struct WalSegment {
     path: PathBuf,
     file: Box<dyn StorageFile>,
     first_lsn: u64,
+    /// The seed of every record's checksum in this file.
+    crc_seed: CrcSeed,
+    /// Where the first record starts (the header's size).
+    header_bytes: u64,
     /// Where the next record goes: the end of the valid records.
     len_bytes: u64,
 }
@@ -115,13 +171,14 @@ impl WalSegment {
         storage: &dyn Storage,
         dir: &Path,
         first_lsn: u64,
+        crc_seed: CrcSeed,
         preallocate_bytes: u64,
     ) -> Result<WalSegment, StoreError> {
         let path = dir.join(segment_file_name(first_lsn));
         let mut file = storage
             .open(&path, OpenMode::CreateNew)
             .map_err(|e| StoreError::io(&path, e))?;
-        file.write_all_at(&encode_segment_header(first_lsn), 0)
+        file.write_all_at(&encode_segment_header(first_lsn, crc_seed), 0)
             .and_then(|()| {
                 zero_fill(
                     file.as_mut(),
@@ -136,16 +193,20 @@ impl WalSegment {
             path,
             file,
             first_lsn,
+            crc_seed,
+            header_bytes: SEGMENT_HEADER_BYTES as u64,
             len_bytes: SEGMENT_HEADER_BYTES as u64,
         })
     }
 
     /// Reopens the segment recovery ended on, to append after its last
-    /// valid record (recovery already zeroed anything torn beyond it).
+    /// valid record (recovery already zeroed anything torn beyond it). The
+    /// appended records keep the segment's own seed and version (a
+    /// version-1 tail gets plain CRCs until the next segment).
     pub fn open_for_append(
         storage: &dyn Storage,
         path: &Path,
-        first_lsn: u64,
+        header: SegmentHeader,
         len_bytes: u64,
     ) -> Result<WalSegment, StoreError> {
         let file = storage
@@ -153,13 +214,15 @@ impl WalSegment {
             .map_err(|e| StoreError::io(path, e))?;
         let actual = file.len().map_err(|e| StoreError::io(path, e))?;
         assert!(
-            actual >= len_bytes,
-            "recovery's end of log lies within the file"
+            actual >= len_bytes && len_bytes >= header.header_bytes as u64,
+            "recovery's end of log lies within the file, after the header"
         );
         Ok(WalSegment {
             path: path.to_path_buf(),
             file,
-            first_lsn,
+            first_lsn: header.first_lsn,
+            crc_seed: header.crc_seed,
+            header_bytes: header.header_bytes as u64,
             len_bytes,
         })
     }
@@ -174,6 +237,15 @@ impl WalSegment {
 
     pub fn len_bytes(&self) -> u64 {
         self.len_bytes
+    }
+
+    pub fn crc_seed(&self) -> CrcSeed {
+        self.crc_seed
+    }
+
+    /// No record has been appended yet.
+    pub fn holds_no_records(&self) -> bool {
+        self.len_bytes == self.header_bytes
     }
 
     /// One positioned write for a whole group, into preallocated space (or
@@ -235,10 +307,11 @@ impl PreparedSegment {
         storage: &dyn Storage,
         dir: &Path,
         first_lsn: u64,
+        crc_seed: CrcSeed,
     ) -> Result<WalSegment, StoreError> {
         let path = dir.join(segment_file_name(first_lsn));
         self.file
-            .write_all_at(&encode_segment_header(first_lsn), 0)
+            .write_all_at(&encode_segment_header(first_lsn, crc_seed), 0)
             .and_then(|()| self.file.sync_data())
             .map_err(|e| StoreError::io(&self.tmp_path, e))?;
         storage
@@ -249,6 +322,8 @@ impl PreparedSegment {
             path,
             file: self.file,
             first_lsn,
+            crc_seed,
+            header_bytes: SEGMENT_HEADER_BYTES as u64,
             len_bytes: SEGMENT_HEADER_BYTES as u64,
         })
     }
@@ -276,11 +351,44 @@ mod tests {
 
     #[test]
     fn header_round_trips_and_damage_is_named() {
-        let h = encode_segment_header(9);
-        assert_eq!(parse_segment_header(&h), Ok(9));
+        let seed = CrcSeed::from_u32(0xdead_beef);
+        let h = encode_segment_header(9, seed);
+        assert_eq!(
+            parse_segment_header(&h),
+            Ok(SegmentHeader {
+                first_lsn: 9,
+                crc_seed: seed,
+                header_bytes: SEGMENT_HEADER_BYTES
+            })
+        );
+        for byte in 0..SEGMENT_HEADER_BYTES {
+            let mut bad = h;
+            bad[byte] ^= 1;
+            assert!(parse_segment_header(&bad).is_err(), "flip in byte {byte}");
+        }
         let mut bad = h;
         bad[13] ^= 1;
         assert!(parse_segment_header(&bad).unwrap_err().contains("checksum"));
         assert!(parse_segment_header(&h[..10]).is_err());
+        assert!(parse_segment_header(&h[..31]).is_err());
+    }
+
+    #[test]
+    fn version_1_headers_are_still_read_unseeded() {
+        let mut h = [0u8; V1_SEGMENT_HEADER_BYTES];
+        h[0..8].copy_from_slice(SEGMENT_MAGIC);
+        LittleEndian::write_u32(&mut h[8..12], 1);
+        LittleEndian::write_u64(&mut h[12..20], 5);
+        let crc = crc32c::crc32c(&h[0..20]);
+        LittleEndian::write_u32(&mut h[20..24], crc);
+        assert_eq!(header_bytes_needed(&h), V1_SEGMENT_HEADER_BYTES);
+        assert_eq!(
+            parse_segment_header(&h),
+            Ok(SegmentHeader {
+                first_lsn: 5,
+                crc_seed: CrcSeed::UNSEEDED,
+                header_bytes: V1_SEGMENT_HEADER_BYTES
+            })
+        );
     }
 }
