@@ -1,4 +1,4 @@
-//! Guards `step` against a real cubed: every run reads the state from before the step, a failed run applies nothing while the others commit, every run is in its cell's telemetry, and bad boxes, unknown namespaces, huge boxes and the step's time budget get clear answers (the Game of Life by steps, across kill -9, is in program_examples.rs).
+//! Guards `step` against a real cubed: every run reads the state from before the step, a failed run (an error, or writes past a quota) applies nothing while the others commit, every run is in its cell's telemetry, and bad boxes, unknown namespaces, huge boxes and the step's time budget get clear answers (the Game of Life by steps, across kill -9, is in program_examples.rs).
 #![allow(clippy::unwrap_used)]
 
 use cube_client::{Client, Coord, ErrorCode, LocalDaemon, RunOutcome};
@@ -243,5 +243,72 @@ fn the_runs_of_a_step_share_one_transactions_room_for_writes() {
     assert!(
         message.contains("a run may write at most 16384 cells"),
         "{message}"
+    );
+}
+
+/// Found by review: a step whose runs together went past a namespace quota
+/// was refused whole by the writer, telemetry records included, although
+/// each run is atomic on its own and every run must be recorded. The runs'
+/// writes are now applied one run at a time, in the step's order; a run
+/// that would go past the quota is undone alone and recorded as failed.
+#[test]
+fn runs_past_a_quota_fail_alone_and_are_recorded() {
+    use cube_client::{NamespaceName, NamespaceSpec, Request, Response};
+    let daemon = LocalDaemon::start_fresh(&[]).unwrap();
+    let mut c = daemon.client().unwrap();
+    let request = Request::NsCreate {
+        ns: NamespaceName::new("small").unwrap(),
+        spec: NamespaceSpec {
+            max_cells: Some(3),
+            ..Default::default()
+        },
+    };
+    assert!(matches!(c.call(&request).unwrap(), Response::NsCreated(_)));
+    for x in 0..6 {
+        c.prog("small", Coord::new(x, 0, 0), b"cube.rput(0, 0, 1, 'w')")
+            .unwrap();
+    }
+    let reply = c
+        .step("small", Coord::new(0, 0, 0), Coord::new(5, 0, 0), &[])
+        .unwrap();
+    assert_eq!(
+        (reply.programs, reply.failed, reply.cells_written),
+        (6, 3, 3),
+        "{reply:?}"
+    );
+    let failure = reply.first_failure.unwrap();
+    assert_eq!(failure.outcome, RunOutcome::Error);
+    assert!(failure.message.contains("max-cells quota"), "{failure:?}");
+    let mut written = 0;
+    for x in 0..6 {
+        let value = c.get("small", Coord::new(x, 0, 1)).unwrap();
+        let stats = c.cell_stats("small", Coord::new(x, 0, 0), 1).unwrap();
+        assert_eq!(stats.runs, 1, "every run is recorded");
+        match value {
+            Some(_) => {
+                written += 1;
+                assert_eq!(stats.failures, 0);
+                assert_eq!(stats.records[0].cells_written, 1);
+            }
+            None => {
+                assert_eq!(stats.failures, 1);
+                assert_eq!(stats.records[0].outcome, RunOutcome::Error);
+                assert_eq!(stats.records[0].cells_written, 0);
+            }
+        }
+    }
+    assert_eq!(written, 3);
+    // The same after kill -9: what was acknowledged is what is on disk.
+    let mut daemon = daemon;
+    daemon.kill9().unwrap();
+    daemon.restart().unwrap();
+    let mut c = daemon.client().unwrap();
+    let kept = (0..6)
+        .filter(|x| c.get("small", Coord::new(*x, 0, 1)).unwrap().is_some())
+        .count();
+    assert_eq!(kept, 3);
+    assert_eq!(
+        c.cell_stats("small", Coord::new(5, 0, 0), 0).unwrap().runs,
+        1
     );
 }

@@ -64,7 +64,7 @@ pub use programs::{MAX_TELEMETRY_KEEP, StoredProgram, TelemetryChange, Telemetry
 pub use scan::{ScanLimits, ScanOutcome, Visit};
 pub use stats::{StoreStats, StoreStatsSnapshot};
 pub use storage::{OpenMode, RealDisk, Storage, StorageFile};
-pub use transaction::TxnView;
+pub use transaction::{Savepoint, TxnView};
 pub use wal::{RecoveryOptions, RecoveryReport};
 
 mod engine;

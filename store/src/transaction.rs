@@ -216,6 +216,19 @@ struct TxnLog {
     earlier_usage: HashMap<NamespaceName, UsageDelta>,
 }
 
+/// A point in a transaction, from [`TxnView::savepoint`]. The default is
+/// the transaction's start.
+#[derive(Debug, Default)]
+pub struct Savepoint {
+    mutations: usize,
+    overflowed: usize,
+    undo: usize,
+    edge_undo: usize,
+    program_undo: usize,
+    meta_undo: usize,
+    usage: Vec<(NamespaceName, UsageDelta)>,
+}
+
 /// What a transaction sees and does.
 pub struct TxnView<'a> {
     place: Place<'a>,
@@ -483,37 +496,66 @@ impl<'a> TxnView<'a> {
 
     /// Discards every mutation this transaction emitted so far.
     pub fn rollback(&mut self) {
-        for (key, previous) in self.log.undo.drain(..).rev() {
+        self.rollback_to(Savepoint::default());
+    }
+
+    /// The point this transaction has reached, to roll back to with
+    /// [`TxnView::rollback_to`]: a `step` applies its runs' writes one run
+    /// at a time and undoes only a run that goes past a quota.
+    pub fn savepoint(&self) -> Savepoint {
+        Savepoint {
+            mutations: self.log.mutations.len(),
+            overflowed: self.log.overflowed,
+            undo: self.log.undo.len(),
+            edge_undo: self.log.edge_undo.len(),
+            program_undo: self.log.program_undo.len(),
+            meta_undo: self.log.meta_undo.len(),
+            usage: self.log.usage.clone(),
+        }
+    }
+
+    /// Discards every mutation emitted since `savepoint` was taken.
+    pub fn rollback_to(&mut self, savepoint: Savepoint) {
+        let log = &mut self.log;
+        assert!(
+            savepoint.mutations <= log.mutations.len()
+                && savepoint.overflowed <= log.overflowed
+                && savepoint.undo <= log.undo.len()
+                && savepoint.edge_undo <= log.edge_undo.len()
+                && savepoint.program_undo <= log.program_undo.len()
+                && savepoint.meta_undo <= log.meta_undo.len(),
+            "a savepoint of this transaction, not yet rolled back past"
+        );
+        let overlay = self.place.overlay_mut();
+        for (key, previous) in log.undo.drain(savepoint.undo..).rev() {
             match previous {
                 Some(entry) => {
-                    self.place.overlay_mut().cells.insert(key, entry);
+                    overlay.cells.insert(key, entry);
                 }
                 None => {
-                    self.place.overlay_mut().cells.remove(&key);
+                    overlay.cells.remove(&key);
                 }
             }
         }
-        self.place
-            .overlay_mut()
+        overlay
             .edges
-            .restore(self.log.edge_undo.drain(..).rev());
-        self.place
-            .overlay_mut()
+            .restore(log.edge_undo.drain(savepoint.edge_undo..).rev());
+        overlay
             .programs
-            .restore(self.log.program_undo.drain(..).rev());
-        for (ns, previous) in self.log.meta_undo.drain(..).rev() {
+            .restore(log.program_undo.drain(savepoint.program_undo..).rev());
+        for (ns, previous) in log.meta_undo.drain(savepoint.meta_undo..).rev() {
             match previous {
                 Some(meta) => {
-                    self.place.overlay_mut().metas.insert(ns, meta);
+                    overlay.metas.insert(ns, meta);
                 }
                 None => {
-                    self.place.overlay_mut().metas.remove(&ns);
+                    overlay.metas.remove(&ns);
                 }
             }
         }
-        self.log.usage.clear();
-        self.log.mutations.clear();
-        self.log.overflowed = 0;
+        log.usage = savepoint.usage;
+        log.mutations.truncate(savepoint.mutations);
+        log.overflowed = savepoint.overflowed;
     }
 
     /// Mutations emitted so far (including any refused past the cap).
@@ -653,5 +695,38 @@ mod tests {
         assert_eq!(view.get(&ns, b), None);
         drop(view);
         assert_eq!(overlay.cells.len(), 1);
+    }
+
+    #[test]
+    fn a_rollback_to_a_savepoint_undoes_only_what_came_after_it() {
+        use cube_protocol::{EdgeLabel, EdgeWeight};
+        let mem = Arc::new(MemStore::new());
+        let ns = NamespaceName::new("default").unwrap();
+        let (a, b) = (Coord::new(1, 0, 0), Coord::new(2, 0, 0));
+        let edge = EdgeKey::new(a, b, EdgeLabel::new("next").unwrap());
+        let mut overlay = Overlay::default();
+        let mut view = TxnView::new(&mem, &mut overlay);
+        view.put(&ns, a, b"before".to_vec());
+        let savepoint = view.savepoint();
+        view.put(&ns, a, b"after".to_vec());
+        view.put(&ns, b, b"after".to_vec());
+        view.emit(Mutation::Link {
+            ns: ns.clone(),
+            edge: edge.clone(),
+            weight: EdgeWeight::new(1.0).unwrap(),
+        });
+        view.emit(Mutation::ProgramPut {
+            ns: ns.clone(),
+            coord: b,
+            source: b"return 1".to_vec(),
+        });
+        assert_eq!(view.emitted(), 5);
+        assert!(view.has_edge(&ns, &edge) && view.program(&ns, b).is_some());
+        view.rollback_to(savepoint);
+        assert_eq!(view.emitted(), 1);
+        assert_eq!(view.get(&ns, a).as_deref(), Some(&b"before"[..]));
+        assert_eq!(view.get(&ns, b), None);
+        assert!(!view.has_edge(&ns, &edge) && view.program(&ns, b).is_none());
+        assert_eq!(view.into_mutations().len(), 1);
     }
 }

@@ -8,7 +8,9 @@
 //! like a failed `run`. The writes of the runs that succeeded, in the
 //! step's (curve) order, and one telemetry record per run commit as one
 //! WAL group, so one fsync and one writer transaction carry thousands of
-//! cell-programs instead of one each.
+//! cell-programs instead of one each. The writes are applied one run at a
+//! time, in that order: a run whose writes would take the namespace past a
+//! quota is undone alone and fails like a `run` over its quota, recorded.
 //!
 //! Limits, because a step holds the writer: at most
 //! [`MAX_STEP_PROGRAMS`] programs; the runs together write at most what
@@ -50,6 +52,9 @@ struct Ran {
     coord: Coord,
     record: RunRecord,
     failure: Option<(RunOutcome, String)>,
+    /// How many of the step's held-back writes are this run's (the next
+    /// ones in order); 0 for a failed run.
+    writes: usize,
 }
 
 /// The transaction of one `step`, on the writer thread.
@@ -114,6 +119,7 @@ pub(crate) fn step_in_writer(
                          (--program-step-ms); it did not run"
                             .to_owned(),
                     )),
+                    writes: 0,
                 });
                 continue;
             }
@@ -141,6 +147,7 @@ pub(crate) fn step_in_writer(
                 },
             };
             let failure = outcome.result.err().map(failed_outcome);
+            let mut kept = 0;
             let mut slot = vm.slot.borrow_mut();
             if let Some(run) = slot.run.as_mut()
                 && let Some(deferred) = run.deferred.as_mut()
@@ -148,6 +155,7 @@ pub(crate) fn step_in_writer(
                 if failure.is_none() {
                     record.cells_written = run.writes;
                     write_bytes += run.write_bytes;
+                    kept = deferred.len();
                     writes.append(deferred);
                 } else {
                     deferred.clear();
@@ -160,6 +168,7 @@ pub(crate) fn step_in_writer(
                 coord: *coord,
                 record,
                 failure,
+                writes: kept,
             });
         }
         // The transaction goes back to the writer's view before anything
@@ -175,16 +184,34 @@ pub(crate) fn step_in_writer(
     }
     assert!(writes.len() <= write_room as usize);
     assert!(ran.len() == programs.len());
-    let cells_written = writes.len() as u32;
+    assert_eq!(ran.iter().map(|r| r.writes).sum::<usize>(), writes.len());
     view.reserve(writes.len() + ran.len());
-    for (coord, value) in writes {
-        match value {
-            Some(bytes) => view.put(&ns, coord, bytes),
-            None => {
-                view.del(&ns, coord);
+    let mut cells_written = 0u32;
+    let mut writes = writes.into_iter();
+    for run in ran.iter_mut().filter(|run| run.writes > 0) {
+        // Each run's writes stand or fall together, as a `run`'s do.
+        let savepoint = view.savepoint();
+        for (coord, value) in writes.by_ref().take(run.writes) {
+            match value {
+                Some(bytes) => view.put(&ns, coord, bytes),
+                None => {
+                    view.del(&ns, coord);
+                }
+            }
+        }
+        match view.quota_refusal() {
+            None => cells_written += run.writes as u32,
+            Some(refusal) => {
+                view.rollback_to(savepoint);
+                run.record.cells_written = 0;
+                run.failure = Some((RunOutcome::Error, refusal.message));
             }
         }
     }
+    assert!(
+        writes.next().is_none(),
+        "every held-back write was applied or undone"
+    );
     let mut failed = 0u32;
     let mut instructions = 0u64;
     let mut first_failure = None;
@@ -192,6 +219,7 @@ pub(crate) fn step_in_writer(
         coord,
         record,
         failure,
+        ..
     } in ran
     {
         instructions = instructions.saturating_add(record.instructions);
