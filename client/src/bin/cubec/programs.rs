@@ -410,7 +410,10 @@ fn scalar_text(value: &ProgramValue, out: &mut Vec<u8>, escape: bool) {
 
 /// A result as JSON: null, a boolean, a number, a string (or
 /// `{"base64": ...}` for bytes that are not UTF-8), and a table as an
-/// array when its keys are exactly 1..n, else as an object.
+/// array when its keys are exactly 1..n, else as an object, unless two
+/// keys would be the same object key (`1` and `"1"`) or a key is not
+/// UTF-8: then as an array of `[key, value]` pairs, keys keeping their
+/// type. Values are scalars, so the pairs never look like an array table.
 pub(crate) fn value_json(value: &ProgramValue) -> String {
     match value {
         ProgramValue::Nil => "null".to_owned(),
@@ -428,22 +431,38 @@ pub(crate) fn value_json(value: &ProgramValue) -> String {
                 .all(|(i, (key, _))| *key == ProgramValue::Int(i as i64 + 1));
             if is_array {
                 let items: Vec<String> = entries.iter().map(|(_, v)| value_json(v)).collect();
-                format!("[{}]", items.join(","))
-            } else {
-                let items: Vec<String> = entries
-                    .iter()
-                    .map(|(key, v)| {
-                        let key = match key {
-                            ProgramValue::Int(i) => i.to_string(),
-                            ProgramValue::Bytes(bytes) => {
-                                String::from_utf8_lossy(bytes).into_owned()
-                            }
-                            other => format!("{other:?}"),
-                        };
-                        format!("{}:{}", json::string(&key), value_json(v))
-                    })
-                    .collect();
-                format!("{{{}}}", items.join(","))
+                return format!("[{}]", items.join(","));
+            }
+            let object_keys: Option<Vec<String>> = entries
+                .iter()
+                .map(|(key, _)| match key {
+                    ProgramValue::Int(i) => Some(i.to_string()),
+                    ProgramValue::Bytes(bytes) => {
+                        std::str::from_utf8(bytes).ok().map(str::to_owned)
+                    }
+                    _ => None,
+                })
+                .collect();
+            let distinct = object_keys.as_ref().is_some_and(|keys| {
+                let unique: std::collections::HashSet<&String> = keys.iter().collect();
+                unique.len() == keys.len()
+            });
+            match object_keys {
+                Some(keys) if distinct => {
+                    let items: Vec<String> = keys
+                        .iter()
+                        .zip(entries)
+                        .map(|(key, (_, v))| format!("{}:{}", json::string(key), value_json(v)))
+                        .collect();
+                    format!("{{{}}}", items.join(","))
+                }
+                _ => {
+                    let items: Vec<String> = entries
+                        .iter()
+                        .map(|(key, v)| format!("[{},{}]", value_json(key), value_json(v)))
+                        .collect();
+                    format!("[{}]", items.join(","))
+                }
             }
         }
     }
@@ -713,6 +732,20 @@ mod tests {
             ProgramValue::Bool(true),
         )]);
         assert_eq!(value_json(&map), "{\"n\":true}");
+        // Keys that would be one object key, or are not UTF-8: pairs.
+        let clash = ProgramValue::Table(vec![
+            (ProgramValue::Int(1), ProgramValue::Int(10)),
+            (ProgramValue::Bytes(b"1".to_vec()), ProgramValue::Int(20)),
+        ]);
+        assert_eq!(value_json(&clash), "[[1,10],[\"1\",20]]");
+        let binary = ProgramValue::Table(vec![
+            (ProgramValue::Bytes(vec![0xfe]), ProgramValue::Bool(true)),
+            (ProgramValue::Bytes(vec![0xff]), ProgramValue::Bool(false)),
+        ]);
+        assert_eq!(
+            value_json(&binary),
+            "[[{\"base64\":\"/g==\"},true],[{\"base64\":\"/w==\"},false]]"
+        );
         assert_eq!(value_text(&ProgramValue::Nil), b"nil\n");
         assert_eq!(value_text(&ProgramValue::Int(-3)), b"-3\n");
         assert_eq!(
