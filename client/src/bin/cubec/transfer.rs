@@ -729,16 +729,19 @@ struct ReadOutcome {
     read_error: Option<String>,
 }
 
-/// How the reading thread cuts records into batches.
-#[derive(Clone, Copy)]
+/// How the reading thread cuts records into batches, and the bar its
+/// skipped-record reports print above.
+#[derive(Clone)]
 struct BatchShape {
     max_ops: usize,
     max_bytes: u64,
     skip_bad: bool,
+    bar: ProgressBar,
 }
 
-fn report_skipped(outcome: &mut ReadOutcome, bad: BadRecord) {
-    eprintln!("cubec: line {}: {} (skipped)", bad.line, bad.reason);
+fn report_skipped(outcome: &mut ReadOutcome, bad: BadRecord, bar: &ProgressBar) {
+    // Above the bar, not through it: the bar redraws itself on its line.
+    bar.suspend(|| eprintln!("cubec: line {}: {} (skipped)", bad.line, bad.reason));
     outcome.skipped_count += 1;
     if outcome.skipped.len() < MAX_SKIPPED_REPORTED {
         outcome.skipped.push(bad);
@@ -774,7 +777,7 @@ fn read_batches(mut reader: RecordReader, shape: BatchShape, tx: SyncSender<Batc
                     reason,
                 };
                 if shape.skip_bad {
-                    report_skipped(&mut outcome, bad);
+                    report_skipped(&mut outcome, bad, &shape.bar);
                     continue;
                 }
                 // Stop before this record's batch is sent: nothing of it
@@ -919,7 +922,7 @@ fn send_batches(
                     });
                     match (index, bad) {
                         (Some(i), Some(bad)) if args.skip_bad && is_bad_record(&error) => {
-                            report_skipped(skipped, bad);
+                            report_skipped(skipped, bad, &progress.bar);
                             batch.ops.remove(i);
                             batch.lines.remove(i);
                             if batch.ops.is_empty() {
@@ -1009,7 +1012,12 @@ pub(crate) fn import(
     let (input, size) = open_input(&args.file)?;
     let limits = client.limits();
     let max_value_bytes = limits.max_value_bytes as usize;
+    let progress = Progress {
+        bar: progress_bar(size),
+        started: Instant::now(),
+    };
     let shape = BatchShape {
+        bar: progress.bar.clone(),
         max_ops: args.batch as usize,
         max_bytes: MAX_BATCH_BYTES
             .min(u64::from(limits.max_frame_bytes).saturating_sub(BATCH_FRAME_OVERHEAD)),
@@ -1023,10 +1031,6 @@ pub(crate) fn import(
         line: 0,
         bytes: 0,
         buf: Vec::new(),
-    };
-    let progress = Progress {
-        bar: progress_bar(size),
-        started: Instant::now(),
     };
     let (tx, rx) = sync_channel(BATCHES_AHEAD);
     let reading = thread::Builder::new()
