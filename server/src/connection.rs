@@ -120,6 +120,9 @@ pub(crate) struct Connection {
     /// them skips the shared namespace table and mostly the cells' lock;
     /// forgotten after [`MEMO_FORGET_AFTER`] idle.
     namespace_memo: NamespaceMemo,
+    /// cubed is shutting down and this connection has said so: it answers
+    /// the whole requests already in its read buffer, then closes.
+    draining: bool,
 }
 
 impl Connection {
@@ -146,6 +149,7 @@ impl Connection {
             peer,
             guard: None,
             namespace_memo: NamespaceMemo::default(),
+            draining: false,
         })
     }
 
@@ -161,6 +165,9 @@ impl Connection {
         loop {
             // Here, so every way round the loop (answers, refusals) passes.
             self.release_big_buffers();
+            if self.draining && !self.whole_frame_buffered() {
+                return Close::Refused("shutting down".into());
+            }
             let header = match self.next_frame() {
                 Ok(header) => header,
                 Err(close) => return close,
@@ -220,10 +227,17 @@ impl Connection {
             if self.shared.shutting_down.load(Ordering::Relaxed) {
                 let error = ServerError::new(
                     ErrorCode::ShuttingDown,
-                    "cubed is shutting down; reconnect after it restarts",
+                    "cubed is shutting down; nothing of this request was done; \
+                     reconnect after it restarts",
                 );
-                let _ = self.send_error(header.opcode, header.request_id, &error);
-                return Close::Refused("shutting down".into());
+                if let Err(close) = self.send_error(header.opcode, header.request_id, &error) {
+                    return close;
+                }
+                // Requests pipelined behind this one and already read get
+                // the same answer, so the client knows each was not done
+                // instead of meeting a closed socket; nothing more is read.
+                self.draining = true;
+                continue;
             }
             match authorize(&self.peer, self.shared.engine.memstore(), &request) {
                 Ok(guard) => self.guard = guard,
@@ -347,7 +361,7 @@ impl Connection {
             }
         }
         let peeked = self.peek_header();
-        let complete = peeked.is_some_and(|h| self.reader.buffer().len() as u64 >= h.frame_bytes());
+        let complete = self.whole_frame_buffered();
         let limits = self.shared.args.limits();
         let read = if complete {
             read_frame(&mut self.reader, &limits, &mut self.body)
@@ -379,6 +393,12 @@ impl Connection {
             }
             Err(e) => Err(Close::FramingLost(e.to_string())),
         }
+    }
+
+    /// A whole frame is in the read buffer: reading it needs no I/O.
+    fn whole_frame_buffered(&self) -> bool {
+        self.peek_header()
+            .is_some_and(|h| self.reader.buffer().len() as u64 >= h.frame_bytes())
     }
 
     fn peek_header(&self) -> Option<FrameHeader> {

@@ -287,3 +287,68 @@ fn a_pipeline_over_its_limits_is_refused_before_anything_is_sent() {
     // The connection is still in step.
     assert_eq!(client.get("default", Coord::new(0, 0, 0)).unwrap(), None);
 }
+
+/// Found by review: at shutdown only the first request read after the
+/// flag was set got `shutting_down`; the requests pipelined behind it,
+/// already read, got a closed socket, so the client could not tell they
+/// were not done. Each whole request already read is now answered.
+#[test]
+fn requests_pipelined_behind_a_shutdown_are_each_told_so() {
+    let args = ["--program-fuel", "1000000000", "--program-time-ms", "10000"];
+    let mut daemon = LocalDaemon::start_fresh(&args).unwrap();
+    let at = Coord::new(0, 0, 0);
+    // Holds the writer for a second, so the reads behind it wait.
+    daemon
+        .client()
+        .unwrap()
+        .prog(
+            "default",
+            at,
+            b"local t = cube.now() while cube.now() - t < 1.0 do end return 'slept'",
+        )
+        .unwrap();
+    let mut s = UnixStream::connect(daemon.socket()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    hello(&mut s);
+    let ns = NamespaceName::new("default").unwrap();
+    let mut out = Vec::new();
+    Request::Run {
+        ns: ns.clone(),
+        coord: at,
+        args: Vec::new(),
+    }
+    .encode(10, &mut out);
+    for id in 11..14 {
+        Request::Get {
+            ns: ns.clone(),
+            coord: at,
+        }
+        .encode(id, &mut out);
+    }
+    s.write_all(&out).unwrap();
+    // SIGTERM while the run holds the writer and the gets wait behind it.
+    thread::sleep(Duration::from_millis(300));
+    let stopping = thread::spawn(move || daemon.terminate().unwrap());
+    let mut body = Vec::new();
+    let mut answers = Vec::new();
+    while let Ok(header) = read_frame(&mut s, &Limits::default(), &mut body) {
+        answers.push((
+            header.request_id,
+            Response::decode(&header, &body, &Limits::default()),
+        ));
+    }
+    assert!(stopping.join().unwrap().success());
+    let ids: Vec<u64> = answers.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids, vec![10, 11, 12, 13], "{answers:?}");
+    assert!(
+        matches!(&answers[0].1, Ok(Ok(Response::Run(reply))) if reply.value == ProgramValue::Bytes(b"slept".to_vec())),
+        "{:?}",
+        answers[0]
+    );
+    for (id, answer) in &answers[1..] {
+        assert!(
+            matches!(answer, Ok(Err(e)) if e.code == ErrorCode::ShuttingDown as u16),
+            "request {id}: {answer:?}"
+        );
+    }
+}
