@@ -26,7 +26,7 @@ use cube_store::{
 
 use crate::access::{Peer, authorize};
 use crate::server::Shared;
-use crate::write_reply::{MAX_PIPELINED_WRITES, PendingReply, deliver};
+use crate::write_reply::{MAX_PIPELINED_RUNS, MAX_PIPELINED_WRITES, PendingReply, deliver};
 
 /// Read buffer per connection; frames larger than this are read straight
 /// into the body buffer.
@@ -210,7 +210,14 @@ impl Connection {
             // A write may be queued behind earlier writes whose answers are
             // not out yet (pipelining, `write_reply`); anything else waits
             // for them all, so it sees those writes and answers after them.
-            let room = if is_write { MAX_PIPELINED_WRITES } else { 1 };
+            // A run's answer may fill a frame (a result of megabytes); a
+            // client that pipelines runs and does not read would otherwise
+            // park up to MAX_PIPELINED_WRITES of them in this daemon.
+            let room = match &request {
+                Request::Run { .. } => MAX_PIPELINED_RUNS,
+                _ if is_write => MAX_PIPELINED_WRITES,
+                _ => 1,
+            };
             if let Err(kind) = self.pending_reply.wait_below(room) {
                 return Close::WriteFailed(io::Error::from(kind));
             }

@@ -46,6 +46,14 @@ use socket2::SockRef;
 /// answer before reading on.
 pub(crate) const MAX_PIPELINED_WRITES: u64 = 64;
 
+/// A `run` is queued only while fewer answers than this are outstanding on
+/// its connection, so at most this many run answers (each up to a frame:
+/// 16 MiB by default) are ever held for one client that does not read;
+/// other writes' answers are a few dozen bytes.
+pub(crate) const MAX_PIPELINED_RUNS: u64 = 4;
+
+const _: () = assert!(MAX_PIPELINED_RUNS >= 2 && MAX_PIPELINED_RUNS <= MAX_PIPELINED_WRITES);
+
 #[derive(Default)]
 struct Slot {
     /// The sequence number the next [`PendingReply::begin`] hands out.
