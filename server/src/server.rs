@@ -415,8 +415,23 @@ fn spawn_connection(
     shared: &Arc<Shared>,
     peer: crate::access::Peer,
 ) -> io::Result<()> {
-    let registered = stream.try_clone()?;
-    let mut connection = Connection::new(stream, Arc::clone(shared), peer)?;
+    // Out of descriptors (or threads), the client is told so on the
+    // stream already accepted, which needs none, instead of being dropped
+    // without a word.
+    let registered = match stream.try_clone() {
+        Ok(registered) => registered,
+        Err(e) => {
+            refuse_unserved(stream, &e);
+            return Err(e);
+        }
+    };
+    let mut connection = match Connection::new(stream, Arc::clone(shared), peer) {
+        Ok(connection) => connection,
+        Err(e) => {
+            refuse_unserved(registered, &e);
+            return Err(e);
+        }
+    };
     shared.active.fetch_add(1, Ordering::SeqCst);
     lock(&shared.connections).insert(id, registered);
     shared
@@ -444,11 +459,26 @@ fn spawn_connection(
             thread_shared.active.fetch_sub(1, Ordering::SeqCst);
         });
     if let Err(e) = spawned {
-        lock(&shared.connections).remove(&id);
+        if let Some(registered) = lock(&shared.connections).remove(&id) {
+            refuse_unserved(registered, &e);
+        }
         shared.active.fetch_sub(1, Ordering::SeqCst);
         return Err(e);
     }
     Ok(())
+}
+
+/// Tells an accepted client that the daemon lacks the resources to serve
+/// it (`e`: out of file descriptors, usually).
+fn refuse_unserved(stream: UnixStream, e: &io::Error) {
+    refuse(
+        stream,
+        ErrorCode::TooManyConnections,
+        &format!(
+            "cubed cannot serve another connection now ({e}); retry later, \
+             or raise its open-file limit (ulimit -n) or lower --max-connections"
+        ),
+    );
 }
 
 /// Tells a client why it is not being served, without letting a slow peer
