@@ -11,7 +11,7 @@ const RECORDS: i32 = 100;
 const BAD_RECORD: i32 = 50;
 /// Segment header + a put record of namespace "default" and a 9-byte value:
 /// 17 (record header) + 1 + 7 (namespace) + 12 (coord) + 4 + 9 (value).
-const SEGMENT_HEADER: u64 = 24;
+const SEGMENT_HEADER: u64 = 32;
 const RECORD_BYTES: u64 = 50;
 
 #[test]
