@@ -281,26 +281,10 @@ fn sigterm_during_a_connect_flood_stops_the_daemon_promptly() {
 /// connections were reset with no word).
 #[test]
 fn a_low_open_file_limit_is_raised_for_the_connection_cap() {
-    let dir = tempfile::tempdir().unwrap();
-    let (data, socket) = (dir.path().join("data"), dir.path().join("cubed.sock"));
-    let cubed = LocalDaemon::find_binary().unwrap();
-    let mut child = Command::new("sh")
-        .arg("-c")
-        .arg("ulimit -Sn 128 && exec \"$0\" --data \"$1\" --socket \"$2\" --max-connections 1000")
-        .arg(&cubed)
-        .arg(&data)
-        .arg(&socket)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !socket.exists() {
-        assert!(Instant::now() < deadline, "cubed did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let limits = std::fs::read_to_string(format!("/proc/{}/limits", child.id())).unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
+    let (_dir, socket, daemon) = start_under_ulimit("-Sn 128", 1000);
+    assert!(socket.exists());
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", daemon.0.id())).unwrap();
+    drop(daemon);
     let line = limits
         .lines()
         .find(|l| l.starts_with("Max open files"))
@@ -321,6 +305,35 @@ impl Drop for KillOnDrop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// Starts cubed on a fresh data dir after `ulimit ULIMIT_ARGS` in a shell,
+/// and waits for its socket: the data dir, the socket, and the daemon.
+fn start_under_ulimit(
+    ulimit_args: &str,
+    max_connections: u32,
+) -> (tempfile::TempDir, std::path::PathBuf, KillOnDrop) {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, socket) = (dir.path().join("data"), dir.path().join("cubed.sock"));
+    let cubed = LocalDaemon::find_binary().unwrap();
+    let child = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit {ulimit_args} && exec \"$0\" --data \"$1\" --socket \"$2\" --max-connections {max_connections}"
+        ))
+        .arg(&cubed)
+        .arg(&data)
+        .arg(&socket)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let daemon = KillOnDrop(child);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !socket.exists() {
+        assert!(Instant::now() < deadline, "cubed did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (dir, socket, daemon)
 }
 
 /// What became of a hello sent on a fresh connection.
@@ -379,26 +392,7 @@ fn greet(stream: &mut UnixStream, wait: Duration) -> Greeting {
 fn out_of_file_descriptors_clients_are_told_or_served_once_some_are_free() {
     let (mut stranded_seen, mut refused_seen) = (false, false);
     for limit in 64..68 {
-        let dir = tempfile::tempdir().unwrap();
-        let (data, socket) = (dir.path().join("data"), dir.path().join("cubed.sock"));
-        let cubed = LocalDaemon::find_binary().unwrap();
-        let child = Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "ulimit -n {limit} && exec \"$0\" --data \"$1\" --socket \"$2\" --max-connections 500"
-            ))
-            .arg(&cubed)
-            .arg(&data)
-            .arg(&socket)
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let _daemon = KillOnDrop(child);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !socket.exists() {
-            assert!(Instant::now() < deadline, "cubed did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let (_dir, socket, _daemon) = start_under_ulimit(&format!("-n {limit}"), 500);
         // Connect until one is not served.
         let mut served = Vec::new();
         let (mut unserved, greeting) = loop {

@@ -288,6 +288,20 @@ fn a_pipeline_over_its_limits_is_refused_before_anything_is_sent() {
     assert_eq!(client.get("default", Coord::new(0, 0, 0)).unwrap(), None);
 }
 
+/// Stores `source` at `at` in `default`, then opens a raw connection
+/// (greeted, reads time out after 60 s) to pipeline requests on.
+fn prog_then_connect(daemon: &LocalDaemon, at: Coord, source: &[u8]) -> UnixStream {
+    daemon
+        .client()
+        .unwrap()
+        .prog("default", at, source)
+        .unwrap();
+    let mut s = UnixStream::connect(daemon.socket()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    hello(&mut s);
+    s
+}
+
 /// Found by review: at shutdown only the first request read after the
 /// flag was set got `shutting_down`; the requests pipelined behind it,
 /// already read, got a closed socket, so the client could not tell they
@@ -298,18 +312,11 @@ fn requests_pipelined_behind_a_shutdown_are_each_told_so() {
     let mut daemon = LocalDaemon::start_fresh(&args).unwrap();
     let at = Coord::new(0, 0, 0);
     // Holds the writer for a second, so the reads behind it wait.
-    daemon
-        .client()
-        .unwrap()
-        .prog(
-            "default",
-            at,
-            b"local t = cube.now() while cube.now() - t < 1.0 do end return 'slept'",
-        )
-        .unwrap();
-    let mut s = UnixStream::connect(daemon.socket()).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    hello(&mut s);
+    let mut s = prog_then_connect(
+        &daemon,
+        at,
+        b"local t = cube.now() while cube.now() - t < 1.0 do end return 'slept'",
+    );
     let ns = NamespaceName::new("default").unwrap();
     let mut out = Vec::new();
     Request::Run {
@@ -364,18 +371,11 @@ fn pipelined_runs_with_big_results_are_held_only_a_few_at_a_time() {
     const RESULT_BYTES: usize = 15 << 20;
     let daemon = LocalDaemon::start_fresh(&[]).unwrap();
     let at = Coord::new(0, 0, 0);
-    daemon
-        .client()
-        .unwrap()
-        .prog(
-            "default",
-            at,
-            b"local s = string.rep('x', 1048576) local t = {} for i = 1, 15 do t[i] = s end return t",
-        )
-        .unwrap();
-    let mut s = UnixStream::connect(daemon.socket()).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    hello(&mut s);
+    let mut s = prog_then_connect(
+        &daemon,
+        at,
+        b"local s = string.rep('x', 1048576) local t = {} for i = 1, 15 do t[i] = s end return t",
+    );
     let before_kib = rss_kib(daemon.pid());
     let mut out = Vec::new();
     for id in 0..RUNS {
