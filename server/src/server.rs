@@ -459,7 +459,9 @@ fn spawn_connection(
             thread_shared.active.fetch_sub(1, Ordering::SeqCst);
         });
     if let Err(e) = spawned {
-        if let Some(registered) = lock(&shared.connections).remove(&id) {
+        // Taken out first: the write must not hold the connections' lock.
+        let registered = lock(&shared.connections).remove(&id);
+        if let Some(registered) = registered {
             refuse_unserved(registered, &e);
         }
         shared.active.fetch_sub(1, Ordering::SeqCst);

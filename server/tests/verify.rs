@@ -75,7 +75,9 @@ fn verify_passes_clean_dirs_and_reports_planted_corruption() {
         .find(|p| p.extension().is_some_and(|x| x == "wal"))
         .unwrap();
     let mut bytes = std::fs::read(&segment).unwrap();
-    bytes[24 + 40 * 50] ^= 0x20;
+    // A byte inside the records, past the segment's header.
+    let header = cube_store::wal::segment::parse_segment_header(&bytes).unwrap();
+    bytes[header.header_bytes + 40 * 50] ^= 0x20;
     std::fs::write(&segment, &bytes).unwrap();
 
     let checkpoint = daemon.data_dir().join("checkpoint");

@@ -16,14 +16,15 @@ use crate::checkpoint::{CheckpointConfig, CheckpointReport, CheckpointStore};
 use crate::crypto::{Keyring, load_key_file};
 use crate::curve::Curve;
 use crate::data_dir::DataDir;
+use crate::data_dir::sync_dir;
 use crate::error::StoreError;
 use crate::group_commit::{GroupCommit, GroupCommitConfig, WriteSession};
 use crate::memstore::{MemStore, NamespaceMemo};
 use crate::mutation::Mutation;
 use crate::stats::{StoreStats, StoreStatsSnapshot};
 use crate::storage::{RealDisk, Storage};
-use crate::wal::SegmentSeeds;
 use crate::wal::segment::WalSegment;
+use crate::wal::{CrcSeed, SegmentSeeds};
 use crate::wal::{RecoveryOptions, RecoveryReport, SealingRule, list_segments, recover_with};
 
 #[derive(Clone, Debug)]
@@ -276,6 +277,26 @@ impl Engine {
         // recovery would take for one of this start's (wal/crc_seed.rs).
         let seeds = SegmentSeeds::from_system_rng()?;
         let segment = match &recovery.tail {
+            // A version-1 tail has plain CRCs: appending to it would leave
+            // the forged-record hole open until it fills. It stays as it is
+            // (recovery left it ending on a whole group) and the log goes
+            // on in a new version-2 segment; one that holds no record is
+            // removed, since the new one takes its name.
+            Some(tail) if tail.header.crc_seed == CrcSeed::UNSEEDED => {
+                if tail.len_bytes == tail.header.header_bytes as u64 {
+                    storage
+                        .remove_file(&tail.path)
+                        .map_err(|e| StoreError::io(&tail.path, e))?;
+                    sync_dir(storage.as_ref(), &wal_dir)?;
+                }
+                WalSegment::create(
+                    storage.as_ref(),
+                    &wal_dir,
+                    recovery.next_lsn,
+                    seeds.for_segment(recovery.next_lsn),
+                    config.group_commit.segment_bytes,
+                )?
+            }
             Some(tail) => WalSegment::open_for_append(
                 storage.as_ref(),
                 &tail.path,

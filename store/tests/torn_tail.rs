@@ -269,10 +269,12 @@ fn a_value_holding_forged_records_is_still_dropped_as_a_torn_tail() {
 }
 
 /// A data dir written by a build before the checksum seeds (segment format
-/// version 1: a 24-byte header, plain CRC32C records) still opens, and the
-/// writer appends to its tail segment in that segment's own format.
+/// version 1: a 24-byte header, plain CRC32C records) still opens. Its
+/// version-1 tail is left as it is and the log goes on in a new version-2
+/// segment (found by review: appending to the tail in version 1 kept the
+/// forged-record hole open until the tail filled).
 #[test]
-fn a_version_1_segment_is_read_and_appended_to() {
+fn a_version_1_segment_is_read_and_the_log_goes_on_in_version_2() {
     use cube_store::wal::CrcSeed;
     use cube_store::wal::record::encode_record;
     let tmp = tempfile::tempdir().unwrap();
@@ -328,10 +330,55 @@ fn a_version_1_segment_is_read_and_appended_to() {
         }
         engine.close_without_checkpoint();
     }
-    let header = cube_store::wal::segment::parse_segment_header(&fs::read(&segment).unwrap());
     assert_eq!(
-        header.unwrap().crc_seed,
-        CrcSeed::UNSEEDED,
-        "still version 1"
+        fs::read(&segment).unwrap(),
+        v1,
+        "the version-1 segment is untouched"
     );
+    let next = fs::read(dir.join("wal").join("00000000000000000003.wal")).unwrap();
+    let header = cube_store::wal::segment::parse_segment_header(&next).unwrap();
+    assert_ne!(
+        header.crc_seed,
+        CrcSeed::UNSEEDED,
+        "the log goes on in version 2"
+    );
+    assert_eq!(record_ends(&next).len(), 1);
+}
+
+/// A version-1 tail that holds no record yet is replaced by a version-2
+/// segment of the same name (the first LSN it would have held).
+#[test]
+fn an_empty_version_1_tail_is_replaced_by_a_version_2_segment() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("d");
+    Engine::open(config(&dir))
+        .unwrap()
+        .close_without_checkpoint();
+    let segment = dir.join("wal").join("00000000000000000001.wal");
+    let mut v1 = Vec::new();
+    v1.extend_from_slice(b"CUBEWAL\0");
+    v1.extend_from_slice(&1u32.to_le_bytes());
+    v1.extend_from_slice(&1u64.to_le_bytes());
+    let crc = crc32c::crc32c(&v1);
+    v1.extend_from_slice(&crc.to_le_bytes());
+    v1.resize(SEGMENT_BYTES as usize, 0);
+    fs::write(&segment, &v1).unwrap();
+    for round in 0..2 {
+        let engine = Engine::open(config(&dir)).unwrap();
+        if round == 0 {
+            let put = Mutation::Put {
+                ns: ns(),
+                coord: Coord::new(1, 0, 0),
+                value: b"v".to_vec(),
+            };
+            assert_eq!(engine.session().unwrap().write(put).unwrap().lsn, 1);
+        } else {
+            assert!(engine.get(&ns(), Coord::new(1, 0, 0)).unwrap().is_some());
+        }
+        engine.close_without_checkpoint();
+    }
+    let bytes = fs::read(&segment).unwrap();
+    let header = cube_store::wal::segment::parse_segment_header(&bytes).unwrap();
+    assert_ne!(header.crc_seed, cube_store::wal::CrcSeed::UNSEEDED);
+    assert_eq!(fs::read_dir(dir.join("wal")).unwrap().count(), 1);
 }

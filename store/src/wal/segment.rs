@@ -201,8 +201,8 @@ impl WalSegment {
 
     /// Reopens the segment recovery ended on, to append after its last
     /// valid record (recovery already zeroed anything torn beyond it). The
-    /// appended records keep the segment's own seed and version (a
-    /// version-1 tail gets plain CRCs until the next segment).
+    /// appended records take the segment's own seed (the engine never
+    /// appends to a version-1 segment: `Engine::open` starts a new one).
     pub fn open_for_append(
         storage: &dyn Storage,
         path: &Path,
