@@ -675,3 +675,64 @@ fn a_result_over_the_frame_fails_before_it_is_copied_whole() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Found by review: stock Lua orders strings with `strcoll` on each
+/// zero-separated piece, so comparing two strings of millions of zero bytes
+/// took tens of milliseconds inside one VM instruction, where no hook can
+/// stop it; a loop of such comparisons held the writer (every client's
+/// writes) for 6.7 s against a 250 ms backstop. cube's Lua compares bytes
+/// with `memcmp` (third_party/lua-src/CUBE-PATCH.md): the backstop now
+/// stops the loop near its setting, and the order is stock Lua's in the
+/// "C" locale.
+#[test]
+fn comparing_long_strings_of_zero_bytes_cannot_hold_the_writer() {
+    let daemon = LocalDaemon::start_fresh(&["--program-time-ms", "100"]).unwrap();
+    let mut c = daemon.client().unwrap();
+    let order = Coord::new(0, 0, 0);
+    c.prog(
+        NS,
+        order,
+        br#"local t = { "b", "a\0c", "a\0b", "a", "", "\0", "ab", "\255", "a\0" }
+            table.sort(t)
+            return { "a\0b" < "a\0c", "a" < "a\0", "a\0" < "a", "ab" > "a\0c",
+                     "\255" > "a", "" < "\0", "abc" <= "abc", table.concat(t, "|") }"#,
+    )
+    .unwrap();
+    let value = c.run(NS, order, &[]).unwrap().value;
+    let ProgramValue::Table(entries) = value else {
+        panic!("{value:?}")
+    };
+    let got: Vec<ProgramValue> = entries.into_iter().map(|(_, v)| v).collect();
+    let t = ProgramValue::Bool(true);
+    let f = ProgramValue::Bool(false);
+    assert_eq!(
+        got,
+        vec![
+            t.clone(),
+            t.clone(),
+            f,
+            t.clone(),
+            t.clone(),
+            t.clone(),
+            t,
+            ProgramValue::Bytes(b"|\0|a|a\0|a\0b|a\0c|ab|b|\xff".to_vec()),
+        ]
+    );
+
+    let zeros = Coord::new(1, 0, 0);
+    c.prog(
+        NS,
+        zeros,
+        b"local a = string.rep('\\0', 4000000) local b = a .. '\\0' \
+          while a < b do end",
+    )
+    .unwrap();
+    let started = Instant::now();
+    let err = run_err(&mut c, zeros);
+    let took = started.elapsed();
+    assert_eq!(code(&err), Some(ErrorCode::ProgramFuel), "{err}");
+    assert!(
+        took < Duration::from_secs(3),
+        "a 100 ms backstop stopped the comparisons after {took:?}"
+    );
+}
