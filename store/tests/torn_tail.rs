@@ -268,6 +268,23 @@ fn a_value_holding_forged_records_is_still_dropped_as_a_torn_tail() {
     engine.close_without_checkpoint();
 }
 
+/// A fresh data dir (so everything else a data dir holds is there), its
+/// first segment's path, and the 24-byte header of a version-1 segment
+/// starting at LSN 1 (magic, version 1, first LSN, CRC32C of those) to put
+/// there in its place.
+fn data_dir_with_a_version_1_segment(dir: &Path) -> (std::path::PathBuf, Vec<u8>) {
+    Engine::open(config(dir))
+        .unwrap()
+        .close_without_checkpoint();
+    let mut v1 = Vec::new();
+    v1.extend_from_slice(b"CUBEWAL\0");
+    v1.extend_from_slice(&1u32.to_le_bytes());
+    v1.extend_from_slice(&1u64.to_le_bytes());
+    let crc = crc32c::crc32c(&v1);
+    v1.extend_from_slice(&crc.to_le_bytes());
+    (dir.join("wal").join("00000000000000000001.wal"), v1)
+}
+
 /// A data dir written by a build before the checksum seeds (segment format
 /// version 1: a 24-byte header, plain CRC32C records) still opens. Its
 /// version-1 tail is left as it is and the log goes on in a new version-2
@@ -279,18 +296,7 @@ fn a_version_1_segment_is_read_and_the_log_goes_on_in_version_2() {
     use cube_store::wal::record::encode_record;
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("d");
-    {
-        // A fresh data dir, so everything else a data dir holds is there.
-        let engine = Engine::open(config(&dir)).unwrap();
-        engine.close_without_checkpoint();
-    }
-    let segment = dir.join("wal").join("00000000000000000001.wal");
-    let mut v1 = Vec::new();
-    v1.extend_from_slice(b"CUBEWAL\0");
-    v1.extend_from_slice(&1u32.to_le_bytes());
-    v1.extend_from_slice(&1u64.to_le_bytes());
-    let crc = crc32c::crc32c(&v1);
-    v1.extend_from_slice(&crc.to_le_bytes());
+    let (segment, mut v1) = data_dir_with_a_version_1_segment(&dir);
     for lsn in 1..=2u64 {
         let put = Mutation::Put {
             ns: ns(),
@@ -351,16 +357,7 @@ fn a_version_1_segment_is_read_and_the_log_goes_on_in_version_2() {
 fn an_empty_version_1_tail_is_replaced_by_a_version_2_segment() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("d");
-    Engine::open(config(&dir))
-        .unwrap()
-        .close_without_checkpoint();
-    let segment = dir.join("wal").join("00000000000000000001.wal");
-    let mut v1 = Vec::new();
-    v1.extend_from_slice(b"CUBEWAL\0");
-    v1.extend_from_slice(&1u32.to_le_bytes());
-    v1.extend_from_slice(&1u64.to_le_bytes());
-    let crc = crc32c::crc32c(&v1);
-    v1.extend_from_slice(&crc.to_le_bytes());
+    let (segment, mut v1) = data_dir_with_a_version_1_segment(&dir);
     v1.resize(SEGMENT_BYTES as usize, 0);
     fs::write(&segment, &v1).unwrap();
     for round in 0..2 {
