@@ -332,15 +332,31 @@ impl From<ClientError> for Failure {
             ClientError::BadArgument(_) => EXIT_USAGE,
             _ => EXIT_SERVER,
         };
-        let message = match next_step(&error) {
-            Some(step) => format!("{error}; {step}"),
-            None => error.to_string(),
-        };
+        let message = with_next_step(&error);
         Failure {
             code,
             message,
             reported_as_json: false,
         }
+    }
+}
+
+/// `error`'s message, followed by what the user can do about it unless the
+/// message already says so (the daemon's own messages often name the
+/// command that helps: the first `command` of the advice then appears in it).
+fn with_next_step(error: &ClientError) -> String {
+    let message = error.to_string();
+    match next_step(error) {
+        Some(step) if !already_advised(&message, step) => format!("{message}; {step}"),
+        _ => message,
+    }
+}
+
+fn already_advised(message: &str, step: &str) -> bool {
+    let mut quoted = step.split('`');
+    match (quoted.next(), quoted.next()) {
+        (Some(_), Some(command)) if !command.is_empty() => message.contains(command),
+        _ => false,
     }
 }
 
@@ -900,6 +916,24 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("cubec").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn advice_the_daemon_already_gave_is_not_repeated() {
+        use cube_client::ServerError;
+        let unknown = |message: &str| {
+            ClientError::Server(ServerError::new(ErrorCode::NoSuchNamespace, message))
+        };
+        // The connection's answer names `cubec ns list`; the writer's does not.
+        let named = with_next_step(&unknown(
+            "no such namespace \"x\"; `cubec ns list` shows the ones you may use",
+        ));
+        assert_eq!(named.matches("cubec ns list").count(), 1, "{named}");
+        let bare = with_next_step(&unknown("no such namespace \"x\""));
+        assert!(
+            bare.contains("; check the namespace name; `cubec ns list`"),
+            "{bare}"
+        );
     }
 
     #[test]
