@@ -95,5 +95,13 @@ mod tests {
         assert_ne!(seed.checksum(data), crc32c::crc32c(data));
         assert_ne!(seeds.for_segment(2), seed);
         assert_ne!(SegmentSeeds::fixed(8).for_segment(1), seed);
+        // As docs/storage-format.md specifies it for other implementations:
+        // standard CRC32C with the register started at !seed (computed
+        // bit by bit, independently of the crate).
+        assert_eq!(CrcSeed::UNSEEDED.checksum(b"123456789"), 0xE306_9283);
+        assert_eq!(
+            CrcSeed::from_u32(0x1234_5678).checksum(b"123456789"),
+            0x27D8_7B6A
+        );
     }
 }
