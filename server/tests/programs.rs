@@ -97,17 +97,9 @@ fn a_failed_run_applies_nothing_and_is_still_recorded() {
 /// and its telemetry record with them, while the daemon counted the run).
 #[test]
 fn a_run_over_its_namespace_quota_applies_nothing_and_is_recorded() {
-    use cube_client::{NamespaceName, NamespaceSpec, Request, Response};
     let daemon = LocalDaemon::start_fresh(&[]).unwrap();
     let mut c = daemon.client().unwrap();
-    let request = Request::NsCreate {
-        ns: NamespaceName::new("small").unwrap(),
-        spec: NamespaceSpec {
-            max_cells: Some(1),
-            ..Default::default()
-        },
-    };
-    assert!(matches!(c.call(&request).unwrap(), Response::NsCreated(_)));
+    common::create_with_max_cells(&mut c, "small", 1);
     let at = Coord::new(0, 0, 0);
     c.prog(
         "small",

@@ -1,6 +1,8 @@
 //! Guards `step` against a real cubed: every run reads the state from before the step, a failed run (an error, or writes past a quota) applies nothing while the others commit, every run is in its cell's telemetry, and bad boxes, unknown namespaces, huge boxes and the step's time budget get clear answers (the Game of Life by steps, across kill -9, is in program_examples.rs).
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use cube_client::{Client, Coord, ErrorCode, LocalDaemon, RunOutcome};
 
 const NS: &str = "default";
@@ -253,17 +255,9 @@ fn the_runs_of_a_step_share_one_transactions_room_for_writes() {
 /// that would go past the quota is undone alone and recorded as failed.
 #[test]
 fn runs_past_a_quota_fail_alone_and_are_recorded() {
-    use cube_client::{NamespaceName, NamespaceSpec, Request, Response};
     let daemon = LocalDaemon::start_fresh(&[]).unwrap();
     let mut c = daemon.client().unwrap();
-    let request = Request::NsCreate {
-        ns: NamespaceName::new("small").unwrap(),
-        spec: NamespaceSpec {
-            max_cells: Some(3),
-            ..Default::default()
-        },
-    };
-    assert!(matches!(c.call(&request).unwrap(), Response::NsCreated(_)));
+    common::create_with_max_cells(&mut c, "small", 3);
     for x in 0..6 {
         c.prog("small", Coord::new(x, 0, 0), b"cube.rput(0, 0, 1, 'w')")
             .unwrap();

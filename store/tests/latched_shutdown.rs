@@ -4,21 +4,13 @@
 //! a write its client was told had failed came back after a power loss).
 #![allow(clippy::unwrap_used)]
 
-use std::path::Path;
-use std::sync::Arc;
-use std::time::Duration;
+mod common;
+
+use common::sim_config as config;
 
 use cube_protocol::{Coord, NamespaceName};
 use cube_store::sim_disk::{FaultPlan, SimDisk};
-use cube_store::{Engine, EngineConfig, Mutation, WriteErrorKind};
-
-fn config(disk: &SimDisk) -> EngineConfig {
-    let mut c = EngineConfig::new(Path::new("/sim/data"));
-    c.storage = Arc::new(disk.clone());
-    c.group_commit.segment_bytes = 4096;
-    c.checkpoint.poll_interval = Duration::from_secs(3600);
-    c
-}
+use cube_store::{Engine, Mutation, WriteErrorKind};
 
 fn put(i: i32) -> Mutation {
     Mutation::Put {

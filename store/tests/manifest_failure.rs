@@ -5,22 +5,15 @@
 //! the data dir), and a restart must recover every acknowledged write.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use common::sim_config as config;
+
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::sync::Arc;
-use std::time::Duration;
 
 use cube_protocol::{Coord, NamespaceName};
 use cube_store::sim_disk::{FaultPlan, SimDisk};
-use cube_store::{Engine, EngineConfig, Mutation, StoreError};
-
-fn config(disk: &SimDisk) -> EngineConfig {
-    let mut c = EngineConfig::new(Path::new("/sim/data"));
-    c.storage = Arc::new(disk.clone());
-    c.group_commit.segment_bytes = 4096;
-    c.checkpoint.poll_interval = Duration::from_secs(3600);
-    c
-}
+use cube_store::{Engine, Mutation, StoreError};
 
 #[test]
 fn a_failed_manifest_store_stops_checkpoints_and_loses_nothing() {

@@ -71,3 +71,16 @@ impl Drop for DumpOnFailure<'_> {
         }
     }
 }
+
+/// Creates namespace `name` holding at most `max_cells` cells.
+pub fn create_with_max_cells(c: &mut Client, name: &str, max_cells: u64) {
+    use cube_client::{NamespaceName, NamespaceSpec, Request, Response};
+    let request = Request::NsCreate {
+        ns: NamespaceName::new(name).unwrap(),
+        spec: NamespaceSpec {
+            max_cells: Some(max_cells),
+            ..Default::default()
+        },
+    };
+    assert!(matches!(c.call(&request).unwrap(), Response::NsCreated(_)));
+}
