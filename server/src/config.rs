@@ -149,6 +149,13 @@ pub struct Args {
           value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub program_step_ms: u64,
 
+    /// Threads one big `step` runs its programs on (the writer and helpers,
+    /// each with its own VM); 1 runs every step on the writer alone.
+    /// Default: the machine's cores, at most 8.
+    #[arg(long, value_name = "N",
+          value_parser = clap::value_parser!(u64).range(1..=MAX_STEP_THREADS as u64))]
+    pub program_step_threads: Option<u64>,
+
     /// Telemetry records kept per cell (the run count is exact regardless).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_PROGRAM_TELEMETRY_KEEP,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(cube_store::MAX_TELEMETRY_KEEP)))]
@@ -198,6 +205,9 @@ pub const DEFAULT_PROGRAM_TIME_MS: u64 = 250;
 /// rules (tens of milliseconds), short enough that other writers wait
 /// seconds at most.
 pub const DEFAULT_PROGRAM_STEP_MS: u64 = 2000;
+/// Most threads one `step` runs its programs on: each holds a VM, and a
+/// step's runs are a few microseconds each, so more rarely pays.
+pub const MAX_STEP_THREADS: usize = 8;
 pub const DEFAULT_PROGRAM_TELEMETRY_KEEP: u32 = 1000;
 
 fn parse_program_memory(text: &str) -> Result<usize, String> {
@@ -240,6 +250,17 @@ impl Args {
             max_work: self.max_walk_work,
             // Header, status and the walk answer's fixed fields.
             max_answer_bytes: (self.max_frame_bytes as usize).saturating_sub(64),
+        }
+    }
+
+    /// `--program-step-threads`, or the machine's cores (at most
+    /// [`MAX_STEP_THREADS`]).
+    pub fn step_threads(&self) -> usize {
+        match self.program_step_threads {
+            Some(n) => n as usize,
+            None => std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(MAX_STEP_THREADS),
         }
     }
 

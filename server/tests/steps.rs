@@ -306,3 +306,107 @@ fn runs_past_a_quota_fail_alone_and_are_recorded() {
         1
     );
 }
+
+/// An odd-neighbourhood rule written in place: correct only if every run
+/// reads the generation before the step, whatever thread it ran on.
+const ODD_RULE: &[u8] = b"local n = cube.rcount(-1, -1, -1, 1, 1, 1)\n\
+    if n % 2 == 1 then cube.rput(0, 0, 0, '1') else cube.rdel(0, 0, 0) end\n\
+    return n";
+
+/// A daemon whose steps run on `threads` threads, with `source` stored at
+/// every cell of a 32 x 16 x 4 box (2 048 programs: enough for two lanes)
+/// and a pseudo-random soup of live cells.
+fn step_box(threads: &str, source: &[u8]) -> (LocalDaemon, Client) {
+    let daemon = LocalDaemon::start_fresh(&["--program-step-threads", threads]).unwrap();
+    let mut c = daemon.client().unwrap();
+    for x in 0..32 {
+        for y in 0..16 {
+            for z in 0..4 {
+                let at = Coord::new(x, y, z);
+                c.prog(NS, at, source).unwrap();
+                if (x * 7 + y * 13 + z * 5) % 3 == 0 {
+                    c.put(NS, at, b"1").unwrap();
+                }
+            }
+        }
+    }
+    (daemon, c)
+}
+
+fn step_all(c: &mut Client, args: &[&[u8]]) -> cube_client::StepReply {
+    c.step(NS, Coord::new(0, 0, 0), Coord::new(31, 15, 3), args)
+        .unwrap()
+}
+
+#[test]
+fn a_step_on_several_threads_computes_what_one_thread_computes() {
+    let (_one, mut one) = step_box("1", ODD_RULE);
+    let (_two, mut two) = step_box("2", ODD_RULE);
+    for generation in 0..3 {
+        let (a, b) = (step_all(&mut one, &[]), step_all(&mut two, &[]));
+        assert_eq!(
+            (a.programs, a.failed, a.cells_written, a.instructions),
+            (b.programs, b.failed, b.cells_written, b.instructions),
+            "generation {generation}"
+        );
+        assert_eq!((a.programs, a.failed), (2048, 0));
+    }
+    let mut live = 0;
+    for x in 0..32 {
+        for y in 0..16 {
+            for z in 0..4 {
+                let at = Coord::new(x, y, z);
+                let value = one.get(NS, at).unwrap();
+                assert_eq!(value, two.get(NS, at).unwrap(), "cell {at}");
+                live += usize::from(value.is_some());
+                if (x + y + z) % 37 == 0 {
+                    let (a, b) = (
+                        one.cell_stats(NS, at, 3).unwrap(),
+                        two.cell_stats(NS, at, 3).unwrap(),
+                    );
+                    assert_eq!((a.runs, b.runs), (3, 3), "cell {at}");
+                    let written = |s: &cube_client::CellStats| {
+                        s.records
+                            .iter()
+                            .map(|r| r.cells_written)
+                            .collect::<Vec<_>>()
+                    };
+                    assert_eq!(written(&a), written(&b), "cell {at}");
+                }
+            }
+        }
+    }
+    assert!(live > 0 && live < 2048, "{live} live cells: a dull soup");
+    assert_eq!(common::stat(&mut one, "programs.steps_parallel"), 0);
+    assert_eq!(common::stat(&mut two, "programs.steps_parallel"), 3);
+    assert_eq!(common::stat(&mut two, "programs.steps_redone"), 0);
+}
+
+#[test]
+fn runs_near_the_steps_caps_come_out_as_on_one_thread() {
+    // 2 048 runs of 32 writes each are 65 536 writes, past the 63 488 the
+    // step leaves beside its records: on one thread the runs after the
+    // first 1 984 are refused. Each lane alone fits, so the lanes' work
+    // must be dropped and the step done again on one thread.
+    let writer = b"for i = 1, 32 do cube.rput(0, 0, 10 + i, 'v') end";
+    let (_one, mut one) = step_box("1", writer);
+    let (_two, mut two) = step_box("2", writer);
+    let (a, b) = (step_all(&mut one, &[]), step_all(&mut two, &[]));
+    assert_eq!(
+        (a.programs, a.failed, a.cells_written),
+        (2048, 64, 1984 * 32)
+    );
+    assert_eq!(
+        (a.programs, a.failed, a.cells_written),
+        (b.programs, b.failed, b.cells_written)
+    );
+    let (fa, fb) = (a.first_failure.unwrap(), b.first_failure.unwrap());
+    assert_eq!((fa.coord, &fa.message), (fb.coord, &fb.message));
+    assert!(
+        fa.message
+            .contains("the runs of one step together may write at most 0 cells"),
+        "{fa:?}"
+    );
+    assert_eq!(common::stat(&mut two, "programs.steps_parallel"), 1);
+    assert_eq!(common::stat(&mut two, "programs.steps_redone"), 1);
+}

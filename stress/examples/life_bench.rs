@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cargo build --release -p cube-server -p cube-stress --examples
-//! target/release/examples/life_bench [SIDE] [CLIENTS] [--sync always|never] [--steps N]
+//! target/release/examples/life_bench [SIDE] [CLIENTS] [--sync always|never] [--steps N] [--step-threads N]
 //! ```
 //! It prints wall-clock runs per second and, from the daemon's own
 //! figures, cell-programs per second of daemon time: runs divided by the
@@ -14,7 +14,8 @@
 //! With `--steps N` it then computes the same generation N more times as
 //! one `step` request each (every program of the region in one writer
 //! transaction and one commit group), and prints each step's wall time and
-//! writer time (`programs.step_us_*`).
+//! writer time (`programs.step_us_*`); `--step-threads N` passes
+//! `--program-step-threads N` to the daemon (default: its cores).
 //! Figures go to `docs/benchmarks.md` ("Cell programs").
 #![allow(clippy::unwrap_used)]
 
@@ -57,7 +58,15 @@ fn main() {
         .position(|a| a == "--steps")
         .and_then(|i| args.get(i + 1))
         .map_or(0, |n| n.parse().unwrap());
-    let daemon = LocalDaemon::start_fresh(&["--sync", &sync]).unwrap();
+    let step_threads = args
+        .iter()
+        .position(|a| a == "--step-threads")
+        .and_then(|i| args.get(i + 1).cloned());
+    let mut daemon_args = vec!["--sync", &sync];
+    if let Some(threads) = &step_threads {
+        daemon_args.extend(["--program-step-threads", threads]);
+    }
+    let daemon = LocalDaemon::start_fresh(&daemon_args).unwrap();
     let source = life_program();
 
     // A pseudo-random soup, about 30 % alive, and the rule at every cell.

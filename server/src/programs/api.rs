@@ -12,6 +12,7 @@
 
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use cube_protocol::{CellBox, Coord, Direction, EdgeLabel, NamespaceName};
@@ -65,7 +66,7 @@ pub(crate) struct RunState {
 /// detached from the writer's borrowed view, for the program's call and
 /// takes it back after.
 pub(crate) struct Run {
-    pub(crate) view: TxnView<'static>,
+    pub(crate) view: RunView,
     pub(crate) here: Coord,
     pub(crate) max_value_bytes: usize,
     pub(crate) walk_limits: WalkLimits,
@@ -81,8 +82,43 @@ pub(crate) struct Run {
     /// run, writing to its view).
     pub(crate) deferred: Option<Vec<DeferredWrite>>,
     /// In a step: the cells around its programs as they were before it,
-    /// which is what every run of the step reads.
-    pub(crate) snapshot: Option<StepSnapshot>,
+    /// which is what every run of the step reads (shared by its lanes).
+    pub(crate) snapshot: Option<Arc<StepSnapshot>>,
+    /// Whether a write of this run was refused for a cap: a step lane's
+    /// caps can be looser than the step's, so its merge must know.
+    pub(crate) refused_by_cap: bool,
+}
+
+/// The transaction a run reads (and, in a plain run, writes).
+// One per VM, moved once per run or lane: boxing the big variant would
+// cost an allocation per run for nothing.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum RunView {
+    /// The writer's transaction, lent to one run or to a step run on the
+    /// writer alone.
+    Owned(TxnView<'static>),
+    /// The writer's transaction shared, read-only, by the lanes of a step
+    /// run on several threads; every write of theirs is held back.
+    Shared(Arc<TxnView<'static>>),
+}
+
+impl RunView {
+    pub(crate) fn read(&self) -> &TxnView<'static> {
+        match self {
+            RunView::Owned(view) => view,
+            RunView::Shared(view) => view,
+        }
+    }
+
+    /// The transaction, to go back to the writer's view. A shared one must
+    /// be the last share: a step takes every lane's back first.
+    pub(crate) fn into_owned(self) -> TxnView<'static> {
+        match self {
+            RunView::Owned(view) => view,
+            RunView::Shared(view) => Arc::into_inner(view)
+                .expect("a step takes back every lane's share of its view before it ends"),
+        }
+    }
 }
 
 /// A put (`Some`) or delete (`None`) a run in a step made.
@@ -97,7 +133,7 @@ impl Run {
         walk_limits: WalkLimits,
     ) -> Run {
         Run {
-            view,
+            view: RunView::Owned(view),
             here,
             max_value_bytes,
             walk_limits,
@@ -107,6 +143,31 @@ impl Run {
             write_bytes_cap: MAX_RUN_WRITE_BYTES,
             deferred: None,
             snapshot: None,
+            refused_by_cap: false,
+        }
+    }
+
+    /// A run of a step (its writes held back, its reads of the step's
+    /// snapshot), on `view`, owned or shared with the step's other lanes.
+    pub(crate) fn in_step(
+        view: RunView,
+        here: Coord,
+        max_value_bytes: usize,
+        walk_limits: WalkLimits,
+        snapshot: Option<Arc<StepSnapshot>>,
+    ) -> Run {
+        Run {
+            view,
+            here,
+            max_value_bytes,
+            walk_limits,
+            writes: 0,
+            write_bytes: 0,
+            write_cap: MAX_RUN_WRITES,
+            write_bytes_cap: MAX_RUN_WRITE_BYTES,
+            deferred: Some(Vec::new()),
+            snapshot,
+            refused_by_cap: false,
         }
     }
 }
@@ -230,7 +291,8 @@ pub(crate) fn dispatcher(lua: &Lua, slot: RunSlot) -> mlua::Result<mlua::Functio
             write_cap: run.write_cap,
             write_bytes_cap: run.write_bytes_cap,
             deferred: run.deferred.as_mut(),
-            snapshot: run.snapshot.as_ref(),
+            snapshot: run.snapshot.as_deref(),
+            refused_by_cap: &mut run.refused_by_cap,
         }
         .dispatch(lua, args)
     })
@@ -238,7 +300,7 @@ pub(crate) fn dispatcher(lua: &Lua, slot: RunSlot) -> mlua::Result<mlua::Functio
 
 /// What one call may touch: the run's state, borrowed for the call.
 struct RunContext<'v> {
-    view: &'v mut TxnView<'static>,
+    view: &'v mut RunView,
     ns: &'v NamespaceName,
     here: Coord,
     max_value_bytes: usize,
@@ -249,6 +311,7 @@ struct RunContext<'v> {
     write_bytes_cap: usize,
     deferred: Option<&'v mut Vec<DeferredWrite>>,
     snapshot: Option<&'v StepSnapshot>,
+    refused_by_cap: &'v mut bool,
 }
 
 /// The dispatcher's arguments: the op, then up to seven values.
@@ -561,6 +624,7 @@ impl RunContext<'_> {
             }
         };
         if *self.writes >= self.write_cap {
+            *self.refused_by_cap = true;
             let (cap, who) = (self.write_cap, whose(self.write_cap < MAX_RUN_WRITES));
             return Err(api_error(
                 lua,
@@ -570,6 +634,7 @@ impl RunContext<'_> {
         }
         let len = value.as_ref().map_or(0, Vec::len);
         if *self.write_bytes + len > self.write_bytes_cap {
+            *self.refused_by_cap = true;
             let cap = self.write_bytes_cap;
             let who = whose(cap < MAX_RUN_WRITE_BYTES);
             return Err(api_error(
@@ -591,12 +656,21 @@ impl RunContext<'_> {
             }
             return Ok(existed);
         }
+        let RunView::Owned(view) = &mut *self.view else {
+            // A shared view belongs to a step lane, whose writes are all
+            // held back above.
+            return Err(api_error(
+                lua,
+                op,
+                "internal: a step lane wrote to its view",
+            ));
+        };
         Ok(match value {
             Some(bytes) => {
-                self.view.put(self.ns, coord, bytes);
+                view.put(self.ns, coord, bytes);
                 false
             }
-            None => self.view.del(self.ns, coord),
+            None => view.del(self.ns, coord),
         })
     }
 
@@ -606,7 +680,7 @@ impl RunContext<'_> {
         if let Some(found) = self.snapshot.and_then(|s| s.get(coord)) {
             return f(found);
         }
-        f(self.view.get(self.ns, coord).as_deref())
+        f(self.view.read().get(self.ns, coord).as_deref())
     }
 
     fn number_at(&self, lua: &Lua, op: i64, coord: Coord) -> mlua::Result<Option<Number>> {
@@ -665,15 +739,18 @@ impl RunContext<'_> {
                 }
             }
             let mut outcome = Ok(());
-            self.view.get_each(self.ns, &coords[..n], |coord, value| {
-                if outcome.is_ok() {
-                    outcome = visit(coord, value);
-                }
-            });
+            self.view
+                .read()
+                .get_each(self.ns, &coords[..n], |coord, value| {
+                    if outcome.is_ok() {
+                        outcome = visit(coord, value);
+                    }
+                });
             return outcome;
         }
         let cells: Vec<(Coord, CellValue)> = self
             .view
+            .read()
             .scan(self.ns, region, MAX_REGION_CELLS + 1)
             .unwrap_or_default();
         charge(cells.len() as u64 * REGION_CELL_FUEL)?;
@@ -791,6 +868,7 @@ impl RunContext<'_> {
         let label = Self::label(lua, OP_EDGES, &label)?;
         let edges = self
             .view
+            .read()
             .store()
             .edges(
                 self.ns,
@@ -836,11 +914,14 @@ impl RunContext<'_> {
             max_nodes: self.walk_limits.max_nodes.min(MAX_PROGRAM_EDGES as u32),
             ..self.walk_limits
         };
-        let Some(walk) =
-            self.view
-                .store()
-                .walk(self.ns, self.here, direction, label.as_ref(), false, limits)
-        else {
+        let Some(walk) = self.view.read().store().walk(
+            self.ns,
+            self.here,
+            direction,
+            label.as_ref(),
+            false,
+            limits,
+        ) else {
             return Ok(Value::Table(lua.create_table()?));
         };
         charge(

@@ -251,6 +251,7 @@ impl ProgramHarness {
                 max_answer_bytes: 64 * 1024,
             },
             step_time: limits.time,
+            step_threads: 1,
         };
         let harness = ProgramHarness {
             engine,

@@ -28,7 +28,9 @@ use cube_protocol::{
     MAX_RESULT_ENTRIES, NamespaceName, ProgramValue, Request, Response, RunOutcome, RunRecord,
     RunReply, ServerError, StatsEntry, StatsValue,
 };
-use cube_store::{MemStore, Mutation, TelemetryChange, TxnView, WalkLimits, WriteSession};
+use cube_store::{
+    MemStore, Mutation, TelemetryChange, TelemetryHead, TxnView, WalkLimits, WriteSession,
+};
 use mlua::Value;
 
 use crate::config::Args;
@@ -48,6 +50,8 @@ pub(crate) struct ProgramSettings {
     pub(crate) walk_limits: WalkLimits,
     /// Writer-time backstop of a whole `step`.
     pub(crate) step_time: Duration,
+    /// Threads a big `step` runs its programs on (1: the writer alone).
+    pub(crate) step_threads: usize,
 }
 
 impl ProgramSettings {
@@ -63,6 +67,7 @@ impl ProgramSettings {
             max_frame_bytes: args.max_frame_bytes as usize,
             walk_limits: args.walk_limits(),
             step_time: Duration::from_millis(args.program_step_ms.max(1)),
+            step_threads: args.step_threads(),
         }
     }
 }
@@ -108,7 +113,9 @@ pub(crate) struct ProgramStats {
     failed: AtomicU64,
     out_of_fuel: AtomicU64,
     out_of_memory: AtomicU64,
+    /// Compilations by every VM: the writer's, and each step lane's.
     compiles: AtomicU64,
+    /// Programs the writer's VM holds compiled.
     cached: AtomicU64,
     /// `prog`, server side, excluding the wait for the writer.
     prog: Timing,
@@ -118,6 +125,11 @@ pub(crate) struct ProgramStats {
     /// The program's execution on the writer (load, call, telemetry).
     exec: Timing,
     steps: AtomicU64,
+    /// Steps whose runs were split into lanes on several threads.
+    steps_parallel: AtomicU64,
+    /// Of those, steps whose lanes' work was dropped and done again on the
+    /// writer alone, because runs wrote near the step's caps.
+    steps_redone: AtomicU64,
     /// A whole `step` on the writer (every run, the writes, the records).
     step: Timing,
 }
@@ -151,6 +163,11 @@ impl ProgramService {
         s.run.entries("run", &mut out);
         s.exec.entries("exec", &mut out);
         out.push(count("programs.steps", s.steps.load(Relaxed)));
+        out.push(count(
+            "programs.steps_parallel",
+            s.steps_parallel.load(Relaxed),
+        ));
+        out.push(count("programs.steps_redone", s.steps_redone.load(Relaxed)));
         s.step.entries("step", &mut out);
         out
     }
@@ -435,6 +452,7 @@ fn run_in_writer(
     };
     let mut writes = 0u32;
     let executed = with_vm(|vm| {
+        let compiled_before = vm.compiles;
         if let Err(e) = vm.set_here(&ns, coord) {
             return (Err((RunOutcome::Error, sandbox::error_text(&e))), 0);
         }
@@ -465,12 +483,14 @@ fn run_in_writer(
             // view before anything else reads it.
             if let Some(run) = vm.slot.borrow_mut().run.take() {
                 writes = run.writes;
-                view.attach(run.view);
+                view.attach(run.view.into_owned());
             }
             outcome
         };
         let result = outcome.result.map_err(failed_outcome);
-        stats.compiles.store(vm.compiles, Relaxed);
+        stats
+            .compiles
+            .fetch_add(vm.compiles - compiled_before, Relaxed);
         stats.cached.store(vm.cached_programs() as u64, Relaxed);
         (result, outcome.fuel_used)
     });
@@ -496,12 +516,14 @@ fn run_in_writer(
         view.rollback();
         0
     };
+    let head = view.telemetry_head(&ns, coord).unwrap_or_default();
     let seq = record_run(
         view,
         stats,
         settings,
         ns,
         coord,
+        head,
         RunRecord {
             seq: 0,
             started_unix_us,
@@ -542,7 +564,9 @@ fn duration_ns(elapsed: Duration) -> u64 {
 
 /// Appends a run's telemetry record at its cell (the seq and outcome
 /// filled in from the cell's head and `failure`) and counts the run in
-/// the daemon's figures; returns the seq.
+/// the daemon's figures; returns the seq. `head` is the cell's telemetry
+/// head as of this point in the log (`TxnView::telemetry_head`), which a
+/// step's lanes read ahead.
 #[allow(clippy::too_many_arguments)]
 fn record_run(
     view: &mut TxnView<'_>,
@@ -550,10 +574,10 @@ fn record_run(
     settings: &ProgramSettings,
     ns: NamespaceName,
     coord: Coord,
+    head: TelemetryHead,
     mut record: RunRecord,
     failure: Option<&(RunOutcome, String)>,
 ) -> u64 {
-    let head = view.telemetry_head(&ns, coord).unwrap_or_default();
     record.seq = head.runs + 1;
     if let Some((outcome, message)) = failure {
         record.outcome = *outcome;

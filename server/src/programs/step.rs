@@ -22,10 +22,12 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use cube_protocol::{CellBox, Coord, NamespaceName, RunOutcome, RunRecord, StepFailure, StepReply};
-use cube_store::{MAX_TXN_MUTATIONS, TxnView};
+use cube_store::{MAX_TXN_MUTATIONS, StoredProgram, TelemetryHead, TxnView};
 
-use super::api::{DeferredWrite, MAX_RUN_WRITE_BYTES, MAX_RUN_WRITES, Run, StepSnapshot};
-use super::sandbox::{RunBudget, with_vm};
+use std::sync::Arc;
+
+use super::api::{DeferredWrite, MAX_RUN_WRITE_BYTES, MAX_RUN_WRITES, Run, RunView, StepSnapshot};
+use super::sandbox::{ProgramVm, RunBudget, with_vm};
 use super::{
     MAX_OUTCOME_MESSAGE_BYTES, ProgramSettings, ProgramStats, cut, duration_ns, failed_outcome,
     record_run, unix_us,
@@ -55,6 +57,281 @@ struct Ran {
     /// How many of the step's held-back writes are this run's (the next
     /// ones in order); 0 for a failed run.
     writes: usize,
+    /// What the run wrote before it ended, failed or not (a failed run's
+    /// writes are dropped), and whether a cap refused one of its writes:
+    /// what a step run on several lanes checks against the caps the run
+    /// would have had on one.
+    wrote: (u32, usize),
+    refused_by_cap: bool,
+    /// The cell's telemetry head before the step, read by the lane (only
+    /// this run's own record, written after every run, changes it).
+    head: TelemetryHead,
+}
+
+/// Fewest programs a lane of a step takes: a helper lane costs a thread,
+/// a VM and a compilation of each source, some hundreds of microseconds,
+/// which a thousand runs of a few microseconds repay.
+const MIN_LANE_PROGRAMS: usize = 1024;
+
+/// What every lane of one step shares.
+struct StepInput<'a> {
+    ns: &'a NamespaceName,
+    region: CellBox,
+    args: &'a [Vec<u8>],
+    settings: &'a ProgramSettings,
+    deadline: Instant,
+    /// Cells the runs may write together, beside their telemetry.
+    write_room: u32,
+}
+
+/// What one lane (a contiguous part of the step's programs, in order) did.
+struct LaneOutput {
+    ran: Vec<Ran>,
+    writes: Vec<DeferredWrite>,
+    /// The lane's view, given back so the writer can take the transaction
+    /// back once every lane has returned its share.
+    view: RunView,
+    compiles: u64,
+}
+
+/// Runs `programs`, in order, in `vm`. Each run's caps are what the
+/// lane's earlier runs left of the step's: on a lane that holds the whole
+/// step, exactly the step's caps.
+fn run_lane(
+    vm: &mut ProgramVm,
+    step: &StepInput<'_>,
+    programs: &[StoredProgram],
+    view: RunView,
+    snapshot: Option<Arc<StepSnapshot>>,
+) -> LaneOutput {
+    let compiled_before = vm.compiles;
+    let settings = step.settings;
+    let mut ran: Vec<Ran> = Vec::with_capacity(programs.len());
+    let mut writes: Vec<DeferredWrite> = Vec::new();
+    let mut write_bytes = 0usize;
+    let mut slot = vm.slot.borrow_mut();
+    if slot.ns.as_ref() != Some(step.ns) {
+        slot.ns = Some(step.ns.clone());
+    }
+    slot.run = Some(Run::in_step(
+        view,
+        step.region.lo(),
+        settings.max_value_bytes,
+        settings.walk_limits,
+        snapshot,
+    ));
+    drop(slot);
+    for (coord, source) in programs {
+        let cell_started = Instant::now();
+        let mut record = RunRecord {
+            seq: 0,
+            started_unix_us: unix_us(),
+            duration_ns: 0,
+            instructions: 0,
+            cells_written: 0,
+            outcome: RunOutcome::Ok,
+            message: String::new(),
+        };
+        let left = step.deadline.saturating_duration_since(cell_started);
+        if left.is_zero() {
+            ran.push(Ran {
+                coord: *coord,
+                record,
+                failure: Some((
+                    RunOutcome::Fuel,
+                    "the step ran out of time before this run started \
+                     (--program-step-ms); it did not run"
+                        .to_owned(),
+                )),
+                writes: 0,
+                wrote: (0, 0),
+                refused_by_cap: false,
+                head: telemetry_head(vm, step.ns, *coord),
+            });
+            continue;
+        }
+        if let Some(run) = vm.slot.borrow_mut().run.as_mut() {
+            run.here = *coord;
+            run.writes = 0;
+            run.write_bytes = 0;
+            run.refused_by_cap = false;
+            run.write_cap = MAX_RUN_WRITES.min(step.write_room - writes.len() as u32);
+            run.write_bytes_cap = MAX_RUN_WRITE_BYTES.min(MAX_STEP_WRITE_BYTES - write_bytes);
+        }
+        let budget = RunBudget {
+            time: settings.budget.time.min(left),
+            ..settings.budget
+        };
+        let outcome = match vm.set_here(step.ns, *coord) {
+            Ok(()) => vm.run(
+                source,
+                step.args,
+                budget,
+                cell_started,
+                |function, call_args| function.call::<()>(call_args),
+            ),
+            Err(e) => super::sandbox::LuaOutcome {
+                result: Err(super::sandbox::Failure {
+                    spent: None,
+                    message: super::sandbox::error_text(&e),
+                }),
+                fuel_used: 0,
+            },
+        };
+        let failure = outcome.result.err().map(failed_outcome);
+        let mut kept = 0;
+        let mut wrote = (0, 0);
+        let mut refused_by_cap = false;
+        let mut slot = vm.slot.borrow_mut();
+        if let Some(run) = slot.run.as_mut()
+            && let Some(deferred) = run.deferred.as_mut()
+        {
+            wrote = (run.writes, run.write_bytes);
+            refused_by_cap = run.refused_by_cap;
+            if failure.is_none() {
+                record.cells_written = run.writes;
+                write_bytes += run.write_bytes;
+                kept = deferred.len();
+                writes.append(deferred);
+            } else {
+                deferred.clear();
+            }
+        }
+        drop(slot);
+        record.instructions = outcome.fuel_used;
+        record.duration_ns = duration_ns(cell_started.elapsed());
+        ran.push(Ran {
+            coord: *coord,
+            record,
+            failure,
+            writes: kept,
+            wrote,
+            refused_by_cap,
+            head: telemetry_head(vm, step.ns, *coord),
+        });
+    }
+    let run = vm.slot.borrow_mut().run.take();
+    let Some(run) = run else {
+        unreachable!("nothing but this lane takes its run out of the slot");
+    };
+    assert!(writes.len() <= step.write_room as usize);
+    LaneOutput {
+        ran,
+        writes,
+        view: run.view,
+        compiles: vm.compiles - compiled_before,
+    }
+}
+
+/// The cell's telemetry head as the lane's view reads it.
+fn telemetry_head(vm: &ProgramVm, ns: &NamespaceName, coord: Coord) -> TelemetryHead {
+    let slot = vm.slot.borrow();
+    slot.run
+        .as_ref()
+        .and_then(|run| run.view.read().telemetry_head(ns, coord))
+        .unwrap_or_default()
+}
+
+/// Whether the runs, done on several lanes, did exactly what they would
+/// have done on one: a lane's caps are looser than the step's (its
+/// earlier runs are fewer), so a run that a cap refused, or that wrote
+/// past what the step would have left it, might have gone otherwise.
+fn lanes_match_one(ran: &[Ran], write_room: u32) -> bool {
+    let (mut writes, mut bytes) = (0u32, 0usize);
+    for run in ran {
+        let cap = MAX_RUN_WRITES.min(write_room - writes);
+        let bytes_cap = MAX_RUN_WRITE_BYTES.min(MAX_STEP_WRITE_BYTES - bytes);
+        if run.refused_by_cap || run.wrote.0 > cap || run.wrote.1 > bytes_cap {
+            return false;
+        }
+        if run.failure.is_none() {
+            writes += run.wrote.0;
+            bytes += run.wrote.1;
+        }
+    }
+    true
+}
+
+/// How many lanes a step of `programs` runs on.
+fn lane_count(threads: usize, programs: usize) -> usize {
+    threads.min(programs / MIN_LANE_PROGRAMS).max(1)
+}
+
+/// Runs every program of the step: on the writer alone, or split into
+/// lanes on `settings.step_threads` threads, each with its own VM, all
+/// reading the one transaction (shared, read-only: every write of a step
+/// is held back) and the snapshot. The lanes' runs come back in the
+/// step's order, so what follows cannot tell how they ran. The view goes
+/// back to the writer's transaction before this returns.
+fn run_programs(
+    vm: &mut ProgramVm,
+    view: &mut TxnView<'_>,
+    step: &StepInput<'_>,
+    programs: &[StoredProgram],
+    stats: &ProgramStats,
+) -> (Vec<Ran>, Vec<DeferredWrite>, u64) {
+    let detached = view.detach();
+    let cells: Vec<Coord> = programs.iter().map(|(coord, _)| *coord).collect();
+    let snapshot = StepSnapshot::read(&detached, step.ns, &cells).map(Arc::new);
+    let lanes = lane_count(step.settings.step_threads, programs.len());
+    if lanes == 1 {
+        let lane = run_lane(vm, step, programs, RunView::Owned(detached), snapshot);
+        view.attach(lane.view.into_owned());
+        return (lane.ran, lane.writes, lane.compiles);
+    }
+    stats.steps_parallel.fetch_add(1, Relaxed);
+    let shared = Arc::new(detached);
+    let chunk = programs.len().div_ceil(lanes);
+    let parts: Vec<&[StoredProgram]> = programs.chunks(chunk).collect();
+    assert!(lanes <= crate::config::MAX_STEP_THREADS && parts.len() <= lanes);
+    assert!(chunk >= MIN_LANE_PROGRAMS);
+    let share = || RunView::Shared(Arc::clone(&shared));
+    let outputs: Vec<LaneOutput> = std::thread::scope(|scope| {
+        let helpers: Vec<_> = parts[1..]
+            .iter()
+            .map(|part| {
+                let (view, snapshot) = (share(), snapshot.clone());
+                std::thread::Builder::new()
+                    .name("cube-step-lane".into())
+                    .spawn_scoped(scope, move || {
+                        with_vm(|vm| run_lane(vm, step, part, view, snapshot))
+                    })
+            })
+            .collect();
+        let mut outputs = vec![run_lane(vm, step, parts[0], share(), snapshot.clone())];
+        for (part, helper) in parts[1..].iter().zip(helpers) {
+            let done = match helper.map(|h| h.join()) {
+                Ok(Ok(Ok(output))) => Some(output),
+                Ok(Err(panic)) => std::panic::resume_unwind(panic),
+                // No thread, or no VM on it: the writer runs that lane.
+                Ok(Ok(Err(_))) | Err(_) => None,
+            };
+            outputs
+                .push(done.unwrap_or_else(|| run_lane(vm, step, part, share(), snapshot.clone())));
+        }
+        outputs
+    });
+    let mut ran = Vec::with_capacity(programs.len());
+    let mut writes = Vec::new();
+    let mut compiles = 0;
+    for lane in outputs {
+        ran.extend(lane.ran);
+        writes.extend(lane.writes);
+        compiles += lane.compiles;
+        drop(lane.view);
+    }
+    let detached = RunView::Shared(shared).into_owned();
+    if lanes_match_one(&ran, step.write_room) {
+        view.attach(detached);
+        return (ran, writes, compiles);
+    }
+    // Rare: runs that write near the step's caps. Their lanes' work is
+    // dropped and the step runs again on the writer alone, as it would
+    // have with one thread.
+    stats.steps_redone.fetch_add(1, Relaxed);
+    let lane = run_lane(vm, step, programs, RunView::Owned(detached), snapshot);
+    view.attach(lane.view.into_owned());
+    (lane.ran, lane.writes, compiles + lane.compiles)
 }
 
 /// The transaction of one `step`, on the writer thread.
@@ -74,114 +351,26 @@ pub(crate) fn step_in_writer(
         return StepOutput::TooManyPrograms;
     };
     assert!(programs.len() <= MAX_STEP_PROGRAMS);
-    let deadline = started + settings.step_time;
-    // Room for the runs' writes beside one telemetry record per run.
-    let write_room = (MAX_TXN_MUTATIONS - programs.len()).min(u32::MAX as usize) as u32;
-    let mut ran: Vec<Ran> = Vec::with_capacity(programs.len());
-    let mut writes: Vec<DeferredWrite> = Vec::new();
-    let mut write_bytes = 0usize;
+    let step = StepInput {
+        ns: &ns,
+        region,
+        args,
+        settings,
+        deadline: started + settings.step_time,
+        // Room for the runs' writes beside one telemetry record per run.
+        write_room: (MAX_TXN_MUTATIONS - programs.len()).min(u32::MAX as usize) as u32,
+    };
+    let write_room = step.write_room;
     let executed = with_vm(|vm| {
-        let mut slot = vm.slot.borrow_mut();
-        if slot.ns.as_ref() != Some(&ns) {
-            slot.ns = Some(ns.clone());
-        }
-        let mut run = Run::new(
-            view.detach(),
-            region.lo(),
-            settings.max_value_bytes,
-            settings.walk_limits,
-        );
-        run.deferred = Some(Vec::new());
-        let cells: Vec<Coord> = programs.iter().map(|(coord, _)| *coord).collect();
-        run.snapshot = StepSnapshot::read(&run.view, &ns, &cells);
-        slot.run = Some(run);
-        drop(slot);
-        for (coord, source) in &programs {
-            let cell_started = Instant::now();
-            let started_unix_us = unix_us();
-            let mut record = RunRecord {
-                seq: 0,
-                started_unix_us,
-                duration_ns: 0,
-                instructions: 0,
-                cells_written: 0,
-                outcome: RunOutcome::Ok,
-                message: String::new(),
-            };
-            let left = deadline.saturating_duration_since(cell_started);
-            if left.is_zero() {
-                ran.push(Ran {
-                    coord: *coord,
-                    record,
-                    failure: Some((
-                        RunOutcome::Fuel,
-                        "the step ran out of time before this run started \
-                         (--program-step-ms); it did not run"
-                            .to_owned(),
-                    )),
-                    writes: 0,
-                });
-                continue;
-            }
-            if let Some(run) = vm.slot.borrow_mut().run.as_mut() {
-                run.here = *coord;
-                run.writes = 0;
-                run.write_bytes = 0;
-                run.write_cap = MAX_RUN_WRITES.min(write_room - writes.len() as u32);
-                run.write_bytes_cap = MAX_RUN_WRITE_BYTES.min(MAX_STEP_WRITE_BYTES - write_bytes);
-            }
-            let budget = RunBudget {
-                time: settings.budget.time.min(left),
-                ..settings.budget
-            };
-            let outcome = match vm.set_here(&ns, *coord) {
-                Ok(()) => vm.run(source, args, budget, cell_started, |function, call_args| {
-                    function.call::<()>(call_args)
-                }),
-                Err(e) => super::sandbox::LuaOutcome {
-                    result: Err(super::sandbox::Failure {
-                        spent: None,
-                        message: super::sandbox::error_text(&e),
-                    }),
-                    fuel_used: 0,
-                },
-            };
-            let failure = outcome.result.err().map(failed_outcome);
-            let mut kept = 0;
-            let mut slot = vm.slot.borrow_mut();
-            if let Some(run) = slot.run.as_mut()
-                && let Some(deferred) = run.deferred.as_mut()
-            {
-                if failure.is_none() {
-                    record.cells_written = run.writes;
-                    write_bytes += run.write_bytes;
-                    kept = deferred.len();
-                    writes.append(deferred);
-                } else {
-                    deferred.clear();
-                }
-            }
-            drop(slot);
-            record.instructions = outcome.fuel_used;
-            record.duration_ns = duration_ns(cell_started.elapsed());
-            ran.push(Ran {
-                coord: *coord,
-                record,
-                failure,
-                writes: kept,
-            });
-        }
-        // The transaction goes back to the writer's view before anything
-        // else reads it.
-        if let Some(run) = vm.slot.borrow_mut().run.take() {
-            view.attach(run.view);
-        }
-        stats.compiles.store(vm.compiles, Relaxed);
+        let (ran, writes, compiles) = run_programs(vm, view, &step, &programs, stats);
+        stats.compiles.fetch_add(compiles, Relaxed);
         stats.cached.store(vm.cached_programs() as u64, Relaxed);
+        (ran, writes)
     });
-    if let Err(why) = executed {
-        return StepOutput::Unavailable(why);
-    }
+    let (mut ran, writes) = match executed {
+        Ok(done) => done,
+        Err(why) => return StepOutput::Unavailable(why),
+    };
     assert!(writes.len() <= write_room as usize);
     assert!(ran.len() == programs.len());
     assert_eq!(ran.iter().map(|r| r.writes).sum::<usize>(), writes.len());
@@ -219,6 +408,7 @@ pub(crate) fn step_in_writer(
         coord,
         record,
         failure,
+        head,
         ..
     } in ran
     {
@@ -229,6 +419,7 @@ pub(crate) fn step_in_writer(
             settings,
             ns.clone(),
             coord,
+            head,
             record,
             failure.as_ref(),
         );
@@ -268,8 +459,9 @@ mod probe {
     use crate::config::Args;
 
     /// `PROBE_SIDE`^3 cells (default 32), a 30 % soup and the docs' Life
-    /// rule (or `PROBE_PROGRAM`) at every cell; prints the writer time of
-    /// each step per cell-program.
+    /// rule (or `PROBE_PROGRAM`) at every cell, stepped on `PROBE_THREADS`
+    /// threads (default 2); prints the writer time of each step per
+    /// cell-program.
     #[test]
     #[ignore = "timing probe"]
     fn life_step_time() {
@@ -306,7 +498,8 @@ mod probe {
                 }
             })
             .unwrap();
-        let args = Args::try_parse_from(["cubed"]).unwrap();
+        let threads = std::env::var("PROBE_THREADS").unwrap_or_else(|_| "2".to_owned());
+        let args = Args::try_parse_from(["cubed", "--program-step-threads", &threads]).unwrap();
         let settings = ProgramSettings::from_args(&args);
         let stats = Arc::new(ProgramStats::default());
         let region = CellBox::new(
