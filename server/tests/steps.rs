@@ -345,11 +345,19 @@ fn a_step_on_several_threads_computes_what_one_thread_computes() {
     for generation in 0..3 {
         let (a, b) = (step_all(&mut one, &[]), step_all(&mut two, &[]));
         assert_eq!(
-            (a.programs, a.failed, a.cells_written, a.instructions),
-            (b.programs, b.failed, b.cells_written, b.instructions),
+            (a.programs, a.failed, a.cells_written),
+            (b.programs, b.failed, b.cells_written),
             "generation {generation}"
         );
         assert_eq!((a.programs, a.failed), (2048, 0));
+        // Fuel is counted in blocks of 1000 instructions by each VM's
+        // hook, so each lane's VM may count one block more or less.
+        assert!(
+            a.instructions.abs_diff(b.instructions) <= 2 * 1000,
+            "generation {generation}: {} and {} instructions",
+            a.instructions,
+            b.instructions
+        );
     }
     let mut live = 0;
     for x in 0..32 {

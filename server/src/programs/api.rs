@@ -22,6 +22,9 @@ use mlua::{Lua, Table, Value};
 
 use super::sandbox::charge;
 
+mod fast;
+pub(crate) use fast::fast_function;
+
 /// Most cells one run may write (puts and deletes).
 pub(crate) const MAX_RUN_WRITES: u32 = 16_384;
 /// Most bytes one run may write, all values together.
@@ -276,11 +279,21 @@ pub(crate) fn dispatcher(lua: &Lua, slot: RunSlot) -> mlua::Result<mlua::Functio
         let Ok(mut state) = slot.try_borrow_mut() else {
             return Err(api_error(lua, op, "the API was called re-entrantly"));
         };
-        let RunState { run, ns } = &mut *state;
-        let (Some(run), Some(ns)) = (run.as_mut(), ns.as_ref()) else {
+        let Some(mut context) = RunContext::of(&mut state) else {
             return Err(api_error(lua, op, "the API is available only during a run"));
         };
-        RunContext {
+        context.dispatch(lua, args)
+    })
+}
+
+impl<'v> RunContext<'v> {
+    /// The run in progress, if any.
+    fn of(state: &'v mut RunState) -> Option<RunContext<'v>> {
+        let RunState { run, ns } = state;
+        let (Some(run), Some(ns)) = (run.as_mut(), ns.as_ref()) else {
+            return None;
+        };
+        Some(RunContext {
             view: &mut run.view,
             ns,
             here: run.here,
@@ -293,9 +306,8 @@ pub(crate) fn dispatcher(lua: &Lua, slot: RunSlot) -> mlua::Result<mlua::Functio
             deferred: run.deferred.as_mut(),
             snapshot: run.snapshot.as_deref(),
             refused_by_cap: &mut run.refused_by_cap,
-        }
-        .dispatch(lua, args)
-    })
+        })
+    }
 }
 
 /// What one call may touch: the run's state, borrowed for the call.
@@ -312,6 +324,17 @@ struct RunContext<'v> {
     deferred: Option<&'v mut Vec<DeferredWrite>>,
     snapshot: Option<&'v StepSnapshot>,
     refused_by_cap: &'v mut bool,
+}
+
+/// Why a write was refused.
+#[derive(Clone, Copy, Debug)]
+enum WriteRefusal {
+    /// The run's (or its step's) cap on cells written.
+    Cells(u32),
+    /// The cap on value bytes written.
+    Bytes(usize),
+    /// A step lane's shared view, which is never written.
+    SharedView,
 }
 
 /// The dispatcher's arguments: the op, then up to seven values.
@@ -544,14 +567,18 @@ impl RunContext<'_> {
         let mut out = [0i32; 3];
         for (i, axis) in ["x", "y", "z"].into_iter().enumerate() {
             let raw = Self::integer(lua, op, axis, values[i])?;
-            let absolute = i64::from(origin[i]) + raw;
-            out[i] = i32::try_from(absolute).map_err(|_| {
-                api_error(
-                    lua,
-                    op,
-                    format!("{axis} = {absolute} is outside the 32-bit coordinate range"),
-                )
-            })?;
+            let absolute = i64::from(origin[i]).checked_add(raw);
+            out[i] = absolute
+                .and_then(|a| i32::try_from(a).ok())
+                .ok_or_else(|| {
+                    let shown =
+                        absolute.map_or(format!("{} + {raw}", origin[i]), |a| a.to_string());
+                    api_error(
+                        lua,
+                        op,
+                        format!("{axis} = {shown} is outside the 32-bit coordinate range"),
+                    )
+                })?;
         }
         Ok(Coord::new(out[0], out[1], out[2]))
     }
@@ -623,48 +650,61 @@ impl RunContext<'_> {
                 "a run"
             }
         };
-        if *self.writes >= self.write_cap {
+        let refusal = match self.write_within_caps(coord, value) {
+            Ok(existed) => return Ok(existed),
+            Err(refusal) => refusal,
+        };
+        let message = match refusal {
+            WriteRefusal::Cells(cap) => {
+                let who = whose(cap < MAX_RUN_WRITES);
+                format!("{who} may write at most {cap} cells")
+            }
+            WriteRefusal::Bytes(cap) => {
+                let who = whose(cap < MAX_RUN_WRITE_BYTES);
+                format!("{who} may write at most {cap} bytes of values")
+            }
+            // A shared view belongs to a step lane, whose writes are all
+            // held back.
+            WriteRefusal::SharedView => "internal: a step lane wrote to its view".to_owned(),
+        };
+        if matches!(refusal, WriteRefusal::Cells(_) | WriteRefusal::Bytes(_)) {
             *self.refused_by_cap = true;
-            let (cap, who) = (self.write_cap, whose(self.write_cap < MAX_RUN_WRITES));
-            return Err(api_error(
-                lua,
-                op,
-                format!("{who} may write at most {cap} cells"),
-            ));
+        }
+        Err(api_error(lua, op, message))
+    }
+
+    /// [`RunContext::write`] without the error: a refused write changes
+    /// nothing, so the fast path can leave it to the dispatcher.
+    fn write_within_caps(
+        &mut self,
+        coord: Coord,
+        value: Option<Vec<u8>>,
+    ) -> Result<bool, WriteRefusal> {
+        if *self.writes >= self.write_cap {
+            return Err(WriteRefusal::Cells(self.write_cap));
         }
         let len = value.as_ref().map_or(0, Vec::len);
         if *self.write_bytes + len > self.write_bytes_cap {
-            *self.refused_by_cap = true;
-            let cap = self.write_bytes_cap;
-            let who = whose(cap < MAX_RUN_WRITE_BYTES);
-            return Err(api_error(
-                lua,
-                op,
-                format!("{who} may write at most {cap} bytes of values"),
-            ));
+            return Err(WriteRefusal::Bytes(self.write_bytes_cap));
         }
-        *self.writes += 1;
-        *self.write_bytes += len;
         if self.deferred.is_some() {
             // The step applies it after its last run; reads go on seeing
             // the state from before the step. A delete answers whether the
             // cell held a value before the step, which is what the run can
             // read.
             let existed = value.is_none() && self.with_value(coord, |v| v.is_some());
+            *self.writes += 1;
+            *self.write_bytes += len;
             if let Some(deferred) = self.deferred.as_mut() {
                 deferred.push((coord, value));
             }
             return Ok(existed);
         }
         let RunView::Owned(view) = &mut *self.view else {
-            // A shared view belongs to a step lane, whose writes are all
-            // held back above.
-            return Err(api_error(
-                lua,
-                op,
-                "internal: a step lane wrote to its view",
-            ));
+            return Err(WriteRefusal::SharedView);
         };
+        *self.writes += 1;
+        *self.write_bytes += len;
         Ok(match value {
             Some(bytes) => {
                 view.put(self.ns, coord, bytes);
@@ -699,6 +739,52 @@ impl RunContext<'_> {
         })
     }
 
+    /// Visits the cells of a box of at most [`POINT_READ_VOLUME`] cells
+    /// that hold a value, point by point (from the step's snapshot when it
+    /// holds the box), uncharged.
+    fn visit_points<E>(
+        &self,
+        region: &CellBox,
+        mut visit: impl FnMut(Coord, &[u8]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        debug_assert!(region.volume() <= POINT_READ_VOLUME);
+        let (lo, hi) = (region.lo(), region.hi());
+        if let Some(snapshot) = self.snapshot
+            && snapshot.holds(region)
+        {
+            for x in lo.x..=hi.x {
+                for y in lo.y..=hi.y {
+                    for z in lo.z..=hi.z {
+                        let coord = Coord::new(x, y, z);
+                        if let Some(Some(value)) = snapshot.get(coord) {
+                            visit(coord, value)?;
+                        }
+                    }
+                }
+            }
+            return Ok(());
+        }
+        let mut coords = [Coord::new(0, 0, 0); POINT_READ_VOLUME as usize];
+        let mut n = 0;
+        for x in lo.x..=hi.x {
+            for y in lo.y..=hi.y {
+                for z in lo.z..=hi.z {
+                    coords[n] = Coord::new(x, y, z);
+                    n += 1;
+                }
+            }
+        }
+        let mut outcome = Ok(());
+        self.view
+            .read()
+            .get_each(self.ns, &coords[..n], |coord, value| {
+                if outcome.is_ok() {
+                    outcome = visit(coord, value);
+                }
+            });
+        outcome
+    }
+
     /// Visits the cells of `region` that hold a value (overlay included),
     /// at most [`MAX_REGION_CELLS`], charged to the run's fuel. Small boxes
     /// are read point by point under one lock hold, without copying.
@@ -712,41 +798,7 @@ impl RunContext<'_> {
         let volume = region.volume();
         if volume <= POINT_READ_VOLUME {
             charge(volume as u64 * REGION_CELL_FUEL)?;
-            let (lo, hi) = (region.lo(), region.hi());
-            if let Some(snapshot) = self.snapshot
-                && snapshot.holds(region)
-            {
-                for x in lo.x..=hi.x {
-                    for y in lo.y..=hi.y {
-                        for z in lo.z..=hi.z {
-                            let coord = Coord::new(x, y, z);
-                            if let Some(Some(value)) = snapshot.get(coord) {
-                                visit(coord, value)?;
-                            }
-                        }
-                    }
-                }
-                return Ok(());
-            }
-            let mut coords = [Coord::new(0, 0, 0); POINT_READ_VOLUME as usize];
-            let mut n = 0;
-            for x in lo.x..=hi.x {
-                for y in lo.y..=hi.y {
-                    for z in lo.z..=hi.z {
-                        coords[n] = Coord::new(x, y, z);
-                        n += 1;
-                    }
-                }
-            }
-            let mut outcome = Ok(());
-            self.view
-                .read()
-                .get_each(self.ns, &coords[..n], |coord, value| {
-                    if outcome.is_ok() {
-                        outcome = visit(coord, value);
-                    }
-                });
-            return outcome;
+            return self.visit_points(region, visit);
         }
         let cells: Vec<(Coord, CellValue)> = self
             .view

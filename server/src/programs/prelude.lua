@@ -3,7 +3,7 @@
 -- metatable of per-run environments, and the raw `cube` API table.
 -- Programs only ever see what is reachable from the per-run environment.
 
-local budget_check, charge, D = ...
+local budget_check, charge, D, F = ...
 
 local type, tostring, tonumber, select, error = type, tostring, tonumber, select, error
 local pairs, ipairs, next, rawget, rawlen, rawequal = pairs, ipairs, next, rawget, rawlen, rawequal
@@ -360,20 +360,72 @@ end
 
 -- The program API. D is the VM's dispatcher (made once; it serves the run
 -- in progress); the op numbers are those of server/src/programs/api.rs.
+-- F answers the common calls without mlua's callback machinery
+-- (server/src/programs/api/fast.rs): true and the answer, or nothing when
+-- D must answer (or raise the error). Each wrapper tail-calls D, so an
+-- error names the program's line as it always did.
 local api = {}
-function api.get(x, y, z) return D(1, x, y, z) end
-function api.put(x, y, z, v) return D(2, x, y, z, v) end
-function api.del(x, y, z) return D(3, x, y, z) end
-function api.num(x, y, z) return D(4, x, y, z) end
-function api.incr(x, y, z, d) return D(5, x, y, z, d) end
-function api.rget(dx, dy, dz) return D(17, dx, dy, dz) end
-function api.rput(dx, dy, dz, v) return D(18, dx, dy, dz, v) end
-function api.rdel(dx, dy, dz) return D(19, dx, dy, dz) end
-function api.rnum(dx, dy, dz) return D(20, dx, dy, dz) end
-function api.rincr(dx, dy, dz, d) return D(21, dx, dy, dz, d) end
-function api.count(x0, y0, z0, x1, y1, z1) return D(32, x0, y0, z0, x1, y1, z1) end
+function api.get(x, y, z)
+  local ok, v = F(1, x, y, z)
+  if ok then return v end
+  return D(1, x, y, z)
+end
+function api.put(x, y, z, v)
+  local ok = F(2, x, y, z, v)
+  if ok then return nil end
+  return D(2, x, y, z, v)
+end
+function api.del(x, y, z)
+  local ok, v = F(3, x, y, z)
+  if ok then return v end
+  return D(3, x, y, z)
+end
+function api.num(x, y, z)
+  local ok, v = F(4, x, y, z)
+  if ok then return v end
+  return D(4, x, y, z)
+end
+function api.incr(x, y, z, d)
+  local ok, v = F(5, x, y, z, d)
+  if ok then return v end
+  return D(5, x, y, z, d)
+end
+function api.rget(dx, dy, dz)
+  local ok, v = F(17, dx, dy, dz)
+  if ok then return v end
+  return D(17, dx, dy, dz)
+end
+function api.rput(dx, dy, dz, v)
+  local ok = F(18, dx, dy, dz, v)
+  if ok then return nil end
+  return D(18, dx, dy, dz, v)
+end
+function api.rdel(dx, dy, dz)
+  local ok, v = F(19, dx, dy, dz)
+  if ok then return v end
+  return D(19, dx, dy, dz)
+end
+function api.rnum(dx, dy, dz)
+  local ok, v = F(20, dx, dy, dz)
+  if ok then return v end
+  return D(20, dx, dy, dz)
+end
+function api.rincr(dx, dy, dz, d)
+  local ok, v = F(21, dx, dy, dz, d)
+  if ok then return v end
+  return D(21, dx, dy, dz, d)
+end
+function api.count(x0, y0, z0, x1, y1, z1)
+  local ok, v = F(32, x0, y0, z0, x1, y1, z1)
+  if ok then return v end
+  return D(32, x0, y0, z0, x1, y1, z1)
+end
 function api.sum(x0, y0, z0, x1, y1, z1) return D(33, x0, y0, z0, x1, y1, z1) end
-function api.rcount(x0, y0, z0, x1, y1, z1) return D(48, x0, y0, z0, x1, y1, z1) end
+function api.rcount(x0, y0, z0, x1, y1, z1)
+  local ok, v = F(48, x0, y0, z0, x1, y1, z1)
+  if ok then return v end
+  return D(48, x0, y0, z0, x1, y1, z1)
+end
 function api.rsum(x0, y0, z0, x1, y1, z1) return D(49, x0, y0, z0, x1, y1, z1) end
 
 local function iterate(flat)

@@ -161,6 +161,23 @@ pub(crate) fn charge(units: u64) -> mlua::Result<()> {
     })
 }
 
+/// Charges `units` if they fit in the run's fuel and nothing is spent
+/// yet; otherwise charges nothing and says `false`, for a caller that then
+/// goes the way that raises the error ([`charge`]).
+pub(crate) fn try_charge(units: u64) -> bool {
+    BUDGET.with(|b| {
+        if !b.active.get() {
+            return true;
+        }
+        let used = b.used.get().saturating_add(units);
+        if b.spent.get().is_some() || used > b.fuel_limit.get() {
+            return false;
+        }
+        b.used.set(used);
+        true
+    })
+}
+
 /// The count hook: every [`FUEL_BLOCK`] instructions.
 fn on_instructions(_lua: &Lua, _debug: &Debug) -> mlua::Result<VmState> {
     charge(u64::from(FUEL_BLOCK))?;
@@ -269,11 +286,12 @@ impl ProgramVm {
         })?;
         let slot = RunSlot::default();
         let dispatcher = api::dispatcher(&lua, Rc::clone(&slot))?;
+        let fast = api::fast_function(&lua, &slot)?;
         let (base, env_meta, api): (Table, Table, Table) = lua
             .load(PRELUDE)
             .set_name("=cube")
             .set_mode(ChunkMode::Text)
-            .call((budget_check, charge_fn, dispatcher))?;
+            .call((budget_check, charge_fn, dispatcher, fast))?;
         let env = lua.create_table()?;
         env.set_metatable(Some(env_meta.clone()))?;
         // The real globals are never a program's environment, but take
