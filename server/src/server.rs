@@ -128,6 +128,14 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
         key_file: args.key_file.clone(),
     })?;
     log_recovery(&engine);
+    // The writer's Lua VM, made now rather than inside the first `run`
+    // (half a millisecond of that run's latency, and of every write
+    // queued behind it).
+    if let Some(session) = engine.session()
+        && let Ok((Err(why), _)) = session.transact(|_| crate::programs::warm_writer_vm())
+    {
+        warn!("{why}; cell programs will fail until it can start");
+    }
 
     let listener = bind_socket(&socket_path, args.socket_mode)?;
     let programs = crate::programs::ProgramService::new(&args);

@@ -173,6 +173,12 @@ impl ProgramService {
     }
 }
 
+/// Makes this thread's program VM (the writer's, called in a
+/// transaction at startup), so that the first run does not pay for it.
+pub(crate) fn warm_writer_vm() -> Result<(), String> {
+    with_vm(|_| ())
+}
+
 /// A `prog` or `run` checked on its connection thread, ready for the
 /// writer.
 pub(crate) enum ProgramWrite {
