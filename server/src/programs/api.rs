@@ -1004,10 +1004,18 @@ fn describe(value: &Value) -> String {
 }
 
 /// Sets the run's own coordinate on the API table.
-pub(crate) fn set_here(api: &Table, here: Coord) -> mlua::Result<()> {
-    api.raw_set("x", here.x)?;
-    api.raw_set("y", here.y)?;
-    api.raw_set("z", here.z)?;
+/// `before`: where the table was set for last (a step's runs go in curve
+/// order, so most change only one or two axes).
+pub(crate) fn set_here(api: &Table, before: Option<Coord>, here: Coord) -> mlua::Result<()> {
+    if before.is_none_or(|b| b.x != here.x) {
+        api.raw_set("x", here.x)?;
+    }
+    if before.is_none_or(|b| b.y != here.y) {
+        api.raw_set("y", here.y)?;
+    }
+    if before.is_none_or(|b| b.z != here.z) {
+        api.raw_set("z", here.z)?;
+    }
     Ok(())
 }
 

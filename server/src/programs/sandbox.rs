@@ -405,8 +405,8 @@ impl ProgramVm {
             self.here_ns = Some(ns.clone());
         }
         if self.here != Some(here) {
-            self.here = None;
-            api::set_here(&self.api, here)?;
+            let before = self.here.take();
+            api::set_here(&self.api, before, here)?;
             self.here = Some(here);
         }
         Ok(())
