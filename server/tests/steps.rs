@@ -418,3 +418,26 @@ fn runs_near_the_steps_caps_come_out_as_on_one_thread() {
     assert_eq!(common::stat(&mut two, "programs.steps_parallel"), 1);
     assert_eq!(common::stat(&mut two, "programs.steps_redone"), 1);
 }
+
+#[test]
+fn every_run_of_a_step_sees_its_own_coordinate() {
+    // The API table's x, y and z are set only where they changed since the
+    // last run; in curve order, runs change one, two or three of them.
+    let daemon = LocalDaemon::start_fresh(&[]).unwrap();
+    let mut c = daemon.client().unwrap();
+    let source = b"cube.rput(0, 0, 0, cube.x .. ',' .. cube.y .. ',' .. cube.z)";
+    let cells: Vec<Coord> = (-1..=1)
+        .flat_map(|x| (-1..=1).flat_map(move |y| (-1..=1).map(move |z| Coord::new(x, y, z))))
+        .collect();
+    for at in &cells {
+        c.prog(NS, *at, source).unwrap();
+    }
+    let reply = c
+        .step(NS, Coord::new(-1, -1, -1), Coord::new(1, 1, 1), &[])
+        .unwrap();
+    assert_eq!((reply.programs, reply.failed), (27, 0));
+    for at in &cells {
+        let own = format!("{},{},{}", at.x, at.y, at.z);
+        assert_eq!(c.get(NS, *at).unwrap(), Some(own.into_bytes()), "{at}");
+    }
+}
