@@ -15,6 +15,7 @@
 //! failure count travels in every record, so both are exact after any
 //! restart, from the WAL or from checkpoint files.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -496,8 +497,13 @@ impl PendingPrograms {
                         record, failures, ..
                     },
             } => {
-                let key = (ns.clone(), *coord);
-                let previous = self.heads.get(&key).copied();
+                // One probe of the map (a step records tens of thousands
+                // of cells, each a likely cache miss).
+                let entry = self.heads.entry((ns.clone(), *coord));
+                let previous = match &entry {
+                    Entry::Occupied(found) => Some(*found.get()),
+                    Entry::Vacant(_) => None,
+                };
                 let mut head = previous.unwrap_or(PendingHead {
                     runs: 0,
                     failures: 0,
@@ -512,8 +518,18 @@ impl PendingPrograms {
                 if !trimmed.is_empty() {
                     head.trimmed_through = head.trimmed_through.max(*trimmed.end());
                 }
-                self.heads.insert(key.clone(), head);
-                if let Some(undo) = undo {
+                let key = match entry {
+                    Entry::Occupied(mut found) => {
+                        found.insert(head);
+                        undo.is_some().then(|| found.key().clone())
+                    }
+                    Entry::Vacant(slot) => {
+                        let key = undo.is_some().then(|| slot.key().clone());
+                        slot.insert(head);
+                        key
+                    }
+                };
+                if let (Some(undo), Some(key)) = (undo, key) {
                     undo.push(ProgramUndo::Head(key, previous));
                 }
             }

@@ -135,19 +135,7 @@ impl Run {
         max_value_bytes: usize,
         walk_limits: WalkLimits,
     ) -> Run {
-        Run {
-            view: RunView::Owned(view),
-            here,
-            max_value_bytes,
-            walk_limits,
-            writes: 0,
-            write_bytes: 0,
-            write_cap: MAX_RUN_WRITES,
-            write_bytes_cap: MAX_RUN_WRITE_BYTES,
-            deferred: None,
-            snapshot: None,
-            refused_by_cap: false,
-        }
+        Run::on(RunView::Owned(view), here, max_value_bytes, walk_limits)
     }
 
     /// A run of a step (its writes held back, its reads of the step's
@@ -160,6 +148,14 @@ impl Run {
         snapshot: Option<Arc<StepSnapshot>>,
     ) -> Run {
         Run {
+            deferred: Some(Vec::new()),
+            snapshot,
+            ..Run::on(view, here, max_value_bytes, walk_limits)
+        }
+    }
+
+    fn on(view: RunView, here: Coord, max_value_bytes: usize, walk_limits: WalkLimits) -> Run {
+        Run {
             view,
             here,
             max_value_bytes,
@@ -168,8 +164,8 @@ impl Run {
             write_bytes: 0,
             write_cap: MAX_RUN_WRITES,
             write_bytes_cap: MAX_RUN_WRITE_BYTES,
-            deferred: Some(Vec::new()),
-            snapshot,
+            deferred: None,
+            snapshot: None,
             refused_by_cap: false,
         }
     }

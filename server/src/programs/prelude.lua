@@ -365,67 +365,28 @@ end
 -- D must answer (or raise the error). Each wrapper tail-calls D, so an
 -- error names the program's line as it always did.
 local api = {}
-function api.get(x, y, z)
-  local ok, v = F(1, x, y, z)
-  if ok then return v end
-  return D(1, x, y, z)
+-- A cell call (op on x, y, z, and a value or an increment).
+local function cell_call(op)
+  return function(x, y, z, v)
+    local ok, answer = F(op, x, y, z, v)
+    if ok then return answer end
+    return D(op, x, y, z, v)
+  end
 end
-function api.put(x, y, z, v)
-  local ok = F(2, x, y, z, v)
-  if ok then return nil end
-  return D(2, x, y, z, v)
+-- A box call (op on two corners).
+local function box_call(op)
+  return function(x0, y0, z0, x1, y1, z1)
+    local ok, answer = F(op, x0, y0, z0, x1, y1, z1)
+    if ok then return answer end
+    return D(op, x0, y0, z0, x1, y1, z1)
+  end
 end
-function api.del(x, y, z)
-  local ok, v = F(3, x, y, z)
-  if ok then return v end
-  return D(3, x, y, z)
-end
-function api.num(x, y, z)
-  local ok, v = F(4, x, y, z)
-  if ok then return v end
-  return D(4, x, y, z)
-end
-function api.incr(x, y, z, d)
-  local ok, v = F(5, x, y, z, d)
-  if ok then return v end
-  return D(5, x, y, z, d)
-end
-function api.rget(dx, dy, dz)
-  local ok, v = F(17, dx, dy, dz)
-  if ok then return v end
-  return D(17, dx, dy, dz)
-end
-function api.rput(dx, dy, dz, v)
-  local ok = F(18, dx, dy, dz, v)
-  if ok then return nil end
-  return D(18, dx, dy, dz, v)
-end
-function api.rdel(dx, dy, dz)
-  local ok, v = F(19, dx, dy, dz)
-  if ok then return v end
-  return D(19, dx, dy, dz)
-end
-function api.rnum(dx, dy, dz)
-  local ok, v = F(20, dx, dy, dz)
-  if ok then return v end
-  return D(20, dx, dy, dz)
-end
-function api.rincr(dx, dy, dz, d)
-  local ok, v = F(21, dx, dy, dz, d)
-  if ok then return v end
-  return D(21, dx, dy, dz, d)
-end
-function api.count(x0, y0, z0, x1, y1, z1)
-  local ok, v = F(32, x0, y0, z0, x1, y1, z1)
-  if ok then return v end
-  return D(32, x0, y0, z0, x1, y1, z1)
-end
+api.get, api.put, api.del, api.num, api.incr =
+  cell_call(1), cell_call(2), cell_call(3), cell_call(4), cell_call(5)
+api.rget, api.rput, api.rdel, api.rnum, api.rincr =
+  cell_call(17), cell_call(18), cell_call(19), cell_call(20), cell_call(21)
+api.count, api.rcount = box_call(32), box_call(48)
 function api.sum(x0, y0, z0, x1, y1, z1) return D(33, x0, y0, z0, x1, y1, z1) end
-function api.rcount(x0, y0, z0, x1, y1, z1)
-  local ok, v = F(48, x0, y0, z0, x1, y1, z1)
-  if ok then return v end
-  return D(48, x0, y0, z0, x1, y1, z1)
-end
 function api.rsum(x0, y0, z0, x1, y1, z1) return D(49, x0, y0, z0, x1, y1, z1) end
 
 local function iterate(flat)
