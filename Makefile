@@ -84,8 +84,10 @@ crash: release
 # nightly toolchain and cargo-fuzz are installed, else with the stable
 # driver (fuzz/src/bin/cube-fuzz-stable.rs, mutations without coverage
 # feedback). Crashes land in fuzz/artifacts/TARGET/. FUZZ_ENGINE=stable
-# forces the stable driver. No sanitizer (-s none): the code is safe Rust,
-# and AddressSanitizer made the WAL target 30x slower. docs/robustness.md,
+# forces the stable driver. No sanitizer (-s none): the code is safe Rust
+# but for two small modules (docs/ARCHITECTURE.md), and AddressSanitizer made
+# the WAL target 30x slower; program_run drives the unsafe one, the programs'
+# fast API path. docs/robustness.md,
 # "Fuzzing".
 FUZZ_SECONDS ?= 60
 FUZZ_ENGINE ?= auto

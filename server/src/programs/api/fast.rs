@@ -297,6 +297,7 @@ impl RunContext<'_> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
     use cube_protocol::ProgramValue;
@@ -309,6 +310,8 @@ mod tests {
     pub(super) static FAST_OFF: AtomicBool = AtomicBool::new(false);
     /// Calls `F` answered.
     pub(super) static ANSWERED: AtomicU64 = AtomicU64::new(0);
+    /// This module's tests, one at a time (one of them sets `FAST_OFF`).
+    static SERIAL: Mutex<()> = Mutex::new(());
 
     /// Every kind of call `F` answers or declines, each under `pcall`, on
     /// the harness's cells (integers, a float, text, " 7", a value at the
@@ -381,8 +384,45 @@ return out
         (values, run.cells_after, answered)
     }
 
+    /// The one push of `F` that can raise: a value copied into a new Lua
+    /// string when the run's memory is spent. The error unwinds over
+    /// `fast_call`; the run fails as out of memory, and the next run finds
+    /// the VM and its run slot as they should be.
+    #[test]
+    fn running_out_of_memory_inside_the_fast_path_leaves_the_vm_sound() {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let limits = HarnessLimits {
+            // Enough fuel that memory runs out first.
+            fuel: 10_000_000,
+            time: std::time::Duration::from_secs(5),
+            ..HarnessLimits::SMALL
+        };
+        let mut harness = ProgramHarness::new(limits).unwrap();
+        // The table is sized first, so that the loop's only allocations
+        // are the strings F pushes (60 bytes: a long string, never shared).
+        let hog = b"cube.put(5, 5, 5, string.rep('z', 60))\n\
+            local kept = {}\n\
+            for i = 1, 20000 do kept[i] = false end\n\
+            for i = 1, 20000 do kept[i] = cube.get(5, 5, 5) end";
+        let answered_before = ANSWERED.load(Relaxed);
+        let HarnessOutcome::Ran(run) = harness.run(hog, &[]).unwrap() else {
+            panic!("refused")
+        };
+        assert!(ANSWERED.load(Relaxed) - answered_before > 1000);
+        let Err((outcome, message)) = run.result else {
+            panic!("{:?}", run.result)
+        };
+        assert_eq!(outcome, cube_protocol::RunOutcome::Memory, "{message}");
+        let HarnessOutcome::Ran(next) = harness.run(b"return cube.get(1, 0, 0)", &[]).unwrap()
+        else {
+            panic!("refused")
+        };
+        assert_eq!(next.result.unwrap(), ProgramValue::Bytes(b"1".to_vec()));
+    }
+
     #[test]
     fn the_fast_path_answers_every_call_as_the_dispatcher_does() {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let (slow, slow_cells, _) = results(false);
         let (fast, fast_cells, answered) = results(true);
         assert_eq!(slow.len(), 40);
