@@ -12,19 +12,23 @@
 //! time, in that order: a run whose writes would take the namespace past a
 //! quota is undone alone and fails like a `run` over its quota, recorded.
 //!
+//! Because the runs cannot see each other, a big step runs them in lanes
+//! on several threads (see [`run_programs`]); only the runs' execution is
+//! parallel, everything the writer's transaction records is done after,
+//! on the writer, in order.
+//!
 //! Limits, because a step holds the writer: at most
 //! [`MAX_STEP_PROGRAMS`] programs; the runs together write at most what
 //! fits in one transaction beside their telemetry; the step's writer time
 //! is bounded by `--program-step-ms`, after which the remaining runs fail
 //! as out of fuel without running.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use cube_protocol::{CellBox, Coord, NamespaceName, RunOutcome, RunRecord, StepFailure, StepReply};
 use cube_store::{MAX_TXN_MUTATIONS, StoredProgram, TelemetryHead, TxnView};
-
-use std::sync::Arc;
 
 use super::api::{DeferredWrite, MAX_RUN_WRITE_BYTES, MAX_RUN_WRITES, Run, RunView, StepSnapshot};
 use super::sandbox::{ProgramVm, RunBudget, with_vm};
