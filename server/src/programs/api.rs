@@ -257,9 +257,38 @@ impl StepSnapshot {
         self.cells.get(slot).map(|v| v.as_deref())
     }
 
-    /// Whether the whole of `region` is inside the snapshot.
-    fn holds(&self, region: &CellBox) -> bool {
-        self.slot(region.lo()).is_some() && self.slot(region.hi()).is_some()
+    /// Visits the cells of `region` that hold a value, in x, y, z order,
+    /// stepping through the slots instead of computing each one; `None`
+    /// when the snapshot does not hold the whole box.
+    fn visit_box<E>(
+        &self,
+        region: &CellBox,
+        mut visit: impl FnMut(Coord, &[u8]) -> Result<(), E>,
+    ) -> Option<Result<(), E>> {
+        let (lo, hi) = (region.lo(), region.hi());
+        let first = self.slot(lo)?;
+        self.slot(hi)?;
+        let (y_stride, x_stride) = (
+            self.sides[2] as usize,
+            (self.sides[1] * self.sides[2]) as usize,
+        );
+        let mut x_slot = first;
+        for x in lo.x..=hi.x {
+            let mut y_slot = x_slot;
+            for y in lo.y..=hi.y {
+                let row = self.cells.get(y_slot..)?;
+                for (z, cell) in (lo.z..=hi.z).zip(row) {
+                    if let Some(value) = cell
+                        && let Err(e) = visit(Coord::new(x, y, z), value)
+                    {
+                        return Some(Err(e));
+                    }
+                }
+                y_slot += y_stride;
+            }
+            x_slot += x_stride;
+        }
+        Some(Ok(()))
     }
 }
 
@@ -745,20 +774,11 @@ impl RunContext<'_> {
     ) -> Result<(), E> {
         debug_assert!(region.volume() <= POINT_READ_VOLUME);
         let (lo, hi) = (region.lo(), region.hi());
-        if let Some(snapshot) = self.snapshot
-            && snapshot.holds(region)
+        if let Some(visited) = self
+            .snapshot
+            .and_then(|snapshot| snapshot.visit_box(region, &mut visit))
         {
-            for x in lo.x..=hi.x {
-                for y in lo.y..=hi.y {
-                    for z in lo.z..=hi.z {
-                        let coord = Coord::new(x, y, z);
-                        if let Some(Some(value)) = snapshot.get(coord) {
-                            visit(coord, value)?;
-                        }
-                    }
-                }
-            }
-            return Ok(());
+            return visited;
         }
         let mut coords = [Coord::new(0, 0, 0); POINT_READ_VOLUME as usize];
         let mut n = 0;
@@ -1060,9 +1080,27 @@ mod tests {
         ] {
             assert_eq!(s.get(outside), None, "{outside}");
         }
-        assert!(s.holds(&CellBox::new(lo, hi).unwrap()));
+        // The whole box, visited slot by slot, finds what the point reads
+        // find, in x, y, z order; a box reaching outside is not visited.
+        let mut found = Vec::new();
+        let visited = s.visit_box(&CellBox::new(lo, hi).unwrap(), |c, v| {
+            found.push((c, v[0]));
+            Ok::<(), ()>(())
+        });
+        assert_eq!(visited, Some(Ok(())));
+        assert_eq!(
+            found,
+            vec![(present[0], 0), (present[2], 2), (present[1], 1)]
+        );
+        let inner = CellBox::new(Coord::new(i32::MIN + 1, 0, i32::MAX - 1), hi).unwrap();
+        let mut found = Vec::new();
+        s.visit_box(&inner, |c, _| {
+            found.push(c);
+            Ok::<(), ()>(())
+        });
+        assert_eq!(found, vec![present[2], present[1]]);
         let wider = CellBox::new(lo, Coord::new(i32::MIN + 4, 1, i32::MAX)).unwrap();
-        assert!(!s.holds(&wider));
+        assert_eq!(s.visit_box(&wider, |_, _| Ok::<(), ()>(())), None);
     }
 
     #[test]

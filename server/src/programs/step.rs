@@ -125,11 +125,15 @@ fn run_lane(
         snapshot,
     ));
     drop(slot);
+    // One wall-clock read per lane; each run's start is offset from it by
+    // the monotonic clock (a step lasts seconds at most).
+    let (lane_started, lane_started_unix_us) = (Instant::now(), unix_us());
     for (coord, source) in programs {
         let cell_started = Instant::now();
+        let since_lane_us = cell_started.duration_since(lane_started).as_micros();
         let mut record = RunRecord {
             seq: 0,
-            started_unix_us: unix_us(),
+            started_unix_us: lane_started_unix_us.saturating_add(since_lane_us as u64),
             duration_ns: 0,
             instructions: 0,
             cells_written: 0,
