@@ -23,7 +23,7 @@ use mlua::{Lua, Table, Value};
 use super::sandbox::charge;
 
 mod fast;
-pub(crate) use fast::fast_function;
+pub(crate) use fast::{fast_function, runner_function};
 
 /// Most cells one run may write (puts and deletes).
 pub(crate) const MAX_RUN_WRITES: u32 = 16_384;

@@ -479,8 +479,8 @@ fn run_in_writer(
                 args,
                 settings.budget,
                 started,
-                |function, call_args| {
-                    let returned = function.call::<Value>(call_args)?;
+                |runner, call_args| {
+                    let returned = runner.call::<Value>(call_args)?;
                     to_program_value(returned, settings)
                 },
             );

@@ -226,6 +226,8 @@ pub(crate) struct ProgramVm {
     /// The raw `cube` API table (programs see a read-only proxy); its
     /// `x`, `y`, `z` and `ns` are set per run.
     pub(crate) api: Table,
+    /// Calls each run's program with its instruction count started over.
+    runner: Function,
     compiled: HashMap<Arc<[u8]>, Function>,
     compiled_bytes: usize,
     /// The VM's memory in use when the cache was last emptied.
@@ -287,6 +289,7 @@ impl ProgramVm {
         let slot = RunSlot::default();
         let dispatcher = api::dispatcher(&lua, Rc::clone(&slot))?;
         let fast = api::fast_function(&lua, &slot)?;
+        let runner = api::runner_function(&lua)?;
         let (base, env_meta, api): (Table, Table, Table) = lua
             .load(PRELUDE)
             .set_name("=cube")
@@ -321,6 +324,7 @@ impl ProgramVm {
             env,
             slot,
             api,
+            runner,
             compiled: HashMap::new(),
             compiled_bytes: 0,
             cache_base_memory,
@@ -417,18 +421,24 @@ impl ProgramVm {
     }
 
     /// Runs `source` with `args` under `budget`, its wall-clock backstop
-    /// counted from `started`. `call` gets the compiled function and the
-    /// call's arguments (the per-run environment, then `args`),
-    /// makes the call and turns the result into `R`, all still inside the
-    /// budget.
+    /// counted from `started`. `call` gets the VM's runner (see
+    /// `api::runner_function`) and its arguments (the compiled program, the
+    /// per-run environment, then `args`), makes the call and turns the
+    /// result into `R`, all still inside the budget.
     pub(crate) fn run<R>(
         &mut self,
         source: &Arc<[u8]>,
         args: &[Vec<u8>],
         budget: RunBudget,
         started: Instant,
-        call: impl FnOnce(&Function, (&Table, MultiValue)) -> mlua::Result<R>,
+        call: impl FnOnce(&Function, (Function, &Table, MultiValue)) -> mlua::Result<R>,
     ) -> LuaOutcome<R> {
+        // Compiled (or found compiled) before the run's budgets start: the
+        // memory and instructions of a compile are the source's, bounded by
+        // its size, and counting them against the first run of each VM
+        // would make a run near its budget fail or not by whether its VM
+        // (the writer's, or a step lane's new one) had compiled it before.
+        let function = self.function(source);
         let used_before = self.lua.used_memory();
         // The arguments are made before the limit is set, so that their
         // strings skip mlua's protected (pcall) allocation path; they
@@ -447,7 +457,7 @@ impl ProgramVm {
             b.spent.set(None);
         });
         let result = values.and_then(|values| {
-            let function = self.function(source)?;
+            let function = function?;
             // A program that left globals gets them dropped with its
             // environment, made anew (inside the budget, as it always was)
             // for the next run; nothing else can hold the table.
@@ -457,7 +467,7 @@ impl ProgramVm {
                     .map_err(failure)?;
                 self.env = env;
             }
-            call(&function, (&self.env, values)).map_err(failure)
+            call(&self.runner, (function, &self.env, values)).map_err(failure)
         });
         let (fuel_used, spent) = BUDGET.with(|b| {
             b.active.set(false);

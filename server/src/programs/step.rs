@@ -99,14 +99,16 @@ struct LaneOutput {
 }
 
 /// Runs `programs`, in order, in `vm`. Each run's caps are what the
-/// lane's earlier runs left of the step's: on a lane that holds the whole
-/// step, exactly the step's caps.
+/// lane's earlier runs, and `written_before` (cells and value bytes the
+/// step's runs before the lane wrote, when they are known), left of the
+/// step's: on a lane that holds the whole step, exactly the step's caps.
 fn run_lane(
     vm: &mut ProgramVm,
     step: &StepInput<'_>,
     programs: &[StoredProgram],
     view: RunView,
     snapshot: Option<Arc<StepSnapshot>>,
+    written_before: (u32, usize),
 ) -> LaneOutput {
     let compiled_before = vm.compiles;
     let settings = step.settings;
@@ -163,8 +165,10 @@ fn run_lane(
             run.writes = 0;
             run.write_bytes = 0;
             run.refused_by_cap = false;
-            run.write_cap = MAX_RUN_WRITES.min(step.write_room - writes.len() as u32);
-            run.write_bytes_cap = MAX_RUN_WRITE_BYTES.min(MAX_STEP_WRITE_BYTES - write_bytes);
+            run.write_cap =
+                MAX_RUN_WRITES.min(step.write_room - written_before.0 - writes.len() as u32);
+            run.write_bytes_cap =
+                MAX_RUN_WRITE_BYTES.min(MAX_STEP_WRITE_BYTES - written_before.1 - write_bytes);
         }
         let budget = RunBudget {
             time: settings.budget.time.min(left),
@@ -176,7 +180,7 @@ fn run_lane(
                 step.args,
                 budget,
                 cell_started,
-                |function, call_args| function.call::<()>(call_args),
+                |runner, call_args| runner.call::<()>(call_args),
             ),
             Err(e) => super::sandbox::LuaOutcome {
                 result: Err(super::sandbox::Failure {
@@ -222,7 +226,7 @@ fn run_lane(
     let Some(run) = run else {
         unreachable!("nothing but this lane takes its run out of the slot");
     };
-    assert!(writes.len() <= step.write_room as usize);
+    assert!(writes.len() + written_before.0 as usize <= step.write_room as usize);
     LaneOutput {
         ran,
         writes,
@@ -240,24 +244,25 @@ fn telemetry_head(vm: &ProgramVm, ns: &NamespaceName, coord: Coord) -> Telemetry
         .unwrap_or_default()
 }
 
-/// Whether the runs, done on several lanes, did exactly what they would
-/// have done on one: a lane's caps are looser than the step's (its
-/// earlier runs are fewer), so a run that a cap refused, or that wrote
-/// past what the step would have left it, might have gone otherwise.
-fn lanes_match_one(ran: &[Ran], write_room: u32) -> bool {
+/// The first run that, done on a lane, might have gone otherwise than on
+/// one thread: a lane's caps are looser than the step's (its earlier runs
+/// are fewer), so a run that a cap refused, or that wrote past what the
+/// step would have left it, might have. Every run before it did exactly
+/// what it would have done on one thread.
+fn first_divergence(ran: &[Ran], write_room: u32) -> Option<usize> {
     let (mut writes, mut bytes) = (0u32, 0usize);
-    for run in ran {
+    for (i, run) in ran.iter().enumerate() {
         let cap = MAX_RUN_WRITES.min(write_room - writes);
         let bytes_cap = MAX_RUN_WRITE_BYTES.min(MAX_STEP_WRITE_BYTES - bytes);
         if run.refused_by_cap || run.wrote.0 > cap || run.wrote.1 > bytes_cap {
-            return false;
+            return Some(i);
         }
         if run.failure.is_none() {
             writes += run.wrote.0;
             bytes += run.wrote.1;
         }
     }
-    true
+    None
 }
 
 /// How many lanes a step of `programs` runs on.
@@ -283,7 +288,14 @@ fn run_programs(
     let snapshot = StepSnapshot::read(&detached, step.ns, &cells).map(Arc::new);
     let lanes = lane_count(step.settings.step_threads, programs.len());
     if lanes == 1 {
-        let lane = run_lane(vm, step, programs, RunView::Owned(detached), snapshot);
+        let lane = run_lane(
+            vm,
+            step,
+            programs,
+            RunView::Owned(detached),
+            snapshot,
+            (0, 0),
+        );
         view.attach(lane.view.into_owned());
         return (lane.ran, lane.writes, lane.compiles);
     }
@@ -302,11 +314,18 @@ fn run_programs(
                 std::thread::Builder::new()
                     .name("cube-step-lane".into())
                     .spawn_scoped(scope, move || {
-                        with_vm(|vm| run_lane(vm, step, part, view, snapshot))
+                        with_vm(|vm| run_lane(vm, step, part, view, snapshot, (0, 0)))
                     })
             })
             .collect();
-        let mut outputs = vec![run_lane(vm, step, parts[0], share(), snapshot.clone())];
+        let mut outputs = vec![run_lane(
+            vm,
+            step,
+            parts[0],
+            share(),
+            snapshot.clone(),
+            (0, 0),
+        )];
         for (part, helper) in parts[1..].iter().zip(helpers) {
             let done = match helper.map(|h| h.join()) {
                 Ok(Ok(Ok(output))) => Some(output),
@@ -314,8 +333,9 @@ fn run_programs(
                 // No thread, or no VM on it: the writer runs that lane.
                 Ok(Ok(Err(_))) | Err(_) => None,
             };
-            outputs
-                .push(done.unwrap_or_else(|| run_lane(vm, step, part, share(), snapshot.clone())));
+            outputs.push(
+                done.unwrap_or_else(|| run_lane(vm, step, part, share(), snapshot.clone(), (0, 0))),
+            );
         }
         outputs
     });
@@ -329,17 +349,33 @@ fn run_programs(
         drop(lane.view);
     }
     let detached = RunView::Shared(shared).into_owned();
-    if lanes_match_one(&ran, step.write_room) {
+    let Some(diverged) = first_divergence(&ran, step.write_room) else {
         view.attach(detached);
         return (ran, writes, compiles);
-    }
-    // Rare: runs that write near the step's caps. Their lanes' work is
-    // dropped and the step runs again on the writer alone, as it would
-    // have with one thread.
+    };
+    // Rare: runs that write near the step's caps. The runs before the
+    // first that might have gone otherwise are one thread's; the rest run
+    // again on the writer alone, from where one thread would have been,
+    // within what is left of the step's time.
     stats.steps_redone.fetch_add(1, Relaxed);
-    let lane = run_lane(vm, step, programs, RunView::Owned(detached), snapshot);
+    ran.truncate(diverged);
+    writes.truncate(ran.iter().map(|r| r.writes).sum());
+    let written = ran
+        .iter()
+        .filter(|r| r.failure.is_none())
+        .fold((0, 0), |(w, b), r| (w + r.wrote.0, b + r.wrote.1));
+    let lane = run_lane(
+        vm,
+        step,
+        &programs[diverged..],
+        RunView::Owned(detached),
+        snapshot,
+        written,
+    );
     view.attach(lane.view.into_owned());
-    (lane.ran, lane.writes, compiles + lane.compiles)
+    ran.extend(lane.ran);
+    writes.extend(lane.writes);
+    (ran, writes, compiles + lane.compiles)
 }
 
 /// The transaction of one `step`, on the writer thread.

@@ -21,8 +21,11 @@
 //! its Rust work in [`answer`], which returns plain data, and only then
 //! pushes results; the only push that can raise (a memory error from
 //! `lua_pushlstring`) runs with nothing left to drop. A panic in `answer`
-//! is caught and becomes a decline, so `D` meets the same case and handles
-//! it as it always did.
+//! is caught and becomes a decline rather than unwinding through Lua's C
+//! frames: `D` then meets the same case and the same panic, which mlua
+//! carries out of the Lua call and which stops the daemon like any panic
+//! on the writer (a write `answer` made before panicking may be made twice
+//! on that way out; nothing commits).
 //!
 //! This is the server's one exception to the workspace's `unsafe_code`
 //! denial (with `store/src/huge_pages.rs` in the store): the C API has no
@@ -100,6 +103,37 @@ pub(crate) fn fast_function(lua: &Lua, slot: &RunSlot) -> mlua::Result<Function>
             ffi::lua_pushlightuserdata(state, address);
             ffi::lua_pushcclosure(state, fast_call, 1);
         })
+    }
+}
+
+/// Makes the VM's runner: `runner(program, env, args...)` starts the
+/// instruction count over and calls `program(env, args...)`, returning
+/// what it returns. Every run is called through it, so the fuel hook fires
+/// after the same number of instructions into every run, wherever the
+/// runs before it (in this VM, or in another) left the count; otherwise a
+/// run near its fuel budget passed or failed by its VM's history.
+pub(crate) fn runner_function(lua: &Lua) -> mlua::Result<Function> {
+    // SAFETY: `exec_raw` runs this in a protected call with room on the
+    // stack; it pushes one value, a C function.
+    unsafe {
+        lua.exec_raw((), |state| {
+            ffi::lua_pushcfunction(state, run_program);
+        })
+    }
+}
+
+unsafe extern "C-unwind" fn run_program(state: *mut ffi::lua_State) -> c_int {
+    // SAFETY: this frame holds nothing with a destructor, so an error the
+    // program raises (a longjmp to the caller's protected call) unwinds
+    // over plain data; setting the hook raises nothing.
+    unsafe {
+        let hook = ffi::lua_gethook(state);
+        let mask = ffi::lua_gethookmask(state);
+        let count = ffi::lua_gethookcount(state);
+        ffi::lua_sethook(state, hook, mask, count);
+        let nargs = ffi::lua_gettop(state) - 1;
+        ffi::lua_callk(state, nargs, ffi::LUA_MULTRET, 0, None);
+        ffi::lua_gettop(state)
     }
 }
 
