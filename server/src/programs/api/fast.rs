@@ -27,6 +27,10 @@
 //! on the writer (a write `answer` made before panicking may be made twice
 //! on that way out; nothing commits).
 //!
+//! The module also makes the VM's runner ([`runner_function`]), the C
+//! function every run's program is called through, which starts the fuel
+//! hook's instruction count over first.
+//!
 //! This is the server's one exception to the workspace's `unsafe_code`
 //! denial (with `store/src/huge_pages.rs` in the store): the C API has no
 //! safe wrapper that is not mlua's callback path itself.
@@ -131,8 +135,11 @@ unsafe extern "C-unwind" fn run_program(state: *mut ffi::lua_State) -> c_int {
         let mask = ffi::lua_gethookmask(state);
         let count = ffi::lua_gethookcount(state);
         ffi::lua_sethook(state, hook, mask, count);
-        let nargs = ffi::lua_gettop(state) - 1;
-        ffi::lua_callk(state, nargs, ffi::LUA_MULTRET, 0, None);
+        let top = ffi::lua_gettop(state);
+        if top < 1 {
+            return 0;
+        }
+        ffi::lua_callk(state, top - 1, ffi::LUA_MULTRET, 0, None);
         ffi::lua_gettop(state)
     }
 }
