@@ -90,3 +90,37 @@ impl Hasher for CoordHasher {
         self.add(i as u64);
     }
 }
+
+/// Indices of `keys` in the order of the buckets they hash to in a
+/// `std` map of `capacity`, equal keys in their given order.
+///
+/// A step records and reads tens of thousands of cells in maps of
+/// megabytes; visited in the callers' (curve) order each visit is a cache
+/// and TLB miss (about 200 ns on the development VM, against 90 ns when
+/// the map fits in cache). In bucket order the visits walk the table
+/// once, front to back. The bucket of a hash is its low bits below the
+/// table's power-of-two bucket count, as in `hashbrown`, which `std`'s
+/// map is; were that to change, only the speed would, never the result.
+pub(crate) fn bucket_order<K: std::hash::Hash>(
+    builder: &CoordHashBuilder,
+    capacity: usize,
+    keys: impl Iterator<Item = K>,
+) -> Vec<usize> {
+    // hashbrown keeps a table at most 7/8 full, in a power-of-two count.
+    let buckets = (capacity.saturating_mul(8) / 7).max(1).next_power_of_two() as u64;
+    // Bucket and index packed in one word sort fastest; a table of more
+    // than 2^32 buckets (never, here) only sorts by fewer bits.
+    let mut order: Vec<u64> = keys
+        .enumerate()
+        .map(|(index, key)| {
+            assert!(index <= u32::MAX as usize, "at most 2^32 keys at once");
+            let bucket = builder.hash_one(key) & (buckets - 1) & u64::from(u32::MAX);
+            bucket << 32 | index as u64
+        })
+        .collect();
+    order.sort_unstable();
+    order
+        .into_iter()
+        .map(|packed| (packed & u64::from(u32::MAX)) as usize)
+        .collect()
+}

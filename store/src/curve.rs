@@ -90,6 +90,34 @@ impl Curve {
         }
     }
 
+    /// The indices of `coords` in curve order (equal coordinates in their
+    /// given order). A step orders tens of thousands of programs: the
+    /// keys of one box share their high bits, so past the smallest they
+    /// mostly fit 32 bits and sort packed with their index in one word,
+    /// several times faster than 128-bit keys do.
+    pub fn order(self, coords: &[Coord]) -> Vec<usize> {
+        let mut keys = vec![0u128; coords.len()];
+        self.keys(coords, &mut keys);
+        let (Some(min), Some(max)) = (keys.iter().min(), keys.iter().max()) else {
+            return Vec::new();
+        };
+        if max - min <= u128::from(u32::MAX) && coords.len() <= u32::MAX as usize {
+            let mut packed: Vec<u64> = keys
+                .iter()
+                .enumerate()
+                .map(|(i, key)| ((key - min) as u64) << 32 | i as u64)
+                .collect();
+            packed.sort_unstable();
+            return packed
+                .into_iter()
+                .map(|p| (p & u64::from(u32::MAX)) as usize)
+                .collect();
+        }
+        let mut order: Vec<usize> = (0..coords.len()).collect();
+        order.sort_by_key(|i| keys[*i]);
+        order
+    }
+
     /// The name used by `--curve` and in stats.
     pub fn name(self) -> &'static str {
         match self {
@@ -144,6 +172,24 @@ mod tests {
             }
         }
         assert_eq!(morton_key(max), MAX_KEY);
+    }
+
+    #[test]
+    fn order_is_the_order_of_the_keys() {
+        let near: Vec<Coord> = (0..300)
+            .map(|i| Coord::new(i % 7, (i * 13) % 11, (i * 29) % 5))
+            .collect();
+        let far: Vec<Coord> = (-20..20)
+            .map(|i| Coord::new(i * 7919, -i, i32::MAX - 20 - i))
+            .collect();
+        for coords in [near, far, Vec::new()] {
+            for curve in Curve::ALL {
+                let order = curve.order(&coords);
+                let mut expected: Vec<usize> = (0..coords.len()).collect();
+                expected.sort_by_key(|i| (curve.key(coords[*i]), *i));
+                assert_eq!(order, expected, "{curve}");
+            }
+        }
     }
 
     #[test]

@@ -24,7 +24,7 @@ use cube_protocol::{
     CellBox, Coord, MAX_OUTCOME_MESSAGE_BYTES, NamespaceName, RunOutcome, RunRecord,
 };
 
-use crate::coord_hash::CoordHashBuilder;
+use crate::coord_hash::{CoordHashBuilder, bucket_order};
 use crate::memstore::MemStore;
 use crate::mutation::Mutation;
 
@@ -330,6 +330,24 @@ impl MemStore {
             .map(CellTelemetry::head)
     }
 
+    /// [`MemStore::telemetry_head`] of each of `coords`, under one lock
+    /// and in the map's bucket order (a step reads thousands).
+    pub(crate) fn telemetry_heads(
+        &self,
+        ns: &NamespaceName,
+        coords: &[Coord],
+    ) -> Vec<Option<TelemetryHead>> {
+        let mut heads = vec![None; coords.len()];
+        let telemetry = read(&self.programs.telemetry);
+        let Some(cells) = telemetry.get(ns) else {
+            return heads;
+        };
+        for i in bucket_order(cells.hasher(), cells.capacity(), coords.iter()) {
+            heads[i] = cells.get(&coords[i]).map(CellTelemetry::head);
+        }
+        heads
+    }
+
     /// A cell's counts and its `limit` most recent records, oldest first.
     pub fn telemetry(
         &self,
@@ -356,10 +374,10 @@ pub type StoredProgram = (Coord, Arc<[u8]>);
 
 impl MemStore {
     /// The programs stored in `region` of `ns`, at most `limit` of them
-    /// (unordered), and whether more were left out. A box smaller than
-    /// the namespace's program count is probed cell by cell; a bigger one
-    /// costs one pass over the namespace's programs, so a huge box never
-    /// costs its volume.
+    /// (unordered), and whether more were left out. A box much smaller
+    /// than the namespace's program count is probed cell by cell; a bigger
+    /// one costs one pass over the namespace's programs, so a huge box
+    /// never costs its volume.
     pub(crate) fn programs_in(
         &self,
         ns: &NamespaceName,
@@ -371,7 +389,9 @@ impl MemStore {
             return (Vec::new(), false);
         };
         let mut found = Vec::new();
-        if region.volume() <= cells.len() as u128 {
+        // A probe of a map much bigger than the cache costs a miss, some
+        // 100-200 ns; a pass visits each entry in order, some 5-10 ns.
+        if region.volume().saturating_mul(PROBE_COST_IN_VISITS) <= cells.len() as u128 {
             let (lo, hi) = (region.lo(), region.hi());
             for x in lo.x..=hi.x {
                 for y in lo.y..=hi.y {
@@ -399,6 +419,10 @@ impl MemStore {
         (found, false)
     }
 }
+
+/// What probing a program map for one cell costs, in entries a pass over
+/// it visits in the same time (see [`MemStore::programs_in`]).
+const PROBE_COST_IN_VISITS: u128 = 16;
 
 impl ProgramTable {
     /// Up to `max_items` programs of `ns` with coordinates strictly after
@@ -442,8 +466,42 @@ pub(crate) struct PendingPrograms {
     heads: HashMap<CellId, PendingHead, CoordHashBuilder>,
 }
 
+/// What an appended telemetry record changes in its cell's pending head.
+struct HeadAppend<'m> {
+    ns: &'m NamespaceName,
+    coord: Coord,
+    seq: u64,
+    failures: u64,
+    /// The newest seq the append trims, if any.
+    trimmed_through: Option<u64>,
+}
+
+impl HeadAppend<'_> {
+    fn of(mutation: &Mutation) -> Option<HeadAppend<'_>> {
+        let Mutation::Telemetry {
+            ns,
+            coord,
+            change:
+                change @ TelemetryChange::Append {
+                    record, failures, ..
+                },
+        } = mutation
+        else {
+            return None;
+        };
+        let trimmed = change.trimmed();
+        Some(HeadAppend {
+            ns,
+            coord: *coord,
+            seq: record.seq,
+            failures: *failures,
+            trimmed_through: (!trimmed.is_empty()).then(|| *trimmed.end()),
+        })
+    }
+}
+
 /// What the group's pending appends at one cell add to its telemetry.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct PendingHead {
     runs: u64,
     failures: u64,
@@ -489,51 +547,76 @@ impl PendingPrograms {
                     undo.push(ProgramUndo::Source(key, previous));
                 }
             }
-            Mutation::Telemetry {
-                ns,
-                coord,
-                change:
-                    change @ TelemetryChange::Append {
-                        record, failures, ..
-                    },
-            } => {
-                // One probe of the map (a step records tens of thousands
-                // of cells, each a likely cache miss).
-                let entry = self.heads.entry((ns.clone(), *coord));
-                let previous = match &entry {
-                    Entry::Occupied(found) => Some(*found.get()),
-                    Entry::Vacant(_) => None,
-                };
-                let mut head = previous.unwrap_or(PendingHead {
-                    runs: 0,
-                    failures: 0,
-                    first_seq: record.seq,
-                    trimmed_through: 0,
-                });
-                if record.seq >= head.runs {
-                    head.runs = record.seq;
-                    head.failures = *failures;
-                }
-                let trimmed = change.trimmed();
-                if !trimmed.is_empty() {
-                    head.trimmed_through = head.trimmed_through.max(*trimmed.end());
-                }
-                let key = match entry {
-                    Entry::Occupied(mut found) => {
-                        found.insert(head);
-                        undo.is_some().then(|| found.key().clone())
-                    }
-                    Entry::Vacant(slot) => {
-                        let key = undo.is_some().then(|| slot.key().clone());
-                        slot.insert(head);
-                        key
-                    }
-                };
-                if let (Some(undo), Some(key)) = (undo, key) {
-                    undo.push(ProgramUndo::Head(key, previous));
-                }
-            }
+            Mutation::Telemetry { .. } => self.record_head(mutation, undo),
             _ => {}
+        }
+    }
+
+    /// The telemetry arm of [`PendingPrograms::record`]: an appended
+    /// record moves its cell's pending head.
+    fn record_head(&mut self, mutation: &Mutation, undo: Option<&mut Vec<ProgramUndo>>) {
+        if let Some(append) = HeadAppend::of(mutation) {
+            self.record_append(&append, undo);
+        }
+    }
+
+    fn record_append(&mut self, append: &HeadAppend<'_>, undo: Option<&mut Vec<ProgramUndo>>) {
+        // One probe of the map (a step records tens of thousands of
+        // cells, each a likely cache miss).
+        let entry = self.heads.entry((append.ns.clone(), append.coord));
+        let previous = match &entry {
+            Entry::Occupied(found) => Some(*found.get()),
+            Entry::Vacant(_) => None,
+        };
+        let mut head = previous.unwrap_or(PendingHead {
+            runs: 0,
+            failures: 0,
+            first_seq: append.seq,
+            trimmed_through: 0,
+        });
+        if append.seq >= head.runs {
+            head.runs = append.seq;
+            head.failures = append.failures;
+        }
+        if let Some(last) = append.trimmed_through {
+            head.trimmed_through = head.trimmed_through.max(last);
+        }
+        let key = match entry {
+            Entry::Occupied(mut found) => {
+                found.insert(head);
+                undo.is_some().then(|| found.key().clone())
+            }
+            Entry::Vacant(slot) => {
+                let key = undo.is_some().then(|| slot.key().clone());
+                slot.insert(head);
+                key
+            }
+        };
+        if let (Some(undo), Some(key)) = (undo, key) {
+            undo.push(ProgramUndo::Head(key, previous));
+        }
+    }
+
+    /// [`PendingPrograms::record`] of every mutation in `mutations`, the
+    /// telemetry heads in the map's bucket order instead of the
+    /// mutations' (see [`bucket_order`]): the same heads and, for each
+    /// cell, the same undo entries in the same order.
+    pub(crate) fn record_all(&mut self, mutations: &[Mutation], undo: &mut Vec<ProgramUndo>) {
+        // What the heads need, compact and in order, so that visiting it
+        // out of order stays in cache.
+        let mut appends = Vec::new();
+        for mutation in mutations {
+            match HeadAppend::of(mutation) {
+                Some(append) => appends.push(append),
+                None => self.record(mutation, Some(undo)),
+            }
+        }
+        // Grown first: the order is that of the table the heads go into.
+        self.heads.reserve(appends.len());
+        undo.reserve(appends.len());
+        let keys = appends.iter().map(|a| (a.ns, a.coord));
+        for i in bucket_order(self.heads.hasher(), self.heads.capacity(), keys) {
+            self.record_append(&appends[i], Some(undo));
         }
     }
 
@@ -615,7 +698,35 @@ impl PendingPrograms {
         ns: &NamespaceName,
         coord: Coord,
     ) -> Option<TelemetryHead> {
-        let stored = mem.telemetry_head(ns, coord);
+        self.merge_head(mem.telemetry_head(ns, coord), ns, coord)
+    }
+
+    /// [`PendingPrograms::telemetry_head`] of each of `coords`, the
+    /// store's heads read in one pass (see [`MemStore::telemetry_heads`]).
+    pub(crate) fn telemetry_heads(
+        &self,
+        mem: &MemStore,
+        ns: &NamespaceName,
+        coords: &[Coord],
+    ) -> Vec<Option<TelemetryHead>> {
+        let stored = mem.telemetry_heads(ns, coords);
+        if self.heads.is_empty() {
+            return stored;
+        }
+        stored
+            .into_iter()
+            .zip(coords)
+            .map(|(stored, coord)| self.merge_head(stored, ns, *coord))
+            .collect()
+    }
+
+    /// A cell's head: the store's, moved by the group's pending appends.
+    fn merge_head(
+        &self,
+        stored: Option<TelemetryHead>,
+        ns: &NamespaceName,
+        coord: Coord,
+    ) -> Option<TelemetryHead> {
         let pending = if self.heads.is_empty() {
             None
         } else {
@@ -1013,5 +1124,90 @@ mod tests {
         }
         .trimmed();
         assert_eq!(none.count(), 0);
+    }
+
+    #[test]
+    fn a_batch_records_and_undoes_what_one_by_one_does() {
+        let names = [
+            NamespaceName::new("default").unwrap(),
+            NamespaceName::new("other").unwrap(),
+        ];
+        let at = |i: u64| Coord::new((i % 700) as i32, (i % 3) as i32, -((i % 5) as i32));
+        let mem = MemStore::new();
+        // Cells with stored telemetry beside those with none.
+        for i in (0..700).step_by(3) {
+            mem.programs.apply(&Mutation::Telemetry {
+                ns: names[0].clone(),
+                coord: at(i),
+                change: TelemetryChange::Append {
+                    record: record(1, RunOutcome::Ok, ""),
+                    failures: 0,
+                    keep: 3,
+                    trim_from: 1,
+                },
+            });
+        }
+        let mut runs: HashMap<CellId, u64> = HashMap::new();
+        let mut mutations = Vec::new();
+        for i in 0..3000u64 {
+            let ns = names[(i % 7 == 0) as usize].clone();
+            if i % 100 == 0 {
+                mutations.push(Mutation::ProgramPut {
+                    ns: ns.clone(),
+                    coord: at(i),
+                    source: format!("return {i}").into_bytes(),
+                });
+            }
+            let seq = runs.entry((ns.clone(), at(i))).or_insert(1);
+            *seq += 1;
+            mutations.push(Mutation::Telemetry {
+                ns,
+                coord: at(i),
+                change: TelemetryChange::Append {
+                    record: record(*seq, RunOutcome::Ok, ""),
+                    failures: i % 4,
+                    keep: 3,
+                    trim_from: 1,
+                },
+            });
+        }
+        let group = || {
+            let mut pending = PendingPrograms::default();
+            for i in 0..50 {
+                pending.record(&append(i + 1, 3, 1), None);
+                pending.record(
+                    &Mutation::ProgramPut {
+                        ns: names[1].clone(),
+                        coord: at(i),
+                        source: b"return 0".to_vec(),
+                    },
+                    None,
+                );
+            }
+            pending
+        };
+        let (mut one, mut batch) = (group(), group());
+        let (mut one_undo, mut batch_undo) = (Vec::new(), Vec::new());
+        for mutation in &mutations {
+            one.record(mutation, Some(&mut one_undo));
+        }
+        batch.record_all(&mutations, &mut batch_undo);
+        assert_eq!(one.heads, batch.heads);
+        assert_eq!(one.sources, batch.sources);
+        for ns in &names {
+            let coords: Vec<Coord> = (0..800).map(at).collect();
+            let singles: Vec<_> = coords
+                .iter()
+                .map(|c| one.telemetry_head(&mem, ns, *c))
+                .collect();
+            assert_eq!(batch.telemetry_heads(&mem, ns, &coords), singles);
+            assert!(singles.iter().any(Option::is_none) && singles.iter().any(Option::is_some));
+        }
+        one.restore(one_undo.into_iter().rev());
+        batch.restore(batch_undo.into_iter().rev());
+        let before = group();
+        assert_eq!(one.heads, before.heads);
+        assert_eq!(batch.heads, before.heads);
+        assert_eq!(batch.sources, before.sources);
     }
 }

@@ -568,11 +568,8 @@ fn duration_ns(elapsed: Duration) -> u64 {
     elapsed.as_nanos().min(u128::from(u64::MAX)) as u64
 }
 
-/// Appends a run's telemetry record at its cell (the seq and outcome
-/// filled in from the cell's head and `failure`) and counts the run in
-/// the daemon's figures; returns the seq. `head` is the cell's telemetry
-/// head as of this point in the log (`TxnView::telemetry_head`), which a
-/// step's lanes read ahead.
+/// Appends a run's telemetry record at its cell and counts the run in the
+/// daemon's figures (see [`telemetry_append`]); returns the seq.
 #[allow(clippy::too_many_arguments)]
 fn record_run(
     view: &mut TxnView<'_>,
@@ -581,28 +578,36 @@ fn record_run(
     ns: NamespaceName,
     coord: Coord,
     head: TelemetryHead,
-    mut record: RunRecord,
+    record: RunRecord,
     failure: Option<&(RunOutcome, String)>,
 ) -> u64 {
+    let (append, seq) = telemetry_append(stats, settings, ns, coord, head, record, failure);
+    view.emit(append);
+    seq
+}
+
+/// A run's telemetry record at its cell, to emit (the seq and outcome
+/// filled in from the cell's head and `failure`), and its seq; counts the
+/// run in the daemon's figures. `head` is the cell's telemetry head as of
+/// this point in the log (`TxnView::telemetry_head`), which a step's
+/// lanes read ahead.
+fn telemetry_append(
+    stats: &ProgramStats,
+    settings: &ProgramSettings,
+    ns: NamespaceName,
+    coord: Coord,
+    head: TelemetryHead,
+    mut record: RunRecord,
+    failure: Option<&(RunOutcome, String)>,
+) -> (Mutation, u64) {
     record.seq = head.runs + 1;
     if let Some((outcome, message)) = failure {
         record.outcome = *outcome;
         record.message = cut(message, MAX_OUTCOME_MESSAGE_BYTES).to_owned();
     }
     let seq = record.seq;
-    let outcome = record.outcome;
-    view.emit(Mutation::Telemetry {
-        ns,
-        coord,
-        change: TelemetryChange::Append {
-            record,
-            failures: head.failures + u64::from(failure.is_some()),
-            keep: settings.keep,
-            trim_from: head.oldest_seq.max(1),
-        },
-    });
     stats.runs.fetch_add(1, Relaxed);
-    match outcome {
+    match record.outcome {
         RunOutcome::Ok => {}
         RunOutcome::Error => {
             stats.failed.fetch_add(1, Relaxed);
@@ -616,7 +621,17 @@ fn record_run(
             stats.out_of_memory.fetch_add(1, Relaxed);
         }
     }
-    seq
+    let append = Mutation::Telemetry {
+        ns,
+        coord,
+        change: TelemetryChange::Append {
+            record,
+            failures: head.failures + u64::from(failure.is_some()),
+            keep: settings.keep,
+            trim_from: head.oldest_seq.max(1),
+        },
+    };
+    (append, seq)
 }
 
 /// A run's return value as the protocol carries it: nil, a boolean, a

@@ -34,7 +34,7 @@ use super::api::{DeferredWrite, MAX_RUN_WRITE_BYTES, MAX_RUN_WRITES, Run, RunVie
 use super::sandbox::{ProgramVm, RunBudget, with_vm};
 use super::{
     MAX_OUTCOME_MESSAGE_BYTES, ProgramSettings, ProgramStats, cut, duration_ns, failed_outcome,
-    record_run, unix_us,
+    telemetry_append, unix_us,
 };
 
 /// Most programs one step runs. With one write per run and one telemetry
@@ -115,6 +115,14 @@ fn run_lane(
     let mut ran: Vec<Ran> = Vec::with_capacity(programs.len());
     let mut writes: Vec<DeferredWrite> = Vec::new();
     let mut write_bytes = 0usize;
+    // Every head the lane's runs record from, read in one pass: one at a
+    // time, each was a cache miss in a map of megabytes.
+    let cells: Vec<Coord> = programs.iter().map(|(coord, _)| *coord).collect();
+    let mut heads = view
+        .read()
+        .telemetry_heads(step.ns, &cells)
+        .into_iter()
+        .map(Option::unwrap_or_default);
     let mut slot = vm.slot.borrow_mut();
     if slot.ns.as_ref() != Some(step.ns) {
         slot.ns = Some(step.ns.clone());
@@ -131,6 +139,9 @@ fn run_lane(
     // the monotonic clock (a step lasts seconds at most).
     let (lane_started, lane_started_unix_us) = (Instant::now(), unix_us());
     for (coord, source) in programs {
+        let Some(head) = heads.next() else {
+            unreachable!("one head was read per program");
+        };
         let cell_started = Instant::now();
         let since_lane_us = cell_started.duration_since(lane_started).as_micros();
         let mut record = RunRecord {
@@ -156,7 +167,7 @@ fn run_lane(
                 writes: 0,
                 wrote: (0, 0),
                 refused_by_cap: false,
-                head: telemetry_head(vm, step.ns, *coord),
+                head,
             });
             continue;
         }
@@ -219,7 +230,7 @@ fn run_lane(
             writes: kept,
             wrote,
             refused_by_cap,
-            head: telemetry_head(vm, step.ns, *coord),
+            head,
         });
     }
     let run = vm.slot.borrow_mut().run.take();
@@ -233,15 +244,6 @@ fn run_lane(
         view: run.view,
         compiles: vm.compiles - compiled_before,
     }
-}
-
-/// The cell's telemetry head as the lane's view reads it.
-fn telemetry_head(vm: &ProgramVm, ns: &NamespaceName, coord: Coord) -> TelemetryHead {
-    let slot = vm.slot.borrow();
-    slot.run
-        .as_ref()
-        .and_then(|run| run.view.read().telemetry_head(ns, coord))
-        .unwrap_or_default()
 }
 
 /// The first run that, done on a lane, might have gone otherwise than on
@@ -448,37 +450,39 @@ pub(crate) fn step_in_writer(
     let mut failed = 0u32;
     let mut instructions = 0u64;
     let mut first_failure = None;
-    for Ran {
-        coord,
-        record,
-        failure,
-        head,
-        ..
-    } in ran
-    {
-        instructions = instructions.saturating_add(record.instructions);
-        let seq = record_run(
-            view,
-            stats,
-            settings,
-            ns.clone(),
-            coord,
-            head,
-            record,
-            failure.as_ref(),
-        );
-        if let Some((outcome, message)) = failure {
-            failed += 1;
-            if first_failure.is_none() {
-                first_failure = Some(StepFailure {
-                    coord,
-                    seq,
-                    outcome,
-                    message: cut(&message, MAX_OUTCOME_MESSAGE_BYTES).to_owned(),
-                });
+    let records = ran.into_iter().map(
+        |Ran {
+             coord,
+             record,
+             failure,
+             head,
+             ..
+         }| {
+            instructions = instructions.saturating_add(record.instructions);
+            let (append, seq) = telemetry_append(
+                stats,
+                settings,
+                ns.clone(),
+                coord,
+                head,
+                record,
+                failure.as_ref(),
+            );
+            if let Some((outcome, message)) = failure {
+                failed += 1;
+                if first_failure.is_none() {
+                    first_failure = Some(StepFailure {
+                        coord,
+                        seq,
+                        outcome,
+                        message: cut(&message, MAX_OUTCOME_MESSAGE_BYTES).to_owned(),
+                    });
+                }
             }
-        }
-    }
+            append
+        },
+    );
+    view.emit_all(records);
     assert!(failed as usize <= programs.len() && first_failure.is_some() == (failed > 0));
     stats.steps.fetch_add(1, Relaxed);
     stats.step.record(started.elapsed());
