@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cargo build --release -p cube-server -p cube-stress --examples
-//! target/release/examples/life_bench [SIDE] [CLIENTS] [--sync always|never] [--steps N] [--step-threads N]
+//! target/release/examples/life_bench [SIDE] [CLIENTS] [--sync always|never] [--steps N] [--step-threads N] [--step-program life|life-in-place]
 //! ```
 //! It prints wall-clock runs per second and, from the daemon's own
 //! figures, cell-programs per second of daemon time: runs divided by the
@@ -16,6 +16,9 @@
 //! transaction and one commit group), and prints each step's wall time and
 //! writer time (`programs.step_us_*`); `--step-threads N` passes
 //! `--program-step-threads N` to the daemon (default: its cores).
+//! The steps run the docs' "life-in-place" rule, so each computes the next
+//! generation, and the bench checks each one's live cells against the rule
+//! computed here; `--step-program life` steps the shifted rule instead.
 //! Figures go to `docs/benchmarks.md` ("Cell programs").
 #![allow(clippy::unwrap_used)]
 
@@ -27,10 +30,10 @@ use cube_client::{Coord, LocalDaemon, ProgramValue, StatsValue};
 const NS: &str = "default";
 const DOC: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/programs.md"));
 
-/// The ```lua block after `<!-- program: life -->` in docs/programs.md.
-fn life_program() -> String {
-    let marker = "<!-- program: life -->";
-    let rest = &DOC[DOC.find(marker).unwrap() + marker.len()..];
+/// The ```lua block after `<!-- program: NAME -->` in docs/programs.md.
+fn doc_program(name: &str) -> String {
+    let marker = format!("<!-- program: {name} -->");
+    let rest = &DOC[DOC.find(&marker).unwrap() + marker.len()..];
     let start = rest.find("```lua\n").unwrap() + "```lua\n".len();
     let end = rest[start..].find("```").unwrap();
     rest[start..start + end].to_owned()
@@ -67,7 +70,7 @@ fn main() {
         daemon_args.extend(["--program-step-threads", threads]);
     }
     let daemon = LocalDaemon::start_fresh(&daemon_args).unwrap();
-    let source = life_program();
+    let source = doc_program("life");
 
     // A pseudo-random soup, about 30 % alive, and the rule at every cell.
     let started = Instant::now();
@@ -152,11 +155,43 @@ fn main() {
     if steps == 0 {
         return;
     }
+    // The steps run the rule written for `step` (each cell writes its own
+    // next state), so each one computes the next generation, checked
+    // against the same rule computed here; `--step-program life` steps the
+    // rule above instead, which recomputes the same shifted generation.
+    let step_program = args
+        .iter()
+        .position(|a| a == "--step-program")
+        .and_then(|i| args.get(i + 1).cloned())
+        .unwrap_or_else(|| "life-in-place".to_owned());
+    let in_place = step_program == "life-in-place";
+    if in_place {
+        let source = doc_program(&step_program);
+        thread::scope(|scope| {
+            for t in 0..clients {
+                let mut client = daemon.client().unwrap();
+                let source = source.as_str();
+                scope.spawn(move || {
+                    for x in (t..side).step_by(clients as usize) {
+                        for y in 0..side {
+                            for z in 0..side {
+                                client
+                                    .prog(NS, Coord::new(x, y, z), source.as_bytes())
+                                    .unwrap();
+                            }
+                        }
+                    }
+                });
+            }
+        });
+    }
     let mut client = daemon.client().unwrap();
     let (lo, hi) = (
         Coord::new(0, 0, 0),
         Coord::new(side - 1, side - 1, side - 1),
     );
+    let region = cube_client::CellBox::new(lo, hi).unwrap();
+    let mut grid = LifeGrid::read(&mut client, side);
     let mut writer_us = Vec::new();
     for i in 0..steps {
         let before = client.stats().unwrap();
@@ -165,6 +200,14 @@ fn main() {
         let wall = started.elapsed().as_secs_f64();
         let after = client.stats().unwrap();
         assert_eq!((reply.programs as i64, reply.failed), (cells, 0));
+        if in_place {
+            grid = grid.next();
+            assert_eq!(
+                client.scan_count(NS, &region).unwrap(),
+                grid.alive(),
+                "step {i} computed another generation than the rule"
+            );
+        }
         let step_us = figure(&after, "programs.step_us_mean") * figure(&after, "programs.steps")
             - figure(&before, "programs.step_us_mean") * figure(&before, "programs.steps");
         writer_us.push(step_us);
@@ -182,8 +225,66 @@ fn main() {
     writer_us.sort_by(f64::total_cmp);
     let median = writer_us[writer_us.len() / 2];
     println!(
-        "median step: {:.1} ms of writer time = {:.0} cell-programs/s of daemon time",
+        "median step ({step_program}): {:.1} ms of writer time = {:.0} cell-programs/s of daemon time",
         median / 1000.0,
         cells as f64 / (median / 1e6)
     );
+}
+
+/// The region's cells, alive or not, to check each step against.
+struct LifeGrid {
+    side: i32,
+    alive: Vec<bool>,
+}
+
+impl LifeGrid {
+    fn read(client: &mut cube_client::Client, side: i32) -> LifeGrid {
+        let mut alive = vec![false; (side as usize).pow(3)];
+        for x in 0..side {
+            for y in 0..side {
+                for z in 0..side {
+                    alive[Self::index(side, x, y, z)] =
+                        client.get(NS, Coord::new(x, y, z)).unwrap().is_some();
+                }
+            }
+        }
+        LifeGrid { side, alive }
+    }
+
+    fn index(side: i32, x: i32, y: i32, z: i32) -> usize {
+        ((x * side + y) * side + z) as usize
+    }
+
+    fn is_alive(&self, x: i32, y: i32, z: i32) -> bool {
+        let inside = |v: i32| (0..self.side).contains(&v);
+        inside(x) && inside(y) && inside(z) && self.alive[Self::index(self.side, x, y, z)]
+    }
+
+    /// The docs' rule: born with 5 neighbours, kept with 4 or 5.
+    fn next(&self) -> LifeGrid {
+        let side = self.side;
+        let mut alive = vec![false; self.alive.len()];
+        for x in 0..side {
+            for y in 0..side {
+                for z in 0..side {
+                    let mut n = 0;
+                    for dx in -1..=1 {
+                        for dy in -1..=1 {
+                            for dz in -1..=1 {
+                                let me = (dx, dy, dz) == (0, 0, 0);
+                                n += usize::from(!me && self.is_alive(x + dx, y + dy, z + dz));
+                            }
+                        }
+                    }
+                    let was = self.is_alive(x, y, z);
+                    alive[Self::index(side, x, y, z)] = n == 5 || (was && n == 4);
+                }
+            }
+        }
+        LifeGrid { side, alive }
+    }
+
+    fn alive(&self) -> u64 {
+        self.alive.iter().filter(|a| **a).count() as u64
+    }
 }
