@@ -604,10 +604,19 @@ impl PendingPrograms {
     pub(crate) fn record_all(&mut self, mutations: &[Mutation], undo: &mut Vec<ProgramUndo>) {
         // What the heads need, compact and in order, so that visiting it
         // out of order stays in cache.
-        let mut appends = Vec::new();
+        let mut appends: Vec<HeadAppend<'_>> = Vec::new();
         for mutation in mutations {
             match HeadAppend::of(mutation) {
-                Some(append) => appends.push(append),
+                Some(mut append) => {
+                    // The name read out of order from one place that stays
+                    // in cache, not from each mutation's copy.
+                    if let Some(last) = appends.last()
+                        && last.ns == append.ns
+                    {
+                        append.ns = last.ns;
+                    }
+                    appends.push(append);
+                }
                 None => self.record(mutation, Some(undo)),
             }
         }

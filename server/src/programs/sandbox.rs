@@ -701,6 +701,41 @@ mod tests {
         );
     }
 
+    /// The count hook's blocks count every VM instruction once, through
+    /// the patched `vmfetch` (third_party/lua-src/CUBE-PATCH.md): 10 000
+    /// more turns of an empty loop are exactly 10 more blocks, and a loop
+    /// without end stops within one block past its budget.
+    #[test]
+    fn fuel_counts_every_instruction_once() {
+        let mut vm = ProgramVm::new().unwrap();
+        let budget = RunBudget {
+            fuel: 1_000_000,
+            memory_bytes: 64 * 1024 * 1024,
+            time: Duration::from_secs(60),
+        };
+        let mut used = |source: &str, budget: RunBudget| {
+            let source: Arc<[u8]> = Arc::from(source.as_bytes());
+            let outcome = vm.run(&source, &[], budget, Instant::now(), |runner, args| {
+                runner.call::<()>(args)
+            });
+            (outcome.result.is_ok(), outcome.fuel_used)
+        };
+        let (ok_short, short) = used("for i = 1, 10500 do end", budget);
+        let (ok_long, long) = used("for i = 1, 20500 do end", budget);
+        assert!(ok_short && ok_long);
+        assert_eq!(long - short, 10_000);
+        assert!((10_000..=11_000).contains(&short), "{short}");
+        let (ok, spent) = used(
+            "while true do end",
+            RunBudget {
+                fuel: 5_000,
+                ..budget
+            },
+        );
+        assert!(!ok);
+        assert!((5_000..=6_000).contains(&spent), "{spent}");
+    }
+
     #[test]
     fn positions_are_split_and_made_readable() {
         assert_eq!(

@@ -13,9 +13,10 @@
 //! quota is undone alone and fails like a `run` over its quota, recorded.
 //!
 //! Because the runs cannot see each other, a big step runs them in lanes
-//! on several threads (see [`run_programs`]); only the runs' execution is
-//! parallel, everything the writer's transaction records is done after,
-//! on the writer, in order.
+//! on several threads, each lane taking contiguous parts of the programs
+//! in turn (see [`run_programs`]); only the runs' execution is parallel,
+//! everything the writer's transaction records is done after, on the
+//! writer, in order.
 //!
 //! Limits, because a step holds the writer: at most
 //! [`MAX_STEP_PROGRAMS`] programs; the runs together write at most what
@@ -24,7 +25,7 @@
 //! as out of fuel without running.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::Instant;
 
 use cube_protocol::{CellBox, Coord, NamespaceName, RunOutcome, RunRecord, StepFailure, StepReply};
@@ -63,12 +64,12 @@ struct Ran {
     writes: usize,
     /// What the run wrote before it ended, failed or not (a failed run's
     /// writes are dropped), and whether a cap refused one of its writes:
-    /// what a step run on several lanes checks against the caps the run
-    /// would have had on one.
+    /// what a step run in parts checks against the caps the run would
+    /// have had in one.
     wrote: (u32, usize),
     refused_by_cap: bool,
-    /// The cell's telemetry head before the step, read by the lane (only
-    /// this run's own record, written after every run, changes it).
+    /// The cell's telemetry head before the step, read with its part's
+    /// (only this run's own record, written after every run, changes it).
     head: TelemetryHead,
 }
 
@@ -88,34 +89,35 @@ struct StepInput<'a> {
     write_room: u32,
 }
 
-/// What one lane (a contiguous part of the step's programs, in order) did.
-struct LaneOutput {
+/// What the runs of one part (contiguous programs of the step, in order)
+/// did.
+struct PartOutput {
     ran: Vec<Ran>,
     writes: Vec<DeferredWrite>,
-    /// The lane's view, given back so the writer can take the transaction
-    /// back once every lane has returned its share.
+    /// The part's view, given back so the writer can take the transaction
+    /// back once every part has returned its share.
     view: RunView,
     compiles: u64,
 }
 
 /// Runs `programs`, in order, in `vm`. Each run's caps are what the
-/// lane's earlier runs, and `written_before` (cells and value bytes the
-/// step's runs before the lane wrote, when they are known), left of the
-/// step's: on a lane that holds the whole step, exactly the step's caps.
-fn run_lane(
+/// part's earlier runs, and `written_before` (cells and value bytes the
+/// step's runs before the part wrote, when they are known), left of the
+/// step's: for a part that holds the whole step, exactly the step's caps.
+fn run_part(
     vm: &mut ProgramVm,
     step: &StepInput<'_>,
     programs: &[StoredProgram],
     view: RunView,
     snapshot: Option<Arc<StepSnapshot>>,
     written_before: (u32, usize),
-) -> LaneOutput {
+) -> PartOutput {
     let compiled_before = vm.compiles;
     let settings = step.settings;
     let mut ran: Vec<Ran> = Vec::with_capacity(programs.len());
     let mut writes: Vec<DeferredWrite> = Vec::new();
     let mut write_bytes = 0usize;
-    // Every head the lane's runs record from, read in one pass: one at a
+    // Every head the part's runs record from, read in one pass: one at a
     // time, each was a cache miss in a map of megabytes.
     let cells: Vec<Coord> = programs.iter().map(|(coord, _)| *coord).collect();
     let mut heads = view
@@ -135,18 +137,18 @@ fn run_lane(
         snapshot,
     ));
     drop(slot);
-    // One wall-clock read per lane; each run's start is offset from it by
+    // One wall-clock read per part; each run's start is offset from it by
     // the monotonic clock (a step lasts seconds at most).
-    let (lane_started, lane_started_unix_us) = (Instant::now(), unix_us());
+    let (part_started, part_started_unix_us) = (Instant::now(), unix_us());
     for (coord, source) in programs {
         let Some(head) = heads.next() else {
             unreachable!("one head was read per program");
         };
         let cell_started = Instant::now();
-        let since_lane_us = cell_started.duration_since(lane_started).as_micros();
+        let since_part_us = cell_started.duration_since(part_started).as_micros();
         let mut record = RunRecord {
             seq: 0,
-            started_unix_us: lane_started_unix_us.saturating_add(since_lane_us as u64),
+            started_unix_us: part_started_unix_us.saturating_add(since_part_us as u64),
             duration_ns: 0,
             instructions: 0,
             cells_written: 0,
@@ -235,10 +237,10 @@ fn run_lane(
     }
     let run = vm.slot.borrow_mut().run.take();
     let Some(run) = run else {
-        unreachable!("nothing but this lane takes its run out of the slot");
+        unreachable!("nothing but this part takes its run out of the slot");
     };
     assert!(writes.len() + written_before.0 as usize <= step.write_room as usize);
-    LaneOutput {
+    PartOutput {
         ran,
         writes,
         view: run.view,
@@ -246,8 +248,8 @@ fn run_lane(
     }
 }
 
-/// The first run that, done on a lane, might have gone otherwise than on
-/// one thread: a lane's caps are looser than the step's (its earlier runs
+/// The first run that, done in a part, might have gone otherwise than on
+/// one thread: a part's caps are looser than the step's (its earlier runs
 /// are fewer), so a run that a cap refused, or that wrote past what the
 /// step would have left it, might have. Every run before it did exactly
 /// what it would have done on one thread.
@@ -272,11 +274,19 @@ fn lane_count(threads: usize, programs: usize) -> usize {
     threads.min(programs / MIN_LANE_PROGRAMS).max(1)
 }
 
-/// Runs every program of the step: on the writer alone, or split into
-/// lanes on `settings.step_threads` threads, each with its own VM, all
-/// reading the one transaction (shared, read-only: every write of a step
-/// is held back) and the snapshot. The lanes' runs come back in the
-/// step's order, so what follows cannot tell how they ran. The view goes
+/// Programs in each part the lanes take one at a time: about eight per
+/// lane, so that a lane slowed down leaves little for the others to wait
+/// on at the end, and each some hundreds at least (a part reads its
+/// telemetry heads in one pass, and costs a little to set up).
+fn part_len(lanes: usize, programs: usize) -> usize {
+    programs.div_ceil(lanes * 8).max(MIN_LANE_PROGRAMS / 4)
+}
+
+/// Runs every program of the step: on the writer alone, or in parts taken
+/// in turn by lanes on `settings.step_threads` threads, each with its own
+/// VM, all reading the one transaction (shared, read-only: every write of
+/// a step is held back) and the snapshot. The parts' runs come back in
+/// the step's order, so what follows cannot tell how they ran. The view goes
 /// back to the writer's transaction before this returns.
 fn run_programs(
     vm: &mut ProgramVm,
@@ -290,7 +300,7 @@ fn run_programs(
     let snapshot = StepSnapshot::read(&detached, step.ns, &cells).map(Arc::new);
     let lanes = lane_count(step.settings.step_threads, programs.len());
     if lanes == 1 {
-        let lane = run_lane(
+        let whole = run_part(
             vm,
             step,
             programs,
@@ -298,57 +308,62 @@ fn run_programs(
             snapshot,
             (0, 0),
         );
-        view.attach(lane.view.into_owned());
-        return (lane.ran, lane.writes, lane.compiles);
+        view.attach(whole.view.into_owned());
+        return (whole.ran, whole.writes, whole.compiles);
     }
     stats.steps_parallel.fetch_add(1, Relaxed);
     let shared = Arc::new(detached);
-    let chunk = programs.len().div_ceil(lanes);
-    let parts: Vec<&[StoredProgram]> = programs.chunks(chunk).collect();
-    assert!(lanes <= crate::config::MAX_STEP_THREADS && parts.len() <= lanes);
-    assert!(chunk >= MIN_LANE_PROGRAMS);
-    let share = || RunView::Shared(Arc::clone(&shared));
-    let outputs: Vec<LaneOutput> = std::thread::scope(|scope| {
-        let helpers: Vec<_> = parts[1..]
-            .iter()
-            .map(|part| {
-                let (view, snapshot) = (share(), snapshot.clone());
+    let part_len = part_len(lanes, programs.len());
+    let parts: Vec<&[StoredProgram]> = programs.chunks(part_len).collect();
+    assert!(lanes <= crate::config::MAX_STEP_THREADS && parts.len() >= lanes);
+    let next_part = AtomicUsize::new(0);
+    // Each lane takes the next part left until none is: a lane whose core
+    // is also busy elsewhere (a checkpoint, a client) takes fewer, instead
+    // of the step waiting on its half.
+    let take_parts = |vm: &mut ProgramVm| -> Vec<(usize, PartOutput)> {
+        let mut done = Vec::new();
+        loop {
+            let i = next_part.fetch_add(1, Relaxed);
+            let Some(part) = parts.get(i) else {
+                return done;
+            };
+            let view = RunView::Shared(Arc::clone(&shared));
+            done.push((i, run_part(vm, step, part, view, snapshot.clone(), (0, 0))));
+        }
+    };
+    let mut outputs: Vec<(usize, PartOutput)> = std::thread::scope(|scope| {
+        let helpers: Vec<_> = (1..lanes)
+            .map(|_| {
                 std::thread::Builder::new()
                     .name("cube-step-lane".into())
-                    .spawn_scoped(scope, move || {
-                        with_vm(|vm| run_lane(vm, step, part, view, snapshot, (0, 0)))
-                    })
+                    .spawn_scoped(scope, || with_vm(take_parts))
             })
             .collect();
-        let mut outputs = vec![run_lane(
-            vm,
-            step,
-            parts[0],
-            share(),
-            snapshot.clone(),
-            (0, 0),
-        )];
-        for (part, helper) in parts[1..].iter().zip(helpers) {
-            let done = match helper.map(|h| h.join()) {
-                Ok(Ok(Ok(output))) => Some(output),
+        let mut outputs = take_parts(vm);
+        for helper in helpers {
+            match helper.map(|h| h.join()) {
+                Ok(Ok(Ok(done))) => outputs.extend(done),
                 Ok(Err(panic)) => std::panic::resume_unwind(panic),
-                // No thread, or no VM on it: the writer runs that lane.
-                Ok(Ok(Err(_))) | Err(_) => None,
-            };
-            outputs.push(
-                done.unwrap_or_else(|| run_lane(vm, step, part, share(), snapshot.clone(), (0, 0))),
-            );
+                // No thread, or no VM on it: it took no part, and the
+                // writer took the parts it would have.
+                Ok(Ok(Err(_))) | Err(_) => {}
+            }
         }
         outputs
     });
+    outputs.sort_unstable_by_key(|(i, _)| *i);
+    assert!(
+        outputs.iter().map(|(i, _)| *i).eq(0..parts.len()),
+        "every part ran once"
+    );
     let mut ran = Vec::with_capacity(programs.len());
     let mut writes = Vec::new();
     let mut compiles = 0;
-    for lane in outputs {
-        ran.extend(lane.ran);
-        writes.extend(lane.writes);
-        compiles += lane.compiles;
-        drop(lane.view);
+    for (_, part) in outputs {
+        ran.extend(part.ran);
+        writes.extend(part.writes);
+        compiles += part.compiles;
+        drop(part.view);
     }
     let detached = RunView::Shared(shared).into_owned();
     let Some(diverged) = first_divergence(&ran, step.write_room) else {
@@ -366,7 +381,7 @@ fn run_programs(
         .iter()
         .filter(|r| r.failure.is_none())
         .fold((0, 0), |(w, b), r| (w + r.wrote.0, b + r.wrote.1));
-    let lane = run_lane(
+    let rest = run_part(
         vm,
         step,
         &programs[diverged..],
@@ -374,10 +389,10 @@ fn run_programs(
         snapshot,
         written,
     );
-    view.attach(lane.view.into_owned());
-    ran.extend(lane.ran);
-    writes.extend(lane.writes);
-    (ran, writes, compiles + lane.compiles)
+    view.attach(rest.view.into_owned());
+    ran.extend(rest.ran);
+    writes.extend(rest.writes);
+    (ran, writes, compiles + rest.compiles)
 }
 
 /// The transaction of one `step`, on the writer thread.

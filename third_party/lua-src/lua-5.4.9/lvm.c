@@ -1137,9 +1137,18 @@ void luaV_finishOp (lua_State *L) {
 
 
 /* fetch an instruction and prepare its execution */
+/*
+** cube: with a count hook alone (cubed's fuel), an instruction that does
+** not reach the count only counts it, here, instead of calling
+** 'luaG_traceexec' for every instruction; the one that reaches it goes
+** through 'luaG_traceexec' as before. See CUBE-PATCH.md.
+*/
 #define vmfetch()	{ \
   if (l_unlikely(trap)) {  /* stack reallocation or hooks? */ \
-    trap = luaG_traceexec(L, pc);  /* handle hooks */ \
+    if (L->hookmask == LUA_MASKCOUNT && L->hookcount > 1) \
+      L->hookcount--;  /* count hook not due: only count */ \
+    else \
+      trap = luaG_traceexec(L, pc);  /* handle hooks */ \
     updatebase(ci);  /* correct stack */ \
   } \
   i = *(pc++); \
