@@ -42,6 +42,7 @@ mod shadow_marks_stress;
 pub mod sim_disk;
 mod stats;
 pub mod storage;
+mod thread_priority;
 pub mod transaction;
 pub mod verify;
 pub mod wal;

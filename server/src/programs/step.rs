@@ -13,8 +13,8 @@
 //! quota is undone alone and fails like a `run` over its quota, recorded.
 //!
 //! Because the runs cannot see each other, a big step runs them in lanes
-//! on several threads, each lane taking contiguous parts of the programs
-//! in turn (see [`run_programs`]); only the runs' execution is parallel,
+//! on several threads, each lane running a contiguous part of the
+//! programs (see [`run_programs`]); only the runs' execution is parallel,
 //! everything the writer's transaction records is done after, on the
 //! writer, in order.
 //!
@@ -274,12 +274,14 @@ fn lane_count(threads: usize, programs: usize) -> usize {
     threads.min(programs / MIN_LANE_PROGRAMS).max(1)
 }
 
-/// Programs in each part the lanes take one at a time: about eight per
-/// lane, so that a lane slowed down leaves little for the others to wait
-/// on at the end, and each some hundreds at least (a part reads its
-/// telemetry heads in one pass, and costs a little to set up).
+/// Programs in each part the lanes take in turn: one part per lane. A
+/// lane reads its part's telemetry heads in one pass in the map's bucket
+/// order, which pays only over a dense share of the map: parts of an
+/// eighth of a lane's share, taken in turn so that a lane slowed down by
+/// other work took fewer, measured slower in the daemon (a 32^3 step: 31.5
+/// against 36.7 ms median, side by side).
 fn part_len(lanes: usize, programs: usize) -> usize {
-    programs.div_ceil(lanes * 8).max(MIN_LANE_PROGRAMS / 4)
+    programs.div_ceil(lanes)
 }
 
 /// Runs every program of the step: on the writer alone, or in parts taken
@@ -315,11 +317,10 @@ fn run_programs(
     let shared = Arc::new(detached);
     let part_len = part_len(lanes, programs.len());
     let parts: Vec<&[StoredProgram]> = programs.chunks(part_len).collect();
-    assert!(lanes <= crate::config::MAX_STEP_THREADS && parts.len() >= lanes);
+    assert!(lanes <= crate::config::MAX_STEP_THREADS && parts.len() == lanes);
     let next_part = AtomicUsize::new(0);
-    // Each lane takes the next part left until none is: a lane whose core
-    // is also busy elsewhere (a checkpoint, a client) takes fewer, instead
-    // of the step waiting on its half.
+    // Each lane takes the next part left until none is: a helper that
+    // could not start, or started late, leaves its part to the others.
     let take_parts = |vm: &mut ProgramVm| -> Vec<(usize, PartOutput)> {
         let mut done = Vec::new();
         loop {

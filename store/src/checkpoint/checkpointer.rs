@@ -42,6 +42,7 @@ impl Checkpointer {
         let thread = thread::Builder::new()
             .name("cube-checkpoint".into())
             .spawn(move || {
+                crate::thread_priority::lower_this_thread(crate::thread_priority::BACKGROUND_NICE);
                 loop {
                     match rx.recv_timeout(poll) {
                         Ok(Request::Backup { dest, reply }) => {
