@@ -74,27 +74,13 @@ fn main() {
 
     // A pseudo-random soup, about 30 % alive, and the rule at every cell.
     let started = Instant::now();
-    thread::scope(|scope| {
-        for t in 0..clients {
-            let mut client = daemon.client().unwrap();
-            let source = source.as_str();
-            scope.spawn(move || {
-                for x in (t..side).step_by(clients as usize) {
-                    for y in 0..side {
-                        for z in 0..side {
-                            let at = Coord::new(x, y, z);
-                            let h = (x as u64 * 73_856_093)
-                                ^ (y as u64 * 19_349_663)
-                                ^ (z as u64 * 83_492_791);
-                            if h % 10 < 3 {
-                                client.put(NS, at, b"1").unwrap();
-                            }
-                            client.prog(NS, at, source.as_bytes()).unwrap();
-                        }
-                    }
-                }
-            });
+    on_every_cell(&daemon, side, clients, |client, at| {
+        let h =
+            (at.x as u64 * 73_856_093) ^ (at.y as u64 * 19_349_663) ^ (at.z as u64 * 83_492_791);
+        if h % 10 < 3 {
+            client.put(NS, at, b"1").unwrap();
         }
+        client.prog(NS, at, source.as_bytes()).unwrap();
     });
     let cells = i64::from(side).pow(3);
     println!(
@@ -167,22 +153,8 @@ fn main() {
     let in_place = step_program == "life-in-place";
     if in_place {
         let source = doc_program(&step_program);
-        thread::scope(|scope| {
-            for t in 0..clients {
-                let mut client = daemon.client().unwrap();
-                let source = source.as_str();
-                scope.spawn(move || {
-                    for x in (t..side).step_by(clients as usize) {
-                        for y in 0..side {
-                            for z in 0..side {
-                                client
-                                    .prog(NS, Coord::new(x, y, z), source.as_bytes())
-                                    .unwrap();
-                            }
-                        }
-                    }
-                });
-            }
+        on_every_cell(&daemon, side, clients, |client, at| {
+            client.prog(NS, at, source.as_bytes()).unwrap();
         });
     }
     let mut client = daemon.client().unwrap();
@@ -229,6 +201,31 @@ fn main() {
         median / 1000.0,
         cells as f64 / (median / 1e6)
     );
+}
+
+/// Calls `visit` at every cell of the SIDE^3 region, from `clients`
+/// connections at once (each takes every `clients`-th x plane).
+fn on_every_cell(
+    daemon: &LocalDaemon,
+    side: i32,
+    clients: i32,
+    visit: impl Fn(&mut cube_client::Client, Coord) + Sync,
+) {
+    thread::scope(|scope| {
+        for t in 0..clients {
+            let mut client = daemon.client().unwrap();
+            let visit = &visit;
+            scope.spawn(move || {
+                for x in (t..side).step_by(clients as usize) {
+                    for y in 0..side {
+                        for z in 0..side {
+                            visit(&mut client, Coord::new(x, y, z));
+                        }
+                    }
+                }
+            });
+        }
+    });
 }
 
 /// The region's cells, alive or not, to check each step against.
