@@ -100,6 +100,50 @@ struct PartOutput {
     compiles: u64,
 }
 
+/// The runs of a step, in order, as the parts handed them back: joined
+/// into one vector, a 32^3 step's runs were megabytes copied (and, fresh
+/// memory, page faults) on the writer.
+#[derive(Default)]
+struct Runs {
+    parts: Vec<Vec<Ran>>,
+}
+
+impl Runs {
+    fn push_part(&mut self, part: Vec<Ran>) {
+        self.parts.push(part);
+    }
+
+    fn len(&self) -> usize {
+        self.parts.iter().map(Vec::len).sum()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Ran> {
+        self.parts.iter().flatten()
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = &mut Ran> {
+        self.parts.iter_mut().flatten()
+    }
+
+    fn into_runs(self) -> impl Iterator<Item = Ran> {
+        self.parts.into_iter().flatten()
+    }
+
+    /// Keeps the first `len` runs.
+    fn truncate(&mut self, mut len: usize) {
+        let mut kept = 0;
+        for part in &mut self.parts {
+            part.truncate(len);
+            len -= part.len();
+            kept += 1;
+            if len == 0 {
+                break;
+            }
+        }
+        self.parts.truncate(kept);
+    }
+}
+
 /// Runs `programs`, in order, in `vm`. Each run's caps are what the
 /// part's earlier runs, and `written_before` (cells and value bytes the
 /// step's runs before the part wrote, when they are known), left of the
@@ -253,7 +297,7 @@ fn run_part(
 /// are fewer), so a run that a cap refused, or that wrote past what the
 /// step would have left it, might have. Every run before it did exactly
 /// what it would have done on one thread.
-fn first_divergence(ran: &[Ran], write_room: u32) -> Option<usize> {
+fn first_divergence(ran: &Runs, write_room: u32) -> Option<usize> {
     let (mut writes, mut bytes) = (0u32, 0usize);
     for (i, run) in ran.iter().enumerate() {
         let cap = MAX_RUN_WRITES.min(write_room - writes);
@@ -296,7 +340,7 @@ fn run_programs(
     step: &StepInput<'_>,
     programs: &[StoredProgram],
     stats: &ProgramStats,
-) -> (Vec<Ran>, Vec<DeferredWrite>, u64) {
+) -> (Runs, Vec<DeferredWrite>, u64) {
     let detached = view.detach();
     let cells: Vec<Coord> = programs.iter().map(|(coord, _)| *coord).collect();
     let snapshot = StepSnapshot::read(&detached, step.ns, &cells).map(Arc::new);
@@ -311,7 +355,9 @@ fn run_programs(
             (0, 0),
         );
         view.attach(whole.view.into_owned());
-        return (whole.ran, whole.writes, whole.compiles);
+        let mut ran = Runs::default();
+        ran.push_part(whole.ran);
+        return (ran, whole.writes, whole.compiles);
     }
     stats.steps_parallel.fetch_add(1, Relaxed);
     let shared = Arc::new(detached);
@@ -357,11 +403,11 @@ fn run_programs(
         outputs.iter().map(|(i, _)| *i).eq(0..parts.len()),
         "every part ran once"
     );
-    let mut ran = Vec::with_capacity(programs.len());
+    let mut ran = Runs::default();
     let mut writes = Vec::new();
     let mut compiles = 0;
     for (_, part) in outputs {
-        ran.extend(part.ran);
+        ran.push_part(part.ran);
         writes.extend(part.writes);
         compiles += part.compiles;
         drop(part.view);
@@ -391,7 +437,7 @@ fn run_programs(
         written,
     );
     view.attach(rest.view.into_owned());
-    ran.extend(rest.ran);
+    ran.push_part(rest.ran);
     writes.extend(rest.writes);
     (ran, writes, compiles + rest.compiles)
 }
@@ -466,7 +512,7 @@ pub(crate) fn step_in_writer(
     let mut failed = 0u32;
     let mut instructions = 0u64;
     let mut first_failure = None;
-    let records = ran.into_iter().map(
+    let records = ran.into_runs().map(
         |Ran {
              coord,
              record,
@@ -510,6 +556,52 @@ pub(crate) fn step_in_writer(
         instructions,
         first_failure,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_at(x: i32) -> Ran {
+        Ran {
+            coord: Coord::new(x, 0, 0),
+            record: RunRecord {
+                seq: 0,
+                started_unix_us: 0,
+                duration_ns: 0,
+                instructions: 0,
+                cells_written: 0,
+                outcome: RunOutcome::Ok,
+                message: String::new(),
+            },
+            failure: None,
+            writes: 0,
+            wrote: (0, 0),
+            refused_by_cap: false,
+            head: TelemetryHead::default(),
+        }
+    }
+
+    #[test]
+    fn runs_keep_their_order_across_parts_and_truncate_at_any_run() {
+        let parts = [0..3, 3..3, 3..7, 7..8];
+        let make = || {
+            let mut runs = Runs::default();
+            for part in parts.clone() {
+                runs.push_part(part.map(run_at).collect());
+            }
+            runs
+        };
+        let xs = |runs: Runs| -> Vec<i32> { runs.into_runs().map(|r| r.coord.x).collect() };
+        assert_eq!(make().len(), 8);
+        assert_eq!(xs(make()), (0..8).collect::<Vec<_>>());
+        for keep in 0..=9 {
+            let mut runs = make();
+            runs.truncate(keep);
+            assert_eq!(runs.len(), keep.min(8));
+            assert_eq!(xs(runs), (0..keep.min(8) as i32).collect::<Vec<_>>());
+        }
+    }
 }
 
 #[cfg(test)]
