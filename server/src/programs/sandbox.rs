@@ -665,17 +665,22 @@ mod tests {
         assert!(err.message.contains("binary"), "{err:?}");
     }
 
+    /// Budgets no test program here comes near but the one it sets.
+    fn roomy_budget() -> RunBudget {
+        RunBudget {
+            fuel: 1_000_000,
+            memory_bytes: 512 * 1024 * 1024,
+            time: Duration::from_secs(60),
+        }
+    }
+
     /// Distinct large programs, each run once, keep only a bounded amount
     /// of compiled code alive (both caches are emptied together, by source
     /// bytes and by the memory the functions hold).
     #[test]
     fn compiled_programs_are_bounded_by_what_they_hold() {
         let mut vm = ProgramVm::new().unwrap();
-        let budget = RunBudget {
-            fuel: 1_000_000,
-            memory_bytes: 512 * 1024 * 1024,
-            time: Duration::from_secs(60),
-        };
+        let budget = roomy_budget();
         // About 64 KiB of source: many small functions compile to far more
         // than their text.
         let body: String = (0..2200)
@@ -708,11 +713,7 @@ mod tests {
     #[test]
     fn fuel_counts_every_instruction_once() {
         let mut vm = ProgramVm::new().unwrap();
-        let budget = RunBudget {
-            fuel: 1_000_000,
-            memory_bytes: 64 * 1024 * 1024,
-            time: Duration::from_secs(60),
-        };
+        let budget = roomy_budget();
         let mut used = |source: &str, budget: RunBudget| {
             let source: Arc<[u8]> = Arc::from(source.as_bytes());
             let outcome = vm.run(&source, &[], budget, Instant::now(), |runner, args| {
