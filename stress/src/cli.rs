@@ -16,6 +16,7 @@ use crate::hostile::HostileComparison;
 use crate::plot::{Series, latency_by_percentile};
 use crate::report::RunReport;
 use crate::run::{RunConfig, run};
+use crate::target::ceiling_server::{self, CeilingServerArgs};
 use crate::target::{TargetKind, TargetSpec};
 use crate::verify::VerifyMode;
 use crate::workload::{DEFAULT_MGET_BATCH, DEFAULT_READ_RATIO, Workload, WorkloadKind};
@@ -36,6 +37,7 @@ Examples:
   cube-stress --crash-every 2 --duration 20       # SIGKILL cubed every 2 s, verify after each restart
   cube-stress --workload mixed --hostile 48       # the same run alone, then beside 48 hostile clients
   cube-stress --target redis-always --workload put
+  cube-stress --target ceiling-sync --workload put # cube's design bare: the durable-put ceiling
   cube-stress --workload put --namespace enc --encrypted --daemon-arg=--key-file=master.key
   cube-stress --socket ./cube-data/cubed.sock     # a running daemon (keys 0..--keys get overwritten)
   cube-stress compare --json compare.json         # cube vs Redis and SQLite, put and get at 1/16/64 clients
@@ -75,6 +77,10 @@ pub enum CliCommand {
     /// checkpoints and compactions) under a mixed load, restart it, and
     /// check every acknowledged operation, for --cycles cycles.
     Crash(CrashArgs),
+    /// The server of the ceiling targets, started by the driver itself
+    /// (target/ceiling.rs); not for people.
+    #[command(hide = true)]
+    CeilingServer(CeilingServerArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -194,6 +200,7 @@ impl RunArgs {
                 daemon_args: self.daemon_args.clone(),
                 namespace: self.namespace.clone(),
                 encrypted: self.encrypted,
+                ceiling_binary: None,
             },
             workload: Workload::new(self.workload, self.read_ratio)
                 .and_then(|workload| workload.with_batch(self.batch))
@@ -227,6 +234,7 @@ pub fn main_with_args(args: impl IntoIterator<Item = impl Into<OsString> + Clone
         None => run_command(&cli.run),
         Some(CliCommand::Compare(args)) => compare_command(args),
         Some(CliCommand::Crash(args)) => crash_command(args),
+        Some(CliCommand::CeilingServer(args)) => ceiling_server::serve(args).map(|()| true),
     };
     match outcome {
         Ok(true) => ExitCode::SUCCESS,
@@ -380,6 +388,37 @@ mod tests {
     }
 
     #[test]
+    fn the_ceiling_server_is_a_hidden_subcommand() {
+        let cli = Cli::try_parse_from([
+            "cube-stress",
+            "ceiling-server",
+            "--socket",
+            "s.sock",
+            "--mode",
+            "echo",
+        ])
+        .unwrap();
+        assert!(matches!(cli.command, Some(CliCommand::CeilingServer(_))));
+        // sync mode logs, so it needs a directory.
+        let sync = [
+            "cube-stress",
+            "ceiling-server",
+            "--socket",
+            "s",
+            "--mode",
+            "sync",
+        ];
+        assert!(Cli::try_parse_from(sync).is_err());
+        let mut help = Vec::new();
+        <Cli as clap::CommandFactory>::command()
+            .write_long_help(&mut help)
+            .unwrap();
+        let help = String::from_utf8(help).unwrap();
+        assert!(!help.contains("ceiling-server"), "{help}");
+        assert!(help.contains("ceiling-sync"), "{help}");
+    }
+
+    #[test]
     fn compare_has_its_own_flags() {
         let cli = Cli::try_parse_from([
             "cube-stress",
@@ -402,6 +441,30 @@ mod tests {
         };
         assert_eq!(args.clients, [1, 16, 64]);
         assert_eq!(args.targets.len(), 5);
+        assert!(
+            !args
+                .targets
+                .iter()
+                .any(|t| matches!(t, TargetKind::CeilingEcho | TargetKind::CeilingSync))
+        );
+        let ceilings = Cli::try_parse_from([
+            "cube-stress",
+            "compare",
+            "--targets",
+            "cube,ceiling-sync,ceiling-echo",
+        ])
+        .unwrap();
+        let Some(CliCommand::Compare(args)) = ceilings.command else {
+            panic!("not compare");
+        };
+        assert_eq!(
+            args.targets,
+            [
+                TargetKind::Cube,
+                TargetKind::CeilingSync,
+                TargetKind::CeilingEcho
+            ]
+        );
     }
 
     #[test]
@@ -455,6 +518,29 @@ mod tests {
             DEFAULT_MGET_BATCH
         );
         assert!(parse(&[]).is_ok());
+        // The ceiling servers have puts and gets only, and the driver
+        // cannot crash them or aim hostile clients at them.
+        for target in ["ceiling-echo", "ceiling-sync"] {
+            for workload in ["put", "get", "mixed", "mget"] {
+                assert!(parse(&["--target", target, "--workload", workload]).is_ok());
+            }
+            for workload in ["walk", "seed"] {
+                let err = parse(&["--target", target, "--workload", workload])
+                    .unwrap_err()
+                    .to_string();
+                assert!(err.contains("only cube has"), "{workload}: {err}");
+            }
+            assert!(parse(&["--target", target, "--workload", "put", "--hostile", "3"]).is_err());
+            let crash = [
+                "--target",
+                target,
+                "--workload",
+                "put",
+                "--crash-every",
+                "1",
+            ];
+            assert!(parse(&crash).is_err());
+        }
         let alias = Cli::try_parse_from(["cube-stress", "--target", "redis"]).unwrap();
         assert_eq!(alias.run.target, TargetKind::RedisAlways);
     }

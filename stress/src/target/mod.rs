@@ -1,11 +1,14 @@
 //! What the driver talks to: a throwaway or running `cubed`, a throwaway
-//! `redis-server`, or an SQLite file.
+//! `redis-server`, an SQLite file, or a ceiling server (cube's design and
+//! nothing more, `ceiling.rs`).
 //!
 //! Each target provides a [`Connector`] (shared by the client threads,
 //! each of which opens its own [`Connection`]) and, through
 //! [`RunningTarget`], owns the process or files it started and removes them
 //! when dropped.
 
+pub mod ceiling;
+pub mod ceiling_server;
 pub mod cube;
 pub mod redis;
 pub mod sqlite;
@@ -33,15 +36,23 @@ pub enum TargetKind {
     RedisNone,
     /// SQLite in WAL mode, synchronous=FULL, one transaction per write.
     Sqlite,
+    /// cube's design bare: thread per connection, puts answered at once
+    /// from memory (not durable). The socket round-trip ceiling.
+    CeilingEcho,
+    /// cube's design bare: thread per connection + one group-commit
+    /// thread, one fdatasync per group. The durable-put ceiling.
+    CeilingSync,
 }
 
 impl TargetKind {
-    pub const ALL: [TargetKind; 5] = [
+    pub const ALL: [TargetKind; 7] = [
         TargetKind::Cube,
         TargetKind::RedisAlways,
         TargetKind::RedisEverysec,
         TargetKind::RedisNone,
         TargetKind::Sqlite,
+        TargetKind::CeilingEcho,
+        TargetKind::CeilingSync,
     ];
 
     pub fn name(self) -> &'static str {
@@ -51,6 +62,8 @@ impl TargetKind {
             TargetKind::RedisEverysec => "redis-everysec",
             TargetKind::RedisNone => "redis-none",
             TargetKind::Sqlite => "sqlite",
+            TargetKind::CeilingEcho => "ceiling-echo",
+            TargetKind::CeilingSync => "ceiling-sync",
         }
     }
 
@@ -246,6 +259,10 @@ pub struct TargetSpec {
     pub namespace: Option<String>,
     /// Create `namespace` encrypted (the daemon needs `--key-file`).
     pub encrypted: bool,
+    /// The executable whose hidden `ceiling-server` subcommand serves the
+    /// ceiling targets; `None`: this process's own, right when it is
+    /// `cube-stress` (a test harness names the binary instead).
+    pub ceiling_binary: Option<PathBuf>,
 }
 
 impl TargetSpec {
@@ -256,6 +273,7 @@ impl TargetSpec {
             daemon_args: Vec::new(),
             namespace: None,
             encrypted: false,
+            ceiling_binary: None,
         }
     }
 }
@@ -279,6 +297,7 @@ enum Backing {
     Sqlite {
         _file: sqlite::SqliteFile,
     },
+    Ceiling(ceiling::CeilingServer),
 }
 
 /// A started (or reached) target.
@@ -389,6 +408,21 @@ impl RunningTarget {
                     backing: Backing::Sqlite { _file: file },
                 })
             }
+            TargetKind::CeilingEcho | TargetKind::CeilingSync => {
+                let mode = if spec.kind == TargetKind::CeilingSync {
+                    ceiling::CeilingMode::Sync
+                } else {
+                    ceiling::CeilingMode::Echo
+                };
+                let server = ceiling::CeilingServer::start(mode, spec.ceiling_binary.as_deref())?;
+                Ok(RunningTarget {
+                    kind: spec.kind,
+                    detail: server.describe(),
+                    connector: Arc::new(server.connector()),
+                    fresh: true,
+                    backing: Backing::Ceiling(server),
+                })
+            }
         }
     }
 
@@ -431,6 +465,7 @@ impl RunningTarget {
         match &self.backing {
             Backing::ThrowawayCube(daemon) => Some(daemon.log_text()),
             Backing::Redis(server) => Some(server.log_text()),
+            Backing::Ceiling(server) => Some(server.log_text()),
             _ => None,
         }
     }
