@@ -37,7 +37,7 @@ use crate::config::Args;
 use crate::connection::{count, no_such_namespace, write_error};
 use crate::server::Shared;
 use api::Run;
-use sandbox::{ProgramVm, RunBudget, Spent, readable, with_vm};
+use sandbox::{RunBudget, Spent, readable, with_vm};
 
 /// What runs are allowed, from the daemon's flags.
 #[derive(Clone, Copy, Debug)]
@@ -124,10 +124,6 @@ pub(crate) struct ProgramStats {
     run: Timing,
     /// The program's execution on the writer (load, call, telemetry).
     exec: Timing,
-    /// Garbage collection on the writer after runs that owed a step
-    /// (see `sandbox`): not part of any run's execution.
-    gc: Timing,
-    gc_cycles: AtomicU64,
     steps: AtomicU64,
     /// Steps whose runs were split into lanes on several threads.
     steps_parallel: AtomicU64,
@@ -166,8 +162,6 @@ impl ProgramService {
         s.prog.entries("prog", &mut out);
         s.run.entries("run", &mut out);
         s.exec.entries("exec", &mut out);
-        s.gc.entries("gc", &mut out);
-        out.push(count("programs.gc_cycles", s.gc_cycles.load(Relaxed)));
         out.push(count("programs.steps", s.steps.load(Relaxed)));
         out.push(count(
             "programs.steps_parallel",
@@ -549,15 +543,6 @@ fn run_in_writer(
     );
     let exec = started.elapsed();
     stats.exec.record(exec);
-    // The run's garbage, collected after its timing (see `sandbox`).
-    if let Ok(gc) = with_vm(ProgramVm::collect_garbage)
-        && gc.steps > 0
-    {
-        stats.gc.record(gc.took);
-        stats
-            .gc_cycles
-            .fetch_add(u64::from(gc.cycle_ended), Relaxed);
-    }
     RunOutput::Ran {
         seq,
         instructions,
@@ -798,13 +783,9 @@ pub(crate) mod bench {
             state ^= state << 17;
             state
         };
-        let n: usize = std::env::var("PROBE_RUNS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(20_000);
         for round in 0..3 {
             let stats = Arc::new(ProgramStats::default());
-            let mut times = Vec::with_capacity(n);
+            let n = 20_000;
             for _ in 0..n {
                 let r = next();
                 let cell = r % cells;
@@ -818,29 +799,16 @@ pub(crate) mod bench {
                         .unwrap();
                 }
                 let (ns, stats) = (ns.clone(), Arc::clone(&stats));
-                let (exec, _) = session
+                session
                     .transact(move |view| {
-                        match run_in_writer(view, ns, at(cell), &[], &settings, &stats) {
-                            RunOutput::Ran { exec, .. } => exec,
-                            _ => Duration::MAX,
-                        }
+                        run_in_writer(view, ns, at(cell), &[], &settings, &stats);
                     })
                     .unwrap();
-                times.push(exec);
             }
-            times.sort();
             let mean =
                 stats.exec.total_ns.load(Relaxed) as f64 / stats.exec.count.load(Relaxed) as f64;
-            let over = |us: u64| times.partition_point(|t| *t <= Duration::from_micros(us));
-            println!(
-                "round {round}: exec mean {mean:.0} ns, p99 {:?}, p99.9 {:?}, max {:?} over {n} runs; \
-                 over 20 us: {}, over 50 us: {}",
-                times[n * 99 / 100],
-                times[n * 999 / 1000],
-                times[n - 1],
-                n - over(20),
-                n - over(50)
-            );
+            let max = stats.exec.max_ns.load(Relaxed);
+            println!("round {round}: exec mean {mean:.0} ns, max {max} ns over {n} runs");
         }
         engine.shutdown().unwrap();
     }

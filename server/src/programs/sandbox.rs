@@ -32,18 +32,6 @@
 //! - `pcall`/`xpcall` cannot swallow a spent budget: once fuel, time or
 //!   memory ran out, every protected call re-raises.
 //!
-//! Garbage is collected between runs, never inside one. The VM's
-//! collector is stopped; what each run allocates is owed, and
-//! [`ProgramVm::collect_garbage`], called after the run's timing, pays it
-//! in incremental steps at Lua's own pace (one step per [`GC_STEP_BYTES`]
-//! allocated, and after each cycle a pause until the heap has grown by
-//! what was live). A collector step inside a run cost a small counter up
-//! to 100 µs, a few times in a thousand runs; between runs it is nobody's
-//! execution. A run that allocates past its memory budget still gets
-//! Lua's emergency full collection before it fails (Lua runs it even with
-//! the collector stopped), so what fits in a budget is unchanged: live
-//! memory, not garbage.
-//!
 //! Budgets: fuel counts VM instructions through a count hook every
 //! [`FUEL_BLOCK`] instructions (plus charges), memory is the allocator
 //! limit of the whole VM set to "in use now + budget" for the run, and a
@@ -101,11 +89,6 @@ const ACCEPTED_SOURCES: usize = 64;
 
 /// Lua's own message for a failed allocation.
 const OUT_OF_MEMORY: &str = "not enough memory";
-
-/// Garbage allocated per incremental collector step taken between runs:
-/// Lua's own pace (its default step size, 2^13 bytes, at a step
-/// multiplier of 100), so the collector keeps up as it would inside runs.
-const GC_STEP_BYTES: usize = 8 * 1024;
 
 /// Why a run's budget stopped it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -257,21 +240,6 @@ pub(crate) struct ProgramVm {
     /// The namespace and cell the API table was last set for.
     here_ns: Option<cube_protocol::NamespaceName>,
     here: Option<cube_protocol::Coord>,
-    /// Bytes allocated by runs and not yet paid for by collector steps;
-    /// negative during the pause after a cycle (see
-    /// [`ProgramVm::collect_garbage`]).
-    gc_debt_bytes: isize,
-}
-
-/// What [`ProgramVm::collect_garbage`] did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct GcWork {
-    /// Incremental steps taken.
-    pub(crate) steps: u32,
-    /// Whether a collection cycle ended.
-    pub(crate) cycle_ended: bool,
-    /// How long the steps took (zero when none was due).
-    pub(crate) took: Duration,
 }
 
 /// What the sandbox prelude builds, once per VM, with the full standard
@@ -349,8 +317,6 @@ impl ProgramVm {
             globals.raw_set(name, Value::Nil)?;
         }
         drop(base);
-        // Collections happen between runs (see the module's doc).
-        lua.gc_stop();
         let cache_base_memory = lua.used_memory();
         Ok(ProgramVm {
             lua,
@@ -366,45 +332,7 @@ impl ProgramVm {
             compiles: 0,
             here_ns: None,
             here: None,
-            gc_debt_bytes: 0,
         })
-    }
-
-    /// Pays the garbage debt of the runs since the last call: one
-    /// incremental collector step per [`GC_STEP_BYTES`] owed, as Lua's
-    /// own pacing would have taken inside them. When a step ends a cycle,
-    /// the rest of the debt is forgiven and the next cycle waits until as
-    /// much again as is live now has been allocated (Lua's default pause,
-    /// 200 %). Called outside runs: its time is nobody's execution.
-    pub(crate) fn collect_garbage(&mut self) -> GcWork {
-        let mut work = GcWork::default();
-        let step = GC_STEP_BYTES as isize;
-        if self.gc_debt_bytes < step {
-            return work;
-        }
-        let started = Instant::now();
-        while self.gc_debt_bytes >= step {
-            self.gc_debt_bytes -= step;
-            work.steps += 1;
-            // A step fails only if a finaliser does, and programs cannot
-            // set one (`__gc` is refused); should it happen, the debt is
-            // forgiven and the next runs owe anew.
-            match self.lua.gc_step() {
-                Ok(false) => {}
-                Ok(true) => {
-                    work.cycle_ended = true;
-                    let live = self.lua.used_memory().min(isize::MAX as usize) as isize;
-                    self.gc_debt_bytes = -live;
-                    break;
-                }
-                Err(_) => {
-                    self.gc_debt_bytes = 0;
-                    break;
-                }
-            }
-        }
-        work.took = started.elapsed();
-        work
     }
 
     /// The compiled function of `source` (from the cache, or compiled now,
@@ -510,7 +438,6 @@ impl ProgramVm {
         // its size, and counting them against the first run of each VM
         // would make a run near its budget fail or not by whether its VM
         // (the writer's, or a step lane's new one) had compiled it before.
-        let used_at_start = self.lua.used_memory();
         let function = self.function(source);
         let used_before = self.lua.used_memory();
         // The arguments are made before the limit is set, so that their
@@ -548,13 +475,6 @@ impl ProgramVm {
             (b.used.get(), b.spent.take())
         });
         let _ = self.lua.set_memory_limit(0);
-        // With the collector stopped, the growth is what the run (and its
-        // compile) allocated, less what an emergency collection freed:
-        // after one, little is left to owe anyway.
-        let allocated = self.lua.used_memory().saturating_sub(used_at_start);
-        self.gc_debt_bytes = self
-            .gc_debt_bytes
-            .saturating_add(allocated.min(isize::MAX as usize) as isize);
         let result = match (result, spent) {
             (_, Some(spent)) => Err(Failure {
                 spent: Some(spent),
@@ -772,7 +692,6 @@ mod tests {
                 Arc::from(format!("-- {n}\nlocal t = {{}} {body} return {n}").into_bytes());
             let outcome = vm.run(&source, &[], budget, Instant::now(), |_, _| Ok(()));
             assert!(outcome.result.is_ok(), "{:?}", outcome.result.err());
-            vm.collect_garbage();
             // The store keeps its sources alive, as these do.
             held.push(source);
         }
@@ -816,63 +735,6 @@ mod tests {
         );
         assert!(!ok);
         assert!((5_000..=6_000).contains(&spent), "{spent}");
-    }
-
-    /// Runs never collect (used memory only grows across a program's
-    /// call), and the steps between them keep the VM's memory bounded:
-    /// 5 000 runs allocate about 100 MB in all, nearly all garbage.
-    #[test]
-    fn garbage_is_collected_between_runs_never_inside() {
-        let mut vm = ProgramVm::new().unwrap();
-        let budget = roomy_budget();
-        let source: Arc<[u8]> =
-            Arc::from(&b"local t = {} for i = 1, 200 do t[i] = {i} end return #t"[..]);
-        let mut cycles = 0;
-        let mut peak = 0;
-        let lua = vm.lua.clone();
-        for _ in 0..5_000 {
-            let outcome = vm.run(&source, &[], budget, Instant::now(), |runner, args| {
-                let before = lua.used_memory();
-                runner.call::<()>(args)?;
-                Ok((before, lua.used_memory()))
-            });
-            let (before, after) = outcome.result.unwrap();
-            assert!(
-                after > before,
-                "memory fell inside a run: {before} -> {after}"
-            );
-            cycles += u32::from(vm.collect_garbage().cycle_ended);
-            peak = peak.max(vm.lua.used_memory());
-        }
-        assert!(cycles >= 10, "{cycles} cycles ended");
-        assert!(peak < 16 * 1024 * 1024, "the VM grew to {} MiB", peak >> 20);
-    }
-
-    /// A run whose garbage passes its memory budget still succeeds (Lua's
-    /// emergency collection runs with the collector stopped), while one
-    /// that keeps what it allocates fails as out of memory.
-    #[test]
-    fn a_budget_counts_live_memory_not_garbage() {
-        let mut vm = ProgramVm::new().unwrap();
-        let budget = RunBudget {
-            memory_bytes: 1024 * 1024,
-            ..roomy_budget()
-        };
-        let mut run = |source: &str| {
-            let source: Arc<[u8]> = Arc::from(source.as_bytes());
-            let outcome = vm.run(&source, &[], budget, Instant::now(), |runner, args| {
-                runner.call::<()>(args)
-            });
-            vm.collect_garbage();
-            outcome.result.map_err(|f| f.spent)
-        };
-        // About 8 MB of short-lived tables.
-        let garbage = "for i = 1, 4000 do local t = {} for j = 1, 100 do t[j] = j end end";
-        assert_eq!(run(garbage), Ok(()));
-        let kept = "local keep = {} for i = 1, 4000 do local t = {} \
-                    for j = 1, 100 do t[j] = j end keep[i] = t end";
-        assert_eq!(run(kept), Err(Some(Spent::Memory)));
-        assert_eq!(run(garbage), Ok(()));
     }
 
     #[test]

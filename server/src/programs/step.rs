@@ -278,8 +278,6 @@ fn run_part(
             refused_by_cap,
             head,
         });
-        // Between cells, outside each one's timing (see `sandbox`).
-        vm.collect_garbage();
     }
     let run = vm.slot.borrow_mut().run.take();
     let Some(run) = run else {
