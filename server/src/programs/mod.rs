@@ -783,9 +783,13 @@ pub(crate) mod bench {
             state ^= state << 17;
             state
         };
+        let n: usize = std::env::var("PROBE_RUNS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(20_000);
         for round in 0..3 {
             let stats = Arc::new(ProgramStats::default());
-            let n = 20_000;
+            let mut times = Vec::with_capacity(n);
             for _ in 0..n {
                 let r = next();
                 let cell = r % cells;
@@ -799,16 +803,29 @@ pub(crate) mod bench {
                         .unwrap();
                 }
                 let (ns, stats) = (ns.clone(), Arc::clone(&stats));
-                session
+                let (exec, _) = session
                     .transact(move |view| {
-                        run_in_writer(view, ns, at(cell), &[], &settings, &stats);
+                        match run_in_writer(view, ns, at(cell), &[], &settings, &stats) {
+                            RunOutput::Ran { exec, .. } => exec,
+                            _ => Duration::MAX,
+                        }
                     })
                     .unwrap();
+                times.push(exec);
             }
+            times.sort();
             let mean =
                 stats.exec.total_ns.load(Relaxed) as f64 / stats.exec.count.load(Relaxed) as f64;
-            let max = stats.exec.max_ns.load(Relaxed);
-            println!("round {round}: exec mean {mean:.0} ns, max {max} ns over {n} runs");
+            let over = |us: u64| times.partition_point(|t| *t <= Duration::from_micros(us));
+            println!(
+                "round {round}: exec mean {mean:.0} ns, p99 {:?}, p99.9 {:?}, max {:?} over {n} runs; \
+                 over 20 us: {}, over 50 us: {}",
+                times[n * 99 / 100],
+                times[n * 999 / 1000],
+                times[n - 1],
+                n - over(20),
+                n - over(50)
+            );
         }
         engine.shutdown().unwrap();
     }
