@@ -34,13 +34,7 @@ fn a_run_beside_hostile_clients_is_compared_with_the_run_alone() {
         .arg(&json_path)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "cube-stress --hostile failed ({}):\n{stdout}\n{stderr}",
-        output.status
-    );
+    let (stdout, _) = common::succeeded(&output);
     for text in [
         "=== alone ===",
         "=== beside hostile clients ===",

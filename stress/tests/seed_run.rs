@@ -27,13 +27,7 @@ fn seed_run(extra: &[&str]) -> Json {
         .args(extra)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "cube-stress failed ({}):\n{stdout}\n{stderr}",
-        output.status
-    );
+    let (_, stderr) = common::succeeded(&output);
     assert!(
         stderr.contains("checking the telemetry of 200 seed cells"),
         "{stderr}"

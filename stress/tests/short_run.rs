@@ -38,13 +38,7 @@ fn a_short_mixed_run_verifies_and_writes_the_documented_json() {
         .arg(&plot_path)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "cube-stress failed ({}):\n{stdout}\n{stderr}",
-        output.status
-    );
+    let (stdout, _) = common::succeeded(&output);
     assert!(stdout.contains("p99.9_us"), "{stdout}");
     assert!(stdout.contains("closed loop"), "{stdout}");
     assert!(stdout.trim_end().ends_with("PASSED"), "{stdout}");

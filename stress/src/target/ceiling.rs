@@ -58,15 +58,15 @@ use std::fs::{self, File};
 use std::io::{self, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use clap::ValueEnum;
 use cube_client::{StatsEntry, StatsValue};
 use cube_protocol::Coord;
 use tempfile::TempDir;
 
+use super::server_process::ServerProcess;
 use super::{Connection, Connector};
 use crate::error::{OpError, StressError};
 
@@ -82,8 +82,6 @@ const REPLY_HEADER_BYTES: usize = 1 + 4;
 pub(crate) const STATUS_OK: u8 = 0;
 pub(crate) const STATUS_FOUND: u8 = 1;
 
-/// How long the target waits for a started server to accept.
-const READY_DEADLINE: Duration = Duration::from_secs(20);
 /// A request slower than this means a wedged server: fail the request
 /// instead of hanging the run.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -232,11 +230,9 @@ fn mid_frame(e: io::Error) -> FrameError {
 /// A ceiling server process the driver started; killed and its directory
 /// (socket, log file, server stderr) removed on drop.
 pub struct CeilingServer {
-    child: Option<Child>,
+    process: ServerProcess,
     mode: CeilingMode,
     socket: PathBuf,
-    /// The server's stderr.
-    server_log: PathBuf,
     // Dropped last: the process is gone by then.
     dir: TempDir,
 }
@@ -278,47 +274,16 @@ impl CeilingServer {
             .spawn()
             .map_err(|e| StressError::io(format!("cannot start {}", binary.display()), e))?;
         let mut server = CeilingServer {
-            child: Some(child),
+            process: ServerProcess::new(child, "the ceiling server", server_log),
             mode,
             socket,
-            server_log,
             dir,
         };
-        server.wait_ready()?;
+        let connector = server.connector();
+        server
+            .process
+            .wait_ready(mode.target_name(), || connector.server_figures().is_ok())?;
         Ok(server)
-    }
-
-    fn wait_ready(&mut self) -> Result<(), StressError> {
-        let deadline = Instant::now() + READY_DEADLINE;
-        loop {
-            if let Some(child) = self.child.as_mut()
-                && let Ok(Some(status)) = child.try_wait()
-            {
-                self.child = None;
-                return Err(StressError::target(
-                    self.mode.target_name(),
-                    format!(
-                        "the ceiling server exited with {status} before it was ready; its \
-                         stderr:\n{}",
-                        self.log_text()
-                    ),
-                ));
-            }
-            if self.connector().server_figures().is_ok() {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return Err(StressError::target(
-                    self.mode.target_name(),
-                    format!(
-                        "the ceiling server was not ready within {}s; its stderr:\n{}",
-                        READY_DEADLINE.as_secs(),
-                        self.log_text()
-                    ),
-                ));
-            }
-            thread::sleep(Duration::from_millis(5));
-        }
     }
 
     pub fn connector(&self) -> CeilingConnector {
@@ -348,18 +313,7 @@ impl CeilingServer {
 
     /// The server's stderr so far.
     pub fn log_text(&self) -> String {
-        fs::read_to_string(&self.server_log)
-            .unwrap_or_else(|e| format!("(cannot read {}: {e})", self.server_log.display()))
-    }
-}
-
-impl Drop for CeilingServer {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            // Throwaway data: no need for a clean shutdown.
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.process.log_text()
     }
 }
 

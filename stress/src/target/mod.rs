@@ -11,6 +11,7 @@ pub mod ceiling;
 pub mod ceiling_server;
 pub mod cube;
 pub mod redis;
+pub mod server_process;
 pub mod sqlite;
 
 use std::path::PathBuf;

@@ -2,18 +2,17 @@
 //! temporary directory, reached through the `redis` crate.
 
 use std::fmt::Write as _;
-use std::fs;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use cube_client::{StatsEntry, StatsValue};
 use cube_protocol::Coord;
 use redis::{ConnectionAddr, RedisError};
 use tempfile::TempDir;
 
+use super::server_process::ServerProcess;
 use super::{Connection, Connector};
 use crate::error::{OpError, StressError};
 
@@ -22,7 +21,6 @@ pub const INSTALL_HINT: &str = "redis-server is not installed (not found on PATH
      with `apt-get install redis-server` (Debian/Ubuntu) or `brew install redis` (macOS) to \
      measure cube against Redis";
 
-const READY_DEADLINE: Duration = Duration::from_secs(20);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What `appendonly` / `appendfsync` the server runs with.
@@ -57,9 +55,8 @@ pub fn find_redis_server() -> Option<PathBuf> {
 /// A `redis-server` process the driver started; killed and its directory
 /// removed on drop.
 pub struct RedisServer {
-    child: Option<Child>,
+    process: ServerProcess,
     socket: PathBuf,
-    log: PathBuf,
     persistence: Persistence,
     version: String,
     // Dropped last: the process is gone by then.
@@ -100,53 +97,23 @@ impl RedisServer {
             .spawn()
             .map_err(|e| StressError::io(format!("cannot start {}", binary.display()), e))?;
         let mut server = RedisServer {
-            child: Some(child),
+            process: ServerProcess::new(child, "redis-server", log),
             socket,
-            log,
             persistence,
             version: String::new(),
             dir,
         };
-        server.wait_ready()?;
+        let connector = server.connector();
+        server.process.wait_ready("redis", || {
+            UnixStream::connect(&connector.socket).is_ok()
+                && connector
+                    .connect()
+                    .is_ok_and(|mut connection| connection.get(Coord::new(0, 0, 0)).is_ok())
+        })?;
         server.version = server
             .info_field("server", "redis_version")
             .unwrap_or_default();
         Ok(server)
-    }
-
-    fn wait_ready(&mut self) -> Result<(), StressError> {
-        let deadline = Instant::now() + READY_DEADLINE;
-        loop {
-            if let Some(child) = self.child.as_mut()
-                && let Ok(Some(status)) = child.try_wait()
-            {
-                self.child = None;
-                return Err(StressError::target(
-                    "redis",
-                    format!(
-                        "redis-server exited with {status} before it was ready; log:\n{}",
-                        self.log_text()
-                    ),
-                ));
-            }
-            if UnixStream::connect(&self.socket).is_ok()
-                && let Ok(mut connection) = self.connector().connect()
-                && connection.get(Coord::new(0, 0, 0)).is_ok()
-            {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return Err(StressError::target(
-                    "redis",
-                    format!(
-                        "redis-server was not ready within {}s; log:\n{}",
-                        READY_DEADLINE.as_secs(),
-                        self.log_text()
-                    ),
-                ));
-            }
-            thread::sleep(Duration::from_millis(5));
-        }
     }
 
     pub fn connector(&self) -> RedisConnector {
@@ -166,8 +133,7 @@ impl RedisServer {
     }
 
     pub fn log_text(&self) -> String {
-        fs::read_to_string(&self.log)
-            .unwrap_or_else(|e| format!("(cannot read {}: {e})", self.log.display()))
+        self.process.log_text()
     }
 
     fn info_field(&self, section: &str, field: &str) -> Option<String> {
@@ -175,16 +141,6 @@ impl RedisServer {
         info_lines(&text)
             .find(|(name, _)| *name == field)
             .map(|(_, value)| value.to_owned())
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            // Throwaway data: no need for a clean shutdown.
-            let _ = child.kill();
-            let _ = child.wait();
-        }
     }
 }
 

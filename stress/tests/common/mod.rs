@@ -205,3 +205,16 @@ fn the_reader_reads_what_the_writer_writes() {
     ]);
     assert_eq!(parse_json(&value.pretty()), value);
 }
+
+/// The stdout and stderr of a `cube-stress` run that must have succeeded;
+/// both are shown when it did not.
+pub fn succeeded(output: &std::process::Output) -> (String, String) {
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(
+        output.status.success(),
+        "cube-stress failed ({}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    (stdout, stderr)
+}
