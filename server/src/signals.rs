@@ -43,6 +43,29 @@ pub const STOP_SIGNALS: &[i32] = &[
     SIGSYS,
 ];
 
+/// The signal's name for the log (`SIGUSR1`).
+fn signal_name(signal: i32) -> String {
+    let known = [
+        (SIGINT, "SIGINT"),
+        (SIGTERM, "SIGTERM"),
+        (SIGUSR1, "SIGUSR1"),
+        (SIGUSR2, "SIGUSR2"),
+        (SIGALRM, "SIGALRM"),
+        (SIGVTALRM, "SIGVTALRM"),
+        (SIGPROF, "SIGPROF"),
+        (SIGIO, "SIGIO"),
+        (libc::SIGPWR, "SIGPWR"),
+        (SIGXCPU, "SIGXCPU"),
+        (SIGSYS, "SIGSYS"),
+        (SIGHUP, "SIGHUP"),
+        (SIGXFSZ, "SIGXFSZ"),
+    ];
+    known
+        .iter()
+        .find(|(number, _)| *number == signal)
+        .map_or_else(|| format!("signal {signal}"), |(_, name)| (*name).to_string())
+}
+
 /// Starts the thread that turns signals into their actions; `stop` and
 /// `waker` end the reactor's loop.
 pub fn watch(stop: Arc<AtomicBool>, waker: Arc<Waker>) -> std::io::Result<()> {
@@ -55,7 +78,7 @@ pub fn watch(stop: Arc<AtomicBool>, waker: Arc<Waker>) -> std::io::Result<()> {
             let mut stops = 0;
             let mut file_size_signals = 0u64;
             for signal in signals.forever() {
-                let name = signal_hook::low_level::signal_name(signal).unwrap_or("signal");
+                let name = signal_name(signal);
                 match signal {
                     SIGHUP => info!(
                         "{name} received: cubed logs to stderr and keeps no log file to reopen, \
