@@ -193,7 +193,9 @@ Examples:
   cubed --repair                          # start after truncating a corrupt log
   cubed --verify ./cube-data              # offline: check every checksum, then exit
 
-Exit status: 0 after a clean shutdown (SIGINT/SIGTERM), 1 if it could not start.";
+Exit status: 0 after a clean shutdown (SIGINT/SIGTERM, and the other
+signals docs/operations.md lists), 1 if it could not start, 2 on a bad flag
+(every number has a range, given in the message).";
 
 /// Defaults of the walk limits: deep enough for any neighbourhood query,
 /// and a work bound (edges examined) that a walk or path covers in about
@@ -397,7 +399,10 @@ mod tests {
     #[test]
     fn value_and_frame_limits_stay_within_a_checkpoint_block() {
         for (flag, most) in [
-            ("--max-value-bytes", MAX_STORED_BYTES - ANSWER_OVERHEAD_BYTES),
+            (
+                "--max-value-bytes",
+                MAX_STORED_BYTES - ANSWER_OVERHEAD_BYTES,
+            ),
             ("--max-frame-bytes", MAX_STORED_BYTES),
         ] {
             let most_text = most.to_string();

@@ -159,7 +159,8 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
         )
         .map_err(DaemonError::Io)?;
     let stop_requested = Arc::new(AtomicBool::new(false));
-    crate::signals::watch(Arc::clone(&stop_requested), Arc::clone(&waker)).map_err(DaemonError::Io)?;
+    crate::signals::watch(Arc::clone(&stop_requested), Arc::clone(&waker))
+        .map_err(DaemonError::Io)?;
 
     info!(
         "listening on {} (data {}, sync {}, pid {})",

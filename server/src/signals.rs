@@ -23,8 +23,8 @@ use std::thread;
 
 use mio::Waker;
 use signal_hook::consts::{
-    SIGALRM, SIGHUP, SIGINT, SIGIO, SIGPROF, SIGSYS, SIGTERM, SIGUSR1, SIGUSR2, SIGVTALRM,
-    SIGXCPU, SIGXFSZ,
+    SIGALRM, SIGHUP, SIGINT, SIGIO, SIGPROF, SIGSYS, SIGTERM, SIGUSR1, SIGUSR2, SIGVTALRM, SIGXCPU,
+    SIGXFSZ,
 };
 use signal_hook::iterator::Signals;
 
@@ -63,7 +63,10 @@ fn signal_name(signal: i32) -> String {
     known
         .iter()
         .find(|(number, _)| *number == signal)
-        .map_or_else(|| format!("signal {signal}"), |(_, name)| (*name).to_string())
+        .map_or_else(
+            || format!("signal {signal}"),
+            |(_, name)| (*name).to_string(),
+        )
 }
 
 /// Starts the thread that turns signals into their actions; `stop` and

@@ -206,7 +206,10 @@ fn links_inside_the_data_dir_and_a_linked_data_dir_are_refused() {
     fs::rename(data.join("wal"), &elsewhere).unwrap();
     symlink(&elsewhere, data.join("wal")).unwrap();
     let stderr = refused_start(&data, &[]);
-    assert!(stderr.contains("wal") && stderr.contains("symbolic link"), "{stderr}");
+    assert!(
+        stderr.contains("wal") && stderr.contains("symbolic link"),
+        "{stderr}"
+    );
     fs::remove_file(data.join("wal")).unwrap();
     fs::rename(&elsewhere, data.join("wal")).unwrap();
 

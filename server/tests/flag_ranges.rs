@@ -35,10 +35,21 @@ fn accepted(flag: &str, value: u64) -> Result<(), String> {
 fn every_flag_accepts_its_range_and_refuses_just_outside() {
     for (flag, range) in FLAG_RANGES {
         let (min, max) = (*range.start(), *range.end());
-        assert!(accepted(flag, min).is_ok(), "{flag} {min}: {:?}", accepted(flag, min));
-        assert!(accepted(flag, max).is_ok(), "{flag} {max}: {:?}", accepted(flag, max));
+        assert!(
+            accepted(flag, min).is_ok(),
+            "{flag} {min}: {:?}",
+            accepted(flag, min)
+        );
+        assert!(
+            accepted(flag, max).is_ok(),
+            "{flag} {max}: {:?}",
+            accepted(flag, max)
+        );
         let expected = format!("{min}..={max}");
-        for outside in [min.checked_sub(1), max.checked_add(1)].into_iter().flatten() {
+        for outside in [min.checked_sub(1), max.checked_add(1)]
+            .into_iter()
+            .flatten()
+        {
             let refused = accepted(flag, outside).unwrap_err();
             assert!(refused.contains(&expected), "{flag} {outside}: {refused}");
         }
@@ -52,7 +63,10 @@ fn cubed_exits_2_naming_the_range_before_touching_the_data_dir() {
     let data = dir.path().join("data");
     for (flag, range) in FLAG_RANGES {
         let (min, max) = (*range.start(), *range.end());
-        for outside in [min.checked_sub(1), max.checked_add(1)].into_iter().flatten() {
+        for outside in [min.checked_sub(1), max.checked_add(1)]
+            .into_iter()
+            .flatten()
+        {
             let out = Command::new(&cubed)
                 .arg("--data")
                 .arg(&data)
@@ -76,7 +90,10 @@ fn cubed_exits_2_naming_the_range_before_touching_the_data_dir() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(!data.exists(), "cubed made its data dir before refusing a flag");
+    assert!(
+        !data.exists(),
+        "cubed made its data dir before refusing a flag"
+    );
 }
 
 #[test]
@@ -98,9 +115,11 @@ fn the_sync_interval_is_bounded_too() {
 #[test]
 fn no_numeric_flag_is_left_without_a_range() {
     for arg in Args::command().get_arguments() {
-        let numeric = arg
-            .get_value_names()
-            .is_some_and(|names| names.iter().any(|n| ["N", "BYTES", "MS", "SECS"].contains(&n.as_str())));
+        let numeric = arg.get_value_names().is_some_and(|names| {
+            names
+                .iter()
+                .any(|n| ["N", "BYTES", "MS", "SECS"].contains(&n.as_str()))
+        });
         let Some(long) = arg.get_long() else { continue };
         let flag = format!("--{long}");
         if numeric {

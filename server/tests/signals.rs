@@ -87,7 +87,11 @@ fn sighup_is_logged_and_changes_nothing() {
 fn set_file_size_limit(daemon: &LocalDaemon, limit: &str) {
     let status = Command::new("prlimit")
         // The soft limit only: raising a hard limit back needs privilege.
-        .args(["--pid", &daemon.pid().to_string(), &format!("--fsize={limit}:")])
+        .args([
+            "--pid",
+            &daemon.pid().to_string(),
+            &format!("--fsize={limit}:"),
+        ])
         .status()
         .unwrap();
     assert!(status.success(), "prlimit --fsize={limit}");
@@ -127,7 +131,8 @@ fn a_file_size_limit_fails_checkpoints_with_back_off_instead_of_killing() {
     assert!(log.contains("File too large"), "{log}");
     assert_eq!(log.matches("SIGXFSZ received").count(), 1, "{log}");
     // Reads and writes go on meanwhile.
-    c.put("default", Coord::new(99, 0, 0), b"still writing").unwrap();
+    c.put("default", Coord::new(99, 0, 0), b"still writing")
+        .unwrap();
 
     set_file_size_limit(&daemon, "unlimited");
     wait_for("a checkpoint once the limit is lifted", || {
@@ -141,6 +146,54 @@ fn a_file_size_limit_fails_checkpoints_with_back_off_instead_of_killing() {
     daemon.restart().unwrap();
     let mut c = daemon.client().unwrap();
     for i in 0..32 {
+        assert_eq!(
+            c.get("default", Coord::new(i, 0, 0)).unwrap(),
+            Some(value(i)),
+            "cell {i}"
+        );
+    }
+}
+
+#[test]
+fn a_file_size_limit_latches_the_writer_and_loses_nothing_acknowledged() {
+    if Command::new("prlimit").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: no prlimit(1) here to set a running daemon's file-size limit");
+        return;
+    }
+    let mut daemon = LocalDaemon::start_fresh(&["--wal-segment-bytes", "1048576"]).unwrap();
+    // The live segment is preallocated to 1 MiB; writes past 256 KiB in it
+    // cross the limit (it bounds the offset written, not the file's size).
+    set_file_size_limit(&daemon, "262144");
+    let mut c = daemon.client().unwrap();
+    let value = |i: i32| vec![i as u8; 16 * 1024];
+    let mut acknowledged = 0;
+    let refused = loop {
+        match c.put(
+            "default",
+            Coord::new(acknowledged, 0, 0),
+            &value(acknowledged),
+        ) {
+            Ok(_) => acknowledged += 1,
+            Err(e) => break e,
+        }
+        assert!(acknowledged < 64, "1 MiB written under a 256 KiB limit");
+    };
+    assert!(daemon.is_running(), "SIGXFSZ killed cubed");
+    assert!(refused.to_string().contains("File too large"), "{refused}");
+    // Latched: later writes are refused, reads go on.
+    let later = c.put("default", Coord::new(-1, 0, 0), b"x").unwrap_err();
+    assert!(later.to_string().contains("writes are disabled"), "{later}");
+    assert_eq!(
+        c.get("default", Coord::new(0, 0, 0)).unwrap(),
+        Some(value(0))
+    );
+    drop(c);
+
+    set_file_size_limit(&daemon, "unlimited");
+    assert_eq!(daemon.terminate().unwrap().code(), Some(0));
+    daemon.restart().unwrap();
+    let mut c = daemon.client().unwrap();
+    for i in 0..acknowledged {
         assert_eq!(
             c.get("default", Coord::new(i, 0, 0)).unwrap(),
             Some(value(i)),

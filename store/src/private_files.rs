@@ -44,9 +44,7 @@ pub fn open_private_file(
     if !meta.is_file() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!(
-                "not a regular file; cubed keeps only regular files there (remove it)"
-            ),
+            format!("not a regular file; cubed keeps only regular files there (remove it)"),
         ));
     }
     if writable && meta.mode() & 0o777 != FILE_MODE {

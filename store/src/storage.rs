@@ -101,7 +101,11 @@ impl Storage for RealDisk {
             OpenMode::Existing => options.read(true).write(true),
             OpenMode::ReadOnly => options.read(true),
         };
-        Ok(Box::new(RealFile(open_private_file(path, &mut options, mode != OpenMode::ReadOnly)?)))
+        Ok(Box::new(RealFile(open_private_file(
+            path,
+            &mut options,
+            mode != OpenMode::ReadOnly,
+        )?)))
     }
 
     fn read_file(&self, path: &Path) -> io::Result<Vec<u8>> {

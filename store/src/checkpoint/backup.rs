@@ -63,11 +63,13 @@ impl CheckpointStore {
         let dest_wal = dest.join("wal");
         let dest_checkpoint = dest.join("checkpoint");
         for dir in [dest, &dest_wal, &dest_checkpoint] {
-            storage.create_dir_all(dir).map_err(|e| match e.raw_os_error() {
-                // A parent that is a file, a path the kernel will not take.
-                Some(libc::ENOTDIR | libc::ENAMETOOLONG | libc::EINVAL) => bad_path(dest, e),
-                _ => StoreError::io(dir, e),
-            })?;
+            storage
+                .create_dir_all(dir)
+                .map_err(|e| match e.raw_os_error() {
+                    // A parent that is a file, a path the kernel will not take.
+                    Some(libc::ENOTDIR | libc::ENAMETOOLONG | libc::EINVAL) => bad_path(dest, e),
+                    _ => StoreError::io(dir, e),
+                })?;
         }
         let mut report = BackupReport {
             lsn: boundary.saturating_sub(1),
@@ -136,13 +138,20 @@ fn check_destination(dest: &Path, root: &Path) -> Result<(), StoreError> {
     if bytes.len() >= PATH_MAX_BYTES {
         return Err(bad_path(
             dest,
-            format!("it is {} bytes; a path has at most {}", bytes.len(), PATH_MAX_BYTES - 1),
+            format!(
+                "it is {} bytes; a path has at most {}",
+                bytes.len(),
+                PATH_MAX_BYTES - 1
+            ),
         ));
     }
     for part in dest.components() {
         let name = part.as_os_str().as_bytes();
         if part == std::path::Component::ParentDir {
-            return Err(bad_path(dest, "it contains `..`; give a plain absolute path"));
+            return Err(bad_path(
+                dest,
+                "it contains `..`; give a plain absolute path",
+            ));
         }
         if name.len() > NAME_MAX_BYTES {
             return Err(bad_path(
