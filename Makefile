@@ -7,7 +7,7 @@ DURATION ?= 30
 CLIENTS ?= 16
 STRESS_DIR := target/stress
 
-.PHONY: build release run test check fmt clippy stress stress-short compare bench sim crash fuzz clean-data
+.PHONY: build release run test check fmt clippy codec-deep stress stress-short compare bench sim crash fuzz clean-data
 
 build:
 	$(CARGO) build --workspace
@@ -40,10 +40,19 @@ check:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(MAKE) test
+	$(MAKE) codec-deep
 	$(MAKE) crash CYCLES=20
 	$(MAKE) sim SEEDS=100
 	$(MAKE) fuzz FUZZ_SECONDS=20
 	$(MAKE) stress-short
+
+# The wire codec's properties with many more cases than `make test` runs:
+# every decoder accepts exactly one encoding of each message. A failing
+# case is saved by proptest under protocol/tests/proptest-regressions/:
+# fix the decoder and commit that file, so every later run replays it.
+CODEC_CASES ?= 4096
+codec-deep:
+	PROPTEST_CASES=$(CODEC_CASES) $(CARGO) test -p cube-protocol --test decode_never_panics
 
 # Latency histograms from a fresh throwaway daemon (DURATION=150 for the
 # predecessor's run length). Table on the terminal; JSON and SVG plot in
