@@ -7,7 +7,7 @@ DURATION ?= 30
 CLIENTS ?= 16
 STRESS_DIR := target/stress
 
-.PHONY: build release run test check fmt clippy codec-deep stress stress-short compare bench sim crash fuzz clean-data
+.PHONY: build release run test check fmt clippy lint codec-deep stress stress-short compare bench sim crash fuzz clean-data
 
 build:
 	$(CARGO) build --workspace
@@ -33,12 +33,17 @@ fmt:
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
+# What CI checks besides the tests: formatting and lints (the workspace
+# denies `unsafe_code` and `unwrap_used`; clippy runs with -D warnings).
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
 # The full gate: formatting, lints, all tests (a 5-cycle crash torture
 # among them), a longer crash torture, more simulation seeds, a short fuzz
 # run of every target, and a short stress run.
 check:
-	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(MAKE) lint
 	$(MAKE) test
 	$(MAKE) codec-deep
 	$(MAKE) crash CYCLES=20
@@ -94,10 +99,9 @@ crash: release
 # driver (fuzz/src/bin/cube-fuzz-stable.rs, mutations without coverage
 # feedback). Crashes land in fuzz/artifacts/TARGET/. FUZZ_ENGINE=stable
 # forces the stable driver. No sanitizer (-s none): the code is safe Rust
-# but for two small modules (docs/ARCHITECTURE.md), and AddressSanitizer made
-# the WAL target 30x slower; program_run drives the unsafe one, the programs'
-# fast API path. docs/robustness.md,
-# "Fuzzing".
+# but for the few modules listed in docs/ARCHITECTURE.md ("unsafe"), and
+# AddressSanitizer made the WAL target 30x slower; program_run drives the
+# programs' fast API path. docs/robustness.md, "Fuzzing".
 FUZZ_SECONDS ?= 60
 FUZZ_ENGINE ?= auto
 FUZZ_TARGETS := protocol_frames wal_segment checkpoint_file program_source program_run
