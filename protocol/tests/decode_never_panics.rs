@@ -1604,7 +1604,7 @@ fn every_error_code_round_trips() {
             assert_eq!(decoded.unwrap().unwrap_err().known_code(), Some(code));
         }
     }
-    assert_eq!(seen, 27);
+    assert_eq!(seen, 28);
 }
 
 #[test]

@@ -720,6 +720,7 @@ pub(crate) fn no_such_namespace(ns: &cube_protocol::NamespaceName) -> ServerErro
 fn store_error(e: &cube_store::StoreError) -> ServerError {
     let code = match e {
         cube_store::StoreError::WritesDisabled(_) => ErrorCode::WritesDisabled,
+        cube_store::StoreError::BadPath { .. } => ErrorCode::BadPath,
         cube_store::StoreError::Io { source, .. }
             if source.kind() == std::io::ErrorKind::AlreadyExists =>
         {

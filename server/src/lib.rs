@@ -25,6 +25,7 @@ mod programs;
 #[macro_use]
 pub mod log;
 pub mod server;
+mod signals;
 pub mod verify;
 mod write_reply;
 

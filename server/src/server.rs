@@ -1,5 +1,6 @@
 //! The reactor: binds the socket, accepts clients, hands each to its own
-//! thread, and runs the clean shutdown on SIGINT/SIGTERM.
+//! thread, and runs the clean shutdown on SIGINT/SIGTERM (and the other
+//! stop signals, `crate::signals`).
 
 use std::collections::HashMap;
 use std::fs;
@@ -21,8 +22,6 @@ use cube_store::{
 };
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
-use signal_hook::consts::{SIGINT, SIGTERM};
-use signal_hook::iterator::Signals;
 
 use crate::command_stats::CommandStats;
 use crate::config::Args;
@@ -160,7 +159,8 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
         )
         .map_err(DaemonError::Io)?;
     let stop_requested = Arc::new(AtomicBool::new(false));
-    watch_signals(Arc::clone(&stop_requested), Arc::clone(&waker))?;
+    crate::signals::watch(Arc::clone(&stop_requested), Arc::clone(&waker))
+        .map_err(DaemonError::Io)?;
 
     info!(
         "listening on {} (data {}, sync {}, pid {})",
@@ -297,30 +297,6 @@ fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, DaemonError> {
     fs::rename(&tmp, path).map_err(socket_error)?;
     listener.set_nonblocking(true).map_err(socket_error)?;
     Ok(listener)
-}
-
-fn watch_signals(stop: Arc<AtomicBool>, waker: Arc<Waker>) -> Result<(), DaemonError> {
-    let mut signals = Signals::new([SIGINT, SIGTERM]).map_err(DaemonError::Io)?;
-    thread::Builder::new()
-        .name("cube-signals".into())
-        .spawn(move || {
-            let mut seen = 0;
-            for signal in signals.forever() {
-                seen += 1;
-                if seen == 1 {
-                    info!("signal {signal} received: shutting down cleanly");
-                    stop.store(true, Ordering::SeqCst);
-                    let _ = waker.wake();
-                } else {
-                    // Acknowledged writes are already durable; a second
-                    // signal only gives up on waiting for slow clients.
-                    warn!("second signal {signal}: exiting now");
-                    std::process::exit(1);
-                }
-            }
-        })
-        .map_err(DaemonError::Io)?;
-    Ok(())
 }
 
 /// How long the reactor waits before accepting again after `accept`

@@ -27,6 +27,10 @@ pub enum StoreError {
         offset: u64,
         reason: String,
     },
+    /// A path given in a request (a backup's destination) that cannot be
+    /// used: nothing was written.
+    #[error("bad path {path}: {reason}")]
+    BadPath { path: PathBuf, reason: String },
     #[error("writes are disabled: {0}")]
     WritesDisabled(String),
     /// The master key is missing, unreadable, or not the one a namespace

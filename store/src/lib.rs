@@ -35,6 +35,7 @@ mod memstore;
 mod mutation;
 pub mod namespace;
 mod prefetch;
+pub mod private_files;
 pub mod programs;
 mod scan;
 #[cfg(test)]
