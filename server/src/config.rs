@@ -161,6 +161,32 @@ pub struct Args {
           value_parser = clap::value_parser!(u32).range(1..=i64::from(cube_store::MAX_TELEMETRY_KEEP)))]
     pub program_telemetry_keep: u32,
 
+    /// Tenancy limits (`docs/operations.md`, "Per-uid limits and the client
+    /// memory budget"). Most connections one uid may hold at once; root and
+    /// the daemon's own uid are not limited. Past it: too_many_connections.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_CONNECTIONS_PER_UID,
+          value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub max_connections_per_uid: u32,
+
+    /// Most namespaces one uid may own; root and the daemon's own uid are
+    /// limited only by the store's total. Past it: limit_exceeded.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_NAMESPACES_PER_UID,
+          value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub max_namespaces_per_uid: u32,
+
+    /// Who may create namespaces besides root and the daemon's own uid:
+    /// `any` served uid, `none`, or a comma-separated list of uids.
+    #[arg(long, value_name = "any|none|UID,UID...", default_value = "any",
+          value_parser = parse_ns_create_uids)]
+    pub ns_create_uids: NsCreators,
+
+    /// One budget, in bytes, for every client's input and output buffers
+    /// together (frame bodies being read, answers not yet sent); when it is
+    /// reached the connections holding the most are cut, largest first.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_CLIENT_MEMORY,
+          value_parser = clap::value_parser!(u64).range(MIN_CLIENT_MEMORY..=1 << 40))]
+    pub max_client_memory: u64,
+
     /// Check every checksum of the data dir DIR offline, print a summary and
     /// exit: 0 if clean, 1 on any problem. Does not start the daemon.
     #[arg(long, value_name = "DIR")]
@@ -209,6 +235,46 @@ pub const DEFAULT_PROGRAM_STEP_MS: u64 = 2000;
 /// step's runs are a few microseconds each, so more rarely pays.
 pub const MAX_STEP_THREADS: usize = 8;
 pub const DEFAULT_PROGRAM_TELEMETRY_KEEP: u32 = 1000;
+
+/// Tenancy defaults: a user never needs more connections or namespaces than
+/// this legitimately, and 256 MiB of client buffers is sixteen frames of
+/// the largest size in flight at once.
+pub const DEFAULT_MAX_CONNECTIONS_PER_UID: u32 = 128;
+pub const DEFAULT_MAX_NAMESPACES_PER_UID: u32 = 64;
+pub const DEFAULT_MAX_CLIENT_MEMORY: u64 = 256 * 1024 * 1024;
+pub const MIN_CLIENT_MEMORY: u64 = 1024 * 1024;
+
+/// `--ns-create-uids`: who besides the administrators may create namespaces.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NsCreators {
+    Any,
+    Only(Vec<u32>),
+}
+
+impl NsCreators {
+    pub fn allows(&self, uid: u32) -> bool {
+        match self {
+            NsCreators::Any => true,
+            NsCreators::Only(uids) => uids.contains(&uid),
+        }
+    }
+}
+
+fn parse_ns_create_uids(text: &str) -> Result<NsCreators, String> {
+    match text {
+        "any" => return Ok(NsCreators::Any),
+        "none" => return Ok(NsCreators::Only(Vec::new())),
+        _ => {}
+    }
+    text.split(',')
+        .map(|uid| uid.trim().parse::<u32>().ok())
+        .collect::<Option<Vec<u32>>>()
+        .filter(|uids| !uids.is_empty())
+        .map(NsCreators::Only)
+        .ok_or_else(|| {
+            format!("bad --ns-create-uids {text:?}: give any, none, or uids such as 1000,1001")
+        })
+}
 
 fn parse_program_memory(text: &str) -> Result<usize, String> {
     text.parse::<usize>()
@@ -294,6 +360,16 @@ impl Args {
                  (it needs {ANSWER_OVERHEAD_BYTES} bytes more than the value): raise \
                  --max-frame-bytes to at least {needed} or lower --max-value-bytes",
                 self.max_frame_bytes, self.max_value_bytes
+            ));
+        }
+        // One request in and its answer out must fit, or a lone client
+        // sending the largest frame would be cut.
+        let frames = 2 * u64::from(self.max_frame_bytes);
+        if self.max_client_memory < frames {
+            return Err(format!(
+                "--max-client-memory {} cannot hold one largest frame in and one out: raise it \
+                 to at least {frames} (twice --max-frame-bytes) or lower --max-frame-bytes",
+                self.max_client_memory
             ));
         }
         Ok(())

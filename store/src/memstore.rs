@@ -240,8 +240,20 @@ impl MemStore {
     }
 
     /// What a namespace holds, or `None` if it does not exist.
+    /// A namespace's use; `bytes` is what counts against `max-bytes`:
+    /// cell values, programs, kept telemetry and edges
+    /// (`crate::namespace::Usage`).
     pub fn namespace_usage(&self, ns: &NamespaceName) -> Option<Usage> {
-        Some(self.namespace(ns)?.usage())
+        let mut usage = self.namespace(ns)?.usage();
+        usage.bytes = usage
+            .bytes
+            .saturating_add(self.programs.charged_bytes(ns))
+            .saturating_add(
+                usage
+                    .edges
+                    .saturating_mul(crate::namespace::EDGE_CHARGE_BYTES),
+            );
+        Some(usage)
     }
 
     /// Every namespace with its metadata, sorted by name.

@@ -141,6 +141,42 @@ pub(crate) struct ProgramTable {
     programs: RwLock<ByCell<Arc<[u8]>>>,
     telemetry: RwLock<ByCell<CellTelemetry>>,
     interned: Mutex<InternedSources>,
+    /// Per namespace, the bytes its programs and telemetry records count
+    /// against its `max-bytes` quota ([`program_charge_bytes`],
+    /// [`TELEMETRY_RECORD_CHARGE_BYTES`]).
+    charged: Mutex<HashMap<NamespaceName, u64>>,
+}
+
+/// What one program counts against its namespace's `max-bytes` quota
+/// besides its source: its key and the table entry that holds it.
+pub const PROGRAM_OVERHEAD_BYTES: u64 = 64;
+
+/// What one kept telemetry record counts against `max-bytes`: its fixed
+/// fields and the longest message it may carry (messages are cut to
+/// [`MAX_OUTCOME_MESSAGE_BYTES`]), whatever its message's length, so that
+/// the charge is an upper bound of the memory and checkpoint bytes.
+pub const TELEMETRY_RECORD_CHARGE_BYTES: u64 = 64 + MAX_OUTCOME_MESSAGE_BYTES as u64;
+
+/// What a program of `source_len` bytes counts against `max-bytes`.
+pub fn program_charge_bytes(source_len: usize) -> u64 {
+    source_len as u64 + PROGRAM_OVERHEAD_BYTES
+}
+
+/// The change a telemetry mutation makes to its cell's kept records (each
+/// charged [`TELEMETRY_RECORD_CHARGE_BYTES`]): one more for a run's
+/// record, fewer by what it trims. Writer-made logs keep a cell's seqs
+/// contiguous, so every seq in the trimmed range is a kept record.
+pub(crate) fn telemetry_record_change(change: &TelemetryChange) -> i64 {
+    let trimmed = change.trimmed();
+    let trimmed = if trimmed.is_empty() {
+        0
+    } else {
+        (trimmed.end() - trimmed.start() + 1) as i64
+    };
+    match change {
+        TelemetryChange::Append { .. } => 1 - trimmed,
+        TelemetryChange::Drop { .. } => -trimmed,
+    }
 }
 
 /// One allocation per distinct program source. A rule stored at every
@@ -194,17 +230,28 @@ impl ProgramTable {
                     Some(cells) => cells,
                     None => programs.entry(ns.clone()).or_default(),
                 };
+                let charge = program_charge_bytes(source.len());
                 let source = self
                     .interned
                     .lock()
                     .unwrap_or_else(|poisoned| poisoned.into_inner())
                     .intern(source);
-                cells.insert(*coord, source).is_some()
+                let old = cells.insert(*coord, source);
+                let refund = old
+                    .as_ref()
+                    .map_or(0, |old| program_charge_bytes(old.len()));
+                self.charge(ns, charge as i64 - refund as i64);
+                old.is_some()
             }
-            Mutation::ProgramDel { ns, coord } => write(&self.programs)
-                .get_mut(ns)
-                .and_then(|cells| cells.remove(coord))
-                .is_some(),
+            Mutation::ProgramDel { ns, coord } => {
+                let old = write(&self.programs)
+                    .get_mut(ns)
+                    .and_then(|cells| cells.remove(coord));
+                if let Some(old) = &old {
+                    self.charge(ns, -(program_charge_bytes(old.len()) as i64));
+                }
+                old.is_some()
+            }
             Mutation::Telemetry { ns, coord, change } => {
                 let mut telemetry = write(&self.telemetry);
                 let cells = match telemetry.get_mut(ns) {
@@ -212,10 +259,14 @@ impl ProgramTable {
                     None => telemetry.entry(ns.clone()).or_default(),
                 };
                 let cell = cells.entry(*coord).or_default();
+                let before = cell.records.len() as i64;
                 apply_telemetry(cell, change);
+                let after = cell.records.len() as i64;
                 if cell.records.is_empty() && cell.failures == 0 {
                     cells.remove(coord);
                 }
+                drop(telemetry);
+                self.charge(ns, (after - before) * TELEMETRY_RECORD_CHARGE_BYTES as i64);
                 false
             }
             _ => false,
@@ -226,6 +277,30 @@ impl ProgramTable {
     pub(crate) fn drop_namespace(&self, ns: &NamespaceName) {
         write(&self.programs).remove(ns);
         write(&self.telemetry).remove(ns);
+        self.charges().remove(ns);
+    }
+
+    fn charges(&self) -> std::sync::MutexGuard<'_, HashMap<NamespaceName, u64>> {
+        self.charged
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn charge(&self, ns: &NamespaceName, delta: i64) {
+        if delta == 0 {
+            return;
+        }
+        let mut charges = self.charges();
+        let total = match charges.get_mut(ns) {
+            Some(total) => total,
+            None => charges.entry(ns.clone()).or_default(),
+        };
+        *total = total.saturating_add_signed(delta);
+    }
+
+    /// The bytes `ns`'s programs and telemetry count against its quota.
+    pub(crate) fn charged_bytes(&self, ns: &NamespaceName) -> u64 {
+        self.charges().get(ns).copied().unwrap_or(0)
     }
 }
 
