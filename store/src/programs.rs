@@ -141,10 +141,6 @@ pub(crate) struct ProgramTable {
     programs: RwLock<ByCell<Arc<[u8]>>>,
     telemetry: RwLock<ByCell<CellTelemetry>>,
     interned: Mutex<InternedSources>,
-    /// Per namespace, the bytes its programs and telemetry records count
-    /// against its `max-bytes` quota ([`program_charge_bytes`],
-    /// [`TELEMETRY_RECORD_CHARGE_BYTES`]).
-    charged: Mutex<HashMap<NamespaceName, u64>>,
 }
 
 /// What one program counts against its namespace's `max-bytes` quota
@@ -222,7 +218,10 @@ fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 impl ProgramTable {
     /// Applies a program or telemetry mutation; returns whether the cell
     /// had a program before (program mutations) or `false` (telemetry).
-    pub(crate) fn apply(&self, mutation: &Mutation) -> bool {
+    /// Adds to `charge` the change in what the namespace's programs and
+    /// telemetry count against `max-bytes` ([`program_charge_bytes`],
+    /// [`TELEMETRY_RECORD_CHARGE_BYTES`]).
+    pub(crate) fn apply(&self, mutation: &Mutation, charge_delta: &mut i64) -> bool {
         match mutation {
             Mutation::ProgramPut { ns, coord, source } => {
                 let mut programs = write(&self.programs);
@@ -230,7 +229,7 @@ impl ProgramTable {
                     Some(cells) => cells,
                     None => programs.entry(ns.clone()).or_default(),
                 };
-                let charge = program_charge_bytes(source.len());
+                let added = program_charge_bytes(source.len());
                 let source = self
                     .interned
                     .lock()
@@ -240,7 +239,7 @@ impl ProgramTable {
                 let refund = old
                     .as_ref()
                     .map_or(0, |old| program_charge_bytes(old.len()));
-                self.charge(ns, charge as i64 - refund as i64);
+                *charge_delta += added as i64 - refund as i64;
                 old.is_some()
             }
             Mutation::ProgramDel { ns, coord } => {
@@ -248,7 +247,7 @@ impl ProgramTable {
                     .get_mut(ns)
                     .and_then(|cells| cells.remove(coord));
                 if let Some(old) = &old {
-                    self.charge(ns, -(program_charge_bytes(old.len()) as i64));
+                    *charge_delta -= program_charge_bytes(old.len()) as i64;
                 }
                 old.is_some()
             }
@@ -265,8 +264,7 @@ impl ProgramTable {
                 if cell.records.is_empty() && cell.failures == 0 {
                     cells.remove(coord);
                 }
-                drop(telemetry);
-                self.charge(ns, (after - before) * TELEMETRY_RECORD_CHARGE_BYTES as i64);
+                *charge_delta += (after - before) * TELEMETRY_RECORD_CHARGE_BYTES as i64;
                 false
             }
             _ => false,
@@ -277,30 +275,6 @@ impl ProgramTable {
     pub(crate) fn drop_namespace(&self, ns: &NamespaceName) {
         write(&self.programs).remove(ns);
         write(&self.telemetry).remove(ns);
-        self.charges().remove(ns);
-    }
-
-    fn charges(&self) -> std::sync::MutexGuard<'_, HashMap<NamespaceName, u64>> {
-        self.charged
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    fn charge(&self, ns: &NamespaceName, delta: i64) {
-        if delta == 0 {
-            return;
-        }
-        let mut charges = self.charges();
-        let total = match charges.get_mut(ns) {
-            Some(total) => total,
-            None => charges.entry(ns.clone()).or_default(),
-        };
-        *total = total.saturating_add_signed(delta);
-    }
-
-    /// The bytes `ns`'s programs and telemetry count against its quota.
-    pub(crate) fn charged_bytes(&self, ns: &NamespaceName) -> u64 {
-        self.charges().get(ns).copied().unwrap_or(0)
     }
 }
 
@@ -1105,9 +1079,9 @@ mod tests {
             coord: Coord::new(x, 0, 0),
             source: source.to_vec(),
         };
-        table.apply(&put(0, b"return 1"));
-        table.apply(&put(1, b"return 1"));
-        table.apply(&put(2, b"return 2"));
+        table.apply(&put(0, b"return 1"), &mut 0);
+        table.apply(&put(1, b"return 1"), &mut 0);
+        table.apply(&put(2, b"return 2"), &mut 0);
         let programs = read(&table.programs);
         let cells = &programs[&ns];
         let at = |x: i32| &cells[&Coord::new(x, 0, 0)];
@@ -1117,7 +1091,10 @@ mod tests {
         // Replace every program many times with distinct sources: the set
         // of interned sources stays bounded by the sweep.
         for i in 0..5 * INTERN_SWEEP_MIN {
-            table.apply(&put((i % 3) as i32, format!("return {i}").as_bytes()));
+            table.apply(
+                &put((i % 3) as i32, format!("return {i}").as_bytes()),
+                &mut 0,
+            );
         }
         let interned = table.interned.lock().unwrap().sources.len();
         assert!(interned <= 2 * INTERN_SWEEP_MIN, "{interned} sources kept");
@@ -1178,9 +1155,23 @@ mod tests {
     #[test]
     fn the_ring_keeps_the_last_records_and_exact_counts() {
         let table = ProgramTable::default();
+        // The charge follows the kept records, and the writer's estimate
+        // of each append (`telemetry_record_change`) matches it.
+        let mut charge = 0;
         for seq in 1..=10 {
-            table.apply(&append(seq, 4, seq.saturating_sub(4)));
+            let change = append(seq, 4, seq.saturating_sub(4));
+            let before = charge;
+            table.apply(&change, &mut charge);
+            let Mutation::Telemetry { change, .. } = &change else {
+                unreachable!()
+            };
+            assert_eq!(
+                charge - before,
+                telemetry_record_change(change) * TELEMETRY_RECORD_CHARGE_BYTES as i64,
+                "append {seq}"
+            );
         }
+        assert_eq!(charge, 4 * TELEMETRY_RECORD_CHARGE_BYTES as i64);
         let telemetry = read(&table.telemetry);
         let cell = telemetry.values().next().unwrap().values().next().unwrap();
         let seqs: Vec<u64> = cell.records.iter().map(|r| r.seq).collect();
@@ -1220,16 +1211,19 @@ mod tests {
         let mem = MemStore::new();
         // Cells with stored telemetry beside those with none.
         for i in (0..700).step_by(3) {
-            mem.programs.apply(&Mutation::Telemetry {
-                ns: names[0].clone(),
-                coord: at(i),
-                change: TelemetryChange::Append {
-                    record: record(1, RunOutcome::Ok, ""),
-                    failures: 0,
-                    keep: 3,
-                    trim_from: 1,
+            mem.programs.apply(
+                &Mutation::Telemetry {
+                    ns: names[0].clone(),
+                    coord: at(i),
+                    change: TelemetryChange::Append {
+                        record: record(1, RunOutcome::Ok, ""),
+                        failures: 0,
+                        keep: 3,
+                        trim_from: 1,
+                    },
                 },
-            });
+                &mut 0,
+            );
         }
         let mut runs: HashMap<CellId, u64> = HashMap::new();
         let mut mutations = Vec::new();
