@@ -747,3 +747,60 @@ impl Shared {
         entries
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A daemon's shared state over a throwaway data dir, no socket.
+    fn shared(dir: &Path, extra: &[&str]) -> Arc<Shared> {
+        let mut argv = vec!["cubed", "--data", dir.to_str().unwrap()];
+        argv.extend_from_slice(extra);
+        let args = <Args as clap::Parser>::try_parse_from(argv).unwrap();
+        let engine = Engine::open(EngineConfig::new(dir)).unwrap();
+        Arc::new(Shared {
+            programs: crate::programs::ProgramService::new(&args),
+            engine,
+            client_memory: ClientMemory::new(args.max_client_memory),
+            args,
+            stats: CommandStats::default(),
+            shutting_down: AtomicBool::new(false),
+            per_uid: Mutex::new(HashMap::new()),
+            active: AtomicUsize::new(0),
+            started: Instant::now(),
+        })
+    }
+
+    /// A connection thread that panics gives back its place, its uid's
+    /// count and its memory account (found by review: the cleanup ran
+    /// after `Connection::run`, so a panic leaked a `--max-connections`
+    /// slot for good).
+    #[test]
+    fn a_panicking_connection_thread_gives_its_slot_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = shared(dir.path(), &["--max-connections-per-uid", "1"]);
+        let peer = crate::access::Peer {
+            uid: 4242,
+            gid: 4242,
+            is_admin: false,
+        };
+        let (ours, _theirs) = UnixStream::pair().unwrap();
+        let account = shared.client_memory.open(7, peer.uid, ours);
+        account.charge(1000).unwrap();
+        drop(account);
+        let uid_slot = UidSlot::take(&shared, &peer).unwrap();
+        assert!(UidSlot::take(&shared, &peer).is_none(), "one per uid");
+        let slot = ConnectionSlot::take(7, &shared, uid_slot);
+        assert_eq!(shared.active.load(Ordering::SeqCst), 1);
+        let thread = thread::spawn(move || {
+            let _slot = slot;
+            panic!("a bug in a request handler");
+        });
+        assert!(thread.join().is_err());
+        assert_eq!(shared.active.load(Ordering::SeqCst), 0);
+        assert_eq!(shared.client_memory.used_bytes(), 0);
+        assert!(lock(&shared.per_uid).is_empty());
+        assert!(UidSlot::take(&shared, &peer).is_some());
+        shared.engine.shutdown().unwrap();
+    }
+}
