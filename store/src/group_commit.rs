@@ -680,12 +680,7 @@ impl Writer {
         if most == usize::MAX || self.config.unlimited_owners.contains(&owner_uid) {
             return Ok(());
         }
-        let owned = self
-            .mem
-            .namespace_list()
-            .iter()
-            .filter(|(_, meta)| meta.owner_uid == owner_uid)
-            .count();
+        let owned = self.mem.namespaces_owned_by(owner_uid);
         if owned >= most {
             return Err(WriteError::new(
                 WriteErrorKind::LimitExceeded,

@@ -274,6 +274,15 @@ impl MemStore {
         Some(usage)
     }
 
+    /// How many namespaces `uid` owns (for the per-owner limit): no
+    /// metadata is copied.
+    pub fn namespaces_owned_by(&self, uid: u32) -> usize {
+        read(&self.namespaces)
+            .values()
+            .filter(|space| read(&space.meta).owner_uid == uid)
+            .count()
+    }
+
     /// Every namespace with its metadata, sorted by name.
     pub fn namespace_list(&self) -> Vec<(NamespaceName, NamespaceMeta)> {
         let mut list: Vec<(NamespaceName, NamespaceMeta)> = read(&self.namespaces)
