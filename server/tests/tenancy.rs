@@ -438,7 +438,7 @@ fn per_uid_flags_are_range_checked() {
         .args(["--max-client-memory", "2000000", "--data", "/nonexistent/x"])
         .output()
         .unwrap();
-    assert_ne!(out.status.code(), Some(0));
+    assert_eq!(out.status.code(), Some(2));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("twice --max-frame-bytes"),
         "{}",
