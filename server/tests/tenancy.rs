@@ -586,7 +586,7 @@ fn median_get_us(client: &mut Client, n: usize) -> u64 {
     times[n / 2]
 }
 
-/// Within 2x of the bystander's median alone; a floor of 200 us keeps a
+/// Within 2x of the bystander's median alone; a floor of 100 us keeps a
 /// 30 us median on a loaded 2-core machine from failing on noise.
 fn assert_within_2x(alone_us: u64, during_us: u64, attack: &str) {
     eprintln!("{attack}: bystander median {alone_us} us alone, {during_us} us during");
