@@ -3,6 +3,7 @@
 use clap::{CommandFactory, Parser};
 
 fn main() {
+    cube_server::panic_policy::install();
     let args = cube_server::Args::parse();
     if let Err(why) = args.check() {
         cube_server::Args::command()
