@@ -46,6 +46,7 @@ check:
 	$(MAKE) lint
 	$(MAKE) test
 	$(MAKE) codec-deep
+	$(CARGO) test -p cube-server --test tenancy -- --ignored
 	$(MAKE) crash CYCLES=20
 	$(MAKE) sim SEEDS=100
 	$(MAKE) fuzz FUZZ_SECONDS=20

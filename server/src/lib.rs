@@ -24,6 +24,7 @@ pub mod panic_policy;
 mod programs;
 #[macro_use]
 pub mod log;
+mod client_memory;
 pub mod server;
 mod signals;
 pub mod verify;
