@@ -3,8 +3,11 @@
 
 CARGO ?= cargo
 DATA ?= ./cube-data
-DURATION ?= 30
+DURATION ?= 30s
 CLIENTS ?= 16
+WORKLOAD ?= seed
+# Extra flags for cubed: make run ARGS="--key-file KEY"
+ARGS ?=
 STRESS_DIR := target/stress
 
 .PHONY: build release run test check fmt clippy stress stress-short compare bench sim crash fuzz clean-data
@@ -19,7 +22,7 @@ release:
 run: release
 	@echo "cubed: data dir $(DATA), socket $(DATA)/cubed.sock (Ctrl-C stops it cleanly)"
 	@echo "try:   ./target/release/cubec --socket $(DATA)/cubed.sock ping"
-	./target/release/cubed --data $(DATA)
+	./target/release/cubed --data $(DATA) $(ARGS)
 
 # All tests. The integration tests start real cubed processes, so the
 # binaries are built first.
@@ -45,16 +48,16 @@ check:
 	$(MAKE) fuzz FUZZ_SECONDS=20
 	$(MAKE) stress-short
 
-# Latency histograms from a fresh throwaway daemon (DURATION=150 for the
-# predecessor's run length). Table on the terminal; JSON and SVG plot in
-# target/stress/.
+# Latency histograms from a fresh throwaway daemon (DURATION=150s for the
+# predecessor's run length), of the seed workload unless WORKLOAD says
+# otherwise. Table on the terminal; JSON and SVG plot in target/stress/.
 stress: release
 	@mkdir -p $(STRESS_DIR)
-	./target/release/cube-stress --duration $(DURATION) --clients $(CLIENTS) \
+	./target/release/cube-stress --duration $(DURATION) --clients $(CLIENTS) --workload $(WORKLOAD) \
 		--json $(STRESS_DIR)/latest.json --plot $(STRESS_DIR)/latest.svg
 
 stress-short:
-	$(MAKE) stress DURATION=15
+	$(MAKE) stress DURATION=15s
 
 # cube next to Redis and SQLite: put and get at 1, 16 and 64 clients.
 compare: release

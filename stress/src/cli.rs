@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use cube_client::parse_seconds;
 
 use crate::compare::{CompareArgs, compare};
 use crate::crash::{CrashArgs, torture};
@@ -34,7 +35,7 @@ Examples:
   cube-stress --workload mixed                    # puts and gets
   cube-stress --workload mget --batch 256         # 256 random keys per mget request
   cube-stress --workload put --clients 64 --json put.json --plot put.svg
-  cube-stress --crash-every 2 --duration 20       # SIGKILL cubed every 2 s, verify after each restart
+  cube-stress --crash-every 2s --duration 20s     # SIGKILL cubed every 2 s, verify after each restart
   cube-stress --workload mixed --hostile 48       # the same run alone, then beside 48 hostile clients
   cube-stress --target redis-always --workload put
   cube-stress --target ceiling-sync --workload put # cube's design bare: the durable-put ceiling
@@ -111,12 +112,12 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = 16)]
     pub clients: usize,
 
-    /// Measured seconds.
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    /// How long to measure: seconds (10) or a duration with units (10s, 2m).
+    #[arg(long, value_name = "DURATION", default_value_t = 10.0, value_parser = parse_seconds)]
     pub duration: f64,
 
-    /// Seconds of load before measuring starts.
-    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+    /// Load before measuring starts: seconds (1) or with units (1s, 500ms).
+    #[arg(long, value_name = "DURATION", default_value_t = 1.0, value_parser = parse_seconds)]
     pub warmup: f64,
 
     /// What the clients ask for. The default, seed, runs cell programs (the
@@ -158,9 +159,9 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value = "sample")]
     pub verify: VerifyMode,
 
-    /// SIGKILL the throwaway cubed every SECS measured seconds, restart it,
-    /// read back every key, and go on.
-    #[arg(long, value_name = "SECS")]
+    /// SIGKILL the throwaway cubed every INTERVAL of measuring (seconds, or
+    /// with units: 2s, 500ms), restart it, read back every key, and go on.
+    #[arg(long, value_name = "INTERVAL", value_parser = parse_seconds)]
     pub crash_every: Option<f64>,
 
     /// Run twice on fresh daemons: alone, then beside N hostile threads

@@ -360,10 +360,17 @@ fn already_advised(message: &str, step: &str) -> bool {
     }
 }
 
+/// The advice for a value over the daemon's limit: the flag that raises it.
+const RAISE_VALUE_LIMIT: &str = "store a smaller value, or restart cubed with a higher limit: \
+     `cubed --max-value-bytes BYTES` (at most 33554432; --max-frame-bytes must hold the value too)";
+
 /// What the user can do about `error`, unless its message already says.
 fn next_step(error: &ClientError) -> Option<&'static str> {
     Some(match error {
         ClientError::Connect { .. } | ClientError::VersionMismatch { .. } => return None,
+        ClientError::BadArgument(message) if message.contains("max_value_bytes") => {
+            RAISE_VALUE_LIMIT
+        }
         ClientError::BadArgument(_) => "see `cubec help <command>`",
         ClientError::Io(_) | ClientError::Protocol(_) => {
             "cubed may have stopped or restarted; check its log, then retry"
@@ -393,7 +400,7 @@ fn next_step(error: &ClientError) -> Option<&'static str> {
                 "start cubed with --key-file PATH, or create the namespace without --encrypted"
             }
             Some(ErrorCode::BadNamespace) => "use 1 to 64 of a-z, 0-9, '_' and '-'",
-            Some(ErrorCode::ValueTooLarge | ErrorCode::FrameTooLarge) => "store a smaller value",
+            Some(ErrorCode::ValueTooLarge | ErrorCode::FrameTooLarge) => RAISE_VALUE_LIMIT,
             Some(ErrorCode::WritesDisabled) => {
                 "cubed refuses writes until restarted after a storage failure; \
                  check its log, fix the cause and restart it"
@@ -418,7 +425,10 @@ fn next_step(error: &ClientError) -> Option<&'static str> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => return argument_error(&error, std::env::args_os().skip(1)),
+    };
     match run(&cli) {
         Ok(code) => ExitCode::from(code),
         Err(failure) => {
@@ -430,6 +440,32 @@ fn main() -> ExitCode {
             ExitCode::from(failure.code)
         }
     }
+}
+
+/// A command line clap refused (or `--help`, `--version`): printed as clap
+/// prints it, and with `--json` also as a failure object on stdout, so a
+/// script reading stdout sees every failure the same way.
+fn argument_error(error: &clap::Error, args: impl Iterator<Item = OsString>) -> ExitCode {
+    let code = u8::try_from(error.exit_code()).unwrap_or(EXIT_USAGE);
+    let _ = error.print();
+    if code != 0 && json_asked(args) {
+        let rendered = error.render().to_string();
+        let first = rendered.lines().next().unwrap_or_default();
+        let failure = Failure {
+            code,
+            message: first.strip_prefix("error: ").unwrap_or(first).to_owned(),
+            reported_as_json: false,
+        };
+        println!("{}", failure_json(&failure));
+    }
+    ExitCode::from(code)
+}
+
+/// Whether `--json` was among the arguments clap could not make sense of
+/// (before a `--`, after which everything is a value).
+fn json_asked(args: impl Iterator<Item = OsString>) -> bool {
+    args.take_while(|arg| arg != "--")
+        .any(|arg| arg == "--json")
 }
 
 /// `{"ok":false,"exit":N,"error":"..."}`: what `--json` prints on stdout
