@@ -10,7 +10,7 @@ WORKLOAD ?= seed
 ARGS ?=
 STRESS_DIR := target/stress
 
-.PHONY: build release run test check fmt clippy stress stress-short compare bench sim crash fuzz clean-data
+.PHONY: build release run test test-tools check fmt clippy stress stress-short compare bench sim crash fuzz clean-data
 
 build:
 	$(CARGO) build --workspace
@@ -26,9 +26,22 @@ run: release
 
 # All tests. The integration tests start real cubed processes, so the
 # binaries are built first.
-test:
+test: test-tools
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace
+
+# What the tests run besides cargo: promtool (Debian's prometheus package)
+# checks the metrics exposition (client/tests/cli_metrics.rs).
+test-tools:
+	@command -v promtool >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "make test: installing promtool (apt-get install prometheus)"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+				--no-install-recommends prometheus >/dev/null || exit 1; \
+		else \
+			echo "make test: promtool is missing: install Debian's prometheus package" \
+				"(sudo apt-get install prometheus), then run make test again"; exit 1; \
+		fi; }
 
 fmt:
 	$(CARGO) fmt --all

@@ -171,6 +171,16 @@ pub struct Args {
     #[arg(long)]
     pub repair: bool,
 
+    /// Serve Prometheus metrics over HTTP at ADDR (`GET /metrics`), e.g.
+    /// 127.0.0.1:9464; port 0 picks one (logged). Off by default.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
+
+    /// Allow --metrics-listen on a non-loopback address (whoever reaches it
+    /// sees every namespace's name and size).
+    #[arg(long, requires = "metrics_listen")]
+    pub metrics_listen_any: bool,
+
     /// error, warn, info or debug.
     #[arg(long, value_name = "LEVEL", env = "CUBE_LOG", default_value = "info")]
     pub log_level: Level,
@@ -281,6 +291,9 @@ impl Args {
     /// of any answer around it (a scan page, a walk node, a `get`), or a
     /// stored value could never be read back whole.
     pub fn check(&self) -> Result<(), String> {
+        if let Some(addr) = self.metrics_listen {
+            crate::metrics_http::check_address(addr, self.metrics_listen_any)?;
+        }
         if self.max_frame_bytes < MIN_FRAME_BYTES {
             return Err(format!(
                 "--max-frame-bytes {} is below the least a frame must carry, {MIN_FRAME_BYTES}",

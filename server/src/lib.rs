@@ -21,6 +21,7 @@ mod namespaces;
 mod programs;
 #[macro_use]
 pub mod log;
+mod metrics_http;
 pub mod server;
 pub mod verify;
 mod write_reply;

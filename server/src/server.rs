@@ -154,6 +154,11 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
         started: Instant::now(),
     });
 
+    if let Some(addr) = shared.args.metrics_listen {
+        let bound = crate::metrics_http::start(addr, Arc::clone(&shared))?;
+        info!("serving Prometheus metrics on http://{bound}/metrics");
+    }
+
     let mut poll = Poll::new().map_err(DaemonError::Io)?;
     let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(DaemonError::Io)?);
     poll.registry()
@@ -601,22 +606,7 @@ impl Shared {
             count("store.cells", self.engine.memstore().cell_count()),
             count("store.edges", self.engine.memstore().edge_count()),
         ];
-        for c in self.stats.figures() {
-            entries.push(count(&format!("cmd.{}.count", c.name), c.count));
-            entries.push(count(&format!("cmd.{}.errors", c.name), c.errors));
-            entries.push(float(
-                &format!("cmd.{}.latency_us_mean", c.name),
-                c.latency_us_mean,
-            ));
-            for (figure, value) in [
-                ("p50", c.latency_us_p50),
-                ("p99", c.latency_us_p99),
-                ("p999", c.latency_us_p999),
-                ("max", c.latency_us_max),
-            ] {
-                entries.push(count(&format!("cmd.{}.latency_us_{figure}", c.name), value));
-            }
-        }
+        entries.extend(self.stats.entries());
         entries.extend([
             count("wal.records", s.wal_records),
             count("wal.bytes", s.wal_bytes),

@@ -509,7 +509,7 @@ fn run(cli: &Cli) -> Result<u8, Failure> {
         Command::Stats(programs::StatsArgs {
             prometheus: true, ..
         }) => {
-            let text = prometheus_text(&client.stats()?);
+            let text = prometheus_text(&client.stats()?)?;
             emit(&mut stdout, text.as_bytes()).map(|()| 0)
         }
         Command::Stats(programs::StatsArgs {
@@ -828,44 +828,14 @@ fn watch_stats(
     Ok(0)
 }
 
-/// The Prometheus text format: numbers become `cube_<name>` gauges (dots
-/// and other characters become `_`); text figures become an `info`-style
-/// gauge with the text as a label, so nothing is lost.
-fn prometheus_text(entries: &[StatsEntry]) -> String {
-    let metric = |name: &str| {
-        let cleaned: String = name
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '_' {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect();
-        format!("cube_{cleaned}")
-    };
-    let mut out = String::new();
-    for entry in entries {
-        let name = metric(&entry.name);
-        match &entry.value {
-            StatsValue::Count(n) => out.push_str(&format!("# TYPE {name} gauge\n{name} {n}\n")),
-            StatsValue::Float(f) if f.is_finite() => {
-                out.push_str(&format!("# TYPE {name} gauge\n{name} {f}\n"));
-            }
-            StatsValue::Float(_) => {}
-            StatsValue::Text(t) => {
-                let escaped = t
-                    .replace('\\', "\\\\")
-                    .replace('"', "\\\"")
-                    .replace('\n', "\\n");
-                out.push_str(&format!(
-                    "# TYPE {name}_info gauge\n{name}_info{{value=\"{escaped}\"}} 1\n"
-                ));
-            }
-        }
-    }
-    out
+/// The Prometheus text exposition (format 0.0.4), the same that
+/// `cubed --metrics-listen` serves at /metrics (`cube_metrics`).
+fn prometheus_text(entries: &[StatsEntry]) -> Result<String, Failure> {
+    cube_metrics::exposition(entries).map_err(|why| Failure {
+        code: EXIT_SERVER,
+        message: why,
+        reported_as_json: false,
+    })
 }
 
 fn stats(client: &mut Client, as_json: bool, out: &mut impl Write) -> Result<u8, Failure> {
