@@ -157,3 +157,35 @@ fn messages_say_what_to_do_next() {
     assert_eq!(err.matches("--key-file").count(), 1, "{err}");
     assert_contains(&err, "without --encrypted");
 }
+
+#[test]
+fn stats_shows_what_has_happened_and_all_shows_every_row() {
+    let daemon = LocalDaemon::start_fresh(&[]).unwrap();
+    let s = daemon.socket();
+    assert_exit(&cubec(s, &["put", "default", "1,2,3", "x"]), 0);
+    let out = cubec(s, &["stats"]);
+    assert_exit(&out, 0);
+    let short = stdout(&out);
+    assert_contains(&short, "cmd.put.count");
+    assert_contains(&short, "wal.records");
+    // Never served, zero, or the histograms' rows: hidden, and said so.
+    for hidden in ["cmd.walk.", "connections.refused", "cmd.put.latency_us_le_"] {
+        assert!(!short.contains(hidden), "{hidden} shown:\n{short}");
+    }
+    assert_contains(&short, "`cubec stats --all` shows every row");
+    let out = cubec(s, &["stats", "--all"]);
+    assert_exit(&out, 0);
+    let all = stdout(&out);
+    for shown in [
+        "cmd.walk.count",
+        "connections.refused",
+        "cmd.put.latency_us_le_inf",
+    ] {
+        assert_contains(&all, shown);
+    }
+    assert!(all.lines().count() > 3 * short.lines().count(), "{all}");
+    // JSON keeps every row: scripts look rows up by name.
+    let out = cubec(s, &["--json", "stats"]);
+    let json: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(json["cmd.walk.count"], 0);
+}

@@ -57,6 +57,27 @@ fn slot(op: Opcode) -> usize {
     Opcode::ALL.iter().position(|o| *o == op).unwrap_or(0)
 }
 
+/// Cumulative counts up to each of [`LATENCY_BUCKETS_US`], then the total,
+/// in one pass over the recorded values (a `count_between` per bound walks
+/// the whole histogram each time: 100 ms for a `stats` in a debug build).
+fn cumulative_buckets(h: &Histogram<u64>) -> Vec<u64> {
+    let mut counts = vec![0u64; LATENCY_BUCKETS_US.len()];
+    for v in h.iter_recorded() {
+        let value = v.value_iterated_to();
+        let slot = LATENCY_BUCKETS_US.partition_point(|bound| *bound < value);
+        if let Some(count) = counts.get_mut(slot) {
+            *count += v.count_at_value();
+        }
+    }
+    let mut so_far = 0;
+    for count in &mut counts {
+        so_far += *count;
+        *count = so_far;
+    }
+    counts.push(h.len());
+    counts
+}
+
 pub struct CommandFigures {
     pub name: &'static str,
     pub count: u64,
@@ -105,14 +126,10 @@ impl CommandStats {
                     }
                 }
                 let quantile = |q: f64| merged.as_ref().map_or(0, |h| h.value_at_quantile(q));
-                let buckets = match merged.as_ref().filter(|h| !h.is_empty()) {
-                    Some(h) => LATENCY_BUCKETS_US
-                        .iter()
-                        .map(|bound| h.count_between(0, *bound))
-                        .chain(std::iter::once(h.len()))
-                        .collect(),
-                    None => Vec::new(),
-                };
+                let buckets = merged
+                    .as_ref()
+                    .filter(|h| !h.is_empty())
+                    .map_or_else(Vec::new, cumulative_buckets);
                 CommandFigures {
                     latency_us_p50: quantile(0.5),
                     latency_us_p99: quantile(0.99),

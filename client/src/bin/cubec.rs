@@ -513,9 +513,13 @@ fn run(cli: &Cli) -> Result<u8, Failure> {
             emit(&mut stdout, text.as_bytes()).map(|()| 0)
         }
         Command::Stats(programs::StatsArgs {
-            watch: Some(secs), ..
-        }) => watch_stats(&mut client, *secs, cli.json, &mut stdout),
-        Command::Stats(_) => stats(&mut client, cli.json, &mut stdout),
+            watch: Some(secs),
+            all,
+            ..
+        }) => watch_stats(&mut client, *secs, *all, cli.json, &mut stdout),
+        Command::Stats(programs::StatsArgs { all, .. }) => {
+            stats(&mut client, *all, cli.json, &mut stdout)
+        }
         Command::Prog(args) => programs::prog(&mut client, args, cli.json, &mut stdout),
         Command::Run(args) => programs::run(&mut client, args, cli.json, &mut stdout),
         Command::Step(args) => programs::step(&mut client, args, cli.json, &mut stdout),
@@ -806,6 +810,7 @@ const MAX_WATCH_REFRESHES: u32 = 43_200;
 fn watch_stats(
     client: &mut Client,
     secs: f64,
+    all: bool,
     as_json: bool,
     out: &mut impl Write,
 ) -> Result<u8, Failure> {
@@ -819,7 +824,7 @@ fn watch_stats(
         let text = if as_json {
             stats_json(&entries)
         } else {
-            format!("\x1b[2J\x1b[H{}", stats_table(&entries))
+            format!("\x1b[2J\x1b[H{}", happened_table(&entries, all))
         };
         emit(out, text.as_bytes())?;
         out.flush().map_err(|e| output_failure(&e))?;
@@ -838,8 +843,60 @@ fn prometheus_text(entries: &[StatsEntry]) -> Result<String, Failure> {
     })
 }
 
-fn stats(client: &mut Client, as_json: bool, out: &mut impl Write) -> Result<u8, Failure> {
-    report(client.stats()?, as_json, out)
+/// `cubec stats`: JSON carries every row (scripts look rows up by name);
+/// the table shows what has happened unless `all`.
+fn stats(
+    client: &mut Client,
+    all: bool,
+    as_json: bool,
+    out: &mut impl Write,
+) -> Result<u8, Failure> {
+    let entries = client.stats()?;
+    if as_json {
+        return report(entries, true, out);
+    }
+    emit(out, happened_table(&entries, all).as_bytes())?;
+    Ok(0)
+}
+
+/// The stats table without what has not happened (unless `all`): the rows
+/// of commands never served, other counts and figures that are zero, and
+/// the latency histogram's rows (for Prometheus); a last line says how
+/// many rows are hidden and how to see them.
+fn happened_table(entries: &[StatsEntry], all: bool) -> String {
+    if all {
+        return stats_table(entries);
+    }
+    let served = |command: &str| {
+        entries.iter().any(|e| {
+            e.name == format!("cmd.{command}.count") && !matches!(e.value, StatsValue::Count(0))
+        })
+    };
+    let shown: Vec<StatsEntry> = entries
+        .iter()
+        .filter(|e| !cube_metrics::is_histogram_row(&e.name))
+        .filter(|e| match &e.value {
+            StatsValue::Count(0) => false,
+            StatsValue::Float(f) if *f == 0.0 => false,
+            _ => true,
+        })
+        .filter(|e| match e.name.strip_prefix("cmd.") {
+            Some(rest) => rest
+                .split_once('.')
+                .is_some_and(|(command, _)| served(command)),
+            None => true,
+        })
+        .cloned()
+        .collect();
+    let mut table = stats_table(&shown);
+    let hidden = entries.len() - shown.len();
+    if hidden > 0 {
+        table.push_str(&format!(
+            "({hidden} rows of what has not happened yet or of the latency histograms hidden; \
+             `cubec stats --all` shows every row)\n"
+        ));
+    }
+    table
 }
 
 /// Prints named figures (stats, or what a checkpoint or backup did).

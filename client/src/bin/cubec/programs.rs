@@ -74,12 +74,15 @@ Examples:
 
 pub(crate) const STATS_HELP: &str = "\
 Without a cell: the daemon's counters and gauges, including cmd.prog.* and
-cmd.run.* latency and the programs.* figures. With NS X,Y,Z: that cell's
+cmd.run.* latency and the programs.* figures. The table shows what has
+happened (commands served, figures that are not zero); --all shows every
+row, and --json always carries every row. With NS X,Y,Z: that cell's
 program telemetry: whether it has a program, the exact number of runs and
 failures, and the most recent records (--records, default 10).
 
 Examples:
   cubec stats
+  cubec stats --all
   cubec --json stats
   cubec stats default 0,0,0
   cubec stats default 0,0,0 --records 100 --json";
@@ -151,6 +154,11 @@ pub(crate) struct StatsArgs {
     #[arg(long, value_name = "INTERVAL", num_args = 0..=1, default_missing_value = "2",
           conflicts_with = "ns", value_parser = cube_client::parse_seconds)]
     pub(crate) watch: Option<f64>,
+
+    /// Show every row: also commands never served, zero counts and the
+    /// latency histograms' rows (by default the table shows what has happened)
+    #[arg(long, conflicts_with_all = ["ns", "prometheus"])]
+    pub(crate) all: bool,
 
     /// Print the server's stats in the Prometheus text exposition format
     /// (for the node-exporter textfile collector or a scrape wrapper)
