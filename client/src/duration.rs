@@ -26,6 +26,23 @@ pub fn parse_seconds(text: &str) -> Result<f64, String> {
         })
 }
 
+/// Milliseconds in `text`: a plain whole number of milliseconds (what the
+/// `*-ms` flags always took), or a duration with units (`2s`, `250ms`).
+pub fn parse_millis(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    if let Ok(millis) = text.parse::<u64>() {
+        return Ok(millis);
+    }
+    humantime::parse_duration(text)
+        .map(|duration| u64::try_from(duration.as_millis()).unwrap_or(u64::MAX))
+        .map_err(|why| {
+            format!(
+                "{text:?} is not a duration ({why}): give milliseconds (e.g. 250) or a duration \
+                 with units (e.g. 250ms, 2s)"
+            )
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -37,6 +54,10 @@ mod tests {
         assert_eq!(parse_seconds("250ms").unwrap(), 0.25);
         assert_eq!(parse_seconds("2").unwrap(), 2.0);
         assert_eq!(parse_seconds("0.5").unwrap(), 0.5);
+        assert_eq!(parse_millis("250").unwrap(), 250);
+        assert_eq!(parse_millis("2s").unwrap(), 2000);
+        assert_eq!(parse_millis("250ms").unwrap(), 250);
+        assert!(parse_millis("-5").unwrap_err().contains("e.g. 250ms"));
         for bad in ["-1", "nan", "inf", "6 parsecs", "", "s"] {
             let why = parse_seconds(bad).unwrap_err();
             assert!(why.contains("e.g. 6s"), "{bad}: {why}");

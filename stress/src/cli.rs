@@ -378,6 +378,40 @@ mod tests {
         );
     }
 
+    /// Durations as people type them (issue 29): `6s` used to be refused
+    /// as an invalid float; plain seconds still work.
+    #[test]
+    fn durations_take_units_and_plain_seconds() {
+        let cli = Cli::try_parse_from([
+            "cube-stress",
+            "--duration",
+            "6s",
+            "--warmup",
+            "500ms",
+            "--crash-every",
+            "2s",
+        ])
+        .unwrap();
+        let config = cli.run.config().unwrap();
+        assert_eq!(config.duration, Duration::from_secs(6));
+        assert_eq!(config.warmup, Duration::from_millis(500));
+        assert_eq!(config.crash_every, Some(Duration::from_secs(2)));
+        let cli = Cli::try_parse_from(["cube-stress", "--duration", "1.5"]).unwrap();
+        assert_eq!(cli.run.duration, 1.5);
+        let cli = Cli::try_parse_from(["cube-stress", "compare", "--duration", "1m"]).unwrap();
+        let Some(CliCommand::Compare(args)) = cli.command else {
+            panic!("not compare")
+        };
+        assert_eq!(args.duration, 60.0);
+        let cli = Cli::try_parse_from(["cube-stress", "crash", "--max-run-ms", "2s"]).unwrap();
+        let Some(CliCommand::Crash(args)) = cli.command else {
+            panic!("not crash")
+        };
+        assert_eq!(args.max_run_ms, 2000);
+        let refused = Cli::try_parse_from(["cube-stress", "--duration", "6 parsecs"]).unwrap_err();
+        assert!(refused.to_string().contains("e.g. 6s"), "{refused}");
+    }
+
     #[test]
     fn encrypted_needs_a_namespace() {
         assert!(Cli::try_parse_from(["cube-stress", "--encrypted"]).is_err());
