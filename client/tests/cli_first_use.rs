@@ -46,6 +46,13 @@ fn json_argument_errors_print_a_failure_object_on_stdout() {
     let out = cubec(socket, &["nosuch", "--json"]);
     assert_exit(&out, 2);
     failure_object(&out);
+    // No command at all: clap prints the help, and it is a failure.
+    let out = cubec(socket, &["--json"]);
+    assert_exit(&out, 2);
+    assert_contains(
+        failure_object(&out)["error"].as_str().unwrap(),
+        "requires a subcommand",
+    );
     // Without --json stdout stays empty; --help is not a failure.
     let out = cubec(socket, &["get", "default", "1,2"]);
     assert_exit(&out, 2);
