@@ -824,7 +824,9 @@ fn watch_stats(
         let text = if as_json {
             stats_json(&entries)
         } else {
-            format!("\x1b[2J\x1b[H{}", happened_table(&entries, all))
+            let (table, hidden) = happened_table(&entries, all);
+            let note = hidden_rows_note(hidden).unwrap_or_default();
+            format!("\x1b[2J\x1b[H{table}{note}\n")
         };
         emit(out, text.as_bytes())?;
         out.flush().map_err(|e| output_failure(&e))?;
@@ -855,17 +857,20 @@ fn stats(
     if as_json {
         return report(entries, true, out);
     }
-    emit(out, happened_table(&entries, all).as_bytes())?;
+    let (table, hidden) = happened_table(&entries, all);
+    emit(out, table.as_bytes())?;
+    if let Some(note) = hidden_rows_note(hidden) {
+        eprintln!("cubec: {note}");
+    }
     Ok(0)
 }
 
 /// The stats table without what has not happened (unless `all`): the rows
 /// of commands never served, other counts and figures that are zero, and
-/// the latency histogram's rows (for Prometheus); a last line says how
-/// many rows are hidden and how to see them.
-fn happened_table(entries: &[StatsEntry], all: bool) -> String {
+/// the latency histogram's rows (for Prometheus); with how many it hid.
+fn happened_table(entries: &[StatsEntry], all: bool) -> (String, usize) {
     if all {
-        return stats_table(entries);
+        return (stats_table(entries), 0);
     }
     let served = |command: &str| {
         entries.iter().any(|e| {
@@ -888,15 +893,18 @@ fn happened_table(entries: &[StatsEntry], all: bool) -> String {
         })
         .cloned()
         .collect();
-    let mut table = stats_table(&shown);
-    let hidden = entries.len() - shown.len();
-    if hidden > 0 {
-        table.push_str(&format!(
+    (stats_table(&shown), entries.len() - shown.len())
+}
+
+/// What `cubec stats` says (on stderr, so stdout stays one table) about
+/// the rows it hid.
+fn hidden_rows_note(hidden: usize) -> Option<String> {
+    (hidden > 0).then(|| {
+        format!(
             "({hidden} rows of what has not happened yet or of the latency histograms hidden; \
-             `cubec stats --all` shows every row)\n"
-        ));
-    }
-    table
+             `cubec stats --all` shows every row)"
+        )
+    })
 }
 
 /// Prints named figures (stats, or what a checkpoint or backup did).
