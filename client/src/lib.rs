@@ -11,6 +11,7 @@
 pub mod base64;
 mod bulk;
 mod client;
+mod duration;
 mod edges;
 mod error;
 pub mod json;
@@ -36,6 +37,7 @@ pub use cube_protocol::{
     CellStats, ProgramValue, RunOutcome, RunRecord, RunReply, StepFailure, StepReply,
 };
 pub use cube_protocol::{CurveChoice, MAX_GRANTS, NamespaceGrant, NamespaceInfo, NamespaceSpec};
+pub use duration::{parse_millis, parse_seconds};
 pub use edges::{Detached, Linked, PathAnswer, WalkOptions};
 pub use error::ClientError;
 pub use local_daemon::LocalDaemon;

@@ -398,7 +398,11 @@ fn a_bad_line_stops_the_import_and_nothing_of_its_batch_is_applied() {
         &["--json", "import", "default", file, "--batch", "4"],
     );
     assert_exit(&out, 2);
-    assert!(stderr(&out).contains("line 7:"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("line 7 column 31: EOF"),
+        "{}",
+        stderr(&out)
+    );
     let report = summary(&out);
     assert_eq!(report["ok"], false);
     assert_eq!(report["stopped_at_line"], 7);
@@ -420,7 +424,11 @@ fn a_bad_line_stops_the_import_and_nothing_of_its_batch_is_applied() {
         ],
     );
     assert_exit(&out, 0);
-    assert!(stderr(&out).contains("line 7:"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("line 7 column 31: EOF"),
+        "{}",
+        stderr(&out)
+    );
     let report = summary(&out);
     assert_eq!(report["skipped"], 1);
     assert_eq!(report["skipped_lines"][0]["line"], 7);

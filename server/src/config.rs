@@ -207,6 +207,16 @@ pub struct Args {
     #[arg(long)]
     pub repair: bool,
 
+    /// Serve Prometheus metrics over HTTP at ADDR (`GET /metrics`), e.g.
+    /// 127.0.0.1:9464; port 0 picks one (logged). Off by default.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
+
+    /// Allow --metrics-listen on a non-loopback address (whoever reaches it
+    /// sees every namespace's name and size).
+    #[arg(long, requires = "metrics_listen")]
+    pub metrics_listen_any: bool,
+
     /// error, warn, info or debug.
     #[arg(long, value_name = "LEVEL", env = "CUBE_LOG", default_value = "info")]
     pub log_level: Level,
@@ -439,6 +449,9 @@ impl Args {
                     SYNC_INTERVAL_MS_RANGE.end()
                 ));
             }
+        }
+        if let Some(addr) = self.metrics_listen {
+            crate::metrics_http::check_address(addr, self.metrics_listen_any)?;
         }
         let needed = u64::from(self.max_value_bytes) + u64::from(ANSWER_OVERHEAD_BYTES);
         if u64::from(self.max_frame_bytes) < needed {

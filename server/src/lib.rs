@@ -25,6 +25,7 @@ mod programs;
 #[macro_use]
 pub mod log;
 mod client_memory;
+mod metrics_http;
 pub mod server;
 mod signals;
 pub mod verify;

@@ -52,7 +52,8 @@ impl std::fmt::Display for DaemonError {
             DaemonError::Store(e) => write!(f, "{e}"),
             DaemonError::AlreadyRunning(path) => write!(
                 f,
-                "another cubed is already listening on {}; stop it first or pass a different --socket",
+                "another cubed (serving another data dir) is already listening on {}; \
+                 pass a different --socket, or stop that cubed first",
                 path.display()
             ),
             DaemonError::Socket { path, source } => {
@@ -96,6 +97,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Runs the daemon until SIGINT/SIGTERM, then shuts down cleanly.
 pub fn run(args: Args) -> Result<(), DaemonError> {
     let socket_path = args.socket_path();
+    // The data dir first: when its daemon also holds the socket (the
+    // default, DATA/cubed.sock), the lock is what is really in use.
+    data_dir_free(&args.data)?;
     if UnixStream::connect(&socket_path).is_ok() {
         return Err(DaemonError::AlreadyRunning(socket_path));
     }
@@ -158,6 +162,11 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
         started: Instant::now(),
     });
 
+    if let Some(addr) = shared.args.metrics_listen {
+        let bound = crate::metrics_http::start(addr, Arc::clone(&shared))?;
+        info!("serving Prometheus metrics on http://{bound}/metrics");
+    }
+
     let mut poll = Poll::new().map_err(DaemonError::Io)?;
     let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(DaemonError::Io)?);
     poll.registry()
@@ -204,6 +213,27 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
     let _ = fs::remove_file(&socket_path);
     shutdown(&shared);
     Ok(())
+}
+
+/// Refuses (as `Engine::open` would, but before the socket is looked at) a
+/// data dir whose LOCK another cubed holds. The probe's own lock is
+/// dropped at once; a missing LOCK file means no daemon ever ran there.
+fn data_dir_free(data: &Path) -> Result<(), DaemonError> {
+    use std::io::Read;
+    let Ok(mut lock) = fs::File::open(data.join("LOCK")) else {
+        return Ok(());
+    };
+    match lock.try_lock_shared() {
+        Err(fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = lock.read_to_string(&mut holder);
+            Err(DaemonError::Store(StoreError::Locked {
+                path: data.to_path_buf(),
+                holder: holder.trim().to_owned(),
+            }))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// File descriptors a connection holds (its socket, the clones its
@@ -650,22 +680,7 @@ impl Shared {
             count("store.cells", self.engine.memstore().cell_count()),
             count("store.edges", self.engine.memstore().edge_count()),
         ];
-        for c in self.stats.figures() {
-            entries.push(count(&format!("cmd.{}.count", c.name), c.count));
-            entries.push(count(&format!("cmd.{}.errors", c.name), c.errors));
-            entries.push(float(
-                &format!("cmd.{}.latency_us_mean", c.name),
-                c.latency_us_mean,
-            ));
-            for (figure, value) in [
-                ("p50", c.latency_us_p50),
-                ("p99", c.latency_us_p99),
-                ("p999", c.latency_us_p999),
-                ("max", c.latency_us_max),
-            ] {
-                entries.push(count(&format!("cmd.{}.latency_us_{figure}", c.name), value));
-            }
-        }
+        entries.extend(self.stats.entries());
         entries.extend([
             count("wal.records", s.wal_records),
             count("wal.bytes", s.wal_bytes),
