@@ -6,12 +6,11 @@ import os
 import select
 import selectors
 import socket as _socket
-import struct
 from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import __version__
 from ._crc32c import crc32c
-from .commands import MAX_MGET_CELLS, MAX_SCAN_PAGE_CELLS, Call, Commands
+from .commands import MAX_MGET_CELLS, MAX_SCAN_PAGE_CELLS, Call, Commands, hello_call
 from .errors import (
     ConnectError,
     ConnectionLost,
@@ -32,7 +31,6 @@ from .wire import (
     CoordLike,
     Op,
     Reader,
-    enc_str16,
     frame,
 )
 
@@ -108,8 +106,7 @@ class Client(Commands):
         self._rbuf = bytearray()
         self._lost = None
         try:
-            body = struct.pack("<H", PROTOCOL_VERSION) + enc_str16(self.client_name, 256, "client name")
-            hello = self._exchange([Call(Op.HELLO, body, _hello)])[0]
+            hello = self._exchange([hello_call(self.client_name)])[0]
         except BaseException:
             self._drop("the handshake failed")
             raise
@@ -180,7 +177,7 @@ class Client(Commands):
             f = frame(call.opcode, first + i, call.body)
             if len(f) > self.max_frame_bytes:
                 raise ValueError(
-                    f"a {Op(call.opcode).name.lower()} request of {len(f)} bytes is over the server's "
+                    f"a {_op_name(call.opcode)} request of {len(f)} bytes is over the server's "
                     f"max_frame_bytes ({self.max_frame_bytes}); send less per request"
                 )
             frames.append(f)
@@ -200,6 +197,8 @@ class Client(Commands):
                 answers = [self._read_frame(sock, first)]
             else:
                 answers = self._pipelined(sock, frames, first)
+        except CubeError:
+            raise
         except _socket.timeout:
             self._drop("a timeout")
             raise CubeTimeout(
@@ -212,8 +211,6 @@ class Client(Commands):
                 f"lost the connection to cubed at {self.socket_path} ({e}); {len(calls)} request(s) "
                 "may or may not have been carried out"
             ) from e
-        except ConnectionLost:
-            raise
         return [_decode(call, answer) for call, answer in zip(calls, answers)]
 
     def _pipelined(self, sock: _socket.socket, frames: List[bytes], first: int) -> List[Any]:
@@ -244,7 +241,20 @@ class Client(Commands):
         return answers
 
     def _recv_some(self, sock: _socket.socket) -> None:
-        chunk = sock.recv(1024 * 1024)
+        try:
+            chunk = sock.recv(1024 * 1024)
+        except _socket.timeout:
+            self._drop("a timeout")
+            raise CubeTimeout(
+                f"no answer from cubed at {self.socket_path} within {self.timeout} s; the connection is "
+                "dropped and the outstanding requests may or may not have been carried out"
+            ) from None
+        except OSError as e:
+            self._drop(str(e))
+            raise ConnectionLost(
+                f"lost the connection to cubed at {self.socket_path} ({e}); outstanding requests "
+                "may or may not have been carried out"
+            ) from e
         if not chunk:
             self._drop("cubed closed the connection")
             raise ConnectionLost(
@@ -433,8 +443,11 @@ class Pipeline(Commands):
             self.execute()
 
 
-def _hello(r: Reader) -> Tuple[int, str, int, int]:
-    return r.u16(), r.str16(256), r.u32(), r.u32()
+def _op_name(opcode: int) -> str:
+    try:
+        return Op(opcode).name.lower().replace("_", "-")
+    except ValueError:
+        return f"0x{opcode:04x}"
 
 
 def _decode(call: Call, answer: Tuple[int, Any]) -> Any:
@@ -444,7 +457,7 @@ def _decode(call: Call, answer: Tuple[int, Any]) -> Any:
         return body
     if opcode not in (call.opcode | RESPONSE_BIT, RESPONSE_BIT):
         return ProtocolViolation(f"answer opcode 0x{opcode:04x} to a request of opcode 0x{call.opcode:04x}")
-    r = Reader(body, what=f"{Op(call.opcode).name.lower()} answer")
+    r = Reader(body, what=f"{_op_name(call.opcode)} answer")
     try:
         status = r.u8()
         if status == 1:

@@ -303,6 +303,17 @@ def batch_op(op: BatchOp, max_value_bytes: int) -> bytes:
     raise TypeError(f"a batch operation is cube.Put, cube.Link or cube.Prog, not {type(op).__name__}")
 
 
+def _hello(r: Reader) -> "tuple[int, str, int, int]":
+    return r.u16(), r.str16(256), r.u32(), r.u32()
+
+
+def hello_call(client_name: str) -> Call:
+    """The handshake request: protocol version 1 and a name for the server's logs.
+    Its answer decodes to ``(protocol_version, server_version, max_frame_bytes, max_value_bytes)``."""
+    body = struct.pack("<H", wire.PROTOCOL_VERSION) + enc_str16(client_name, 256, "client name")
+    return Call(Op.HELLO, body, _hello)
+
+
 class Commands:
     """The commands; subclasses say what ``_submit`` does with each call."""
 
