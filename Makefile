@@ -7,7 +7,7 @@ DURATION ?= 30
 CLIENTS ?= 16
 STRESS_DIR := target/stress
 
-.PHONY: build release run test check fmt clippy stress stress-short compare bench sim crash fuzz clean-data
+.PHONY: build release run test test-python check fmt clippy stress stress-short compare bench sim crash fuzz clean-data
 
 build:
 	$(CARGO) build --workspace
@@ -26,6 +26,7 @@ run: release
 test:
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace
+	$(MAKE) test-python
 
 fmt:
 	$(CARGO) fmt --all
@@ -40,6 +41,7 @@ check:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(MAKE) test
+	$(MAKE) test-python PYTEST_MARK=slow
 	$(MAKE) crash CYCLES=20
 	$(MAKE) sim SEEDS=100
 	$(MAKE) fuzz FUZZ_SECONDS=20
@@ -106,6 +108,22 @@ fuzz:
 		FUZZ_SECONDS=$(FUZZ_SECONDS) $(CARGO) run --release --manifest-path fuzz/Cargo.toml \
 			--no-default-features --bin cube-fuzz-stable -- $(FUZZ_TARGETS); \
 	fi
+
+# The Python client's tests (clients/python) against target/debug/cubed, in a
+# venv under target/pyenv with pytest and NumPy from PyPI (made on first use;
+# without ensurepip, pip comes from bootstrap.pypa.io). PYTEST_MARK=slow runs
+# the long tests (the 256^3 round trip) instead of the others.
+PYENV := target/pyenv
+PYTEST_MARK ?= not slow
+$(PYENV)/.installed: clients/python/pyproject.toml
+	@python3 -m venv $(PYENV) 2>/dev/null || { python3 -m venv --without-pip --clear $(PYENV) && \
+		python3 -c "import urllib.request; urllib.request.urlretrieve('https://bootstrap.pypa.io/get-pip.py', '$(PYENV)/get-pip.py')" && \
+		$(PYENV)/bin/python $(PYENV)/get-pip.py -q; }
+	$(PYENV)/bin/python -m pip install -q pytest numpy -e clients/python
+	@touch $@
+test-python: $(PYENV)/.installed
+	$(CARGO) build -p cube-server --bins
+	CUBED_BIN=$(CURDIR)/target/debug/cubed $(PYENV)/bin/python -m pytest -q -m "$(PYTEST_MARK)" clients/python
 
 clean-data:
 	rm -rf $(DATA)
