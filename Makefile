@@ -111,13 +111,15 @@ fuzz:
 
 # The Python client's tests (clients/python) against target/debug/cubed, in a
 # venv under target/pyenv with pytest and NumPy from PyPI (made on first use;
-# without ensurepip, pip comes from bootstrap.pypa.io). PYTEST_MARK=slow runs
-# the long tests (the 256^3 round trip) instead of the others.
+# where venv lacks ensurepip, pip is put in it by the system's pip, else by
+# get-pip.py). PYTEST_MARK=slow runs the long tests (the 256^3 round trip).
 PYENV := target/pyenv
 PYTEST_MARK ?= not slow
 $(PYENV)/.installed: clients/python/pyproject.toml
-	@python3 -m venv $(PYENV) 2>/dev/null || { python3 -m venv --without-pip --clear $(PYENV) && \
-		python3 -c "import urllib.request; urllib.request.urlretrieve('https://bootstrap.pypa.io/get-pip.py', '$(PYENV)/get-pip.py')" && \
+	@python3 -m venv $(PYENV) 2>/dev/null || python3 -m venv --without-pip --clear $(PYENV)
+	@$(PYENV)/bin/python -m pip --version >/dev/null 2>&1 || \
+		python3 -m pip --python $(PYENV)/bin/python install -q pip 2>/dev/null || \
+		{ python3 -c "import urllib.request as u; u.urlretrieve('https://bootstrap.pypa.io/get-pip.py', '$(PYENV)/get-pip.py')" && \
 		$(PYENV)/bin/python $(PYENV)/get-pip.py -q; }
 	$(PYENV)/bin/python -m pip install -q pytest numpy -e clients/python
 	@touch $@
