@@ -32,7 +32,15 @@ def test_frame_errors_keep_the_connection(client):
     assert raw_exchange(client, bad_crc)[1] == 2  # bad_checksum
     rid = client._next_id
     v2 = wire.HEADER.pack(len(get_body), crc32c(get_body), 2, Op.GET, rid) + get_body
-    assert raw_exchange(client, v2)[1] == 5  # version_mismatch
+    assert raw_exchange(client, v2)[:2] == (Op.GET | 0x8000, 5)  # version_mismatch
+    # Refused before the opcode is looked at: the opcode is echoed even if
+    # unknown (docs/protocol.md 6.5); an unknown_opcode answer carries 0x8000.
+    rid = client._next_id
+    v2_unknown = wire.HEADER.pack(len(get_body), crc32c(get_body), 2, 0x0777, rid) + get_body
+    assert raw_exchange(client, v2_unknown)[:2] == (0x8777, 5)
+    rid = client._next_id
+    unknown = wire.HEADER.pack(0, 0, 1, 0x0777, rid)
+    assert raw_exchange(client, unknown)[:2] == (0x8000, 4)
     with pytest.raises(cube.MalformedFrame) as e:
         client._submit(Call(Op.GET, get_body[:-1], lambda r: None))
     assert e.value.code == 1
