@@ -160,11 +160,12 @@ def test_crc32c_check_values():
     assert crc32c(b"\x00") == 0x527D5351
 
 
-@pytest.mark.parametrize("n", [16 * 1024, 16 * 1024 + 3, 100_003, 3 * 1024 * 1024 + 7])
-def test_crc32c_fast_path_matches_the_reference(n):
-    pytest.importorskip("numpy")
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 20, 75, 16 * 1024, 16 * 1024 + 3, 100_003, 3 * 1024 * 1024 + 7])
+def test_crc32c_fast_paths_match_the_reference(n):
+    # Under 16 KiB: slicing-by-8 in Python; from 16 KiB: NumPy lanes (if installed).
     data = os.urandom(n)
     assert crc32c(data) == crc32c_pure(data)
+    assert crc32c(bytearray(data)) == crc32c(memoryview(data)) == crc32c(data)
 
 
 def test_every_example_is_covered():

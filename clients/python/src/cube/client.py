@@ -457,7 +457,7 @@ def _decode(call: Call, answer: Tuple[int, Any]) -> Any:
         return body
     if opcode not in (call.opcode | RESPONSE_BIT, RESPONSE_BIT):
         return ProtocolViolation(f"answer opcode 0x{opcode:04x} to a request of opcode 0x{call.opcode:04x}")
-    r = Reader(body, what=f"{_op_name(call.opcode)} answer")
+    r = Reader(body, what=call.opcode)
     try:
         status = r.u8()
         if status == 1:

@@ -127,13 +127,19 @@ class Reader:
 
     __slots__ = ("buf", "pos", "what")
 
-    def __init__(self, buf: "bytes | memoryview", pos: int = 0, what: str = "answer") -> None:
+    def __init__(self, buf: "bytes | memoryview", pos: int = 0, what: "str | int" = "answer") -> None:
         self.buf = buf
         self.pos = pos
-        self.what = what
+        self.what = what  # a description, or the request's opcode (named only on failure)
 
     def fail(self, why: str) -> ProtocolViolation:
-        return ProtocolViolation(f"malformed {self.what} from cubed at byte {self.pos}: {why}")
+        what = self.what
+        if isinstance(what, int):
+            try:
+                what = Op(what).name.lower().replace("_", "-") + " answer"
+            except ValueError:
+                what = f"answer to opcode 0x{what:04x}"
+        return ProtocolViolation(f"malformed {what} from cubed at byte {self.pos}: {why}")
 
     def take(self, n: int) -> bytes:
         end = self.pos + n
