@@ -63,7 +63,7 @@ def test_a_value_of_another_size_names_its_cell(client, ns):
 
 
 def test_exact_float32_round_trip_with_paging(client, ns):
-    # 64^3 = 262144 cells: four scan pages, five batches. Every bit pattern
+    # 64^3 = 262144 cells: four scan pages, 64 batches. Every bit pattern
     # class is there: NaN payloads, -0.0, infinities, subnormals.
     rng = np.random.default_rng(11)
     bits = rng.integers(0, 2**32, size=(64, 64, 64), dtype=np.uint64).astype(np.uint32)
@@ -79,7 +79,7 @@ def test_sparse_cells(client, ns):
     coords = rng.integers(-1000, 1000, size=(9000, 3))
     coords = np.unique(coords, axis=0)
     values = rng.standard_normal(len(coords))
-    assert client.write_cells(ns, coords, values) == len(coords)
+    assert client.write_cells(ns, coords, values, batch_cells=1000) == len(coords)
     missing = np.array([[5000, 5000, 5000]])
     got = client.read_cells(ns, np.concatenate([coords, missing]), "float64", fill=-7.0)
     assert np.array_equal(got[:-1], values) and got[-1] == -7.0

@@ -113,3 +113,30 @@ def test_big_pipeline_reads_while_it_writes(client, ns):
         p.get(ns, (i, 2, 0))
     results = p.execute()
     assert all(r == value for r in results[1::2])
+
+
+NO_NUMPY = """
+import sys
+sys.modules["numpy"] = None  # as if NumPy were not installed
+import cube
+c = cube.Client({socket!r})
+big = bytes(range(256)) * 1000  # over 16 KiB: the CRC's NumPy path would be used if it could
+c.put("default", (7, 7, 7), big)
+assert c.get("default", (7, 7, 7)) == big
+assert len(list(c.scan("default", (7, 7, 7), (7, 7, 7)))) == 1
+try:
+    c.read_box("default", (0, 0, 0), (1, 1, 1), "float32")
+except ImportError:
+    print("ok")
+"""
+
+
+def test_works_without_numpy(daemon):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = str(Path(cube.__file__).resolve().parents[1])
+    out = subprocess.run([sys.executable, "-c", NO_NUMPY.format(socket=daemon.socket)],
+                         capture_output=True, text=True, timeout=120, env={"PYTHONPATH": src})
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

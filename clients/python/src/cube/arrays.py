@@ -114,17 +114,25 @@ def read_box(client: "Client", ns: str, lo: CoordLike, hi: CoordLike, dtype: Any
             return out
 
 
-def _ops_per_batch(k: int, client: "Client") -> int:
+#: Cells per batch by default. 4096 equals the daemon's cap on the records of
+#: one commit group, and was as fast as any size for `cubec import`
+#: (docs/benchmarks.md, "Import and export"); 65536 was slower.
+DEFAULT_BATCH_CELLS = 4096
+
+
+def _ops_per_batch(k: int, client: "Client", wanted: int) -> int:
     op_bytes = 17 + k
     frame_room = client.max_frame_bytes - 20 - 1 - 65 - 4
-    return max(1, min(MAX_BATCH_OPS, MAX_BATCH_BYTES // op_bytes, frame_room // op_bytes))
+    return max(1, min(wanted, MAX_BATCH_OPS, MAX_BATCH_BYTES // op_bytes, frame_room // op_bytes))
 
 
-def _put_batches(client: "Client", ns: str, coords: np.ndarray, values: np.ndarray, dt: np.dtype) -> Iterator[Call]:
+def _put_batches(
+    client: "Client", ns: str, coords: np.ndarray, values: np.ndarray, dt: np.dtype, batch_cells: int
+) -> Iterator[Call]:
     k = dt.itemsize
     if k > client.max_value_bytes:
         raise ValueError(f"one {dt} is {k} bytes, over the server's max_value_bytes ({client.max_value_bytes})")
-    per = _ops_per_batch(k, client)
+    per = _ops_per_batch(k, client, batch_cells)
     record = np.dtype([("t", "u1"), ("c", "<i4", (3,)), ("n", "<u4"), ("v", dt)])
     head = enc_ns(ns)
     for start in range(0, len(values), per):
@@ -178,10 +186,10 @@ def _stream(client: "Client", calls: Iterator[Call], window: int = 2) -> List[An
     return results
 
 
-def write_cells(client: "Client", ns: str, coords: Any, values: Any) -> int:
+def write_cells(client: "Client", ns: str, coords: Any, values: Any, batch_cells: int = DEFAULT_BATCH_CELLS) -> int:
     """Stores ``values[i]`` at ``coords[i]`` (an ``(N, 3)`` integer array),
     each as one little-endian item of ``values.dtype``, in atomic batches of
-    up to 65536 cells, each durable before the next is acknowledged. Returns
+    ``batch_cells`` cells (at most 65536), each acknowledged once durable. Returns
     the number of cells written. A batch refused raises and stores nothing
     of itself; earlier batches stay stored."""
     c = np.asarray(coords)
@@ -193,18 +201,20 @@ def write_cells(client: "Client", ns: str, coords: Any, values: Any) -> int:
     if len(c) and (c.min() < -(2**31) or c.max() > 2**31 - 1):
         raise ValueError("a coordinate is outside the 32-bit signed range")
     dt = _wire_dtype(v.dtype)
-    _stream(client, _put_batches(client, ns, c.astype("<i4"), v.astype(dt, copy=False), dt))
+    _stream(client, _put_batches(client, ns, c.astype("<i4"), v.astype(dt, copy=False), dt, batch_cells))
     return len(v)
 
 
-def write_box(client: "Client", ns: str, lo: CoordLike, array: Any, skip: Any = None) -> int:
+def write_box(
+    client: "Client", ns: str, lo: CoordLike, array: Any, skip: Any = None, batch_cells: int = DEFAULT_BATCH_CELLS
+) -> int:
     """Stores a 3-D array as the box starting at ``lo``: ``array[i, j, k]``
     goes to ``lo + (i, j, k)`` as one little-endian item of its dtype.
 
     Cells equal to ``skip`` (NaN matches NaN) are left unwritten, so
     ``write_box(..., skip=0)`` stores only the non-zero cells (it does not
-    delete what was there). Cells go in atomic batches of up to 65536,
-    each acknowledged once durable; the box as a whole is not one
+    delete what was there). Cells go in atomic batches of ``batch_cells``
+    (at most 65536), each acknowledged once durable; the box as a whole is not one
     transaction. Returns the number of cells written."""
     a = np.asarray(array)
     if a.ndim != 3:
@@ -223,7 +233,7 @@ def write_box(client: "Client", ns: str, lo: CoordLike, array: Any, skip: Any = 
     if mask is not None:
         keep = mask.reshape(-1)
         grid, flat = grid[keep], flat[keep]
-    return write_cells(client, ns, grid, flat)
+    return write_cells(client, ns, grid, flat, batch_cells)
 
 
 def _parse_mget(body: bytes, pos: int, n: int, dt: np.dtype, coords: np.ndarray):  # type: ignore[no-untyped-def]

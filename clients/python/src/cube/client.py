@@ -341,7 +341,7 @@ class Client(Commands):
         while True:
             page = self.scan_page(ns, lo, hi, 1, after, count_only=True)
             assert isinstance(page, CountPage)
-            total += page.count
+            total += page.counted
             if not page.more:
                 return total
             after = page.resume_after
@@ -371,11 +371,11 @@ class Client(Commands):
 
         return read_box(self, ns, lo, hi, dtype, fill=fill)
 
-    def write_box(self, ns: str, lo: CoordLike, array: Any, skip: Any = None) -> int:
+    def write_box(self, ns: str, lo: CoordLike, array: Any, skip: Any = None, batch_cells: int = 4096) -> int:
         """See :func:`cube.arrays.write_box`."""
         from .arrays import write_box
 
-        return write_box(self, ns, lo, array, skip=skip)
+        return write_box(self, ns, lo, array, skip=skip, batch_cells=batch_cells)
 
     def read_cells(self, ns: str, coords: Any, dtype: Any, fill: Any = 0) -> Any:
         """See :func:`cube.arrays.read_cells`."""
@@ -383,11 +383,11 @@ class Client(Commands):
 
         return read_cells(self, ns, coords, dtype, fill=fill)
 
-    def write_cells(self, ns: str, coords: Any, values: Any) -> int:
+    def write_cells(self, ns: str, coords: Any, values: Any, batch_cells: int = 4096) -> int:
         """See :func:`cube.arrays.write_cells`."""
         from .arrays import write_cells
 
-        return write_cells(self, ns, coords, values)
+        return write_cells(self, ns, coords, values, batch_cells)
 
 
 class Pipeline(Commands):
@@ -472,5 +472,13 @@ def _decode(call: Call, answer: Tuple[int, Any]) -> Any:
     except CubeError as e:
         return e
 
+
+try:  # help(Client.read_box) shows the full story when NumPy is there
+    from . import arrays as _arrays
+
+    for _name in ("read_box", "write_box", "read_cells", "write_cells"):
+        getattr(Client, _name).__doc__ = getattr(_arrays, _name).__doc__
+except ImportError:  # pragma: no cover - NumPy is optional
+    pass
 
 __all__ = ["Client", "Pipeline", "DEFAULT_SOCKET_PATH", "SOCKET_ENV_VAR", "default_socket_path", "ServerError"]

@@ -32,7 +32,9 @@ class ScanPage(NamedTuple):
 
 
 class CountPage(NamedTuple):
-    count: int
+    """One page of a count-only scan: cells counted in this page."""
+
+    counted: int
     more: bool
     resume_after: Optional[Coord]
 

@@ -3,6 +3,7 @@ and a bounds-checked reader. Everything is little-endian (section 3)."""
 
 from __future__ import annotations
 
+import builtins
 import struct
 from enum import IntEnum
 from typing import Iterable, Optional, Sequence, Tuple, Union
@@ -193,7 +194,7 @@ class Reader:
         self.pos = end
         return c  # type: ignore[return-value]
 
-    def count(self, limit: int, wide: bool = True) -> int:
+    def count(self, limit: int, wide: "builtins.bool" = True) -> int:
         n = self.u32() if wide else self.u16()
         if n > limit:
             raise self.fail(f"a count of {n} is over the protocol's limit of {limit}")
