@@ -72,9 +72,10 @@ def start_redis(root, fsync_always):
 
 
 def rate(fn, n):
-    started = time.perf_counter()
+    """(operations per second, this process's CPU microseconds per operation)."""
+    started, cpu = time.perf_counter(), time.process_time()
     fn(n)
-    return n / (time.perf_counter() - started)
+    return n / (time.perf_counter() - started), (time.process_time() - cpu) / n * 1e6
 
 
 def cube_ops(c, n):
@@ -116,7 +117,8 @@ def redis_ops(r, n):
 
 
 def median_rate(fn, n, runs):
-    return statistics.median(rate(fn, n) for _ in range(runs))
+    measured = [rate(fn, n) for _ in range(runs)]
+    return statistics.median(r for r, _ in measured), statistics.median(c for _, c in measured)
 
 
 def boxes(c, edge, runs):
@@ -172,7 +174,15 @@ def main():
             print("redis-server is not on PATH (apt-get install redis-server): no Redis figures")
         print(f"{'ops/s, one Python thread':<28}" + "".join(f"{k:>20}" for k in rates["cube"]))
         for target, row in rates.items():
-            print(f"{target:<28}" + "".join(f"{row[k]:>20,.0f}" for k in rates["cube"]))
+            print(f"{target:<28}" + "".join(f"{row[k][0]:>20,.0f}" for k in rates["cube"]))
+        print(f"{'client CPU us per op':<28}" + "".join(f"{k:>20}" for k in rates["cube"]))
+        for target, row in rates.items():
+            print(f"{target:<28}" + "".join(f"{row[k][1]:>20.1f}" for k in rates["cube"]))
+        if "redis (no persistence)" in rates:
+            for k in ("put", "get"):
+                ratio = rates["cube"][k][0] / rates["redis (no persistence)"][k][0]
+                durable = rates["cube"][k][0] / rates["redis (appendfsync always)"][k][0]
+                print(f"cube/redis {k}: {ratio:.2f}x (no persistence), {durable:.2f}x (appendfsync always)")
         writes, reads = boxes(c, args.edge, args.runs)
         results["write_box_s"], results["read_box_s"] = writes, reads
         cells = args.edge**3
