@@ -4,6 +4,7 @@ under a client."""
 import socket
 import struct
 import threading
+import time
 
 import pytest
 
@@ -163,3 +164,28 @@ class _Recorder(commands.Commands):
 
     def _submit(self, call):
         return call
+
+
+def test_refusal_frame_over_the_connection_cap(tmp_path):
+    from conftest import Daemon
+
+    d = Daemon(tmp_path, ["--max-connections", "1"]).start()
+    try:
+        # The readiness probe's connection counts until the daemon sees it
+        # closed; wait for that (bounded), then hold the only slot.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                first = d.client()
+                break
+            except cube.TooManyConnections:
+                assert time.monotonic() < deadline, "the probe connection was never released"
+                time.sleep(0.01)
+        with first:
+            first.ping()
+            with pytest.raises(cube.TooManyConnections) as e:
+                cube.Client(d.socket)
+            assert e.value.code == 11 and "refused the connection" in str(e.value)
+            first.ping()
+    finally:
+        d.kill9()

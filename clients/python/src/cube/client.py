@@ -6,7 +6,7 @@ import os
 import select
 import selectors
 import socket as _socket
-from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import __version__
 from ._crc32c import crc32c
@@ -64,6 +64,8 @@ class Client(Commands):
     ``reconnect=True``, the next call connects again. ``timeout`` (seconds,
     None for none) bounds each wait for the daemon; past it the call raises
     :class:`cube.CubeTimeout` and the connection is dropped.
+
+    A client is one connection and is not thread-safe: use one per thread.
     """
 
     def __init__(
@@ -206,6 +208,7 @@ class Client(Commands):
                 f"dropped and {len(calls)} request(s) may or may not have been carried out"
             ) from None
         except (ConnectionError, OSError) as e:
+            self._raise_refusal(sock)
             self._drop(str(e))
             raise ConnectionLost(
                 f"lost the connection to cubed at {self.socket_path} ({e}); {len(calls)} request(s) "
@@ -239,6 +242,23 @@ class Client(Commands):
                 if sent == len(out):
                     sel.modify(sock, selectors.EVENT_READ)
         return answers
+
+    def _raise_refusal(self, sock: _socket.socket) -> None:
+        """After a failed send: if the daemon refused us before closing (8.4),
+        its refusal frame is already in the socket; raise that instead."""
+        try:
+            sock.setblocking(False)
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                self._rbuf += chunk
+        except OSError:
+            pass
+        if len(self._rbuf) >= HEADER_BYTES:
+            _, _, _, opcode, rid = HEADER.unpack_from(self._rbuf, 0)
+            if opcode == RESPONSE_BIT and rid == 0:
+                self._frame_from_buffer(0)  # raises the refusal's ServerError
 
     def _recv_some(self, sock: _socket.socket) -> None:
         try:
@@ -348,21 +368,11 @@ class Client(Commands):
 
     def edge_list(self, ns: str, page_size: int = 65536) -> Iterator[EdgeRecord]:
         """Every edge of ``ns``, a page at a time (in no particular order)."""
-        after: Optional[int] = None
-        while True:
-            edges, after = self.edge_list_page(ns, page_size, after)
-            yield from edges
-            if after is None:
-                return
+        return _follow(lambda after: self.edge_list_page(ns, page_size, after))
 
     def prog_list(self, ns: str, page_size: int = 4096) -> Iterator[Tuple[Coord, bytes]]:
         """Every program of ``ns`` as ``(coord, source)``, in (x, y, z) order."""
-        after: Optional[Coord] = None
-        while True:
-            progs, after = self.prog_list_page(ns, page_size, after)
-            yield from progs
-            if after is None:
-                return
+        return _follow(lambda after: self.prog_list_page(ns, page_size, after))
 
     # NumPy helpers (cube.arrays); imported lazily so NumPy stays optional.
     def read_box(self, ns: str, lo: CoordLike, hi: CoordLike, dtype: Any, fill: Any = 0) -> Any:
@@ -441,6 +451,16 @@ class Pipeline(Commands):
     def __exit__(self, exc_type: object, *exc: object) -> None:
         if exc_type is None:
             self.execute()
+
+
+def _follow(fetch: Callable[[Any], Tuple[List[Any], Any]]) -> Iterator[Any]:
+    """The items of every page of a listing, following its cursor until None."""
+    after = None
+    while True:
+        items, after = fetch(after)
+        yield from items
+        if after is None:
+            return
 
 
 def _op_name(opcode: int) -> str:
