@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .errors import ConnectionLost, CubeError
 from .commands import MAX_BATCH_BYTES, MAX_BATCH_OPS, MAX_MGET_CELLS, MAX_SCAN_PAGE_CELLS, Call
 from .wire import CoordLike, Op, Reader, coord, enc_coord, enc_ns
 
@@ -175,9 +176,10 @@ def _stream(client: "Client", calls: Iterator[Call], window: int = 2) -> List[An
                 break
         while outstanding:
             read_one()
+    except CubeError:
+        raise
     except OSError as e:
         client._drop(str(e))
-        from .errors import ConnectionLost
 
         raise ConnectionLost(f"lost the connection to cubed while writing batches ({e}); "
                              f"{len(results)} batches were acknowledged, later ones may or may not be stored") from e

@@ -150,8 +150,9 @@ class Client(Commands):
         closed it while idle (a restart between calls costs nothing)."""
         sock = self._sock
         if sock is not None and not self._rbuf:
-            readable, _, _ = select.select([sock], [], [], 0)
-            if readable:
+            poller = select.poll()  # not select(): it fails on descriptors past 1023
+            poller.register(sock, select.POLLIN)
+            if poller.poll(0):
                 # Idle, yet readable: the daemon closed (EOF) or sent a
                 # refusal frame before closing. Either way it is gone.
                 self._drop("cubed closed the connection while it was idle")
