@@ -77,6 +77,15 @@ class Client(Commands):
         reconnect: bool = True,
         client_name: Optional[str] = None,
     ) -> None:
+        """Connects and performs the hello handshake.
+
+        ``socket``: the daemon's socket path (default ``$CUBE_SOCKET``, else
+        ``./cube-data/cubed.sock``). ``timeout``: seconds to wait for each
+        answer (None: forever). ``connect_timeout``: seconds for connecting
+        and the handshake. ``reconnect``: connect again on the next call
+        after the connection was lost (never retrying the lost request
+        itself). ``client_name``: shown in the daemon's logs.
+        Raises :class:`cube.ConnectError` if nothing answers on the socket."""
         self.socket_path = os.fspath(socket) if socket is not None else default_socket_path()
         self.timeout = timeout
         self.connect_timeout = connect_timeout
