@@ -161,6 +161,13 @@ pub struct Args {
           value_parser = clap::value_parser!(u32).range(1..=i64::from(cube_store::MAX_TELEMETRY_KEEP)))]
     pub program_telemetry_keep: u32,
 
+    /// Bytes of changes a `watch` may have waiting for its client; a
+    /// watcher further behind is cut off with "resync from LSN N"
+    /// (docs/operations.md, "Following a box").
+    #[arg(long, value_name = "BYTES", default_value_t = crate::watch_hub::DEFAULT_WATCH_BUFFER_BYTES,
+          value_parser = clap::value_parser!(u64).range(4096..=1 << 32))]
+    pub watch_buffer_bytes: u64,
+
     /// Check every checksum of the data dir DIR offline, print a summary and
     /// exit: 0 if clean, 1 on any problem. Does not start the daemon.
     #[arg(long, value_name = "DIR")]

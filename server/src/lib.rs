@@ -23,6 +23,8 @@ mod programs;
 pub mod log;
 pub mod server;
 pub mod verify;
+mod watch;
+mod watch_hub;
 mod write_reply;
 
 pub use config::Args;

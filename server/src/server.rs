@@ -79,6 +79,8 @@ pub(crate) struct Shared {
     pub(crate) stats: CommandStats,
     /// Cell programs: budgets and figures.
     pub(crate) programs: crate::programs::ProgramService,
+    /// Where applied groups meet the watches (`watch_hub.rs`).
+    pub(crate) watch: Arc<crate::watch_hub::WatchHub>,
     pub(crate) shutting_down: AtomicBool,
     connections: Mutex<HashMap<u64, UnixStream>>,
     active: AtomicUsize,
@@ -107,6 +109,7 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
             every.as_millis()
         );
     }
+    let watch = crate::watch_hub::WatchHub::start().map_err(DaemonError::Io)?;
     let engine = Engine::open(EngineConfig {
         data_dir: args.data.clone(),
         storage: Arc::new(RealDisk),
@@ -115,6 +118,7 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
             segment_bytes: args.wal_segment_bytes,
             max_group_records: args.max_group_records.max(1),
             answer_hooks: Some(crate::write_reply::ANSWER_HOOKS),
+            commit_listener: Some(Arc::clone(&watch) as Arc<dyn cube_store::CommitListener>),
             ..GroupCommitConfig::default()
         },
         recovery: RecoveryOptions {
@@ -128,6 +132,7 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
         key_file: args.key_file.clone(),
     })?;
     log_recovery(&engine);
+    watch.set_applied(engine.last_lsn());
     // The writer's Lua VM, made now rather than inside the first `run`
     // (half a millisecond of that run's latency, and of every write
     // queued behind it).
@@ -141,6 +146,7 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
     let programs = crate::programs::ProgramService::new(&args);
     let shared = Arc::new(Shared {
         programs,
+        watch,
         engine,
         args,
         stats: CommandStats::default(),
