@@ -280,10 +280,10 @@ fn offer(sub: &Subscription, group: &Arc<Group>) -> bool {
                 let _ = sub.tx.send(Delivery::Dropped { lsn });
                 return false;
             }
-            Mutation::NamespaceAlter { ns, .. } if *ns == sub.ns => {
-                if sub.tx.send(Delivery::Altered).is_err() {
-                    return false;
-                }
+            Mutation::NamespaceAlter { ns, .. }
+                if *ns == sub.ns && sub.tx.send(Delivery::Altered).is_err() =>
+            {
+                return false;
             }
             _ => {}
         }

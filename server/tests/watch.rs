@@ -53,13 +53,16 @@ fn changes(groups: &[WatchGroup]) -> Vec<WatchChange> {
     groups.iter().flat_map(|g| g.changes.clone()).collect()
 }
 
+/// Acknowledged puts: LSN to coordinate and value.
+type Acked = Arc<Mutex<BTreeMap<u64, (Coord, Vec<u8>)>>>;
+
 #[test]
 fn every_acknowledged_write_in_the_box_arrives_once_in_order_across_kill9() {
     // Small segments so the log spans several; no fold removes them.
     let mut daemon = LocalDaemon::start_fresh(&["--wal-segment-bytes", "65536"]).unwrap();
     let lo = c(0, 0, 0);
     let hi = c(9, 9, 9);
-    let acked: Arc<Mutex<BTreeMap<u64, (Coord, Option<Vec<u8>>)>>> = Arc::default();
+    let acked: Acked = Arc::default();
     let seen: Arc<Mutex<Vec<WatchChange>>> = Arc::default();
     let watcher = {
         let w = watch(daemon.client().unwrap(), "default", lo, hi, None);
@@ -91,7 +94,7 @@ fn every_acknowledged_write_in_the_box_arrives_once_in_order_across_kill9() {
                 };
                 match result {
                     Ok(Some(lsn)) => {
-                        acked.lock().unwrap().insert(lsn, (coord, Some(value)));
+                        acked.lock().unwrap().insert(lsn, (coord, value));
                     }
                     Ok(None) => {}
                     Err(_) => return,
@@ -130,7 +133,7 @@ fn every_acknowledged_write_in_the_box_arrives_once_in_order_across_kill9() {
         let coord = c(i % 10, 9, 9);
         let value = format!("after-{i}").into_bytes();
         last = client.put("default", coord, &value).unwrap();
-        acked.lock().unwrap().insert(last, (coord, Some(value)));
+        acked.lock().unwrap().insert(last, (coord, value));
     }
     seen.lock()
         .unwrap()
@@ -157,9 +160,7 @@ fn every_acknowledged_write_in_the_box_arrives_once_in_order_across_kill9() {
             .get(lsn)
             .unwrap_or_else(|| panic!("acknowledged write at LSN {lsn} ({coord}) never delivered"));
         assert_eq!(change.coord, *coord);
-        if let Some(value) = value {
-            assert_eq!(change.op, WatchOp::Put(value.clone()), "LSN {lsn}");
-        }
+        assert_eq!(change.op, WatchOp::Put(value.clone()), "LSN {lsn}");
     }
 }
 
