@@ -13,8 +13,8 @@
 //! a slow watcher nor a thousand of them can hold the writer.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::thread;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError, bounded, unbounded};
@@ -105,7 +105,7 @@ pub(crate) struct WatchHub {
     queued_bytes: Arc<AtomicU64>,
     /// The first LSN of a group the dispatcher lost (0: none).
     lost_from: Arc<AtomicU64>,
-    tx: Mutex<Sender<HubMessage>>,
+    tx: Sender<HubMessage>,
 }
 
 impl std::fmt::Debug for HubMessage {
@@ -123,7 +123,7 @@ impl WatchHub {
             watchers: AtomicUsize::new(0),
             queued_bytes: Arc::default(),
             lost_from: Arc::default(),
-            tx: Mutex::new(tx),
+            tx,
         });
         let applied = Arc::clone(&hub);
         thread::Builder::new()
@@ -163,12 +163,7 @@ impl WatchHub {
             queued_bytes: Arc::clone(&queued_bytes),
             hub: Arc::clone(self),
         };
-        let sender = self
-            .tx
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone();
-        sender
+        self.tx
             .send(HubMessage::Register(Subscription {
                 ns,
                 region,
@@ -206,8 +201,7 @@ impl CommitListener for WatchHub {
             first_lsn,
             mutations,
         });
-        let sender = self.tx.lock().unwrap_or_else(|p| p.into_inner());
-        match sender.try_send(HubMessage::Group(group, bytes)) {
+        match self.tx.try_send(HubMessage::Group(group, bytes)) {
             Ok(()) => {
                 self.queued_bytes.fetch_add(bytes, Ordering::Relaxed);
             }
