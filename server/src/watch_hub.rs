@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::thread;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError, bounded, unbounded};
-use cube_protocol::{CellBox, NamespaceName, WatchChange, WatchOp};
+use cube_protocol::{CellBox, Coord, NamespaceName, WatchChange, WatchOp};
 use cube_store::{CommitListener, Mutation};
 
 /// The default `--watch-buffer-bytes`.
@@ -219,11 +219,11 @@ impl CommitListener for WatchHub {
 /// count and queued it after the registration. Groups up to `L0` come from
 /// the log (`--from`) or are not wanted.
 fn dispatch(rx: &Receiver<HubMessage>, hub: &Arc<WatchHub>) {
-    let mut by_ns: HashMap<NamespaceName, Vec<Subscription>> = HashMap::new();
+    let mut by_ns: HashMap<NamespaceName, NamespaceWatches> = HashMap::new();
     while let Ok(message) = rx.recv() {
         let lost = hub.lost_from.swap(0, Ordering::SeqCst);
         if lost != 0 {
-            for sub in by_ns.drain().flat_map(|(_, subs)| subs) {
+            for sub in by_ns.drain().flat_map(|(_, watches)| watches.subs) {
                 let _ = sub.tx.send(Delivery::Cut { lsn: lost });
             }
         }
@@ -231,7 +231,7 @@ fn dispatch(rx: &Receiver<HubMessage>, hub: &Arc<WatchHub>) {
             HubMessage::Register(sub) => {
                 let live_from = hub.applied_lsn() + 1;
                 if sub.tx.send(Delivery::Started { live_from }).is_ok() {
-                    by_ns.entry(sub.ns.clone()).or_default().push(sub);
+                    by_ns.entry(sub.ns.clone()).or_default().add(sub);
                 }
             }
             HubMessage::Group(group, bytes) => {
@@ -244,7 +244,7 @@ fn dispatch(rx: &Receiver<HubMessage>, hub: &Arc<WatchHub>) {
 
 /// Hands `group` to every subscription it concerns, dropping those whose
 /// client is gone or whose buffer it would overflow.
-fn deliver(by_ns: &mut HashMap<NamespaceName, Vec<Subscription>>, group: &Arc<Group>) {
+fn deliver(by_ns: &mut HashMap<NamespaceName, NamespaceWatches>, group: &Arc<Group>) {
     let mut touched: Vec<&NamespaceName> = Vec::new();
     for mutation in &group.mutations {
         let ns = mutation.namespace();
@@ -253,43 +253,18 @@ fn deliver(by_ns: &mut HashMap<NamespaceName, Vec<Subscription>>, group: &Arc<Gr
         }
     }
     for ns in touched {
-        let Some(subs) = by_ns.get_mut(ns) else {
+        let Some(watches) = by_ns.get_mut(ns) else {
             continue;
         };
-        subs.retain(|sub| offer(sub, group));
-        if subs.is_empty() {
+        watches.offer(ns, group);
+        if watches.is_empty() {
             by_ns.remove(ns);
         }
     }
 }
 
-/// Offers `group` to one subscription; `false` drops it.
-fn offer(sub: &Subscription, group: &Arc<Group>) -> bool {
-    let mut picks = Vec::new();
-    let mut bytes = 0u64;
-    for (at, mutation) in group.mutations.iter().enumerate() {
-        let lsn = group.first_lsn + at as u64;
-        match mutation {
-            Mutation::NamespaceDrop { ns } if *ns == sub.ns => {
-                let _ = sub.tx.send(Delivery::Dropped { lsn });
-                return false;
-            }
-            Mutation::NamespaceAlter { ns, .. }
-                if *ns == sub.ns && sub.tx.send(Delivery::Altered).is_err() =>
-            {
-                return false;
-            }
-            _ => {}
-        }
-        pick(mutation, at as u32, &sub.ns, &sub.region, |p| {
-            bytes += pick_bytes(mutation, p) as u64;
-            picks.push(p);
-        });
-    }
-    if picks.is_empty() {
-        // Kept while its watch is there (it holds the other count).
-        return Arc::strong_count(&sub.queued_bytes) > 1;
-    }
+/// Sends one subscription its picks of `group`; `false` drops it.
+fn send_picks(sub: &Subscription, group: &Arc<Group>, picks: Vec<Pick>, bytes: u64) -> bool {
     // A group bigger than the whole buffer still goes to a watch that has
     // nothing queued: otherwise it could never get past it.
     let queued = sub.queued_bytes.load(Ordering::SeqCst);
@@ -309,6 +284,153 @@ fn offer(sub: &Subscription, group: &Arc<Group>) -> bool {
         .is_ok()
 }
 
+/// The watches of one namespace, indexed by the 16-cell chunks their boxes
+/// cover, so a change is checked only against the boxes near it (a
+/// thousand watchers on tiles of a plane cost a lookup per change, not a
+/// thousand box tests).
+#[derive(Default)]
+struct NamespaceWatches {
+    subs: Vec<Subscription>,
+    /// Chunk to the subscriptions whose box overlaps it.
+    grid: HashMap<[i32; 3], Vec<u32>>,
+    /// Subscriptions whose boxes span more than [`MAX_INDEXED_CHUNKS`]:
+    /// tested against every change.
+    wide: Vec<u32>,
+}
+
+/// A chunk is 2^4 = 16 cells on each axis.
+const CHUNK_SHIFT: u32 = 4;
+/// Boxes over more chunks than this are not indexed.
+const MAX_INDEXED_CHUNKS: i64 = 512;
+
+fn chunk_of(c: Coord) -> [i32; 3] {
+    [c.x >> CHUNK_SHIFT, c.y >> CHUNK_SHIFT, c.z >> CHUNK_SHIFT]
+}
+
+impl NamespaceWatches {
+    fn is_empty(&self) -> bool {
+        self.subs.is_empty()
+    }
+
+    fn add(&mut self, sub: Subscription) {
+        self.subs.push(sub);
+        self.reindex();
+    }
+
+    fn reindex(&mut self) {
+        self.grid.clear();
+        self.wide.clear();
+        for (i, sub) in self.subs.iter().enumerate() {
+            let (lo, hi) = (chunk_of(sub.region.lo()), chunk_of(sub.region.hi()));
+            let span = |a: usize| i64::from(hi[a]) - i64::from(lo[a]) + 1;
+            if span(0) * span(1) * span(2) > MAX_INDEXED_CHUNKS {
+                self.wide.push(i as u32);
+                continue;
+            }
+            for x in lo[0]..=hi[0] {
+                for y in lo[1]..=hi[1] {
+                    for z in lo[2]..=hi[2] {
+                        self.grid.entry([x, y, z]).or_default().push(i as u32);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Offers `group` (which touches `ns`) to every watch of `ns`.
+    fn offer(&mut self, ns: &NamespaceName, group: &Arc<Group>) {
+        let n = self.subs.len();
+        let mut ended = vec![false; n];
+        let mut picks: HashMap<u32, (Vec<Pick>, u64)> = HashMap::new();
+        for (at, mutation) in group.mutations.iter().enumerate() {
+            if mutation.namespace() != ns {
+                continue;
+            }
+            match mutation {
+                Mutation::NamespaceDrop { .. } => {
+                    let lsn = group.first_lsn + at as u64;
+                    for (i, sub) in self.subs.iter().enumerate() {
+                        let _ = sub.tx.send(Delivery::Dropped { lsn });
+                        ended[i] = true;
+                    }
+                    continue;
+                }
+                Mutation::NamespaceAlter { .. } => {
+                    for (i, sub) in self.subs.iter().enumerate() {
+                        if sub.tx.send(Delivery::Altered).is_err() {
+                            ended[i] = true;
+                        }
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            targets(mutation, at as u32, |coord, pick| {
+                let near = self
+                    .grid
+                    .get(&chunk_of(coord))
+                    .map_or(&[][..], Vec::as_slice);
+                for &i in near.iter().chain(&self.wide) {
+                    if !ended[i as usize] && self.subs[i as usize].region.contains(coord) {
+                        let entry = picks.entry(i).or_default();
+                        entry.0.push(pick);
+                        entry.1 += pick_bytes(mutation, pick) as u64;
+                    }
+                }
+            });
+        }
+        for (i, (list, bytes)) in picks {
+            if !ended[i as usize] && !send_picks(&self.subs[i as usize], group, list, bytes) {
+                ended[i as usize] = true;
+            }
+        }
+        for (i, sub) in self.subs.iter().enumerate() {
+            // Gone once its watch let go of the other count.
+            if Arc::strong_count(&sub.queued_bytes) == 1 {
+                ended[i] = true;
+            }
+        }
+        if ended.iter().any(|e| *e) {
+            let mut i = 0;
+            self.subs.retain(|_| {
+                i += 1;
+                !ended[i - 1]
+            });
+            self.reindex();
+        }
+    }
+}
+
+/// Calls `take(coord, pick)` for each change `mutation` (at index `at` of
+/// its group) makes at a coordinate: a cell's value or program, an edge at
+/// its source (a detach: its cell, then each removed edge).
+fn targets(mutation: &Mutation, at: u32, mut take: impl FnMut(Coord, Pick)) {
+    let whole = Pick { at, part: WHOLE };
+    match mutation {
+        Mutation::Put { coord, .. }
+        | Mutation::Del { coord, .. }
+        | Mutation::ProgramPut { coord, .. }
+        | Mutation::ProgramDel { coord, .. } => take(*coord, whole),
+        Mutation::Link { edge, .. } | Mutation::Unlink { edge, .. } => take(edge.from, whole),
+        Mutation::Detach { coord, edges, .. } => {
+            take(*coord, whole);
+            for (part, edge) in edges.iter().enumerate() {
+                take(
+                    edge.from,
+                    Pick {
+                        at,
+                        part: part as u32,
+                    },
+                );
+            }
+        }
+        Mutation::Telemetry { .. }
+        | Mutation::NamespaceCreate { .. }
+        | Mutation::NamespaceDrop { .. }
+        | Mutation::NamespaceAlter { .. } => {}
+    }
+}
+
 /// Calls `take` for each change `mutation` (at index `at` of its group)
 /// makes inside `region` of `ns`: a cell's value or program at a
 /// coordinate inside, an edge whose source is inside.
@@ -322,39 +444,11 @@ pub(crate) fn pick(
     if mutation.namespace() != ns {
         return;
     }
-    let whole = Pick { at, part: WHOLE };
-    match mutation {
-        Mutation::Put { coord, .. }
-        | Mutation::Del { coord, .. }
-        | Mutation::ProgramPut { coord, .. }
-        | Mutation::ProgramDel { coord, .. } => {
-            if region.contains(*coord) {
-                take(whole);
-            }
+    targets(mutation, at, |coord, pick| {
+        if region.contains(coord) {
+            take(pick);
         }
-        Mutation::Link { edge, .. } | Mutation::Unlink { edge, .. } => {
-            if region.contains(edge.from) {
-                take(whole);
-            }
-        }
-        Mutation::Detach { coord, edges, .. } => {
-            if region.contains(*coord) {
-                take(whole);
-            }
-            for (part, edge) in edges.iter().enumerate() {
-                if region.contains(edge.from) {
-                    take(Pick {
-                        at,
-                        part: part as u32,
-                    });
-                }
-            }
-        }
-        Mutation::Telemetry { .. }
-        | Mutation::NamespaceCreate { .. }
-        | Mutation::NamespaceDrop { .. }
-        | Mutation::NamespaceAlter { .. } => {}
-    }
+    });
 }
 
 /// The change a pick stands for, as it goes on the wire.
