@@ -197,6 +197,13 @@ pub struct Args {
           value_parser = ranged::<u64>(MAX_CLIENT_MEMORY_RANGE))]
     pub max_client_memory: u64,
 
+    /// Bytes of changes a `watch` may have waiting for its client; a
+    /// watcher further behind is cut off with "resync from LSN N"
+    /// (docs/operations.md, "Following a box").
+    #[arg(long, value_name = "BYTES", default_value_t = crate::watch_hub::DEFAULT_WATCH_BUFFER_BYTES,
+          value_parser = ranged::<u64>(WATCH_BUFFER_BYTES_RANGE))]
+    pub watch_buffer_bytes: u64,
+
     /// Check every checksum of the data dir DIR offline, print a summary and
     /// exit: 0 if clean, 1 on any problem. Does not start the daemon.
     #[arg(long, value_name = "DIR")]
@@ -348,6 +355,8 @@ pub const PROGRAM_TELEMETRY_KEEP_RANGE: RangeInclusive<u64> =
 pub const MAX_NAMESPACES_PER_UID_RANGE: RangeInclusive<u64> = 1..=65_536;
 /// At least a megabyte (smaller cuts every client); at most a terabyte.
 pub const MAX_CLIENT_MEMORY_RANGE: RangeInclusive<u64> = MIN_CLIENT_MEMORY..=1 << 40;
+/// A watch must hold at least a few changes; at most 4 GiB waits for one client.
+pub const WATCH_BUFFER_BYTES_RANGE: RangeInclusive<u64> = 4096..=1 << 32;
 /// `--sync interval=MS`: a minute of acknowledged writes at risk at most.
 pub const SYNC_INTERVAL_MS_RANGE: RangeInclusive<u64> = 1..=60_000;
 
@@ -376,6 +385,7 @@ pub const FLAG_RANGES: &[(&str, RangeInclusive<u64>)] = &[
     ("--max-connections-per-uid", MAX_CONNECTIONS_RANGE),
     ("--max-namespaces-per-uid", MAX_NAMESPACES_PER_UID_RANGE),
     ("--max-client-memory", MAX_CLIENT_MEMORY_RANGE),
+    ("--watch-buffer-bytes", WATCH_BUFFER_BYTES_RANGE),
 ];
 
 fn parse_mode(text: &str) -> Result<u32, String> {
