@@ -898,7 +898,7 @@ mod tests {
 
     /// After a timeout the connection is out of step: the late answer to
     /// the timed-out request must never be taken for the next request's
-    /// (found by review: the client carried on and misread what followed).
+    /// (a past bug: the client carried on and misread what followed).
     #[test]
     fn a_connection_out_of_step_refuses_later_calls() {
         let (_dir, path, server) = fake_server(|mut s| {

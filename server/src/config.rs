@@ -500,7 +500,7 @@ mod tests {
     use super::*;
 
     /// A value or frame limit past what one checkpoint block can hold is
-    /// refused at startup (found by review: a value near 64 MiB stopped
+    /// refused at startup (a past bug: a value near 64 MiB stopped
     /// the checkpointer on an assertion, and the WAL grew without bound).
     #[test]
     fn value_and_frame_limits_stay_within_a_checkpoint_block() {
@@ -523,7 +523,7 @@ mod tests {
     }
 
     /// A frame must carry the largest value with room for an answer's
-    /// fixed parts (found by review: with both limits at 4096 a stored
+    /// fixed parts (a past bug: with both limits at 4096 a stored
     /// value's scan answer was 4107 bytes, over the frame, so it could
     /// never be scanned or exported).
     #[test]

@@ -769,7 +769,7 @@ mod tests {
     }
 
     /// A connection thread that panics gives back its place, its uid's
-    /// count and its memory account (found by review: the cleanup ran
+    /// count and its memory account (a past bug: the cleanup ran
     /// after `Connection::run`, so a panic leaked a `--max-connections`
     /// slot for good).
     #[test]

@@ -1283,8 +1283,8 @@ mod tests {
     }
 
     /// A callback answer is given exactly once: with the outcome, or with
-    /// `ShuttingDown` when its command is dropped unanswered (found by
-    /// review: a connection waiting for such an answer waited for ever).
+    /// `ShuttingDown` when its command is dropped unanswered (a past bug:
+    /// a connection waiting for such an answer waited for ever).
     #[test]
     fn a_callback_is_answered_once_even_when_dropped_unanswered() {
         let answers = Arc::new(Mutex::new(Vec::new()));

@@ -1149,7 +1149,7 @@ mod tests {
             String::from_utf8(out).unwrap(),
             "a\\tb\\nc\\\\d\\x01\\xffz\u{e9}"
         );
-        // Characters other tools split lines at (found by review).
+        // Characters other tools split lines at.
         let mut out = Vec::new();
         escape_value("\u{85}\u{2028}\u{2029} nel".as_bytes(), &mut out);
         assert_eq!(
