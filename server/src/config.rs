@@ -171,6 +171,39 @@ pub struct Args {
           value_parser = ranged::<u32>(PROGRAM_TELEMETRY_KEEP_RANGE))]
     pub program_telemetry_keep: u32,
 
+    /// Tenancy limits (`docs/operations.md`, "Per-uid limits and the client
+    /// memory budget"). Most connections one uid may hold at once; root and
+    /// the daemon's own uid are not limited. Past it: too_many_connections.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_CONNECTIONS_PER_UID,
+          value_parser = ranged::<u32>(MAX_CONNECTIONS_RANGE))]
+    pub max_connections_per_uid: u32,
+
+    /// Most namespaces one uid may own; root and the daemon's own uid are
+    /// limited only by the store's total. Past it: limit_exceeded.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_NAMESPACES_PER_UID,
+          value_parser = ranged::<u32>(MAX_NAMESPACES_PER_UID_RANGE))]
+    pub max_namespaces_per_uid: u32,
+
+    /// Who may create namespaces besides root and the daemon's own uid:
+    /// `any` served uid, `none`, or a comma-separated list of uids.
+    #[arg(long, value_name = "any|none|UID,UID...", default_value = "any",
+          value_parser = parse_ns_create_uids)]
+    pub ns_create_uids: NsCreators,
+
+    /// One budget, in bytes, for every client's input and output buffers
+    /// together (frame bodies being read, answers not yet sent); when it is
+    /// reached the connections holding the most are cut, largest first.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_CLIENT_MEMORY,
+          value_parser = ranged::<u64>(MAX_CLIENT_MEMORY_RANGE))]
+    pub max_client_memory: u64,
+
+    /// Bytes of changes a `watch` may have waiting for its client; a
+    /// watcher further behind is cut off with "resync from LSN N"
+    /// (docs/operations.md, "Following a box").
+    #[arg(long, value_name = "BYTES", default_value_t = crate::watch_hub::DEFAULT_WATCH_BUFFER_BYTES,
+          value_parser = ranged::<u64>(WATCH_BUFFER_BYTES_RANGE))]
+    pub watch_buffer_bytes: u64,
+
     /// Check every checksum of the data dir DIR offline, print a summary and
     /// exit: 0 if clean, 1 on any problem. Does not start the daemon.
     #[arg(long, value_name = "DIR")]
@@ -180,6 +213,16 @@ pub struct Args {
     /// What is dropped is reported and saved under DATA/wal/repair-*/.
     #[arg(long)]
     pub repair: bool,
+
+    /// Serve Prometheus metrics over HTTP at ADDR (`GET /metrics`), e.g.
+    /// 127.0.0.1:9464; port 0 picks one (logged). Off by default.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
+
+    /// Allow --metrics-listen on a non-loopback address (whoever reaches it
+    /// sees every namespace's name and size).
+    #[arg(long, requires = "metrics_listen")]
+    pub metrics_listen_any: bool,
 
     /// error, warn, info or debug.
     #[arg(long, value_name = "LEVEL", env = "CUBE_LOG", default_value = "info")]
@@ -221,6 +264,46 @@ pub const DEFAULT_PROGRAM_STEP_MS: u64 = 2000;
 /// step's runs are a few microseconds each, so more rarely pays.
 pub const MAX_STEP_THREADS: usize = 8;
 pub const DEFAULT_PROGRAM_TELEMETRY_KEEP: u32 = 1000;
+
+/// Tenancy defaults: a user never needs more connections or namespaces than
+/// this legitimately, and 256 MiB of client buffers is sixteen frames of
+/// the largest size in flight at once.
+pub const DEFAULT_MAX_CONNECTIONS_PER_UID: u32 = 128;
+pub const DEFAULT_MAX_NAMESPACES_PER_UID: u32 = 64;
+pub const DEFAULT_MAX_CLIENT_MEMORY: u64 = 256 * 1024 * 1024;
+pub const MIN_CLIENT_MEMORY: u64 = 1024 * 1024;
+
+/// `--ns-create-uids`: who besides the administrators may create namespaces.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NsCreators {
+    Any,
+    Only(Vec<u32>),
+}
+
+impl NsCreators {
+    pub fn allows(&self, uid: u32) -> bool {
+        match self {
+            NsCreators::Any => true,
+            NsCreators::Only(uids) => uids.contains(&uid),
+        }
+    }
+}
+
+fn parse_ns_create_uids(text: &str) -> Result<NsCreators, String> {
+    match text {
+        "any" => return Ok(NsCreators::Any),
+        "none" => return Ok(NsCreators::Only(Vec::new())),
+        _ => {}
+    }
+    text.split(',')
+        .map(|uid| uid.trim().parse::<u32>().ok())
+        .collect::<Option<Vec<u32>>>()
+        .filter(|uids| !uids.is_empty())
+        .map(NsCreators::Only)
+        .ok_or_else(|| {
+            format!("bad --ns-create-uids {text:?}: give any, none, or uids such as 1000,1001")
+        })
+}
 
 /// The parser of every size, count and time flag: an unsigned integer
 /// within `range`, anything else refused (exit 2) with the range in the
@@ -268,6 +351,12 @@ pub const PROGRAM_TIME_MS_RANGE: RangeInclusive<u64> = 1..=60_000;
 pub const PROGRAM_STEP_THREADS_RANGE: RangeInclusive<u64> = 1..=MAX_STEP_THREADS as u64;
 pub const PROGRAM_TELEMETRY_KEEP_RANGE: RangeInclusive<u64> =
     1..=cube_store::MAX_TELEMETRY_KEEP as u64;
+/// As many as the store holds.
+pub const MAX_NAMESPACES_PER_UID_RANGE: RangeInclusive<u64> = 1..=65_536;
+/// At least a megabyte (smaller cuts every client); at most a terabyte.
+pub const MAX_CLIENT_MEMORY_RANGE: RangeInclusive<u64> = MIN_CLIENT_MEMORY..=1 << 40;
+/// A watch must hold at least a few changes; at most 4 GiB waits for one client.
+pub const WATCH_BUFFER_BYTES_RANGE: RangeInclusive<u64> = 4096..=1 << 32;
 /// `--sync interval=MS`: a minute of acknowledged writes at risk at most.
 pub const SYNC_INTERVAL_MS_RANGE: RangeInclusive<u64> = 1..=60_000;
 
@@ -293,6 +382,10 @@ pub const FLAG_RANGES: &[(&str, RangeInclusive<u64>)] = &[
     ("--program-step-ms", PROGRAM_TIME_MS_RANGE),
     ("--program-step-threads", PROGRAM_STEP_THREADS_RANGE),
     ("--program-telemetry-keep", PROGRAM_TELEMETRY_KEEP_RANGE),
+    ("--max-connections-per-uid", MAX_CONNECTIONS_RANGE),
+    ("--max-namespaces-per-uid", MAX_NAMESPACES_PER_UID_RANGE),
+    ("--max-client-memory", MAX_CLIENT_MEMORY_RANGE),
+    ("--watch-buffer-bytes", WATCH_BUFFER_BYTES_RANGE),
 ];
 
 fn parse_mode(text: &str) -> Result<u32, String> {
@@ -367,6 +460,9 @@ impl Args {
                 ));
             }
         }
+        if let Some(addr) = self.metrics_listen {
+            crate::metrics_http::check_address(addr, self.metrics_listen_any)?;
+        }
         let needed = u64::from(self.max_value_bytes) + u64::from(ANSWER_OVERHEAD_BYTES);
         if u64::from(self.max_frame_bytes) < needed {
             return Err(format!(
@@ -374,6 +470,16 @@ impl Args {
                  (it needs {ANSWER_OVERHEAD_BYTES} bytes more than the value): raise \
                  --max-frame-bytes to at least {needed} or lower --max-value-bytes",
                 self.max_frame_bytes, self.max_value_bytes
+            ));
+        }
+        // One request in and its answer out must fit, or a lone client
+        // sending the largest frame would be cut.
+        let frames = 2 * u64::from(self.max_frame_bytes);
+        if self.max_client_memory < frames {
+            return Err(format!(
+                "--max-client-memory {} cannot hold one largest frame in and one out: raise it \
+                 to at least {frames} (twice --max-frame-bytes) or lower --max-frame-bytes",
+                self.max_client_memory
             ));
         }
         Ok(())
@@ -394,7 +500,7 @@ mod tests {
     use super::*;
 
     /// A value or frame limit past what one checkpoint block can hold is
-    /// refused at startup (found by review: a value near 64 MiB stopped
+    /// refused at startup (a past bug: a value near 64 MiB stopped
     /// the checkpointer on an assertion, and the WAL grew without bound).
     #[test]
     fn value_and_frame_limits_stay_within_a_checkpoint_block() {
@@ -417,7 +523,7 @@ mod tests {
     }
 
     /// A frame must carry the largest value with room for an answer's
-    /// fixed parts (found by review: with both limits at 4096 a stored
+    /// fixed parts (a past bug: with both limits at 4096 a stored
     /// value's scan answer was 4107 bytes, over the frame, so it could
     /// never be scanned or exported).
     #[test]

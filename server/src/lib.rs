@@ -24,9 +24,13 @@ pub mod panic_policy;
 mod programs;
 #[macro_use]
 pub mod log;
+mod client_memory;
+mod metrics_http;
 pub mod server;
 mod signals;
 pub mod verify;
+mod watch;
+mod watch_hub;
 mod write_reply;
 
 pub use config::Args;

@@ -21,6 +21,8 @@ fn companions(flag: &str) -> &'static [&'static str] {
     match flag {
         "--max-value-bytes" => &["--max-frame-bytes", "33554432"],
         "--max-frame-bytes" => &["--max-value-bytes", "1024"],
+        // The client budget must hold one largest frame in and one out.
+        "--max-client-memory" => &["--max-frame-bytes", "4096", "--max-value-bytes", "1024"],
         _ => &[],
     }
 }

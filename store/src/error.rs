@@ -77,6 +77,9 @@ pub enum WriteErrorKind {
     QuotaExceeded,
     /// An encrypted namespace was asked for, but there is no master key.
     EncryptionUnavailable,
+    /// A create past the namespaces one owner may hold
+    /// ([`crate::GroupCommitConfig::max_namespaces_per_owner`]).
+    LimitExceeded,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
