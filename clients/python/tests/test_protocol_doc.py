@@ -144,6 +144,7 @@ ERRORS = {
     "quota-error-response": ("put", cube.QuotaExceeded, 25),
     "batch-error-response": ("batch", cube.ProgramSyntax, 20),
     "error-response": ("get", cube.NoSuchNamespace, 8),
+    "backup-error-response": ("backup", cube.BadPath, 28),
 }
 
 
