@@ -93,6 +93,8 @@ REQUESTS = {
     "batch": (30, R.batch("default", [cube.Put((1, 0, 0), b"hi"), cube.Link((0, 0, 0), (1, 0, 0), "road", 2.5), cube.Prog((0, 0, 0), "return 1")])),
     "edge-list": (32, R.edge_list_page("default", 1000)),
     "prog-list": (33, R.prog_list_page("default", 1000, after=(-1, 0, 0))),
+    "watch": (50, commands.watch_call("default", (0, 0, 0), (15, 15, 15), from_lsn=40)),
+    "scan-lsn": (51, R.scan_page("default", (0, 0, 0), (15, 15, 15), limit=100, with_lsn=True)),
 }
 
 
@@ -136,6 +138,10 @@ RESPONSES = {
     "batch-response": ("batch", BatchResult(40, 3)),
     "edge-list-response": ("edge-list", ([EdgeRecord((0, 0, 0), (1, 0, 0), "road", 2.5)], 0)),
     "prog-list-response": ("prog-list", ([((0, 0, 0), b"return 1")], None)),
+    "watch-response": ("watch", WatchStarted(40)),
+    "watch-changes-response": ("watch", WatchChanges(False, [Change(41, "put", (1, 2, 3), b"hi"), Change(42, "del", (4, 5, 6))])),
+    "watch-resync-response": ("watch", WatchResync(97, "too_slow")),
+    "scan-lsn-response": ("scan-lsn", ScanPage([((1, 2, 3), b"a")], False, None, 39)),
 }
 
 # error examples -> (request, exception class, code)
@@ -144,6 +150,7 @@ ERRORS = {
     "quota-error-response": ("put", cube.QuotaExceeded, 25),
     "batch-error-response": ("batch", cube.ProgramSyntax, 20),
     "error-response": ("get", cube.NoSuchNamespace, 8),
+    "backup-error-response": ("backup", cube.BadPath, 28),
 }
 
 
