@@ -231,3 +231,18 @@ def test_opcode_table_matches_the_doc():
     for op in wire.Op:
         name = op.name.lower().replace("_", "-")
         assert f"| `0x{op.value:04x}` | `{name}` |" in text, f"{name} is not in table 6.1"
+
+
+def test_every_public_call_has_a_docstring():
+    import inspect
+
+    from cube import arrays
+
+    for cls in (cube.Client, cube.Pipeline, cube.Watch):
+        for name, member in inspect.getmembers(cls, inspect.isfunction):
+            if not name.startswith("_"):
+                assert (member.__doc__ or "").strip(), f"{cls.__name__}.{name} has no docstring"
+    for name in ("read_box", "write_box", "read_cells", "write_cells"):
+        assert getattr(arrays, name).__doc__.strip()
+    for code, (_, cls) in cube.ERROR_CODES.items():
+        assert cls.__doc__ and cls.__doc__.startswith(f"{code}:"), cls
