@@ -77,6 +77,8 @@ fn the_readme_quickstart_runs_as_written() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("cube-data");
     std::fs::create_dir(&data).unwrap();
+    // cubed starts only on a data dir private to its user.
+    std::fs::set_permissions(&data, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     let mut daemon = LocalDaemon::start_in(&data, &data.join("cubed.sock"), &[]).unwrap();
     std::fs::copy(
         concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"),

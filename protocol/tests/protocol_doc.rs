@@ -1064,6 +1064,13 @@ fn base_examples() -> Vec<Example> {
                 f(8, "count = 1300 (u64)"),
             ],
         ),
+        error(
+            "backup-error-response",
+            Opcode::Backup as u16,
+            11,
+            ErrorCode::BadPath,
+            "bad path /d/wal/b: it is inside the live data dir /d",
+        ),
         request("stats-request", 3, Request::Stats, vec![]),
         response(
             "stats-response",
@@ -1452,6 +1459,7 @@ fn examples_decode_to_what_they_say() {
                     | "run-error-response"
                     | "batch-error-response"
                     | "quota-error-response"
+                    | "backup-error-response"
             );
             assert_eq!(answer.is_err(), is_error, "{}", example.name);
         }

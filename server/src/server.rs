@@ -1,10 +1,10 @@
 //! The reactor: binds the socket, accepts clients, hands each to its own
-//! thread, and runs the clean shutdown on SIGINT/SIGTERM.
+//! thread, and runs the clean shutdown on SIGINT/SIGTERM (and the other
+//! stop signals, `crate::signals`).
 
 use std::collections::HashMap;
 use std::fs;
 use std::io::{self, Write};
-use std::net::Shutdown;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -21,9 +21,8 @@ use cube_store::{
 };
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
-use signal_hook::consts::{SIGINT, SIGTERM};
-use signal_hook::iterator::Signals;
 
+use crate::client_memory::ClientMemory;
 use crate::command_stats::CommandStats;
 use crate::config::Args;
 use crate::connection::{Connection, count};
@@ -81,7 +80,12 @@ pub(crate) struct Shared {
     /// Cell programs: budgets and figures.
     pub(crate) programs: crate::programs::ProgramService,
     pub(crate) shutting_down: AtomicBool,
-    connections: Mutex<HashMap<u64, UnixStream>>,
+    /// Every client's buffers against `--max-client-memory`; also holds
+    /// each open connection's socket, for the shutdown.
+    pub(crate) client_memory: Arc<ClientMemory>,
+    /// Open connections per uid (administrators not counted), against
+    /// `--max-connections-per-uid`.
+    per_uid: Mutex<HashMap<u32, u32>>,
     active: AtomicUsize,
     started: Instant,
 }
@@ -118,6 +122,8 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
             sync: args.sync,
             segment_bytes: args.wal_segment_bytes,
             max_group_records: args.max_group_records.max(1),
+            max_namespaces_per_owner: args.max_namespaces_per_uid as usize,
+            unlimited_owners: vec![0, crate::access::daemon_uid()],
             answer_hooks: Some(crate::write_reply::ANSWER_HOOKS),
             ..GroupCommitConfig::default()
         },
@@ -143,13 +149,15 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
 
     let listener = bind_socket(&socket_path, args.socket_mode)?;
     let programs = crate::programs::ProgramService::new(&args);
+    let args_memory = args.max_client_memory;
     let shared = Arc::new(Shared {
         programs,
         engine,
         args,
         stats: CommandStats::default(),
         shutting_down: AtomicBool::new(false),
-        connections: Mutex::new(HashMap::new()),
+        client_memory: ClientMemory::new(args_memory),
+        per_uid: Mutex::new(HashMap::new()),
         active: AtomicUsize::new(0),
         started: Instant::now(),
     });
@@ -169,7 +177,8 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
         )
         .map_err(DaemonError::Io)?;
     let stop_requested = Arc::new(AtomicBool::new(false));
-    watch_signals(Arc::clone(&stop_requested), Arc::clone(&waker))?;
+    crate::signals::watch(Arc::clone(&stop_requested), Arc::clone(&waker))
+        .map_err(DaemonError::Io)?;
 
     info!(
         "listening on {} (data {}, sync {}, pid {})",
@@ -329,30 +338,6 @@ fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, DaemonError> {
     Ok(listener)
 }
 
-fn watch_signals(stop: Arc<AtomicBool>, waker: Arc<Waker>) -> Result<(), DaemonError> {
-    let mut signals = Signals::new([SIGINT, SIGTERM]).map_err(DaemonError::Io)?;
-    thread::Builder::new()
-        .name("cube-signals".into())
-        .spawn(move || {
-            let mut seen = 0;
-            for signal in signals.forever() {
-                seen += 1;
-                if seen == 1 {
-                    info!("signal {signal} received: shutting down cleanly");
-                    stop.store(true, Ordering::SeqCst);
-                    let _ = waker.wake();
-                } else {
-                    // Acknowledged writes are already durable; a second
-                    // signal only gives up on waiting for slow clients.
-                    warn!("second signal {signal}: exiting now");
-                    std::process::exit(1);
-                }
-            }
-        })
-        .map_err(DaemonError::Io)?;
-    Ok(())
-}
-
 /// How long the reactor waits before accepting again after `accept`
 /// failed with clients still queued.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
@@ -397,7 +382,7 @@ fn accept_all(
         let active = shared.active.load(Ordering::SeqCst);
         if active >= shared.args.max_connections {
             refuse(
-                stream,
+                &stream,
                 ErrorCode::TooManyConnections,
                 &format!(
                     "too many connections ({active} of --max-connections {}); retry later or raise the cap",
@@ -423,7 +408,7 @@ fn accept_all(
                 peer.uid, peer.gid
             );
             refuse(
-                stream,
+                &stream,
                 ErrorCode::PermissionDenied,
                 &format!(
                     "uid {} (gid {}) may not use this daemon; its operator can add --allow-uid {}",
@@ -436,8 +421,29 @@ fn accept_all(
                 .fetch_add(1, Ordering::Relaxed);
             continue;
         }
+        let Some(uid_slot) = UidSlot::take(shared, &peer) else {
+            let most = shared.args.max_connections_per_uid;
+            warn!(
+                "refused a connection from uid {}: it holds {most} connections, its --max-connections-per-uid",
+                peer.uid
+            );
+            refuse(
+                &stream,
+                ErrorCode::TooManyConnections,
+                &format!(
+                    "uid {} already holds {most} connections, the most one uid may \
+                     (--max-connections-per-uid {most}); close one and retry",
+                    peer.uid
+                ),
+            );
+            shared
+                .stats
+                .connections_refused
+                .fetch_add(1, Ordering::Relaxed);
+            continue;
+        };
         let id = next_id.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = spawn_connection(id, stream, shared, peer) {
+        if let Err(e) = spawn_connection(id, stream, shared, peer, uid_slot) {
             warn!("could not start a connection thread: {e}");
             shared
                 .stats
@@ -452,6 +458,7 @@ fn spawn_connection(
     stream: UnixStream,
     shared: &Arc<Shared>,
     peer: crate::access::Peer,
+    uid_slot: UidSlot,
 ) -> io::Result<()> {
     // Out of descriptors (or threads), the client is told so on the
     // stream already accepted, which needs none, instead of being dropped
@@ -459,19 +466,20 @@ fn spawn_connection(
     let registered = match stream.try_clone() {
         Ok(registered) => registered,
         Err(e) => {
-            refuse_unserved(stream, &e);
+            refuse_unserved(&stream, &e);
             return Err(e);
         }
     };
-    let mut connection = match Connection::new(stream, Arc::clone(shared), peer) {
+    let account = shared.client_memory.open(id, peer.uid, registered);
+    let slot = ConnectionSlot::take(id, shared, uid_slot);
+    let unserved = |e: &io::Error| refuse_unserved(account.stream(), e);
+    let mut connection = match Connection::new(stream, Arc::clone(shared), peer, &account) {
         Ok(connection) => connection,
         Err(e) => {
-            refuse_unserved(registered, &e);
+            unserved(&e);
             return Err(e);
         }
     };
-    shared.active.fetch_add(1, Ordering::SeqCst);
-    lock(&shared.connections).insert(id, registered);
     shared
         .stats
         .connections_accepted
@@ -481,6 +489,9 @@ fn spawn_connection(
         .name(format!("cube-conn-{id}"))
         .stack_size(CONNECTION_STACK_BYTES)
         .spawn(move || {
+            // Given back when this thread ends, also by a panic (and, if
+            // the thread cannot start, when the closure is dropped).
+            let _slot = slot;
             let close = connection.run();
             if matches!(
                 close,
@@ -492,25 +503,84 @@ fn spawn_connection(
                     .fetch_add(1, Ordering::Relaxed);
             }
             debug!("connection {id} closed: {close}");
-            drop(connection);
-            lock(&thread_shared.connections).remove(&id);
-            thread_shared.active.fetch_sub(1, Ordering::SeqCst);
         });
     if let Err(e) = spawned {
-        // Taken out first: the write must not hold the connections' lock.
-        let registered = lock(&shared.connections).remove(&id);
-        if let Some(registered) = registered {
-            refuse_unserved(registered, &e);
-        }
-        shared.active.fetch_sub(1, Ordering::SeqCst);
+        unserved(&e);
         return Err(e);
     }
     Ok(())
 }
 
+/// A connection's place among `--max-connections` and its uid's
+/// `--max-connections-per-uid`, and its memory account: all given back
+/// when dropped, so a connection thread that panics releases them too.
+struct ConnectionSlot {
+    id: u64,
+    shared: Arc<Shared>,
+    _uid: UidSlot,
+}
+
+impl ConnectionSlot {
+    fn take(id: u64, shared: &Arc<Shared>, uid: UidSlot) -> ConnectionSlot {
+        shared.active.fetch_add(1, Ordering::SeqCst);
+        ConnectionSlot {
+            id,
+            shared: Arc::clone(shared),
+            _uid: uid,
+        }
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.shared.client_memory.close(self.id);
+        self.shared.active.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// One connection of a uid, counted against `--max-connections-per-uid`
+/// (administrators are not counted).
+struct UidSlot {
+    uid: Option<u32>,
+    shared: Arc<Shared>,
+}
+
+impl UidSlot {
+    /// `None` if the uid already holds its most.
+    fn take(shared: &Arc<Shared>, peer: &crate::access::Peer) -> Option<UidSlot> {
+        let uid = (!peer.is_admin).then_some(peer.uid);
+        if let Some(uid) = uid {
+            let mut per_uid = lock(&shared.per_uid);
+            let held = per_uid.entry(uid).or_default();
+            if *held >= shared.args.max_connections_per_uid {
+                return None;
+            }
+            *held += 1;
+        }
+        Some(UidSlot {
+            uid,
+            shared: Arc::clone(shared),
+        })
+    }
+}
+
+impl Drop for UidSlot {
+    fn drop(&mut self) {
+        if let Some(uid) = self.uid {
+            let mut per_uid = lock(&self.shared.per_uid);
+            if let Some(held) = per_uid.get_mut(&uid) {
+                *held -= 1;
+                if *held == 0 {
+                    per_uid.remove(&uid);
+                }
+            }
+        }
+    }
+}
+
 /// Tells an accepted client that the daemon lacks the resources to serve
 /// it (`e`: out of file descriptors, usually).
-fn refuse_unserved(stream: UnixStream, e: &io::Error) {
+fn refuse_unserved(stream: &UnixStream, e: &io::Error) {
     refuse(
         stream,
         ErrorCode::TooManyConnections,
@@ -523,7 +593,7 @@ fn refuse_unserved(stream: UnixStream, e: &io::Error) {
 
 /// Tells a client why it is not being served, without letting a slow peer
 /// stall the reactor.
-fn refuse(stream: UnixStream, code: ErrorCode, message: &str) {
+fn refuse(stream: &UnixStream, code: ErrorCode, message: &str) {
     let mut out = Vec::new();
     Response::encode_error(0, 0, &ServerError::new(code, message), &mut out);
     let mut stream = stream;
@@ -536,9 +606,7 @@ fn shutdown(shared: &Arc<Shared>) {
     shared.shutting_down.store(true, Ordering::SeqCst);
     // Wake every connection blocked in read: it sees end-of-file after
     // answering whatever it is in the middle of.
-    for stream in lock(&shared.connections).values() {
-        let _ = stream.shutdown(Shutdown::Read);
-    }
+    shared.client_memory.shutdown_reads();
     let deadline = Instant::now() + SHUTDOWN_GRACE;
     while shared.active.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
         thread::sleep(Duration::from_millis(5));
@@ -603,6 +671,12 @@ impl Shared {
                 self.stats.connections_timed_out.load(Ordering::Relaxed),
             ),
             count("frames.bad", self.stats.bad_frames.load(Ordering::Relaxed)),
+            count("clients.memory_bytes", self.client_memory.used_bytes()),
+            count(
+                "clients.memory_limit_bytes",
+                self.client_memory.limit_bytes(),
+            ),
+            count("clients.memory_cuts", self.client_memory.cuts()),
             count("store.cells", self.engine.memstore().cell_count()),
             count("store.edges", self.engine.memstore().edge_count()),
         ];
@@ -662,5 +736,62 @@ impl Shared {
         ]);
         entries.extend(self.programs.stats_entries(self.engine.memstore()));
         entries
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A daemon's shared state over a throwaway data dir, no socket.
+    fn shared(dir: &Path, extra: &[&str]) -> Arc<Shared> {
+        let mut argv = vec!["cubed", "--data", dir.to_str().unwrap()];
+        argv.extend_from_slice(extra);
+        let args = <Args as clap::Parser>::try_parse_from(argv).unwrap();
+        let engine = Engine::open(EngineConfig::new(dir)).unwrap();
+        Arc::new(Shared {
+            programs: crate::programs::ProgramService::new(&args),
+            engine,
+            client_memory: ClientMemory::new(args.max_client_memory),
+            args,
+            stats: CommandStats::default(),
+            shutting_down: AtomicBool::new(false),
+            per_uid: Mutex::new(HashMap::new()),
+            active: AtomicUsize::new(0),
+            started: Instant::now(),
+        })
+    }
+
+    /// A connection thread that panics gives back its place, its uid's
+    /// count and its memory account (found by review: the cleanup ran
+    /// after `Connection::run`, so a panic leaked a `--max-connections`
+    /// slot for good).
+    #[test]
+    fn a_panicking_connection_thread_gives_its_slot_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = shared(dir.path(), &["--max-connections-per-uid", "1"]);
+        let peer = crate::access::Peer {
+            uid: 4242,
+            gid: 4242,
+            is_admin: false,
+        };
+        let (ours, _theirs) = UnixStream::pair().unwrap();
+        let account = shared.client_memory.open(7, peer.uid, ours);
+        account.charge(1000).unwrap();
+        drop(account);
+        let uid_slot = UidSlot::take(&shared, &peer).unwrap();
+        assert!(UidSlot::take(&shared, &peer).is_none(), "one per uid");
+        let slot = ConnectionSlot::take(7, &shared, uid_slot);
+        assert_eq!(shared.active.load(Ordering::SeqCst), 1);
+        let thread = thread::spawn(move || {
+            let _slot = slot;
+            panic!("a bug in a request handler");
+        });
+        assert!(thread.join().is_err());
+        assert_eq!(shared.active.load(Ordering::SeqCst), 0);
+        assert_eq!(shared.client_memory.used_bytes(), 0);
+        assert!(lock(&shared.per_uid).is_empty());
+        assert!(UidSlot::take(&shared, &peer).is_some());
+        shared.engine.shutdown().unwrap();
     }
 }

@@ -844,7 +844,10 @@ fn a_dropped_encrypted_namespace_comes_back_empty_under_a_new_id() {
 
 /// Copies a stopped daemon's data dir, file by file.
 fn copy_dir(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap();
+    // Private like the original: cubed refuses a data dir others can read.
+    let mut private = std::fs::DirBuilder::new();
+    std::os::unix::fs::DirBuilderExt::mode(private.recursive(true), 0o700);
+    private.create(to).unwrap();
     for entry in fs::read_dir(from).unwrap() {
         let entry = entry.unwrap();
         let kind = entry.file_type().unwrap();

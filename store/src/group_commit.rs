@@ -99,6 +99,12 @@ pub struct GroupCommitConfig {
     /// a create beyond it is refused. Each costs a few KiB even empty,
     /// and nothing else bounds how many a client makes.
     pub max_namespaces: usize,
+    /// Namespaces one owner uid may hold, except the uids in
+    /// `unlimited_owners` (the administrators), whom only `max_namespaces`
+    /// bounds. Checked on the writer, where creates commit one at a time,
+    /// so concurrent creates cannot overshoot it.
+    pub max_namespaces_per_owner: usize,
+    pub unlimited_owners: Vec<u32>,
     /// Called on the writer thread around the answers of each durable
     /// group ([`Responder::Callback`]s among them), so a caller can gather
     /// the answers it sends and send each client's together (the server
@@ -139,6 +145,8 @@ impl Default for GroupCommitConfig {
             max_group_bytes: 8 * 1024 * 1024,
             queue_capacity: 8192,
             max_namespaces: MAX_NAMESPACES,
+            max_namespaces_per_owner: usize::MAX,
+            unlimited_owners: Vec::new(),
             answer_hooks: None,
         }
     }
@@ -666,6 +674,25 @@ impl Writer {
             .is_some_and(|quota| !quota.is_unlimited())
     }
 
+    /// Refuses a create past the namespaces its owner may hold.
+    fn check_owner_limit(&self, owner_uid: u32) -> Result<(), WriteError> {
+        let most = self.config.max_namespaces_per_owner;
+        if most == usize::MAX || self.config.unlimited_owners.contains(&owner_uid) {
+            return Ok(());
+        }
+        let owned = self.mem.namespaces_owned_by(owner_uid);
+        if owned >= most {
+            return Err(WriteError::new(
+                WriteErrorKind::LimitExceeded,
+                format!(
+                    "uid {owner_uid} owns {owned} namespaces, the most one uid may \
+                     (--max-namespaces-per-uid {most}); drop one (cubec ns drop NAME) first"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks a namespace create or drop against the store (it commits
     /// alone, so nothing earlier in its group can change the answer).
     fn check_namespace_change(&self, mutation: &Mutation) -> Result<(), WriteError> {
@@ -686,6 +713,7 @@ impl Writer {
                         ),
                     ));
                 }
+                self.check_owner_limit(meta.owner_uid)?;
                 if meta.encrypted && !self.keyring.as_ref().is_some_and(|k| k.has_key()) {
                     return Err(WriteError::new(
                         WriteErrorKind::EncryptionUnavailable,

@@ -35,6 +35,7 @@ mod memstore;
 mod mutation;
 pub mod namespace;
 mod prefetch;
+pub mod private_files;
 pub mod programs;
 mod scan;
 #[cfg(test)]
@@ -61,7 +62,10 @@ pub use group_commit::{
 };
 pub use memstore::{APPLY_SLICE_RECORDS, MemStore, NamespaceMemo, SCAN_SLICE_STEPS};
 pub use mutation::Mutation;
-pub use programs::{MAX_TELEMETRY_KEEP, StoredProgram, TelemetryChange, TelemetryHead};
+pub use programs::{
+    MAX_TELEMETRY_KEEP, PROGRAM_OVERHEAD_BYTES, StoredProgram, TELEMETRY_RECORD_CHARGE_BYTES,
+    TelemetryChange, TelemetryHead, program_charge_bytes,
+};
 pub use scan::{ScanLimits, ScanOutcome, Visit};
 pub use stats::{StoreStats, StoreStatsSnapshot};
 pub use storage::{OpenMode, RealDisk, Storage, StorageFile};

@@ -43,7 +43,10 @@ fn ns() -> NamespaceName {
 }
 
 fn copy_dir(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap();
+    // Private like the original: cubed refuses a data dir others can read.
+    let mut private = std::fs::DirBuilder::new();
+    std::os::unix::fs::DirBuilderExt::mode(private.recursive(true), 0o700);
+    private.create(to).unwrap();
     for entry in fs::read_dir(from).unwrap() {
         let entry = entry.unwrap();
         if entry.file_type().unwrap().is_dir() {

@@ -384,20 +384,26 @@ void luaV_finishset (lua_State *L, const TValue *t, TValue *key,
 ** have different lengths.
 */
 static int l_strcmp (const TString *ts1, const TString *ts2) {
-  /* cube patch (third_party/lua-src/CUBE-PATCH.md): byte order, by
-  ** 'memcmp', in time linear in the bytes compared. Stock Lua calls
-  ** 'strcoll' once per '\0'-separated piece, so two strings of N zero
-  ** bytes took N calls inside one VM instruction, where no hook can stop
-  ** it. In the "C" locale (cubed never sets another) the order is the
-  ** same as stock Lua's. */
   const char *s1 = getstr(ts1);
   size_t rl1 = tsslen(ts1);  /* real length */
   const char *s2 = getstr(ts2);
   size_t rl2 = tsslen(ts2);
-  int temp = memcmp(s1, s2, (rl1 < rl2) ? rl1 : rl2);
-  if (temp != 0)
-    return temp;
-  return (rl1 < rl2) ? -1 : (rl1 > rl2);
+  for (;;) {  /* for each segment */
+    int temp = strcoll(s1, s2);
+    if (temp != 0)  /* not equal? */
+      return temp;  /* done */
+    else {  /* strings are equal up to a '\0' */
+      size_t zl1 = strlen(s1);  /* index of first '\0' in 's1' */
+      size_t zl2 = strlen(s2);  /* index of first '\0' in 's2' */
+      if (zl2 == rl2)  /* 's2' is finished? */
+        return (zl1 == rl1) ? 0 : 1;  /* check 's1' */
+      else if (zl1 == rl1)  /* 's1' is finished? */
+        return -1;  /* 's1' is less than 's2' ('s2' is not finished) */
+      /* both strings longer than 'zl'; go on comparing after the '\0' */
+      zl1++; zl2++;
+      s1 += zl1; rl1 -= zl1; s2 += zl2; rl2 -= zl2;
+    }
+  }
 }
 
 
@@ -1137,18 +1143,9 @@ void luaV_finishOp (lua_State *L) {
 
 
 /* fetch an instruction and prepare its execution */
-/*
-** cube: with a count hook alone (cubed's fuel), an instruction that does
-** not reach the count only counts it, here, instead of calling
-** 'luaG_traceexec' for every instruction; the one that reaches it goes
-** through 'luaG_traceexec' as before. See CUBE-PATCH.md.
-*/
 #define vmfetch()	{ \
   if (l_unlikely(trap)) {  /* stack reallocation or hooks? */ \
-    if (L->hookmask == LUA_MASKCOUNT && L->hookcount > 1) \
-      L->hookcount--;  /* count hook not due: only count */ \
-    else \
-      trap = luaG_traceexec(L, pc);  /* handle hooks */ \
+    trap = luaG_traceexec(L, pc);  /* handle hooks */ \
     updatebase(ci);  /* correct stack */ \
   } \
   i = *(pc++); \
