@@ -10,7 +10,7 @@ WORKLOAD ?= seed
 ARGS ?=
 STRESS_DIR := target/stress
 
-.PHONY: build release run test test-tools check fmt clippy lint codec-deep stress stress-short compare bench sim crash fuzz clean-data
+.PHONY: build release run test test-tools test-python check fmt clippy lint codec-deep stress stress-short compare bench sim crash fuzz clean-data
 
 build:
 	$(CARGO) build --workspace
@@ -29,6 +29,7 @@ run: release
 test: test-tools
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace
+	$(MAKE) test-python
 
 # What the tests run besides cargo: promtool (Debian's prometheus package)
 # checks the metrics exposition (client/tests/cli_metrics.rs).
@@ -63,6 +64,7 @@ check:
 	$(MAKE) test
 	$(MAKE) codec-deep
 	$(CARGO) test -p cube-server --test tenancy -- --ignored
+	$(MAKE) test-python PYTEST_MARK=slow
 	$(MAKE) crash CYCLES=20
 	$(MAKE) sim SEEDS=100
 	$(MAKE) fuzz FUZZ_SECONDS=20
@@ -136,6 +138,24 @@ fuzz:
 		FUZZ_SECONDS=$(FUZZ_SECONDS) $(CARGO) run --release --manifest-path fuzz/Cargo.toml \
 			--no-default-features --bin cube-fuzz-stable -- $(FUZZ_TARGETS); \
 	fi
+
+# The Python client's tests (clients/python) against target/debug/cubed, in a
+# venv under target/pyenv with pytest and NumPy from PyPI (made on first use;
+# where venv lacks ensurepip, pip is put in it by the system's pip, else by
+# get-pip.py). PYTEST_MARK=slow runs the long tests (the 256^3 round trip).
+PYENV := target/pyenv
+PYTEST_MARK ?= not slow
+$(PYENV)/.installed: clients/python/pyproject.toml
+	@python3 -m venv $(PYENV) 2>/dev/null || python3 -m venv --without-pip --clear $(PYENV)
+	@$(PYENV)/bin/python -m pip --version >/dev/null 2>&1 || \
+		python3 -m pip --python $(PYENV)/bin/python install -q pip 2>/dev/null || \
+		{ python3 -c "import urllib.request as u; u.urlretrieve('https://bootstrap.pypa.io/get-pip.py', '$(PYENV)/get-pip.py')" && \
+		$(PYENV)/bin/python $(PYENV)/get-pip.py -q; }
+	$(PYENV)/bin/python -m pip install -q pytest numpy -e clients/python
+	@touch $@
+test-python: $(PYENV)/.installed
+	$(CARGO) build -p cube-server --bins
+	CUBED_BIN=$(CURDIR)/target/debug/cubed $(PYENV)/bin/python -m pytest -q -m "$(PYTEST_MARK)" clients/python
 
 clean-data:
 	rm -rf $(DATA)

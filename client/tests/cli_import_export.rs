@@ -675,7 +675,7 @@ fn import_a_million_cells() {
 }
 
 /// A quote inside an unquoted CSV field is text: it must not open a
-/// quoted field that swallows the records after it (found by review: with
+/// quoted field that swallows the records after it (a past bug: with
 /// --skip-bad, three good records were dropped and the import exited 0).
 #[test]
 fn a_quote_inside_an_unquoted_csv_field_is_text() {

@@ -15,6 +15,7 @@ use cube_protocol::{
     StatsValue, WalkNode, WalkResult, WalkStop,
 };
 use cube_protocol::{CurveChoice, NamespaceGrant, NamespaceInfo, NamespaceSpec};
+use cube_protocol::{ResyncReason, WatchChange, WatchFrame, WatchOp};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::sample::{Index, select};
@@ -94,16 +95,27 @@ fn request() -> impl Strategy<Value = Request> {
             coord(),
             any::<u32>(),
             any::<bool>(),
-            proptest::option::of(coord())
+            proptest::option::of(coord()),
+            any::<bool>()
         )
-            .prop_map(|(ns, lo, hi, limit, count_only, after)| Request::Scan {
-                ns,
-                lo,
-                hi,
-                limit,
-                count_only,
-                after
-            }),
+            .prop_map(
+                |(ns, lo, hi, limit, count_only, after, with_lsn)| Request::Scan {
+                    ns,
+                    lo,
+                    hi,
+                    limit,
+                    count_only,
+                    after,
+                    with_lsn,
+                }
+            ),
+        (
+            namespace(),
+            coord(),
+            coord(),
+            proptest::option::of(any::<u64>())
+        )
+            .prop_map(|(ns, lo, hi, from)| Request::Watch { ns, lo, hi, from }),
         edge_request(),
         program_request(),
         namespace_request(),
@@ -268,6 +280,41 @@ fn scan_result() -> impl Strategy<Value = ScanResult> {
     ]
 }
 
+// Watch (opcode 0x0050): the frames of a watch stream.
+
+fn watch_op() -> impl Strategy<Value = WatchOp> {
+    prop_oneof![
+        value().prop_map(WatchOp::Put),
+        Just(WatchOp::Del),
+        (coord(), edge_label(), float()).prop_map(|(to, label, weight)| WatchOp::Link {
+            to,
+            label,
+            weight
+        }),
+        (coord(), edge_label()).prop_map(|(to, label)| WatchOp::Unlink { to, label }),
+        bytes(512).prop_map(WatchOp::ProgramPut),
+        Just(WatchOp::ProgramDel),
+    ]
+}
+
+fn watch_frame() -> impl Strategy<Value = WatchFrame> {
+    let change = (any::<u64>(), coord(), watch_op()).prop_map(|(lsn, coord, op)| WatchChange {
+        lsn,
+        coord,
+        op,
+    });
+    prop_oneof![
+        any::<u64>().prop_map(|next_lsn| WatchFrame::Started { next_lsn }),
+        (any::<bool>(), vec(change, 0..12))
+            .prop_map(|(more, changes)| WatchFrame::Changes { more, changes }),
+        (
+            any::<u64>(),
+            select(vec![ResyncReason::HistoryGone, ResyncReason::TooSlow])
+        )
+            .prop_map(|(lsn, reason)| WatchFrame::Resync { lsn, reason }),
+    ]
+}
+
 fn stats_value() -> impl Strategy<Value = StatsValue> {
     prop_oneof![
         any::<u64>().prop_map(StatsValue::Count),
@@ -304,12 +351,17 @@ fn response() -> impl Strategy<Value = Response> {
         proptest::option::of(value()).prop_map(Response::Get),
         vec(proptest::option::of(bytes(256)), 0..24).prop_map(Response::Mget),
         (any::<u64>(), any::<bool>()).prop_map(|(lsn, existed)| Response::Del { lsn, existed }),
-        (scan_result(), proptest::option::of(coord())).prop_map(|(result, resume_after)| {
-            Response::Scan {
+        (
+            scan_result(),
+            proptest::option::of(coord()),
+            proptest::option::of(any::<u64>())
+        )
+            .prop_map(|(result, resume_after, lsn)| Response::Scan {
                 result,
                 resume_after,
-            }
-        }),
+                lsn,
+            }),
+        watch_frame().prop_map(Response::Watch),
         edge_response(),
         program_response(),
         namespace_response(),

@@ -201,6 +201,13 @@ pub struct Args {
           value_parser = ranged::<u64>(MAX_CLIENT_MEMORY_RANGE))]
     pub max_client_memory: u64,
 
+    /// Bytes of changes a `watch` may have waiting for its client; a
+    /// watcher further behind is cut off with "resync from LSN N"
+    /// (docs/operations.md, "Following a box").
+    #[arg(long, value_name = "BYTES", default_value_t = crate::watch_hub::DEFAULT_WATCH_BUFFER_BYTES,
+          value_parser = ranged::<u64>(WATCH_BUFFER_BYTES_RANGE))]
+    pub watch_buffer_bytes: u64,
+
     /// Check every checksum of the data dir DIR offline, print a summary and
     /// exit: 0 if clean, 1 on any problem. Does not start the daemon.
     #[arg(long, value_name = "DIR")]
@@ -352,6 +359,8 @@ pub const PROGRAM_TELEMETRY_KEEP_RANGE: RangeInclusive<u64> =
 pub const MAX_NAMESPACES_PER_UID_RANGE: RangeInclusive<u64> = 1..=65_536;
 /// At least a megabyte (smaller cuts every client); at most a terabyte.
 pub const MAX_CLIENT_MEMORY_RANGE: RangeInclusive<u64> = MIN_CLIENT_MEMORY..=1 << 40;
+/// A watch must hold at least a few changes; at most 4 GiB waits for one client.
+pub const WATCH_BUFFER_BYTES_RANGE: RangeInclusive<u64> = 4096..=1 << 32;
 /// `--sync interval=MS`: a minute of acknowledged writes at risk at most.
 pub const SYNC_INTERVAL_MS_RANGE: RangeInclusive<u64> = 1..=60_000;
 
@@ -380,6 +389,7 @@ pub const FLAG_RANGES: &[(&str, RangeInclusive<u64>)] = &[
     ("--max-connections-per-uid", MAX_CONNECTIONS_RANGE),
     ("--max-namespaces-per-uid", MAX_NAMESPACES_PER_UID_RANGE),
     ("--max-client-memory", MAX_CLIENT_MEMORY_RANGE),
+    ("--watch-buffer-bytes", WATCH_BUFFER_BYTES_RANGE),
 ];
 
 fn parse_mode(text: &str) -> Result<u32, String> {
@@ -444,9 +454,6 @@ impl Args {
     /// of any answer around it (a scan page, a walk node, a `get`), or a
     /// stored value could never be read back whole.
     pub fn check(&self) -> Result<(), String> {
-        if let Some(addr) = self.metrics_listen {
-            crate::metrics_http::check_address(addr, self.metrics_listen_any)?;
-        }
         if let SyncPolicy::Interval { every, .. } = self.sync {
             let ms = every.as_millis() as u64;
             if !SYNC_INTERVAL_MS_RANGE.contains(&ms) {
@@ -456,6 +463,9 @@ impl Args {
                     SYNC_INTERVAL_MS_RANGE.end()
                 ));
             }
+        }
+        if let Some(addr) = self.metrics_listen {
+            crate::metrics_http::check_address(addr, self.metrics_listen_any)?;
         }
         let needed = u64::from(self.max_value_bytes) + u64::from(ANSWER_OVERHEAD_BYTES);
         if u64::from(self.max_frame_bytes) < needed {
@@ -494,7 +504,7 @@ mod tests {
     use super::*;
 
     /// A value or frame limit past what one checkpoint block can hold is
-    /// refused at startup (found by review: a value near 64 MiB stopped
+    /// refused at startup (a past bug: a value near 64 MiB stopped
     /// the checkpointer on an assertion, and the WAL grew without bound).
     #[test]
     fn value_and_frame_limits_stay_within_a_checkpoint_block() {
@@ -517,7 +527,7 @@ mod tests {
     }
 
     /// A frame must carry the largest value with room for an answer's
-    /// fixed parts (found by review: with both limits at 4096 a stored
+    /// fixed parts (a past bug: with both limits at 4096 a stored
     /// value's scan answer was 4107 bytes, over the frame, so it could
     /// never be scanned or exported).
     #[test]

@@ -279,6 +279,18 @@ impl Connection {
                     continue;
                 }
             }
+            if let Request::Watch { ns, lo, hi, from } = request {
+                // The connection is the watch's from here on.
+                let spec = crate::watch::WatchSpec { ns, lo, hi, from };
+                let peer = self.peer;
+                return crate::watch::serve(
+                    &self.shared,
+                    &peer,
+                    &mut self.writer,
+                    header.request_id,
+                    spec,
+                );
+            }
             if is_write {
                 match self.submit_write(request, header.request_id, started) {
                     Ok(()) => continue,
@@ -306,7 +318,21 @@ impl Connection {
                     limit,
                     count_only,
                     after,
-                } => self.scan(header.request_id, &ns, lo, hi, limit, count_only, after),
+                    with_lsn,
+                } => {
+                    // Read before the page: the page holds every change up to it.
+                    let lsn = with_lsn.then(|| self.shared.watch.applied_lsn());
+                    self.scan(
+                        header.request_id,
+                        &ns,
+                        lo,
+                        hi,
+                        limit,
+                        count_only,
+                        after,
+                        lsn,
+                    )
+                }
                 // So are mget answers, each value copied once.
                 Request::Mget { ns, coords } => crate::mget::answer(
                     self.shared.engine.memstore(),
@@ -604,6 +630,7 @@ impl Connection {
             | Request::Run { .. }
             | Request::Step { .. }
             | Request::Scan { .. }
+            | Request::Watch { .. }
             | Request::Mget { .. } => Err(ServerError::new(
                 ErrorCode::Internal,
                 "put, del, prog, run, step, scan and mget are served before the generic handler",
@@ -625,6 +652,7 @@ impl Connection {
         limit: u32,
         count_only: bool,
         after: Option<Coord>,
+        lsn: Option<u64>,
     ) -> Result<(), ServerError> {
         let region = CellBox::new(lo, hi)
             .map_err(|why| ServerError::new(ErrorCode::InvalidArgument, why))?;
@@ -647,6 +675,7 @@ impl Connection {
             Response::Scan {
                 result: ScanResult::Count(outcome.cells),
                 resume_after: outcome.resume_after,
+                lsn,
             }
             .encode(request_id, &mut self.out);
             return Ok(());
@@ -656,7 +685,7 @@ impl Connection {
             max_steps: ScanLimits::MAX_STEPS,
         };
         let max_frame = self.shared.args.limits().max_frame_bytes as usize;
-        let mut page = ScanPageEncoder::begin(&mut self.out, request_id);
+        let mut page = ScanPageEncoder::begin_at(&mut self.out, request_id, lsn);
         let outcome = mem.scan(ns, &region, after, limits, |coord, value| {
             // The first cell always goes in (a value fits a frame), so
             // every page makes progress.

@@ -30,6 +30,8 @@ mod metrics_http;
 pub mod server;
 mod signals;
 pub mod verify;
+mod watch;
+mod watch_hub;
 mod write_reply;
 
 pub use config::Args;

@@ -79,6 +79,8 @@ pub(crate) struct Shared {
     pub(crate) stats: CommandStats,
     /// Cell programs: budgets and figures.
     pub(crate) programs: crate::programs::ProgramService,
+    /// Where applied groups meet the watches (`watch_hub.rs`).
+    pub(crate) watch: Arc<crate::watch_hub::WatchHub>,
     pub(crate) shutting_down: AtomicBool,
     /// Every client's buffers against `--max-client-memory`; also holds
     /// each open connection's socket, for the shutdown.
@@ -115,6 +117,7 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
             every.as_millis()
         );
     }
+    let watch = crate::watch_hub::WatchHub::start().map_err(DaemonError::Io)?;
     let engine = Engine::open(EngineConfig {
         data_dir: args.data.clone(),
         storage: Arc::new(RealDisk),
@@ -125,6 +128,7 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
             max_namespaces_per_owner: args.max_namespaces_per_uid as usize,
             unlimited_owners: vec![0, crate::access::daemon_uid()],
             answer_hooks: Some(crate::write_reply::ANSWER_HOOKS),
+            commit_listener: Some(Arc::clone(&watch) as Arc<dyn cube_store::CommitListener>),
             ..GroupCommitConfig::default()
         },
         recovery: RecoveryOptions {
@@ -138,6 +142,7 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
         key_file: args.key_file.clone(),
     })?;
     log_recovery(&engine);
+    watch.set_applied(engine.last_lsn());
     // The writer's Lua VM, made now rather than inside the first `run`
     // (half a millisecond of that run's latency, and of every write
     // queued behind it).
@@ -152,6 +157,7 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
     let args_memory = args.max_client_memory;
     let shared = Arc::new(Shared {
         programs,
+        watch,
         engine,
         args,
         stats: CommandStats::default(),
@@ -751,6 +757,7 @@ mod tests {
         let engine = Engine::open(EngineConfig::new(dir)).unwrap();
         Arc::new(Shared {
             programs: crate::programs::ProgramService::new(&args),
+            watch: crate::watch_hub::WatchHub::start().unwrap(),
             engine,
             client_memory: ClientMemory::new(args.max_client_memory),
             args,
@@ -763,7 +770,7 @@ mod tests {
     }
 
     /// A connection thread that panics gives back its place, its uid's
-    /// count and its memory account (found by review: the cleanup ran
+    /// count and its memory account (a past bug: the cleanup ran
     /// after `Connection::run`, so a panic leaked a `--max-connections`
     /// slot for good).
     #[test]

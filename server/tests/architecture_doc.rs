@@ -8,7 +8,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 /// Directories of ours whose Rust sources the checks read.
-const SOURCE_DIRS: [&str; 6] = ["protocol", "store", "server", "client", "stress", "fuzz"];
+const SOURCE_DIRS: [&str; 7] = [
+    "protocol", "store", "server", "client", "stress", "metrics", "fuzz",
+];
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -141,7 +141,7 @@ fn wal_files(data: &std::path::Path) -> BTreeMap<String, u64> {
 
 /// A `cubed` started on a backup writes only into the backup: it appends
 /// to its newest segment, which must be its own file, not one shared with
-/// the original (found by review: the segments were hard-linked, so the
+/// the original (a past bug: the segments were hard-linked, so the
 /// copy's writes went into the original's closed segment).
 #[test]
 fn a_daemon_on_a_backup_never_writes_into_the_originals_files() {

@@ -259,7 +259,7 @@ fn a_connection_idle_past_its_memo_still_reads_fresh_and_closes_only_at_the_idle
 
 /// SIGTERM during a flood of connects and disconnects: the reactor stops
 /// accepting and shuts down at once, instead of draining the flood first
-/// (found by review: shutdown waited for the flood to end).
+/// (a past bug: shutdown waited for the flood to end).
 #[test]
 fn sigterm_during_a_connect_flood_stops_the_daemon_promptly() {
     use std::sync::Arc;
@@ -296,7 +296,7 @@ fn sigterm_during_a_connect_flood_stops_the_daemon_promptly() {
 
 /// Started under a low soft open-file limit, cubed raises it towards what
 /// --max-connections needs (4 per connection plus 256), up to the hard
-/// limit (found by review: at a soft limit of 1024, clients past about 250
+/// limit (a past bug: at a soft limit of 1024, clients past about 250
 /// connections were reset with no word).
 #[test]
 fn a_low_open_file_limit_is_raised_for_the_connection_cap() {
@@ -403,8 +403,8 @@ fn greet(stream: &mut UnixStream, wait: Duration) -> Greeting {
 /// in the listen queue must be served as soon as descriptors are free
 /// again, not stranded until some later client happens to connect (the
 /// reactor is edge-triggered); when `accept` succeeds but the connection's
-/// own descriptors cannot be had, the client must be told, not dropped
-/// (both found by review). Which of the two happens depends on how many
+/// own descriptors cannot be had, the client must be told, not dropped.
+/// Which of the two happens depends on how many
 /// descriptors are left after the last whole connection (each takes four),
 /// so the test runs under four limits in a row and must meet both.
 #[test]

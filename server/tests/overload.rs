@@ -419,8 +419,8 @@ fn hostile_clients_at_once_leave_a_bystanders_latency_alone() {
 /// A slowloris that trickles one byte at a time, each well within
 /// `--frame-timeout-ms` of the last, must still be cut off once the frame
 /// has been incomplete for that long (one deadline for the whole frame,
-/// `FrameDeadline` in `server/src/connection.rs`; found by
-/// `cube-stress --hostile`, when the timeout was per read).
+/// `FrameDeadline` in `server/src/connection.rs`; a per-read timeout let
+/// it stay for ever).
 #[test]
 fn a_trickling_slowloris_is_cut_off_after_the_frame_timeout() {
     let daemon = LocalDaemon::start_fresh(&["--frame-timeout-ms", "500"]).unwrap();

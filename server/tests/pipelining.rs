@@ -302,7 +302,7 @@ fn prog_then_connect(daemon: &LocalDaemon, at: Coord, source: &[u8]) -> UnixStre
     s
 }
 
-/// Found by review: at shutdown only the first request read after the
+/// Regression guard: at shutdown only the first request read after the
 /// flag was set got `shutting_down`; the requests pipelined behind it,
 /// already read, got a closed socket, so the client could not tell they
 /// were not done. Each whole request already read is now answered.
@@ -365,7 +365,7 @@ fn requests_pipelined_behind_a_shutdown_are_each_told_so() {
     }
 }
 
-/// Found by review: a client that pipelined runs with big results and did
+/// Regression guard: a client that pipelined runs with big results and did
 /// not read made the daemon hold up to 64 of them (a frame each, 16 MiB by
 /// default). A run now waits while 4 answers are outstanding, so such a
 /// client costs the daemon a few frames, and its answers all still arrive,

@@ -110,6 +110,18 @@ pub struct GroupCommitConfig {
     /// the answers it sends and send each client's together (the server
     /// sends a connection's answers of one group in one `send`).
     pub answer_hooks: Option<AnswerHooks>,
+    /// Told of every group once it is applied (the server's `watch`).
+    pub commit_listener: Option<Arc<dyn CommitListener>>,
+}
+
+/// Told, on the writer thread, of each group once readers can see it and
+/// before it is answered. It must never block: a non-blocking handoff at
+/// most, so no listener can slow the writer down.
+pub trait CommitListener: Send + Sync + std::fmt::Debug {
+    /// The group `first_lsn..=last_lsn` is applied. `take` gives its
+    /// mutations in LSN order, moved out of the group (call it at most
+    /// once, and only when they are wanted).
+    fn applied(&self, first_lsn: u64, last_lsn: u64, take: &mut dyn FnMut() -> Vec<Mutation>);
 }
 
 /// See [`GroupCommitConfig::answer_hooks`]. Plain functions: they run on
@@ -148,6 +160,7 @@ impl Default for GroupCommitConfig {
             max_namespaces_per_owner: usize::MAX,
             unlimited_owners: Vec::new(),
             answer_hooks: None,
+            commit_listener: None,
         }
     }
 }
@@ -528,6 +541,22 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Moves a durable, applied group's mutations out for a
+/// [`CommitListener`], leaving a cheap stand-in of the same namespace in
+/// each place (answering needs only how many there were).
+fn take_mutations(prepared: &mut [Prepared]) -> Vec<Mutation> {
+    let mut taken = Vec::with_capacity(prepared.iter().map(|p| p.mutations().len()).sum());
+    for entry in prepared {
+        for mutation in entry.mutations_mut() {
+            let stand_in = Mutation::NamespaceDrop {
+                ns: mutation.namespace().clone(),
+            };
+            taken.push(std::mem::replace(mutation, stand_in));
+        }
+    }
+    taken
 }
 
 /// A command of the group being built, before it is prepared.
@@ -993,6 +1022,9 @@ impl Writer {
         let mut existed = Vec::with_capacity(records);
         self.mem.apply_group(&mutations, &mut existed);
         drop(mutations);
+        if let Some(listener) = &self.config.commit_listener {
+            listener.applied(first_lsn, last_lsn, &mut || take_mutations(&mut prepared));
+        }
         self.answer(prepared, &existed);
     }
 
@@ -1251,8 +1283,8 @@ mod tests {
     }
 
     /// A callback answer is given exactly once: with the outcome, or with
-    /// `ShuttingDown` when its command is dropped unanswered (found by
-    /// review: a connection waiting for such an answer waited for ever).
+    /// `ShuttingDown` when its command is dropped unanswered (a past bug:
+    /// a connection waiting for such an answer waited for ever).
     #[test]
     fn a_callback_is_answered_once_even_when_dropped_unanswered() {
         let answers = Arc::new(Mutex::new(Vec::new()));

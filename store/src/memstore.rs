@@ -974,7 +974,7 @@ mod tests {
     /// A drop (or a replacing create) held up half way, as a walk holding
     /// the graph's read lock holds it: every reader, through the table or
     /// through a memo that skips it, must still see the old namespace, and
-    /// all see it gone once the drop is through. Found by review: the table
+    /// all see it gone once the drop is through. Regression guard: the table
     /// used to change first, so a table read said "gone" while a memo still
     /// answered from the old cells.
     #[test]
@@ -1019,7 +1019,7 @@ mod tests {
 
     /// `usage` (for `stats`, `ns info`, `ns drop`) never holds the cells'
     /// lock while it waits for the graph's, which the writer takes first
-    /// (found by review: a `stats` under writes deadlocked the writer).
+    /// (a past bug: a `stats` under writes deadlocked the writer).
     #[test]
     fn usage_keeps_the_lock_order_of_the_writer() {
         let store = Arc::new(MemStore::new());

@@ -181,6 +181,9 @@ pub struct RunArgs {
     /// No progress lines on stderr.
     #[arg(long)]
     pub quiet: bool,
+
+    #[command(flatten)]
+    pub watch: crate::watch_workload::WatchArgs,
 }
 
 impl RunArgs {
@@ -250,6 +253,9 @@ pub fn main_with_args(args: impl IntoIterator<Item = impl Into<OsString> + Clone
 /// One run; `Ok(passed)`.
 fn run_command(args: &RunArgs) -> Result<bool, StressError> {
     let config = args.config()?;
+    if config.workload.kind == WorkloadKind::Watch {
+        return watch_command(args, &config);
+    }
     if config.hostile > 0 {
         return hostile_command(args, config);
     }
@@ -263,6 +269,25 @@ fn run_command(args: &RunArgs) -> Result<bool, StressError> {
         write_file(path, &plot(&report))?;
         eprintln!("cube-stress: wrote {}", path.display());
     }
+    Ok(report.passed())
+}
+
+/// `--workload watch` (`watch_workload`): a throwaway cubed per run.
+fn watch_command(args: &RunArgs, config: &RunConfig) -> Result<bool, StressError> {
+    if config.target.kind != TargetKind::Cube || config.target.socket.is_some() {
+        return Err(StressError::Usage(
+            "--workload watch needs a throwaway cubed (--target cube without --socket)".into(),
+        ));
+    }
+    let setup = crate::watch_workload::WatchSetup {
+        clients: config.clients,
+        duration: config.duration,
+        value_size: config.value_size,
+        daemon_args: &config.target.daemon_args,
+        progress: config.progress,
+    };
+    let report = crate::watch_workload::run(&setup, &args.watch)?;
+    println!("{}", report.to_table());
     Ok(report.passed())
 }
 

@@ -72,7 +72,7 @@ impl RunReport {
     /// The effective share of reads: 0 for `put`, 1 for `get`.
     pub fn read_ratio(&self) -> f64 {
         match self.workload.kind {
-            WorkloadKind::Put => 0.0,
+            WorkloadKind::Put | WorkloadKind::Watch => 0.0,
             WorkloadKind::Get | WorkloadKind::Mget => 1.0,
             WorkloadKind::Mixed => self.workload.read_ratio,
             // Walks and paths are the reads; links and unlinks the writes.

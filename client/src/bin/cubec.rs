@@ -25,6 +25,8 @@ mod namespaces;
 mod programs;
 #[path = "cubec/transfer.rs"]
 mod transfer;
+#[path = "cubec/watch.rs"]
+mod watch;
 
 const EXIT_NOT_FOUND: u8 = 1;
 const EXIT_USAGE: u8 = 2;
@@ -170,6 +172,10 @@ Examples:
   cubec --json scan default 0,0,0 3,3,3")]
     Scan(ScanArgs),
 
+    /// Follow the changes inside a box as they commit (from --from LSN, if given)
+    #[command(after_help = watch::WATCH_HELP)]
+    Watch(watch::WatchArgs),
+
     /// Show the server's counters and gauges, or (with NS X,Y,Z) a cell's program telemetry
     #[command(after_help = programs::STATS_HELP)]
     Stats(programs::StatsArgs),
@@ -258,6 +264,11 @@ struct ScanArgs {
     /// Start strictly after this cell (the position printed when --limit stopped early)
     #[arg(long, value_parser = parse_coord, allow_hyphen_values = true, value_name = "X,Y,Z")]
     after: Option<Coord>,
+
+    /// Also say which LSN the cells are at (on stderr; with --json, a first
+    /// line `{"lsn":N}`): `cubec watch --from N+1` then misses no change
+    #[arg(long, conflicts_with = "count")]
+    lsn: bool,
 
     /// Cells fetched per request (at most 65536)
     #[arg(long, value_name = "N", default_value_t = 4096,
@@ -380,6 +391,8 @@ fn next_step(error: &ClientError) -> Option<&'static str> {
             "this is a bug; check that cubec and cubed come from the same build and report it"
         }
         ClientError::Daemon(_) => "check the daemon log above",
+        // Its message says what to do.
+        ClientError::Resync { .. } => return None,
         ClientError::Server(e) => match e.known_code() {
             Some(ErrorCode::NoSuchNamespace) => {
                 "check the namespace name; `cubec ns list` shows the namespaces you may see \
@@ -501,6 +514,7 @@ fn run(cli: &Cli) -> Result<u8, Failure> {
         Command::Walk(args) => edges::walk(&mut client, args, cli.json, &mut stdout),
         Command::Path(args) => edges::path(&mut client, args, cli.json, &mut stdout),
         Command::Scan(args) => scan(&mut client, args, cli.json, &mut stdout),
+        Command::Watch(args) => watch::watch(client, args, cli.json, &mut stdout),
         Command::Stats(programs::StatsArgs {
             ns: Some(ns),
             coord: Some(coord),
@@ -730,7 +744,24 @@ fn scan(
     let mut line = Vec::with_capacity(256);
     while printed < limit {
         let want = (limit - printed).min(u64::from(args.page_size)) as u32;
-        let page = client.scan_page(args.ns.as_str(), &region, want, after)?;
+        let page = if args.lsn && printed == 0 && after == args.after {
+            let (page, lsn) = client.scan_page_with_lsn(args.ns.as_str(), &region, want, after)?;
+            if as_json {
+                emit_line(out, &format!("{{\"lsn\":{lsn}}}"))?;
+            } else {
+                eprintln!(
+                    "cubec: the cells are at LSN {lsn} (every change up to it is in them); \
+                     follow on with `cubec watch {} {} {} --from {}`",
+                    args.ns,
+                    args.lo,
+                    args.hi,
+                    lsn + 1
+                );
+            }
+            page
+        } else {
+            client.scan_page(args.ns.as_str(), &region, want, after)?
+        };
         for cell in &page.cells {
             line.clear();
             if as_json {
@@ -1119,7 +1150,7 @@ mod tests {
             String::from_utf8(out).unwrap(),
             "a\\tb\\nc\\\\d\\x01\\xffz\u{e9}"
         );
-        // Characters other tools split lines at (found by review).
+        // Characters other tools split lines at.
         let mut out = Vec::new();
         escape_value("\u{85}\u{2028}\u{2029} nel".as_bytes(), &mut out);
         assert_eq!(
