@@ -176,6 +176,10 @@ class EncryptionUnavailable(ServerError):
     """27: encrypted namespace asked for, but cubed has no --key-file."""
 
 
+class BadPath(ServerError):
+    """28: a backup destination that cannot be used (the message says why)."""
+
+
 #: Code -> (name, exception class), as in docs/protocol.md section 7.
 ERROR_CODES: Dict[int, "tuple[str, Type[ServerError]]"] = {
     1: ("malformed_frame", MalformedFrame),
@@ -205,6 +209,7 @@ ERROR_CODES: Dict[int, "tuple[str, Type[ServerError]]"] = {
     25: ("quota_exceeded", QuotaExceeded),
     26: ("permission_denied", PermissionDenied),
     27: ("encryption_unavailable", EncryptionUnavailable),
+    28: ("bad_path", BadPath),
 }
 
 
