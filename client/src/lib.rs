@@ -38,8 +38,8 @@ pub use cube_protocol::{
     CellStats, ProgramValue, RunOutcome, RunRecord, RunReply, StepFailure, StepReply,
 };
 pub use cube_protocol::{CurveChoice, MAX_GRANTS, NamespaceGrant, NamespaceInfo, NamespaceSpec};
-pub use duration::{parse_millis, parse_seconds};
 pub use cube_protocol::{ResyncReason, WatchChange, WatchOp};
+pub use duration::{parse_millis, parse_seconds};
 pub use edges::{Detached, Linked, PathAnswer, WalkOptions};
 pub use error::ClientError;
 pub use local_daemon::LocalDaemon;

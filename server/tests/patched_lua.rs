@@ -30,7 +30,10 @@ fn mlua_links_the_patched_lua_src_from_third_party() {
         .lines()
         .find_map(|l| l.strip_prefix("version = "))
         .unwrap();
-    assert!(manifest.contains(&format!("version = {version}")), "{lua_src}");
+    assert!(
+        manifest.contains(&format!("version = {version}")),
+        "{lua_src}"
+    );
     assert!(
         locked_package(&lock, "mlua-sys").contains("\"lua-src\""),
         "mlua-sys no longer builds Lua from lua-src"
@@ -38,5 +41,8 @@ fn mlua_links_the_patched_lua_src_from_third_party() {
     // The build applied cube's patches to the sources mlua-sys compiled.
     let lvm = std::fs::read_to_string(root.join("third_party/lua-src/lua-5.4.9/lvm.c")).unwrap();
     assert!(lvm.contains("memcmp(s1, s2"), "string order patch missing");
-    assert!(lvm.contains("count hook not due: only count"), "count hook patch missing");
+    assert!(
+        lvm.contains("count hook not due: only count"),
+        "count hook patch missing"
+    );
 }

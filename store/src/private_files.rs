@@ -44,7 +44,7 @@ pub fn open_private_file(
     if !meta.is_file() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("not a regular file; cubed keeps only regular files there (remove it)"),
+            "not a regular file; cubed keeps only regular files there (remove it)".to_owned(),
         ));
     }
     if writable && meta.mode() & 0o777 != FILE_MODE {
