@@ -1002,7 +1002,7 @@ impl Writer {
                         // this one: build the overlay now.
                         for entry in &prepared {
                             for earlier in entry.mutations() {
-                                self.overlay.record(earlier);
+                                self.overlay.record(&self.mem, earlier);
                             }
                         }
                         overlay_live = true;
@@ -1016,7 +1016,7 @@ impl Writer {
                         self.group_usage.entry(ns.clone()).or_default().add(delta);
                     }
                     if overlay_live {
-                        self.overlay.record(&mutation);
+                        self.overlay.record(&self.mem, &mutation);
                     }
                     prepared.push(Prepared::Write {
                         mutation,
@@ -1032,7 +1032,7 @@ impl Writer {
                     if !overlay_live {
                         for entry in &prepared {
                             for mutation in entry.mutations() {
-                                self.overlay.record(mutation);
+                                self.overlay.record(&self.mem, mutation);
                             }
                         }
                         overlay_live = true;
