@@ -244,12 +244,35 @@ impl<T: Copy + Default, const N: usize> SmallEdges<T, N> {
     }
 }
 
+impl<T: Copy + Default, const N: usize> SmallEdges<T, N> {
+    /// Keeps the edges `keep` says yes to, in their order.
+    fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
+        match self {
+            SmallEdges::Heap(items) => items.retain(|item| keep(item)),
+            SmallEdges::Inline { len, items } => {
+                let mut kept = 0u8;
+                for at in 0..usize::from(*len) {
+                    if keep(&items[at]) {
+                        items[usize::from(kept)] = items[at];
+                        kept += 1;
+                    }
+                }
+                *len = kept;
+            }
+        }
+    }
+}
+
 /// A coordinate with at least one edge (a free slot has none).
 struct Node {
     coord: Coord,
     out: SmallEdges<OutEdge, INLINE_EDGES>,
     inc: SmallEdges<InEdge, INLINE_EDGES>,
 }
+
+/// Edges a [`EdgeGraph::unlink_all`] removes one at a time (cheaper than
+/// its set when there are few).
+const UNLINK_ONE_AT_A_TIME: usize = 16;
 
 /// Nodes per arena chunk.
 const ARENA_CHUNK: usize = 1024;
@@ -457,6 +480,58 @@ impl EdgeGraph {
         self.labels.drop_use(label);
         self.edge_count -= 1;
         true
+    }
+
+    /// Removes each of `edges` that exists, as [`EdgeGraph::unlink`] of
+    /// each would, in time linear in the lists of the nodes they touch.
+    /// Unlinking a detached hub's edges one at a time scans the hub's list
+    /// once per edge: quadratic in its degree (at the largest
+    /// `--max-edges-per-cell`, 65 536 edges scanned 65 536 times).
+    pub(crate) fn unlink_all(&mut self, edges: &[EdgeKey]) {
+        if edges.len() <= UNLINK_ONE_AT_A_TIME {
+            for edge in edges {
+                self.unlink(edge);
+            }
+            return;
+        }
+        let mut doomed: HashSet<(NodeId, NodeId, LabelId)> = HashSet::with_capacity(edges.len());
+        let mut touched: Vec<NodeId> = Vec::with_capacity(2 * edges.len());
+        for edge in edges {
+            let (Some(label), Some(&from), Some(&to)) = (
+                self.labels.find(&edge.label),
+                self.ids.get(&edge.from),
+                self.ids.get(&edge.to),
+            ) else {
+                continue;
+            };
+            if doomed.insert((from, to, label)) {
+                touched.extend([from, to]);
+            }
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        // Each edge leaves from exactly one outgoing list: what goes from
+        // those is what the graph loses.
+        let mut removed: Vec<LabelId> = Vec::with_capacity(doomed.len());
+        for &id in &touched {
+            let node = &mut self.nodes[id as usize];
+            node.out.retain(|e| {
+                let keep = !doomed.contains(&(id, e.to, e.label));
+                if !keep {
+                    removed.push(e.label);
+                }
+                keep
+            });
+            node.inc
+                .retain(|e| !doomed.contains(&(e.from, id, e.label)));
+        }
+        for label in removed {
+            self.labels.drop_use(label);
+            self.edge_count -= 1;
+        }
+        for &id in &touched {
+            self.release_if_unused(id);
+        }
     }
 
     /// Every edge into or out of `coord`, each once (a self-loop is both).
@@ -1308,6 +1383,58 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn unlinking_all_at_once_is_unlinking_each() {
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng % n) as i32
+        };
+        for round in 0..20 {
+            let (mut each, mut all) = (EdgeGraph::default(), EdgeGraph::default());
+            let mut keys = Vec::new();
+            for _ in 0..200 {
+                // A hub at 0 with parallel labels and self-loops, and
+                // edges elsewhere that must stay.
+                let (from, to) = (next(3) * next(8), next(3) * next(8));
+                let edge = key(from, to, ["", "a", "b"][next(3) as usize]);
+                each.link(&edge, EdgeWeight::DEFAULT);
+                all.link(&edge, EdgeWeight::DEFAULT);
+                keys.push(edge);
+            }
+            let hub = Coord::new(0, 0, 0);
+            let mut doomed = each.incident(hub);
+            // Absent and repeated edges are no-ops.
+            doomed.push(key(99, 0, "gone"));
+            doomed.extend(doomed.clone().into_iter().take(round));
+            for edge in &doomed {
+                each.unlink(edge);
+            }
+            all.unlink_all(&doomed);
+            assert_eq!(all.edge_count(), each.edge_count());
+            assert!(all.incident(hub).is_empty());
+            for edge in &keys {
+                assert_eq!(all.contains(edge), each.contains(edge), "{edge:?}");
+            }
+            for x in 0..24 {
+                let c = Coord::new(x, 0, 0);
+                let mut got = all.incident(c);
+                let mut want = each.incident(c);
+                got.sort();
+                want.sort();
+                assert_eq!(got, want, "at {x}");
+            }
+            assert_eq!(all.ids.len(), each.ids.len(), "emptied nodes are freed");
+            assert_eq!(
+                all.labels.ids.len(),
+                each.labels.ids.len(),
+                "unused labels are freed"
+            );
         }
     }
 
