@@ -238,6 +238,54 @@ fn hub_at_origin(client: &mut Client, ns: &str, cap: i32) {
     ops.clear();
 }
 
+/// Links into two hubs at the largest `--max-edges-per-cell`: each new
+/// edge is looked for among its hub's (a list) before it is added.
+fn hubs_at_the_largest_cap(crit: &mut Criterion) {
+    let cap_arg = MAX_CAP.to_string();
+    let daemon = LocalDaemon::start_fresh(&["--max-edges-per-cell", &cap_arg]).unwrap();
+    let writer = WriterClock::of(&daemon);
+    let mut client = daemon.client().unwrap();
+    let mut group = crit.benchmark_group("writer-bounds/batch");
+    group.sample_size(10).sampling_mode(SamplingMode::Flat);
+    let mut fresh = 0u64;
+    group.bench_function("links-65536-2-hubs-cap-32768-applied", |b| {
+        b.iter_custom(|iters| {
+            timed(
+                iters,
+                &mut client,
+                &writer,
+                |client| {
+                    fresh += 1;
+                    let ns = format!("hubs{fresh}");
+                    new_namespace(client, &ns);
+                    (ns, hub_links(MAX_CAP, false))
+                },
+                |client, (ns, mut ops)| {
+                    client.batch(&ns, &mut ops).unwrap();
+                },
+            )
+        })
+    });
+    new_namespace(&mut client, "relinked");
+    client
+        .batch("relinked", &mut hub_links(MAX_CAP, false))
+        .unwrap();
+    group.bench_function("links-65536-2-hubs-cap-32768-relinked", |b| {
+        b.iter_custom(|iters| {
+            timed(
+                iters,
+                &mut client,
+                &writer,
+                |_| hub_links(MAX_CAP, false),
+                |client, mut ops| {
+                    client.batch("relinked", &mut ops).unwrap();
+                },
+            )
+        })
+    });
+    group.finish();
+}
+
 fn detaches(crit: &mut Criterion) {
     let mut group = crit.benchmark_group("writer-bounds/detach");
     group.sample_size(10).sampling_mode(SamplingMode::Flat);
@@ -305,5 +353,5 @@ fn steps(crit: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, batches, detaches, steps);
+criterion_group!(benches, batches, hubs_at_the_largest_cap, detaches, steps);
 criterion_main!(benches);

@@ -337,6 +337,103 @@ impl LabelFilter {
     }
 }
 
+/// An edge list entry's key: the other end and the label.
+trait ListEntry: Copy + Default {
+    fn key(&self) -> (NodeId, LabelId);
+}
+
+impl ListEntry for OutEdge {
+    fn key(&self) -> (NodeId, LabelId) {
+        (self.to, self.label)
+    }
+}
+
+impl ListEntry for InEdge {
+    fn key(&self) -> (NodeId, LabelId) {
+        (self.from, self.label)
+    }
+}
+
+/// Where each entry of one long edge list is, by its key.
+type ListIndex = HashMap<(NodeId, LabelId), u32>;
+
+/// A list this long gets a [`ListIndex`] (dropped below half of it):
+/// finding an edge in a hub's list by scanning it made each link, unlink
+/// or look-up at a hub cost its degree, and a batch of links into hubs
+/// at the largest `--max-edges-per-cell` cost seconds of writer time.
+const INDEX_FROM: usize = 64;
+
+/// The indexes of a graph's long lists in one direction, by node.
+#[derive(Default)]
+struct ListIndexes(HashMap<NodeId, ListIndex>);
+
+impl ListIndexes {
+    fn build<T: ListEntry>(list: &[T]) -> ListIndex {
+        list.iter()
+            .enumerate()
+            .map(|(at, e)| (e.key(), at as u32))
+            .collect()
+    }
+
+    /// Where the entry with `key` is in `id`'s `list`.
+    fn position<T: ListEntry>(
+        &self,
+        id: NodeId,
+        list: &[T],
+        key: (NodeId, LabelId),
+    ) -> Option<usize> {
+        match self.0.get(&id) {
+            Some(index) => index.get(&key).map(|&at| at as usize),
+            None => list.iter().position(|e| e.key() == key),
+        }
+    }
+
+    /// After a push onto `id`'s `list`.
+    fn pushed<T: ListEntry>(&mut self, id: NodeId, list: &[T]) {
+        match self.0.get_mut(&id) {
+            Some(index) => {
+                let last = list.len() - 1;
+                index.insert(list[last].key(), last as u32);
+            }
+            None if list.len() >= INDEX_FROM => {
+                self.0.insert(id, Self::build(list));
+            }
+            None => {}
+        }
+    }
+
+    /// After the entry with `key` was swap-removed from `at` in `id`'s
+    /// `list`.
+    fn swap_removed<T: ListEntry>(
+        &mut self,
+        id: NodeId,
+        list: &[T],
+        key: (NodeId, LabelId),
+        at: usize,
+    ) {
+        let Some(index) = self.0.get_mut(&id) else {
+            return;
+        };
+        if list.len() < INDEX_FROM / 2 {
+            self.0.remove(&id);
+            return;
+        }
+        index.remove(&key);
+        if let Some(moved) = list.get(at) {
+            index.insert(moved.key(), at as u32);
+        }
+    }
+
+    /// After `id`'s `list` changed in any other way.
+    fn rebuilt<T: ListEntry>(&mut self, id: NodeId, list: &[T]) {
+        if list.len() < INDEX_FROM / 2 {
+            self.0.remove(&id);
+        } else if self.0.contains_key(&id) || list.len() >= INDEX_FROM {
+            self.0.insert(id, Self::build(list));
+        }
+    }
+}
+
 /// One namespace's edges.
 #[derive(Default)]
 pub(crate) struct EdgeGraph {
@@ -349,6 +446,9 @@ pub(crate) struct EdgeGraph {
     free: Vec<NodeId>,
     labels: Labels,
     edge_count: u64,
+    /// Indexes of the long outgoing and incoming lists.
+    out_index: ListIndexes,
+    in_index: ListIndexes,
 }
 
 impl EdgeGraph {
@@ -410,6 +510,8 @@ impl EdgeGraph {
             let coord = node.coord;
             self.ids.remove(&coord);
             self.free.push(id);
+            self.out_index.0.remove(&id);
+            self.in_index.0.remove(&id);
         }
     }
 
@@ -424,14 +526,20 @@ impl EdgeGraph {
     }
 
     pub(crate) fn contains(&self, edge: &EdgeKey) -> bool {
-        let (Some(label), Some(from), Some(to)) = (
+        let (Some(label), Some(&from), Some(&to)) = (
             self.labels.find(&edge.label),
-            self.node(edge.from),
+            self.ids.get(&edge.from),
             self.ids.get(&edge.to),
         ) else {
             return false;
         };
-        from.out.iter().any(|e| e.to == *to && e.label == label)
+        self.find_out(from, to, label).is_some()
+    }
+
+    /// Where the edge is in `from`'s outgoing list.
+    fn find_out(&self, from: NodeId, to: NodeId, label: LabelId) -> Option<usize> {
+        let list = &self.nodes[from as usize].out;
+        self.out_index.position(from, list, (to, label))
     }
 
     /// Creates the edge or sets its weight; returns whether it existed.
@@ -439,17 +547,20 @@ impl EdgeGraph {
         let label = self.labels.intern(&edge.label);
         let from = self.slot(edge.from);
         let to = self.slot(edge.to);
-        let out = &mut self.nodes[from as usize].out;
-        if let Some(existing) = out.iter_mut().find(|e| e.to == to && e.label == label) {
-            existing.weight = weight.get();
+        if let Some(at) = self.find_out(from, to, label) {
+            self.nodes[from as usize].out[at].weight = weight.get();
             return true;
         }
+        let out = &mut self.nodes[from as usize].out;
         out.push(OutEdge {
             to,
             label,
             weight: weight.get(),
         });
-        self.nodes[to as usize].inc.push(InEdge { from, label });
+        self.out_index.pushed(from, out);
+        let inc = &mut self.nodes[to as usize].inc;
+        inc.push(InEdge { from, label });
+        self.in_index.pushed(to, inc);
         self.labels.add_use(label);
         self.edge_count += 1;
         false
@@ -464,14 +575,16 @@ impl EdgeGraph {
         ) else {
             return false;
         };
-        let out = &mut self.nodes[from as usize].out;
-        let Some(at) = out.iter().position(|e| e.to == to && e.label == label) else {
+        let Some(at) = self.find_out(from, to, label) else {
             return false;
         };
+        let out = &mut self.nodes[from as usize].out;
         out.swap_remove(at);
+        self.out_index.swap_removed(from, out, (to, label), at);
         let inc = &mut self.nodes[to as usize].inc;
-        if let Some(at) = inc.iter().position(|e| e.from == from && e.label == label) {
+        if let Some(at) = self.in_index.position(to, inc, (from, label)) {
             inc.swap_remove(at);
+            self.in_index.swap_removed(to, inc, (from, label), at);
         }
         self.release_if_unused(from);
         if to != from {
@@ -524,6 +637,8 @@ impl EdgeGraph {
             });
             node.inc
                 .retain(|e| !doomed.contains(&(e.from, id, e.label)));
+            self.out_index.rebuilt(id, &node.out);
+            self.in_index.rebuilt(id, &node.inc);
         }
         for label in removed {
             self.labels.drop_use(label);
@@ -559,11 +674,8 @@ impl EdgeGraph {
     }
 
     fn weight_of(&self, from: NodeId, to: NodeId, label: LabelId) -> f64 {
-        self.nodes[from as usize]
-            .out
-            .iter()
-            .find(|e| e.to == to && e.label == label)
-            .map_or(f64::NAN, |e| e.weight)
+        self.find_out(from, to, label)
+            .map_or(f64::NAN, |at| self.nodes[from as usize].out[at].weight)
     }
 
     /// The edges of `coord`: outgoing first, then incoming, at most `limit`.
@@ -1382,6 +1494,95 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// Every index entry of `graph` points at the entry it names, and
+    /// every list long enough has one.
+    fn assert_indexes_agree(graph: &EdgeGraph) {
+        for id in graph.ids.values() {
+            let node = &graph.nodes[*id as usize];
+            for (indexes, keys) in [
+                (
+                    &graph.out_index,
+                    node.out.iter().map(ListEntry::key).collect::<Vec<_>>(),
+                ),
+                (
+                    &graph.in_index,
+                    node.inc.iter().map(ListEntry::key).collect(),
+                ),
+            ] {
+                match indexes.0.get(id) {
+                    Some(index) => {
+                        assert_eq!(index.len(), keys.len());
+                        for (at, key) in keys.iter().enumerate() {
+                            assert_eq!(index.get(key), Some(&(at as u32)));
+                        }
+                    }
+                    None => assert!(keys.len() < INDEX_FROM),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn hubs_lists_are_indexed_and_answer_as_a_model() {
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng % n) as i32
+        };
+        let mut graph = EdgeGraph::default();
+        let mut model: std::collections::BTreeMap<EdgeKey, f64> = Default::default();
+        let labels = ["", "a", "b", "c"];
+        let mut indexed = false;
+        for step in 0..6000 {
+            // Hubs 0 and 1, edges among 200 coordinates, parallel labels.
+            let (hub, other) = (next(2), next(200));
+            let (from, to) = if next(2) == 0 {
+                (hub, other)
+            } else {
+                (other, hub)
+            };
+            let edge = key(from, to, labels[next(4) as usize]);
+            match next(1000) {
+                0..=599 => {
+                    let weight = f64::from(next(100));
+                    let existed = graph.link(&edge, EdgeWeight::new(weight).unwrap());
+                    assert_eq!(existed, model.insert(edge, weight).is_some());
+                }
+                600..=996 => assert_eq!(graph.unlink(&edge), model.remove(&edge).is_some()),
+                _ => {
+                    let doomed = graph.incident(Coord::new(hub, 0, 0));
+                    graph.unlink_all(&doomed);
+                    let c = Coord::new(hub, 0, 0);
+                    model.retain(|e, _| e.from != c && e.to != c);
+                }
+            }
+            indexed |= !graph.out_index.0.is_empty() && !graph.in_index.0.is_empty();
+            if step % 500 == 0 {
+                assert_indexes_agree(&graph);
+            }
+        }
+        assert_indexes_agree(&graph);
+        assert!(indexed, "the hubs' lists were indexed");
+        assert_eq!(graph.edge_count(), model.len() as u64);
+        for from in 0..200 {
+            for to in 0..200 {
+                for label in labels {
+                    let edge = key(from, to, label);
+                    assert_eq!(graph.contains(&edge), model.contains_key(&edge), "{edge:?}");
+                }
+            }
+        }
+        for hub in 0..2 {
+            let c = Coord::new(hub, 0, 0);
+            for info in graph.list(c, Direction::Out, None, usize::MAX) {
+                let edge = EdgeKey::new(c, info.other, info.label.clone());
+                assert_eq!(Some(&info.weight), model.get(&edge));
             }
         }
     }
