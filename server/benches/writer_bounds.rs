@@ -152,76 +152,121 @@ fn timed<S>(
     Duration::from_nanos(cpu_ns)
 }
 
+/// A daemon to measure, its writer's clock and a client.
+struct Bench {
+    // Dropped last: it kills the daemon.
+    _daemon: LocalDaemon,
+    writer: WriterClock,
+    client: Client,
+    /// Namespaces made so far (each fresh one gets the next number).
+    namespaces: u64,
+}
+
+type Group<'a> = criterion::BenchmarkGroup<'a, criterion::measurement::WallTime>;
+
+impl Bench {
+    fn start(args: &[&str]) -> Bench {
+        let daemon = LocalDaemon::start_fresh(args).unwrap();
+        Bench {
+            writer: WriterClock::of(&daemon),
+            client: daemon.client().unwrap(),
+            _daemon: daemon,
+            namespaces: 0,
+        }
+    }
+
+    /// Measures `request`, each after an untimed `setup`.
+    fn requests<S>(
+        &mut self,
+        group: &mut Group<'_>,
+        name: &str,
+        mut setup: impl FnMut(&mut Client) -> S,
+        mut request: impl FnMut(&mut Client, S),
+    ) {
+        let Bench { writer, client, .. } = self;
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| timed(iters, client, writer, &mut setup, &mut request))
+        });
+    }
+
+    /// Each request a batch of `ops()` into a namespace of its own.
+    fn fresh_batches(&mut self, group: &mut Group<'_>, name: &str, ops: impl Fn() -> Vec<BatchOp>) {
+        let mut made = self.namespaces;
+        self.requests(
+            group,
+            name,
+            |client| {
+                made += 1;
+                let ns = format!("fresh{made}");
+                new_namespace(client, &ns);
+                (ns, ops())
+            },
+            |client, (ns, mut ops)| {
+                client.batch(&ns, &mut ops).unwrap();
+            },
+        );
+        self.namespaces = made;
+    }
+
+    /// Each request a batch of `ops()` into `ns`; `refused`: each is.
+    fn batches(
+        &mut self,
+        group: &mut Group<'_>,
+        name: &str,
+        ns: &str,
+        refused: bool,
+        ops: impl Fn() -> Vec<BatchOp>,
+    ) {
+        self.requests(
+            group,
+            name,
+            |_| ops(),
+            |client, mut ops| {
+                assert_eq!(client.batch(ns, &mut ops).is_err(), refused);
+            },
+        );
+    }
+}
+
 fn batches(crit: &mut Criterion) {
-    let daemon = LocalDaemon::start_fresh(&[]).unwrap();
-    let writer = WriterClock::of(&daemon);
-    let mut client = daemon.client().unwrap();
-    let mut group = crit.benchmark_group("writer-bounds/batch");
-    group.sample_size(10).sampling_mode(SamplingMode::Flat);
-    let mut fresh = 0u64;
-    group.bench_function("links-65536-16-hubs-applied", |b| {
-        b.iter_custom(|iters| {
-            timed(
-                iters,
-                &mut client,
-                &writer,
-                |client| {
-                    fresh += 1;
-                    let ns = format!("links{fresh}");
-                    new_namespace(client, &ns);
-                    (ns, hub_links(DEFAULT_CAP, false))
-                },
-                |client, (ns, mut ops)| {
-                    client.batch(&ns, &mut ops).unwrap();
-                },
-            )
-        })
+    let mut bench = Bench::start(&[]);
+    let mut group = group(crit, "writer-bounds/batch");
+    bench.fresh_batches(&mut group, "links-65536-16-hubs-applied", || {
+        hub_links(DEFAULT_CAP, false)
     });
-    new_namespace(&mut client, "refused");
-    group.bench_function("links-65536-16-hubs-refused", |b| {
-        b.iter_custom(|iters| {
-            timed(
-                iters,
-                &mut client,
-                &writer,
-                |_| hub_links(DEFAULT_CAP, true),
-                |client, mut ops| {
-                    client.batch("refused", &mut ops).unwrap_err();
-                },
-            )
-        })
+    new_namespace(&mut bench.client, "refused");
+    bench.batches(
+        &mut group,
+        "links-65536-16-hubs-refused",
+        "refused",
+        true,
+        || hub_links(DEFAULT_CAP, true),
+    );
+    bench.batches(&mut group, "puts-65536", "default", false, put_batch);
+    bench.fresh_batches(&mut group, "import-chunk-65536-mixed", import_chunk);
+    group.finish();
+}
+
+/// Links into two hubs at the largest `--max-edges-per-cell`: each edge
+/// is looked for among its hub's before it is added or its weight set.
+fn hubs_at_the_largest_cap(crit: &mut Criterion) {
+    let mut bench = Bench::start(&["--max-edges-per-cell", &MAX_CAP.to_string()]);
+    let mut group = group(crit, "writer-bounds/batch");
+    bench.fresh_batches(&mut group, "links-65536-2-hubs-cap-32768-applied", || {
+        hub_links(MAX_CAP, false)
     });
-    group.bench_function("puts-65536", |b| {
-        b.iter_custom(|iters| {
-            timed(
-                iters,
-                &mut client,
-                &writer,
-                |_| put_batch(),
-                |client, mut ops| {
-                    client.batch("default", &mut ops).unwrap();
-                },
-            )
-        })
-    });
-    group.bench_function("import-chunk-65536-mixed", |b| {
-        b.iter_custom(|iters| {
-            timed(
-                iters,
-                &mut client,
-                &writer,
-                |client| {
-                    fresh += 1;
-                    let ns = format!("import{fresh}");
-                    new_namespace(client, &ns);
-                    (ns, import_chunk())
-                },
-                |client, (ns, mut ops)| {
-                    client.batch(&ns, &mut ops).unwrap();
-                },
-            )
-        })
-    });
+    new_namespace(&mut bench.client, "relinked");
+    bench
+        .client
+        .batch("relinked", &mut hub_links(MAX_CAP, false))
+        .unwrap();
+    bench.batches(
+        &mut group,
+        "links-65536-2-hubs-cap-32768-relinked",
+        "relinked",
+        false,
+        || hub_links(MAX_CAP, false),
+    );
     group.finish();
 }
 
@@ -238,87 +283,34 @@ fn hub_at_origin(client: &mut Client, ns: &str, cap: i32) {
     ops.clear();
 }
 
-/// Links into two hubs at the largest `--max-edges-per-cell`: each new
-/// edge is looked for among its hub's (a list) before it is added.
-fn hubs_at_the_largest_cap(crit: &mut Criterion) {
-    let cap_arg = MAX_CAP.to_string();
-    let daemon = LocalDaemon::start_fresh(&["--max-edges-per-cell", &cap_arg]).unwrap();
-    let writer = WriterClock::of(&daemon);
-    let mut client = daemon.client().unwrap();
-    let mut group = crit.benchmark_group("writer-bounds/batch");
+fn group<'a>(crit: &'a mut Criterion, name: &str) -> Group<'a> {
+    let mut group = crit.benchmark_group(name);
     group.sample_size(10).sampling_mode(SamplingMode::Flat);
-    let mut fresh = 0u64;
-    group.bench_function("links-65536-2-hubs-cap-32768-applied", |b| {
-        b.iter_custom(|iters| {
-            timed(
-                iters,
-                &mut client,
-                &writer,
-                |client| {
-                    fresh += 1;
-                    let ns = format!("hubs{fresh}");
-                    new_namespace(client, &ns);
-                    (ns, hub_links(MAX_CAP, false))
-                },
-                |client, (ns, mut ops)| {
-                    client.batch(&ns, &mut ops).unwrap();
-                },
-            )
-        })
-    });
-    new_namespace(&mut client, "relinked");
-    client
-        .batch("relinked", &mut hub_links(MAX_CAP, false))
-        .unwrap();
-    group.bench_function("links-65536-2-hubs-cap-32768-relinked", |b| {
-        b.iter_custom(|iters| {
-            timed(
-                iters,
-                &mut client,
-                &writer,
-                |_| hub_links(MAX_CAP, false),
-                |client, mut ops| {
-                    client.batch("relinked", &mut ops).unwrap();
-                },
-            )
-        })
-    });
-    group.finish();
+    group
 }
 
 fn detaches(crit: &mut Criterion) {
-    let mut group = crit.benchmark_group("writer-bounds/detach");
-    group.sample_size(10).sampling_mode(SamplingMode::Flat);
+    let mut group = group(crit, "writer-bounds/detach");
     for (cap, name) in [
         (DEFAULT_CAP, "hub-4096-out-4096-in"),
         (MAX_CAP, "hub-32768-out-32768-in"),
     ] {
-        let cap_arg = cap.to_string();
-        let daemon = LocalDaemon::start_fresh(&["--max-edges-per-cell", &cap_arg]).unwrap();
-        let writer = WriterClock::of(&daemon);
-        let mut client = daemon.client().unwrap();
-        group.bench_function(name, |b| {
-            b.iter_custom(|iters| {
-                timed(
-                    iters,
-                    &mut client,
-                    &writer,
-                    |client| hub_at_origin(client, "default", cap),
-                    |client, ()| {
-                        let detached = client.detach("default", c(0, 0, 0)).unwrap();
-                        assert_eq!(detached.edges_removed, 2 * cap as u32);
-                    },
-                )
-            })
-        });
+        let mut bench = Bench::start(&["--max-edges-per-cell", &cap.to_string()]);
+        bench.requests(
+            &mut group,
+            name,
+            |client| hub_at_origin(client, "default", cap),
+            |client, ()| {
+                let detached = client.detach("default", c(0, 0, 0)).unwrap();
+                assert_eq!(detached.edges_removed, 2 * cap as u32);
+            },
+        );
     }
     group.finish();
 }
 
 fn steps(crit: &mut Criterion) {
-    let daemon = LocalDaemon::start_fresh(&["--program-step-threads", "1"]).unwrap();
-    let writer = WriterClock::of(&daemon);
-    let mut client = daemon.client().unwrap();
+    let mut bench = Bench::start(&["--program-step-threads", "1"]);
     // 32 x 32 x 32 counters: the most programs one step runs.
     let side = 32;
     assert_eq!(side * side * side, MAX_STEP_PROGRAMS);
@@ -328,28 +320,22 @@ fn steps(crit: &mut Criterion) {
             source: b"return cube.rincr(0, 0, 0, 1)".to_vec(),
         })
         .collect();
-    client.batch("default", &mut ops).unwrap();
-    let mut group = crit.benchmark_group("writer-bounds/step");
-    group.sample_size(10).sampling_mode(SamplingMode::Flat);
-    group.bench_function("programs-32768-counters", |b| {
-        b.iter_custom(|iters| {
-            timed(
-                iters,
-                &mut client,
-                &writer,
-                |_| (),
-                |client, ()| {
-                    let reply = client
-                        .step("default", c(0, 0, 0), c(side - 1, side - 1, side - 1), &[])
-                        .unwrap();
-                    assert_eq!(
-                        (reply.programs, reply.failed),
-                        (MAX_STEP_PROGRAMS as u32, 0)
-                    );
-                },
-            )
-        })
-    });
+    bench.client.batch("default", &mut ops).unwrap();
+    let mut group = group(crit, "writer-bounds/step");
+    bench.requests(
+        &mut group,
+        "programs-32768-counters",
+        |_| (),
+        |client, ()| {
+            let reply = client
+                .step("default", c(0, 0, 0), c(side - 1, side - 1, side - 1), &[])
+                .unwrap();
+            assert_eq!(
+                (reply.programs, reply.failed),
+                (MAX_STEP_PROGRAMS as u32, 0)
+            );
+        },
+    );
     group.finish();
 }
 

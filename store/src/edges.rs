@@ -1498,6 +1498,17 @@ mod tests {
         }
     }
 
+    /// Repeatable numbers below `n` (xorshift), without a dependency.
+    fn below(seed: u64) -> impl FnMut(u64) -> i32 {
+        let mut rng = seed;
+        move |n| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng % n) as i32
+        }
+    }
+
     /// Every index entry of `graph` points at the entry it names, and
     /// every list long enough has one.
     fn assert_indexes_agree(graph: &EdgeGraph) {
@@ -1528,13 +1539,7 @@ mod tests {
 
     #[test]
     fn hubs_lists_are_indexed_and_answer_as_a_model() {
-        let mut rng = 0x2545_f491_4f6c_dd1du64;
-        let mut next = |n: u64| {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            (rng % n) as i32
-        };
+        let mut next = below(0x2545_f491_4f6c_dd1d);
         let mut graph = EdgeGraph::default();
         let mut model: std::collections::BTreeMap<EdgeKey, f64> = Default::default();
         let labels = ["", "a", "b", "c"];
@@ -1589,13 +1594,7 @@ mod tests {
 
     #[test]
     fn unlinking_all_at_once_is_unlinking_each() {
-        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = |n: u64| {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            (rng % n) as i32
-        };
+        let mut next = below(0x9e37_79b9_7f4a_7c15);
         for round in 0..20 {
             let (mut each, mut all) = (EdgeGraph::default(), EdgeGraph::default());
             let mut keys = Vec::new();
