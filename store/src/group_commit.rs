@@ -1062,7 +1062,7 @@ impl Writer {
                         // this one: build the overlay now.
                         for entry in &prepared {
                             for earlier in entry.mutations() {
-                                self.overlay.record(earlier);
+                                self.overlay.record(&self.mem, earlier);
                             }
                         }
                         overlay_live = true;
@@ -1076,7 +1076,7 @@ impl Writer {
                         self.group_usage.entry(ns.clone()).or_default().add(delta);
                     }
                     if overlay_live {
-                        self.overlay.record(&mutation);
+                        self.overlay.record(&self.mem, &mutation);
                     }
                     prepared.push(Prepared::Write {
                         mutation,
@@ -1092,7 +1092,7 @@ impl Writer {
                     if !overlay_live {
                         for entry in &prepared {
                             for mutation in entry.mutations() {
-                                self.overlay.record(mutation);
+                                self.overlay.record(&self.mem, mutation);
                             }
                         }
                         overlay_live = true;
