@@ -87,6 +87,10 @@ const ACCEPTED_SOURCE_BYTES: usize = 4096;
 /// then a hash lookup instead of a compile.
 const ACCEPTED_SOURCES: usize = 64;
 
+/// The registry key of the charge function that cube's Lua calls from C
+/// (`LUA_CUBE_CHARGE` in third_party/lua-src/lua-5.4.9/lua.h).
+const LUA_CUBE_CHARGE: &str = "cube.charge";
+
 /// Lua's own message for a failed allocation.
 const OUT_OF_MEMORY: &str = "not enough memory";
 
@@ -181,16 +185,20 @@ pub(crate) fn try_charge(units: u64) -> bool {
 /// The count hook: every [`FUEL_BLOCK`] instructions.
 fn on_instructions(_lua: &Lua, _debug: &Debug) -> mlua::Result<VmState> {
     charge(u64::from(FUEL_BLOCK))?;
-    let late = BUDGET.with(|b| {
+    if late() {
+        return Err(exhaust(Spent::Time));
+    }
+    Ok(VmState::Continue)
+}
+
+/// Whether the current run is past its wall-clock backstop.
+fn late() -> bool {
+    BUDGET.with(|b| {
         b.active.get()
             && b.deadline
                 .get()
                 .is_some_and(|deadline| Instant::now() > deadline)
-    });
-    if late {
-        return Err(exhaust(Spent::Time));
-    }
-    Ok(VmState::Continue)
+    })
 }
 
 /// Limits of one run.
@@ -284,8 +292,19 @@ impl ProgramVm {
             } else {
                 0
             };
-            charge(units)
+            charge(units)?;
+            // A charge from C comes before work of at least a block
+            // (CUBE-PATCH.md), so the time backstop is checked there too.
+            if late() {
+                return Err(exhaust(Spent::Time));
+            }
+            Ok(())
         })?;
+        // Library calls and VM operations that loop over their inputs in C
+        // pay here, before the loop, when their charge is past the rest of
+        // the count hook's block (third_party/lua-src/CUBE-PATCH.md,
+        // "Paying for work inside one call").
+        lua.set_named_registry_value(LUA_CUBE_CHARGE, charge_fn.clone())?;
         let slot = RunSlot::default();
         let dispatcher = api::dispatcher(&lua, Rc::clone(&slot))?;
         let fast = api::fast_function(&lua, &slot)?;

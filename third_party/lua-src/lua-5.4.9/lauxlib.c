@@ -595,7 +595,9 @@ LUALIB_API char *luaL_prepbuffsize (luaL_Buffer *B, size_t sz) {
 
 LUALIB_API void luaL_addlstring (luaL_Buffer *B, const char *s, size_t l) {
   if (l > 0) {  /* avoid 'memcpy' when 's' can be NULL */
-    char *b = prepbuffsize(B, l, -1);
+    char *b;
+    lua_cubecharge(B->L, l / LUA_CUBE_COPY_BYTES);  /* cube patch */
+    b = prepbuffsize(B, l, -1);
     memcpy(b, s, l * sizeof(char));
     luaL_addsize(B, l);
   }
@@ -636,7 +638,9 @@ LUALIB_API void luaL_addvalue (luaL_Buffer *B) {
   lua_State *L = B->L;
   size_t len;
   const char *s = lua_tolstring(L, -1, &len);
-  char *b = prepbuffsize(B, len, -2);
+  char *b;
+  lua_cubecharge(L, len / LUA_CUBE_COPY_BYTES);  /* cube patch */
+  b = prepbuffsize(B, len, -2);
   memcpy(b, s, len * sizeof(char));
   luaL_addsize(B, len);
   lua_pop(L, 1);  /* pop string */
@@ -936,7 +940,9 @@ LUALIB_API const char *luaL_tolstring (lua_State *L, int idx, size_t *len) {
         int tt = luaL_getmetafield(L, idx, "__name");  /* try name */
         const char *kind = (tt == LUA_TSTRING) ? lua_tostring(L, -1) :
                                                  luaL_typename(L, idx);
-        lua_pushfstring(L, "%s: %p", kind, lua_topointer(L, idx));
+        /* cube patch (CUBE-PATCH.md): no heap address, which would tell
+        ** a cell program about the daemon's memory */
+        lua_pushstring(L, kind);
         if (tt != LUA_TNIL)
           lua_remove(L, -2);  /* remove '__name' */
         break;

@@ -101,7 +101,9 @@ static int luaB_tonumber (lua_State *L) {
     luaL_checktype(L, 1, LUA_TSTRING);  /* no numbers as strings */
     s = lua_tolstring(L, 1, &l);
     luaL_argcheck(L, 2 <= base && base <= 36, 2, "base out of range");
-    if (b_str2int(s, (int)base, &n) == s + l) {
+    /* cube patch (CUBE-PATCH.md): as 'luaO_str2num', a string longer than
+    ** LUA_CUBE_MAXNUMLEN is not a number (its loop ran unpaid in one call) */
+    if (l <= LUA_CUBE_MAXNUMLEN && b_str2int(s, (int)base, &n) == s + l) {
       lua_pushinteger(L, n);
       return 1;
     }  /* else not a number */
@@ -149,6 +151,11 @@ static int luaB_setmetatable (lua_State *L) {
 static int luaB_rawequal (lua_State *L) {
   luaL_checkany(L, 1);
   luaL_checkany(L, 2);
+  /* cube patch (CUBE-PATCH.md): long strings of one length are compared
+  ** byte by byte (the VM's '==' pays for it in lvm.c) */
+  if (lua_type(L, 1) == LUA_TSTRING && lua_type(L, 2) == LUA_TSTRING &&
+      luaL_len(L, 1) == luaL_len(L, 2))
+    lua_cubecharge(L, (size_t)luaL_len(L, 1) / LUA_CUBE_COPY_BYTES);
   lua_pushboolean(L, lua_rawequal(L, 1, 2));
   return 1;
 }

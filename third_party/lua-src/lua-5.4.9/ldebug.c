@@ -138,6 +138,7 @@ LUA_API void lua_sethook (lua_State *L, lua_Hook func, int mask, int count) {
   }
   L->hook = func;
   L->basehookcount = count;
+  L->cubedebt = 0;  /* cube patch: a new count starts without debt */
   resethookcount(L);
   L->hookmask = cast_byte(mask);
   if (mask)
@@ -157,6 +158,58 @@ LUA_API int lua_gethookmask (lua_State *L) {
 
 LUA_API int lua_gethookcount (lua_State *L) {
   return L->basehookcount;
+}
+
+
+/*
+** cube patch (CUBE-PATCH.md, "Paying for work inside one call"): work
+** that one instruction or one library call does in a C loop, in units of
+** about one instruction. Without a count hook nothing is counted.
+** 'lua_cubedebt' adds the units to the hook's count: the hook comes that
+** much sooner: at the latest before the next instruction, where units
+** past the rest of the count are paid as that many more calls of the
+** count hook, one per count ('luaG_traceexec'). It raises nothing, so it
+** serves the VM's own loops.
+*/
+LUA_API void lua_cubedebt (lua_State *L, size_t units) {
+  if ((L->hookmask & LUA_MASKCOUNT) && units > 0) {
+    if (units < cast_sizet(L->hookcount))
+      L->hookcount -= cast_int(units);
+    else {
+      L->cubedebt += units - cast_sizet(L->hookcount - 1);
+      L->hookcount = 1;  /* the hook is due at the next instruction */
+    }
+  }
+}
+
+
+/*
+** 'lua_cubecharge' is for library functions, before their loop: units
+** within the rest of the count are counted there; more are paid to the
+** host's function at registry[LUA_CUBE_CHARGE] (cubed's fuel), which
+** raises an error when they are past the budget, so that the work is
+** never done.
+*/
+LUA_API void lua_cubecharge (lua_State *L, size_t units) {
+  if (!(L->hookmask & LUA_MASKCOUNT) || units == 0)
+    return;
+  if (units < cast_sizet(L->hookcount)) {
+    L->hookcount -= cast_int(units);
+    return;
+  }
+  if (!lua_checkstack(L, 2)) {
+    lua_cubedebt(L, units);
+    return;
+  }
+  if (lua_getfield(L, LUA_REGISTRYINDEX, LUA_CUBE_CHARGE) == LUA_TFUNCTION) {
+    lua_pushinteger(L, units > cast_sizet(LUA_MAXINTEGER)
+                         ? LUA_MAXINTEGER : cast(lua_Integer, units));
+    lua_call(L, 1, 0);
+  }
+  else {
+    lua_pop(L, 1);
+    lua_cubedebt(L, units);
+  }
 }
 
 
@@ -947,8 +1000,21 @@ int luaG_traceexec (lua_State *L, const Instruction *pc) {
   }
   if (!isIT(*(ci->u.l.savedpc - 1)))  /* top not being used? */
     L->top.p = ci->top.p;  /* correct top */
-  if (counthook)
+  if (counthook) {
     luaD_hook(L, LUA_HOOKCOUNT, -1, 0, 0);  /* call count hook */
+    /* cube patch: a debt of whole counts calls the hook once per count
+    ** (so the host counts it, and may stop the program); the rest
+    ** shortens the new count */
+    while (L->cubedebt >= cast_sizet(L->basehookcount) &&
+           L->basehookcount > 0) {
+      L->cubedebt -= cast_sizet(L->basehookcount);
+      luaD_hook(L, LUA_HOOKCOUNT, -1, 0, 0);
+    }
+    if (L->cubedebt > 0 && cast_sizet(L->hookcount) > L->cubedebt) {
+      L->hookcount -= cast_int(L->cubedebt);
+      L->cubedebt = 0;
+    }
+  }
   if (mask & LUA_MASKLINE) {
     /* 'L->oldpc' may be invalid; use zero in this case */
     int oldpc = (L->oldpc < p->sizecode) ? L->oldpc : 0;

@@ -308,6 +308,17 @@ static const char *l_str2int (const char *s, lua_Integer *result) {
 size_t luaO_str2num (const char *s, TValue *o) {
   lua_Integer i; lua_Number n;
   const char *e;
+  /* cube patch (CUBE-PATCH.md): a string longer than LUA_CUBE_MAXNUMLEN is not
+  ** a number. The conversion scans the whole string (and 'strtod' may
+  ** work on every digit) inside one instruction or library call, where
+  ** cubed's count hook cannot stop it; this bounds it. */
+  {
+    size_t k = 0;
+    while (k <= LUA_CUBE_MAXNUMLEN && s[k] != '\0')
+      k++;
+    if (k > LUA_CUBE_MAXNUMLEN)
+      return 0;
+  }
   if ((e = l_str2int(s, &i)) != NULL) {  /* try as an integer */
     setivalue(o, i);
   }

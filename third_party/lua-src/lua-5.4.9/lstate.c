@@ -262,6 +262,7 @@ static void preinit_thread (lua_State *L, global_State *g) {
   L->hook = NULL;
   L->hookmask = 0;
   L->basehookcount = 0;
+  L->cubedebt = 0;
   L->allowhook = 1;
   resethookcount(L);
   L->openupval = NULL;

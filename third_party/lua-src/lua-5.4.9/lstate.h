@@ -329,6 +329,7 @@ struct lua_State {
   int basehookcount;
   int hookcount;
   volatile l_signalT hookmask;
+  size_t cubedebt;  /* cube patch: units past the count ('lua_cubedebt') */
 };
 
 

@@ -102,8 +102,10 @@ static int str_sub (lua_State *L) {
   const char *s = luaL_checklstring(L, 1, &l);
   size_t start = posrelatI(luaL_checkinteger(L, 2), l);
   size_t end = getendpos(L, 3, -1, l);
-  if (start <= end)
+  if (start <= end) {
+    lua_cubecharge(L, (end - start) / LUA_CUBE_COPY_BYTES);  /* cube patch */
     lua_pushlstring(L, s + start - 1, (end - start) + 1);
+  }
   else lua_pushliteral(L, "");
   return 1;
 }
@@ -113,7 +115,9 @@ static int str_reverse (lua_State *L) {
   size_t l, i;
   luaL_Buffer b;
   const char *s = luaL_checklstring(L, 1, &l);
-  char *p = luaL_buffinitsize(L, &b, l);
+  char *p;
+  lua_cubecharge(L, l * LUA_CUBE_LOOP_UNITS);  /* cube patch */
+  p = luaL_buffinitsize(L, &b, l);
   for (i = 0; i < l; i++)
     p[i] = s[l - i - 1];
   luaL_pushresultsize(&b, l);
@@ -126,7 +130,9 @@ static int str_lower (lua_State *L) {
   size_t i;
   luaL_Buffer b;
   const char *s = luaL_checklstring(L, 1, &l);
-  char *p = luaL_buffinitsize(L, &b, l);
+  char *p;
+  lua_cubecharge(L, l * LUA_CUBE_LOOP_UNITS);  /* cube patch */
+  p = luaL_buffinitsize(L, &b, l);
   for (i=0; i<l; i++)
     p[i] = tolower(uchar(s[i]));
   luaL_pushresultsize(&b, l);
@@ -139,7 +145,9 @@ static int str_upper (lua_State *L) {
   size_t i;
   luaL_Buffer b;
   const char *s = luaL_checklstring(L, 1, &l);
-  char *p = luaL_buffinitsize(L, &b, l);
+  char *p;
+  lua_cubecharge(L, l * LUA_CUBE_LOOP_UNITS);  /* cube patch */
+  p = luaL_buffinitsize(L, &b, l);
   for (i=0; i<l; i++)
     p[i] = toupper(uchar(s[i]));
   luaL_pushresultsize(&b, l);
@@ -185,6 +193,7 @@ static int str_byte (lua_State *L) {
   if (l_unlikely(pose - posi >= (size_t)INT_MAX))  /* arithmetic overflow? */
     return luaL_error(L, "string slice too long");
   n = (int)(pose -  posi) + 1;
+  lua_cubecharge(L, (size_t)n * LUA_CUBE_LOOP_UNITS);  /* cube patch */
   luaL_checkstack(L, n, "string slice too long");
   for (i=0; i<n; i++)
     lua_pushinteger(L, uchar(s[posi+i-1]));
@@ -196,7 +205,9 @@ static int str_char (lua_State *L) {
   int n = lua_gettop(L);  /* number of arguments */
   int i;
   luaL_Buffer b;
-  char *p = luaL_buffinitsize(L, &b, n);
+  char *p;
+  lua_cubecharge(L, (size_t)n * LUA_CUBE_LOOP_UNITS);  /* cube patch */
+  p = luaL_buffinitsize(L, &b, n);
   for (i=1; i<=n; i++) {
     lua_Unsigned c = (lua_Unsigned)luaL_checkinteger(L, i);
     luaL_argcheck(L, c <= (lua_Unsigned)UCHAR_MAX, i, "value out of range");
@@ -1274,9 +1285,12 @@ static int str_format (lua_State *L) {
   int arg = 1;
   size_t sfl;
   const char *strfrmt = luaL_checklstring(L, arg, &sfl);
-  const char *strfrmt_end = strfrmt+sfl;
+  const char *strfrmt_end;
   const char *flags;
   luaL_Buffer b;
+  /* cube patch (CUBE-PATCH.md): the format is copied byte by byte */
+  lua_cubecharge(L, sfl * LUA_CUBE_LOOP_UNITS);
+  strfrmt_end = strfrmt+sfl;
   luaL_buffinit(L, &b);
   while (strfrmt < strfrmt_end) {
     if (*strfrmt != L_ESC)
@@ -1329,19 +1343,15 @@ static int str_format (lua_State *L) {
           nb = l_sprintf(buff, maxitem, form, (LUAI_UACNUMBER)n);
           break;
         }
-        case 'p': {
-          const void *p = lua_topointer(L, arg);
-          checkformat(L, form, L_FMTFLAGSC, 0);
-          if (p == NULL) {  /* avoid calling 'printf' with argument NULL */
-            p = "(null)";  /* result */
-            form[strlen(form) - 1] = 's';  /* format it as a string */
-          }
-          nb = l_sprintf(buff, maxitem, form, p);
-          break;
+        case 'p': {  /* cube patch (CUBE-PATCH.md): no heap addresses */
+          return luaL_error(L, "invalid conversion '%%p' to 'format': "
+                               "object addresses are hidden in cell programs");
         }
         case 'q': {
           if (form[2] != '\0')  /* modifiers? */
             return luaL_error(L, "specifier '%%q' cannot have modifiers");
+          if (lua_type(L, arg) == LUA_TSTRING)  /* cube patch: paid for */
+            lua_cubecharge(L, (size_t)luaL_len(L, arg) * LUA_CUBE_QUOTE_UNITS);
           addliteral(L, &b, arg);
           break;
         }
@@ -1601,6 +1611,7 @@ static int str_pack (lua_State *L) {
   luaL_Buffer b;
   Header h;
   const char *fmt = luaL_checkstring(L, 1);  /* format string */
+  lua_cubecharge(L, (size_t)luaL_len(L, 1) * LUA_CUBE_LOOP_UNITS);  /* cube patch */
   int arg = 1;  /* current argument to pack */
   size_t totalsize = 0;  /* accumulate total size of result */
   initheader(L, &h);
@@ -1699,6 +1710,7 @@ static int str_pack (lua_State *L) {
 static int str_packsize (lua_State *L) {
   Header h;
   const char *fmt = luaL_checkstring(L, 1);  /* format string */
+  lua_cubecharge(L, (size_t)luaL_len(L, 1) * LUA_CUBE_LOOP_UNITS);  /* cube patch */
   size_t totalsize = 0;  /* accumulate total size of result */
   initheader(L, &h);
   while (*fmt != '\0') {
@@ -1753,6 +1765,7 @@ static lua_Integer unpackint (lua_State *L, const char *str,
 static int str_unpack (lua_State *L) {
   Header h;
   const char *fmt = luaL_checkstring(L, 1);
+  lua_cubecharge(L, (size_t)luaL_len(L, 1) * LUA_CUBE_LOOP_UNITS);  /* cube patch */
   size_t ld;
   const char *data = luaL_checklstring(L, 2, &ld);
   size_t pos = posrelatI(luaL_optinteger(L, 3, 1), ld) - 1;
@@ -1795,18 +1808,21 @@ static int str_unpack (lua_State *L) {
         break;
       }
       case Kchar: {
+        lua_cubecharge(L, (size_t)size / LUA_CUBE_COPY_BYTES);  /* cube patch */
         lua_pushlstring(L, data + pos, size);
         break;
       }
       case Kstring: {
         size_t len = (size_t)unpackint(L, data + pos, h.islittle, size, 0);
         luaL_argcheck(L, len <= ld - pos - size, 2, "data string too short");
+        lua_cubecharge(L, len / LUA_CUBE_COPY_BYTES);  /* cube patch */
         lua_pushlstring(L, data + pos + size, len);
         pos += len;  /* skip string */
         break;
       }
       case Kzstr: {
         size_t len = strlen(data + pos);
+        lua_cubecharge(L, len / LUA_CUBE_COPY_BYTES);  /* cube patch: read */
         luaL_argcheck(L, pos + len < ld, 2,
                          "unfinished string for format 'z'");
         lua_pushlstring(L, data + pos, len);

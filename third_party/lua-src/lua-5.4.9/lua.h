@@ -470,6 +470,18 @@ LUA_API lua_Hook (lua_gethook) (lua_State *L);
 LUA_API int (lua_gethookmask) (lua_State *L);
 LUA_API int (lua_gethookcount) (lua_State *L);
 
+/* cube patch (third_party/lua-src/CUBE-PATCH.md) */
+#define LUA_CUBE_CHARGE		"cube.charge"
+#define LUA_CUBE_MAXNUMLEN	200
+/* bytes copied or compared (memcpy, memcmp) per unit */
+#define LUA_CUBE_COPY_BYTES	64
+/* units per byte of a loop that handles each byte (upper, reverse, ...) */
+#define LUA_CUBE_LOOP_UNITS	1
+/* units per byte of '%q' (a formatted escape per control byte) */
+#define LUA_CUBE_QUOTE_UNITS	8
+LUA_API void (lua_cubedebt) (lua_State *L, size_t units);
+LUA_API void (lua_cubecharge) (lua_State *L, size_t units);
+
 LUA_API int (lua_setcstacklimit) (lua_State *L, unsigned int limit);
 
 struct lua_Debug {

@@ -521,12 +521,24 @@ l_sinline int LEnum (const TValue *l, const TValue *r) {
 
 
 /*
+** cube patch (CUBE-PATCH.md, "Paying for work inside one call"): a
+** comparison of two strings reads up to the shorter one's bytes.
+*/
+static void cube_paycompare (lua_State *L, const TValue *l, const TValue *r) {
+  size_t ll = tsslen(tsvalue(l)), lr = tsslen(tsvalue(r));
+  lua_cubedebt(L, (ll < lr ? ll : lr) / LUA_CUBE_COPY_BYTES);
+}
+
+
+/*
 ** return 'l < r' for non-numbers.
 */
 static int lessthanothers (lua_State *L, const TValue *l, const TValue *r) {
   lua_assert(!ttisnumber(l) || !ttisnumber(r));
-  if (ttisstring(l) && ttisstring(r))  /* both are strings? */
+  if (ttisstring(l) && ttisstring(r)) {  /* both are strings? */
+    cube_paycompare(L, l, r);
     return l_strcmp(tsvalue(l), tsvalue(r)) < 0;
+  }
   else
     return luaT_callorderTM(L, l, r, TM_LT);
 }
@@ -547,8 +559,10 @@ int luaV_lessthan (lua_State *L, const TValue *l, const TValue *r) {
 */
 static int lessequalothers (lua_State *L, const TValue *l, const TValue *r) {
   lua_assert(!ttisnumber(l) || !ttisnumber(r));
-  if (ttisstring(l) && ttisstring(r))  /* both are strings? */
+  if (ttisstring(l) && ttisstring(r)) {  /* both are strings? */
+    cube_paycompare(L, l, r);
     return l_strcmp(tsvalue(l), tsvalue(r)) <= 0;
+  }
   else
     return luaT_callorderTM(L, l, r, TM_LE);
 }
@@ -591,7 +605,13 @@ int luaV_equalobj (lua_State *L, const TValue *t1, const TValue *t2) {
     case LUA_VLIGHTUSERDATA: return pvalue(t1) == pvalue(t2);
     case LUA_VLCF: return fvalue(t1) == fvalue(t2);
     case LUA_VSHRSTR: return eqshrstr(tsvalue(t1), tsvalue(t2));
-    case LUA_VLNGSTR: return luaS_eqlngstr(tsvalue(t1), tsvalue(t2));
+    case LUA_VLNGSTR: {
+      /* cube patch: equal lengths are compared byte by byte */
+      if (L != NULL && tsvalue(t1) != tsvalue(t2) &&
+          tsvalue(t1)->u.lnglen == tsvalue(t2)->u.lnglen)
+        lua_cubedebt(L, tsvalue(t1)->u.lnglen / LUA_CUBE_COPY_BYTES);
+      return luaS_eqlngstr(tsvalue(t1), tsvalue(t2));
+    }
     case LUA_VUSERDATA: {
       if (uvalue(t1) == uvalue(t2)) return 1;
       else if (L == NULL) return 0;
@@ -675,6 +695,8 @@ void luaV_concat (lua_State *L, int total) {
         ts = luaS_newlstr(L, buff, tl);
       }
       else {  /* long string; copy strings directly to final result */
+        /* cube patch (CUBE-PATCH.md): the copy is paid for */
+        lua_cubedebt(L, tl / LUA_CUBE_COPY_BYTES);
         ts = luaS_createlngstrobj(L, tl);
         copy2buff(top, n, getlngstr(ts));
       }
