@@ -197,6 +197,13 @@ fn one_slow_library_call_after_another_cannot_overrun_the_time_limit() {
         "local s = string.rep('a', 3e6) while true do local u = s .. 'y' end",
         "local t = {} for i = 1, 100 do t[i] = string.rep('a', 3e4) end \
          while true do local u = table.concat(t) end",
+        // A long string hashed as a key, once per new string.
+        "local s = string.rep('a', 3e6) local t = {} while true do local u = t[s:sub(2)] end",
+        // Instructions that copy every value of a long argument list.
+        "local t = {} for i = 1, 200000 do t[i] = i end \
+         local function f(...) while true do local a = {...} end end f(table.unpack(t))",
+        "local t = {} for i = 1, 200000 do t[i] = i end local function g(...) return ... end \
+         local function f(...) while true do g(...) end end f(table.unpack(t))",
     ];
     let limit = TIME_LIMIT_MS.to_string();
     // Fuel far away: only the time limit may stop these programs, so each
@@ -280,4 +287,32 @@ fn tostring_shows_no_heap_address() {
     c.prog(NS, at, b"return string.format('%p', {})").unwrap();
     let err = c.run(NS, at, &[]).unwrap_err();
     assert!(err.to_string().contains("addresses are hidden"), "{err}");
+}
+
+/// A `__close` method ran where no hook could stop it: when the count
+/// hook raised the budget's error, mlua reset the stack inside the hook,
+/// which closed the running function's variables with hooks off, and a
+/// looping `__close` held the writer for ever. Programs cannot make
+/// to-be-closed variables (`nil` and `false` still may be marked).
+#[test]
+fn a_close_method_cannot_hold_the_writer() {
+    let at = Coord::new(0, 0, 0);
+    for source in [
+        "local x <close> = setmetatable({}, {__close = function() while true do end end}) \
+         while true do end",
+        "for k in next, {}, nil, setmetatable({}, {__close = function() while true do end end}) \
+         do end while true do end",
+    ] {
+        let (daemon, c) = daemon_with(source, at);
+        let err = run_with_bystander(&daemon, c, at);
+        assert_eq!(err.server_code(), Some(ErrorCode::ProgramError), "{err}");
+        assert!(
+            err.to_string()
+                .contains("to-be-closed variables are not available"),
+            "{err}"
+        );
+    }
+    let (_daemon, mut c) =
+        daemon_with("local x <close> = nil local y <close> = false return 1", at);
+    assert_eq!(c.run(NS, at, &[]).unwrap().value, ProgramValue::Int(1));
 }

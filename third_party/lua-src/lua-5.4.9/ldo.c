@@ -494,6 +494,8 @@ l_sinline void moveresults (lua_State *L, StkId res, int nres, int wanted) {
   firstresult = L->top.p - nres;  /* index of first result */
   if (nres > wanted)  /* extra results? */
     nres = wanted;  /* don't need them */
+  if (nres > 16)  /* cube patch (CUBE-PATCH.md): a copy per result */
+    lua_cubedebt(L, cast_sizet(nres));
   for (i = 0; i < nres; i++)  /* move all results to correct place */
     setobjs2s(L, res + i, firstresult + i);
   for (; i < wanted; i++)  /* complete wanted number of results */

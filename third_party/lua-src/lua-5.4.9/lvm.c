@@ -521,6 +521,23 @@ l_sinline int LEnum (const TValue *l, const TValue *r) {
 
 
 /*
+** cube patch (CUBE-PATCH.md, "No to-be-closed variables"): Lua code
+** cannot make a to-be-closed variable of a value that needs closing. mlua
+** resets the stack top inside a hook that raises an error (cubed's fuel
+** and time limits), which closed the running function's variables there,
+** with hooks off: a '__close' method then ran unmetered, for ever. ('nil'
+** and 'false' need no closing; the C API's, such as the string buffers',
+** are kept.)
+*/
+static void cube_newtbc (lua_State *L, StkId level) {
+  if (!l_isfalse(s2v(level)))
+    luaG_runerror(L, "to-be-closed variables are not available in cell "
+                     "programs: their __close could run past the budget");
+  luaF_newtbcupval(L, level);
+}
+
+
+/*
 ** cube patch (CUBE-PATCH.md, "Paying for work inside one call"): a
 ** comparison of two strings reads up to the shorter one's bytes.
 */
@@ -1626,7 +1643,7 @@ void luaV_execute (lua_State *L, CallInfo *ci) {
       vmcase(OP_TBC) {
         StkId ra = RA(i);
         /* create new to-be-closed upvalue */
-        halfProtect(luaF_newtbcupval(L, ra));
+        halfProtect(cube_newtbc(L, ra));
         vmbreak;
       }
       vmcase(OP_JMP) {
@@ -1843,7 +1860,7 @@ void luaV_execute (lua_State *L, CallInfo *ci) {
       vmcase(OP_TFORPREP) {
        StkId ra = RA(i);
         /* create to-be-closed upvalue (if needed) */
-        halfProtect(luaF_newtbcupval(L, ra + 3));
+        halfProtect(cube_newtbc(L, ra + 3));
         pc += GETARG_Bx(i);
         i = *(pc++);  /* go to next instruction */
         lua_assert(GET_OPCODE(i) == OP_TFORCALL && ra == RA(i));
@@ -1891,6 +1908,8 @@ void luaV_execute (lua_State *L, CallInfo *ci) {
         }
         if (last > luaH_realasize(h))  /* needs more space? */
           luaH_resizearray(L, h, last);  /* preallocate it at once */
+        if (n > 64)  /* cube patch (CUBE-PATCH.md): a store per value */
+          lua_cubedebt(L, cast_sizet(n));
         for (; n > 0; n--) {
           TValue *val = s2v(ra + n);
           setobj2t(L, &h->array[last - 1], val);
