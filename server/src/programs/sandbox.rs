@@ -30,7 +30,14 @@
 //! - `setmetatable` refuses `__gc`, so no finaliser can run outside its
 //!   run's budget.
 //! - `pcall`/`xpcall` cannot swallow a spent budget: once fuel, time or
-//!   memory ran out, every protected call re-raises.
+//!   memory ran out, every protected call re-raises, and an `xpcall`
+//!   message handler is not run for it (it would run inside the count
+//!   hook, where hooks are off, unmetered).
+//! - cube's Lua (third_party/lua-src/CUBE-PATCH.md) charges the loops that
+//!   library calls and VM operations run in C over their inputs, through
+//!   the charge function it finds in the registry (`LUA_CUBE_CHARGE`);
+//!   refuses to-be-closed values, numeric strings over 200 bytes, and
+//!   `%p`; and `tostring` shows no heap address.
 //!
 //! Budgets: fuel counts VM instructions through a count hook every
 //! [`FUEL_BLOCK`] instructions (plus charges), memory is the allocator
