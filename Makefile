@@ -3,11 +3,14 @@
 
 CARGO ?= cargo
 DATA ?= ./cube-data
-DURATION ?= 30
+DURATION ?= 30s
 CLIENTS ?= 16
+WORKLOAD ?= seed
+# Extra flags for cubed: make run ARGS="--key-file KEY"
+ARGS ?=
 STRESS_DIR := target/stress
 
-.PHONY: build release run test check fmt clippy stress stress-short compare bench sim crash fuzz clean-data
+.PHONY: build release run test test-tools test-python check fmt clippy lint codec-deep stress stress-short compare bench sim crash fuzz clean-data
 
 build:
 	$(CARGO) build --workspace
@@ -19,13 +22,27 @@ release:
 run: release
 	@echo "cubed: data dir $(DATA), socket $(DATA)/cubed.sock (Ctrl-C stops it cleanly)"
 	@echo "try:   ./target/release/cubec --socket $(DATA)/cubed.sock ping"
-	./target/release/cubed --data $(DATA)
+	./target/release/cubed --data $(DATA) $(ARGS)
 
 # All tests. The integration tests start real cubed processes, so the
 # binaries are built first.
-test:
+test: test-tools
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace
+	$(MAKE) test-python
+
+# What the tests run besides cargo: promtool (Debian's prometheus package)
+# checks the metrics exposition (client/tests/cli_metrics.rs).
+test-tools:
+	@command -v promtool >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "make test: installing promtool (apt-get install prometheus)"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+				--no-install-recommends prometheus >/dev/null || exit 1; \
+		else \
+			echo "make test: promtool is missing: install Debian's prometheus package" \
+				"(sudo apt-get install prometheus), then run make test again"; exit 1; \
+		fi; }
 
 fmt:
 	$(CARGO) fmt --all
@@ -33,28 +50,44 @@ fmt:
 clippy:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
+# What CI checks besides the tests: formatting and lints (the workspace
+# denies `unsafe_code` and `unwrap_used`; clippy runs with -D warnings).
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
 # The full gate: formatting, lints, all tests (a 5-cycle crash torture
 # among them), a longer crash torture, more simulation seeds, a short fuzz
 # run of every target, and a short stress run.
 check:
-	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(MAKE) lint
 	$(MAKE) test
+	$(MAKE) codec-deep
+	$(CARGO) test -p cube-server --test tenancy -- --ignored
+	$(MAKE) test-python PYTEST_MARK=slow
 	$(MAKE) crash CYCLES=20
 	$(MAKE) sim SEEDS=100
 	$(MAKE) fuzz FUZZ_SECONDS=20
 	$(MAKE) stress-short
 
-# Latency histograms from a fresh throwaway daemon (DURATION=150 for the
-# predecessor's run length). Table on the terminal; JSON and SVG plot in
-# target/stress/.
+# The wire codec's properties with many more cases than `make test` runs:
+# every decoder accepts exactly one encoding of each message. A failing
+# case is saved by proptest under protocol/tests/proptest-regressions/:
+# fix the decoder and commit that file, so every later run replays it.
+CODEC_CASES ?= 4096
+codec-deep:
+	PROPTEST_CASES=$(CODEC_CASES) $(CARGO) test -p cube-protocol --test decode_never_panics
+
+# Latency histograms from a fresh throwaway daemon (DURATION=150s for the
+# predecessor's run length), of the seed workload unless WORKLOAD says
+# otherwise. Table on the terminal; JSON and SVG plot in target/stress/.
 stress: release
 	@mkdir -p $(STRESS_DIR)
-	./target/release/cube-stress --duration $(DURATION) --clients $(CLIENTS) \
+	./target/release/cube-stress --duration $(DURATION) --clients $(CLIENTS) --workload $(WORKLOAD) \
 		--json $(STRESS_DIR)/latest.json --plot $(STRESS_DIR)/latest.svg
 
 stress-short:
-	$(MAKE) stress DURATION=15
+	$(MAKE) stress DURATION=15s
 
 # cube next to Redis and SQLite: put and get at 1, 16 and 64 clients.
 compare: release
@@ -85,10 +118,9 @@ crash: release
 # driver (fuzz/src/bin/cube-fuzz-stable.rs, mutations without coverage
 # feedback). Crashes land in fuzz/artifacts/TARGET/. FUZZ_ENGINE=stable
 # forces the stable driver. No sanitizer (-s none): the code is safe Rust
-# but for two small modules (docs/ARCHITECTURE.md), and AddressSanitizer made
-# the WAL target 30x slower; program_run drives the unsafe one, the programs'
-# fast API path. docs/robustness.md,
-# "Fuzzing".
+# but for the few modules listed in docs/ARCHITECTURE.md ("unsafe"), and
+# AddressSanitizer made the WAL target 30x slower; program_run drives the
+# programs' fast API path. docs/robustness.md, "Fuzzing".
 FUZZ_SECONDS ?= 60
 FUZZ_ENGINE ?= auto
 FUZZ_TARGETS := protocol_frames wal_segment checkpoint_file program_source program_run
@@ -106,6 +138,24 @@ fuzz:
 		FUZZ_SECONDS=$(FUZZ_SECONDS) $(CARGO) run --release --manifest-path fuzz/Cargo.toml \
 			--no-default-features --bin cube-fuzz-stable -- $(FUZZ_TARGETS); \
 	fi
+
+# The Python client's tests (clients/python) against target/debug/cubed, in a
+# venv under target/pyenv with pytest and NumPy from PyPI (made on first use;
+# where venv lacks ensurepip, pip is put in it by the system's pip, else by
+# get-pip.py). PYTEST_MARK=slow runs the long tests (the 256^3 round trip).
+PYENV := target/pyenv
+PYTEST_MARK ?= not slow
+$(PYENV)/.installed: clients/python/pyproject.toml
+	@python3 -m venv $(PYENV) 2>/dev/null || python3 -m venv --without-pip --clear $(PYENV)
+	@$(PYENV)/bin/python -m pip --version >/dev/null 2>&1 || \
+		python3 -m pip --python $(PYENV)/bin/python install -q pip 2>/dev/null || \
+		{ python3 -c "import urllib.request as u; u.urlretrieve('https://bootstrap.pypa.io/get-pip.py', '$(PYENV)/get-pip.py')" && \
+		$(PYENV)/bin/python $(PYENV)/get-pip.py -q; }
+	$(PYENV)/bin/python -m pip install -q pytest numpy -e clients/python
+	@touch $@
+test-python: $(PYENV)/.installed
+	$(CARGO) build -p cube-server --bins
+	CUBED_BIN=$(CURDIR)/target/debug/cubed $(PYENV)/bin/python -m pytest -q -m "$(PYTEST_MARK)" clients/python
 
 clean-data:
 	rm -rf $(DATA)

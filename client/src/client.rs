@@ -307,11 +307,13 @@ impl Client {
             limit,
             count_only,
             after,
+            with_lsn: false,
         };
         match self.call(&request)? {
             Response::Scan {
                 result,
                 resume_after,
+                ..
             } => Ok((result, resume_after)),
             other => Err(unexpected("scan", &other)),
         }
@@ -488,6 +490,22 @@ impl Client {
         &self.stream
     }
 
+    /// Writes `request` and returns its id, reading nothing (a watch's
+    /// answers are read as they come, `crate::watch`).
+    pub(crate) fn send_only(&mut self, request: &Request) -> Result<u64, ClientError> {
+        self.check_in_step()?;
+        let request_id = self.take_request_id();
+        self.out.clear();
+        request.encode(request_id, &mut self.out);
+        self.check_frame_size(request, self.out.len())?;
+        if let Err(write_error) = self.stream.write_all(&self.out) {
+            let error = self.explain_write_failure(write_error);
+            self.broken = Some(error.to_string());
+            return Err(error);
+        }
+        Ok(request_id)
+    }
+
     fn take_request_id(&mut self) -> u64 {
         let id = self.next_request_id;
         // Id 0 is what the server uses for errors about the connection
@@ -496,7 +514,7 @@ impl Client {
         id
     }
 
-    fn read_response(
+    pub(crate) fn read_response(
         &mut self,
     ) -> Result<(FrameHeader, Result<Response, ServerError>), ClientError> {
         let header = frame::read_frame(&mut self.reader, &self.limits, &mut self.body)?;
@@ -621,7 +639,7 @@ fn is_connection_error(header: &FrameHeader) -> bool {
     header.request_id == 0 && header.opcode == RESPONSE_BIT
 }
 
-fn namespace(name: &str) -> Result<NamespaceName, ClientError> {
+pub(crate) fn namespace(name: &str) -> Result<NamespaceName, ClientError> {
     NamespaceName::new(name).map_err(|e| ClientError::BadArgument(e.to_string()))
 }
 
@@ -880,7 +898,7 @@ mod tests {
 
     /// After a timeout the connection is out of step: the late answer to
     /// the timed-out request must never be taken for the next request's
-    /// (found by review: the client carried on and misread what followed).
+    /// (a past bug: the client carried on and misread what followed).
     #[test]
     fn a_connection_out_of_step_refuses_later_calls() {
         let (_dir, path, server) = fake_server(|mut s| {

@@ -36,6 +36,14 @@ pub enum ClientError {
     #[error("unexpected response from cubed: {0}")]
     UnexpectedResponse(String),
 
+    /// A watch ended asking the client to re-read the box and watch again
+    /// from `lsn` (`crate::watch`).
+    #[error("{}", crate::watch::describe_resync(*lsn, *reason))]
+    Resync {
+        lsn: u64,
+        reason: cube_protocol::ResyncReason,
+    },
+
     /// Caught before anything was sent: the request could never succeed.
     #[error("{0}")]
     BadArgument(String),

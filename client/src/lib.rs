@@ -11,12 +11,14 @@
 pub mod base64;
 mod bulk;
 mod client;
+mod duration;
 mod edges;
 mod error;
 pub mod json;
 pub mod local_daemon;
 mod namespaces;
 mod programs;
+mod watch;
 
 pub use bulk::{BatchAck, failed_op_index};
 pub use client::{
@@ -36,7 +38,10 @@ pub use cube_protocol::{
     CellStats, ProgramValue, RunOutcome, RunRecord, RunReply, StepFailure, StepReply,
 };
 pub use cube_protocol::{CurveChoice, MAX_GRANTS, NamespaceGrant, NamespaceInfo, NamespaceSpec};
+pub use duration::{parse_millis, parse_seconds};
+pub use cube_protocol::{ResyncReason, WatchChange, WatchOp};
 pub use edges::{Detached, Linked, PathAnswer, WalkOptions};
 pub use error::ClientError;
 pub use local_daemon::LocalDaemon;
 pub use programs::Stored;
+pub use watch::{Watch, WatchGroup, describe_resync};

@@ -421,7 +421,7 @@ fn help_documents_exit_codes_and_examples() {
 }
 
 /// With --json a failure is a JSON object on stdout too, with the exit
-/// code and the message (found by review: scripts got nothing to parse).
+/// code and the message (a past bug: scripts got nothing to parse).
 #[test]
 fn json_failures_are_json_on_stdout() {
     let daemon = start();

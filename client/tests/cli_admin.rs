@@ -85,10 +85,13 @@ fn stats_for_prometheus_and_in_watch_mode() {
     let (code, out, err) = cubec(&daemon, &["stats", "--prometheus"], &cwd);
     assert_eq!(code, 0, "{err}");
     assert!(
-        out.contains("# TYPE cube_wal_records gauge\ncube_wal_records 1\n"),
+        out.contains("# TYPE cube_wal_records_total counter\ncube_wal_records_total 1\n"),
         "{out}"
     );
-    assert!(out.contains("cube_cmd_put_latency_us_p99 "), "{out}");
+    assert!(
+        out.contains("cube_command_duration_seconds_count{command=\"put\"} 1\n"),
+        "{out}"
+    );
     assert!(
         out.contains("cube_server_sync_info{value=\"always\"} 1"),
         "{out}"
@@ -106,7 +109,7 @@ fn stats_for_prometheus_and_in_watch_mode() {
     let mut watcher = Command::new(env!("CARGO_BIN_EXE_cubec"))
         .arg("--socket")
         .arg(daemon.socket())
-        .args(["stats", "--watch", "0.1"])
+        .args(["stats", "--watch", "100ms"])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();

@@ -398,7 +398,11 @@ fn a_bad_line_stops_the_import_and_nothing_of_its_batch_is_applied() {
         &["--json", "import", "default", file, "--batch", "4"],
     );
     assert_exit(&out, 2);
-    assert!(stderr(&out).contains("line 7:"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("line 7 column 31: EOF"),
+        "{}",
+        stderr(&out)
+    );
     let report = summary(&out);
     assert_eq!(report["ok"], false);
     assert_eq!(report["stopped_at_line"], 7);
@@ -420,7 +424,11 @@ fn a_bad_line_stops_the_import_and_nothing_of_its_batch_is_applied() {
         ],
     );
     assert_exit(&out, 0);
-    assert!(stderr(&out).contains("line 7:"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("line 7 column 31: EOF"),
+        "{}",
+        stderr(&out)
+    );
     let report = summary(&out);
     assert_eq!(report["skipped"], 1);
     assert_eq!(report["skipped_lines"][0]["line"], 7);
@@ -667,7 +675,7 @@ fn import_a_million_cells() {
 }
 
 /// A quote inside an unquoted CSV field is text: it must not open a
-/// quoted field that swallows the records after it (found by review: with
+/// quoted field that swallows the records after it (a past bug: with
 /// --skip-bad, three good records were dropped and the import exited 0).
 #[test]
 fn a_quote_inside_an_unquoted_csv_field_is_text() {

@@ -116,7 +116,8 @@ fn create_list_info_drop_and_reuse_a_name() {
 
     let info = ok(s, &["ns", "info", "tenant-a"]);
     assert_eq!(field(&info, "cells"), "2 of 1000 (0.2%)");
-    assert_eq!(field(&info, "bytes"), "8 of 10485760 (<0.1%)");
+    // Values (8) and the edge (64): max-bytes counts both.
+    assert_eq!(field(&info, "bytes"), "72 of 10485760 (<0.1%)");
     assert_eq!(field(&info, "edges"), "1 (no quota)");
     assert_eq!(field(&info, "programs"), "0");
     // Aligned: every value starts in the same column.
@@ -262,7 +263,7 @@ fn json_output_shapes() {
         json,
         format!(
             "{{\"name\":\"j\",\"id\":{id},\"curve\":\"morton\",\"encrypted\":false,\
-             \"owner_uid\":{uid},\"cells\":1,\"bytes\":3,\"edges\":0,\"programs\":1,\
+             \"owner_uid\":{uid},\"cells\":1,\"bytes\":75,\"edges\":0,\"programs\":1,\
              \"max_cells\":null,\"max_bytes\":null,\"max_edges\":5,\"grants\":[]}}\n"
         )
     );

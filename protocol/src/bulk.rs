@@ -208,7 +208,7 @@ pub(crate) fn read_batch_ops(
 }
 
 /// A `bool`, then a `u64` only if it is 1.
-fn put_optional_u64(b: &mut Vec<u8>, v: Option<u64>) {
+pub(crate) fn put_optional_u64(b: &mut Vec<u8>, v: Option<u64>) {
     match v {
         None => b.push(0),
         Some(v) => {

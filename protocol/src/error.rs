@@ -155,6 +155,10 @@ pub enum ErrorCode {
     /// An encrypted namespace was asked for but the daemon has no
     /// `--key-file`.
     EncryptionUnavailable = 27,
+    /// A path in the request cannot be used: a `backup` destination with a
+    /// NUL byte, a name or path too long, `..`, or inside the live data
+    /// dir. Nothing was written.
+    BadPath = 28,
 }
 
 impl ErrorCode {
@@ -188,6 +192,7 @@ impl ErrorCode {
             25 => QuotaExceeded,
             26 => PermissionDenied,
             27 => EncryptionUnavailable,
+            28 => BadPath,
             _ => return None,
         })
     }
@@ -223,6 +228,7 @@ impl ErrorCode {
             QuotaExceeded => "quota_exceeded",
             PermissionDenied => "permission_denied",
             EncryptionUnavailable => "encryption_unavailable",
+            BadPath => "bad_path",
         }
     }
 }
@@ -250,6 +256,7 @@ mod tests {
             ErrorCode::EncryptionUnavailable.name(),
             "encryption_unavailable"
         );
-        assert_eq!(ErrorCode::from_u16(28), None);
+        assert_eq!(ErrorCode::from_u16(28), Some(ErrorCode::BadPath));
+        assert_eq!(ErrorCode::from_u16(29), None);
     }
 }

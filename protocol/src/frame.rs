@@ -79,10 +79,13 @@ pub enum Opcode {
     /// Run every program stored in a box once, each seeing the state from
     /// before the step; all writes commit as one group.
     Step = 0x0044,
+    /// Follow the changes inside a box: answered by a stream of frames
+    /// (`protocol/src/watch.rs`).
+    Watch = 0x0050,
 }
 
 impl Opcode {
-    pub const ALL: [Opcode; 29] = [
+    pub const ALL: [Opcode; 30] = [
         Opcode::Hello,
         Opcode::Ping,
         Opcode::Stats,
@@ -112,6 +115,7 @@ impl Opcode {
         Opcode::CellStats,
         Opcode::ProgramList,
         Opcode::Step,
+        Opcode::Watch,
     ];
 
     pub fn from_u16(raw: u16) -> Option<Opcode> {
@@ -150,6 +154,7 @@ impl Opcode {
             Opcode::CellStats => "cell-stats",
             Opcode::ProgramList => "prog-list",
             Opcode::Step => "step",
+            Opcode::Watch => "watch",
         }
     }
 }

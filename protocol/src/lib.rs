@@ -18,6 +18,7 @@ mod message;
 mod model;
 pub mod namespace;
 pub mod program;
+pub mod watch;
 mod wire;
 
 pub use bulk::{
@@ -42,6 +43,10 @@ pub use program::{
     CellStats, MAX_CELL_STATS_RECORDS, MAX_OUTCOME_MESSAGE_BYTES, MAX_PROGRAM_BYTES,
     MAX_RESULT_ENTRIES, MAX_RUN_ARG_BYTES, MAX_RUN_ARGS, ProgramValue, RunOutcome, RunRecord,
     RunReply, StepFailure, StepReply,
+};
+
+pub use watch::{
+    MAX_WATCH_FRAME_CHANGES, ResyncReason, WatchChange, WatchFrame, WatchFrameEncoder, WatchOp,
 };
 
 /// The protocol version this crate speaks. Bumped on any incompatible change.

@@ -25,6 +25,9 @@ use crate::program::{
     CellStats, MAX_PROGRAM_BYTES, RunReply, StepReply, put_args, put_cell_stats, put_run_reply,
     put_step_reply, read_args, read_cell_stats, read_run_reply, read_step_reply,
 };
+use crate::watch::{
+    WatchFrame, put_watch_frame, put_watch_request, read_watch_frame, read_watch_request,
+};
 use crate::wire::{
     BodyReader, put_blob, put_coord, put_namespace, put_optional_coord, put_short_string, put_u16,
     put_u32, put_u64,
@@ -49,6 +52,10 @@ pub const MAX_MGET_CELLS: u32 = 4096;
 
 /// Bit 0 of a scan request's flags: count the cells, send no values.
 const SCAN_FLAG_COUNT_ONLY: u8 = 1;
+/// Bit 1: also answer the LSN the page's state is at least at.
+const SCAN_FLAG_WITH_LSN: u8 = 2;
+/// Set in a scan response's `kind` when a `u64` LSN follows the kind byte.
+const SCAN_KIND_WITH_LSN: u8 = 0x80;
 /// A scan response's `kind`: a count, or cells with their values.
 const SCAN_KIND_COUNT: u8 = 0;
 const SCAN_KIND_CELLS: u8 = 1;
@@ -115,6 +122,9 @@ pub enum Request {
         /// Resume strictly after this position (the previous page's
         /// `resume_after`); `None` starts at the beginning of the box.
         after: Option<Coord>,
+        /// Also answer the LSN the page reflects (every change up to it,
+        /// maybe later ones): the start of an exact `watch --from`.
+        with_lsn: bool,
     },
     /// Create the edge `from -> to` with `label`, or set its weight if it
     /// exists. The server refuses a weight that is NaN, infinite or
@@ -255,6 +265,15 @@ pub enum Request {
         hi: Coord,
         args: Vec<Vec<u8>>,
     },
+    /// Follows the changes inside the box `lo..=hi`: answered by a stream
+    /// of [`Response::Watch`] frames until it ends. With `from`, history
+    /// from that LSN comes first.
+    Watch {
+        ns: NamespaceName,
+        lo: Coord,
+        hi: Coord,
+        from: Option<u64>,
+    },
 }
 
 impl Request {
@@ -289,6 +308,7 @@ impl Request {
             Request::EdgeList { .. } => Opcode::EdgeList,
             Request::ProgramList { .. } => Opcode::ProgramList,
             Request::Step { .. } => Opcode::Step,
+            Request::Watch { .. } => Opcode::Watch,
         }
     }
 
@@ -330,12 +350,17 @@ impl Request {
                 limit,
                 count_only,
                 after,
+                with_lsn,
             } => {
                 put_namespace(b, ns);
                 put_coord(b, *lo);
                 put_coord(b, *hi);
                 put_u32(b, *limit);
-                b.push(if *count_only { SCAN_FLAG_COUNT_ONLY } else { 0 });
+                let mut flags = if *count_only { SCAN_FLAG_COUNT_ONLY } else { 0 };
+                if *with_lsn {
+                    flags |= SCAN_FLAG_WITH_LSN;
+                }
+                b.push(flags);
                 put_optional_coord(b, *after);
             }
             Request::Link {
@@ -452,6 +477,7 @@ impl Request {
                 put_coord(b, *hi);
                 put_args(b, args);
             }
+            Request::Watch { ns, lo, hi, from } => put_watch_request(b, ns, *lo, *hi, *from),
         });
     }
 
@@ -509,7 +535,7 @@ impl Request {
                 let lo = r.coord()?;
                 let hi = r.coord()?;
                 let limit = r.u32()?;
-                let flags = r.flags(SCAN_FLAG_COUNT_ONLY, "scan flags")?;
+                let flags = r.flags(SCAN_FLAG_COUNT_ONLY | SCAN_FLAG_WITH_LSN, "scan flags")?;
                 Request::Scan {
                     ns,
                     lo,
@@ -517,6 +543,7 @@ impl Request {
                     limit,
                     count_only: flags & SCAN_FLAG_COUNT_ONLY != 0,
                     after: r.optional_coord()?,
+                    with_lsn: flags & SCAN_FLAG_WITH_LSN != 0,
                 }
             }
             Opcode::Link => Request::Link {
@@ -618,6 +645,10 @@ impl Request {
                 hi: r.coord()?,
                 args: read_args(&mut r)?,
             },
+            Opcode::Watch => {
+                let (ns, lo, hi, from) = read_watch_request(&mut r)?;
+                Request::Watch { ns, lo, hi, from }
+            }
         };
         r.finish()?;
         Ok(request)
@@ -686,6 +717,9 @@ pub enum Response {
         /// `None`: the box is finished. Otherwise ask again with this as
         /// `after`. A page may be short (even empty) and still have a next.
         resume_after: Option<Coord>,
+        /// With `with_lsn` asked: every change up to this LSN is in the
+        /// page (later ones may be too).
+        lsn: Option<u64>,
     },
     /// The edge is durable at `lsn`; `created` is false when it existed
     /// and only its weight was set.
@@ -748,6 +782,8 @@ pub enum Response {
     ProgramList(ProgramPage),
     /// Every program in the box ran; what succeeded is durable.
     Step(StepReply),
+    /// One frame of a watch stream.
+    Watch(WatchFrame),
 }
 
 /// Named figures (stats and reports): a `u16` count, then per entry a
@@ -866,6 +902,7 @@ impl Response {
             Response::EdgeList(_) => Opcode::EdgeList,
             Response::ProgramList(_) => Opcode::ProgramList,
             Response::Step(_) => Opcode::Step,
+            Response::Watch(_) => Opcode::Watch,
         }
     }
 
@@ -949,17 +986,28 @@ impl Response {
                 Response::EdgeList(page) => put_edge_page(b, page),
                 Response::ProgramList(page) => put_program_page(b, page),
                 Response::Step(reply) => put_step_reply(b, reply),
+                Response::Watch(frame) => put_watch_frame(b, frame),
                 Response::Scan {
                     result,
                     resume_after,
+                    lsn,
                 } => {
+                    let kind = match result {
+                        ScanResult::Count(_) => SCAN_KIND_COUNT,
+                        ScanResult::Cells(_) => SCAN_KIND_CELLS,
+                    };
+                    match lsn {
+                        None => b.push(kind),
+                        Some(lsn) => {
+                            b.push(kind | SCAN_KIND_WITH_LSN);
+                            put_u64(b, *lsn);
+                        }
+                    }
                     match result {
                         ScanResult::Count(count) => {
-                            b.push(SCAN_KIND_COUNT);
                             put_u64(b, *count);
                         }
                         ScanResult::Cells(cells) => {
-                            b.push(SCAN_KIND_CELLS);
                             put_u32(b, cells.len() as u32);
                             for cell in cells {
                                 put_coord(b, cell.coord);
@@ -1058,7 +1106,13 @@ impl Response {
                 Response::Mget(values)
             }
             Opcode::Scan => {
-                let result = match r.u8()? {
+                let kind = r.u8()?;
+                let lsn = if kind & SCAN_KIND_WITH_LSN != 0 {
+                    Some(r.u64()?)
+                } else {
+                    None
+                };
+                let result = match kind & !SCAN_KIND_WITH_LSN {
                     SCAN_KIND_COUNT => ScanResult::Count(r.u64()?),
                     SCAN_KIND_CELLS => {
                         let count = read_count(
@@ -1086,6 +1140,7 @@ impl Response {
                 Response::Scan {
                     result,
                     resume_after: r.optional_coord()?,
+                    lsn,
                 }
             }
             Opcode::Link => Response::Link {
@@ -1132,6 +1187,9 @@ impl Response {
             Opcode::EdgeList => Response::EdgeList(read_edge_page(&mut r)?),
             Opcode::ProgramList => Response::ProgramList(read_program_page(&mut r)?),
             Opcode::Step => Response::Step(read_step_reply(&mut r)?),
+            Opcode::Watch => {
+                Response::Watch(read_watch_frame(&mut r, limits.max_value_bytes as usize)?)
+            }
         };
         r.finish()?;
         Ok(Ok(response))
@@ -1150,7 +1208,24 @@ pub struct ScanPageEncoder<'a> {
 impl<'a> ScanPageEncoder<'a> {
     /// Starts the frame answering `request_id` at the end of `out`.
     pub fn begin(out: &'a mut Vec<u8>, request_id: u64) -> ScanPageEncoder<'a> {
-        let frame = CountedFrame::begin(out, request_id, &[SCAN_KIND_CELLS]);
+        ScanPageEncoder::begin_at(out, request_id, None)
+    }
+
+    /// [`Self::begin`], the page saying it is at `lsn` when given.
+    pub fn begin_at(
+        out: &'a mut Vec<u8>,
+        request_id: u64,
+        lsn: Option<u64>,
+    ) -> ScanPageEncoder<'a> {
+        let mut prefix = Vec::with_capacity(9);
+        match lsn {
+            None => prefix.push(SCAN_KIND_CELLS),
+            Some(lsn) => {
+                prefix.push(SCAN_KIND_CELLS | SCAN_KIND_WITH_LSN);
+                put_u64(&mut prefix, lsn);
+            }
+        }
+        let frame = CountedFrame::begin(out, request_id, &prefix);
         ScanPageEncoder {
             out,
             frame,
@@ -1377,6 +1452,7 @@ mod scan_tests {
                 limit: 1000,
                 count_only: after.is_some(),
                 after,
+                with_lsn: after.is_none(),
             };
             let mut out = Vec::new();
             req.encode(3, &mut out);
@@ -1393,6 +1469,7 @@ mod scan_tests {
             limit: 1,
             count_only: false,
             after: None,
+            with_lsn: false,
         };
         let mut out = Vec::new();
         req.encode(3, &mut out);
@@ -1417,15 +1494,16 @@ mod scan_tests {
                 value: Vec::new(),
             },
         ];
-        for resume_after in [None, Some(Coord::new(-1, 0, 7))] {
+        for (resume_after, lsn) in [(None, None), (Some(Coord::new(-1, 0, 7)), Some(42))] {
             let response = Response::Scan {
                 result: ScanResult::Cells(cells.clone()),
                 resume_after,
+                lsn,
             };
             let mut expected = Vec::new();
             response.encode(77, &mut expected);
             let mut streamed = vec![9u8; 5];
-            let mut encoder = ScanPageEncoder::begin(&mut streamed, 77);
+            let mut encoder = ScanPageEncoder::begin_at(&mut streamed, 77, lsn);
             for cell in &cells {
                 encoder.push(cell.coord, &cell.value);
             }

@@ -406,6 +406,14 @@ pub(crate) fn put_cell_stats(out: &mut Vec<u8>, stats: &CellStats) {
 pub(crate) fn read_cell_stats(r: &mut BodyReader<'_>) -> Result<CellStats, DecodeError> {
     let has_program = r.bool()?;
     let program_bytes = r.u32()?;
+    // With no program the size field is written as 0; any other value would
+    // be a second encoding of the same stats, so it is refused.
+    if !has_program && program_bytes != 0 {
+        return Err(DecodeError::BadField {
+            what: "program size of a cell without a program",
+            got: u64::from(program_bytes),
+        });
+    }
     let runs = r.u64()?;
     let failures = r.u64()?;
     let count = r.u32()?;

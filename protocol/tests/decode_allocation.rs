@@ -304,7 +304,7 @@ proptest! {
 }
 
 /// A batch claiming more operations than a batch may hold is refused before
-/// any is decoded, with `limit_exceeded` (found by review: a 16 MiB frame
+/// any is decoded, with `limit_exceeded` (a past bug: a 16 MiB frame
 /// of empty puts decoded into about a million operations, 100 MB, before
 /// the server refused the count).
 #[test]

@@ -405,7 +405,137 @@ fn examples() -> Vec<Example> {
     all.extend(program_examples());
     all.extend(bulk_examples());
     all.extend(namespace_examples());
+    all.extend(watch_examples());
     all
+}
+
+/// `watch` (opcode 0x0050) and `scan` with its LSN.
+fn watch_examples() -> Vec<Example> {
+    use cube_protocol::{ResyncReason, WatchChange, WatchFrame, WatchOp};
+    let mut watch_fields = ns_fields();
+    watch_fields.extend(coord_fields("lo", Coord::new(0, 0, 0)));
+    watch_fields.extend(coord_fields("hi", Coord::new(15, 15, 15)));
+    watch_fields.extend([f(1, "has_from = 1"), f(8, "from = 40 (u64)")]);
+    let mut changes_fields = vec![
+        f(1, "status = 0 (ok)"),
+        f(1, "frame = 1 (changes)"),
+        f(1, "flags = 0 (the commit group ends in this frame)"),
+        f(4, "change count = 2 (u32)"),
+        f(8, "lsn = 41 (u64)"),
+        f(1, "op = 1 (put)"),
+    ];
+    changes_fields.extend(coord_fields("coord", Coord::new(1, 2, 3)));
+    changes_fields.extend([
+        f(4, "value length = 2"),
+        f(2, "value = \"hi\""),
+        f(8, "lsn = 42 (u64)"),
+        f(1, "op = 2 (del)"),
+    ]);
+    changes_fields.extend(coord_fields("coord", Coord::new(4, 5, 6)));
+    let mut scan_fields = ns_fields();
+    scan_fields.extend(coord_fields("lo", Coord::new(0, 0, 0)));
+    scan_fields.extend(coord_fields("hi", Coord::new(15, 15, 15)));
+    scan_fields.extend([
+        f(4, "limit = 100"),
+        f(1, "flags = 2 (return values, and the LSN)"),
+        f(1, "has_after = 0 (start of the box; no cursor follows)"),
+    ]);
+    let mut scan_answer = vec![
+        f(1, "status = 0 (ok)"),
+        f(1, "kind = 0x81 (cells, an LSN follows)"),
+        f(8, "lsn = 39 (u64: every change up to it is in the page)"),
+        f(4, "cell count = 1 (u32)"),
+    ];
+    scan_answer.extend(coord_fields("coord", Coord::new(1, 2, 3)));
+    scan_answer.extend([
+        f(4, "value length = 1"),
+        f(1, "value = \"a\""),
+        f(1, "more = 0 (the box is finished; no cursor follows)"),
+    ]);
+    vec![
+        request(
+            "watch-request",
+            50,
+            Request::Watch {
+                ns: default_ns(),
+                lo: Coord::new(0, 0, 0),
+                hi: Coord::new(15, 15, 15),
+                from: Some(40),
+            },
+            watch_fields,
+        ),
+        response(
+            "watch-response",
+            50,
+            Response::Watch(WatchFrame::Started { next_lsn: 40 }),
+            vec![
+                f(1, "status = 0 (ok)"),
+                f(1, "frame = 0 (started)"),
+                f(8, "next_lsn = 40 (u64)"),
+            ],
+        ),
+        response(
+            "watch-changes-response",
+            50,
+            Response::Watch(WatchFrame::Changes {
+                more: false,
+                changes: vec![
+                    WatchChange {
+                        lsn: 41,
+                        coord: Coord::new(1, 2, 3),
+                        op: WatchOp::Put(b"hi".to_vec()),
+                    },
+                    WatchChange {
+                        lsn: 42,
+                        coord: Coord::new(4, 5, 6),
+                        op: WatchOp::Del,
+                    },
+                ],
+            }),
+            changes_fields,
+        ),
+        response(
+            "watch-resync-response",
+            50,
+            Response::Watch(WatchFrame::Resync {
+                lsn: 97,
+                reason: ResyncReason::TooSlow,
+            }),
+            vec![
+                f(1, "status = 0 (ok)"),
+                f(1, "frame = 2 (resync)"),
+                f(8, "lsn = 97 (u64)"),
+                f(1, "reason = 2 (too slow)"),
+            ],
+        ),
+        request(
+            "scan-lsn-request",
+            51,
+            Request::Scan {
+                ns: default_ns(),
+                lo: Coord::new(0, 0, 0),
+                hi: Coord::new(15, 15, 15),
+                limit: 100,
+                count_only: false,
+                after: None,
+                with_lsn: true,
+            },
+            scan_fields,
+        ),
+        response(
+            "scan-lsn-response",
+            51,
+            Response::Scan {
+                result: ScanResult::Cells(vec![ScanCell {
+                    coord: Coord::new(1, 2, 3),
+                    value: b"a".to_vec(),
+                }]),
+                resume_after: None,
+                lsn: Some(39),
+            },
+            scan_answer,
+        ),
+    ]
 }
 
 fn tenant() -> NamespaceName {
@@ -1064,6 +1194,13 @@ fn base_examples() -> Vec<Example> {
                 f(8, "count = 1300 (u64)"),
             ],
         ),
+        error(
+            "backup-error-response",
+            Opcode::Backup as u16,
+            11,
+            ErrorCode::BadPath,
+            "bad path /d/wal/b: it is inside the live data dir /d",
+        ),
         request("stats-request", 3, Request::Stats, vec![]),
         response(
             "stats-response",
@@ -1177,6 +1314,7 @@ fn base_examples() -> Vec<Example> {
                 limit: 2,
                 count_only: false,
                 after: None,
+                with_lsn: false,
             },
             scan_request_fields("limit = 2", "flags = 0 (return values)", None),
         ),
@@ -1195,6 +1333,7 @@ fn base_examples() -> Vec<Example> {
                     },
                 ]),
                 resume_after: Some(Coord::new(-1, 1, 0)),
+                lsn: None,
             },
             vec![
                 f(1, "status = 0 (ok)"),
@@ -1226,6 +1365,7 @@ fn base_examples() -> Vec<Example> {
                 limit: 2,
                 count_only: true,
                 after: Some(Coord::new(-1, 1, 0)),
+                with_lsn: false,
             },
             scan_request_fields(
                 "limit = 2 (ignored when counting)",
@@ -1239,6 +1379,7 @@ fn base_examples() -> Vec<Example> {
             Response::Scan {
                 result: ScanResult::Count(3),
                 resume_after: None,
+                lsn: None,
             },
             vec![
                 f(1, "status = 0 (ok)"),
@@ -1452,6 +1593,7 @@ fn examples_decode_to_what_they_say() {
                     | "run-error-response"
                     | "batch-error-response"
                     | "quota-error-response"
+                    | "backup-error-response"
             );
             assert_eq!(answer.is_err(), is_error, "{}", example.name);
         }

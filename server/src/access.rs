@@ -80,6 +80,7 @@ fn target(request: &Request) -> Option<(&NamespaceName, Needs)> {
         | Request::CellStats { ns, .. }
         | Request::EdgeList { ns, .. }
         | Request::ProgramList { ns, .. }
+        | Request::Watch { ns, .. }
         | Request::NsInfo { ns } => (ns, Read),
         Request::Put { ns, .. }
         | Request::Del { ns, .. }

@@ -1,9 +1,11 @@
 //! `cubed`'s command line and the configuration it produces.
 
+use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use clap::builder::RangedU64ValueParser;
 use cube_protocol::{Limits, MAX_EDGE_LIST, MAX_WALK_NODES};
 use cube_store::{SyncPolicy, WalkLimits};
 
@@ -58,108 +60,149 @@ pub struct Args {
     pub sync: SyncPolicy,
 
     /// Most concurrent client connections; more are refused with an error.
-    #[arg(long, value_name = "N", default_value_t = 1024)]
+    #[arg(long, value_name = "N", default_value_t = 1024,
+          value_parser = ranged::<usize>(MAX_CONNECTIONS_RANGE))]
     pub max_connections: usize,
 
     /// Close a connection that sends nothing for this long (0 = never).
-    #[arg(long, value_name = "SECS", default_value_t = 300)]
+    #[arg(long, value_name = "SECS", default_value_t = 300,
+          value_parser = ranged::<u64>(IDLE_TIMEOUT_SECS_RANGE))]
     pub idle_timeout_secs: u64,
 
     /// Close a connection that starts a frame and does not finish it in this long.
-    #[arg(long, value_name = "MS", default_value_t = 10_000)]
+    #[arg(long, value_name = "MS", default_value_t = 10_000,
+          value_parser = ranged::<u64>(CONNECTION_TIMEOUT_MS_RANGE))]
     pub frame_timeout_ms: u64,
 
     /// Close a connection that does not read its responses for this long.
-    #[arg(long, value_name = "MS", default_value_t = 30_000)]
+    #[arg(long, value_name = "MS", default_value_t = 30_000,
+          value_parser = ranged::<u64>(CONNECTION_TIMEOUT_MS_RANGE))]
     pub write_timeout_ms: u64,
 
-    /// Largest value accepted, in bytes (at most 32 MiB).
+    /// Largest value accepted, in bytes (at most 32 MiB less 1 KiB).
     #[arg(long, value_name = "BYTES", default_value_t = Limits::DEFAULT_MAX_VALUE_BYTES,
-          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_STORED_BYTES)))]
+          value_parser = ranged::<u32>(MAX_VALUE_BYTES_RANGE))]
     pub max_value_bytes: u32,
 
-    /// Largest frame accepted (header + body), in bytes (at most 32 MiB).
+    /// Largest frame accepted (header + body), in bytes (4 KiB to 32 MiB).
     #[arg(long, value_name = "BYTES", default_value_t = Limits::DEFAULT_MAX_FRAME_BYTES,
-          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_STORED_BYTES)))]
+          value_parser = ranged::<u32>(MAX_FRAME_BYTES_RANGE))]
     pub max_frame_bytes: u32,
 
     /// A WAL segment is closed and a new one started past this size.
-    #[arg(long, value_name = "BYTES", default_value_t = 32 * 1024 * 1024)]
+    #[arg(long, value_name = "BYTES", default_value_t = 32 * 1024 * 1024,
+          value_parser = ranged::<u64>(WAL_SEGMENT_BYTES_RANGE))]
     pub wal_segment_bytes: u64,
 
     /// Most writes committed by one fdatasync.
-    #[arg(long, value_name = "N", default_value_t = 4096)]
+    #[arg(long, value_name = "N", default_value_t = 4096,
+          value_parser = ranged::<usize>(MAX_GROUP_RECORDS_RANGE))]
     pub max_group_records: usize,
 
     /// Fold closed WAL segments into a checkpoint delta once they hold this many bytes.
-    #[arg(long, value_name = "BYTES", default_value_t = 64 * 1024 * 1024)]
+    #[arg(long, value_name = "BYTES", default_value_t = 64 * 1024 * 1024,
+          value_parser = ranged::<u64>(CHECKPOINT_BYTES_RANGE))]
     pub checkpoint_wal_bytes: u64,
 
     /// Merge deltas into a new base once they exceed this many bytes (or
     /// half the base, whichever is larger).
-    #[arg(long, value_name = "BYTES", default_value_t = 64 * 1024 * 1024)]
+    #[arg(long, value_name = "BYTES", default_value_t = 64 * 1024 * 1024,
+          value_parser = ranged::<u64>(CHECKPOINT_BYTES_RANGE))]
     pub delta_compact_bytes: u64,
 
     /// Most hops a walk may ask for (its default when it asks for none).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_WALK_DEPTH,
-          value_parser = clap::value_parser!(u32).range(1..))]
+          value_parser = ranged::<u32>(MAX_WALK_NODES_RANGE))]
     pub max_walk_depth: u32,
 
     /// Most coordinates one walk returns, and most on one path.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_WALK_NODES,
-          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_WALK_NODES)))]
+          value_parser = ranged::<u32>(MAX_WALK_NODES_RANGE))]
     pub max_walk_nodes: u32,
 
     /// Most edges one walk or path examines. It bounds how long a walk
     /// holds its namespace's graph read lock, which delays the writer.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_WALK_WORK,
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = ranged::<u64>(MAX_WALK_WORK_RANGE))]
     pub max_walk_work: u64,
 
     /// Most edges leaving one coordinate, and most arriving at one; a link
     /// past it is refused (limit_exceeded).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_EDGES_PER_CELL,
-          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_EDGE_LIST / 2)))]
+          value_parser = ranged::<u32>(MAX_EDGES_PER_CELL_RANGE))]
     pub max_edges_per_cell: u32,
 
     /// Instruction budget of one program run (Lua VM instructions, plus
     /// what region reads and bulk library calls charge); a run past it
     /// fails with program_fuel and applies nothing.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_PROGRAM_FUEL,
-          value_parser = clap::value_parser!(u64).range(1000..))]
+          value_parser = ranged::<u64>(PROGRAM_FUEL_RANGE))]
     pub program_fuel: u64,
 
     /// Memory budget of one program run, in bytes; a run past it fails
     /// with program_memory and applies nothing.
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_PROGRAM_MEMORY,
-          value_parser = parse_program_memory)]
+          value_parser = ranged::<usize>(PROGRAM_MEMORY_RANGE))]
     pub program_memory: usize,
 
     /// Writer-time backstop of one program run, in milliseconds: catches
     /// programs whose single steps are heavy (copying megabyte strings),
     /// which instruction counting cannot see. Counts as out of fuel.
     #[arg(long, value_name = "MS", default_value_t = DEFAULT_PROGRAM_TIME_MS,
-          value_parser = clap::value_parser!(u64).range(1..=60_000))]
+          value_parser = ranged::<u64>(PROGRAM_TIME_MS_RANGE))]
     pub program_time_ms: u64,
 
     /// Writer-time backstop of one `step` (all its runs), in milliseconds:
     /// a step holds the writer, so its runs left after this fail as out of
     /// fuel without running.
     #[arg(long, value_name = "MS", default_value_t = DEFAULT_PROGRAM_STEP_MS,
-          value_parser = clap::value_parser!(u64).range(1..=60_000))]
+          value_parser = ranged::<u64>(PROGRAM_TIME_MS_RANGE))]
     pub program_step_ms: u64,
 
     /// Threads one big `step` runs its programs on (the writer and helpers,
     /// each with its own VM); 1 runs every step on the writer alone.
     /// Default: the machine's cores, at most 8.
     #[arg(long, value_name = "N",
-          value_parser = clap::value_parser!(u64).range(1..=MAX_STEP_THREADS as u64))]
+          value_parser = ranged::<u64>(PROGRAM_STEP_THREADS_RANGE))]
     pub program_step_threads: Option<u64>,
 
     /// Telemetry records kept per cell (the run count is exact regardless).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_PROGRAM_TELEMETRY_KEEP,
-          value_parser = clap::value_parser!(u32).range(1..=i64::from(cube_store::MAX_TELEMETRY_KEEP)))]
+          value_parser = ranged::<u32>(PROGRAM_TELEMETRY_KEEP_RANGE))]
     pub program_telemetry_keep: u32,
+
+    /// Tenancy limits (`docs/operations.md`, "Per-uid limits and the client
+    /// memory budget"). Most connections one uid may hold at once; root and
+    /// the daemon's own uid are not limited. Past it: too_many_connections.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_CONNECTIONS_PER_UID,
+          value_parser = ranged::<u32>(MAX_CONNECTIONS_RANGE))]
+    pub max_connections_per_uid: u32,
+
+    /// Most namespaces one uid may own; root and the daemon's own uid are
+    /// limited only by the store's total. Past it: limit_exceeded.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_NAMESPACES_PER_UID,
+          value_parser = ranged::<u32>(MAX_NAMESPACES_PER_UID_RANGE))]
+    pub max_namespaces_per_uid: u32,
+
+    /// Who may create namespaces besides root and the daemon's own uid:
+    /// `any` served uid, `none`, or a comma-separated list of uids.
+    #[arg(long, value_name = "any|none|UID,UID...", default_value = "any",
+          value_parser = parse_ns_create_uids)]
+    pub ns_create_uids: NsCreators,
+
+    /// One budget, in bytes, for every client's input and output buffers
+    /// together (frame bodies being read, answers not yet sent); when it is
+    /// reached the connections holding the most are cut, largest first.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_CLIENT_MEMORY,
+          value_parser = ranged::<u64>(MAX_CLIENT_MEMORY_RANGE))]
+    pub max_client_memory: u64,
+
+    /// Bytes of changes a `watch` may have waiting for its client; a
+    /// watcher further behind is cut off with "resync from LSN N"
+    /// (docs/operations.md, "Following a box").
+    #[arg(long, value_name = "BYTES", default_value_t = crate::watch_hub::DEFAULT_WATCH_BUFFER_BYTES,
+          value_parser = ranged::<u64>(WATCH_BUFFER_BYTES_RANGE))]
+    pub watch_buffer_bytes: u64,
 
     /// Check every checksum of the data dir DIR offline, print a summary and
     /// exit: 0 if clean, 1 on any problem. Does not start the daemon.
@@ -170,6 +213,16 @@ pub struct Args {
     /// What is dropped is reported and saved under DATA/wal/repair-*/.
     #[arg(long)]
     pub repair: bool,
+
+    /// Serve Prometheus metrics over HTTP at ADDR (`GET /metrics`), e.g.
+    /// 127.0.0.1:9464; port 0 picks one (logged). Off by default.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
+
+    /// Allow --metrics-listen on a non-loopback address (whoever reaches it
+    /// sees every namespace's name and size).
+    #[arg(long, requires = "metrics_listen")]
+    pub metrics_listen_any: bool,
 
     /// error, warn, info or debug.
     #[arg(long, value_name = "LEVEL", env = "CUBE_LOG", default_value = "info")]
@@ -183,7 +236,9 @@ Examples:
   cubed --repair                          # start after truncating a corrupt log
   cubed --verify ./cube-data              # offline: check every checksum, then exit
 
-Exit status: 0 after a clean shutdown (SIGINT/SIGTERM), 1 if it could not start.";
+Exit status: 0 after a clean shutdown (SIGINT/SIGTERM, and the other
+signals docs/operations.md lists), 1 if it could not start, 2 on a bad flag
+(every number has a range, given in the message).";
 
 /// Defaults of the walk limits: deep enough for any neighbourhood query,
 /// and a work bound (edges examined) that a walk or path covers in about
@@ -210,14 +265,128 @@ pub const DEFAULT_PROGRAM_STEP_MS: u64 = 2000;
 pub const MAX_STEP_THREADS: usize = 8;
 pub const DEFAULT_PROGRAM_TELEMETRY_KEEP: u32 = 1000;
 
-fn parse_program_memory(text: &str) -> Result<usize, String> {
-    text.parse::<usize>()
-        .ok()
-        .filter(|bytes| (64 * 1024..=1 << 32).contains(bytes))
+/// Tenancy defaults: a user never needs more connections or namespaces than
+/// this legitimately, and 256 MiB of client buffers is sixteen frames of
+/// the largest size in flight at once.
+pub const DEFAULT_MAX_CONNECTIONS_PER_UID: u32 = 128;
+pub const DEFAULT_MAX_NAMESPACES_PER_UID: u32 = 64;
+pub const DEFAULT_MAX_CLIENT_MEMORY: u64 = 256 * 1024 * 1024;
+pub const MIN_CLIENT_MEMORY: u64 = 1024 * 1024;
+
+/// `--ns-create-uids`: who besides the administrators may create namespaces.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NsCreators {
+    Any,
+    Only(Vec<u32>),
+}
+
+impl NsCreators {
+    pub fn allows(&self, uid: u32) -> bool {
+        match self {
+            NsCreators::Any => true,
+            NsCreators::Only(uids) => uids.contains(&uid),
+        }
+    }
+}
+
+fn parse_ns_create_uids(text: &str) -> Result<NsCreators, String> {
+    match text {
+        "any" => return Ok(NsCreators::Any),
+        "none" => return Ok(NsCreators::Only(Vec::new())),
+        _ => {}
+    }
+    text.split(',')
+        .map(|uid| uid.trim().parse::<u32>().ok())
+        .collect::<Option<Vec<u32>>>()
+        .filter(|uids| !uids.is_empty())
+        .map(NsCreators::Only)
         .ok_or_else(|| {
-            format!("bad program memory {text:?}: give bytes between 65536 and 4294967296")
+            format!("bad --ns-create-uids {text:?}: give any, none, or uids such as 1000,1001")
         })
 }
+
+/// The parser of every size, count and time flag: an unsigned integer
+/// within `range`, anything else refused (exit 2) with the range in the
+/// message (`0 is not in 65536..=1073741824`). A new flag takes a
+/// `*_RANGE` constant here, `value_parser = ranged::<T>(ITS_RANGE)`, and a
+/// row in [`FLAG_RANGES`] (`server/tests/flag_ranges.rs` tests the edges
+/// of every row and fails on a numeric flag without one).
+pub fn ranged<T>(range: RangeInclusive<u64>) -> RangedU64ValueParser<T>
+where
+    T: TryFrom<u64> + Clone + Send + Sync + 'static,
+{
+    RangedU64ValueParser::<T>::new().range(range)
+}
+
+/// Why each bound: `docs/operations.md`, "Flag ranges".
+pub const MAX_CONNECTIONS_RANGE: RangeInclusive<u64> = 1..=65_536;
+/// Up to a day; 0 keeps silent connections open forever.
+pub const IDLE_TIMEOUT_SECS_RANGE: RangeInclusive<u64> = 0..=86_400;
+/// `--frame-timeout-ms`, `--write-timeout-ms`: 100 ms to 10 minutes.
+pub const CONNECTION_TIMEOUT_MS_RANGE: RangeInclusive<u64> = 100..=600_000;
+/// An answer must carry a value with [`ANSWER_OVERHEAD_BYTES`] around it
+/// in the largest frame.
+pub const MAX_VALUE_BYTES_RANGE: RangeInclusive<u64> =
+    1..=(MAX_STORED_BYTES - ANSWER_OVERHEAD_BYTES) as u64;
+pub const MAX_FRAME_BYTES_RANGE: RangeInclusive<u64> =
+    MIN_FRAME_BYTES as u64..=MAX_STORED_BYTES as u64;
+/// Each segment is zero-filled ahead of need: below 64 KiB the log is a
+/// file per few writes, past 1 GiB one preallocation fills a disk.
+pub const WAL_SEGMENT_BYTES_RANGE: RangeInclusive<u64> = 65_536..=1 << 30;
+pub const MAX_GROUP_RECORDS_RANGE: RangeInclusive<u64> = 1..=65_536;
+/// `--checkpoint-wal-bytes`, `--delta-compact-bytes`: 64 KiB to 16 GiB
+/// (past it, a restart replays or loads for minutes).
+pub const CHECKPOINT_BYTES_RANGE: RangeInclusive<u64> = 65_536..=16 << 30;
+/// `--max-walk-depth`, `--max-walk-nodes`: a walk deeper than the nodes
+/// it may return finds nothing more.
+pub const MAX_WALK_NODES_RANGE: RangeInclusive<u64> = 1..=MAX_WALK_NODES as u64;
+/// About 10 s of one graph read lock at most.
+pub const MAX_WALK_WORK_RANGE: RangeInclusive<u64> = 1..=100_000_000;
+pub const MAX_EDGES_PER_CELL_RANGE: RangeInclusive<u64> = 1..=(MAX_EDGE_LIST / 2) as u64;
+/// The time backstop bounds a run whatever its fuel.
+pub const PROGRAM_FUEL_RANGE: RangeInclusive<u64> = 1000..=1_000_000_000_000;
+pub const PROGRAM_MEMORY_RANGE: RangeInclusive<u64> = 64 * 1024..=1 << 32;
+/// `--program-time-ms`, `--program-step-ms`: a minute of writer time at most.
+pub const PROGRAM_TIME_MS_RANGE: RangeInclusive<u64> = 1..=60_000;
+pub const PROGRAM_STEP_THREADS_RANGE: RangeInclusive<u64> = 1..=MAX_STEP_THREADS as u64;
+pub const PROGRAM_TELEMETRY_KEEP_RANGE: RangeInclusive<u64> =
+    1..=cube_store::MAX_TELEMETRY_KEEP as u64;
+/// As many as the store holds.
+pub const MAX_NAMESPACES_PER_UID_RANGE: RangeInclusive<u64> = 1..=65_536;
+/// At least a megabyte (smaller cuts every client); at most a terabyte.
+pub const MAX_CLIENT_MEMORY_RANGE: RangeInclusive<u64> = MIN_CLIENT_MEMORY..=1 << 40;
+/// A watch must hold at least a few changes; at most 4 GiB waits for one client.
+pub const WATCH_BUFFER_BYTES_RANGE: RangeInclusive<u64> = 4096..=1 << 32;
+/// `--sync interval=MS`: a minute of acknowledged writes at risk at most.
+pub const SYNC_INTERVAL_MS_RANGE: RangeInclusive<u64> = 1..=60_000;
+
+/// Every size, count and time flag and its range.
+pub const FLAG_RANGES: &[(&str, RangeInclusive<u64>)] = &[
+    ("--max-connections", MAX_CONNECTIONS_RANGE),
+    ("--idle-timeout-secs", IDLE_TIMEOUT_SECS_RANGE),
+    ("--frame-timeout-ms", CONNECTION_TIMEOUT_MS_RANGE),
+    ("--write-timeout-ms", CONNECTION_TIMEOUT_MS_RANGE),
+    ("--max-value-bytes", MAX_VALUE_BYTES_RANGE),
+    ("--max-frame-bytes", MAX_FRAME_BYTES_RANGE),
+    ("--wal-segment-bytes", WAL_SEGMENT_BYTES_RANGE),
+    ("--max-group-records", MAX_GROUP_RECORDS_RANGE),
+    ("--checkpoint-wal-bytes", CHECKPOINT_BYTES_RANGE),
+    ("--delta-compact-bytes", CHECKPOINT_BYTES_RANGE),
+    ("--max-walk-depth", MAX_WALK_NODES_RANGE),
+    ("--max-walk-nodes", MAX_WALK_NODES_RANGE),
+    ("--max-walk-work", MAX_WALK_WORK_RANGE),
+    ("--max-edges-per-cell", MAX_EDGES_PER_CELL_RANGE),
+    ("--program-fuel", PROGRAM_FUEL_RANGE),
+    ("--program-memory", PROGRAM_MEMORY_RANGE),
+    ("--program-time-ms", PROGRAM_TIME_MS_RANGE),
+    ("--program-step-ms", PROGRAM_TIME_MS_RANGE),
+    ("--program-step-threads", PROGRAM_STEP_THREADS_RANGE),
+    ("--program-telemetry-keep", PROGRAM_TELEMETRY_KEEP_RANGE),
+    ("--max-connections-per-uid", MAX_CONNECTIONS_RANGE),
+    ("--max-namespaces-per-uid", MAX_NAMESPACES_PER_UID_RANGE),
+    ("--max-client-memory", MAX_CLIENT_MEMORY_RANGE),
+    ("--watch-buffer-bytes", WATCH_BUFFER_BYTES_RANGE),
+];
 
 fn parse_mode(text: &str) -> Result<u32, String> {
     u32::from_str_radix(text, 8)
@@ -281,11 +450,18 @@ impl Args {
     /// of any answer around it (a scan page, a walk node, a `get`), or a
     /// stored value could never be read back whole.
     pub fn check(&self) -> Result<(), String> {
-        if self.max_frame_bytes < MIN_FRAME_BYTES {
-            return Err(format!(
-                "--max-frame-bytes {} is below the least a frame must carry, {MIN_FRAME_BYTES}",
-                self.max_frame_bytes
-            ));
+        if let SyncPolicy::Interval { every, .. } = self.sync {
+            let ms = every.as_millis() as u64;
+            if !SYNC_INTERVAL_MS_RANGE.contains(&ms) {
+                return Err(format!(
+                    "--sync interval={ms}: the interval is not in {}..={} ms",
+                    SYNC_INTERVAL_MS_RANGE.start(),
+                    SYNC_INTERVAL_MS_RANGE.end()
+                ));
+            }
+        }
+        if let Some(addr) = self.metrics_listen {
+            crate::metrics_http::check_address(addr, self.metrics_listen_any)?;
         }
         let needed = u64::from(self.max_value_bytes) + u64::from(ANSWER_OVERHEAD_BYTES);
         if u64::from(self.max_frame_bytes) < needed {
@@ -294,6 +470,16 @@ impl Args {
                  (it needs {ANSWER_OVERHEAD_BYTES} bytes more than the value): raise \
                  --max-frame-bytes to at least {needed} or lower --max-value-bytes",
                 self.max_frame_bytes, self.max_value_bytes
+            ));
+        }
+        // One request in and its answer out must fit, or a lone client
+        // sending the largest frame would be cut.
+        let frames = 2 * u64::from(self.max_frame_bytes);
+        if self.max_client_memory < frames {
+            return Err(format!(
+                "--max-client-memory {} cannot hold one largest frame in and one out: raise it \
+                 to at least {frames} (twice --max-frame-bytes) or lower --max-frame-bytes",
+                self.max_client_memory
             ));
         }
         Ok(())
@@ -314,24 +500,30 @@ mod tests {
     use super::*;
 
     /// A value or frame limit past what one checkpoint block can hold is
-    /// refused at startup (found by review: a value near 64 MiB stopped
+    /// refused at startup (a past bug: a value near 64 MiB stopped
     /// the checkpointer on an assertion, and the WAL grew without bound).
     #[test]
     fn value_and_frame_limits_stay_within_a_checkpoint_block() {
-        for flag in ["--max-value-bytes", "--max-frame-bytes"] {
-            let most = MAX_STORED_BYTES.to_string();
-            assert!(Args::try_parse_from(["cubed", flag, most.as_str()]).is_ok());
-            let over = (MAX_STORED_BYTES + 1).to_string();
+        for (flag, most) in [
+            (
+                "--max-value-bytes",
+                MAX_STORED_BYTES - ANSWER_OVERHEAD_BYTES,
+            ),
+            ("--max-frame-bytes", MAX_STORED_BYTES),
+        ] {
+            let most_text = most.to_string();
+            assert!(Args::try_parse_from(["cubed", flag, most_text.as_str()]).is_ok());
+            let over = (most + 1).to_string();
             let refused = Args::try_parse_from(["cubed", flag, over.as_str()]).unwrap_err();
             assert!(
-                refused.to_string().contains("not in 1..=33554432"),
+                refused.to_string().contains(&format!("..={most}")),
                 "{refused}"
             );
         }
     }
 
     /// A frame must carry the largest value with room for an answer's
-    /// fixed parts (found by review: with both limits at 4096 a stored
+    /// fixed parts (a past bug: with both limits at 4096 a stored
     /// value's scan answer was 4107 bytes, over the frame, so it could
     /// never be scanned or exported).
     #[test]
@@ -352,12 +544,7 @@ mod tests {
                 .unwrap_err()
                 .contains("at least 5120")
         );
-        assert!(
-            args("1", "1")
-                .check()
-                .unwrap_err()
-                .contains("below the least")
-        );
+        assert!(Args::try_parse_from(["cubed", "--max-frame-bytes", "4095"]).is_err());
         assert!(args("5120", "4096").check().is_ok());
         assert!(Args::try_parse_from(["cubed"]).unwrap().check().is_ok());
     }

@@ -25,6 +25,7 @@ use cube_store::{
 };
 
 use crate::access::{Peer, authorize};
+use crate::client_memory::Account;
 use crate::server::Shared;
 use crate::write_reply::{MAX_PIPELINED_RUNS, MAX_PIPELINED_WRITES, PendingReply, deliver};
 
@@ -36,6 +37,9 @@ const READ_BUFFER_BYTES: usize = 64 * 1024;
 /// bigger one is shrunk back after its request (a realloc per big request,
 /// nothing per ordinary one).
 const KEEP_BUFFER_BYTES: usize = 1024 * 1024;
+
+/// What they keep while clients hold over half `--max-client-memory`.
+const KEEP_UNDER_PRESSURE_BYTES: usize = 64 * 1024;
 
 /// A connection that has waited this long for its next frame lets go of
 /// its namespace memo, whose base reader may hold a run that a merge or a
@@ -69,10 +73,13 @@ impl std::fmt::Display for Close {
     }
 }
 
-/// Reads the rest of a frame against one deadline for the whole frame.
+/// Reads the rest of a frame against one deadline for the whole frame,
+/// charging the bytes to the connection's memory account as they arrive
+/// (`client_memory`): a frame that declares 16 MiB costs what was sent.
 struct FrameDeadline<'a> {
     reader: &'a mut BufReader<UnixStream>,
     deadline: Instant,
+    account: &'a Account,
 }
 
 impl io::Read for FrameDeadline<'_> {
@@ -88,9 +95,17 @@ impl io::Read for FrameDeadline<'_> {
             }
             self.reader.get_ref().set_read_timeout(Some(left))?;
         }
-        io::Read::read(self.reader, buf)
+        let got = io::Read::read(self.reader, buf)?;
+        self.account
+            .charge(got as u64)
+            .map_err(|_| io::Error::other(CUT_MESSAGE))?;
+        Ok(got)
     }
 }
+
+/// Why a connection cut for the client memory budget ends.
+const CUT_MESSAGE: &str = "cut: all clients' buffers passed --max-client-memory and this \
+                           connection held the most";
 
 fn is_timeout(e: &io::Error) -> bool {
     matches!(
@@ -123,6 +138,8 @@ pub(crate) struct Connection {
     /// cubed is shutting down and this connection has said so: it answers
     /// the whole requests already in its read buffer, then closes.
     draining: bool,
+    /// What its buffers hold, against `--max-client-memory`.
+    account: Arc<Account>,
 }
 
 impl Connection {
@@ -130,6 +147,7 @@ impl Connection {
         stream: UnixStream,
         shared: Arc<Shared>,
         peer: Peer,
+        account: &Arc<Account>,
     ) -> io::Result<Connection> {
         stream.set_nonblocking(false)?;
         stream.set_write_timeout(Some(shared.args.write_timeout()))?;
@@ -138,7 +156,7 @@ impl Connection {
         Ok(Connection {
             reader: BufReader::with_capacity(READ_BUFFER_BYTES, stream.try_clone()?),
             reply_stream: Arc::new(stream.try_clone()?),
-            pending_reply: Arc::default(),
+            pending_reply: Arc::new(PendingReply::charged_to(Arc::clone(account))),
             writer: stream,
             shared,
             body: Vec::new(),
@@ -150,6 +168,7 @@ impl Connection {
             guard: None,
             namespace_memo: NamespaceMemo::default(),
             draining: false,
+            account: Arc::clone(account),
         })
     }
 
@@ -164,7 +183,9 @@ impl Connection {
     fn serve(&mut self) -> Close {
         loop {
             // Here, so every way round the loop (answers, refusals) passes.
-            self.release_big_buffers();
+            if let Err(close) = self.release_big_buffers() {
+                return close;
+            }
             if self.draining && !self.whole_frame_buffered() {
                 return Close::Refused("shutting down".into());
             }
@@ -258,6 +279,18 @@ impl Connection {
                     continue;
                 }
             }
+            if let Request::Watch { ns, lo, hi, from } = request {
+                // The connection is the watch's from here on.
+                let spec = crate::watch::WatchSpec { ns, lo, hi, from };
+                let peer = self.peer;
+                return crate::watch::serve(
+                    &self.shared,
+                    &peer,
+                    &mut self.writer,
+                    header.request_id,
+                    spec,
+                );
+            }
             if is_write {
                 match self.submit_write(request, header.request_id, started) {
                     Ok(()) => continue,
@@ -285,7 +318,21 @@ impl Connection {
                     limit,
                     count_only,
                     after,
-                } => self.scan(header.request_id, &ns, lo, hi, limit, count_only, after),
+                    with_lsn,
+                } => {
+                    // Read before the page: the page holds every change up to it.
+                    let lsn = with_lsn.then(|| self.shared.watch.applied_lsn());
+                    self.scan(
+                        header.request_id,
+                        &ns,
+                        lo,
+                        hi,
+                        limit,
+                        count_only,
+                        after,
+                        lsn,
+                    )
+                }
                 // So are mget answers, each value copied once.
                 Request::Mget { ns, coords } => crate::mget::answer(
                     self.shared.engine.memstore(),
@@ -304,6 +351,9 @@ impl Connection {
                 self.out.clear();
                 Response::encode_error(header.opcode, header.request_id, error, &mut self.out);
             }
+            if let Err(close) = self.charge_buffers() {
+                return close;
+            }
             if let Err(e) = self.writer.write_all(&self.out) {
                 return Close::WriteFailed(e);
             }
@@ -315,13 +365,29 @@ impl Connection {
     /// Gives back what one big frame or answer grew the buffers to: a
     /// connection that once sent 16 MiB (even a frame then refused) would
     /// otherwise hold it until it closes, and there may be a thousand.
-    fn release_big_buffers(&mut self) {
+    /// While the clients together hold more than half their budget, a
+    /// connection keeps only a small buffer between requests.
+    fn release_big_buffers(&mut self) -> Result<(), Close> {
+        let keep = if self.shared.client_memory.under_pressure() {
+            KEEP_UNDER_PRESSURE_BYTES
+        } else {
+            KEEP_BUFFER_BYTES
+        };
         for buffer in [&mut self.body, &mut self.out] {
-            if buffer.capacity() > KEEP_BUFFER_BYTES {
+            if buffer.capacity() > keep {
                 buffer.clear();
-                buffer.shrink_to(KEEP_BUFFER_BYTES);
+                buffer.shrink_to(keep);
             }
         }
+        self.charge_buffers()
+    }
+
+    /// Charges the body and answer buffers at their size now.
+    fn charge_buffers(&self) -> Result<(), Close> {
+        let bytes = self.body.capacity() + self.out.capacity();
+        self.account
+            .set(bytes as u64)
+            .map_err(|_| Close::Refused(CUT_MESSAGE.into()))
     }
 
     fn set_read_timeout(&mut self, timeout: Option<Duration>) -> Result<(), Close> {
@@ -379,12 +445,15 @@ impl Connection {
             let mut rest = FrameDeadline {
                 reader: &mut self.reader,
                 deadline: Instant::now() + self.shared.args.frame_timeout(),
+                account: &self.account,
             };
             let read = read_frame(&mut rest, &limits, &mut self.body);
             // The socket's timeout was moved under the cache's feet.
             self.read_timeout = Some(Duration::ZERO);
             read
         };
+        // The body now held, in place of what the reads charged.
+        self.charge_buffers()?;
         match read {
             Ok(header) => Ok(header),
             Err(ProtocolError::Closed) => Err(Close::PeerClosed),
@@ -543,6 +612,7 @@ impl Connection {
                 }
                 crate::namespaces::handle(
                     ns_request,
+                    &self.shared.args,
                     &self.peer,
                     engine.memstore(),
                     session.as_ref(),
@@ -560,6 +630,7 @@ impl Connection {
             | Request::Run { .. }
             | Request::Step { .. }
             | Request::Scan { .. }
+            | Request::Watch { .. }
             | Request::Mget { .. } => Err(ServerError::new(
                 ErrorCode::Internal,
                 "put, del, prog, run, step, scan and mget are served before the generic handler",
@@ -581,6 +652,7 @@ impl Connection {
         limit: u32,
         count_only: bool,
         after: Option<Coord>,
+        lsn: Option<u64>,
     ) -> Result<(), ServerError> {
         let region = CellBox::new(lo, hi)
             .map_err(|why| ServerError::new(ErrorCode::InvalidArgument, why))?;
@@ -603,6 +675,7 @@ impl Connection {
             Response::Scan {
                 result: ScanResult::Count(outcome.cells),
                 resume_after: outcome.resume_after,
+                lsn,
             }
             .encode(request_id, &mut self.out);
             return Ok(());
@@ -612,7 +685,7 @@ impl Connection {
             max_steps: ScanLimits::MAX_STEPS,
         };
         let max_frame = self.shared.args.limits().max_frame_bytes as usize;
-        let mut page = ScanPageEncoder::begin(&mut self.out, request_id);
+        let mut page = ScanPageEncoder::begin_at(&mut self.out, request_id, lsn);
         let outcome = mem.scan(ns, &region, after, limits, |coord, value| {
             // The first cell always goes in (a value fits a frame), so
             // every page makes progress.
@@ -720,6 +793,7 @@ pub(crate) fn no_such_namespace(ns: &cube_protocol::NamespaceName) -> ServerErro
 fn store_error(e: &cube_store::StoreError) -> ServerError {
     let code = match e {
         cube_store::StoreError::WritesDisabled(_) => ErrorCode::WritesDisabled,
+        cube_store::StoreError::BadPath { .. } => ErrorCode::BadPath,
         cube_store::StoreError::Io { source, .. }
             if source.kind() == std::io::ErrorKind::AlreadyExists =>
         {
@@ -761,6 +835,7 @@ pub(crate) fn write_error(e: &WriteError) -> ServerError {
         WriteErrorKind::NamespaceExists => ErrorCode::NamespaceExists,
         WriteErrorKind::QuotaExceeded => ErrorCode::QuotaExceeded,
         WriteErrorKind::EncryptionUnavailable => ErrorCode::EncryptionUnavailable,
+        WriteErrorKind::LimitExceeded => ErrorCode::LimitExceeded,
     };
     ServerError::new(code, e.message.clone())
 }

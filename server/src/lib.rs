@@ -7,6 +7,8 @@
 //!   serves reads straight from the in-memory store, hands writes to the
 //!   writer, answers in request order;
 //! - the **writer** (in `cube-store`): group commit to the WAL.
+//!
+//! A panic on any of them aborts the process ([`panic_policy`]).
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 mod access;
@@ -18,11 +20,17 @@ mod edges;
 mod listing;
 mod mget;
 mod namespaces;
+pub mod panic_policy;
 mod programs;
 #[macro_use]
 pub mod log;
+mod client_memory;
+mod metrics_http;
 pub mod server;
+mod signals;
 pub mod verify;
+mod watch;
+mod watch_hub;
 mod write_reply;
 
 pub use config::Args;

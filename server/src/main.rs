@@ -3,6 +3,7 @@
 use clap::{CommandFactory, Parser};
 
 fn main() {
+    cube_server::panic_policy::install();
     let args = cube_server::Args::parse();
     if let Err(why) = args.check() {
         cube_server::Args::command()
@@ -10,6 +11,17 @@ fn main() {
             .exit();
     }
     cube_server::log::set_level(args.log_level);
+    // The data dir is 0700: a socket inside it is out of other users'
+    // reach whatever its own mode.
+    if args.socket_mode & 0o077 != 0 && args.socket_path().starts_with(&args.data) {
+        cube_server::warn!(
+            "--socket-mode {:o} opens the socket to other users, but it is inside the data dir \
+             {}, which only cubed's user may enter; give --socket a path outside it (e.g. \
+             /run/cube/cubed.sock)",
+            args.socket_mode,
+            args.data.display()
+        );
+    }
     if let Some(dir) = &args.verify {
         std::process::exit(cube_server::verify::run(dir, args.key_file.as_deref()));
     }

@@ -20,6 +20,7 @@ use crate::connection::{no_such_namespace, write_error};
 /// handle (`None` once shutdown began).
 pub(crate) fn handle(
     request: Request,
+    args: &crate::config::Args,
     peer: &Peer,
     mem: &MemStore,
     session: Option<&WriteSession>,
@@ -34,6 +35,16 @@ pub(crate) fn handle(
     };
     match request {
         Request::NsCreate { ns, spec } => {
+            if !peer.is_admin && !args.ns_create_uids.allows(peer.uid) {
+                return Err(ServerError::new(
+                    ErrorCode::PermissionDenied,
+                    format!(
+                        "uid {} may not create namespaces on this daemon (--ns-create-uids); \
+                         ask its operator for one, or for a grant on an existing namespace",
+                        peer.uid
+                    ),
+                ));
+            }
             let meta = new_meta(&spec, peer.uid);
             session()?
                 .write(Mutation::NamespaceCreate {

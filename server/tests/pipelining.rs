@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{rss_kib, stat};
+use common::{rss_kib, stat, thread_state, wait_for};
 use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::thread;
@@ -302,7 +302,7 @@ fn prog_then_connect(daemon: &LocalDaemon, at: Coord, source: &[u8]) -> UnixStre
     s
 }
 
-/// Found by review: at shutdown only the first request read after the
+/// Regression guard: at shutdown only the first request read after the
 /// flag was set got `shutting_down`; the requests pipelined behind it,
 /// already read, got a closed socket, so the client could not tell they
 /// were not done. Each whole request already read is now answered.
@@ -311,11 +311,11 @@ fn requests_pipelined_behind_a_shutdown_are_each_told_so() {
     let args = ["--program-fuel", "1000000000", "--program-time-ms", "10000"];
     let mut daemon = LocalDaemon::start_fresh(&args).unwrap();
     let at = Coord::new(0, 0, 0);
-    // Holds the writer for a second, so the reads behind it wait.
+    // Holds the writer for three seconds, so the reads behind it wait.
     let mut s = prog_then_connect(
         &daemon,
         at,
-        b"local t = cube.now() while cube.now() - t < 1.0 do end return 'slept'",
+        b"local t = cube.now() while cube.now() - t < 3.0 do end return 'slept'",
     );
     let ns = NamespaceName::new("default").unwrap();
     let mut out = Vec::new();
@@ -332,9 +332,14 @@ fn requests_pipelined_behind_a_shutdown_are_each_told_so() {
         }
         .encode(id, &mut out);
     }
+    let writer_ticks = || thread_state(daemon.pid(), "cube-writer").unwrap().1;
+    let idle_ticks = writer_ticks();
     s.write_all(&out).unwrap();
-    // SIGTERM while the run holds the writer and the gets wait behind it.
-    thread::sleep(Duration::from_millis(300));
+    // SIGTERM while the run holds the writer and the gets wait behind it:
+    // an idle writer uses no CPU, so its clock ticks say the run has begun.
+    wait_for("the run to start on the writer", || {
+        writer_ticks() >= idle_ticks + 5
+    });
     let stopping = thread::spawn(move || daemon.terminate().unwrap());
     let mut body = Vec::new();
     let mut answers = Vec::new();
@@ -360,7 +365,7 @@ fn requests_pipelined_behind_a_shutdown_are_each_told_so() {
     }
 }
 
-/// Found by review: a client that pipelined runs with big results and did
+/// Regression guard: a client that pipelined runs with big results and did
 /// not read made the daemon hold up to 64 of them (a frame each, 16 MiB by
 /// default). A run now waits while 4 answers are outstanding, so such a
 /// client costs the daemon a few frames, and its answers all still arrive,
@@ -387,8 +392,21 @@ fn pipelined_runs_with_big_results_are_held_only_a_few_at_a_time() {
         .encode(100 + id, &mut out);
     }
     s.write_all(&out).unwrap();
-    // The daemon answers as far as the client lets it, then waits.
-    thread::sleep(Duration::from_secs(2));
+    // The daemon answers as far as the client lets it, then waits: the
+    // runs count stops and the writer sleeps.
+    let mut admin = daemon.client().unwrap();
+    let mut last_runs = u64::MAX;
+    wait_for("the daemon to stop running the unread runs", || {
+        let runs = stat(&mut admin, "programs.runs");
+        let writer_sleeps = thread_state(daemon.pid(), "cube-writer").unwrap().0 == 'S';
+        let settled = runs >= 4 && runs == last_runs && writer_sleeps;
+        last_runs = runs;
+        settled
+    });
+    assert!(
+        last_runs < RUNS / 2,
+        "{last_runs} of {RUNS} runs went ahead of a client that reads nothing"
+    );
     let grown_mib = rss_kib(daemon.pid()).saturating_sub(before_kib) / 1024;
     let limits = Limits {
         max_frame_bytes: 16 << 20,

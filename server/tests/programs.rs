@@ -93,7 +93,7 @@ fn a_failed_run_applies_nothing_and_is_still_recorded() {
 
 /// A run whose writes take its namespace past a quota fails like any other
 /// failed run: `quota_exceeded`, nothing applied, and recorded in the
-/// cell's telemetry (found by review: the writer refused the run's writes
+/// cell's telemetry (a past bug: the writer refused the run's writes
 /// and its telemetry record with them, while the daemon counted the run).
 #[test]
 fn a_run_over_its_namespace_quota_applies_nothing_and_is_recorded() {
@@ -668,7 +668,7 @@ fn a_result_over_the_frame_fails_before_it_is_copied_whole() {
     }
 }
 
-/// Found by review: stock Lua orders strings with `strcoll` on each
+/// Regression guard: stock Lua orders strings with `strcoll` on each
 /// zero-separated piece, so comparing two strings of millions of zero bytes
 /// took tens of milliseconds inside one VM instruction, where no hook can
 /// stop it; a loop of such comparisons held the writer (every client's

@@ -119,6 +119,7 @@ fn bad_boxes_limits_and_namespaces_are_clear_errors() {
         limit,
         count_only: false,
         after: None,
+        with_lsn: false,
     };
     let err = client
         .call(&scan(
@@ -156,7 +157,8 @@ fn bad_boxes_limits_and_namespaces_are_clear_errors() {
         empty,
         Response::Scan {
             result: ScanResult::Cells(Vec::new()),
-            resume_after: None
+            resume_after: None,
+            lsn: None,
         }
     );
 }

@@ -248,7 +248,7 @@ fn the_runs_of_a_step_share_one_transactions_room_for_writes() {
     );
 }
 
-/// Found by review: a step whose runs together went past a namespace quota
+/// Regression guard: a step whose runs together went past a namespace quota
 /// was refused whole by the writer, telemetry records included, although
 /// each run is atomic on its own and every run must be recorded. The runs'
 /// writes are now applied one run at a time, in the step's order; a run
@@ -452,7 +452,7 @@ fn box_cells(c: &mut Client) -> Vec<Option<Vec<u8>>> {
     out
 }
 
-/// Found by review: fuel is metered by a hook every 1000 instructions,
+/// Regression guard: fuel is metered by a hook every 1000 instructions,
 /// and its count carried over from run to run in one VM, so a run near
 /// its budget passed or failed by where the VM's earlier runs left the
 /// count; a step lane's new VM left it elsewhere than the writer's. Each
@@ -474,7 +474,7 @@ fn runs_near_their_fuel_budget_end_alike_on_one_thread_and_on_several() {
     assert_eq!(common::stat(&mut two, "programs.steps_parallel"), 2);
 }
 
-/// Found by review: a program was compiled inside its first run's memory
+/// Regression guard: a program was compiled inside its first run's memory
 /// budget, so a run near the budget failed in a step lane's new VM (which
 /// compiles every source afresh) and not on the writer (whose cache held
 /// it). Compiling is now outside the run's budgets.

@@ -106,7 +106,7 @@ fn verify_passes_clean_dirs_and_reports_planted_corruption() {
 
 /// A segment whose creation a crash cut (empty, or zeros shorter than a
 /// header) after a clean stop: recovery removes it and starts, so verify
-/// notes it instead of reporting damage (found by review).
+/// notes it instead of reporting damage.
 #[test]
 fn verify_notes_a_segment_whose_creation_a_crash_cut() {
     let mut daemon = LocalDaemon::start_fresh(&[]).unwrap();

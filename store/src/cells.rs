@@ -229,7 +229,7 @@ impl Run {
 /// Why: a read lock is two locked read-modify-writes per `get`, and a
 /// locked instruction is a full barrier on x86, so one read's cache
 /// misses cannot overlap the next one's; the lock was a third of a random
-/// `get` (`docs/benchmarks.md`, "Point reads without the lock").
+/// `get` (`docs/benchmarks-history.md`, "Point reads without the lock").
 ///
 /// Sound because a base run never changes but for its shadow marks, which
 /// are only ever added: while the run is its map's base, a key it holds

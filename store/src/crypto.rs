@@ -153,7 +153,7 @@ impl std::error::Error for CryptoError {}
 /// Reads a key file: exactly 32 raw bytes, or 64 hex digits with an
 /// optional trailing newline. Refuses a file readable or writable by group
 /// or others (`mode & 0o077 != 0`), saying the mode and the `chmod` that
-/// fixes it; a missing file; anything but a regular file; a wrong length.
+/// fixes it; a file another user owns; a missing file; anything but a regular file; a wrong length.
 pub fn load_key_file(path: &Path) -> Result<MasterKey, CryptoError> {
     let refuse = |reason: String| CryptoError::KeyFile {
         path: path.to_path_buf(),
@@ -175,6 +175,8 @@ pub fn load_key_file(path: &Path) -> Result<MasterKey, CryptoError> {
             path.display()
         )));
     }
+    // Its owner could swap the key or read it: only the daemon's user's.
+    crate::private_files::check_owner(&meta).map_err(|e| refuse(e.to_string()))?;
     if meta.len() > KEY_FILE_MAX_BYTES {
         return Err(refuse(format!("{} bytes; {KEY_FILE_FORMAT}", meta.len())));
     }

@@ -7,12 +7,24 @@
 //!   checkpoint/       MANIFEST, base-<id>.ckpt, delta-<id>.ckpt
 //!   cubed.sock        default socket path
 //! ```
+//!
+//! The directory is the daemon's alone (`docs/operations.md`, "The data
+//! dir"): it is created 0700, and cubed refuses to start on one that the
+//! group or others may read or write, or that another user owns, or that
+//! is a symbolic link. Inside it, every file is 0600 and owned by the
+//! daemon's user, and nothing is a link ([`crate::private_files`]); a start
+//! narrows the modes an older cubed left, and removes the `.tmp` files an
+//! interrupted run left.
 
-use std::fs::{File, OpenOptions, TryLockError};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::fs::{self, File, OpenOptions, TryLockError};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::error::StoreError;
+use crate::private_files::{
+    DIR_MODE, FILE_MODE, SHARED_BITS, check_owner, open_private_dir, open_private_file,
+};
 use crate::storage::Storage;
 
 pub struct DataDir {
@@ -25,9 +37,12 @@ pub struct DataDir {
 
 impl DataDir {
     /// Creates the directory tree if needed and takes the exclusive lock.
+    /// On the real disk, first checks that the directory is private to
+    /// the daemon's user; once locked, checks and tidies what is inside.
     pub fn open(storage: &dyn Storage, root: &Path) -> Result<DataDir, StoreError> {
         create_dir_durably(storage, root)?;
         let lock = if storage.is_real() {
+            check_closed_to_others(root)?;
             Some(lock_data_dir(root)?)
         } else {
             None
@@ -38,7 +53,81 @@ impl DataDir {
         };
         create_dir_durably(storage, &dir.wal_dir())?;
         create_dir_durably(storage, &dir.checkpoint_dir())?;
+        if storage.is_real() {
+            for removed in dir.make_private()? {
+                eprintln!(
+                    "cubed: removed {}: a temporary file an interrupted run left behind",
+                    removed.display()
+                );
+            }
+        }
         Ok(dir)
+    }
+
+    /// Walks the data dir (the root, `wal/`, `checkpoint/`, `wal/repair-*/`):
+    /// refuses a symbolic link or an entry another user owns, narrows a
+    /// mode open to the group or others (an older cubed made files 0644),
+    /// and removes stale `*.tmp` files (safe: the lock is held, so no one
+    /// else is writing one). Returns what it removed.
+    fn make_private(&self) -> Result<Vec<PathBuf>, StoreError> {
+        let mut removed = Vec::new();
+        let mut dirs = vec![self.root.clone(), self.wal_dir(), self.checkpoint_dir()];
+        while let Some(dir) = dirs.pop() {
+            let entries = fs::read_dir(&dir).map_err(|e| StoreError::io(&dir, e))?;
+            for entry in entries {
+                let path = entry.map_err(|e| StoreError::io(&dir, e))?.path();
+                let meta = fs::symlink_metadata(&path).map_err(|e| StoreError::io(&path, e))?;
+                if meta.file_type().is_symlink() {
+                    let target = fs::read_link(&path)
+                        .map(|t| format!(" (to {})", t.display()))
+                        .unwrap_or_default();
+                    return Err(StoreError::io(
+                        &path,
+                        io::Error::new(
+                            io::ErrorKind::InvalidInput,
+                            format!(
+                                "a symbolic link{target} in the data dir; cubed follows no links \
+                                 there, since one planted there would redirect its writes. \
+                                 Remove it"
+                            ),
+                        ),
+                    ));
+                }
+                check_owner(&meta).map_err(|e| StoreError::io(&path, e))?;
+                let is_tmp = path.extension().is_some_and(|e| e == "tmp");
+                if meta.is_file() && is_tmp {
+                    fs::remove_file(&path).map_err(|e| StoreError::io(&path, e))?;
+                    removed.push(path);
+                    continue;
+                }
+                let private_mode = if meta.is_dir() {
+                    DIR_MODE
+                } else if meta.is_file() {
+                    FILE_MODE
+                } else {
+                    // The socket: its mode is `--socket-mode`'s to decide.
+                    continue;
+                };
+                if meta.mode() & 0o077 != 0 {
+                    fs::set_permissions(&path, fs::Permissions::from_mode(private_mode))
+                        .map_err(|e| StoreError::io(&path, e))?;
+                }
+                let repair = path
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("repair-"));
+                if meta.is_dir() && dir == self.wal_dir() && repair {
+                    dirs.push(path);
+                }
+            }
+        }
+        if !removed.is_empty() {
+            for dir in [self.root.clone(), self.wal_dir(), self.checkpoint_dir()] {
+                File::open(&dir)
+                    .and_then(|d| d.sync_all())
+                    .map_err(|e| StoreError::io(&dir, e))?;
+            }
+        }
+        Ok(removed)
     }
 
     pub fn root(&self) -> &Path {
@@ -54,16 +143,62 @@ impl DataDir {
     }
 }
 
+/// Refuses a data dir that the group or others may read or write (what
+/// PostgreSQL and OpenSSH refuse too), saying the `chmod` that fixes it.
+/// An empty one is narrowed to 0700 instead, as `initdb` does: nothing was
+/// ever exposed through it. `root` was just opened without following a
+/// link, and is ours.
+fn check_closed_to_others(root: &Path) -> Result<(), StoreError> {
+    let handle = open_private_dir(root).map_err(|e| StoreError::io(root, e))?;
+    let mode = handle
+        .metadata()
+        .map_err(|e| StoreError::io(root, e))?
+        .mode()
+        & 0o7777;
+    if mode & SHARED_BITS == 0 {
+        return Ok(());
+    }
+    let empty = fs::read_dir(root)
+        .map_err(|e| StoreError::io(root, e))?
+        .next()
+        .is_none();
+    if empty {
+        eprintln!(
+            "cubed: the new data dir {} was mode {mode:04o}; made it 0700",
+            root.display()
+        );
+        return handle
+            .set_permissions(fs::Permissions::from_mode(DIR_MODE))
+            .map_err(|e| StoreError::io(root, e));
+    }
+    Err(StoreError::io(
+        root,
+        io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "the data dir is mode {mode:04o}: other users can read or write it, and through \
+                 it the data of every namespace; cubed refuses to start on it. Fix with \
+                 `chmod 700 {dir}` (and `chmod -R go-rwx {dir}` for the files an older cubed \
+                 made readable)",
+                dir = root.display()
+            ),
+        ),
+    ))
+}
+
 pub(crate) fn lock_data_dir(root: &Path) -> Result<File, StoreError> {
     {
         let lock_path = root.join("LOCK");
-        let mut lock = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&lock_path)
-            .map_err(|e| StoreError::io(&lock_path, e))?;
+        let mut lock = open_private_file(
+            &lock_path,
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false),
+            true,
+        )
+        .map_err(|e| StoreError::io(&lock_path, e))?;
         match lock.try_lock() {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {

@@ -76,6 +76,8 @@ pub struct Engine {
     checkpointer: Mutex<Checkpointer>,
     checkpoint_load: CheckpointLoad,
     recovery: RecoveryReport,
+    /// For reading sealed history back (`read_history`).
+    keyring: Option<Arc<Keyring>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -322,7 +324,7 @@ impl Engine {
             Arc::clone(&mem),
             Arc::clone(&stats),
             config.group_commit.clone(),
-            keyring,
+            keyring.clone(),
             seeds,
         )
         .map_err(|e| StoreError::io(&wal_dir, e))?;
@@ -341,7 +343,31 @@ impl Engine {
             checkpointer: Mutex::new(checkpointer),
             checkpoint_load,
             recovery,
+            keyring,
         })
+    }
+
+    /// The last LSN the log holds (at open: the last one recovered).
+    pub fn last_lsn(&self) -> u64 {
+        self.stats.last_lsn.load(Relaxed)
+    }
+
+    /// Hands over the log's records `from..=until` still on disk
+    /// ([`crate::wal::read_history`]); `until` must be applied already.
+    pub fn read_history(
+        &self,
+        from: u64,
+        until: u64,
+        each: impl FnMut(u64, Mutation, bool) -> bool,
+    ) -> Result<crate::wal::History, StoreError> {
+        crate::wal::read_history(
+            self.storage.as_ref(),
+            &self.data_dir.wal_dir(),
+            self.keyring.as_deref(),
+            from,
+            until,
+            each,
+        )
     }
 
     pub fn recovery_report(&self) -> &RecoveryReport {

@@ -27,6 +27,10 @@ pub enum StoreError {
         offset: u64,
         reason: String,
     },
+    /// A path given in a request (a backup's destination) that cannot be
+    /// used: nothing was written.
+    #[error("bad path {path}: {reason}")]
+    BadPath { path: PathBuf, reason: String },
     #[error("writes are disabled: {0}")]
     WritesDisabled(String),
     /// The master key is missing, unreadable, or not the one a namespace
@@ -73,6 +77,9 @@ pub enum WriteErrorKind {
     QuotaExceeded,
     /// An encrypted namespace was asked for, but there is no master key.
     EncryptionUnavailable,
+    /// A create past the namespaces one owner may hold
+    /// ([`crate::GroupCommitConfig::max_namespaces_per_owner`]).
+    LimitExceeded,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Error)]

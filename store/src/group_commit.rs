@@ -99,11 +99,29 @@ pub struct GroupCommitConfig {
     /// a create beyond it is refused. Each costs a few KiB even empty,
     /// and nothing else bounds how many a client makes.
     pub max_namespaces: usize,
+    /// Namespaces one owner uid may hold, except the uids in
+    /// `unlimited_owners` (the administrators), whom only `max_namespaces`
+    /// bounds. Checked on the writer, where creates commit one at a time,
+    /// so concurrent creates cannot overshoot it.
+    pub max_namespaces_per_owner: usize,
+    pub unlimited_owners: Vec<u32>,
     /// Called on the writer thread around the answers of each durable
     /// group ([`Responder::Callback`]s among them), so a caller can gather
     /// the answers it sends and send each client's together (the server
     /// sends a connection's answers of one group in one `send`).
     pub answer_hooks: Option<AnswerHooks>,
+    /// Told of every group once it is applied (the server's `watch`).
+    pub commit_listener: Option<Arc<dyn CommitListener>>,
+}
+
+/// Told, on the writer thread, of each group once readers can see it and
+/// before it is answered. It must never block: a non-blocking handoff at
+/// most, so no listener can slow the writer down.
+pub trait CommitListener: Send + Sync + std::fmt::Debug {
+    /// The group `first_lsn..=last_lsn` is applied. `take` gives its
+    /// mutations in LSN order, moved out of the group (call it at most
+    /// once, and only when they are wanted).
+    fn applied(&self, first_lsn: u64, last_lsn: u64, take: &mut dyn FnMut() -> Vec<Mutation>);
 }
 
 /// See [`GroupCommitConfig::answer_hooks`]. Plain functions: they run on
@@ -139,7 +157,10 @@ impl Default for GroupCommitConfig {
             max_group_bytes: 8 * 1024 * 1024,
             queue_capacity: 8192,
             max_namespaces: MAX_NAMESPACES,
+            max_namespaces_per_owner: usize::MAX,
+            unlimited_owners: Vec::new(),
             answer_hooks: None,
+            commit_listener: None,
         }
     }
 }
@@ -522,6 +543,22 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// Moves a durable, applied group's mutations out for a
+/// [`CommitListener`], leaving a cheap stand-in of the same namespace in
+/// each place (answering needs only how many there were).
+fn take_mutations(prepared: &mut [Prepared]) -> Vec<Mutation> {
+    let mut taken = Vec::with_capacity(prepared.iter().map(|p| p.mutations().len()).sum());
+    for entry in prepared {
+        for mutation in entry.mutations_mut() {
+            let stand_in = Mutation::NamespaceDrop {
+                ns: mutation.namespace().clone(),
+            };
+            taken.push(std::mem::replace(mutation, stand_in));
+        }
+    }
+    taken
+}
+
 /// A command of the group being built, before it is prepared.
 enum Queued {
     Write {
@@ -666,6 +703,25 @@ impl Writer {
             .is_some_and(|quota| !quota.is_unlimited())
     }
 
+    /// Refuses a create past the namespaces its owner may hold.
+    fn check_owner_limit(&self, owner_uid: u32) -> Result<(), WriteError> {
+        let most = self.config.max_namespaces_per_owner;
+        if most == usize::MAX || self.config.unlimited_owners.contains(&owner_uid) {
+            return Ok(());
+        }
+        let owned = self.mem.namespaces_owned_by(owner_uid);
+        if owned >= most {
+            return Err(WriteError::new(
+                WriteErrorKind::LimitExceeded,
+                format!(
+                    "uid {owner_uid} owns {owned} namespaces, the most one uid may \
+                     (--max-namespaces-per-uid {most}); drop one (cubec ns drop NAME) first"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks a namespace create or drop against the store (it commits
     /// alone, so nothing earlier in its group can change the answer).
     fn check_namespace_change(&self, mutation: &Mutation) -> Result<(), WriteError> {
@@ -686,6 +742,7 @@ impl Writer {
                         ),
                     ));
                 }
+                self.check_owner_limit(meta.owner_uid)?;
                 if meta.encrypted && !self.keyring.as_ref().is_some_and(|k| k.has_key()) {
                     return Err(WriteError::new(
                         WriteErrorKind::EncryptionUnavailable,
@@ -965,6 +1022,9 @@ impl Writer {
         let mut existed = Vec::with_capacity(records);
         self.mem.apply_group(&mutations, &mut existed);
         drop(mutations);
+        if let Some(listener) = &self.config.commit_listener {
+            listener.applied(first_lsn, last_lsn, &mut || take_mutations(&mut prepared));
+        }
         self.answer(prepared, &existed);
     }
 
@@ -1223,8 +1283,8 @@ mod tests {
     }
 
     /// A callback answer is given exactly once: with the outcome, or with
-    /// `ShuttingDown` when its command is dropped unanswered (found by
-    /// review: a connection waiting for such an answer waited for ever).
+    /// `ShuttingDown` when its command is dropped unanswered (a past bug:
+    /// a connection waiting for such an answer waited for ever).
     #[test]
     fn a_callback_is_answered_once_even_when_dropped_unanswered() {
         let answers = Arc::new(Mutex::new(Vec::new()));

@@ -35,6 +35,7 @@ mod memstore;
 mod mutation;
 pub mod namespace;
 mod prefetch;
+pub mod private_files;
 pub mod programs;
 mod scan;
 #[cfg(test)]
@@ -56,12 +57,15 @@ pub use data_dir::{DataDir, sync_dir};
 pub use edges::{EdgeKey, PathError, PathOutcome, WalkLimits};
 pub use error::{StoreError, WriteError, WriteErrorKind};
 pub use group_commit::{
-    AnswerHooks, AnswerOnce, GroupCommit, GroupCommitConfig, MAX_NAMESPACES, MAX_TXN_MUTATIONS,
-    NamespaceGuard, Responder, SyncPolicy, TxnAck, WriteAck, WriteSession,
+    AnswerHooks, AnswerOnce, CommitListener, GroupCommit, GroupCommitConfig, MAX_NAMESPACES,
+    MAX_TXN_MUTATIONS, NamespaceGuard, Responder, SyncPolicy, TxnAck, WriteAck, WriteSession,
 };
 pub use memstore::{APPLY_SLICE_RECORDS, MemStore, NamespaceMemo, SCAN_SLICE_STEPS};
 pub use mutation::Mutation;
-pub use programs::{MAX_TELEMETRY_KEEP, StoredProgram, TelemetryChange, TelemetryHead};
+pub use programs::{
+    MAX_TELEMETRY_KEEP, PROGRAM_OVERHEAD_BYTES, StoredProgram, TELEMETRY_RECORD_CHARGE_BYTES,
+    TelemetryChange, TelemetryHead, program_charge_bytes,
+};
 pub use scan::{ScanLimits, ScanOutcome, Visit};
 pub use stats::{StoreStats, StoreStatsSnapshot};
 pub use storage::{OpenMode, RealDisk, Storage, StorageFile};

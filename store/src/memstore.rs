@@ -54,6 +54,10 @@ pub(crate) struct NamespaceCells {
     /// Bytes of all cell values, for `max-bytes` quotas and `ns info`.
     /// Changed only under the `cells` write lock.
     pub(crate) value_bytes: AtomicU64,
+    /// What its programs and kept telemetry count against `max-bytes`
+    /// (`crate::programs::program_charge_bytes`); changed only by the
+    /// writer (and recovery), under the `cells` write lock.
+    program_bytes: AtomicU64,
     /// The namespace's edges (`crate::edges`). Lock order: `edges`, then
     /// `cells`; the writer holds `edges` for a whole group's run.
     pub(crate) edges: RwLock<EdgeGraph>,
@@ -77,6 +81,7 @@ impl NamespaceCells {
             meta: RwLock::new(meta),
             cells: RwLock::default(),
             value_bytes: AtomicU64::new(0),
+            program_bytes: AtomicU64::new(0),
             edges: RwLock::default(),
             dropped: AtomicBool::new(false),
         }
@@ -96,6 +101,7 @@ impl NamespaceCells {
             let mut cells = write(&self.cells);
             self.dropped.store(true, Ordering::Relaxed);
             self.value_bytes.store(0, Ordering::Relaxed);
+            self.program_bytes.store(0, Ordering::Relaxed);
             (std::mem::take(&mut *edges), cells.take_retired())
         };
         drop((edges, cells));
@@ -114,6 +120,17 @@ impl NamespaceCells {
         let total = self.value_bytes.load(Ordering::Relaxed) as i64 + delta;
         debug_assert!(total >= 0, "value bytes went negative: {total}");
         self.value_bytes
+            .store(total.max(0) as u64, Ordering::Relaxed);
+    }
+
+    /// Adds `delta` to the programs' charge (see `add_value_bytes`).
+    fn add_program_bytes(&self, delta: i64) {
+        if delta == 0 {
+            return;
+        }
+        let total = self.program_bytes.load(Ordering::Relaxed) as i64 + delta;
+        debug_assert!(total >= 0, "program bytes went negative: {total}");
+        self.program_bytes
             .store(total.max(0) as u64, Ordering::Relaxed);
     }
 
@@ -240,8 +257,30 @@ impl MemStore {
     }
 
     /// What a namespace holds, or `None` if it does not exist.
+    /// A namespace's use; `bytes` is what counts against `max-bytes`:
+    /// cell values, programs, kept telemetry and edges
+    /// (`crate::namespace::Usage`).
     pub fn namespace_usage(&self, ns: &NamespaceName) -> Option<Usage> {
-        Some(self.namespace(ns)?.usage())
+        let space = self.namespace(ns)?;
+        let mut usage = space.usage();
+        usage.bytes = usage
+            .bytes
+            .saturating_add(space.program_bytes.load(Ordering::Relaxed))
+            .saturating_add(
+                usage
+                    .edges
+                    .saturating_mul(crate::namespace::EDGE_CHARGE_BYTES),
+            );
+        Some(usage)
+    }
+
+    /// How many namespaces `uid` owns (for the per-owner limit): no
+    /// metadata is copied.
+    pub fn namespaces_owned_by(&self, uid: u32) -> usize {
+        read(&self.namespaces)
+            .values()
+            .filter(|space| read(&space.meta).owner_uid == uid)
+            .count()
     }
 
     /// Every namespace with its metadata, sorted by name.
@@ -586,11 +625,14 @@ impl MemStore {
                     for slice in group[start..end].chunks(APPLY_SLICE_RECORDS) {
                         let mut cells = write(&space.cells);
                         let mut value_bytes = 0i64;
+                        let mut program_bytes = 0i64;
                         for mutation in slice {
                             existed.push(match mutation {
                                 Mutation::ProgramPut { .. }
                                 | Mutation::ProgramDel { .. }
-                                | Mutation::Telemetry { .. } => self.programs.apply(mutation),
+                                | Mutation::Telemetry { .. } => {
+                                    self.programs.apply(mutation, &mut program_bytes)
+                                }
                                 _ => apply_one(
                                     &mut cells,
                                     &mut edges,
@@ -603,6 +645,7 @@ impl MemStore {
                         // Value bytes change only here, under the cells
                         // write lock: one atomic per slice, not two per put.
                         space.add_value_bytes(value_bytes);
+                        space.add_program_bytes(program_bytes);
                         drop(cells);
                     }
                     drop(edges);
@@ -931,7 +974,7 @@ mod tests {
     /// A drop (or a replacing create) held up half way, as a walk holding
     /// the graph's read lock holds it: every reader, through the table or
     /// through a memo that skips it, must still see the old namespace, and
-    /// all see it gone once the drop is through. Found by review: the table
+    /// all see it gone once the drop is through. Regression guard: the table
     /// used to change first, so a table read said "gone" while a memo still
     /// answered from the old cells.
     #[test]
@@ -976,7 +1019,7 @@ mod tests {
 
     /// `usage` (for `stats`, `ns info`, `ns drop`) never holds the cells'
     /// lock while it waits for the graph's, which the writer takes first
-    /// (found by review: a `stats` under writes deadlocked the writer).
+    /// (a past bug: a `stats` under writes deadlocked the writer).
     #[test]
     fn usage_keeps_the_lock_order_of_the_writer() {
         let store = Arc::new(MemStore::new());

@@ -55,7 +55,7 @@ pub const DEFAULT_NAMESPACE_ID: u64 = 0;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Quota {
     pub max_cells: Option<u64>,
-    /// Bytes of cell values (not keys, edges or programs).
+    /// Bytes of cell values, programs, telemetry and edges ([`Usage::bytes`]).
     pub max_bytes: Option<u64>,
     pub max_edges: Option<u64>,
 }
@@ -340,11 +340,18 @@ pub(crate) fn check_namespace_key(
     }
 }
 
+/// What one edge counts against `max-bytes` (besides `max-edges`): its
+/// two slots (out and in), key, label and weight.
+pub const EDGE_CHARGE_BYTES: u64 = 64;
+
 /// A namespace's current contents, for quotas and `ns info`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Usage {
     pub cells: u64,
-    /// Bytes of cell values.
+    /// Bytes counted against `max-bytes`: cell values, plus each program's
+    /// source and [`crate::programs::PROGRAM_OVERHEAD_BYTES`], each kept
+    /// telemetry record ([`crate::programs::TELEMETRY_RECORD_CHARGE_BYTES`])
+    /// and each edge ([`EDGE_CHARGE_BYTES`]).
     pub bytes: u64,
     pub edges: u64,
 }
@@ -387,7 +394,7 @@ pub fn check_quota(
             quota.max_bytes,
             usage.bytes,
             delta.bytes,
-            "bytes of values",
+            "bytes (values, programs, telemetry, edges)",
         ),
         (
             "max-edges",

@@ -143,6 +143,38 @@ pub(crate) struct ProgramTable {
     interned: Mutex<InternedSources>,
 }
 
+/// What one program counts against its namespace's `max-bytes` quota
+/// besides its source: its key and the table entry that holds it.
+pub const PROGRAM_OVERHEAD_BYTES: u64 = 64;
+
+/// What one kept telemetry record counts against `max-bytes`: its fixed
+/// fields and the longest message it may carry (messages are cut to
+/// [`MAX_OUTCOME_MESSAGE_BYTES`]), whatever its message's length, so that
+/// the charge is an upper bound of the memory and checkpoint bytes.
+pub const TELEMETRY_RECORD_CHARGE_BYTES: u64 = 64 + MAX_OUTCOME_MESSAGE_BYTES as u64;
+
+/// What a program of `source_len` bytes counts against `max-bytes`.
+pub fn program_charge_bytes(source_len: usize) -> u64 {
+    source_len as u64 + PROGRAM_OVERHEAD_BYTES
+}
+
+/// The change a telemetry mutation makes to its cell's kept records (each
+/// charged [`TELEMETRY_RECORD_CHARGE_BYTES`]): one more for a run's
+/// record, fewer by what it trims. Writer-made logs keep a cell's seqs
+/// contiguous, so every seq in the trimmed range is a kept record.
+pub(crate) fn telemetry_record_change(change: &TelemetryChange) -> i64 {
+    let trimmed = change.trimmed();
+    let trimmed = if trimmed.is_empty() {
+        0
+    } else {
+        (trimmed.end() - trimmed.start() + 1) as i64
+    };
+    match change {
+        TelemetryChange::Append { .. } => 1 - trimmed,
+        TelemetryChange::Drop { .. } => -trimmed,
+    }
+}
+
 /// One allocation per distinct program source. A rule stored at every
 /// cell of a region is then one `Arc`: memory is one copy, and the
 /// server's compiled-function cache (by source address) finds it without
@@ -186,7 +218,10 @@ fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 impl ProgramTable {
     /// Applies a program or telemetry mutation; returns whether the cell
     /// had a program before (program mutations) or `false` (telemetry).
-    pub(crate) fn apply(&self, mutation: &Mutation) -> bool {
+    /// Adds to `charge` the change in what the namespace's programs and
+    /// telemetry count against `max-bytes` ([`program_charge_bytes`],
+    /// [`TELEMETRY_RECORD_CHARGE_BYTES`]).
+    pub(crate) fn apply(&self, mutation: &Mutation, charge_delta: &mut i64) -> bool {
         match mutation {
             Mutation::ProgramPut { ns, coord, source } => {
                 let mut programs = write(&self.programs);
@@ -194,17 +229,28 @@ impl ProgramTable {
                     Some(cells) => cells,
                     None => programs.entry(ns.clone()).or_default(),
                 };
+                let added = program_charge_bytes(source.len());
                 let source = self
                     .interned
                     .lock()
                     .unwrap_or_else(|poisoned| poisoned.into_inner())
                     .intern(source);
-                cells.insert(*coord, source).is_some()
+                let old = cells.insert(*coord, source);
+                let refund = old
+                    .as_ref()
+                    .map_or(0, |old| program_charge_bytes(old.len()));
+                *charge_delta += added as i64 - refund as i64;
+                old.is_some()
             }
-            Mutation::ProgramDel { ns, coord } => write(&self.programs)
-                .get_mut(ns)
-                .and_then(|cells| cells.remove(coord))
-                .is_some(),
+            Mutation::ProgramDel { ns, coord } => {
+                let old = write(&self.programs)
+                    .get_mut(ns)
+                    .and_then(|cells| cells.remove(coord));
+                if let Some(old) = &old {
+                    *charge_delta -= program_charge_bytes(old.len()) as i64;
+                }
+                old.is_some()
+            }
             Mutation::Telemetry { ns, coord, change } => {
                 let mut telemetry = write(&self.telemetry);
                 let cells = match telemetry.get_mut(ns) {
@@ -212,10 +258,13 @@ impl ProgramTable {
                     None => telemetry.entry(ns.clone()).or_default(),
                 };
                 let cell = cells.entry(*coord).or_default();
+                let before = cell.records.len() as i64;
                 apply_telemetry(cell, change);
+                let after = cell.records.len() as i64;
                 if cell.records.is_empty() && cell.failures == 0 {
                     cells.remove(coord);
                 }
+                *charge_delta += (after - before) * TELEMETRY_RECORD_CHARGE_BYTES as i64;
                 false
             }
             _ => false,
@@ -1030,9 +1079,9 @@ mod tests {
             coord: Coord::new(x, 0, 0),
             source: source.to_vec(),
         };
-        table.apply(&put(0, b"return 1"));
-        table.apply(&put(1, b"return 1"));
-        table.apply(&put(2, b"return 2"));
+        table.apply(&put(0, b"return 1"), &mut 0);
+        table.apply(&put(1, b"return 1"), &mut 0);
+        table.apply(&put(2, b"return 2"), &mut 0);
         let programs = read(&table.programs);
         let cells = &programs[&ns];
         let at = |x: i32| &cells[&Coord::new(x, 0, 0)];
@@ -1042,7 +1091,10 @@ mod tests {
         // Replace every program many times with distinct sources: the set
         // of interned sources stays bounded by the sweep.
         for i in 0..5 * INTERN_SWEEP_MIN {
-            table.apply(&put((i % 3) as i32, format!("return {i}").as_bytes()));
+            table.apply(
+                &put((i % 3) as i32, format!("return {i}").as_bytes()),
+                &mut 0,
+            );
         }
         let interned = table.interned.lock().unwrap().sources.len();
         assert!(interned <= 2 * INTERN_SWEEP_MIN, "{interned} sources kept");
@@ -1103,9 +1155,23 @@ mod tests {
     #[test]
     fn the_ring_keeps_the_last_records_and_exact_counts() {
         let table = ProgramTable::default();
+        // The charge follows the kept records, and the writer's estimate
+        // of each append (`telemetry_record_change`) matches it.
+        let mut charge = 0;
         for seq in 1..=10 {
-            table.apply(&append(seq, 4, seq.saturating_sub(4)));
+            let change = append(seq, 4, seq.saturating_sub(4));
+            let before = charge;
+            table.apply(&change, &mut charge);
+            let Mutation::Telemetry { change, .. } = &change else {
+                unreachable!()
+            };
+            assert_eq!(
+                charge - before,
+                telemetry_record_change(change) * TELEMETRY_RECORD_CHARGE_BYTES as i64,
+                "append {seq}"
+            );
         }
+        assert_eq!(charge, 4 * TELEMETRY_RECORD_CHARGE_BYTES as i64);
         let telemetry = read(&table.telemetry);
         let cell = telemetry.values().next().unwrap().values().next().unwrap();
         let seqs: Vec<u64> = cell.records.iter().map(|r| r.seq).collect();
@@ -1145,16 +1211,19 @@ mod tests {
         let mem = MemStore::new();
         // Cells with stored telemetry beside those with none.
         for i in (0..700).step_by(3) {
-            mem.programs.apply(&Mutation::Telemetry {
-                ns: names[0].clone(),
-                coord: at(i),
-                change: TelemetryChange::Append {
-                    record: record(1, RunOutcome::Ok, ""),
-                    failures: 0,
-                    keep: 3,
-                    trim_from: 1,
+            mem.programs.apply(
+                &Mutation::Telemetry {
+                    ns: names[0].clone(),
+                    coord: at(i),
+                    change: TelemetryChange::Append {
+                        record: record(1, RunOutcome::Ok, ""),
+                        failures: 0,
+                        keep: 3,
+                        trim_from: 1,
+                    },
                 },
-            });
+                &mut 0,
+            );
         }
         let mut runs: HashMap<CellId, u64> = HashMap::new();
         let mut mutations = Vec::new();

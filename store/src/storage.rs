@@ -8,12 +8,19 @@
 //! data sync, whole-file reads, and the directory operations the engine
 //! actually uses. Anything outside it (the data dir lock, the socket) is
 //! not part of the storage fault model.
+//!
+//! [`RealDisk`] keeps its files private ([`crate::private_files`]): files
+//! are created 0600 and directories 0700 whatever the umask, no symbolic
+//! link is followed at the last component, and a file owned by another
+//! user is refused.
 
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+
+use crate::private_files::{create_private_dir_all, open_private_file, read_private_file};
 
 /// How to open a file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,15 +101,19 @@ impl Storage for RealDisk {
             OpenMode::Existing => options.read(true).write(true),
             OpenMode::ReadOnly => options.read(true),
         };
-        Ok(Box::new(RealFile(options.open(path)?)))
+        Ok(Box::new(RealFile(open_private_file(
+            path,
+            &mut options,
+            mode != OpenMode::ReadOnly,
+        )?)))
     }
 
     fn read_file(&self, path: &Path) -> io::Result<Vec<u8>> {
-        fs::read(path)
+        read_private_file(path)
     }
 
     fn file_len(&self, path: &Path) -> io::Result<u64> {
-        Ok(fs::metadata(path)?.len())
+        Ok(fs::symlink_metadata(path)?.len())
     }
 
     fn list_dir(&self, dir: &Path) -> io::Result<Vec<String>> {
@@ -116,7 +127,7 @@ impl Storage for RealDisk {
     }
 
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
-        fs::create_dir_all(dir)
+        create_private_dir_all(dir)
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {

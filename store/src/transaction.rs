@@ -27,8 +27,11 @@ use crate::error::WriteError;
 use crate::group_commit::quota_check;
 use crate::memstore::MemStore;
 use crate::mutation::Mutation;
-use crate::namespace::{NamespaceMeta, UsageDelta};
-use crate::programs::{PendingPrograms, ProgramUndo, StoredProgram, TelemetryHead};
+use crate::namespace::{EDGE_CHARGE_BYTES, NamespaceMeta, UsageDelta};
+use crate::programs::{
+    PendingPrograms, ProgramUndo, StoredProgram, TELEMETRY_RECORD_CHARGE_BYTES, TelemetryHead,
+    program_charge_bytes, telemetry_record_change,
+};
 use crate::scan::{ScanLimits, Visit};
 
 /// The cell writes of the current group not yet applied to the store:
@@ -93,18 +96,42 @@ impl Overlay {
                     .filter(|e| self.edges.has_edge(mem, ns, e))
                     .count();
                 delta.edges -= present as i64;
+                delta.bytes -= present as i64 * EDGE_CHARGE_BYTES as i64;
                 delta
             }
             Mutation::Link { ns, edge, .. } if !self.edges.has_edge(mem, ns, edge) => UsageDelta {
                 edges: 1,
+                bytes: EDGE_CHARGE_BYTES as i64,
                 ..UsageDelta::default()
             },
             Mutation::Unlink { ns, edge } if self.edges.has_edge(mem, ns, edge) => UsageDelta {
                 edges: -1,
+                bytes: -(EDGE_CHARGE_BYTES as i64),
+                ..UsageDelta::default()
+            },
+            Mutation::ProgramPut { ns, coord, source } => UsageDelta {
+                bytes: program_charge_bytes(source.len()) as i64
+                    - self.program_charge_now(mem, ns, *coord),
+                ..UsageDelta::default()
+            },
+            Mutation::ProgramDel { ns, coord } => UsageDelta {
+                bytes: -self.program_charge_now(mem, ns, *coord),
+                ..UsageDelta::default()
+            },
+            Mutation::Telemetry { change, .. } => UsageDelta {
+                bytes: telemetry_record_change(change) * TELEMETRY_RECORD_CHARGE_BYTES as i64,
                 ..UsageDelta::default()
             },
             _ => UsageDelta::default(),
         }
+    }
+
+    /// What the program at a cell counts against `max-bytes` as of this
+    /// point in the group (0 if there is none).
+    fn program_charge_now(&self, mem: &MemStore, ns: &NamespaceName, coord: Coord) -> i64 {
+        self.programs
+            .program(mem, ns, coord)
+            .map_or(0, |source| program_charge_bytes(source.len()) as i64)
     }
 
     /// Records a mutation's effect on cells and edges; returns what it

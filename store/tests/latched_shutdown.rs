@@ -1,6 +1,6 @@
 //! Guards the shutdown of a latched writer: after a failed `fdatasync` the
 //! last group may exist only in the page cache, so a clean shutdown must
-//! not fold the log into a durable checkpoint (found by review: it did, so
+//! not fold the log into a durable checkpoint (a past bug: it did, so
 //! a write its client was told had failed came back after a power loss).
 #![allow(clippy::unwrap_used)]
 

@@ -1,6 +1,6 @@
 //! Guards the checkpointer after a failed manifest store: the rename may or
 //! may not have happened, so the manifest in memory may not be the one on
-//! disk. The checkpointer must stop (found by review: a retried fold
+//! disk. The checkpointer must stop (a past bug: a retried fold
 //! reused a file id the disk's manifest named, and the next start refused
 //! the data dir), and a restart must recover every acknowledged write.
 #![allow(clippy::unwrap_used)]

@@ -241,10 +241,34 @@ fn quotas_refuse_writes_and_whole_transactions_before_the_log() {
             EdgeLabel::default(),
         )
     };
+    // An edge counts 64 bytes against max-bytes as well: no room here.
+    assert_eq!(
+        write(
+            &engine,
+            Mutation::Link {
+                ns: name("q"),
+                edge: edge(1),
+                weight: EdgeWeight::DEFAULT,
+            },
+        ),
+        Err(WriteErrorKind::QuotaExceeded)
+    );
+    // Max-edges, in a namespace without a bytes quota.
+    write(
+        &engine,
+        Mutation::NamespaceCreate {
+            ns: name("qe"),
+            meta: meta(Quota {
+                max_edges: Some(1),
+                ..Quota::default()
+            }),
+        },
+    )
+    .unwrap();
     write(
         &engine,
         Mutation::Link {
-            ns: name("q"),
+            ns: name("qe"),
             edge: edge(1),
             weight: EdgeWeight::DEFAULT,
         },
@@ -254,7 +278,7 @@ fn quotas_refuse_writes_and_whole_transactions_before_the_log() {
     write(
         &engine,
         Mutation::Link {
-            ns: name("q"),
+            ns: name("qe"),
             edge: edge(1),
             weight: EdgeWeight::new(2.0).unwrap(),
         },
@@ -264,7 +288,7 @@ fn quotas_refuse_writes_and_whole_transactions_before_the_log() {
         write(
             &engine,
             Mutation::Link {
-                ns: name("q"),
+                ns: name("qe"),
                 edge: edge(2),
                 weight: EdgeWeight::DEFAULT,
             },
@@ -304,7 +328,9 @@ fn quotas_refuse_writes_and_whole_transactions_before_the_log() {
     });
     assert_eq!(winners, 1, "exactly one racer gets the last cell");
     let usage = engine.memstore().namespace_usage(&name("q")).unwrap();
-    assert_eq!((usage.cells, usage.edges), (3, 1));
+    assert_eq!((usage.cells, usage.edges), (3, 0));
+    let edges = engine.memstore().namespace_usage(&name("qe")).unwrap();
+    assert_eq!(edges.edges, 1);
     engine.close_without_checkpoint();
     drop(engine);
     let engine = Engine::open(config(&dir, None)).unwrap();

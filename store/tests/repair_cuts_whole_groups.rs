@@ -1,5 +1,4 @@
-//! Guards `--repair` against keeping part of a commit group (found by the
-//! `wal_segment` fuzz target): when the damage is in the second record of a
+//! Guards `--repair` against keeping part of a commit group: when the damage is in the second record of a
 //! three-record group, the repair must cut at the start of the group, not at
 //! the damaged record. Cutting at the record kept the group's first record
 //! with no group end; the writer then appended after it and the next
@@ -117,7 +116,7 @@ fn repair_cuts_at_the_start_of_the_damaged_group() {
 /// The same damaged segment, but already folded into a checkpoint up to
 /// LSN 10 (a crash kept it after the manifest switch): after `--repair`
 /// cuts it at LSN 3, new writes must still start after the checkpoint
-/// (found by review: recovery resumed at LSN 3, so the next start skipped
+/// (a past bug: recovery resumed at LSN 3, so the next start skipped
 /// those writes as folded).
 #[test]
 fn repair_inside_the_checkpoint_resumes_after_it() {
@@ -148,7 +147,7 @@ fn repair_inside_the_checkpoint_resumes_after_it() {
 
 /// `--repair` under directory-fsync failures and a power loss right after:
 /// the bytes it cuts are always somewhere, still in the segment or in the
-/// saved copy (found by review: the cut was made durable before the copy's
+/// saved copy (a past bug: the cut was made durable before the copy's
 /// folder was synced, so a power loss could keep the cut and lose the copy).
 #[test]
 fn a_power_loss_during_repair_never_loses_what_it_cuts() {

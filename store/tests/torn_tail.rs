@@ -43,7 +43,10 @@ fn ns() -> NamespaceName {
 }
 
 fn copy_dir(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap();
+    // Private like the original: cubed refuses a data dir others can read.
+    let mut private = std::fs::DirBuilder::new();
+    std::os::unix::fs::DirBuilderExt::mode(private.recursive(true), 0o700);
+    private.create(to).unwrap();
     for entry in fs::read_dir(from).unwrap() {
         let entry = entry.unwrap();
         if entry.file_type().unwrap().is_dir() {
@@ -198,7 +201,7 @@ fn a_bad_record_in_an_earlier_segment_is_corruption_not_a_torn_tail() {
     assert!(err.contains(&segments[2].display().to_string()), "{err}");
 }
 
-/// Found by review: recovery tells a torn tail from corruption by looking
+/// Regression guard: recovery tells a torn tail from corruption by looking
 /// for a valid later commit group after the damage, byte by byte, and a
 /// client chooses the bytes of its values. A value holding two well-formed
 /// records (a group end, then one more) at the next LSNs, checksummed as a
@@ -288,7 +291,7 @@ fn data_dir_with_a_version_1_segment(dir: &Path) -> (std::path::PathBuf, Vec<u8>
 /// A data dir written by a build before the checksum seeds (segment format
 /// version 1: a 24-byte header, plain CRC32C records) still opens. Its
 /// version-1 tail is left as it is and the log goes on in a new version-2
-/// segment (found by review: appending to the tail in version 1 kept the
+/// segment (a past bug: appending to the tail in version 1 kept the
 /// forged-record hole open until the tail filled).
 #[test]
 fn a_version_1_segment_is_read_and_the_log_goes_on_in_version_2() {

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use cube_client::parse_seconds;
 
 use crate::compare::{CompareArgs, compare};
 use crate::crash::{CrashArgs, torture};
@@ -34,7 +35,7 @@ Examples:
   cube-stress --workload mixed                    # puts and gets
   cube-stress --workload mget --batch 256         # 256 random keys per mget request
   cube-stress --workload put --clients 64 --json put.json --plot put.svg
-  cube-stress --crash-every 2 --duration 20       # SIGKILL cubed every 2 s, verify after each restart
+  cube-stress --crash-every 2s --duration 20s     # SIGKILL cubed every 2 s, verify after each restart
   cube-stress --workload mixed --hostile 48       # the same run alone, then beside 48 hostile clients
   cube-stress --target redis-always --workload put
   cube-stress --target ceiling-sync --workload put # cube's design bare: the durable-put ceiling
@@ -111,12 +112,12 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = 16)]
     pub clients: usize,
 
-    /// Measured seconds.
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    /// How long to measure: seconds (10) or a duration with units (10s, 2m).
+    #[arg(long, value_name = "DURATION", default_value_t = 10.0, value_parser = parse_seconds)]
     pub duration: f64,
 
-    /// Seconds of load before measuring starts.
-    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+    /// Load before measuring starts: seconds (1) or with units (1s, 500ms).
+    #[arg(long, value_name = "DURATION", default_value_t = 1.0, value_parser = parse_seconds)]
     pub warmup: f64,
 
     /// What the clients ask for. The default, seed, runs cell programs (the
@@ -158,9 +159,9 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value = "sample")]
     pub verify: VerifyMode,
 
-    /// SIGKILL the throwaway cubed every SECS measured seconds, restart it,
-    /// read back every key, and go on.
-    #[arg(long, value_name = "SECS")]
+    /// SIGKILL the throwaway cubed every INTERVAL of measuring (seconds, or
+    /// with units: 2s, 500ms), restart it, read back every key, and go on.
+    #[arg(long, value_name = "INTERVAL", value_parser = parse_seconds)]
     pub crash_every: Option<f64>,
 
     /// Run twice on fresh daemons: alone, then beside N hostile threads
@@ -180,6 +181,9 @@ pub struct RunArgs {
     /// No progress lines on stderr.
     #[arg(long)]
     pub quiet: bool,
+
+    #[command(flatten)]
+    pub watch: crate::watch_workload::WatchArgs,
 }
 
 impl RunArgs {
@@ -249,6 +253,9 @@ pub fn main_with_args(args: impl IntoIterator<Item = impl Into<OsString> + Clone
 /// One run; `Ok(passed)`.
 fn run_command(args: &RunArgs) -> Result<bool, StressError> {
     let config = args.config()?;
+    if config.workload.kind == WorkloadKind::Watch {
+        return watch_command(args, &config);
+    }
     if config.hostile > 0 {
         return hostile_command(args, config);
     }
@@ -262,6 +269,25 @@ fn run_command(args: &RunArgs) -> Result<bool, StressError> {
         write_file(path, &plot(&report))?;
         eprintln!("cube-stress: wrote {}", path.display());
     }
+    Ok(report.passed())
+}
+
+/// `--workload watch` (`watch_workload`): a throwaway cubed per run.
+fn watch_command(args: &RunArgs, config: &RunConfig) -> Result<bool, StressError> {
+    if config.target.kind != TargetKind::Cube || config.target.socket.is_some() {
+        return Err(StressError::Usage(
+            "--workload watch needs a throwaway cubed (--target cube without --socket)".into(),
+        ));
+    }
+    let setup = crate::watch_workload::WatchSetup {
+        clients: config.clients,
+        duration: config.duration,
+        value_size: config.value_size,
+        daemon_args: &config.target.daemon_args,
+        progress: config.progress,
+    };
+    let report = crate::watch_workload::run(&setup, &args.watch)?;
+    println!("{}", report.to_table());
     Ok(report.passed())
 }
 
@@ -375,6 +401,40 @@ mod tests {
             (config.target.namespace, config.target.encrypted),
             (None, false)
         );
+    }
+
+    /// Durations as people type them (issue 29): `6s` used to be refused
+    /// as an invalid float; plain seconds still work.
+    #[test]
+    fn durations_take_units_and_plain_seconds() {
+        let cli = Cli::try_parse_from([
+            "cube-stress",
+            "--duration",
+            "6s",
+            "--warmup",
+            "500ms",
+            "--crash-every",
+            "2s",
+        ])
+        .unwrap();
+        let config = cli.run.config().unwrap();
+        assert_eq!(config.duration, Duration::from_secs(6));
+        assert_eq!(config.warmup, Duration::from_millis(500));
+        assert_eq!(config.crash_every, Some(Duration::from_secs(2)));
+        let cli = Cli::try_parse_from(["cube-stress", "--duration", "1.5"]).unwrap();
+        assert_eq!(cli.run.duration, 1.5);
+        let cli = Cli::try_parse_from(["cube-stress", "compare", "--duration", "1m"]).unwrap();
+        let Some(CliCommand::Compare(args)) = cli.command else {
+            panic!("not compare")
+        };
+        assert_eq!(args.duration, 60.0);
+        let cli = Cli::try_parse_from(["cube-stress", "crash", "--max-run-ms", "2s"]).unwrap();
+        let Some(CliCommand::Crash(args)) = cli.command else {
+            panic!("not crash")
+        };
+        assert_eq!(args.max_run_ms, 2000);
+        let refused = Cli::try_parse_from(["cube-stress", "--duration", "6 parsecs"]).unwrap_err();
+        assert!(refused.to_string().contains("e.g. 6s"), "{refused}");
     }
 
     #[test]

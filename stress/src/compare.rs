@@ -19,12 +19,15 @@ use crate::workload::{Workload, WorkloadKind};
 
 #[derive(Args, Debug, Clone)]
 pub struct CompareArgs {
-    /// Measured seconds per cell (one workload, client count and target).
-    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+    /// Measured time per cell (one workload, client count and target):
+    /// seconds (5) or a duration with units (5s, 1m).
+    #[arg(long, value_name = "DURATION", default_value_t = 5.0,
+          value_parser = cube_client::parse_seconds)]
     pub duration: f64,
 
-    /// Unmeasured seconds before each cell's measurement.
-    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+    /// Unmeasured load before each cell's measurement (seconds, or 1s, 500ms).
+    #[arg(long, value_name = "DURATION", default_value_t = 1.0,
+          value_parser = cube_client::parse_seconds)]
     pub warmup: f64,
 
     /// Client counts, comma-separated.
@@ -154,6 +157,7 @@ impl Comparison {
                 WorkloadKind::Mget => "mget: requests reading 64 written keys each",
                 WorkloadKind::Walk => "walk: walks and paths with links",
                 WorkloadKind::Seed => "seed: prog, run and step of cell programs",
+                WorkloadKind::Watch => "watch: puts followed by watchers",
             };
             let _ = writeln!(
                 out,

@@ -115,12 +115,12 @@ pub struct CrashArgs {
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub keys: u32,
 
-    /// Shortest load before a kill, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 50)]
+    /// Shortest load before a kill: milliseconds (50) or with units (50ms, 1s).
+    #[arg(long, value_name = "MS", default_value_t = 50, value_parser = cube_client::parse_millis)]
     pub min_run_ms: u64,
 
-    /// Longest load before a kill, in milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 600)]
+    /// Longest load before a kill: milliseconds (600) or with units (600ms, 2s).
+    #[arg(long, value_name = "MS", default_value_t = 600, value_parser = cube_client::parse_millis)]
     pub max_run_ms: u64,
 
     /// Largest value written; sizes are random up to it.

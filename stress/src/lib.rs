@@ -30,6 +30,7 @@ pub mod seed_workload;
 pub mod target;
 pub mod verify;
 pub mod walk_workload;
+pub mod watch_workload;
 pub mod workload;
 
 pub use error::StressError;

@@ -1,7 +1,10 @@
 //! A latency-by-percentile chart as a standalone SVG, drawn the way the
 //! HdrHistogram plotter draws it: the x axis spreads the tail out
 //! (0 %, 90 %, 99 %, 99.9 %, … at equal steps, i.e. log10 of 1/(1-q)),
-//! the y axis is latency in microseconds, one line per command.
+//! one line per command. The y axis is latency on a log scale: a linear
+//! one up to the maximum flattened everything below p99.9 onto zero, so
+//! p50 and p99 could not be read off the picture; with decades of latency
+//! each getting the same height, the body and the tail both show.
 
 use std::fmt::Write as _;
 
@@ -31,17 +34,14 @@ pub fn latency_by_percentile(title: &str, subtitle: &str, series: &[Series<'_>])
     let most_samples = series.iter().map(|s| s.histogram.len()).max().unwrap_or(0);
     // Enough decades to resolve the rarest sample, at least to 99 %.
     let x_decades = (most_samples.max(1) as f64).log10().ceil().clamp(2.0, 7.0);
-    let highest = series
-        .iter()
-        .map(|s| s.histogram.max())
-        .max()
-        .unwrap_or(0)
-        .max(1);
-    let (y_max, y_step) = nice_axis(highest as f64);
+    let recorded = || series.iter().filter(|s| !s.histogram.is_empty());
+    let highest = recorded().map(|s| s.histogram.max()).max().unwrap_or(1);
+    let lowest = recorded().map(|s| s.histogram.min()).min().unwrap_or(1);
+    let axis = LogAxis::covering(lowest as f64, highest as f64);
     let plot_width = WIDTH - LEFT - RIGHT;
     let plot_height = HEIGHT - TOP - BOTTOM;
     let x_of = |decades: f64| LEFT + plot_width * (decades.min(x_decades) / x_decades);
-    let y_of = |us: f64| TOP + plot_height * (1.0 - us.min(y_max) / y_max);
+    let y_of = |us: f64| TOP + plot_height * (1.0 - axis.fraction(us));
 
     let mut svg = String::new();
     let _ = writeln!(
@@ -65,13 +65,13 @@ pub fn latency_by_percentile(title: &str, subtitle: &str, series: &[Series<'_>])
         escape(subtitle)
     );
 
-    // Grid and axis labels.
-    let mut tick = 0.0;
-    while tick <= y_max + y_step / 2.0 {
+    // Grid and axis labels: a darker line at each power of ten.
+    for (tick, major) in axis.ticks() {
         let y = y_of(tick);
+        let stroke = if major { "#c8c8c8" } else { "#ececec" };
         let _ = writeln!(
             svg,
-            r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#e3e3e3"/>"##,
+            r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{stroke}"/>"##,
             LEFT + plot_width
         );
         let _ = writeln!(
@@ -81,8 +81,19 @@ pub fn latency_by_percentile(title: &str, subtitle: &str, series: &[Series<'_>])
             y + 4.0,
             format_us(tick)
         );
-        tick += y_step;
     }
+    // The median gets its own line: where p50 is read off.
+    let median_x = x_of(2f64.log10());
+    let _ = writeln!(
+        svg,
+        r##"<line x1="{median_x:.1}" y1="{TOP}" x2="{median_x:.1}" y2="{:.1}" stroke="#e3e3e3" stroke-dasharray="4 3"/>"##,
+        TOP + plot_height
+    );
+    let _ = writeln!(
+        svg,
+        r#"<text x="{median_x:.1}" y="{:.1}" font-size="12" text-anchor="middle">50%</text>"#,
+        TOP + plot_height + 18.0
+    );
     for decade in 0..=(x_decades as u32) {
         let x = x_of(f64::from(decade));
         let _ = writeln!(
@@ -109,7 +120,7 @@ pub fn latency_by_percentile(title: &str, subtitle: &str, series: &[Series<'_>])
     );
     let _ = writeln!(
         svg,
-        r#"<text x="22" y="{:.1}" font-size="13" text-anchor="middle" transform="rotate(-90 22 {:.1})">latency (µs)</text>"#,
+        r#"<text x="22" y="{:.1}" font-size="13" text-anchor="middle" transform="rotate(-90 22 {:.1})">latency (log scale)</text>"#,
         TOP + plot_height / 2.0,
         TOP + plot_height / 2.0
     );
@@ -205,22 +216,59 @@ pub fn percentile_label(decades: u32) -> String {
     }
 }
 
-/// An axis top at or above `highest` with a step of 1, 2 or 5 × 10^k
-/// giving 4 to 10 ticks.
-fn nice_axis(highest: f64) -> (f64, f64) {
-    let raw_step = highest / 5.0;
-    let magnitude = 10f64.powf(raw_step.log10().floor());
-    let step = [1.0, 2.0, 5.0, 10.0]
-        .iter()
-        .map(|m| m * magnitude)
-        .find(|s| *s >= raw_step)
-        .unwrap_or(10.0 * magnitude)
-        .max(1.0);
-    ((highest / step).ceil() * step, step)
+/// A log10 latency axis from a power of ten at or below the lowest
+/// latency to one at or above the highest (at least one decade).
+struct LogAxis {
+    low_decade: f64,
+    high_decade: f64,
 }
 
+impl LogAxis {
+    fn covering(lowest_us: f64, highest_us: f64) -> LogAxis {
+        let low_decade = lowest_us.max(1.0).log10().floor();
+        let high_decade = highest_us.max(1.0).log10().ceil().max(low_decade + 1.0);
+        LogAxis {
+            low_decade,
+            high_decade,
+        }
+    }
+
+    /// Where `us` sits, 0 at the bottom and 1 at the top.
+    fn fraction(&self, us: f64) -> f64 {
+        let decade = us.max(1.0).log10();
+        ((decade - self.low_decade) / (self.high_decade - self.low_decade)).clamp(0.0, 1.0)
+    }
+
+    /// 1, 2 and 5 times each power of ten on the axis; `true` for the
+    /// powers of ten themselves.
+    fn ticks(&self) -> Vec<(f64, bool)> {
+        let mut ticks = Vec::new();
+        let mut decade = self.low_decade;
+        while decade < self.high_decade {
+            let power = 10f64.powf(decade);
+            ticks.extend([(power, true), (2.0 * power, false), (5.0 * power, false)]);
+            decade += 1.0;
+        }
+        ticks.push((10f64.powf(self.high_decade), true));
+        ticks
+    }
+}
+
+/// `20 µs`, `1.5 ms`, `2 s`.
 fn format_us(us: f64) -> String {
-    format!("{us:.0}")
+    if us < 1000.0 {
+        format!("{us:.0} µs")
+    } else if us < 1_000_000.0 {
+        format!("{} ms", trim(us / 1000.0))
+    } else {
+        format!("{} s", trim(us / 1_000_000.0))
+    }
+}
+
+/// At most one decimal, none when it is 0.
+fn trim(value: f64) -> String {
+    let text = format!("{value:.1}");
+    text.strip_suffix(".0").map_or(text.clone(), str::to_owned)
 }
 
 fn escape(text: &str) -> String {
@@ -242,10 +290,21 @@ mod tests {
     }
 
     #[test]
-    fn axis_steps_are_round() {
-        assert_eq!(nice_axis(97.0), (100.0, 20.0));
-        assert_eq!(nice_axis(1234.0), (1500.0, 500.0));
-        assert_eq!(nice_axis(1.0), (1.0, 1.0));
+    fn the_latency_axis_is_logarithmic_in_round_ticks() {
+        let axis = LogAxis::covering(37.0, 25_000.0);
+        assert_eq!((axis.low_decade, axis.high_decade), (1.0, 5.0));
+        // Every decade gets the same height, so p50 (40 us) and a 25 ms
+        // maximum are both readable.
+        assert!((axis.fraction(100.0) - 0.25).abs() < 1e-9);
+        assert!((axis.fraction(1000.0) - 0.5).abs() < 1e-9);
+        assert!(axis.fraction(40.0) > 0.1);
+        let labels: Vec<String> = axis.ticks().iter().map(|(t, _)| format_us(*t)).collect();
+        assert_eq!(labels.first().map(String::as_str), Some("10 µs"));
+        assert!(labels.contains(&"2 ms".to_owned()), "{labels:?}");
+        assert_eq!(labels.last().map(String::as_str), Some("100 ms"));
+        let flat = LogAxis::covering(5.0, 5.0);
+        assert_eq!((flat.low_decade, flat.high_decade), (0.0, 1.0));
+        assert_eq!(format_us(1500.0), "1.5 ms");
     }
 
     #[test]

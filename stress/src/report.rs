@@ -72,7 +72,7 @@ impl RunReport {
     /// The effective share of reads: 0 for `put`, 1 for `get`.
     pub fn read_ratio(&self) -> f64 {
         match self.workload.kind {
-            WorkloadKind::Put => 0.0,
+            WorkloadKind::Put | WorkloadKind::Watch => 0.0,
             WorkloadKind::Get | WorkloadKind::Mget => 1.0,
             WorkloadKind::Mixed => self.workload.read_ratio,
             // Walks and paths are the reads; links and unlinks the writes.
@@ -256,7 +256,19 @@ impl RunReport {
         }
         let figures = self.server_highlights();
         if !figures.is_empty() {
-            let _ = writeln!(out, "\nserver's own figures (all of them in --json):");
+            let _ = writeln!(
+                out,
+                "\nserver's own figures (all of them in --json), counted since cubed started: \
+                 they include the {:.1} s warmup{} that the table above leaves out,\n\
+                 so the server's counts are higher than the clients' and its latencies \
+                 cover more requests:",
+                self.warmup_s,
+                if self.prefill_s.is_some() {
+                    " and the key-space prefill"
+                } else {
+                    ""
+                }
+            );
             let width = figures.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
             for (name, value) in figures {
                 let _ = writeln!(out, "  {name:<width$}  {value}");
@@ -296,6 +308,7 @@ impl RunReport {
                     || e.name == "server.sync"
             })
             .filter(|e| !matches!(e.name.as_str(), "wal.last_lsn" | "wal.segments_created"))
+            .filter(|e| !cube_metrics::is_histogram_row(&e.name))
             .map(|e| (e.name.clone(), stats_text(&e.value)))
             .collect()
     }
@@ -569,6 +582,8 @@ pub(crate) mod tests {
         assert!(table.contains("closed loop"), "{table}");
         assert!(table.contains("coordinated omission"), "{table}");
         assert!(table.contains("wal.fsync_us_mean"), "{table}");
+        // Why the server's counts differ from the clients'.
+        assert!(table.contains("include the 0.5 s warmup"), "{table}");
         assert!(!table.contains("server.version"), "{table}");
         assert!(table.trim_end().ends_with("PASSED"), "{table}");
         let lines: Vec<&str> = table

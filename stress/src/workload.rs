@@ -142,6 +142,11 @@ pub enum WorkloadKind {
     /// at the end every cell's telemetry count must equal the runs
     /// acknowledged for it. cube only.
     Seed,
+    /// Durable puts on a plane while --watchers watches follow tiles of
+    /// it, each checked to see exactly its tile's acknowledged writes;
+    /// the writers' throughput with and without them, commit-to-delivery
+    /// latency, and a `--from` replay (`watch_workload`). cube only.
+    Watch,
 }
 
 impl WorkloadKind {
@@ -153,6 +158,7 @@ impl WorkloadKind {
             WorkloadKind::Mget => "mget",
             WorkloadKind::Walk => "walk",
             WorkloadKind::Seed => "seed",
+            WorkloadKind::Watch => "watch",
         }
     }
 
@@ -230,7 +236,8 @@ impl Workload {
     /// The next request of client `client`.
     pub fn next_op(&self, rng: &mut Rng, keys: &KeySpace, client: usize) -> Op {
         match self.kind {
-            WorkloadKind::Put => Op::Put {
+            // `watch` runs its own writers (`watch_workload`); as ops, puts.
+            WorkloadKind::Put | WorkloadKind::Watch => Op::Put {
                 key: keys.random_owned_key(client, rng),
             },
             WorkloadKind::Get => Op::Get {
@@ -260,7 +267,9 @@ impl Workload {
     /// find values.
     pub fn needs_prefill(&self) -> bool {
         match self.kind {
-            WorkloadKind::Put | WorkloadKind::Walk | WorkloadKind::Seed => false,
+            WorkloadKind::Put | WorkloadKind::Walk | WorkloadKind::Seed | WorkloadKind::Watch => {
+                false
+            }
             WorkloadKind::Get | WorkloadKind::Mget => true,
             WorkloadKind::Mixed => self.read_ratio > 0.0,
         }

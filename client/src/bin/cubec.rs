@@ -25,6 +25,8 @@ mod namespaces;
 mod programs;
 #[path = "cubec/transfer.rs"]
 mod transfer;
+#[path = "cubec/watch.rs"]
+mod watch;
 
 const EXIT_NOT_FOUND: u8 = 1;
 const EXIT_USAGE: u8 = 2;
@@ -170,6 +172,10 @@ Examples:
   cubec --json scan default 0,0,0 3,3,3")]
     Scan(ScanArgs),
 
+    /// Follow the changes inside a box as they commit (from --from LSN, if given)
+    #[command(after_help = watch::WATCH_HELP)]
+    Watch(watch::WatchArgs),
+
     /// Show the server's counters and gauges, or (with NS X,Y,Z) a cell's program telemetry
     #[command(after_help = programs::STATS_HELP)]
     Stats(programs::StatsArgs),
@@ -258,6 +264,11 @@ struct ScanArgs {
     /// Start strictly after this cell (the position printed when --limit stopped early)
     #[arg(long, value_parser = parse_coord, allow_hyphen_values = true, value_name = "X,Y,Z")]
     after: Option<Coord>,
+
+    /// Also say which LSN the cells are at (on stderr; with --json, a first
+    /// line `{"lsn":N}`): `cubec watch --from N+1` then misses no change
+    #[arg(long, conflicts_with = "count")]
+    lsn: bool,
 
     /// Cells fetched per request (at most 65536)
     #[arg(long, value_name = "N", default_value_t = 4096,
@@ -360,10 +371,17 @@ fn already_advised(message: &str, step: &str) -> bool {
     }
 }
 
+/// The advice for a value over the daemon's limit: the flag that raises it.
+const RAISE_VALUE_LIMIT: &str = "store a smaller value, or restart cubed with a higher limit: \
+     `cubed --max-value-bytes BYTES` (at most 33554432; --max-frame-bytes must hold the value too)";
+
 /// What the user can do about `error`, unless its message already says.
 fn next_step(error: &ClientError) -> Option<&'static str> {
     Some(match error {
         ClientError::Connect { .. } | ClientError::VersionMismatch { .. } => return None,
+        ClientError::BadArgument(message) if message.contains("max_value_bytes") => {
+            RAISE_VALUE_LIMIT
+        }
         ClientError::BadArgument(_) => "see `cubec help <command>`",
         ClientError::Io(_) | ClientError::Protocol(_) => {
             "cubed may have stopped or restarted; check its log, then retry"
@@ -372,6 +390,8 @@ fn next_step(error: &ClientError) -> Option<&'static str> {
             "this is a bug; check that cubec and cubed come from the same build and report it"
         }
         ClientError::Daemon(_) => "check the daemon log above",
+        // Its message says what to do.
+        ClientError::Resync { .. } => return None,
         ClientError::Server(e) => match e.known_code() {
             Some(ErrorCode::NoSuchNamespace) => {
                 "check the namespace name; `cubec ns list` shows the namespaces you may see \
@@ -393,7 +413,7 @@ fn next_step(error: &ClientError) -> Option<&'static str> {
                 "start cubed with --key-file PATH, or create the namespace without --encrypted"
             }
             Some(ErrorCode::BadNamespace) => "use 1 to 64 of a-z, 0-9, '_' and '-'",
-            Some(ErrorCode::ValueTooLarge | ErrorCode::FrameTooLarge) => "store a smaller value",
+            Some(ErrorCode::ValueTooLarge | ErrorCode::FrameTooLarge) => RAISE_VALUE_LIMIT,
             Some(ErrorCode::WritesDisabled) => {
                 "cubed refuses writes until restarted after a storage failure; \
                  check its log, fix the cause and restart it"
@@ -418,7 +438,10 @@ fn next_step(error: &ClientError) -> Option<&'static str> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => return argument_error(&error, std::env::args_os().skip(1)),
+    };
     match run(&cli) {
         Ok(code) => ExitCode::from(code),
         Err(failure) => {
@@ -430,6 +453,32 @@ fn main() -> ExitCode {
             ExitCode::from(failure.code)
         }
     }
+}
+
+/// A command line clap refused (or `--help`, `--version`): printed as clap
+/// prints it, and with `--json` also as a failure object on stdout, so a
+/// script reading stdout sees every failure the same way.
+fn argument_error(error: &clap::Error, args: impl Iterator<Item = OsString>) -> ExitCode {
+    let code = u8::try_from(error.exit_code()).unwrap_or(EXIT_USAGE);
+    let _ = error.print();
+    if code != 0 && json_asked(args) {
+        let rendered = error.render().to_string();
+        let first = rendered.lines().next().unwrap_or_default();
+        let failure = Failure {
+            code,
+            message: first.strip_prefix("error: ").unwrap_or(first).to_owned(),
+            reported_as_json: false,
+        };
+        println!("{}", failure_json(&failure));
+    }
+    ExitCode::from(code)
+}
+
+/// Whether `--json` was among the arguments clap could not make sense of
+/// (before a `--`, after which everything is a value).
+fn json_asked(args: impl Iterator<Item = OsString>) -> bool {
+    args.take_while(|arg| arg != "--")
+        .any(|arg| arg == "--json")
 }
 
 /// `{"ok":false,"exit":N,"error":"..."}`: what `--json` prints on stdout
@@ -464,6 +513,7 @@ fn run(cli: &Cli) -> Result<u8, Failure> {
         Command::Walk(args) => edges::walk(&mut client, args, cli.json, &mut stdout),
         Command::Path(args) => edges::path(&mut client, args, cli.json, &mut stdout),
         Command::Scan(args) => scan(&mut client, args, cli.json, &mut stdout),
+        Command::Watch(args) => watch::watch(client, args, cli.json, &mut stdout),
         Command::Stats(programs::StatsArgs {
             ns: Some(ns),
             coord: Some(coord),
@@ -473,13 +523,17 @@ fn run(cli: &Cli) -> Result<u8, Failure> {
         Command::Stats(programs::StatsArgs {
             prometheus: true, ..
         }) => {
-            let text = prometheus_text(&client.stats()?);
+            let text = prometheus_text(&client.stats()?)?;
             emit(&mut stdout, text.as_bytes()).map(|()| 0)
         }
         Command::Stats(programs::StatsArgs {
-            watch: Some(secs), ..
-        }) => watch_stats(&mut client, *secs, cli.json, &mut stdout),
-        Command::Stats(_) => stats(&mut client, cli.json, &mut stdout),
+            watch: Some(secs),
+            all,
+            ..
+        }) => watch_stats(&mut client, *secs, *all, cli.json, &mut stdout),
+        Command::Stats(programs::StatsArgs { all, .. }) => {
+            stats(&mut client, *all, cli.json, &mut stdout)
+        }
         Command::Prog(args) => programs::prog(&mut client, args, cli.json, &mut stdout),
         Command::Run(args) => programs::run(&mut client, args, cli.json, &mut stdout),
         Command::Step(args) => programs::step(&mut client, args, cli.json, &mut stdout),
@@ -689,7 +743,24 @@ fn scan(
     let mut line = Vec::with_capacity(256);
     while printed < limit {
         let want = (limit - printed).min(u64::from(args.page_size)) as u32;
-        let page = client.scan_page(args.ns.as_str(), &region, want, after)?;
+        let page = if args.lsn && printed == 0 && after == args.after {
+            let (page, lsn) = client.scan_page_with_lsn(args.ns.as_str(), &region, want, after)?;
+            if as_json {
+                emit_line(out, &format!("{{\"lsn\":{lsn}}}"))?;
+            } else {
+                eprintln!(
+                    "cubec: the cells are at LSN {lsn} (every change up to it is in them); \
+                     follow on with `cubec watch {} {} {} --from {}`",
+                    args.ns,
+                    args.lo,
+                    args.hi,
+                    lsn + 1
+                );
+            }
+            page
+        } else {
+            client.scan_page(args.ns.as_str(), &region, want, after)?
+        };
         for cell in &page.cells {
             line.clear();
             if as_json {
@@ -770,6 +841,7 @@ const MAX_WATCH_REFRESHES: u32 = 43_200;
 fn watch_stats(
     client: &mut Client,
     secs: f64,
+    all: bool,
     as_json: bool,
     out: &mut impl Write,
 ) -> Result<u8, Failure> {
@@ -783,7 +855,9 @@ fn watch_stats(
         let text = if as_json {
             stats_json(&entries)
         } else {
-            format!("\x1b[2J\x1b[H{}", stats_table(&entries))
+            let (table, hidden) = happened_table(&entries, all);
+            let note = hidden_rows_note(hidden).unwrap_or_default();
+            format!("\x1b[2J\x1b[H{table}{note}\n")
         };
         emit(out, text.as_bytes())?;
         out.flush().map_err(|e| output_failure(&e))?;
@@ -792,48 +866,76 @@ fn watch_stats(
     Ok(0)
 }
 
-/// The Prometheus text format: numbers become `cube_<name>` gauges (dots
-/// and other characters become `_`); text figures become an `info`-style
-/// gauge with the text as a label, so nothing is lost.
-fn prometheus_text(entries: &[StatsEntry]) -> String {
-    let metric = |name: &str| {
-        let cleaned: String = name
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '_' {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect();
-        format!("cube_{cleaned}")
-    };
-    let mut out = String::new();
-    for entry in entries {
-        let name = metric(&entry.name);
-        match &entry.value {
-            StatsValue::Count(n) => out.push_str(&format!("# TYPE {name} gauge\n{name} {n}\n")),
-            StatsValue::Float(f) if f.is_finite() => {
-                out.push_str(&format!("# TYPE {name} gauge\n{name} {f}\n"));
-            }
-            StatsValue::Float(_) => {}
-            StatsValue::Text(t) => {
-                let escaped = t
-                    .replace('\\', "\\\\")
-                    .replace('"', "\\\"")
-                    .replace('\n', "\\n");
-                out.push_str(&format!(
-                    "# TYPE {name}_info gauge\n{name}_info{{value=\"{escaped}\"}} 1\n"
-                ));
-            }
-        }
-    }
-    out
+/// The Prometheus text exposition (format 0.0.4), the same that
+/// `cubed --metrics-listen` serves at /metrics (`cube_metrics`).
+fn prometheus_text(entries: &[StatsEntry]) -> Result<String, Failure> {
+    cube_metrics::exposition(entries).map_err(|why| Failure {
+        code: EXIT_SERVER,
+        message: why,
+        reported_as_json: false,
+    })
 }
 
-fn stats(client: &mut Client, as_json: bool, out: &mut impl Write) -> Result<u8, Failure> {
-    report(client.stats()?, as_json, out)
+/// `cubec stats`: JSON carries every row (scripts look rows up by name);
+/// the table shows what has happened unless `all`.
+fn stats(
+    client: &mut Client,
+    all: bool,
+    as_json: bool,
+    out: &mut impl Write,
+) -> Result<u8, Failure> {
+    let entries = client.stats()?;
+    if as_json {
+        return report(entries, true, out);
+    }
+    let (table, hidden) = happened_table(&entries, all);
+    emit(out, table.as_bytes())?;
+    if let Some(note) = hidden_rows_note(hidden) {
+        eprintln!("cubec: {note}");
+    }
+    Ok(0)
+}
+
+/// The stats table without what has not happened (unless `all`): the rows
+/// of commands never served, other counts and figures that are zero, and
+/// the latency histogram's rows (for Prometheus); with how many it hid.
+fn happened_table(entries: &[StatsEntry], all: bool) -> (String, usize) {
+    if all {
+        return (stats_table(entries), 0);
+    }
+    let served = |command: &str| {
+        entries.iter().any(|e| {
+            e.name == format!("cmd.{command}.count") && !matches!(e.value, StatsValue::Count(0))
+        })
+    };
+    let shown: Vec<StatsEntry> = entries
+        .iter()
+        .filter(|e| !cube_metrics::is_histogram_row(&e.name))
+        .filter(|e| match &e.value {
+            StatsValue::Count(0) => false,
+            StatsValue::Float(f) if *f == 0.0 => false,
+            _ => true,
+        })
+        .filter(|e| match e.name.strip_prefix("cmd.") {
+            Some(rest) => rest
+                .split_once('.')
+                .is_some_and(|(command, _)| served(command)),
+            None => true,
+        })
+        .cloned()
+        .collect();
+    (stats_table(&shown), entries.len() - shown.len())
+}
+
+/// What `cubec stats` says (on stderr, so stdout stays one table) about
+/// the rows it hid.
+fn hidden_rows_note(hidden: usize) -> Option<String> {
+    (hidden > 0).then(|| {
+        format!(
+            "({hidden} rows of what has not happened yet or of the latency histograms hidden; \
+             `cubec stats --all` shows every row)"
+        )
+    })
 }
 
 /// Prints named figures (stats, or what a checkpoint or backup did).
@@ -1047,7 +1149,7 @@ mod tests {
             String::from_utf8(out).unwrap(),
             "a\\tb\\nc\\\\d\\x01\\xffz\u{e9}"
         );
-        // Characters other tools split lines at (found by review).
+        // Characters other tools split lines at.
         let mut out = Vec::new();
         escape_value("\u{85}\u{2028}\u{2029} nel".as_bytes(), &mut out);
         assert_eq!(

@@ -89,6 +89,7 @@ fn protocol_seeds(dir: &Path) -> Result<()> {
             limit: 100,
             count_only: false,
             after: Some(Coord::new(1, 1, 1)),
+            with_lsn: true,
         },
         Request::Link {
             ns: ns.clone(),
@@ -173,6 +174,7 @@ fn protocol_seeds(dir: &Path) -> Result<()> {
                 value: b"v".to_vec(),
             }]),
             resume_after: Some(Coord::new(1, 2, 3)),
+            lsn: Some(41),
         },
         Response::Edges(vec![EdgeInfo {
             direction: Direction::Out,
@@ -274,7 +276,79 @@ fn protocol_seeds(dir: &Path) -> Result<()> {
         &mut out,
     );
     write(dir, "responses-mget", &out)?;
-    Ok(())
+    watch_seeds(dir)
+}
+
+/// A watch request and the push frames of its stream.
+fn watch_seeds(dir: &Path) -> Result<()> {
+    use cube_protocol::{ResyncReason, WatchChange, WatchFrame, WatchOp};
+    let mut out = Vec::new();
+    Request::Watch {
+        ns: ns()?,
+        lo: Coord::new(0, 0, 0),
+        hi: Coord::new(15, 15, 15),
+        from: Some(40),
+    }
+    .encode(400, &mut out);
+    let at = Coord::new(1, 2, 3);
+    let frames = [
+        WatchFrame::Started { next_lsn: 40 },
+        WatchFrame::Changes {
+            more: true,
+            changes: vec![
+                WatchChange {
+                    lsn: 41,
+                    coord: at,
+                    op: WatchOp::Put(b"hi".to_vec()),
+                },
+                WatchChange {
+                    lsn: 42,
+                    coord: at,
+                    op: WatchOp::Link {
+                        to: Coord::new(0, 0, 0),
+                        label: EdgeLabel::new("road")?,
+                        weight: 2.5,
+                    },
+                },
+            ],
+        },
+        WatchFrame::Changes {
+            more: false,
+            changes: vec![
+                WatchChange {
+                    lsn: 42,
+                    coord: at,
+                    op: WatchOp::Unlink {
+                        to: Coord::new(0, 0, 0),
+                        label: EdgeLabel::new("road")?,
+                    },
+                },
+                WatchChange {
+                    lsn: 43,
+                    coord: at,
+                    op: WatchOp::ProgramPut(b"return 1".to_vec()),
+                },
+                WatchChange {
+                    lsn: 44,
+                    coord: at,
+                    op: WatchOp::Del,
+                },
+                WatchChange {
+                    lsn: 45,
+                    coord: at,
+                    op: WatchOp::ProgramDel,
+                },
+            ],
+        },
+        WatchFrame::Resync {
+            lsn: 46,
+            reason: ResyncReason::TooSlow,
+        },
+    ];
+    for frame in frames {
+        Response::Watch(frame).encode(400, &mut out);
+    }
+    write(dir, "watch", &out)
 }
 
 /// An engine on a simulated disk with tiny segments.

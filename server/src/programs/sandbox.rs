@@ -95,7 +95,8 @@ const ACCEPTED_SOURCE_BYTES: usize = 4096;
 const ACCEPTED_SOURCES: usize = 64;
 
 /// The registry key of the charge function that cube's Lua calls from C
-/// (`LUA_CUBE_CHARGE` in third_party/lua-src/lua-5.4.9/lua.h).
+/// (`LUA_CUBE_CHARGE` in cube's `lua.h`:
+/// third_party/lua-src/patches/03-budget-lua.h.patch).
 const LUA_CUBE_CHARGE: &str = "cube.charge";
 
 /// Lua's own message for a failed allocation.

@@ -84,3 +84,38 @@ pub fn create_with_max_cells(c: &mut Client, name: &str, max_cells: u64) {
     };
     assert!(matches!(c.call(&request).unwrap(), Response::NsCreated(_)));
 }
+
+/// Polls `done` every few milliseconds until it holds. The deadline only
+/// catches a hang: a test waits on the event, never on the clock.
+pub fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still waiting, after 60 s, for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// One thread of a process, by its name (`comm`): its scheduler state
+/// (`R` running, `S` sleeping, ...) and the CPU it has used, in clock ticks.
+pub fn thread_state(pid: u32, name: &str) -> Option<(char, u64)> {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim() != name {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
+        // Fields after the parenthesised name: state is the 1st, utime the
+        // 12th and stime the 13th.
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        let state = fields.first()?.chars().next()?;
+        let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        return Some((state, ticks));
+    }
+    None
+}

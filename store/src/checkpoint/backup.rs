@@ -47,6 +47,10 @@ impl CheckpointStore {
         self.check_usable()?;
         let started = Instant::now();
         let storage = self.storage();
+        if storage.is_real() {
+            let root = self.dir.parent().unwrap_or(&self.dir);
+            check_destination(dest, root)?;
+        }
         if dest.exists() {
             return Err(StoreError::io(
                 dest,
@@ -61,7 +65,11 @@ impl CheckpointStore {
         for dir in [dest, &dest_wal, &dest_checkpoint] {
             storage
                 .create_dir_all(dir)
-                .map_err(|e| StoreError::io(dir, e))?;
+                .map_err(|e| match e.raw_os_error() {
+                    // A parent that is a file, a path the kernel will not take.
+                    Some(libc::ENOTDIR | libc::ENAMETOOLONG | libc::EINVAL) => bad_path(dest, e),
+                    _ => StoreError::io(dir, e),
+                })?;
         }
         let mut report = BackupReport {
             lsn: boundary.saturating_sub(1),
@@ -102,6 +110,80 @@ impl CheckpointStore {
         report.duration = started.elapsed();
         Ok(report)
     }
+}
+
+/// The longest name of one path component (Linux `NAME_MAX`), and the
+/// longest path the kernel takes (`PATH_MAX`, with its NUL).
+const NAME_MAX_BYTES: usize = 255;
+const PATH_MAX_BYTES: usize = 4096;
+
+fn bad_path(dest: &Path, reason: impl ToString) -> StoreError {
+    StoreError::BadPath {
+        path: dest.to_path_buf(),
+        reason: reason.to_string(),
+    }
+}
+
+/// Refuses a destination that cannot be a path (a NUL byte, a name or a
+/// path too long, `..`) and one inside the live data dir `root`, however
+/// it gets there (`root/wal/x`, or through a symbolic link to `root`): a
+/// backup there would be copied into itself, and a later start would take
+/// its files for the daemon's own.
+fn check_destination(dest: &Path, root: &Path) -> Result<(), StoreError> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = dest.as_os_str().as_bytes();
+    if bytes.contains(&0) {
+        return Err(bad_path(dest, "it contains a NUL byte"));
+    }
+    if bytes.len() >= PATH_MAX_BYTES {
+        return Err(bad_path(
+            dest,
+            format!(
+                "it is {} bytes; a path has at most {}",
+                bytes.len(),
+                PATH_MAX_BYTES - 1
+            ),
+        ));
+    }
+    for part in dest.components() {
+        let name = part.as_os_str().as_bytes();
+        if part == std::path::Component::ParentDir {
+            return Err(bad_path(
+                dest,
+                "it contains `..`; give a plain absolute path",
+            ));
+        }
+        if name.len() > NAME_MAX_BYTES {
+            return Err(bad_path(
+                dest,
+                format!(
+                    "a name in it is {} bytes; a name has at most {NAME_MAX_BYTES}",
+                    name.len()
+                ),
+            ));
+        }
+    }
+    // The nearest part of the path that exists, with its links resolved,
+    // then what would be created under it.
+    let existing = dest
+        .ancestors()
+        .find(|a| std::fs::symlink_metadata(a).is_ok())
+        .unwrap_or(Path::new("/"));
+    let resolved = std::fs::canonicalize(existing)
+        .map_err(|e| bad_path(dest, e))?
+        .join(dest.strip_prefix(existing).unwrap_or(Path::new("")));
+    let live = std::fs::canonicalize(root).map_err(|e| StoreError::io(root, e))?;
+    if resolved.starts_with(&live) {
+        return Err(bad_path(
+            dest,
+            format!(
+                "it is inside the live data dir {} (as {}); back up to a path outside it",
+                live.display(),
+                resolved.display()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn copy_file(storage: &dyn Storage, from: &Path, to: &Path) -> Result<(), StoreError> {

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{RecvTimeoutError, Sender, bounded};
 
@@ -43,6 +44,7 @@ impl Checkpointer {
             .name("cube-checkpoint".into())
             .spawn(move || {
                 crate::thread_priority::lower_this_thread(crate::thread_priority::BACKGROUND_NICE);
+                let mut retry = Retry::new(poll);
                 loop {
                     match rx.recv_timeout(poll) {
                         Ok(Request::Backup { dest, reply }) => {
@@ -73,11 +75,13 @@ impl Checkpointer {
                                     Ok(report)
                                 });
                             record(&stats, &store, &result);
+                            retry.after(&store, &result, true);
                             let _ = reply.send(result);
                         }
                         Err(RecvTimeoutError::Timeout) => {
                             // Latched (it said why once): nothing to retry.
-                            if store.check_usable().is_err() {
+                            // Failing: wait out the back-off first.
+                            if store.check_usable().is_err() || !retry.due() {
                                 continue;
                             }
                             // Closed segments are all but the newest: the
@@ -92,6 +96,7 @@ impl Checkpointer {
                             if due {
                                 let result = store.fold(boundary).map(Option::unwrap_or_default);
                                 record(&stats, &store, &result);
+                                retry.after(&store, &result, false);
                             }
                         }
                         Err(RecvTimeoutError::Disconnected) => return store,
@@ -162,14 +167,7 @@ pub(crate) fn record(
         }
         Err(e) => {
             stats.checkpoint_failures.fetch_add(1, Relaxed);
-            let text = format!("{e}");
-            let next = if store.check_usable().is_ok() {
-                "will be retried"
-            } else {
-                "no more checkpoints until cubed restarts"
-            };
-            eprintln!("cubed: checkpoint failed: {text}; the WAL is kept, {next}");
-            stats.set_checkpoint_failure(&text);
+            stats.set_checkpoint_failure(&format!("{e}"));
         }
     }
     let (base, deltas) = store.sizes();
@@ -177,4 +175,76 @@ pub(crate) fn record(
     stats.delta_bytes.store(deltas, Relaxed);
     stats.delta_files.store(store.delta_count() as u64, Relaxed);
     stats.checkpoint_lsn.store(store.checkpoint_lsn(), Relaxed);
+}
+
+/// The longest wait between two automatic checkpoint attempts while they
+/// fail (a full disk, `EFBIG` under `ulimit -f`).
+pub(crate) const MAX_RETRY_DELAY: Duration = Duration::from_secs(10);
+
+/// Automatic checkpoints after a failure: the next attempt waits a delay
+/// that doubles with each failure, from the poll interval up to
+/// [`MAX_RETRY_DELAY`], so a full disk is not hammered (it was tried five
+/// times a second). The state is logged once per change: the first
+/// failure, then the success that ends the run of failures; a failure
+/// after a failure is silent. A checkpoint someone asked for is tried at
+/// once and its failure always logged (its client is told too).
+struct Retry {
+    poll: Duration,
+    failures: u64,
+    delay: Duration,
+    next_at: Option<Instant>,
+}
+
+impl Retry {
+    fn new(poll: Duration) -> Retry {
+        Retry {
+            poll,
+            failures: 0,
+            delay: poll,
+            next_at: None,
+        }
+    }
+
+    /// Whether an automatic attempt may run now.
+    fn due(&self) -> bool {
+        self.next_at.is_none_or(|at| Instant::now() >= at)
+    }
+
+    fn after(
+        &mut self,
+        store: &CheckpointStore,
+        result: &Result<CheckpointReport, StoreError>,
+        asked_for: bool,
+    ) {
+        match result {
+            Ok(_) => {
+                if self.failures > 0 {
+                    eprintln!(
+                        "cubed: checkpoints work again, after {} failed attempt(s)",
+                        self.failures
+                    );
+                }
+                *self = Retry::new(self.poll);
+            }
+            Err(e) => {
+                self.failures += 1;
+                if self.failures == 1 || asked_for {
+                    let next = if store.check_usable().is_err() {
+                        "no more checkpoints until cubed restarts".to_string()
+                    } else {
+                        format!(
+                            "will be retried, waiting longer after each failure (up to {} s); \
+                             said again once it works",
+                            MAX_RETRY_DELAY.as_secs()
+                        )
+                    };
+                    eprintln!("cubed: checkpoint failed: {e}; the WAL is kept, {next}");
+                }
+                if !asked_for {
+                    self.next_at = Some(Instant::now() + self.delay);
+                    self.delay = (self.delay * 2).min(MAX_RETRY_DELAY);
+                }
+            }
+        }
+    }
 }

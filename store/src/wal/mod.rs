@@ -7,6 +7,7 @@
 //!   versus corruption, and the explicit `--repair`.
 
 pub mod crc_seed;
+pub mod history;
 pub mod preallocator;
 pub mod record;
 pub mod recovery;
@@ -14,6 +15,7 @@ pub mod sealing_rule;
 pub mod segment;
 
 pub use crc_seed::{CrcSeed, SegmentSeeds};
+pub use history::{History, read_history};
 pub use preallocator::SegmentPreallocator;
 pub use recovery::{
     RecoveryOptions, RecoveryReport, list_segments, read_closed_segment, recover, recover_with,

@@ -183,7 +183,12 @@ pub fn encode_record(
 ) {
     let start = out.len();
     let payload_len = mutation.payload_len();
-    debug_assert!(payload_len <= MAX_RECORD_PAYLOAD_BYTES);
+    // A larger record would be logged and then refused by recovery as damage:
+    // an acknowledged write that cannot be read back. Checked in every build.
+    assert!(
+        payload_len <= MAX_RECORD_PAYLOAD_BYTES,
+        "record payload of {payload_len} bytes is over {MAX_RECORD_PAYLOAD_BYTES}"
+    );
     out.extend_from_slice(&[0u8; 4]);
     out.extend_from_slice(&(payload_len as u32).to_le_bytes());
     out.extend_from_slice(&lsn.to_le_bytes());

@@ -343,6 +343,12 @@ fn failure(error: ClientError, name: &NamespaceName, doing: Doing) -> Failure {
         (Some(ErrorCode::NamespaceExists), _) => {
             format!("choose another name, or `cubec ns drop {name}` first")
         }
+        // cubed's own message already names --key-file: say it once.
+        (Some(ErrorCode::EncryptionUnavailable), _) if error.to_string().contains("--key-file") => {
+            "the key file holds 32 raw bytes or 64 hex digits and must be chmod 600; \
+             or create the namespace without --encrypted"
+                .to_owned()
+        }
         (Some(ErrorCode::EncryptionUnavailable), _) => {
             "restart cubed with --key-file PATH (a 32-byte key, chmod 600), \
              or create the namespace without --encrypted"
@@ -704,6 +710,17 @@ grants:    uid 1001 read-only, uid 1002 read-write
             Doing::Create,
         );
         assert!(f.message.contains("--key-file PATH"), "{}", f.message);
+        // cubed's own refusal names the flag; the advice does not repeat it.
+        let f = failure(
+            refusal(
+                ErrorCode::EncryptionUnavailable,
+                "an encrypted namespace needs a master key: start cubed with --key-file PATH",
+            ),
+            &name,
+            Doing::Create,
+        );
+        assert_eq!(f.message.matches("--key-file").count(), 1, "{}", f.message);
+        assert!(f.message.contains("without --encrypted"), "{}", f.message);
         let f = failure(
             refusal(ErrorCode::PermissionDenied, "read-only grant"),
             &name,

@@ -55,9 +55,10 @@ writes of the runs that succeed are applied in the step's order (a later
 run's write to the same cell wins). All of it, with one telemetry record per
 run, commits as one durable write.
 
-Prints `ran N programs in NS BOX: K ok, F failed, C cells written, I
-instructions (lsn L)`, and, if a run failed, the first failure: its cell,
-its run number there (seq), its outcome and message. With --json, one object
+Prints `ran N programs in NS BOX: K ok, F failed, C cells written, about I
+instructions (lsn L)` (cubed counts instructions in blocks of 1000, rounded
+down: fewer than 1000 print as `under 1000 instructions`), and, if a run
+failed, the first failure: its cell, its run number there (seq), its outcome and message. With --json, one object
 with lsn, programs, ok, failed, cells_written, instructions and first_failure
 (null or {coord: [x, y, z], seq, outcome, message}). Exits 3 when any program
 failed (the other runs' writes still stand; `cubec stats NS X,Y,Z` shows a
@@ -73,12 +74,15 @@ Examples:
 
 pub(crate) const STATS_HELP: &str = "\
 Without a cell: the daemon's counters and gauges, including cmd.prog.* and
-cmd.run.* latency and the programs.* figures. With NS X,Y,Z: that cell's
+cmd.run.* latency and the programs.* figures. The table shows what has
+happened (commands served, figures that are not zero); --all shows every
+row, and --json always carries every row. With NS X,Y,Z: that cell's
 program telemetry: whether it has a program, the exact number of runs and
 failures, and the most recent records (--records, default 10).
 
 Examples:
   cubec stats
+  cubec stats --all
   cubec --json stats
   cubec stats default 0,0,0
   cubec stats default 0,0,0 --records 100 --json";
@@ -145,9 +149,16 @@ pub(crate) struct StatsArgs {
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub(crate) records: u32,
 
-    /// Refresh the server's stats in place every SECS seconds, like `top` (Ctrl-C stops)
-    #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "2", conflicts_with = "ns")]
+    /// Refresh the server's stats in place every INTERVAL, like `top` (Ctrl-C stops):
+    /// seconds (2, 0.5) or a duration with units (2s, 500ms)
+    #[arg(long, value_name = "INTERVAL", num_args = 0..=1, default_missing_value = "2",
+          conflicts_with = "ns", value_parser = cube_client::parse_seconds)]
     pub(crate) watch: Option<f64>,
+
+    /// Show every row: also commands never served, zero counts and the
+    /// latency histograms' rows (by default the table shows what has happened)
+    #[arg(long, conflicts_with_all = ["ns", "prometheus"])]
+    pub(crate) all: bool,
 
     /// Print the server's stats in the Prometheus text exposition format
     /// (for the node-exporter textfile collector or a scrape wrapper)
@@ -296,6 +307,16 @@ pub(crate) fn step(
     }
 }
 
+/// The daemon counts fuel in blocks of 1000 VM instructions, rounded down
+/// (docs/protocol.md), so 0 means "fewer than 1000", not "none".
+pub(crate) fn instructions_text(instructions: u64) -> String {
+    if instructions < 1000 {
+        "under 1000 instructions".to_owned()
+    } else {
+        format!("about {instructions} instructions")
+    }
+}
+
 fn plural(n: u32, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
@@ -311,11 +332,7 @@ fn step_text(args: &StepArgs, reply: &StepReply) -> String {
         reply.programs.saturating_sub(reply.failed),
         reply.failed,
         plural(reply.cells_written, "cell", "cells"),
-        if reply.instructions == 1 {
-            "1 instruction".to_owned()
-        } else {
-            format!("{} instructions", reply.instructions)
-        },
+        instructions_text(reply.instructions),
         reply.lsn
     );
     if let Some(failure) = &reply.first_failure {
@@ -662,7 +679,7 @@ mod tests {
         assert_eq!(
             step_text(&step_args(), &reply),
             "ran 27 programs in default 0,0,0..2,2,2: 27 ok, 0 failed, 14 cells written, \
-             5000 instructions (lsn 123)\n"
+             about 5000 instructions (lsn 123)\n"
         );
         assert_eq!(
             step_json(&step_args(), &reply),
@@ -712,7 +729,7 @@ mod tests {
         assert!(
             step_text(&step_args(), &one).starts_with(
                 "ran 1 program in default 0,0,0..2,2,2: 1 ok, 0 failed, 1 cell written, \
-                 1 instruction (lsn 0)"
+                 under 1000 instructions (lsn 0)"
             ),
             "{}",
             step_text(&step_args(), &one)

@@ -290,8 +290,20 @@ pub(crate) fn export(
         Ok(()) | Err(ExportEnd::ReaderGone) => {}
         Err(ExportEnd::Failed(failure)) => return Err(failure),
     }
+    let (cells, edges, programs) = counts;
+    if args.format == Format::Csv && edges + programs > 0 {
+        eprintln!(
+            "cubec: warning: CSV holds cells only: left out {edges} edges and {programs} programs \
+             of {}; export without --format csv (JSON lines) to keep them",
+            args.ns
+        );
+    }
     if io::stderr().is_terminal() {
-        let (cells, edges, programs) = counts;
+        let (edges, programs) = if args.format == Format::Csv {
+            (0, 0)
+        } else {
+            (edges, programs)
+        };
         eprintln!(
             "cubec: exported {cells} cells, {edges} edges, {programs} programs of {} in {:.2} s",
             args.ns,
@@ -323,9 +335,9 @@ fn export_into(
         write_out(out, line.as_bytes())?;
         *cells += 1;
     }
-    if args.format == Format::Csv {
-        return Ok(());
-    }
+    // CSV carries cells only: the edges and programs are counted, not
+    // written, so `export` can say what the file leaves out.
+    let write_all = args.format == Format::Jsonl;
     let mut after = None;
     loop {
         let page = client.edge_page(ns, EXPORT_PAGE.min(MAX_EDGE_PAGE), after)?;
@@ -338,7 +350,9 @@ fn export_into(
                 edge.label.as_str(),
                 edge.weight,
             );
-            write_out(out, line.as_bytes())?;
+            if write_all {
+                write_out(out, line.as_bytes())?;
+            }
             *edges += 1;
         }
         match page.resume_after {
@@ -358,7 +372,9 @@ fn export_into(
         for program in page.programs.iter().filter(|p| region.contains(p.coord)) {
             line.clear();
             program_line(&mut line, program.coord, &program.source);
-            write_out(out, line.as_bytes())?;
+            if write_all {
+                write_out(out, line.as_bytes())?;
+            }
             *programs += 1;
         }
         match page.resume_after {
@@ -427,10 +443,22 @@ fn text_or_base64(
     }
 }
 
+/// serde_json's message for a bad line without its " at line 1 column C"
+/// (a record is one line: the line that counts is the file's), as
+/// `column C: ...`, which [`BadRecord`]'s Display joins to the file's line.
+fn json_reason(error: &serde_json::Error) -> String {
+    let message = error.to_string();
+    let suffix = format!(" at line {} column {}", error.line(), error.column());
+    match message.strip_suffix(&suffix) {
+        Some(bare) if error.column() > 0 => format!("column {}: {bare}", error.column()),
+        _ => message,
+    }
+}
+
 /// What one input record turns into, checked as far as the client can
 /// (sizes, labels, weights); program syntax is checked by the daemon.
 fn parse_json_record(text: &str, max_value_bytes: usize) -> Result<BatchOp, String> {
-    let record: JsonRecord<'_> = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let record: JsonRecord<'_> = serde_json::from_str(text).map_err(|e| json_reason(&e))?;
     let op = match record.kind.as_ref() {
         "cell" => {
             let coord = coord_of("coord", record.coord)?;
@@ -717,6 +745,18 @@ struct BadRecord {
     reason: String,
 }
 
+/// `line L: reason`, or `line L column C: reason` when the reason names
+/// its column (a JSON syntax error).
+impl std::fmt::Display for BadRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.reason.starts_with("column ") {
+            write!(f, "line {} {}", self.line, self.reason)
+        } else {
+            write!(f, "line {}: {}", self.line, self.reason)
+        }
+    }
+}
+
 /// What the reading thread ends with.
 #[derive(Default)]
 struct ReadOutcome {
@@ -741,7 +781,7 @@ struct BatchShape {
 
 fn report_skipped(outcome: &mut ReadOutcome, bad: BadRecord, bar: &ProgressBar) {
     // Above the bar, not through it: the bar redraws itself on its line.
-    bar.suspend(|| eprintln!("cubec: line {}: {} (skipped)", bad.line, bad.reason));
+    bar.suspend(|| eprintln!("cubec: {bad} (skipped)"));
     outcome.skipped_count += 1;
     if outcome.skipped.len() < MAX_SKIPPED_REPORTED {
         outcome.skipped.push(bad);
@@ -1068,11 +1108,9 @@ pub(crate) fn import(
             EXIT_USAGE,
             bad.line,
             format!(
-                "line {}: {}; nothing from its batch on was imported ({} records before it \
+                "{bad}; nothing from its batch on was imported ({} records before it \
                  were); fix the line and import again (records already imported are simply \
                  written again), or use --skip-bad",
-                bad.line,
-                bad.reason,
                 applied.records()
             ),
         )),
@@ -1119,7 +1157,7 @@ fn send_failure(stop: &SendStop, imported: u64) -> (u8, u64, String) {
     // Exit 3 when the daemon refused, 2 when the client caught it first.
     let failure = Failure::from(clone_error(&stop.error));
     let what = match &stop.bad {
-        Some(bad) => format!("line {}: {}", bad.line, bad.reason),
+        Some(bad) => bad.to_string(),
         None => failure.message,
     };
     (

@@ -32,8 +32,8 @@
 //! hook's instruction count over first.
 //!
 //! This is the server's one exception to the workspace's `unsafe_code`
-//! denial (with `store/src/huge_pages.rs` in the store): the C API has no
-//! safe wrapper that is not mlua's callback path itself.
+//! denial (docs/ARCHITECTURE.md lists every module allowed it): the C API
+//! has no safe wrapper that is not mlua's callback path itself.
 #![allow(unsafe_code)]
 
 use std::cell::RefCell;
