@@ -757,6 +757,7 @@ mod tests {
         let engine = Engine::open(EngineConfig::new(dir)).unwrap();
         Arc::new(Shared {
             programs: crate::programs::ProgramService::new(&args),
+            watch: crate::watch_hub::WatchHub::start().unwrap(),
             engine,
             client_memory: ClientMemory::new(args.max_client_memory),
             args,
