@@ -256,11 +256,7 @@ impl Engine {
 
         // The log must seal exactly the records of the namespaces that are
         // encrypted at each point, starting from the checkpoint's.
-        let mut sealing = SealingRule::new(
-            mem.namespace_list()
-                .into_iter()
-                .map(|(ns, meta)| (ns, meta.encrypted)),
-        );
+        let mut sealing = SealingRule::new(mem.namespace_list());
         let recovery = recover_with(
             storage.as_ref(),
             &wal_dir,

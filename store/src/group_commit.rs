@@ -871,6 +871,9 @@ impl Writer {
         let first_lsn = self.next_lsn;
         let mut written = 0usize;
         let mut seal_failure = None;
+        // Whether a payload was sealed under (this start, an LSN of this
+        // group): those LSNs must then never be handed out again.
+        let mut sealed_any = false;
         for entry in prepared.iter_mut() {
             let entry_lsn = self.next_lsn;
             match entry {
@@ -910,7 +913,11 @@ impl Writer {
                     _ => None,
                 };
                 match (sealed_id, self.keyring.as_deref()) {
+                    // After a failure nothing more is sealed: the group is
+                    // refused anyway.
+                    (Some(_), Some(_)) if seal_failure.is_some() => {}
                     (Some(ns_id), Some(keyring)) => {
+                        sealed_any = true;
                         if let Err(e) = encode_sealed_record(
                             &mut self.buf,
                             &mut self.scratch,
@@ -936,15 +943,7 @@ impl Writer {
             }
         }
         if let Some(reason) = seal_failure {
-            // Nothing was written: refuse the group and carry on.
-            self.next_lsn = first_lsn;
-            let error = WriteError::new(
-                WriteErrorKind::EncryptionUnavailable,
-                format!("could not seal the write: {reason}"),
-            );
-            for entry in prepared {
-                entry.refuse(error.clone());
-            }
+            self.refuse_unsealable(prepared, first_lsn, sealed_any, &reason);
             return;
         }
         let last_lsn = self.next_lsn - 1;
@@ -966,6 +965,39 @@ impl Writer {
         self.mem.apply_group(&mutations, &mut existed);
         drop(mutations);
         self.answer(prepared, &existed);
+    }
+
+    /// Refuses a group that could not be sealed. Nothing was written. If
+    /// no payload of it was sealed, its LSNs are handed out again and the
+    /// writer carries on. If one was, a (key, nonce) pair of this start
+    /// has been used, and reusing its LSN would seal other plaintext
+    /// under the same pair, which breaks AES-GCM: the writer latches
+    /// instead, and a restart (a new start id, so new keys) recovers.
+    fn refuse_unsealable(
+        &mut self,
+        prepared: Vec<Prepared>,
+        first_lsn: u64,
+        sealed_any: bool,
+        reason: &str,
+    ) {
+        let error = if sealed_any {
+            let latched = format!(
+                "could not seal the write ({reason}); writes are disabled until cubed restarts, \
+                 so that no nonce is ever used twice"
+            );
+            self.failed = Some(latched.clone());
+            self.stats.set_failure(&latched);
+            WriteError::new(WriteErrorKind::WritesDisabled, latched)
+        } else {
+            self.next_lsn = first_lsn;
+            WriteError::new(
+                WriteErrorKind::EncryptionUnavailable,
+                format!("could not seal the write: {reason}"),
+            )
+        };
+        for entry in prepared {
+            entry.refuse(error.clone());
+        }
     }
 
     /// Checks each write, runs each transaction in order against the store

@@ -21,7 +21,7 @@ use crate::storage::{OpenMode, RealDisk, Storage, StorageFile};
 use crate::wal::recovery::{
     RecoveryOptions, RecoveryReport, ReplayStop, SegmentEnd, is_torn_creation, replay_segment,
 };
-use crate::wal::{list_segments, recover};
+use crate::wal::{SealingRule, list_segments, recover_with};
 
 /// One problem, where it is and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -136,6 +136,9 @@ pub fn verify_data_dir_with_key(
     };
     report.wal_segments = segments.len();
     let mut expected: Option<u64> = None;
+    // Judges the namespaces the log creates; those of the checkpoint are
+    // judged when the cells are counted (`count_cells`).
+    let mut rule = SealingRule::default();
     for (i, (first_lsn, path)) in segments.iter().enumerate() {
         let is_last = i + 1 == segments.len();
         let bytes = match disk.read_file(path) {
@@ -161,7 +164,7 @@ pub fn verify_data_dir_with_key(
             is_last,
             0,
             keyring.as_deref(),
-            None,
+            Some(&mut rule),
             &mut |_, _| {},
             &mut counts,
         ) {
@@ -208,6 +211,9 @@ pub fn verify_data_dir_with_key(
         match count_cells(root, keyring) {
             Ok(cells) => report.cells = Some(cells),
             Err(StoreError::Key(reason)) => report.notes.push(reason),
+            // What only the whole state shows: a record that contradicts
+            // a namespace of the checkpoint, say.
+            Err(e @ StoreError::Corruption { .. }) => report.problems.push(problem(e)),
             Err(e) => return Err(e),
         }
     }
@@ -234,12 +240,15 @@ fn count_cells(root: &Path, keyring: Option<Arc<Keyring>>) -> Result<u64, StoreE
         },
     )?;
     let apply = |_lsn: u64, m: Mutation| mem.apply_group(&[&m], &mut Vec::new());
-    recover(
+    // As a start does: the log is judged against the checkpoint's namespaces.
+    let mut rule = SealingRule::new(mem.namespace_list());
+    recover_with(
         dry.as_ref(),
         &root.join("wal"),
         checkpoints.checkpoint_lsn(),
         &RecoveryOptions::default(),
         keyring.as_deref(),
+        &mut rule,
         apply,
     )?;
     Ok(mem.cell_count())

@@ -36,6 +36,7 @@ use crate::memstore::SortedCells;
 use crate::mutation::Mutation;
 use crate::namespace::{NamespaceCatalog, check_namespace_key};
 use crate::storage::Storage;
+use crate::wal::sealing_rule::{check_meta_change, must_seal};
 use crate::wal::{SealingRule, list_segments, read_closed_segment};
 use cube_protocol::NamespaceName;
 use file::{BlockSealer, CheckpointReader, CheckpointWriter, FileHeader, FileKind};
@@ -178,7 +179,7 @@ impl CheckpointStore {
         let keyring = keyring?;
         let mut encrypted_ids: std::collections::HashSet<u64> = catalog
             .iter()
-            .filter(|(_, meta)| meta.encrypted)
+            .filter(|(_, meta)| must_seal(meta))
             .map(|(_, meta)| meta.id)
             .collect();
         encrypted_ids.extend(extra);
@@ -284,7 +285,7 @@ impl CheckpointStore {
                 if let Some(ns_id) = entry_ns_id(key)
                     && key.first() != Some(&TAG_NAMESPACE)
                     && let Some(meta) = catalog.meta_of(ns_id)
-                    && meta.encrypted != sealed
+                    && must_seal(meta) != sealed
                 {
                     failure = Some(bad_entry(if sealed {
                         format!(
@@ -330,11 +331,19 @@ impl CheckpointStore {
                 let name_of = |id: u64| catalog.name_of(id);
                 match entry_to_mutation(key, value.map(<[u8]>::to_vec), &name_of) {
                     Ok(Some(mutation)) => {
-                        if let Mutation::NamespaceCreate { ns, meta } = &mutation
-                            && let Err(e) = check_namespace_key(ns, meta, keyring)
-                        {
-                            failure = Some(e);
-                            return;
+                        if let Mutation::NamespaceCreate { ns, meta } = &mutation {
+                            if let Err(e) = check_namespace_key(ns, meta, keyring) {
+                                failure = Some(e);
+                                return;
+                            }
+                            // An entry for a namespace the earlier files
+                            // hold, under the same id, is an alter folded.
+                            if let Some(old) = catalog.get(ns)
+                                && let Err(reason) = check_meta_change(ns, old, meta, false)
+                            {
+                                failure = Some(bad_entry(reason));
+                                return;
+                            }
                         }
                         catalog.apply(&mutation);
                         apply(mutation);
@@ -424,14 +433,14 @@ impl CheckpointStore {
         let mut encrypted_ids: Vec<u64> = self
             .catalog
             .iter()
-            .filter(|(_, meta)| meta.encrypted)
+            .filter(|(_, meta)| must_seal(meta))
             .map(|(_, meta)| meta.id)
             .collect();
         let mut unknown: Option<(PathBuf, u64, NamespaceName)> = None;
         let mut sealing = SealingRule::new(
             self.catalog
                 .iter()
-                .map(|(ns, meta)| (ns.clone(), meta.encrypted)),
+                .map(|(ns, meta)| (ns.clone(), meta.clone())),
         );
         let mut wrongly_sealed: Option<(PathBuf, u64, String)> = None;
         let keyring = self.keyring.clone();
@@ -461,7 +470,7 @@ impl CheckpointStore {
                     let ns_id = match &mutation {
                         Mutation::NamespaceCreate { meta, .. }
                         | Mutation::NamespaceAlter { meta, .. } => {
-                            if meta.encrypted {
+                            if must_seal(meta) {
                                 encrypted_ids.push(meta.id);
                             }
                             meta.id

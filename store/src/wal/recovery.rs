@@ -409,7 +409,9 @@ pub(crate) fn replay_segment(
                     }
                     RecordOpenError::Key(reason) => ReplayStop::Key(reason),
                 })?;
-                if let Mutation::NamespaceCreate { ns, meta } = &mutation {
+                if let Mutation::NamespaceCreate { ns, meta }
+                | Mutation::NamespaceAlter { ns, meta } = &mutation
+                {
                     check_namespace_key(ns, meta, keyring)
                         .map_err(|e| ReplayStop::Key(e.to_string()))?;
                 }
