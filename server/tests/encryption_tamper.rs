@@ -154,10 +154,9 @@ fn wal_segments(data: &Path) -> Vec<PathBuf> {
     segments
 }
 
-/// A record of a segment: where it starts, its LSN, and its mutation if
+/// A record of a segment: where it ends, its LSN, and its mutation if
 /// it is not sealed.
 struct Found {
-    offset: usize,
     end: usize,
     lsn: u64,
     plain: Option<Mutation>,
@@ -171,7 +170,6 @@ fn records(bytes: &[u8]) -> Vec<Found> {
     while let Ok(record) = parse_record(&bytes[at..], header.crc_seed) {
         let plain = decode_record(&record, None).ok();
         out.push(Found {
-            offset: at,
             end: at + record.total_bytes,
             lsn: record.lsn,
             plain,
@@ -290,4 +288,235 @@ fn a_forged_alter_clearing_encrypted_is_refused() {
             "{stage:?}: --verify names the file and the change: {text}"
         );
     }
+}
+
+const CKPT_HEADER_BYTES: usize = 44;
+const CKPT_FOOTER_BYTES: usize = 40;
+const SEALED_BLOCK_BIT: u32 = 1 << 31;
+/// ns_id, start id, counter in front of a sealed block's ciphertext.
+const SEALED_BLOCK_PREFIX: usize = 24;
+const TAG_BYTES: usize = 16;
+/// A cell entry in a checkpoint block: key_len u16, key (tag, ns id,
+/// 12-byte curve key), op, value_len u32, value.
+const CELL_VALUE_BYTES: usize = 1000;
+const CELL_ENTRY_BYTES: usize = 2 + 21 + 1 + 4 + CELL_VALUE_BYTES;
+
+fn checkpoint_files(data: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = fs::read_dir(data.join("checkpoint"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "ckpt"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// `(offset, payload_len, sealed)` of every block of a checkpoint file.
+fn blocks(bytes: &[u8]) -> Vec<(usize, usize, bool)> {
+    let end = bytes.len() - CKPT_FOOTER_BYTES;
+    let mut out = Vec::new();
+    let mut at = CKPT_HEADER_BYTES;
+    while at < end {
+        let field = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+        let len = (field & !SEALED_BLOCK_BIT) as usize;
+        out.push((at, len, field & SEALED_BLOCK_BIT != 0));
+        at += 8 + len;
+    }
+    assert_eq!(at, end, "blocks end at the footer");
+    out
+}
+
+/// Recomputes the footer (entry count less `entries_removed`, block
+/// bytes, the CRC chain of the blocks, its own CRC) as if the file had
+/// been written this way: all a writer without the key can do.
+fn fix_footer(bytes: &mut [u8], entries_removed: u64) {
+    let mut chain = 0u32;
+    for (at, len, _) in blocks(bytes) {
+        let crc = crc32c::crc32c(&bytes[at + 8..at + 8 + len]);
+        bytes[at + 4..at + 8].copy_from_slice(&crc.to_le_bytes());
+        chain = crc32c::crc32c_append(chain, &crc.to_le_bytes());
+    }
+    let footer = bytes.len() - CKPT_FOOTER_BYTES;
+    let entries = u64::from_le_bytes(bytes[footer + 8..footer + 16].try_into().unwrap());
+    bytes[footer + 8..footer + 16].copy_from_slice(&(entries - entries_removed).to_le_bytes());
+    let blocks_bytes = (footer - CKPT_HEADER_BYTES) as u64;
+    bytes[footer + 24..footer + 32].copy_from_slice(&blocks_bytes.to_le_bytes());
+    bytes[footer + 32..footer + 36].copy_from_slice(&chain.to_le_bytes());
+    let crc = crc32c::crc32c(&bytes[footer..footer + 36]);
+    bytes[footer + 36..footer + 40].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// A stopped daemon whose encrypted namespace holds 300 cells of 1000
+/// bytes, folded into one checkpoint file by a clean stop.
+fn folded_secret(setup: &Setup) -> LocalDaemon {
+    let mut daemon = setup.start();
+    let mut c = daemon.client().unwrap();
+    create(&mut c, "secret", true);
+    for i in 0..300 {
+        c.put("secret", Coord::new(i, 0, 0), &[b's'; CELL_VALUE_BYTES])
+            .unwrap();
+    }
+    drop(c);
+    assert!(daemon.terminate().unwrap().success());
+    daemon
+}
+
+fn cell_count(daemon: &mut LocalDaemon) -> usize {
+    let mut c = daemon.client().unwrap();
+    (0..300)
+        .filter(|i| c.get("secret", Coord::new(*i, 0, 0)).unwrap().is_some())
+        .count()
+}
+
+/// Issue 36, attack 2: a sealed checkpoint block replaced by an empty
+/// unsealed one, with the CRC-only footer recomputed (its entry count
+/// too: a sealed block's length gives its entries away). Before, 60-odd of
+/// the 300 cells were gone and `--verify --key-file` said OK; now the file
+/// no longer matches the MAC the authenticated manifest holds for it.
+#[test]
+fn a_sealed_checkpoint_block_replaced_by_an_empty_plain_one_is_refused() {
+    let setup = Setup::new();
+    let mut daemon = folded_secret(&setup);
+    let files = checkpoint_files(&setup.data());
+    assert_eq!(files.len(), 1, "{files:?}");
+    let file = &files[0];
+    let good = fs::read(file).unwrap();
+    let sealed: Vec<(usize, usize, bool)> = blocks(&good).into_iter().filter(|b| b.2).collect();
+    assert!(sealed.len() >= 3, "{sealed:?}");
+    let (at, len, _) = sealed[1];
+    let entries = ((len - SEALED_BLOCK_PREFIX - TAG_BYTES) / CELL_ENTRY_BYTES) as u64;
+    assert!(entries > 0);
+    let mut bad = good[..at].to_vec();
+    bad.extend_from_slice(&[0u8; 8]);
+    bad.extend_from_slice(&good[at + 8 + len..]);
+    fix_footer(&mut bad, entries);
+    fs::write(file, &bad).unwrap();
+
+    let text = setup.refused();
+    assert!(
+        text.contains(&format!("corruption in {}", file.display()))
+            && text.contains("does not match the MAC"),
+        "names the file and why: {text}"
+    );
+    let (code, text) = setup.verify();
+    assert_eq!(code, Some(1), "--verify fails: {text}");
+    assert!(
+        text.contains(&file.display().to_string()) && text.contains("does not match the MAC"),
+        "{text}"
+    );
+    // Control: the untouched file opens with every cell.
+    fs::write(file, &good).unwrap();
+    daemon.restart().unwrap();
+    assert_eq!(cell_count(&mut daemon), 300);
+}
+
+/// The manifest was CRC-only: dropping the newest delta from it (CRC
+/// recomputed) rolled the namespace back silently. Its tag now fails.
+#[test]
+fn a_manifest_rewritten_without_the_key_is_refused() {
+    let setup = Setup::new();
+    let mut daemon = folded_secret(&setup);
+    daemon.restart().unwrap();
+    let mut c = daemon.client().unwrap();
+    c.put("secret", Coord::new(500, 0, 0), b"in the second delta")
+        .unwrap();
+    drop(c);
+    assert!(daemon.terminate().unwrap().success());
+    let path = setup.data().join("checkpoint").join("MANIFEST");
+    let good = fs::read(&path).unwrap();
+    // Version 2: 40 bytes, delta ids, then 16 + 32 + 32 per file + 32.
+    let count = u32::from_le_bytes(good[36..40].try_into().unwrap()) as usize;
+    assert_eq!(u32::from_le_bytes(good[8..12].try_into().unwrap()), 2);
+    assert!(count >= 2, "{count} deltas");
+    let mut bad = good[..40 + 8 * (count - 1)].to_vec();
+    bad[36..40].copy_from_slice(&((count - 1) as u32).to_le_bytes());
+    // The checkpoint LSN of the older delta, so the files agree with it.
+    let older = &checkpoint_files(&setup.data())[count - 2];
+    let header = fs::read(older).unwrap();
+    bad[12..20].copy_from_slice(&header[32..40]);
+    let auth_at = 40 + 8 * count;
+    bad.extend_from_slice(&good[auth_at..auth_at + 48 + 32 * (count - 1)]);
+    bad.extend_from_slice(&good[good.len() - 36..good.len() - 4]);
+    let crc = crc32c::crc32c(&bad);
+    bad.extend_from_slice(&crc.to_le_bytes());
+    fs::write(&path, &bad).unwrap();
+
+    let text = setup.refused();
+    assert!(
+        text.contains(&path.display().to_string()) && text.contains("tag does not verify"),
+        "{text}"
+    );
+    let (code, text) = setup.verify();
+    assert_eq!(code, Some(1), "--verify fails: {text}");
+    assert!(text.contains("tag does not verify"), "{text}");
+    // Nothing was deleted on the forged manifest's word.
+    fs::write(&path, &good).unwrap();
+    daemon.restart().unwrap();
+    let mut c = daemon.client().unwrap();
+    assert_eq!(
+        c.get("secret", Coord::new(500, 0, 0)).unwrap().unwrap(),
+        b"in the second delta"
+    );
+    assert_eq!(cell_count(&mut daemon), 300);
+}
+
+/// Copies a stopped daemon's data dir, file by file.
+fn copy_dir(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    for entry in fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let kind = entry.file_type().unwrap();
+        let target = to.join(entry.file_name());
+        if kind.is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else if kind.is_file() {
+            fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// Issue 36, attack 3: a copy of the data dir (a restored backup) runs on
+/// and writes its own checkpoint file under the same file id; that file,
+/// put in place of the original's, was opened and applied. Now it does
+/// not match the MAC the original's manifest holds.
+#[test]
+fn a_checkpoint_file_from_another_copy_of_the_data_dir_is_refused() {
+    let setup = Setup::new();
+    let mut daemon = folded_secret(&setup);
+    let copy = setup.tmp.path().join("copy");
+    copy_dir(&setup.data(), &copy);
+    let args = setup.args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    for (dir, value) in [
+        (setup.data(), b"the original's".as_slice()),
+        (copy.clone(), b"the copy's".as_slice()),
+    ] {
+        let socket = setup.tmp.path().join("copy.sock");
+        let mut run = LocalDaemon::start_in(&dir, &socket, &args).unwrap();
+        let mut c = run.client().unwrap();
+        c.put("secret", Coord::new(7, 7, 7), value).unwrap();
+        drop(c);
+        assert!(run.terminate().unwrap().success());
+    }
+    let ours = checkpoint_files(&setup.data());
+    let theirs = checkpoint_files(&copy);
+    let newest = ours.last().unwrap().clone();
+    let spliced = theirs.last().unwrap();
+    assert_eq!(newest.file_name(), spliced.file_name(), "same file id");
+    let good = fs::read(&newest).unwrap();
+    fs::copy(spliced, &newest).unwrap();
+
+    let text = setup.refused();
+    assert!(
+        text.contains(&format!("corruption in {}", newest.display()))
+            && text.contains("does not match the MAC"),
+        "{text}"
+    );
+    fs::write(&newest, &good).unwrap();
+    daemon.restart().unwrap();
+    let mut c = daemon.client().unwrap();
+    assert_eq!(
+        c.get("secret", Coord::new(7, 7, 7)).unwrap().unwrap(),
+        b"the original's"
+    );
 }

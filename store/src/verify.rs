@@ -9,10 +9,10 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::checkpoint::file::CheckpointReader;
-use crate::checkpoint::manifest::Manifest;
+use crate::checkpoint::file::{CheckpointReader, ReadAuth};
+use crate::checkpoint::manifest::{MANIFEST_NAME, Manifest};
 use crate::checkpoint::{CheckpointConfig, CheckpointStore};
-use crate::crypto::Keyring;
+use crate::crypto::{Keyring, MAC_BYTES};
 use crate::data_dir::lock_data_dir;
 use crate::error::StoreError;
 use crate::memstore::MemStore;
@@ -101,8 +101,17 @@ pub fn verify_data_dir_with_key(
     let wal_dir = root.join("wal");
 
     let manifest = if checkpoint_dir.is_dir() {
-        match Manifest::load(&disk, &checkpoint_dir) {
-            Ok(m) => m,
+        match Manifest::load(&disk, &checkpoint_dir, keyring.as_deref()) {
+            Ok((m, bad_tag)) => {
+                if let Some(reason) = bad_tag {
+                    report.problems.push(Problem {
+                        path: checkpoint_dir.join(MANIFEST_NAME),
+                        offset: 0,
+                        reason,
+                    });
+                }
+                m
+            }
             Err(e) => {
                 report.problems.push(problem(e));
                 Manifest::fresh()
@@ -111,17 +120,36 @@ pub fn verify_data_dir_with_key(
     } else {
         Manifest::fresh()
     };
+    let has_key = keyring.as_ref().is_some_and(|k| k.has_key());
+    if let Some(auth) = &manifest.auth
+        && !has_key
+    {
+        report.notes.push(format!(
+            "the data dir is authenticated (id {}); without --key-file its MACs were not checked",
+            hex(&auth.dir_id)
+        ));
+    }
     report.checkpoint_lsn = manifest.checkpoint_lsn;
-    for path in manifest.files(&checkpoint_dir) {
+    for (id, path) in manifest
+        .file_ids()
+        .into_iter()
+        .zip(manifest.files(&checkpoint_dir))
+    {
         report.checkpoint_files += 1;
-        let result =
-            CheckpointReader::open(&disk, &path, keyring.as_deref()).and_then(|mut reader| {
+        let auth = manifest.auth.as_ref().map(|auth| ReadAuth {
+            keyring: keyring.as_deref(),
+            dir_id: auth.dir_id,
+            mac: manifest.file_mac(id).unwrap_or([0; MAC_BYTES]),
+        });
+        let result = CheckpointReader::open(&disk, &path, keyring.as_deref(), auth).and_then(
+            |mut reader| {
                 let mut n = 0u64;
                 while reader.next_entry()?.is_some() {
                     n += 1;
                 }
                 Ok(n)
-            });
+            },
+        );
         match result {
             Ok(n) => report.checkpoint_entries += n,
             Err(StoreError::Key(reason)) => report.notes.push(reason),
@@ -252,6 +280,10 @@ fn count_cells(root: &Path, keyring: Option<Arc<Keyring>>) -> Result<u64, StoreE
         apply,
     )?;
     Ok(mem.cell_count())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn empty_recovery_report() -> RecoveryReport {
