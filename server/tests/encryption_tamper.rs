@@ -168,7 +168,7 @@ fn records(bytes: &[u8]) -> Vec<Found> {
     let mut at = header.header_bytes;
     let mut out = Vec::new();
     while let Ok(record) = parse_record(&bytes[at..], header.crc_seed) {
-        let plain = decode_record(&record, None).ok();
+        let plain = decode_record(&record, None, None).ok();
         out.push(Found {
             end: at + record.total_bytes,
             lsn: record.lsn,
@@ -207,7 +207,7 @@ fn created_meta(data: &Path, ns: &str) -> NamespaceMeta {
 fn append_group(data: &Path, next_lsn: u64, mutation: &Mutation) -> (PathBuf, usize) {
     let segment = wal_segments(data).pop().unwrap_or_else(|| {
         let path = data.join("wal").join(format!("{next_lsn:020}.wal"));
-        let header = encode_segment_header(next_lsn, CrcSeed::from_u32(0x5eed));
+        let header = encode_segment_header(next_lsn, CrcSeed::from_u32(0x5eed), None);
         fs::write(&path, header).unwrap();
         path
     });
@@ -272,20 +272,30 @@ fn a_forged_alter_clearing_encrypted_is_refused() {
         };
         let (segment, at) = append_group(&setup.data(), next, &forged);
 
+        // With a key the log is chained, so the forged group, which has
+        // no MAC (or sits in a segment that does not continue the chain),
+        // is refused first; the rule against changing `encrypted` is the
+        // second line, for logs that are not chained
+        // (wal/sealing_rule.rs tests it on its own).
+        let why = [
+            "encryption of namespace \"secret\"",
+            "does not end with its MAC",
+            "unchained segment where the log is chained",
+        ];
         let text = setup.refused();
         assert!(
-            text.contains(&format!(
-                "corruption in {} at offset {at}",
-                segment.display()
-            )) && text.contains("encryption of namespace \"secret\""),
-            "{stage:?}: names the file, the offset and the change: {text}"
+            text.contains(&format!("corruption in {}", segment.display()))
+                && why.iter().any(|w| text.contains(w)),
+            "{stage:?}: names the file and why: {text}"
         );
+        if let Stage::Wal = stage {
+            assert!(text.contains(&format!("at offset {at}")), "{text}");
+        }
         let (code, text) = setup.verify();
         assert_eq!(code, Some(1), "{stage:?}: --verify fails: {text}");
         assert!(
-            text.contains(&segment.display().to_string())
-                && text.contains("encryption of namespace \"secret\""),
-            "{stage:?}: --verify names the file and the change: {text}"
+            text.contains(&segment.display().to_string()) && why.iter().any(|w| text.contains(w)),
+            "{stage:?}: --verify names the file and why: {text}"
         );
     }
 }
@@ -518,5 +528,246 @@ fn a_checkpoint_file_from_another_copy_of_the_data_dir_is_refused() {
     assert_eq!(
         c.get("secret", Coord::new(7, 7, 7)).unwrap().unwrap(),
         b"the original's"
+    );
+}
+
+/// Every record of the data dir's log, with its segment and raw bytes.
+struct RawAt {
+    segment: PathBuf,
+    offset: usize,
+    lsn: u64,
+    kind: u8,
+    sealed: bool,
+    group_end: bool,
+    bytes: Vec<u8>,
+}
+
+fn log_records(data: &Path) -> Vec<RawAt> {
+    let mut out = Vec::new();
+    for segment in wal_segments(data) {
+        let bytes = fs::read(&segment).unwrap();
+        let header = parse_segment_header(&bytes).unwrap();
+        let mut at = header.header_bytes;
+        while let Ok(record) = parse_record(&bytes[at..], header.crc_seed) {
+            out.push(RawAt {
+                segment: segment.clone(),
+                offset: at,
+                lsn: record.lsn,
+                kind: record.kind & 0x3f,
+                sealed: record.kind & 0x40 != 0,
+                group_end: record.group_end,
+                bytes: bytes[at..at + record.total_bytes].to_vec(),
+            });
+            at += record.total_bytes;
+        }
+    }
+    out
+}
+
+/// Issue 36, attack 2: a sealed record in the middle of the log replaced,
+/// at the same LSN, by a plaintext put into another namespace (checksum
+/// right). The sealing rule judged only the record's own namespace, so it
+/// was accepted and the sealed write was gone; now its group's MAC fails.
+#[test]
+fn a_sealed_record_replaced_by_a_plain_put_elsewhere_is_refused() {
+    let setup = Setup::new();
+    let mut daemon = setup.start();
+    let mut c = daemon.client().unwrap();
+    create(&mut c, "plain", false);
+    create(&mut c, "secret", true);
+    for i in 0..10 {
+        c.put("secret", Coord::new(i, 0, 0), b"sealed").unwrap();
+    }
+    drop(c);
+    daemon.kill9().unwrap();
+    let records = log_records(&setup.data());
+    let victim = records.iter().filter(|r| r.sealed).nth(4).unwrap();
+    let (segment, at) = (victim.segment.clone(), victim.offset);
+    let mut bytes = fs::read(&segment).unwrap();
+    let header = parse_segment_header(&bytes).unwrap();
+    let mut forged = Vec::new();
+    let put = Mutation::Put {
+        ns: name("plain"),
+        coord: Coord::new(1, 1, 1),
+        value: b"a plaintext put in its place".to_vec(),
+    };
+    encode_record(
+        &mut forged,
+        victim.lsn,
+        &put,
+        victim.group_end,
+        header.crc_seed,
+    );
+    // The rest of the segment moves up or down with the new length.
+    let mut out = bytes[..at].to_vec();
+    out.extend_from_slice(&forged);
+    out.extend_from_slice(&bytes[at + victim.bytes.len()..]);
+    out.resize(bytes.len().max(out.len()), 0);
+    bytes = out;
+    fs::write(&segment, &bytes).unwrap();
+
+    let text = setup.refused();
+    assert!(
+        text.contains(&format!("corruption in {}", segment.display()))
+            && text.contains("commit group MAC mismatch"),
+        "{text}"
+    );
+    let (code, text) = setup.verify();
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("commit group MAC mismatch"), "{text}");
+}
+
+/// A crash tears the last group: recovery drops it and starts, as without
+/// a key. A group removed from the middle of the log, the later records
+/// renumbered and re-checksummed (what a writer without the key can do),
+/// is refused: the next group's MAC no longer follows. A whole last group
+/// zeroed reads as a log that ends earlier (docs/operations.md says so),
+/// unless a later segment's header carries the chain past it.
+#[test]
+fn a_torn_tail_is_dropped_but_a_group_removed_from_the_middle_is_refused() {
+    let setup = Setup::new();
+    let mut daemon = setup.start();
+    let mut c = daemon.client().unwrap();
+    create(&mut c, "secret", true);
+    for i in 0..10 {
+        c.put("secret", Coord::new(i, 0, 0), b"sealed").unwrap();
+    }
+    drop(c);
+    daemon.kill9().unwrap();
+    let segment = wal_segments(&setup.data()).pop().unwrap();
+    let good = fs::read(&segment).unwrap();
+    let records = log_records(&setup.data());
+
+    // Torn: the last group's chain record half written.
+    let last = records.last().unwrap();
+    assert_eq!(last.kind, 0x3f, "a chain record ends the log");
+    let mut torn = good.clone();
+    let half = last.offset + last.bytes.len() / 2;
+    torn[half..last.offset + last.bytes.len()].fill(0);
+    fs::write(&segment, &torn).unwrap();
+    daemon.restart().unwrap();
+    let mut c = daemon.client().unwrap();
+    assert_eq!(c.get("secret", Coord::new(9, 0, 0)).unwrap(), None);
+    assert_eq!(
+        c.get("secret", Coord::new(8, 0, 0)).unwrap().unwrap(),
+        b"sealed"
+    );
+    drop(c);
+    daemon.kill9().unwrap();
+
+    // Removed from the middle: the group of the 5th put (its record and
+    // chain record) cut out, later LSNs renumbered, CRCs recomputed. The
+    // moved sealed records no longer open (their LSN is authenticated),
+    // and neither does the chain.
+    fs::write(&segment, &good).unwrap();
+    let header = parse_segment_header(&good).unwrap();
+    let puts: Vec<&RawAt> = records.iter().filter(|r| r.sealed).collect();
+    let cut_from = puts[4].offset;
+    let chain_after = records
+        .iter()
+        .find(|r| r.offset > cut_from && r.group_end)
+        .unwrap();
+    let cut_to = chain_after.offset + chain_after.bytes.len();
+    let mut out = good[..cut_from].to_vec();
+    for r in records.iter().filter(|r| r.offset >= cut_to) {
+        let mut bytes = r.bytes.clone();
+        bytes[8..16].copy_from_slice(&(r.lsn - 2).to_le_bytes());
+        let crc = header.crc_seed.checksum(&bytes[4..]);
+        bytes[0..4].copy_from_slice(&crc.to_le_bytes());
+        out.extend_from_slice(&bytes);
+    }
+    out.resize(good.len(), 0);
+    fs::write(&segment, &out).unwrap();
+    let text = setup.refused();
+    assert!(
+        text.contains(&format!("corruption in {}", segment.display()))
+            && (text.contains("commit group MAC mismatch")
+                || text.contains("failed authentication")),
+        "{text}"
+    );
+    let (code, text) = setup.verify();
+    assert_eq!(code, Some(1), "{text}");
+    fs::write(&segment, &good).unwrap();
+    daemon.restart().unwrap();
+    let mut c = daemon.client().unwrap();
+    assert_eq!(
+        c.get("secret", Coord::new(9, 0, 0)).unwrap().unwrap(),
+        b"sealed"
+    );
+}
+
+/// Issue 36, attack 3: a copy of the data dir runs on and writes a group
+/// at the same LSN; that group, put in the original's place in the middle
+/// of its log, was accepted (it is sealed under the same master key). Now
+/// the original's next group no longer follows it.
+#[test]
+fn a_group_spliced_from_another_copy_of_the_data_dir_is_refused() {
+    let setup = Setup::new();
+    let mut daemon = setup.start();
+    let mut c = daemon.client().unwrap();
+    create(&mut c, "secret", true);
+    c.put("secret", Coord::new(0, 0, 0), b"before the copy")
+        .unwrap();
+    drop(c);
+    daemon.kill9().unwrap();
+    let copy = setup.tmp.path().join("copy");
+    copy_dir(&setup.data(), &copy);
+    let args = setup.args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    for (dir, who) in [(setup.data(), "original"), (copy.clone(), "copy....")] {
+        let socket = setup.tmp.path().join("copy.sock");
+        let mut run = LocalDaemon::start_in(&dir, &socket, &args).unwrap();
+        let mut c = run.client().unwrap();
+        for i in 1..=3 {
+            c.put(
+                "secret",
+                Coord::new(i, 0, 0),
+                format!("{who} {i}").as_bytes(),
+            )
+            .unwrap();
+        }
+        drop(c);
+        run.kill9().unwrap();
+    }
+    let ours = log_records(&setup.data());
+    let theirs = log_records(&copy);
+    let mine = ours.iter().filter(|r| r.sealed).nth(1).unwrap();
+    let spliced = theirs
+        .iter()
+        .find(|r| r.sealed && r.lsn == mine.lsn)
+        .unwrap();
+    assert_eq!(mine.bytes.len(), spliced.bytes.len());
+    assert_ne!(mine.bytes, spliced.bytes);
+    let chain_mine = ours.iter().find(|r| r.lsn == mine.lsn + 1).unwrap();
+    let chain_theirs = theirs.iter().find(|r| r.lsn == mine.lsn + 1).unwrap();
+    assert_eq!(chain_mine.kind, 0x3f);
+    let segment = mine.segment.clone();
+    let good = fs::read(&segment).unwrap();
+    let mut bad = good.clone();
+    let header = parse_segment_header(&good).unwrap();
+    for (at, from) in [(mine.offset, spliced), (chain_mine.offset, chain_theirs)] {
+        let mut bytes = from.bytes.clone();
+        let crc = header.crc_seed.checksum(&bytes[4..]);
+        bytes[0..4].copy_from_slice(&crc.to_le_bytes());
+        bad[at..at + bytes.len()].copy_from_slice(&bytes);
+    }
+    fs::write(&segment, &bad).unwrap();
+
+    let text = setup.refused();
+    let next_chain = ours.iter().find(|r| r.lsn == mine.lsn + 3).unwrap();
+    assert!(
+        text.contains(&format!(
+            "corruption in {} at offset {}",
+            segment.display(),
+            next_chain.offset
+        )) && text.contains("commit group MAC mismatch"),
+        "the original's next group no longer follows: {text}"
+    );
+    fs::write(&segment, &good).unwrap();
+    daemon.restart().unwrap();
+    let mut c = daemon.client().unwrap();
+    assert_eq!(
+        c.get("secret", Coord::new(1, 0, 0)).unwrap().unwrap(),
+        b"original 1"
     );
 }

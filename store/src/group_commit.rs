@@ -23,6 +23,7 @@ use std::collections::HashMap;
 use cube_protocol::NamespaceName;
 
 use crate::crypto::Keyring;
+use crate::crypto::MAC_BYTES;
 use crate::error::{WriteError, WriteErrorKind};
 use crate::memstore::MemStore;
 use crate::mutation::Mutation;
@@ -30,6 +31,7 @@ use crate::namespace::{UsageDelta, check_quota};
 use crate::stats::StoreStats;
 use crate::storage::Storage;
 use crate::transaction::{Overlay, TxnFn, TxnView};
+use crate::wal::chain::{ChainState, encode_chain_record, group_mac};
 use crate::wal::record::{encode_record, encode_sealed_record, reseed_records};
 use crate::wal::{SegmentPreallocator, SegmentSeeds, WalSegment};
 
@@ -401,6 +403,7 @@ impl GroupCommit {
         config: GroupCommitConfig,
         keyring: Option<Arc<Keyring>>,
         seeds: SegmentSeeds,
+        chain: Option<ChainState>,
     ) -> io::Result<GroupCommit> {
         assert!(config.max_group_records > 0 && config.queue_capacity > 0);
         let (tx, rx) = bounded(config.queue_capacity);
@@ -427,6 +430,7 @@ impl GroupCommit {
             keyring,
             group_usage: HashMap::new(),
             scratch: Vec::new(),
+            chain,
         };
         let thread = thread::Builder::new()
             .name("cube-writer".into())
@@ -608,6 +612,9 @@ struct Writer {
     group_usage: HashMap<NamespaceName, UsageDelta>,
     /// Reused for sealing payloads.
     scratch: Vec<u8>,
+    /// With a master key: the log's chain after the last group written
+    /// (wal/chain.rs). Every group then ends with a chain record.
+    chain: Option<ChainState>,
 }
 
 /// Whether a queued command creates or drops a namespace: those commit in
@@ -825,6 +832,7 @@ impl Writer {
                 &self.wal_dir,
                 first_lsn,
                 self.seeds.for_segment(first_lsn),
+                self.chain.as_ref(),
             )
             .map_err(|e| failure("starting a new WAL segment failed".into(), &e, is_full(&e)))?;
         self.stats
@@ -923,10 +931,11 @@ impl Writer {
                             &mut self.scratch,
                             lsn,
                             mutation,
-                            written == records,
+                            written == records && self.chain.is_none(),
                             keyring,
                             ns_id,
                             self.segment.crc_seed(),
+                            self.chain.as_ref().map(|c| &c.dir_id),
                         ) {
                             seal_failure = Some(e.to_string());
                         }
@@ -935,13 +944,20 @@ impl Writer {
                         &mut self.buf,
                         lsn,
                         mutation,
-                        written == records,
+                        written == records && self.chain.is_none(),
                         self.segment.crc_seed(),
                     ),
                 }
                 self.next_lsn += 1;
             }
         }
+        let chain_mac = match self.end_group_with_chain() {
+            Ok(mac) => mac,
+            Err(reason) => {
+                seal_failure.get_or_insert(reason);
+                None
+            }
+        };
         if let Some(reason) = seal_failure {
             self.refuse_unsealable(prepared, first_lsn, sealed_any, &reason);
             return;
@@ -949,13 +965,16 @@ impl Writer {
         let last_lsn = self.next_lsn - 1;
         assert_eq!(
             last_lsn - first_lsn + 1,
-            records as u64,
+            records as u64 + u64::from(chain_mac.is_some()),
             "LSNs in a group are contiguous"
         );
 
         if let Err(failure) = self.write_group(first_lsn, records as u64) {
             self.fail(prepared, &failure);
             return;
+        }
+        if let (Some(chain), Some(mac)) = (self.chain.as_mut(), chain_mac) {
+            chain.prev = mac;
         }
         self.stats
             .record_group(records as u64, self.buf.len() as u64, last_lsn);
@@ -965,6 +984,20 @@ impl Writer {
         self.mem.apply_group(&mutations, &mut existed);
         drop(mutations);
         self.answer(prepared, &existed);
+    }
+
+    /// In a chained log, appends the chain record that ends the group in
+    /// `buf` (it takes the next LSN) and returns its MAC, which becomes the
+    /// chain value once the group is written.
+    fn end_group_with_chain(&mut self) -> Result<Option<[u8; MAC_BYTES]>, String> {
+        let (Some(chain), Some(keyring)) = (self.chain.as_ref(), self.keyring.as_deref()) else {
+            return Ok(None);
+        };
+        let lsn = self.next_lsn;
+        let mac = group_mac(keyring, chain, &self.buf, lsn).map_err(|e| e.to_string())?;
+        encode_chain_record(&mut self.buf, lsn, &mac, self.segment.crc_seed());
+        self.next_lsn += 1;
+        Ok(Some(mac))
     }
 
     /// Refuses a group that could not be sealed. Nothing was written. If

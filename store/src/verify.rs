@@ -18,8 +18,10 @@ use crate::error::StoreError;
 use crate::memstore::MemStore;
 use crate::mutation::Mutation;
 use crate::storage::{OpenMode, RealDisk, Storage, StorageFile};
+use crate::wal::chain::ChainState;
 use crate::wal::recovery::{
-    RecoveryOptions, RecoveryReport, ReplayStop, SegmentEnd, is_torn_creation, replay_segment,
+    ChainAnchor, ChainCheck, RecoveryOptions, RecoveryReport, ReplayStop, SegmentEnd,
+    is_torn_creation, replay_segment,
 };
 use crate::wal::{SealingRule, list_segments, recover_with};
 
@@ -100,9 +102,11 @@ pub fn verify_data_dir_with_key(
     let checkpoint_dir = root.join("checkpoint");
     let wal_dir = root.join("wal");
 
+    let mut manifest_tag_ok = true;
     let manifest = if checkpoint_dir.is_dir() {
         match Manifest::load(&disk, &checkpoint_dir, keyring.as_deref()) {
             Ok((m, bad_tag)) => {
+                manifest_tag_ok = bad_tag.is_none();
                 if let Some(reason) = bad_tag {
                     report.problems.push(Problem {
                         path: checkpoint_dir.join(MANIFEST_NAME),
@@ -167,6 +171,20 @@ pub fn verify_data_dir_with_key(
     // Judges the namespaces the log creates; those of the checkpoint are
     // judged when the cells are counted (`count_cells`).
     let mut rule = SealingRule::default();
+    let anchor = match &manifest.auth {
+        Some(auth) => ChainAnchor {
+            at: Some((
+                manifest.checkpoint_lsn,
+                ChainState {
+                    dir_id: auth.dir_id,
+                    prev: auth.chain,
+                },
+            )),
+            key_confirmed: has_key && manifest_tag_ok,
+        },
+        None => ChainAnchor::default(),
+    };
+    let mut chain = ChainCheck::new(keyring.as_deref(), anchor);
     for (i, (first_lsn, path)) in segments.iter().enumerate() {
         let is_last = i + 1 == segments.len();
         let bytes = match disk.read_file(path) {
@@ -193,6 +211,7 @@ pub fn verify_data_dir_with_key(
             0,
             keyring.as_deref(),
             Some(&mut rule),
+            &mut chain,
             &mut |_, _| {},
             &mut counts,
         ) {
@@ -221,6 +240,13 @@ pub fn verify_data_dir_with_key(
             }
         }
         report.wal_records += counts.records_replayed;
+    }
+    if let Some(reason) = chain.suspect_key.take() {
+        report.problems.push(Problem {
+            path: wal_dir.clone(),
+            offset: 0,
+            reason,
+        });
     }
     if let Some((first, path)) = segments.first()
         && *first > manifest.checkpoint_lsn + 1
@@ -277,6 +303,7 @@ fn count_cells(root: &Path, keyring: Option<Arc<Keyring>>) -> Result<u64, StoreE
         &RecoveryOptions::default(),
         keyring.as_deref(),
         &mut rule,
+        checkpoints.chain_anchor(),
         apply,
     )?;
     Ok(mem.cell_count())
@@ -296,6 +323,7 @@ fn empty_recovery_report() -> RecoveryReport {
         torn_segment_removed: None,
         repaired: None,
         tail: None,
+        chain: None,
         duration: std::time::Duration::ZERO,
     }
 }

@@ -37,6 +37,8 @@ use crate::memstore::SortedCells;
 use crate::mutation::Mutation;
 use crate::namespace::{NamespaceCatalog, check_namespace_key};
 use crate::storage::Storage;
+use crate::wal::chain::ChainState;
+use crate::wal::recovery::{ChainAnchor, ClosedRecord};
 use crate::wal::sealing_rule::{check_meta_change, must_seal};
 use crate::wal::{SealingRule, list_segments, read_closed_segment};
 use cube_protocol::NamespaceName;
@@ -199,10 +201,37 @@ impl CheckpointStore {
         })
     }
 
+    /// Where the log's chain must continue from: the authenticated
+    /// manifest's chain value at its checkpoint LSN.
+    pub(crate) fn chain_anchor(&self) -> ChainAnchor {
+        let Some(auth) = &self.manifest.auth else {
+            return ChainAnchor::default();
+        };
+        ChainAnchor {
+            at: Some((
+                self.manifest.checkpoint_lsn,
+                ChainState {
+                    dir_id: auth.dir_id,
+                    prev: auth.chain,
+                },
+            )),
+            key_confirmed: self.bad_tag.is_none()
+                && self.keyring.as_ref().is_some_and(|k| k.has_key()),
+        }
+    }
+
+    /// Takes the data dir id a chained log carries, when the manifest has
+    /// none yet (a data dir whose first fold has not happened).
+    pub(crate) fn adopt_dir_id(&mut self, dir_id: [u8; DIR_ID_BYTES]) {
+        if self.manifest.auth.is_none() {
+            self.new_dir_id = Some(dir_id);
+        }
+    }
+
     /// The data dir id new files are bound to, when there is a key. A data
     /// dir not yet authenticated gets its id here (kept until the manifest
     /// that carries it is stored).
-    fn writing_dir_id(&mut self) -> Result<Option<[u8; DIR_ID_BYTES]>, StoreError> {
+    pub(crate) fn writing_dir_id(&mut self) -> Result<Option<[u8; DIR_ID_BYTES]>, StoreError> {
         if !self.keyring.as_ref().is_some_and(|k| k.has_key()) {
             return Ok(None);
         }
@@ -549,13 +578,26 @@ impl CheckpointStore {
                 .map(|(ns, meta)| (ns.clone(), meta.clone())),
         );
         let mut wrongly_sealed: Option<(PathBuf, u64, String)> = None;
+        // The log's chain value after the last group folded, if chained.
+        let mut chain: Option<[u8; MAC_BYTES]> = None;
         let keyring = self.keyring.clone();
         for (_, path) in &closed {
             read_closed_segment(
                 self.storage.as_ref(),
                 path,
                 keyring.as_deref(),
-                |lsn, mutation, sealed| {
+                |lsn, record| {
+                    let (mutation, sealed) = match record {
+                        ClosedRecord::Mutation(mutation, sealed) => (mutation, sealed),
+                        ClosedRecord::Chain(mac) => {
+                            // Takes an LSN like any record; folds to nothing.
+                            if lsn == expected && out_of_order.is_none() {
+                                expected += 1;
+                                chain = Some(mac);
+                            }
+                            return;
+                        }
+                    };
                     if lsn < expected
                         || out_of_order.is_some()
                         || unknown.is_some()
@@ -670,7 +712,10 @@ impl CheckpointStore {
             next.checkpoint_lsn = lsn_to;
             next.next_file_id = id + 1;
             next.delta_file_ids.push(id);
-            let next = self.authenticate(next, mac.map(|mac| (id, mac)))?;
+            let mut next = self.authenticate(next, mac.map(|mac| (id, mac)))?;
+            if let (Some(auth), Some(chain)) = (next.auth.as_mut(), chain) {
+                auth.chain = chain;
+            }
             self.switch_manifest(next)?;
             self.catalog = catalog;
             self.crash_check(CrashPoint::DeltaManifestSwitched)?;
