@@ -6,152 +6,55 @@
 #![allow(clippy::unwrap_used)]
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
 
-use cube_client::{Client, Coord, LocalDaemon, NamespaceName, NamespaceSpec, Request, Response};
+use cube_client::{Coord, LocalDaemon};
 use cube_store::Mutation;
 use cube_store::namespace::NamespaceMeta;
 use cube_store::wal::CrcSeed;
 use cube_store::wal::record::{decode_record, encode_record, parse_record};
 use cube_store::wal::segment::{encode_segment_header, parse_segment_header};
-use tempfile::TempDir;
 
-/// A small segment size keeps the files small.
-const SEGMENT_BYTES: &str = "1048576";
-/// How long a daemon that should refuse to start may take to exit.
-const REFUSE_DEADLINE: Duration = Duration::from_secs(20);
+mod encryption_common;
+use encryption_common::*;
 
-/// A data dir, a socket and a key file in one temporary directory.
-struct Setup {
-    tmp: TempDir,
+/// Starts cubed with the master key on a tampered data dir, expects it to
+/// refuse, and returns what it printed.
+fn refused(setup: &Setup) -> String {
+    let key = setup.key();
+    let (code, text) = setup.refused(&["--key-file", key.to_str().unwrap()]);
+    assert!(matches!(code, Some(c) if c != 0), "exit {code:?}: {text}");
+    text
 }
 
-impl Setup {
-    fn new() -> Setup {
-        let tmp = tempfile::Builder::new()
-            .prefix("cube-tamper-")
-            .tempdir()
-            .unwrap();
-        let key = tmp.path().join("master.key");
-        let text: String = (0..32u8).map(|i| format!("{:02x}", i * 7 + 3)).collect();
-        fs::write(&key, format!("{text}\n")).unwrap();
-        fs::set_permissions(&key, fs::Permissions::from_mode(0o600)).unwrap();
-        Setup { tmp }
-    }
-
-    fn data(&self) -> PathBuf {
-        self.tmp.path().join("data")
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.tmp.path().join("cubed.sock")
-    }
-
-    fn key(&self) -> String {
-        self.tmp.path().join("master.key").display().to_string()
-    }
-
-    fn args(&self) -> Vec<String> {
-        vec![
-            "--wal-segment-bytes".into(),
-            SEGMENT_BYTES.into(),
-            "--key-file".into(),
-            self.key(),
-        ]
-    }
-
-    fn start(&self) -> LocalDaemon {
-        let args = self.args();
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        LocalDaemon::start_in(&self.data(), &self.socket(), &args).unwrap()
-    }
-
-    /// Runs cubed with the key and expects it to refuse to start: returns
-    /// everything it printed.
-    fn refused(&self) -> String {
-        let out_path = self.tmp.path().join("refused.out");
-        let out = fs::File::create(&out_path).unwrap();
-        let mut child = Command::new(LocalDaemon::find_binary().unwrap())
-            .arg("--data")
-            .arg(self.data())
-            .arg("--socket")
-            .arg(self.socket())
-            .args(self.args())
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + REFUSE_DEADLINE;
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "cubed started on a tampered data dir instead of refusing:\n{}",
-                    fs::read_to_string(&out_path).unwrap_or_default()
-                );
-            }
-            // Polling a child that should exit on its own; the deadline
-            // above only catches a hang.
-            thread::sleep(Duration::from_millis(10));
-        };
-        let text = fs::read_to_string(&out_path).unwrap();
-        assert!(!status.success(), "exit {status:?}: {text}");
-        text
-    }
-
-    /// `cubed --verify DIR --key-file KEY`: exit code and output.
-    fn verify(&self) -> (Option<i32>, String) {
-        let out = Command::new(LocalDaemon::find_binary().unwrap())
-            .arg("--verify")
-            .arg(self.data())
-            .arg("--key-file")
-            .arg(self.key())
-            .output()
-            .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        (out.status.code(), text)
-    }
+/// `cubed --verify DIR --key-file KEY`: exit code and output.
+fn verify(setup: &Setup) -> (Option<i32>, String) {
+    let key = setup.key();
+    setup.verify(&["--key-file", key.to_str().unwrap()])
 }
 
-fn name(ns: &str) -> NamespaceName {
-    NamespaceName::new(ns).unwrap()
+/// Cubed refuses to start, naming `file` and `why`, and `--verify` with the
+/// key fails saying `why`.
+fn refused_and_reported(setup: &Setup, file: &Path, why: &str) {
+    let text = refused(setup);
+    assert!(
+        text.contains(&format!("corruption in {}", file.display())) && text.contains(why),
+        "start: names {} and {why:?}: {text}",
+        file.display()
+    );
+    let (code, text) = verify(setup);
+    assert_eq!(code, Some(1), "--verify fails: {text}");
+    assert!(text.contains(why), "--verify says {why:?}: {text}");
 }
 
-fn create(c: &mut Client, ns: &str, encrypted: bool) {
-    let request = Request::NsCreate {
-        ns: name(ns),
-        spec: NamespaceSpec {
-            encrypted,
-            ..Default::default()
-        },
-    };
-    match c.call(&request).unwrap() {
-        Response::NsCreated(info) => assert_eq!(info.encrypted, encrypted),
-        other => panic!("ns-create answered {other:?}"),
-    }
-}
-
-fn wal_segments(data: &Path) -> Vec<PathBuf> {
-    let mut segments: Vec<PathBuf> = fs::read_dir(data.join("wal"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "wal"))
-        .collect();
-    segments.sort();
-    segments
+/// The daemon's arguments with the master key.
+fn keyed_args(setup: &Setup) -> Vec<String> {
+    let key = setup.key();
+    setup
+        .args(Some(key.to_str().unwrap()))
+        .into_iter()
+        .map(String::from)
+        .collect()
 }
 
 /// A record of a segment: where it ends, its LSN, and its mutation if
@@ -282,7 +185,7 @@ fn a_forged_alter_clearing_encrypted_is_refused() {
             "does not end with its MAC",
             "unchained segment where the log is chained",
         ];
-        let text = setup.refused();
+        let text = refused(&setup);
         assert!(
             text.contains(&format!("corruption in {}", segment.display()))
                 && why.iter().any(|w| text.contains(w)),
@@ -291,7 +194,7 @@ fn a_forged_alter_clearing_encrypted_is_refused() {
         if let Stage::Wal = stage {
             assert!(text.contains(&format!("at offset {at}")), "{text}");
         }
-        let (code, text) = setup.verify();
+        let (code, text) = verify(&setup);
         assert_eq!(code, Some(1), "{stage:?}: --verify fails: {text}");
         assert!(
             text.contains(&segment.display().to_string()) && why.iter().any(|w| text.contains(w)),
@@ -300,11 +203,6 @@ fn a_forged_alter_clearing_encrypted_is_refused() {
     }
 }
 
-const CKPT_HEADER_BYTES: usize = 44;
-const CKPT_FOOTER_BYTES: usize = 40;
-const SEALED_BLOCK_BIT: u32 = 1 << 31;
-/// ns_id, start id, counter in front of a sealed block's ciphertext.
-const SEALED_BLOCK_PREFIX: usize = 24;
 const TAG_BYTES: usize = 16;
 /// A cell entry in a checkpoint block: key_len u16, key (tag, ns id,
 /// 12-byte curve key), op, value_len u32, value.
@@ -319,21 +217,6 @@ fn checkpoint_files(data: &Path) -> Vec<PathBuf> {
         .collect();
     files.sort();
     files
-}
-
-/// `(offset, payload_len, sealed)` of every block of a checkpoint file.
-fn blocks(bytes: &[u8]) -> Vec<(usize, usize, bool)> {
-    let end = bytes.len() - CKPT_FOOTER_BYTES;
-    let mut out = Vec::new();
-    let mut at = CKPT_HEADER_BYTES;
-    while at < end {
-        let field = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
-        let len = (field & !SEALED_BLOCK_BIT) as usize;
-        out.push((at, len, field & SEALED_BLOCK_BIT != 0));
-        at += 8 + len;
-    }
-    assert_eq!(at, end, "blocks end at the footer");
-    out
 }
 
 /// Recomputes the footer (entry count less `entries_removed`, block
@@ -402,18 +285,7 @@ fn a_sealed_checkpoint_block_replaced_by_an_empty_plain_one_is_refused() {
     fix_footer(&mut bad, entries);
     fs::write(file, &bad).unwrap();
 
-    let text = setup.refused();
-    assert!(
-        text.contains(&format!("corruption in {}", file.display()))
-            && text.contains("does not match the MAC"),
-        "names the file and why: {text}"
-    );
-    let (code, text) = setup.verify();
-    assert_eq!(code, Some(1), "--verify fails: {text}");
-    assert!(
-        text.contains(&file.display().to_string()) && text.contains("does not match the MAC"),
-        "{text}"
-    );
+    refused_and_reported(&setup, file, "does not match the MAC");
     // Control: the untouched file opens with every cell.
     fs::write(file, &good).unwrap();
     daemon.restart().unwrap();
@@ -451,12 +323,12 @@ fn a_manifest_rewritten_without_the_key_is_refused() {
     bad.extend_from_slice(&crc.to_le_bytes());
     fs::write(&path, &bad).unwrap();
 
-    let text = setup.refused();
+    let text = refused(&setup);
     assert!(
         text.contains(&path.display().to_string()) && text.contains("tag does not verify"),
         "{text}"
     );
-    let (code, text) = setup.verify();
+    let (code, text) = verify(&setup);
     assert_eq!(code, Some(1), "--verify fails: {text}");
     assert!(text.contains("tag does not verify"), "{text}");
     // Nothing was deleted on the forged manifest's word.
@@ -470,21 +342,6 @@ fn a_manifest_rewritten_without_the_key_is_refused() {
     assert_eq!(cell_count(&mut daemon), 300);
 }
 
-/// Copies a stopped daemon's data dir, file by file.
-fn copy_dir(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap();
-    for entry in fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let kind = entry.file_type().unwrap();
-        let target = to.join(entry.file_name());
-        if kind.is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else if kind.is_file() {
-            fs::copy(entry.path(), &target).unwrap();
-        }
-    }
-}
-
 /// Issue 36, attack 3: a copy of the data dir (a restored backup) runs on
 /// and writes its own checkpoint file under the same file id; that file,
 /// put in place of the original's, was opened and applied. Now it does
@@ -495,7 +352,7 @@ fn a_checkpoint_file_from_another_copy_of_the_data_dir_is_refused() {
     let mut daemon = folded_secret(&setup);
     let copy = setup.tmp.path().join("copy");
     copy_dir(&setup.data(), &copy);
-    let args = setup.args();
+    let args = keyed_args(&setup);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     for (dir, value) in [
         (setup.data(), b"the original's".as_slice()),
@@ -516,12 +373,7 @@ fn a_checkpoint_file_from_another_copy_of_the_data_dir_is_refused() {
     let good = fs::read(&newest).unwrap();
     fs::copy(spliced, &newest).unwrap();
 
-    let text = setup.refused();
-    assert!(
-        text.contains(&format!("corruption in {}", newest.display()))
-            && text.contains("does not match the MAC"),
-        "{text}"
-    );
+    refused_and_reported(&setup, &newest, "does not match the MAC");
     fs::write(&newest, &good).unwrap();
     daemon.restart().unwrap();
     let mut c = daemon.client().unwrap();
@@ -606,15 +458,7 @@ fn a_sealed_record_replaced_by_a_plain_put_elsewhere_is_refused() {
     bytes = out;
     fs::write(&segment, &bytes).unwrap();
 
-    let text = setup.refused();
-    assert!(
-        text.contains(&format!("corruption in {}", segment.display()))
-            && text.contains("commit group MAC mismatch"),
-        "{text}"
-    );
-    let (code, text) = setup.verify();
-    assert_eq!(code, Some(1), "{text}");
-    assert!(text.contains("commit group MAC mismatch"), "{text}");
+    refused_and_reported(&setup, &segment, "commit group MAC mismatch");
 }
 
 /// A crash tears the last group: recovery drops it and starts, as without
@@ -689,15 +533,7 @@ fn a_torn_tail_is_dropped_but_a_group_removed_from_the_middle_is_refused() {
     }
     out.resize(good.len(), 0);
     fs::write(&segment, &out).unwrap();
-    let text = setup.refused();
-    assert!(
-        text.contains(&format!("corruption in {}", segment.display()))
-            && text.contains("commit group MAC mismatch"),
-        "{text}"
-    );
-    let (code, text) = setup.verify();
-    assert_eq!(code, Some(1), "{text}");
-    assert!(text.contains("commit group MAC mismatch"), "{text}");
+    refused_and_reported(&setup, &segment, "commit group MAC mismatch");
     fs::write(&segment, &good).unwrap();
     daemon.restart().unwrap();
     let mut c = daemon.client().unwrap();
@@ -727,7 +563,7 @@ fn a_group_spliced_from_another_copy_of_the_data_dir_is_refused() {
     daemon.kill9().unwrap();
     let copy = setup.tmp.path().join("copy");
     copy_dir(&setup.data(), &copy);
-    let args = setup.args();
+    let args = keyed_args(&setup);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     for (dir, who) in [(setup.data(), "original"), (copy.clone(), "copy....")] {
         let socket = setup.tmp.path().join("copy.sock");
@@ -768,7 +604,7 @@ fn a_group_spliced_from_another_copy_of_the_data_dir_is_refused() {
     }
     fs::write(&segment, &bad).unwrap();
 
-    let text = setup.refused();
+    let text = refused(&setup);
     let next_chain = ours.iter().find(|r| r.lsn == mine.lsn + 3).unwrap();
     assert!(
         text.contains(&format!(

@@ -572,7 +572,7 @@ pub(crate) fn replay_segment(
                         committed,
                     ));
                 }
-                if record.kind == KIND_CHAIN || (chained && record.group_end) {
+                let ends_group = if record.kind == KIND_CHAIN || (chained && record.group_end) {
                     if record.kind != KIND_CHAIN || !record.group_end {
                         return Err(ReplayStop::Damage(
                             offset as u64,
@@ -590,44 +590,36 @@ pub(crate) fn replay_segment(
                             }
                             key => key,
                         })?;
-                    next_lsn += 1;
-                    offset += record.total_bytes;
-                    for (lsn, mutation) in pending.drain(..) {
-                        if lsn > checkpoint_lsn {
-                            apply(lsn, mutation);
-                            report.records_replayed += 1;
-                        }
+                    true
+                } else {
+                    let mutation =
+                        decode_record(&record, keyring, dir_id.as_ref()).map_err(|e| match e {
+                            RecordOpenError::Damage(reason) => {
+                                ReplayStop::Damage(offset as u64, reason, committed)
+                            }
+                            RecordOpenError::Key(reason) => ReplayStop::Key(reason),
+                        })?;
+                    if let Mutation::NamespaceCreate { ns, meta }
+                    | Mutation::NamespaceAlter { ns, meta } = &mutation
+                    {
+                        check_namespace_key(ns, meta, keyring)
+                            .map_err(|e| ReplayStop::Key(e.to_string()))?;
                     }
-                    committed = Cut {
-                        offset: offset as u64,
-                        next_lsn,
-                    };
-                    continue;
-                }
-                let mutation =
-                    decode_record(&record, keyring, dir_id.as_ref()).map_err(|e| match e {
-                        RecordOpenError::Damage(reason) => {
-                            ReplayStop::Damage(offset as u64, reason, committed)
-                        }
-                        RecordOpenError::Key(reason) => ReplayStop::Key(reason),
-                    })?;
-                if let Mutation::NamespaceCreate { ns, meta }
-                | Mutation::NamespaceAlter { ns, meta } = &mutation
-                {
-                    check_namespace_key(ns, meta, keyring)
-                        .map_err(|e| ReplayStop::Key(e.to_string()))?;
-                }
-                // Only past the checkpoint: the rule starts from its state.
-                if record.lsn > checkpoint_lsn
-                    && let Some(rule) = rule.as_deref_mut()
-                {
-                    rule.check(&mutation, record.kind & SEALED_BIT != 0)
-                        .map_err(|reason| ReplayStop::Damage(offset as u64, reason, committed))?;
-                }
-                pending.push((record.lsn, mutation));
+                    // Only past the checkpoint: the rule starts from its state.
+                    if record.lsn > checkpoint_lsn
+                        && let Some(rule) = rule.as_deref_mut()
+                    {
+                        rule.check(&mutation, record.kind & SEALED_BIT != 0)
+                            .map_err(|reason| {
+                                ReplayStop::Damage(offset as u64, reason, committed)
+                            })?;
+                    }
+                    pending.push((record.lsn, mutation));
+                    record.group_end
+                };
                 next_lsn += 1;
                 offset += record.total_bytes;
-                if record.group_end {
+                if ends_group {
                     for (lsn, mutation) in pending.drain(..) {
                         if lsn > checkpoint_lsn {
                             apply(lsn, mutation);
