@@ -622,3 +622,62 @@ fn a_group_spliced_from_another_copy_of_the_data_dir_is_refused() {
         b"original 1"
     );
 }
+
+/// A data dir written without a key (unchained segments, a version-1
+/// manifest and version-2 checkpoint files) opens with a key, goes on in a
+/// chained segment, and is authenticated at its next fold, keeping every
+/// value; from then on it does not start without the key.
+#[test]
+fn a_data_dir_from_before_is_upgraded_by_the_first_keyed_start_and_fold() {
+    let setup = Setup::new();
+    let plain_args = setup.args(None);
+    let mut old = LocalDaemon::start_in(&setup.data(), &setup.socket(), &plain_args).unwrap();
+    let mut c = old.client().unwrap();
+    for i in 0..5 {
+        c.put("default", Coord::new(i, 0, 0), b"from before")
+            .unwrap();
+    }
+    drop(c);
+    assert!(old.terminate().unwrap().success());
+    let manifest = setup.data().join("checkpoint").join("MANIFEST");
+    assert_eq!(fs::read(&manifest).unwrap()[8], 1, "a version-1 manifest");
+
+    let mut daemon = setup.start();
+    let mut c = daemon.client().unwrap();
+    c.put("default", Coord::new(9, 0, 0), b"after the key")
+        .unwrap();
+    drop(c);
+    daemon.kill9().unwrap();
+    let chained = wal_segments(&setup.data())
+        .iter()
+        .filter_map(|s| parse_segment_header(&fs::read(s).unwrap()).ok())
+        .any(|h| h.chain.is_some());
+    assert!(chained, "the keyed start goes on in a chained segment");
+    daemon.restart().unwrap();
+    assert!(daemon.terminate().unwrap().success());
+    assert_eq!(
+        fs::read(&manifest).unwrap()[8],
+        2,
+        "authenticated by the fold"
+    );
+
+    daemon.restart().unwrap();
+    let mut c = daemon.client().unwrap();
+    for i in 0..5 {
+        assert_eq!(
+            c.get("default", Coord::new(i, 0, 0)).unwrap().unwrap(),
+            b"from before"
+        );
+    }
+    assert_eq!(
+        c.get("default", Coord::new(9, 0, 0)).unwrap().unwrap(),
+        b"after the key"
+    );
+    drop(c);
+    assert!(daemon.terminate().unwrap().success());
+    let (code, text) = setup.refused(&[]);
+    assert!(matches!(code, Some(c) if c != 0), "{text}");
+    assert!(text.contains("--key-file"), "without the key: {text}");
+    let (code, text) = verify(&setup);
+    assert_eq!(code, Some(0), "--verify with the key: {text}");
+}
