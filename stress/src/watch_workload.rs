@@ -62,6 +62,8 @@ pub struct WatchReport {
     pub latency: Histogram<u64>,
     pub delivered: u64,
     pub rss_growth_kib: i64,
+    /// The same without watchers: what the writes themselves cost.
+    pub alone_rss_growth_kib: i64,
     pub replay_changes: u64,
     pub replay_secs: f64,
     pub failures: Vec<String>,
@@ -98,9 +100,11 @@ pub fn run(setup: &WatchSetup<'_>, args: &WatchArgs) -> Result<WatchReport, Stre
         }
     };
     say(format!("watch: {} writers alone", setup.clients));
-    let alone = {
+    let (alone, alone_rss_growth_kib) = {
         let daemon = start(&daemon_args)?;
-        write_for(&daemon, setup, &[])?.ops_per_sec
+        let before = rss_kib(daemon.pid());
+        let ops = write_for(&daemon, setup, &[])?.ops_per_sec;
+        (ops, rss_kib(daemon.pid()) as i64 - before as i64)
     };
     say(format!(
         "watch: {} writers beside {} watchers and {} stalled ones",
@@ -151,6 +155,7 @@ pub fn run(setup: &WatchSetup<'_>, args: &WatchArgs) -> Result<WatchReport, Stre
         latency,
         delivered,
         rss_growth_kib,
+        alone_rss_growth_kib,
         replay_changes,
         replay_secs,
         failures,
@@ -399,7 +404,7 @@ impl WatchReport {
             "watch: writers alone {:.0} puts/s, beside the watchers {:.0} puts/s ({ratio:.2}x)\n\
              commit-to-delivery ({} changes delivered): p50 {} us, p99 {} us, p99.9 {} us, \
              max {} us\n\
-             daemon RSS growth with the watchers: {} KiB\n",
+             daemon RSS growth over the run: {} KiB with the watchers, {} KiB without\n",
             self.writers_alone_ops,
             self.writers_watched_ops,
             self.delivered,
@@ -407,7 +412,8 @@ impl WatchReport {
             q(0.99),
             q(0.999),
             self.latency.max(),
-            self.rss_growth_kib
+            self.rss_growth_kib,
+            self.alone_rss_growth_kib
         );
         if self.replay_changes > 0 {
             out.push_str(&format!(
