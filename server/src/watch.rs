@@ -18,7 +18,7 @@ use std::time::Duration;
 use crossbeam_channel::RecvTimeoutError;
 use cube_protocol::{
     CellBox, Coord, ErrorCode, NamespaceName, Opcode, Response, ResyncReason, ServerError,
-    WatchFrame, WatchFrameEncoder,
+    WatchChange, WatchFrame, WatchFrameEncoder,
 };
 use cube_store::namespace::Access;
 use cube_store::wal::History;
@@ -26,7 +26,7 @@ use cube_store::wal::History;
 use crate::access::{Peer, access_of};
 use crate::connection::{Close, no_such_namespace};
 use crate::server::Shared;
-use crate::watch_hub::{Delivery, Group, Pick, change_of, pick};
+use crate::watch_hub::{Delivery, Group, change_of, pick};
 
 /// How often an idle watch checks that its client is still there and the
 /// daemon is not shutting down.
@@ -186,11 +186,13 @@ impl Watch<'_> {
                 if !group_end || group.mutations.is_empty() {
                     return true;
                 }
-                let mut picks = Vec::new();
+                let mut changes = Vec::new();
                 for (at, mutation) in group.mutations.iter().enumerate() {
-                    pick(mutation, at as u32, &ns, &region, |p| picks.push(p));
+                    pick(mutation, at as u32, &ns, &region, |p| {
+                        changes.extend(change_of(&group, p));
+                    });
                 }
-                let sent = self.send_changes(&group, &picks, from);
+                let sent = self.send_changes(changes, from);
                 group.mutations.clear();
                 match sent {
                     Ok(()) => true,
@@ -260,12 +262,8 @@ impl Watch<'_> {
             }
             match delivery {
                 Delivery::Started { .. } => {}
-                Delivery::Changes {
-                    group,
-                    picks,
-                    bytes,
-                } => {
-                    self.encode_changes(&group, &picks, deliver_from)?;
+                Delivery::Changes { changes, bytes } => {
+                    self.encode_changes(changes, deliver_from)?;
                     unwritten_bytes += bytes;
                     if self.out.len() >= FLUSH_BYTES {
                         self.flush(subscribed, &mut unwritten_bytes)?;
@@ -347,9 +345,9 @@ impl Watch<'_> {
     }
 
     /// Writes a group's picked changes at once (the replay's way).
-    fn send_changes(&mut self, group: &Group, picks: &[Pick], deliver_from: u64) -> io::Result<()> {
+    fn send_changes(&mut self, changes: Vec<WatchChange>, deliver_from: u64) -> io::Result<()> {
         self.out.clear();
-        self.encode_changes(group, picks, deliver_from)?;
+        self.encode_changes(changes, deliver_from)?;
         let written = self.socket.write_all(&self.out);
         self.out.clear();
         written
@@ -358,17 +356,9 @@ impl Watch<'_> {
     /// Appends a group's picked changes from `deliver_from` on to `out`,
     /// in as many frames as they need (all but the last flagged `more`);
     /// writes out early only what would outgrow [`FLUSH_BYTES`] by a frame.
-    fn encode_changes(
-        &mut self,
-        group: &Group,
-        picks: &[Pick],
-        deliver_from: u64,
-    ) -> io::Result<()> {
+    fn encode_changes(&mut self, changes: Vec<WatchChange>, deliver_from: u64) -> io::Result<()> {
         let max_frame = self.shared.args.limits().max_frame_bytes as usize;
-        for p in picks {
-            let Some(change) = change_of(group, *p) else {
-                continue;
-            };
+        for change in changes {
             if change.lsn < deliver_from {
                 continue;
             }
