@@ -267,9 +267,11 @@ fn deliver(by_ns: &mut HashMap<NamespaceName, NamespaceWatches>, group: &Arc<Gro
 /// Sends one subscription its picks of `group`; `false` drops it.
 fn send_picks(sub: &Subscription, group: &Arc<Group>, picks: &[Pick]) -> bool {
     let changes: Vec<WatchChange> = picks.iter().filter_map(|p| change_of(group, *p)).collect();
+    // What the changes hold in memory, not only their wire size: the
+    // buffer bounds the daemon's memory.
     let bytes: u64 = changes
         .iter()
-        .map(|c| cube_protocol::watch::change_bytes(c) as u64)
+        .map(|c| (cube_protocol::watch::change_bytes(c) + CHANGE_OVERHEAD_BYTES) as u64)
         .sum();
     // A group bigger than the whole buffer still goes to a watch that has
     // nothing queued: otherwise it could never get past it.
@@ -297,6 +299,10 @@ struct NamespaceWatches {
     /// tested against every change.
     wide: Vec<u32>,
 }
+
+/// A queued change's memory beyond its wire bytes: the struct and its
+/// value's allocation.
+const CHANGE_OVERHEAD_BYTES: usize = std::mem::size_of::<WatchChange>() + 32;
 
 /// A chunk is 2^4 = 16 cells on each axis.
 const CHUNK_SHIFT: u32 = 4;
