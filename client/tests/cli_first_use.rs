@@ -72,11 +72,9 @@ fn a_second_cubed_on_the_same_data_dir_is_told_the_data_dir_is_in_use() {
     // lock is what to report, with the holder's pid.
     let temp = tempfile::tempdir().unwrap();
     let data = temp.path().join("cube-data");
-    // Private, as cubed requires of a data dir that already holds a file
-    // (the daemon's log goes in it here).
-    std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
-        .create(&data)
-        .unwrap();
+    std::fs::create_dir(&data).unwrap();
+    // cubed starts only on a data dir private to its user.
+    std::fs::set_permissions(&data, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     let daemon = LocalDaemon::start_in(&data, &data.join("cubed.sock"), &[]).unwrap();
     let out = Command::new(LocalDaemon::find_binary().unwrap())
         .arg("--data")

@@ -2,7 +2,9 @@
 //! README.md (so this test breaks when the README drifts from what cubec
 //! does), run by `sh` one line at a time in a directory where
 //! `./cube-data` is a throwaway daemon's data dir, as after `make run`.
-//! A line exits 0 unless its comment says `exits N`; the lines below that
+//! A line exits 0 unless its comment says `exits N`; a line that runs
+//! `until Ctrl-C` (watch) is read until it has replayed the first put and
+//! then stopped; the lines below that
 //! print something checkable are checked, and the closing `kill -9 ...;
 //! make run` is followed by a restart and a read of what was acknowledged.
 #![allow(clippy::unwrap_used)]
@@ -72,15 +74,50 @@ const CHECKS: &[(&str, &str)] = &[
     ("$cubec import default default.jsonl", "imported"),
 ];
 
+/// A line that runs until interrupted (`cubec watch`): started without a
+/// shell (its words are plain), read until it has replayed the first put
+/// of the Quickstart, then stopped as Ctrl-C would.
+fn follow_until_replayed(dir: &Path, command: &str) {
+    use std::io::{BufRead, BufReader};
+    let words: Vec<&str> = command
+        .split("  #")
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(words[0], "$cubec", "{command}");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cubec"))
+        .args(&words[1..])
+        .current_dir(dir)
+        .env_remove("CUBE_SOCKET")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut seen = Vec::new();
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        let replayed = line.ends_with("\t1,2,3\tput\thello");
+        seen.push(line);
+        if replayed {
+            break;
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        seen.iter().any(|l| l.contains("\tput\t")),
+        "{command:?} printed {seen:?}"
+    );
+}
+
 #[test]
 fn the_readme_quickstart_runs_as_written() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("cube-data");
-    // Private, as cubed requires of a data dir that already holds a file
-    // (the daemon's log goes in it here).
-    std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
-        .create(&data)
-        .unwrap();
+    std::fs::create_dir(&data).unwrap();
+    // cubed starts only on a data dir private to its user.
+    std::fs::set_permissions(&data, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     let mut daemon = LocalDaemon::start_in(&data, &data.join("cubed.sock"), &[]).unwrap();
     std::fs::copy(
         concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"),
@@ -103,6 +140,10 @@ fn the_readme_quickstart_runs_as_written() {
             // The kill names exactly this data dir's daemon.
             let lock = std::fs::read_to_string(data.join("LOCK")).unwrap();
             assert_eq!(lock.trim(), daemon.pid().to_string(), "{line:?}");
+        }
+        if line.contains("until Ctrl-C") {
+            follow_until_replayed(dir.path(), command);
+            continue;
         }
         let out = sh(dir.path(), &format!("{define}{command}"));
         let text = String::from_utf8_lossy(&out.stdout);

@@ -9,6 +9,7 @@ use clap::builder::RangedU64ValueParser;
 use cube_protocol::{Limits, MAX_EDGE_LIST, MAX_WALK_NODES};
 use cube_store::{SyncPolicy, WalkLimits};
 
+use crate::duration_flag::{TimeUnit, in_unit};
 use crate::log::Level;
 
 /// The most `--max-value-bytes` and `--max-frame-bytes` may be: anything
@@ -64,19 +65,22 @@ pub struct Args {
           value_parser = ranged::<usize>(MAX_CONNECTIONS_RANGE))]
     pub max_connections: usize,
 
-    /// Close a connection that sends nothing for this long (0 = never).
+    /// Close a connection that sends nothing for this long (0 = never);
+    /// seconds, or with units (5m).
     #[arg(long, value_name = "SECS", default_value_t = 300,
-          value_parser = ranged::<u64>(IDLE_TIMEOUT_SECS_RANGE))]
+          value_parser = in_unit(TimeUnit::Secs, IDLE_TIMEOUT_SECS_RANGE))]
     pub idle_timeout_secs: u64,
 
-    /// Close a connection that starts a frame and does not finish it in this long.
+    /// Close a connection that starts a frame and does not finish it in this long
+    /// (milliseconds, or with units: 10s).
     #[arg(long, value_name = "MS", default_value_t = 10_000,
-          value_parser = ranged::<u64>(CONNECTION_TIMEOUT_MS_RANGE))]
+          value_parser = in_unit(TimeUnit::Millis, CONNECTION_TIMEOUT_MS_RANGE))]
     pub frame_timeout_ms: u64,
 
-    /// Close a connection that does not read its responses for this long.
+    /// Close a connection that does not read its responses for this long
+    /// (milliseconds, or with units: 30s).
     #[arg(long, value_name = "MS", default_value_t = 30_000,
-          value_parser = ranged::<u64>(CONNECTION_TIMEOUT_MS_RANGE))]
+          value_parser = in_unit(TimeUnit::Millis, CONNECTION_TIMEOUT_MS_RANGE))]
     pub write_timeout_ms: u64,
 
     /// Largest value accepted, in bytes (at most 32 MiB less 1 KiB).
@@ -149,14 +153,14 @@ pub struct Args {
     /// programs whose single steps are heavy (copying megabyte strings),
     /// which instruction counting cannot see. Counts as out of fuel.
     #[arg(long, value_name = "MS", default_value_t = DEFAULT_PROGRAM_TIME_MS,
-          value_parser = ranged::<u64>(PROGRAM_TIME_MS_RANGE))]
+          value_parser = in_unit(TimeUnit::Millis, PROGRAM_TIME_MS_RANGE))]
     pub program_time_ms: u64,
 
     /// Writer-time backstop of one `step` (all its runs), in milliseconds:
     /// a step holds the writer, so its runs left after this fail as out of
     /// fuel without running.
     #[arg(long, value_name = "MS", default_value_t = DEFAULT_PROGRAM_STEP_MS,
-          value_parser = ranged::<u64>(PROGRAM_TIME_MS_RANGE))]
+          value_parser = in_unit(TimeUnit::Millis, PROGRAM_TIME_MS_RANGE))]
     pub program_step_ms: u64,
 
     /// Threads one big `step` runs its programs on (the writer and helpers,

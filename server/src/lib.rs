@@ -16,6 +16,7 @@ mod batch;
 pub mod command_stats;
 pub mod config;
 mod connection;
+mod duration_flag;
 mod edges;
 mod listing;
 mod mget;

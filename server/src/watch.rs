@@ -18,7 +18,7 @@ use std::time::Duration;
 use crossbeam_channel::RecvTimeoutError;
 use cube_protocol::{
     CellBox, Coord, ErrorCode, NamespaceName, Opcode, Response, ResyncReason, ServerError,
-    WatchFrame, WatchFrameEncoder,
+    WatchChange, WatchFrame, WatchFrameEncoder,
 };
 use cube_store::namespace::Access;
 use cube_store::wal::History;
@@ -26,11 +26,14 @@ use cube_store::wal::History;
 use crate::access::{Peer, access_of};
 use crate::connection::{Close, no_such_namespace};
 use crate::server::Shared;
-use crate::watch_hub::{Delivery, Group, Pick, change_of, pick};
+use crate::watch_hub::{Delivery, Group, change_of, pick};
 
 /// How often an idle watch checks that its client is still there and the
 /// daemon is not shutting down.
 const IDLE_CHECK: Duration = Duration::from_millis(250);
+
+/// Encoded changes a watch gathers before writing them out.
+const FLUSH_BYTES: usize = 256 * 1024;
 
 /// What a watch asks for.
 pub(crate) struct WatchSpec {
@@ -183,11 +186,13 @@ impl Watch<'_> {
                 if !group_end || group.mutations.is_empty() {
                     return true;
                 }
-                let mut picks = Vec::new();
+                let mut changes = Vec::new();
                 for (at, mutation) in group.mutations.iter().enumerate() {
-                    pick(mutation, at as u32, &ns, &region, |p| picks.push(p));
+                    pick(mutation, at as u32, &ns, &region, |p| {
+                        changes.extend(change_of(&group, p));
+                    });
                 }
-                let sent = self.send_changes(&group, &picks, from);
+                let sent = self.send_changes(changes, from);
                 group.mutations.clear();
                 match sent {
                     Ok(()) => true,
@@ -224,25 +229,45 @@ impl Watch<'_> {
         subscribed: &crate::watch_hub::Subscribed,
         deliver_from: u64,
     ) -> Result<String, End> {
+        // Groups already waiting are encoded together and written with
+        // one `write` (up to FLUSH_BYTES): a busy box costs a syscall per
+        // batch of groups, not per group. Their bytes leave the buffer's
+        // count once written.
+        let mut unwritten_bytes = 0u64;
         loop {
-            let delivery = match subscribed.rx.recv_timeout(IDLE_CHECK) {
-                Ok(delivery) => delivery,
-                Err(RecvTimeoutError::Timeout) => {
-                    self.check_alive()?;
-                    continue;
+            let waiting = if self.out.is_empty() {
+                None
+            } else {
+                match subscribed.rx.try_recv() {
+                    Ok(delivery) => Some(delivery),
+                    Err(_) => {
+                        self.flush(subscribed, &mut unwritten_bytes)?;
+                        continue;
+                    }
                 }
-                Err(RecvTimeoutError::Disconnected) => return Err(shutting_down()),
             };
+            let delivery = match waiting {
+                Some(delivery) => delivery,
+                None => match subscribed.rx.recv_timeout(IDLE_CHECK) {
+                    Ok(delivery) => delivery,
+                    Err(RecvTimeoutError::Timeout) => {
+                        self.check_alive()?;
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => return Err(shutting_down()),
+                },
+            };
+            if !matches!(delivery, Delivery::Changes { .. }) {
+                self.flush(subscribed, &mut unwritten_bytes)?;
+            }
             match delivery {
                 Delivery::Started { .. } => {}
-                Delivery::Changes {
-                    group,
-                    picks,
-                    bytes,
-                } => {
-                    let sent = self.send_changes(&group, &picks, deliver_from);
-                    subscribed.queued_bytes.fetch_sub(bytes, Ordering::SeqCst);
-                    sent?;
+                Delivery::Changes { changes, bytes } => {
+                    self.encode_changes(changes, deliver_from)?;
+                    unwritten_bytes += bytes;
+                    if self.out.len() >= FLUSH_BYTES {
+                        self.flush(subscribed, &mut unwritten_bytes)?;
+                    }
                 }
                 Delivery::Cut { lsn } => {
                     self.send(&WatchFrame::Resync {
@@ -304,26 +329,50 @@ impl Watch<'_> {
 
     /// Writes a group's picked changes from `deliver_from` on, in as many
     /// frames as they need (all but the last flagged `more`).
-    fn send_changes(&mut self, group: &Group, picks: &[Pick], deliver_from: u64) -> io::Result<()> {
-        let max_frame = self.shared.args.limits().max_frame_bytes as usize;
+    /// Writes what `out` holds and takes its bytes off the buffer's count.
+    fn flush(
+        &mut self,
+        subscribed: &crate::watch_hub::Subscribed,
+        unwritten_bytes: &mut u64,
+    ) -> io::Result<()> {
+        let written = self.socket.write_all(&self.out);
         self.out.clear();
-        for p in picks {
-            let Some(change) = change_of(group, *p) else {
-                continue;
-            };
+        subscribed
+            .queued_bytes
+            .fetch_sub(*unwritten_bytes, Ordering::SeqCst);
+        *unwritten_bytes = 0;
+        written
+    }
+
+    /// Writes a group's picked changes at once (the replay's way).
+    fn send_changes(&mut self, changes: Vec<WatchChange>, deliver_from: u64) -> io::Result<()> {
+        self.out.clear();
+        self.encode_changes(changes, deliver_from)?;
+        let written = self.socket.write_all(&self.out);
+        self.out.clear();
+        written
+    }
+
+    /// Appends a group's picked changes from `deliver_from` on to `out`,
+    /// in as many frames as they need (all but the last flagged `more`);
+    /// writes out early only what would outgrow [`FLUSH_BYTES`] by a frame.
+    fn encode_changes(&mut self, changes: Vec<WatchChange>, deliver_from: u64) -> io::Result<()> {
+        let max_frame = self.shared.args.limits().max_frame_bytes as usize;
+        for change in changes {
             if change.lsn < deliver_from {
                 continue;
             }
             if !self.encoder.fits(&change, max_frame) {
                 self.encoder.finish(self.request_id, true, &mut self.out);
-                self.socket.write_all(&self.out)?;
-                self.out.clear();
+                if self.out.len() >= FLUSH_BYTES {
+                    self.socket.write_all(&self.out)?;
+                    self.out.clear();
+                }
             }
             self.encoder.push(&change);
         }
         if self.encoder.count() > 0 {
             self.encoder.finish(self.request_id, false, &mut self.out);
-            self.socket.write_all(&self.out)?;
         }
         Ok(())
     }
@@ -331,7 +380,9 @@ impl Watch<'_> {
     fn send(&mut self, frame: &WatchFrame) -> io::Result<()> {
         self.out.clear();
         Response::Watch(frame.clone()).encode(self.request_id, &mut self.out);
-        self.socket.write_all(&self.out)
+        let written = self.socket.write_all(&self.out);
+        self.out.clear();
+        written
     }
 }
 

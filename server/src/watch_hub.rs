@@ -52,10 +52,11 @@ pub(crate) enum Delivery {
     /// Live delivery covers every group from `live_from` on (earlier ones
     /// come from the log).
     Started { live_from: u64 },
-    /// A group with changes in the box; `bytes` counted against the buffer.
+    /// A group's changes in the box, copied out of the group (so a
+    /// watcher that stops reading holds these and no more: the group is
+    /// freed); `bytes`, their encoded size, counted against the buffer.
     Changes {
-        group: Arc<Group>,
-        picks: Vec<Pick>,
+        changes: Vec<WatchChange>,
         bytes: u64,
     },
     /// The namespace was dropped at `lsn`.
@@ -264,7 +265,14 @@ fn deliver(by_ns: &mut HashMap<NamespaceName, NamespaceWatches>, group: &Arc<Gro
 }
 
 /// Sends one subscription its picks of `group`; `false` drops it.
-fn send_picks(sub: &Subscription, group: &Arc<Group>, picks: Vec<Pick>, bytes: u64) -> bool {
+fn send_picks(sub: &Subscription, group: &Arc<Group>, picks: &[Pick]) -> bool {
+    let changes: Vec<WatchChange> = picks.iter().filter_map(|p| change_of(group, *p)).collect();
+    // What the changes hold in memory, not only their wire size: the
+    // buffer bounds the daemon's memory.
+    let bytes: u64 = changes
+        .iter()
+        .map(|c| (cube_protocol::watch::change_bytes(c) + CHANGE_OVERHEAD_BYTES) as u64)
+        .sum();
     // A group bigger than the whole buffer still goes to a watch that has
     // nothing queued: otherwise it could never get past it.
     let queued = sub.queued_bytes.load(Ordering::SeqCst);
@@ -275,13 +283,7 @@ fn send_picks(sub: &Subscription, group: &Arc<Group>, picks: Vec<Pick>, bytes: u
         return false;
     }
     sub.queued_bytes.fetch_add(bytes, Ordering::SeqCst);
-    sub.tx
-        .send(Delivery::Changes {
-            group: Arc::clone(group),
-            picks,
-            bytes,
-        })
-        .is_ok()
+    sub.tx.send(Delivery::Changes { changes, bytes }).is_ok()
 }
 
 /// The watches of one namespace, indexed by the 16-cell chunks their boxes
@@ -297,6 +299,10 @@ struct NamespaceWatches {
     /// tested against every change.
     wide: Vec<u32>,
 }
+
+/// A queued change's memory beyond its wire bytes: the struct and its
+/// value's allocation.
+const CHANGE_OVERHEAD_BYTES: usize = std::mem::size_of::<WatchChange>() + 32;
 
 /// A chunk is 2^4 = 16 cells on each axis.
 const CHUNK_SHIFT: u32 = 4;
@@ -341,7 +347,7 @@ impl NamespaceWatches {
     fn offer(&mut self, ns: &NamespaceName, group: &Arc<Group>) {
         let n = self.subs.len();
         let mut ended = vec![false; n];
-        let mut picks: HashMap<u32, (Vec<Pick>, u64)> = HashMap::new();
+        let mut picks: HashMap<u32, Vec<Pick>> = HashMap::new();
         for (at, mutation) in group.mutations.iter().enumerate() {
             if mutation.namespace() != ns {
                 continue;
@@ -372,15 +378,13 @@ impl NamespaceWatches {
                     .map_or(&[][..], Vec::as_slice);
                 for &i in near.iter().chain(&self.wide) {
                     if !ended[i as usize] && self.subs[i as usize].region.contains(coord) {
-                        let entry = picks.entry(i).or_default();
-                        entry.0.push(pick);
-                        entry.1 += pick_bytes(mutation, pick) as u64;
+                        picks.entry(i).or_default().push(pick);
                     }
                 }
             });
         }
-        for (i, (list, bytes)) in picks {
-            if !ended[i as usize] && !send_picks(&self.subs[i as usize], group, list, bytes) {
+        for (i, list) in picks {
+            if !ended[i as usize] && !send_picks(&self.subs[i as usize], group, &list) {
                 ended[i as usize] = true;
             }
         }
@@ -488,23 +492,6 @@ pub(crate) fn change_of(group: &Group, pick: Pick) -> Option<WatchChange> {
         _ => return None,
     };
     Some(WatchChange { lsn, coord, op })
-}
-
-/// About the bytes a pick takes on the wire (for the buffer's count).
-fn pick_bytes(mutation: &Mutation, pick: Pick) -> usize {
-    const CHANGE_BYTES: usize = 8 + 1 + 12 + 4;
-    CHANGE_BYTES
-        + match mutation {
-            Mutation::Put { value, .. } => value.len(),
-            Mutation::ProgramPut { source, .. } => source.len(),
-            Mutation::Link { edge, .. } | Mutation::Unlink { edge, .. } => {
-                24 + edge.label.as_str().len()
-            }
-            Mutation::Detach { edges, .. } => edges
-                .get(pick.part as usize)
-                .map_or(0, |edge| 24 + edge.label.as_str().len()),
-            _ => 0,
-        }
 }
 
 /// About the memory a handed-over mutation holds.

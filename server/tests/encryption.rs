@@ -4,162 +4,11 @@
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
 
-use cube_client::{
-    CellBox, Client, Coord, LocalDaemon, NamespaceInfo, NamespaceName, NamespaceSpec, Request,
-    Response,
-};
-use tempfile::TempDir;
+use cube_client::{CellBox, Client, Coord, LocalDaemon, Request, Response};
 
-/// A small segment size keeps the whole-directory byte scans cheap.
-const SEGMENT_BYTES: &str = "1048576";
-const RECORD_HEADER_BYTES: usize = 17;
-const SEALED_RECORD_BIT: u8 = 0x40;
-const CKPT_HEADER_BYTES: usize = 44;
-const CKPT_FOOTER_BYTES: usize = 40;
-const SEALED_BLOCK_BIT: u32 = 1 << 31;
-/// ns_id, start id, counter in front of a sealed block's ciphertext.
-const SEALED_BLOCK_PREFIX: usize = 24;
-/// ns_id, start id after the namespace of a sealed WAL payload.
-const SEALED_RECORD_PREFIX: usize = 16;
-/// How long a daemon that should refuse to start may take to exit.
-const REFUSE_DEADLINE: Duration = Duration::from_secs(20);
-
-/// A data dir, a socket and key files in one temporary directory.
-struct Setup {
-    tmp: TempDir,
-}
-
-impl Setup {
-    fn new() -> Setup {
-        let tmp = tempfile::Builder::new()
-            .prefix("cube-enc-")
-            .tempdir()
-            .unwrap();
-        let setup = Setup { tmp };
-        write_key(&setup.key(), &hex_key(0x11), 0o600);
-        write_key(&setup.other_key(), &hex_key(0x77), 0o600);
-        setup
-    }
-
-    fn data(&self) -> PathBuf {
-        self.tmp.path().join("data")
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.tmp.path().join("cubed.sock")
-    }
-
-    fn key(&self) -> PathBuf {
-        self.tmp.path().join("master.key")
-    }
-
-    fn other_key(&self) -> PathBuf {
-        self.tmp.path().join("other.key")
-    }
-
-    fn args<'a>(&self, key: Option<&'a str>) -> Vec<&'a str> {
-        let mut args = vec!["--wal-segment-bytes", SEGMENT_BYTES];
-        if let Some(key) = key {
-            args.extend(["--key-file", key]);
-        }
-        args
-    }
-
-    /// Starts cubed with the master key.
-    fn start(&self) -> LocalDaemon {
-        let key = self.key();
-        let key = key.to_str().unwrap();
-        LocalDaemon::start_in(&self.data(), &self.socket(), &self.args(Some(key))).unwrap()
-    }
-
-    /// Runs cubed with `extra` and expects it to refuse to start: returns
-    /// its exit code and everything it printed.
-    fn refused(&self, extra: &[&str]) -> (Option<i32>, String) {
-        let out_path = self.tmp.path().join("refused.out");
-        let out = fs::File::create(&out_path).unwrap();
-        let mut child = Command::new(LocalDaemon::find_binary().unwrap())
-            .arg("--data")
-            .arg(self.data())
-            .arg("--socket")
-            .arg(self.socket())
-            .args(self.args(None))
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + REFUSE_DEADLINE;
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "cubed {extra:?} started instead of refusing:\n{}",
-                    fs::read_to_string(&out_path).unwrap_or_default()
-                );
-            }
-            thread::sleep(Duration::from_millis(10));
-        };
-        (status.code(), fs::read_to_string(&out_path).unwrap())
-    }
-
-    fn verify(&self, extra: &[&str]) -> (Option<i32>, String) {
-        let out = Command::new(LocalDaemon::find_binary().unwrap())
-            .arg("--verify")
-            .arg(self.data())
-            .args(extra)
-            .output()
-            .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        (out.status.code(), text)
-    }
-}
-
-fn hex_key(seed: u8) -> Vec<u8> {
-    let mut text: String = (0..32u8)
-        .map(|i| format!("{:02x}", seed.wrapping_mul(31).wrapping_add(i * 7) ^ 0x5a))
-        .collect();
-    text.push('\n');
-    text.into_bytes()
-}
-
-fn write_key(path: &Path, bytes: &[u8], mode: u32) {
-    fs::write(path, bytes).unwrap();
-    fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
-}
-
-fn name(ns: &str) -> NamespaceName {
-    NamespaceName::new(ns).unwrap()
-}
-
-fn create(c: &mut Client, ns: &str, encrypted: bool) -> NamespaceInfo {
-    let request = Request::NsCreate {
-        ns: name(ns),
-        spec: NamespaceSpec {
-            encrypted,
-            ..Default::default()
-        },
-    };
-    match c.call(&request).unwrap() {
-        Response::NsCreated(info) => {
-            assert_eq!(info.encrypted, encrypted, "{info:?}");
-            info
-        }
-        other => panic!("ns-create answered {other:?}"),
-    }
-}
+mod encryption_common;
+use encryption_common::*;
 
 fn checkpoint(c: &mut Client, compact: bool) {
     match c.call(&Request::Checkpoint { compact }).unwrap() {
@@ -264,16 +113,6 @@ fn checkpoint_files(data: &Path, prefix: &str) -> Vec<PathBuf> {
             n.starts_with(prefix) && n.ends_with(".ckpt")
         })
         .collect()
-}
-
-fn wal_segments(data: &Path) -> Vec<PathBuf> {
-    let mut segments: Vec<PathBuf> = fs::read_dir(data.join("wal"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "wal"))
-        .collect();
-    segments.sort();
-    segments
 }
 
 /// Everything a namespace holds: values, edges, programs.
@@ -682,21 +521,6 @@ fn a_tampered_sealed_wal_record_with_a_valid_crc_is_refused_as_corruption() {
     assert_eq!(contents(&mut c, "secret"), before);
 }
 
-/// `(offset, payload_len, sealed)` of every block of a checkpoint file.
-fn blocks(bytes: &[u8]) -> Vec<(usize, usize, bool)> {
-    let end = bytes.len() - CKPT_FOOTER_BYTES;
-    let mut out = Vec::new();
-    let mut at = CKPT_HEADER_BYTES;
-    while at < end {
-        let field = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
-        let len = (field & !SEALED_BLOCK_BIT) as usize;
-        out.push((at, len, field & SEALED_BLOCK_BIT != 0));
-        at += 8 + len;
-    }
-    assert_eq!(at, end, "blocks end at the footer");
-    out
-}
-
 /// Recomputes every block CRC, the footer's chain of them and the
 /// footer's own CRC, as if the file had been written this way.
 fn fix_checkpoint_crcs(bytes: &mut [u8]) {
@@ -842,24 +666,6 @@ fn a_dropped_encrypted_namespace_comes_back_empty_under_a_new_id() {
     assert_eq!(c.ns_info(&name("secret")).unwrap().id, third.id);
 }
 
-/// Copies a stopped daemon's data dir, file by file.
-fn copy_dir(from: &Path, to: &Path) {
-    // Private like the original: cubed refuses a data dir others can read.
-    let mut private = std::fs::DirBuilder::new();
-    std::os::unix::fs::DirBuilderExt::mode(private.recursive(true), 0o700);
-    private.create(to).unwrap();
-    for entry in fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let kind = entry.file_type().unwrap();
-        let target = to.join(entry.file_name());
-        if kind.is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else if kind.is_file() {
-            fs::copy(entry.path(), &target).unwrap();
-        }
-    }
-}
-
 /// A sealed WAL record of namespace "secret": its LSN, the start id stored
 /// in it, and its ciphertext and tag.
 #[derive(Debug)]
@@ -1000,7 +806,8 @@ fn rewrite_segment(
     for at in record_offsets(&good) {
         let record = parse_record(&good[at..], header.crc_seed).unwrap();
         let sealed = record.kind & SEALED_RECORD_BIT != 0;
-        let plain = (!sealed).then(|| decode_record(&record, None).unwrap());
+        let chain = record.kind == cube_store::wal::chain::KIND_CHAIN;
+        let plain = (!sealed && !chain).then(|| decode_record(&record, None, None).unwrap());
         match change(record.lsn, plain.as_ref(), sealed) {
             Some(mutation) => encode_record(
                 &mut out,
@@ -1034,8 +841,10 @@ fn a_plaintext_record_in_an_encrypted_namespace_is_refused() {
     let segment = wal_segments(&setup.data())[0].clone();
     let last_sealed = {
         let bytes = fs::read(&segment).unwrap();
-        let at = *record_offsets(&bytes).last().unwrap();
-        assert_ne!(bytes[at + 16] & SEALED_RECORD_BIT, 0);
+        let at = *record_offsets(&bytes)
+            .iter()
+            .rfind(|&&at| bytes[at + 16] & SEALED_RECORD_BIT != 0)
+            .unwrap();
         u64::from_le_bytes(bytes[at + 8..at + 16].try_into().unwrap())
     };
     rewrite_segment(&segment, |lsn, _, _| {

@@ -503,3 +503,39 @@ fn an_encrypted_namespaces_history_replays_and_its_live_changes_follow() {
         ]
     );
 }
+
+#[test]
+fn a_clean_shutdown_ends_a_watch_with_shutting_down_and_resuming_after_restart_misses_nothing() {
+    let mut daemon = LocalDaemon::start_fresh(&[]).unwrap();
+    let mut client = daemon.client().unwrap();
+    let first = client.put("default", c(0, 0, 0), b"one").unwrap();
+    let mut w = watch(
+        daemon.client().unwrap(),
+        "default",
+        c(0, 0, 0),
+        c(0, 0, 0),
+        Some(first),
+    );
+    assert_eq!(changes(&groups_through(&mut w, first)).len(), 1);
+    drop(client);
+    daemon.terminate().unwrap();
+    match w.next() {
+        Some(Err(e)) => assert_eq!(e.server_code(), Some(ErrorCode::ShuttingDown), "{e}"),
+        other => panic!("expected shutting_down, got {other:?}"),
+    }
+    // Going on from the LSN after the last one seen misses nothing (the
+    // clean shutdown folded the log, but the next LSN is where it starts).
+    daemon.restart().unwrap();
+    let mut client = daemon.client().unwrap();
+    let mut w = watch(
+        daemon.client().unwrap(),
+        "default",
+        c(0, 0, 0),
+        c(0, 0, 0),
+        Some(first + 1),
+    );
+    let next = client.put("default", c(0, 0, 0), b"two").unwrap();
+    let got = changes(&groups_through(&mut w, next));
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].op, WatchOp::Put(b"two".to_vec()));
+}

@@ -42,8 +42,8 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
 use ring::error::Unspecified;
-use ring::hkdf;
 use ring::rand::{SecureRandom, SystemRandom};
+use ring::{hkdf, hmac};
 
 pub const MASTER_KEY_BYTES: usize = 32;
 /// The AES-GCM tag appended to every sealed buffer.
@@ -69,6 +69,15 @@ const HKDF_SALT: &[u8] = b"cube cubecrypt v1";
 const INFO_WAL: &[u8] = b"wal";
 const INFO_CHECKPOINT: &[u8] = b"checkpoint";
 const INFO_KEY_CHECK: &[u8] = b"key check";
+/// The HMAC-SHA256 key that authenticates structure (manifest, checkpoint
+/// files, the log's chain): one per master key, not per start, since
+/// what it authenticates must verify under any later start.
+const INFO_INTEGRITY: &[u8] = b"integrity";
+
+/// Length of a structure MAC ([`Keyring::mac`]): a full HMAC-SHA256.
+pub const MAC_BYTES: usize = 32;
+/// Length of a data dir's random id ([`new_dir_id`]).
+pub const DIR_ID_BYTES: usize = 16;
 
 /// 64 hex digits and a newline; anything longer is not a key file.
 const KEY_FILE_MAX_BYTES: u64 = 2 * MASTER_KEY_BYTES as u64 + 1;
@@ -264,7 +273,16 @@ impl hkdf::KeyType for KeyCheckLen {
 /// per-(namespace, start) keys. Shared by the writer and the checkpointer.
 pub struct Keyring {
     /// `None`: started without `--key-file`; every operation is `NoKey`.
+    ///
+    /// The PRK and the key schedules derived from it (here, in `mac_key`
+    /// and in the cache) live as long as the keyring: every seal and open
+    /// needs them, and deriving per use would cost two HKDF expansions per
+    /// record. ring does not zero them on drop and `unsafe` (a volatile
+    /// write) is denied, so they are not zeroized; what protects them is
+    /// the process boundary (docs/operations.md, "What encryption protects").
     prk: Option<hkdf::Prk>,
+    /// Authenticates structure: `None` without a key.
+    mac_key: Option<hmac::Key>,
     start: u64,
     /// One entry (two AES key schedules, about 1 KiB) per (namespace id,
     /// start id) used since start, at most [`KEY_CACHE_MAX_ENTRIES`];
@@ -304,8 +322,14 @@ impl Keyring {
     pub fn new(master: Option<MasterKey>, start: u64) -> Keyring {
         // The master key is dropped (and zeroed) here; only the PRK is kept.
         let prk = master.map(|key| hkdf::Salt::new(hkdf::HKDF_SHA256, HKDF_SALT).extract(&key.0));
+        let mac_key = prk.as_ref().and_then(|prk| {
+            prk.expand(&[INFO_INTEGRITY], hmac::HMAC_SHA256)
+                .ok()
+                .map(hmac::Key::from)
+        });
         Keyring {
             prk,
+            mac_key,
             start,
             keys: RwLock::new(HashMap::new()),
             verified: RwLock::new(std::collections::HashSet::new()),
@@ -351,6 +375,25 @@ impl Keyring {
             .and_then(|okm| okm.fill(&mut out))
             .map_err(|_| CryptoError::Refused("HKDF expansion failed"))?;
         Ok(out)
+    }
+
+    /// A running structure MAC over `label` and then whatever the caller
+    /// feeds it; [`MacContext::finish`] gives the tag. Labels are distinct
+    /// fixed strings per use, so a tag of one kind never passes as another.
+    pub fn mac_context(&self, label: &[u8]) -> Result<MacContext, CryptoError> {
+        let key = self.mac_key.as_ref().ok_or(CryptoError::NoKey)?;
+        let mut ctx = hmac::Context::with_key(key);
+        ctx.update(label);
+        Ok(MacContext(ctx))
+    }
+
+    /// The structure MAC of `label` followed by `parts`.
+    pub fn mac(&self, label: &[u8], parts: &[&[u8]]) -> Result<[u8; MAC_BYTES], CryptoError> {
+        let mut ctx = self.mac_context(label)?;
+        for part in parts {
+            ctx.update(part);
+        }
+        Ok(ctx.finish())
     }
 
     /// Drops a namespace's cached keys, of every start (after `ns drop`);
@@ -481,6 +524,36 @@ impl Keyring {
         }
         Ok(Arc::clone(map.entry((ns_id, start)).or_insert(derived)))
     }
+}
+
+/// A running HMAC-SHA256 (see [`Keyring::mac_context`]).
+pub struct MacContext(hmac::Context);
+
+impl MacContext {
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+
+    pub fn finish(self) -> [u8; MAC_BYTES] {
+        let mut out = [0u8; MAC_BYTES];
+        out.copy_from_slice(self.0.sign().as_ref());
+        out
+    }
+}
+
+/// Whether two tags are equal, in time that does not depend on where they
+/// differ.
+pub fn tags_equal(a: &[u8; MAC_BYTES], b: &[u8; MAC_BYTES]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A random data dir id, drawn once when a data dir is first authenticated.
+pub fn new_dir_id() -> Result<[u8; DIR_ID_BYTES], CryptoError> {
+    let mut id = [0u8; DIR_ID_BYTES];
+    SystemRandom::new()
+        .fill(&mut id)
+        .map_err(|_| CryptoError::Random)?;
+    Ok(id)
 }
 
 /// A start id from `fill` (the system RNG, or a stand-in in tests): 8

@@ -244,12 +244,35 @@ impl<T: Copy + Default, const N: usize> SmallEdges<T, N> {
     }
 }
 
+impl<T: Copy + Default, const N: usize> SmallEdges<T, N> {
+    /// Keeps the edges `keep` says yes to, in their order.
+    fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
+        match self {
+            SmallEdges::Heap(items) => items.retain(|item| keep(item)),
+            SmallEdges::Inline { len, items } => {
+                let mut kept = 0u8;
+                for at in 0..usize::from(*len) {
+                    if keep(&items[at]) {
+                        items[usize::from(kept)] = items[at];
+                        kept += 1;
+                    }
+                }
+                *len = kept;
+            }
+        }
+    }
+}
+
 /// A coordinate with at least one edge (a free slot has none).
 struct Node {
     coord: Coord,
     out: SmallEdges<OutEdge, INLINE_EDGES>,
     inc: SmallEdges<InEdge, INLINE_EDGES>,
 }
+
+/// Edges a [`EdgeGraph::unlink_all`] removes one at a time (cheaper than
+/// its set when there are few).
+const UNLINK_ONE_AT_A_TIME: usize = 16;
 
 /// Nodes per arena chunk.
 const ARENA_CHUNK: usize = 1024;
@@ -314,6 +337,103 @@ impl LabelFilter {
     }
 }
 
+/// An edge list entry's key: the other end and the label.
+trait ListEntry: Copy + Default {
+    fn key(&self) -> (NodeId, LabelId);
+}
+
+impl ListEntry for OutEdge {
+    fn key(&self) -> (NodeId, LabelId) {
+        (self.to, self.label)
+    }
+}
+
+impl ListEntry for InEdge {
+    fn key(&self) -> (NodeId, LabelId) {
+        (self.from, self.label)
+    }
+}
+
+/// Where each entry of one long edge list is, by its key.
+type ListIndex = HashMap<(NodeId, LabelId), u32>;
+
+/// A list this long gets a [`ListIndex`] (dropped below half of it):
+/// finding an edge in a hub's list by scanning it made each link, unlink
+/// or look-up at a hub cost its degree, and a batch of links into hubs
+/// at the largest `--max-edges-per-cell` cost seconds of writer time.
+const INDEX_FROM: usize = 64;
+
+/// The indexes of a graph's long lists in one direction, by node.
+#[derive(Default)]
+struct ListIndexes(HashMap<NodeId, ListIndex>);
+
+impl ListIndexes {
+    fn build<T: ListEntry>(list: &[T]) -> ListIndex {
+        list.iter()
+            .enumerate()
+            .map(|(at, e)| (e.key(), at as u32))
+            .collect()
+    }
+
+    /// Where the entry with `key` is in `id`'s `list`.
+    fn position<T: ListEntry>(
+        &self,
+        id: NodeId,
+        list: &[T],
+        key: (NodeId, LabelId),
+    ) -> Option<usize> {
+        match self.0.get(&id) {
+            Some(index) => index.get(&key).map(|&at| at as usize),
+            None => list.iter().position(|e| e.key() == key),
+        }
+    }
+
+    /// After a push onto `id`'s `list`.
+    fn pushed<T: ListEntry>(&mut self, id: NodeId, list: &[T]) {
+        match self.0.get_mut(&id) {
+            Some(index) => {
+                let last = list.len() - 1;
+                index.insert(list[last].key(), last as u32);
+            }
+            None if list.len() >= INDEX_FROM => {
+                self.0.insert(id, Self::build(list));
+            }
+            None => {}
+        }
+    }
+
+    /// After the entry with `key` was swap-removed from `at` in `id`'s
+    /// `list`.
+    fn swap_removed<T: ListEntry>(
+        &mut self,
+        id: NodeId,
+        list: &[T],
+        key: (NodeId, LabelId),
+        at: usize,
+    ) {
+        let Some(index) = self.0.get_mut(&id) else {
+            return;
+        };
+        if list.len() < INDEX_FROM / 2 {
+            self.0.remove(&id);
+            return;
+        }
+        index.remove(&key);
+        if let Some(moved) = list.get(at) {
+            index.insert(moved.key(), at as u32);
+        }
+    }
+
+    /// After `id`'s `list` changed in any other way.
+    fn rebuilt<T: ListEntry>(&mut self, id: NodeId, list: &[T]) {
+        if list.len() < INDEX_FROM / 2 {
+            self.0.remove(&id);
+        } else if self.0.contains_key(&id) || list.len() >= INDEX_FROM {
+            self.0.insert(id, Self::build(list));
+        }
+    }
+}
+
 /// One namespace's edges.
 #[derive(Default)]
 pub(crate) struct EdgeGraph {
@@ -326,6 +446,9 @@ pub(crate) struct EdgeGraph {
     free: Vec<NodeId>,
     labels: Labels,
     edge_count: u64,
+    /// Indexes of the long outgoing and incoming lists.
+    out_index: ListIndexes,
+    in_index: ListIndexes,
 }
 
 impl EdgeGraph {
@@ -387,6 +510,8 @@ impl EdgeGraph {
             let coord = node.coord;
             self.ids.remove(&coord);
             self.free.push(id);
+            self.out_index.0.remove(&id);
+            self.in_index.0.remove(&id);
         }
     }
 
@@ -401,14 +526,20 @@ impl EdgeGraph {
     }
 
     pub(crate) fn contains(&self, edge: &EdgeKey) -> bool {
-        let (Some(label), Some(from), Some(to)) = (
+        let (Some(label), Some(&from), Some(&to)) = (
             self.labels.find(&edge.label),
-            self.node(edge.from),
+            self.ids.get(&edge.from),
             self.ids.get(&edge.to),
         ) else {
             return false;
         };
-        from.out.iter().any(|e| e.to == *to && e.label == label)
+        self.find_out(from, to, label).is_some()
+    }
+
+    /// Where the edge is in `from`'s outgoing list.
+    fn find_out(&self, from: NodeId, to: NodeId, label: LabelId) -> Option<usize> {
+        let list = &self.nodes[from as usize].out;
+        self.out_index.position(from, list, (to, label))
     }
 
     /// Creates the edge or sets its weight; returns whether it existed.
@@ -416,17 +547,20 @@ impl EdgeGraph {
         let label = self.labels.intern(&edge.label);
         let from = self.slot(edge.from);
         let to = self.slot(edge.to);
-        let out = &mut self.nodes[from as usize].out;
-        if let Some(existing) = out.iter_mut().find(|e| e.to == to && e.label == label) {
-            existing.weight = weight.get();
+        if let Some(at) = self.find_out(from, to, label) {
+            self.nodes[from as usize].out[at].weight = weight.get();
             return true;
         }
+        let out = &mut self.nodes[from as usize].out;
         out.push(OutEdge {
             to,
             label,
             weight: weight.get(),
         });
-        self.nodes[to as usize].inc.push(InEdge { from, label });
+        self.out_index.pushed(from, out);
+        let inc = &mut self.nodes[to as usize].inc;
+        inc.push(InEdge { from, label });
+        self.in_index.pushed(to, inc);
         self.labels.add_use(label);
         self.edge_count += 1;
         false
@@ -441,14 +575,16 @@ impl EdgeGraph {
         ) else {
             return false;
         };
-        let out = &mut self.nodes[from as usize].out;
-        let Some(at) = out.iter().position(|e| e.to == to && e.label == label) else {
+        let Some(at) = self.find_out(from, to, label) else {
             return false;
         };
+        let out = &mut self.nodes[from as usize].out;
         out.swap_remove(at);
+        self.out_index.swap_removed(from, out, (to, label), at);
         let inc = &mut self.nodes[to as usize].inc;
-        if let Some(at) = inc.iter().position(|e| e.from == from && e.label == label) {
+        if let Some(at) = self.in_index.position(to, inc, (from, label)) {
             inc.swap_remove(at);
+            self.in_index.swap_removed(to, inc, (from, label), at);
         }
         self.release_if_unused(from);
         if to != from {
@@ -457,6 +593,60 @@ impl EdgeGraph {
         self.labels.drop_use(label);
         self.edge_count -= 1;
         true
+    }
+
+    /// Removes each of `edges` that exists, as [`EdgeGraph::unlink`] of
+    /// each would, in time linear in the lists of the nodes they touch.
+    /// Unlinking a detached hub's edges one at a time scans the hub's list
+    /// once per edge: quadratic in its degree (at the largest
+    /// `--max-edges-per-cell`, 65 536 edges scanned 65 536 times).
+    pub(crate) fn unlink_all(&mut self, edges: &[EdgeKey]) {
+        if edges.len() <= UNLINK_ONE_AT_A_TIME {
+            for edge in edges {
+                self.unlink(edge);
+            }
+            return;
+        }
+        let mut doomed: HashSet<(NodeId, NodeId, LabelId)> = HashSet::with_capacity(edges.len());
+        let mut touched: Vec<NodeId> = Vec::with_capacity(2 * edges.len());
+        for edge in edges {
+            let (Some(label), Some(&from), Some(&to)) = (
+                self.labels.find(&edge.label),
+                self.ids.get(&edge.from),
+                self.ids.get(&edge.to),
+            ) else {
+                continue;
+            };
+            if doomed.insert((from, to, label)) {
+                touched.extend([from, to]);
+            }
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        // Each edge leaves from exactly one outgoing list: what goes from
+        // those is what the graph loses.
+        let mut removed: Vec<LabelId> = Vec::with_capacity(doomed.len());
+        for &id in &touched {
+            let node = &mut self.nodes[id as usize];
+            node.out.retain(|e| {
+                let keep = !doomed.contains(&(id, e.to, e.label));
+                if !keep {
+                    removed.push(e.label);
+                }
+                keep
+            });
+            node.inc
+                .retain(|e| !doomed.contains(&(e.from, id, e.label)));
+            self.out_index.rebuilt(id, &node.out);
+            self.in_index.rebuilt(id, &node.inc);
+        }
+        for label in removed {
+            self.labels.drop_use(label);
+            self.edge_count -= 1;
+        }
+        for &id in &touched {
+            self.release_if_unused(id);
+        }
     }
 
     /// Every edge into or out of `coord`, each once (a self-loop is both).
@@ -484,11 +674,8 @@ impl EdgeGraph {
     }
 
     fn weight_of(&self, from: NodeId, to: NodeId, label: LabelId) -> f64 {
-        self.nodes[from as usize]
-            .out
-            .iter()
-            .find(|e| e.to == to && e.label == label)
-            .map_or(f64::NAN, |e| e.weight)
+        self.find_out(from, to, label)
+            .map_or(f64::NAN, |at| self.nodes[from as usize].out[at].weight)
     }
 
     /// The edges of `coord`: outgoing first, then incoming, at most `limit`.
@@ -943,36 +1130,116 @@ impl MemStore {
 /// An edge across namespaces.
 type PendingEdgeId = (NamespaceName, EdgeKey);
 
+/// One edge's state as of this point in the group.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct PendingEdge {
+    /// `Some(weight)`: linked; `None`: unlinked (or removed by a detach).
+    weight: Option<EdgeWeight>,
+    /// Whether the store holds the edge: read when the group first
+    /// touches it (the store does not change while a group is prepared).
+    stored: bool,
+}
+
+impl PendingEdge {
+    /// What the entry changes in the edge count at each of its ends:
+    /// +1 for an edge the store lacks, -1 for a stored one removed.
+    fn degree_change(entry: Option<PendingEdge>) -> i64 {
+        entry.map_or(0, |e| i64::from(e.weight.is_some()) - i64::from(e.stored))
+    }
+
+    /// Whether the entry is an edge that exists and the store lacks.
+    fn is_added(entry: Option<PendingEdge>) -> bool {
+        entry.is_some_and(|e| e.weight.is_some() && !e.stored)
+    }
+}
+
 /// How to undo one pending change: the entry it replaced (`None`: none).
-pub(crate) type EdgeUndo = (PendingEdgeId, Option<Option<EdgeWeight>>);
+pub(crate) type EdgeUndo = (PendingEdgeId, Option<PendingEdge>);
+
+/// One namespace's pending edges.
+#[derive(Default)]
+struct NamespaceEdges {
+    state: HashMap<EdgeKey, PendingEdge>,
+    /// Per coordinate, what the pending edges change in its (outgoing,
+    /// incoming) counts, kept up to date as edges change: the cap check of
+    /// a link is one lookup. (It used to be a pass over the group's edges
+    /// at both ends, which made a batch of links into one hub quadratic:
+    /// 8 193 links held the writer 7.4 s.)
+    degree: CoordMap<(i64, i64)>,
+    /// Per coordinate, the pending edges that exist and the store lacks:
+    /// what a detach adds to the store's list of its edges.
+    added: CoordMap<HashSet<EdgeKey>>,
+}
+
+impl NamespaceEdges {
+    /// Replaces the edge's entry `before` (what `state` holds) by `after`,
+    /// keeping the per-coordinate tallies.
+    fn replace(&mut self, edge: &EdgeKey, before: Option<PendingEdge>, after: Option<PendingEdge>) {
+        let change = PendingEdge::degree_change(after) - PendingEdge::degree_change(before);
+        if change != 0 {
+            self.degree.entry(edge.from).or_default().0 += change;
+            self.degree.entry(edge.to).or_default().1 += change;
+        }
+        match (PendingEdge::is_added(before), PendingEdge::is_added(after)) {
+            (false, true) => {
+                for end in [edge.from, edge.to] {
+                    self.added.entry(end).or_default().insert(edge.clone());
+                }
+            }
+            (true, false) => {
+                for end in [edge.from, edge.to] {
+                    if let Some(set) = self.added.get_mut(&end) {
+                        set.remove(edge);
+                    }
+                }
+            }
+            _ => {}
+        }
+        match after {
+            Some(entry) => match self.state.get_mut(edge) {
+                Some(slot) => *slot = entry,
+                None => {
+                    self.state.insert(edge.clone(), entry);
+                }
+            },
+            None => {
+                self.state.remove(edge);
+            }
+        }
+    }
+}
 
 /// Edge changes of the current group that the store has not applied yet,
-/// so that a transaction sees every edge write ordered before it. A link
-/// is `Some(weight)`, an unlink (or a detach's removal) `None`.
+/// so that a transaction sees every edge write ordered before it. Every
+/// question about them costs a lookup or what it answers (a detach's list
+/// of edges), never a pass over the group's other edges: a transaction
+/// asks once per mutation, and a group holds up to
+/// [`crate::MAX_TXN_MUTATIONS`] per transaction.
 #[derive(Default)]
 pub(crate) struct PendingEdges {
-    state: HashMap<PendingEdgeId, Option<EdgeWeight>>,
-    /// Every edge ever put in `state` this group, under each endpoint; may
-    /// hold edges a rollback took out of `state` (those read as not
-    /// pending), and never misses one that is in it.
-    touching: HashMap<(NamespaceName, Coord), Vec<EdgeKey>>,
+    spaces: HashMap<NamespaceName, NamespaceEdges>,
 }
 
 impl PendingEdges {
     pub(crate) fn clear(&mut self) {
-        self.state.clear();
-        self.touching.clear();
+        self.spaces.clear();
     }
 
     /// Records an edge mutation's effect (other kinds change no edge);
-    /// with `undo`, also how to take it back.
-    pub(crate) fn record(&mut self, mutation: &Mutation, mut undo: Option<&mut Vec<EdgeUndo>>) {
+    /// with `undo`, also how to take it back. `mem` is the store the
+    /// group applies to, which says whether an edge is new.
+    pub(crate) fn record(
+        &mut self,
+        mem: &MemStore,
+        mutation: &Mutation,
+        mut undo: Option<&mut Vec<EdgeUndo>>,
+    ) {
         match mutation {
-            Mutation::Link { ns, edge, weight } => self.set(ns, edge, Some(*weight), undo),
-            Mutation::Unlink { ns, edge } => self.set(ns, edge, None, undo),
+            Mutation::Link { ns, edge, weight } => self.set(mem, ns, edge, Some(*weight), undo),
+            Mutation::Unlink { ns, edge } => self.set(mem, ns, edge, None, undo),
             Mutation::Detach { ns, edges, .. } => {
                 for edge in edges {
-                    self.set(ns, edge, None, undo.as_deref_mut());
+                    self.set(mem, ns, edge, None, undo.as_deref_mut());
                 }
             }
             Mutation::Put { .. }
@@ -986,90 +1253,78 @@ impl PendingEdges {
         }
     }
 
+    fn space(&mut self, ns: &NamespaceName) -> &mut NamespaceEdges {
+        if !self.spaces.contains_key(ns) {
+            self.spaces.insert(ns.clone(), NamespaceEdges::default());
+        }
+        match self.spaces.get_mut(ns) {
+            Some(space) => space,
+            None => unreachable!("inserted above"),
+        }
+    }
+
     fn set(
         &mut self,
+        mem: &MemStore,
         ns: &NamespaceName,
         edge: &EdgeKey,
         weight: Option<EdgeWeight>,
         undo: Option<&mut Vec<EdgeUndo>>,
     ) {
-        let id = (ns.clone(), edge.clone());
-        let previous = self.state.insert(id.clone(), weight);
-        if previous.is_none() {
-            self.touching
-                .entry((ns.clone(), edge.from))
-                .or_default()
-                .push(edge.clone());
-            if edge.to != edge.from {
-                self.touching
-                    .entry((ns.clone(), edge.to))
-                    .or_default()
-                    .push(edge.clone());
-            }
-        }
+        let space = self.space(ns);
+        let previous = space.state.get(edge).copied();
+        let stored = match previous {
+            Some(entry) => entry.stored,
+            None => mem.has_edge(ns, edge).unwrap_or(false),
+        };
+        space.replace(edge, previous, Some(PendingEdge { weight, stored }));
         if let Some(undo) = undo {
-            undo.push((id, previous));
+            undo.push(((ns.clone(), edge.clone()), previous));
         }
     }
 
     /// Takes back changes, newest first.
     pub(crate) fn restore(&mut self, undo: impl Iterator<Item = EdgeUndo>) {
-        for (id, previous) in undo {
-            match previous {
-                Some(entry) => {
-                    self.state.insert(id, entry);
-                }
-                None => {
-                    self.state.remove(&id);
-                }
-            }
+        for ((ns, edge), previous) in undo {
+            let space = self.space(&ns);
+            let current = space.state.get(&edge).copied();
+            space.replace(&edge, current, previous);
         }
     }
 
-    /// The pending edges touching `coord`, each once, with their state.
-    fn pending_at(&self, ns: &NamespaceName, coord: Coord) -> Vec<(&EdgeKey, Option<EdgeWeight>)> {
-        let Some(edges) = self.touching.get(&(ns.clone(), coord)) else {
-            return Vec::new();
-        };
-        let mut seen = HashSet::new();
-        edges
-            .iter()
-            .filter(|edge| seen.insert(*edge))
-            .filter_map(|edge| {
-                let state = self.state.get(&(ns.clone(), edge.clone()))?;
-                Some((edge, *state))
-            })
-            .collect()
+    fn entry(&self, ns: &NamespaceName, edge: &EdgeKey) -> Option<PendingEdge> {
+        self.spaces.get(ns)?.state.get(edge).copied()
     }
 
     /// Whether the edge exists as of this point in the group.
     pub(crate) fn has_edge(&self, mem: &MemStore, ns: &NamespaceName, edge: &EdgeKey) -> bool {
-        match self.state.get(&(ns.clone(), edge.clone())) {
-            Some(state) => state.is_some(),
+        match self.entry(ns, edge) {
+            Some(entry) => entry.weight.is_some(),
             None => mem.has_edge(ns, edge).unwrap_or(false),
         }
     }
 
-    /// Every edge into or out of `coord` as of this point in the group.
+    /// Every edge into or out of `coord` as of this point in the group:
+    /// the stored ones not removed, then the added ones in key order.
     pub(crate) fn incident(
         &self,
         mem: &MemStore,
         ns: &NamespaceName,
         coord: Coord,
     ) -> Vec<EdgeKey> {
-        let pending = self.pending_at(ns, coord);
-        let mut edges: Vec<EdgeKey> = mem
-            .incident_edges(ns, coord)
-            .unwrap_or_default()
+        let stored = mem.incident_edges(ns, coord).unwrap_or_default();
+        let Some(space) = self.spaces.get(ns) else {
+            return stored;
+        };
+        let mut edges: Vec<EdgeKey> = stored
             .into_iter()
-            .filter(|edge| !pending.iter().any(|(p, _)| *p == edge))
+            .filter(|edge| space.state.get(edge).is_none_or(|e| e.weight.is_some()))
             .collect();
-        edges.extend(
-            pending
-                .iter()
-                .filter(|(_, state)| state.is_some())
-                .map(|(edge, _)| (*edge).clone()),
-        );
+        if let Some(added) = space.added.get(&coord) {
+            let first = edges.len();
+            edges.extend(added.iter().cloned());
+            edges[first..].sort_unstable();
+        }
         edges
     }
 
@@ -1081,22 +1336,20 @@ impl PendingEdges {
         ns: &NamespaceName,
         coord: Coord,
     ) -> (usize, usize) {
-        let (mut out, mut inc) = mem.degree(ns, coord).unwrap_or((0, 0));
-        for (edge, state) in self.pending_at(ns, coord) {
-            let stored = mem.has_edge(ns, edge).unwrap_or(false);
-            let adjust = |count: &mut usize| match (stored, state.is_some()) {
-                (false, true) => *count += 1,
-                (true, false) => *count = count.saturating_sub(1),
-                _ => {}
-            };
-            if edge.from == coord {
-                adjust(&mut out);
-            }
-            if edge.to == coord {
-                adjust(&mut inc);
-            }
-        }
-        (out, inc)
+        let (out, inc) = mem.degree(ns, coord).unwrap_or((0, 0));
+        let Some(&(out_change, inc_change)) = self
+            .spaces
+            .get(ns)
+            .and_then(|space| space.degree.get(&coord))
+        else {
+            return (out, inc);
+        };
+        let now = |count: usize, change: i64| {
+            let now = count as i64 + change;
+            debug_assert!(now >= 0, "a pending removal is of a stored edge");
+            now.max(0) as usize
+        };
+        (now(out, out_change), now(inc, inc_change))
     }
 }
 
@@ -1128,6 +1381,7 @@ mod tests {
         let mut pending = PendingEdges::default();
         let mut undo = Vec::new();
         pending.record(
+            &mem,
             &Mutation::Unlink {
                 ns: ns(),
                 edge: key(0, 1, ""),
@@ -1135,6 +1389,7 @@ mod tests {
             Some(&mut undo),
         );
         pending.record(
+            &mem,
             &Mutation::Link {
                 ns: ns(),
                 edge: key(0, 0, "self"),
@@ -1149,6 +1404,238 @@ mod tests {
         assert_eq!(pending.incident(&mem, &ns(), a), vec![key(0, 1, "")]);
         assert_eq!(pending.degree(&mem, &ns(), a), (1, 0));
         assert!(pending.has_edge(&mem, &ns(), &key(0, 1, "")));
+    }
+
+    /// One step of [`pending_edges_answer_as_the_edges_they_model`].
+    #[derive(Clone, Debug)]
+    enum PendingStep {
+        Link(i32, i32, bool),
+        Unlink(i32, i32, bool),
+        Detach(i32),
+        Savepoint,
+        Rollback,
+    }
+
+    fn pending_step() -> impl proptest::strategy::Strategy<Value = PendingStep> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (0..4i32, 0..4i32, any::<bool>()).prop_map(|(a, b, l)| PendingStep::Link(a, b, l)),
+            2 => (0..4i32, 0..4i32, any::<bool>()).prop_map(|(a, b, l)| PendingStep::Unlink(a, b, l)),
+            1 => (0..4i32).prop_map(PendingStep::Detach),
+            1 => Just(PendingStep::Savepoint),
+            1 => Just(PendingStep::Rollback),
+        ]
+    }
+
+    proptest::proptest! {
+        /// The tallies kept as edges change answer exactly what the set of
+        /// edges they model answers (store plus pending changes), through
+        /// links, unlinks, detaches, self-loops and rollbacks.
+        #[test]
+        fn pending_edges_answer_as_the_edges_they_model(
+            stored in proptest::collection::vec((0..4i32, 0..4i32, proptest::bool::ANY), 0..12),
+            steps in proptest::collection::vec(pending_step(), 0..60),
+        ) {
+            let label = |l: bool| if l { "b" } else { "" };
+            let mem = MemStore::new();
+            let mut model = std::collections::BTreeSet::new();
+            for (a, b, l) in stored {
+                mem.apply(&Mutation::Link { ns: ns(), edge: key(a, b, label(l)), weight: EdgeWeight::DEFAULT });
+                model.insert(key(a, b, label(l)));
+            }
+            let start = model.clone();
+            let mut pending = PendingEdges::default();
+            let mut undo = Vec::new();
+            let mut saved: Option<(usize, std::collections::BTreeSet<EdgeKey>)> = None;
+            for step in steps {
+                let mutation = match step {
+                    PendingStep::Link(a, b, l) => {
+                        model.insert(key(a, b, label(l)));
+                        Some(Mutation::Link { ns: ns(), edge: key(a, b, label(l)), weight: EdgeWeight::DEFAULT })
+                    }
+                    PendingStep::Unlink(a, b, l) => {
+                        model.remove(&key(a, b, label(l)));
+                        Some(Mutation::Unlink { ns: ns(), edge: key(a, b, label(l)) })
+                    }
+                    PendingStep::Detach(a) => {
+                        let c = Coord::new(a, 0, 0);
+                        let edges = pending.incident(&mem, &ns(), c);
+                        model.retain(|e| e.from != c && e.to != c);
+                        Some(Mutation::Detach { ns: ns(), coord: c, edges })
+                    }
+                    PendingStep::Savepoint => {
+                        saved = Some((undo.len(), model.clone()));
+                        None
+                    }
+                    PendingStep::Rollback => {
+                        let (at, before) = saved.take().unwrap_or((0, start.clone()));
+                        pending.restore(undo.drain(at..).rev());
+                        model = before;
+                        None
+                    }
+                };
+                if let Some(mutation) = mutation {
+                    pending.record(&mem, &mutation, Some(&mut undo));
+                }
+                for a in 0..4 {
+                    let c = Coord::new(a, 0, 0);
+                    let want_out = model.iter().filter(|e| e.from == c).count();
+                    let want_in = model.iter().filter(|e| e.to == c).count();
+                    proptest::prop_assert_eq!(pending.degree(&mem, &ns(), c), (want_out, want_in));
+                    let mut got = pending.incident(&mem, &ns(), c);
+                    got.sort();
+                    let want: Vec<EdgeKey> =
+                        model.iter().filter(|e| e.from == c || e.to == c).cloned().collect();
+                    proptest::prop_assert_eq!(got, want);
+                    for b in 0..4 {
+                        for l in [false, true] {
+                            let e = key(a, b, label(l));
+                            proptest::prop_assert_eq!(pending.has_edge(&mem, &ns(), &e), model.contains(&e));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Repeatable numbers below `n` (xorshift), without a dependency.
+    fn below(seed: u64) -> impl FnMut(u64) -> i32 {
+        let mut rng = seed;
+        move |n| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng % n) as i32
+        }
+    }
+
+    /// Every index entry of `graph` points at the entry it names, and
+    /// every list long enough has one.
+    fn assert_indexes_agree(graph: &EdgeGraph) {
+        for id in graph.ids.values() {
+            let node = &graph.nodes[*id as usize];
+            for (indexes, keys) in [
+                (
+                    &graph.out_index,
+                    node.out.iter().map(ListEntry::key).collect::<Vec<_>>(),
+                ),
+                (
+                    &graph.in_index,
+                    node.inc.iter().map(ListEntry::key).collect(),
+                ),
+            ] {
+                match indexes.0.get(id) {
+                    Some(index) => {
+                        assert_eq!(index.len(), keys.len());
+                        for (at, key) in keys.iter().enumerate() {
+                            assert_eq!(index.get(key), Some(&(at as u32)));
+                        }
+                    }
+                    None => assert!(keys.len() < INDEX_FROM),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn hubs_lists_are_indexed_and_answer_as_a_model() {
+        let mut next = below(0x2545_f491_4f6c_dd1d);
+        let mut graph = EdgeGraph::default();
+        let mut model: std::collections::BTreeMap<EdgeKey, f64> = Default::default();
+        let labels = ["", "a", "b", "c"];
+        let mut indexed = false;
+        for step in 0..6000 {
+            // Hubs 0 and 1, edges among 200 coordinates, parallel labels.
+            let (hub, other) = (next(2), next(200));
+            let (from, to) = if next(2) == 0 {
+                (hub, other)
+            } else {
+                (other, hub)
+            };
+            let edge = key(from, to, labels[next(4) as usize]);
+            match next(1000) {
+                0..=599 => {
+                    let weight = f64::from(next(100));
+                    let existed = graph.link(&edge, EdgeWeight::new(weight).unwrap());
+                    assert_eq!(existed, model.insert(edge, weight).is_some());
+                }
+                600..=996 => assert_eq!(graph.unlink(&edge), model.remove(&edge).is_some()),
+                _ => {
+                    let doomed = graph.incident(Coord::new(hub, 0, 0));
+                    graph.unlink_all(&doomed);
+                    let c = Coord::new(hub, 0, 0);
+                    model.retain(|e, _| e.from != c && e.to != c);
+                }
+            }
+            indexed |= !graph.out_index.0.is_empty() && !graph.in_index.0.is_empty();
+            if step % 500 == 0 {
+                assert_indexes_agree(&graph);
+            }
+        }
+        assert_indexes_agree(&graph);
+        assert!(indexed, "the hubs' lists were indexed");
+        assert_eq!(graph.edge_count(), model.len() as u64);
+        for from in 0..200 {
+            for to in 0..200 {
+                for label in labels {
+                    let edge = key(from, to, label);
+                    assert_eq!(graph.contains(&edge), model.contains_key(&edge), "{edge:?}");
+                }
+            }
+        }
+        for hub in 0..2 {
+            let c = Coord::new(hub, 0, 0);
+            for info in graph.list(c, Direction::Out, None, usize::MAX) {
+                let edge = EdgeKey::new(c, info.other, info.label.clone());
+                assert_eq!(Some(&info.weight), model.get(&edge));
+            }
+        }
+    }
+
+    #[test]
+    fn unlinking_all_at_once_is_unlinking_each() {
+        let mut next = below(0x9e37_79b9_7f4a_7c15);
+        for round in 0..20 {
+            let (mut each, mut all) = (EdgeGraph::default(), EdgeGraph::default());
+            let mut keys = Vec::new();
+            for _ in 0..200 {
+                // A hub at 0 with parallel labels and self-loops, and
+                // edges elsewhere that must stay.
+                let (from, to) = (next(3) * next(8), next(3) * next(8));
+                let edge = key(from, to, ["", "a", "b"][next(3) as usize]);
+                each.link(&edge, EdgeWeight::DEFAULT);
+                all.link(&edge, EdgeWeight::DEFAULT);
+                keys.push(edge);
+            }
+            let hub = Coord::new(0, 0, 0);
+            let mut doomed = each.incident(hub);
+            // Absent and repeated edges are no-ops.
+            doomed.push(key(99, 0, "gone"));
+            doomed.extend(doomed.clone().into_iter().take(round));
+            for edge in &doomed {
+                each.unlink(edge);
+            }
+            all.unlink_all(&doomed);
+            assert_eq!(all.edge_count(), each.edge_count());
+            assert!(all.incident(hub).is_empty());
+            for edge in &keys {
+                assert_eq!(all.contains(edge), each.contains(edge), "{edge:?}");
+            }
+            for x in 0..24 {
+                let c = Coord::new(x, 0, 0);
+                let mut got = all.incident(c);
+                let mut want = each.incident(c);
+                got.sort();
+                want.sort();
+                assert_eq!(got, want, "at {x}");
+            }
+            assert_eq!(all.ids.len(), each.ids.len(), "emptied nodes are freed");
+            assert_eq!(
+                all.labels.ids.len(),
+                each.labels.ids.len(),
+                "unused labels are freed"
+            );
+        }
     }
 
     #[test]

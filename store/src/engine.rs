@@ -23,6 +23,7 @@ use crate::memstore::{MemStore, NamespaceMemo};
 use crate::mutation::Mutation;
 use crate::stats::{StoreStats, StoreStatsSnapshot};
 use crate::storage::{RealDisk, Storage};
+use crate::wal::chain::ChainState;
 use crate::wal::segment::WalSegment;
 use crate::wal::{CrcSeed, SegmentSeeds};
 use crate::wal::{RecoveryOptions, RecoveryReport, SealingRule, list_segments, recover_with};
@@ -258,11 +259,7 @@ impl Engine {
 
         // The log must seal exactly the records of the namespaces that are
         // encrypted at each point, starting from the checkpoint's.
-        let mut sealing = SealingRule::new(
-            mem.namespace_list()
-                .into_iter()
-                .map(|(ns, meta)| (ns, meta.encrypted)),
-        );
+        let mut sealing = SealingRule::new(mem.namespace_list());
         let recovery = recover_with(
             storage.as_ref(),
             &wal_dir,
@@ -270,6 +267,7 @@ impl Engine {
             &config.recovery,
             keyring.as_deref(),
             &mut sealing,
+            checkpoints.chain_anchor(),
             |_lsn, mutation| applier.push(mutation),
         )?;
         applier.flush();
@@ -278,26 +276,53 @@ impl Engine {
         // Secret per start: a client's value can never hold a record that
         // recovery would take for one of this start's (wal/crc_seed.rs).
         let seeds = SegmentSeeds::from_system_rng()?;
+        // With a key, the log is chained (wal/chain.rs): it goes on from
+        // where recovery left the chain, or starts it in this data dir.
+        let chain = match (keyring.as_deref().filter(|k| k.has_key()), recovery.chain) {
+            (None, _) => None,
+            (Some(_), Some(state)) => {
+                checkpoints.adopt_dir_id(state.dir_id);
+                Some(state)
+            }
+            (Some(_), None) => {
+                let dir_id = checkpoints
+                    .writing_dir_id()?
+                    .ok_or_else(|| StoreError::Key("no data dir id".into()))?;
+                let prev = checkpoints
+                    .chain_anchor()
+                    .at
+                    .map_or([0; crate::crypto::MAC_BYTES], |(_, at)| at.prev);
+                Some(ChainState { dir_id, prev })
+            }
+        };
+        let new_segment = |storage: &dyn Storage| {
+            WalSegment::create(
+                storage,
+                &wal_dir,
+                recovery.next_lsn,
+                seeds.for_segment(recovery.next_lsn),
+                chain.as_ref(),
+                config.group_commit.segment_bytes,
+            )
+        };
         let segment = match &recovery.tail {
             // A version-1 tail has plain CRCs: appending to it would leave
-            // the forged-record hole open until it fills. It stays as it is
-            // (recovery left it ending on a whole group) and the log goes
-            // on in a new version-2 segment; one that holds no record is
-            // removed, since the new one takes its name.
-            Some(tail) if tail.header.crc_seed == CrcSeed::UNSEEDED => {
+            // the forged-record hole open until it fills; an unchained tail
+            // cannot take chained groups. It stays as it is (recovery left
+            // it ending on a whole group) and the log goes on in a new
+            // segment; one that holds no record is removed, since the new
+            // one takes its name.
+            Some(tail)
+                if tail.header.crc_seed == CrcSeed::UNSEEDED
+                    || tail.header.chain.is_some() != chain.is_some() =>
+            {
                 if tail.len_bytes == tail.header.header_bytes as u64 {
                     storage
                         .remove_file(&tail.path)
                         .map_err(|e| StoreError::io(&tail.path, e))?;
                     sync_dir(storage.as_ref(), &wal_dir)?;
                 }
-                WalSegment::create(
-                    storage.as_ref(),
-                    &wal_dir,
-                    recovery.next_lsn,
-                    seeds.for_segment(recovery.next_lsn),
-                    config.group_commit.segment_bytes,
-                )?
+                new_segment(storage.as_ref())?
             }
             Some(tail) => WalSegment::open_for_append(
                 storage.as_ref(),
@@ -305,13 +330,7 @@ impl Engine {
                 tail.header,
                 tail.len_bytes,
             )?,
-            None => WalSegment::create(
-                storage.as_ref(),
-                &wal_dir,
-                recovery.next_lsn,
-                seeds.for_segment(recovery.next_lsn),
-                config.group_commit.segment_bytes,
-            )?,
+            None => new_segment(storage.as_ref())?,
         };
         let stats = Arc::new(StoreStats::default());
         stats.last_lsn.store(recovery.next_lsn - 1, Relaxed);
@@ -326,6 +345,7 @@ impl Engine {
             config.group_commit.clone(),
             keyring.clone(),
             seeds,
+            chain,
         )
         .map_err(|e| StoreError::io(&wal_dir, e))?;
         let roller = writer.roller().ok_or_else(|| {

@@ -23,6 +23,7 @@ use std::collections::HashMap;
 use cube_protocol::NamespaceName;
 
 use crate::crypto::Keyring;
+use crate::crypto::MAC_BYTES;
 use crate::error::{WriteError, WriteErrorKind};
 use crate::memstore::MemStore;
 use crate::mutation::Mutation;
@@ -30,6 +31,7 @@ use crate::namespace::{UsageDelta, check_quota};
 use crate::stats::StoreStats;
 use crate::storage::Storage;
 use crate::transaction::{Overlay, TxnFn, TxnView};
+use crate::wal::chain::{ChainState, encode_chain_record, group_mac};
 use crate::wal::record::{encode_record, encode_sealed_record, reseed_records};
 use crate::wal::{SegmentPreallocator, SegmentSeeds, WalSegment};
 
@@ -422,6 +424,7 @@ impl GroupCommit {
         config: GroupCommitConfig,
         keyring: Option<Arc<Keyring>>,
         seeds: SegmentSeeds,
+        chain: Option<ChainState>,
     ) -> io::Result<GroupCommit> {
         assert!(config.max_group_records > 0 && config.queue_capacity > 0);
         let (tx, rx) = bounded(config.queue_capacity);
@@ -448,6 +451,7 @@ impl GroupCommit {
             keyring,
             group_usage: HashMap::new(),
             scratch: Vec::new(),
+            chain,
         };
         let thread = thread::Builder::new()
             .name("cube-writer".into())
@@ -645,6 +649,9 @@ struct Writer {
     group_usage: HashMap<NamespaceName, UsageDelta>,
     /// Reused for sealing payloads.
     scratch: Vec<u8>,
+    /// With a master key: the log's chain after the last group written
+    /// (wal/chain.rs). Every group then ends with a chain record.
+    chain: Option<ChainState>,
 }
 
 /// Whether a queued command creates or drops a namespace: those commit in
@@ -882,6 +889,7 @@ impl Writer {
                 &self.wal_dir,
                 first_lsn,
                 self.seeds.for_segment(first_lsn),
+                self.chain.as_ref(),
             )
             .map_err(|e| failure("starting a new WAL segment failed".into(), &e, is_full(&e)))?;
         self.stats
@@ -928,6 +936,9 @@ impl Writer {
         let first_lsn = self.next_lsn;
         let mut written = 0usize;
         let mut seal_failure = None;
+        // Whether a payload was sealed under (this start, an LSN of this
+        // group): those LSNs must then never be handed out again.
+        let mut sealed_any = false;
         for entry in prepared.iter_mut() {
             let entry_lsn = self.next_lsn;
             match entry {
@@ -967,16 +978,21 @@ impl Writer {
                     _ => None,
                 };
                 match (sealed_id, self.keyring.as_deref()) {
+                    // After a failure nothing more is sealed: the group is
+                    // refused anyway.
+                    (Some(_), Some(_)) if seal_failure.is_some() => {}
                     (Some(ns_id), Some(keyring)) => {
+                        sealed_any = true;
                         if let Err(e) = encode_sealed_record(
                             &mut self.buf,
                             &mut self.scratch,
                             lsn,
                             mutation,
-                            written == records,
+                            written == records && self.chain.is_none(),
                             keyring,
                             ns_id,
                             self.segment.crc_seed(),
+                            self.chain.as_ref().map(|c| &c.dir_id),
                         ) {
                             seal_failure = Some(e.to_string());
                         }
@@ -985,35 +1001,37 @@ impl Writer {
                         &mut self.buf,
                         lsn,
                         mutation,
-                        written == records,
+                        written == records && self.chain.is_none(),
                         self.segment.crc_seed(),
                     ),
                 }
                 self.next_lsn += 1;
             }
         }
-        if let Some(reason) = seal_failure {
-            // Nothing was written: refuse the group and carry on.
-            self.next_lsn = first_lsn;
-            let error = WriteError::new(
-                WriteErrorKind::EncryptionUnavailable,
-                format!("could not seal the write: {reason}"),
-            );
-            for entry in prepared {
-                entry.refuse(error.clone());
+        let chain_mac = match self.end_group_with_chain() {
+            Ok(mac) => mac,
+            Err(reason) => {
+                seal_failure.get_or_insert(reason);
+                None
             }
+        };
+        if let Some(reason) = seal_failure {
+            self.refuse_unsealable(prepared, first_lsn, sealed_any, &reason);
             return;
         }
         let last_lsn = self.next_lsn - 1;
         assert_eq!(
             last_lsn - first_lsn + 1,
-            records as u64,
+            records as u64 + u64::from(chain_mac.is_some()),
             "LSNs in a group are contiguous"
         );
 
         if let Err(failure) = self.write_group(first_lsn, records as u64) {
             self.fail(prepared, &failure);
             return;
+        }
+        if let (Some(chain), Some(mac)) = (self.chain.as_mut(), chain_mac) {
+            chain.prev = mac;
         }
         self.stats
             .record_group(records as u64, self.buf.len() as u64, last_lsn);
@@ -1026,6 +1044,53 @@ impl Writer {
             listener.applied(first_lsn, last_lsn, &mut || take_mutations(&mut prepared));
         }
         self.answer(prepared, &existed);
+    }
+
+    /// In a chained log, appends the chain record that ends the group in
+    /// `buf` (it takes the next LSN) and returns its MAC, which becomes the
+    /// chain value once the group is written.
+    fn end_group_with_chain(&mut self) -> Result<Option<[u8; MAC_BYTES]>, String> {
+        let (Some(chain), Some(keyring)) = (self.chain.as_ref(), self.keyring.as_deref()) else {
+            return Ok(None);
+        };
+        let lsn = self.next_lsn;
+        let mac = group_mac(keyring, chain, &self.buf, lsn).map_err(|e| e.to_string())?;
+        encode_chain_record(&mut self.buf, lsn, &mac, self.segment.crc_seed());
+        self.next_lsn += 1;
+        Ok(Some(mac))
+    }
+
+    /// Refuses a group that could not be sealed. Nothing was written. If
+    /// no payload of it was sealed, its LSNs are handed out again and the
+    /// writer carries on. If one was, a (key, nonce) pair of this start
+    /// has been used, and reusing its LSN would seal other plaintext
+    /// under the same pair, which breaks AES-GCM: the writer latches
+    /// instead, and a restart (a new start id, so new keys) recovers.
+    fn refuse_unsealable(
+        &mut self,
+        prepared: Vec<Prepared>,
+        first_lsn: u64,
+        sealed_any: bool,
+        reason: &str,
+    ) {
+        let error = if sealed_any {
+            let latched = format!(
+                "could not seal the write ({reason}); writes are disabled until cubed restarts, \
+                 so that no nonce is ever used twice"
+            );
+            self.failed = Some(latched.clone());
+            self.stats.set_failure(&latched);
+            WriteError::new(WriteErrorKind::WritesDisabled, latched)
+        } else {
+            self.next_lsn = first_lsn;
+            WriteError::new(
+                WriteErrorKind::EncryptionUnavailable,
+                format!("could not seal the write: {reason}"),
+            )
+        };
+        for entry in prepared {
+            entry.refuse(error.clone());
+        }
     }
 
     /// Checks each write, runs each transaction in order against the store
@@ -1062,7 +1127,7 @@ impl Writer {
                         // this one: build the overlay now.
                         for entry in &prepared {
                             for earlier in entry.mutations() {
-                                self.overlay.record(earlier);
+                                self.overlay.record(&self.mem, earlier);
                             }
                         }
                         overlay_live = true;
@@ -1076,7 +1141,7 @@ impl Writer {
                         self.group_usage.entry(ns.clone()).or_default().add(delta);
                     }
                     if overlay_live {
-                        self.overlay.record(&mutation);
+                        self.overlay.record(&self.mem, &mutation);
                     }
                     prepared.push(Prepared::Write {
                         mutation,
@@ -1092,7 +1157,7 @@ impl Writer {
                     if !overlay_live {
                         for entry in &prepared {
                             for mutation in entry.mutations() {
-                                self.overlay.record(mutation);
+                                self.overlay.record(&self.mem, mutation);
                             }
                         }
                         overlay_live = true;

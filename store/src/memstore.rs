@@ -714,9 +714,7 @@ fn apply_one(
             edges: incident,
             ..
         } => {
-            for edge in incident {
-                edges.unlink(edge);
-            }
+            edges.unlink_all(incident);
             removed(cells.remove(&curve.key(*coord)))
         }
         // Applied by `MemStore::apply_group` through its program table or

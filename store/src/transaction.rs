@@ -134,11 +134,12 @@ impl Overlay {
             .map_or(0, |source| program_charge_bytes(source.len()) as i64)
     }
 
-    /// Records a mutation's effect on cells and edges; returns what it
+    /// Records a mutation's effect on cells and edges (`mem`: the store
+    /// the group applies to); returns what it
     /// replaced among cells (`Some(previous overlay entry)` if the overlay
     /// had one; `None` also for a mutation that changes no cell).
-    pub(crate) fn record(&mut self, mutation: &Mutation) -> Option<PendingValue> {
-        self.edges.record(mutation, None);
+    pub(crate) fn record(&mut self, mem: &MemStore, mutation: &Mutation) -> Option<PendingValue> {
+        self.edges.record(mem, mutation, None);
         self.programs.record(mutation, None);
         if let Mutation::NamespaceAlter { ns, meta } = mutation {
             self.metas.insert(ns.clone(), meta.clone());
@@ -208,6 +209,14 @@ impl Place<'_> {
         match self {
             Place::Lent { overlay, .. } => overlay,
             Place::Held { overlay, .. } => overlay,
+        }
+    }
+
+    /// The store and the overlay at once.
+    fn split(&mut self) -> (&MemStore, &mut Overlay) {
+        match self {
+            Place::Lent { mem, overlay } => (mem, overlay),
+            Place::Held { mem, overlay } => (mem, overlay),
         }
     }
 
@@ -422,10 +431,10 @@ impl<'a> TxnView<'a> {
                 .insert(ns.clone(), meta.clone());
             self.log.meta_undo.push((ns.clone(), previous));
         }
-        self.place
-            .overlay_mut()
+        let (mem, overlay) = self.place.split();
+        overlay
             .edges
-            .record(mutation, Some(&mut self.log.edge_undo));
+            .record(mem, mutation, Some(&mut self.log.edge_undo));
         match mutation {
             Mutation::Put { ns, coord, .. }
             | Mutation::Del { ns, coord }
@@ -744,11 +753,14 @@ mod tests {
         let (a, b) = (Coord::new(1, 2, 3), Coord::new(4, 5, 6));
         let mut overlay = Overlay::default();
         // An earlier write of the group, pending in the overlay.
-        overlay.record(&Mutation::Put {
-            ns: ns.clone(),
-            coord: a,
-            value: b"group".to_vec(),
-        });
+        overlay.record(
+            &mem,
+            &Mutation::Put {
+                ns: ns.clone(),
+                coord: a,
+                value: b"group".to_vec(),
+            },
+        );
         let mut view = TxnView::new(&mem, &mut overlay);
         view.put(&ns, b, b"mine".to_vec());
         let mut detached = view.detach();

@@ -9,19 +9,21 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::checkpoint::file::CheckpointReader;
-use crate::checkpoint::manifest::Manifest;
+use crate::checkpoint::file::{CheckpointReader, ReadAuth};
+use crate::checkpoint::manifest::{MANIFEST_NAME, Manifest};
 use crate::checkpoint::{CheckpointConfig, CheckpointStore};
-use crate::crypto::Keyring;
+use crate::crypto::{Keyring, MAC_BYTES};
 use crate::data_dir::lock_data_dir;
 use crate::error::StoreError;
 use crate::memstore::MemStore;
 use crate::mutation::Mutation;
 use crate::storage::{OpenMode, RealDisk, Storage, StorageFile};
+use crate::wal::chain::ChainState;
 use crate::wal::recovery::{
-    RecoveryOptions, RecoveryReport, ReplayStop, SegmentEnd, is_torn_creation, replay_segment,
+    ChainAnchor, ChainCheck, RecoveryOptions, RecoveryReport, ReplayStop, SegmentEnd,
+    is_torn_creation, replay_segment,
 };
-use crate::wal::{list_segments, recover};
+use crate::wal::{SealingRule, list_segments, recover_with};
 
 /// One problem, where it is and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -100,9 +102,20 @@ pub fn verify_data_dir_with_key(
     let checkpoint_dir = root.join("checkpoint");
     let wal_dir = root.join("wal");
 
+    let mut manifest_tag_ok = true;
     let manifest = if checkpoint_dir.is_dir() {
-        match Manifest::load(&disk, &checkpoint_dir) {
-            Ok(m) => m,
+        match Manifest::load(&disk, &checkpoint_dir, keyring.as_deref()) {
+            Ok((m, bad_tag)) => {
+                manifest_tag_ok = bad_tag.is_none();
+                if let Some(reason) = bad_tag {
+                    report.problems.push(Problem {
+                        path: checkpoint_dir.join(MANIFEST_NAME),
+                        offset: 0,
+                        reason,
+                    });
+                }
+                m
+            }
             Err(e) => {
                 report.problems.push(problem(e));
                 Manifest::fresh()
@@ -111,17 +124,36 @@ pub fn verify_data_dir_with_key(
     } else {
         Manifest::fresh()
     };
+    let has_key = keyring.as_ref().is_some_and(|k| k.has_key());
+    if let Some(auth) = &manifest.auth
+        && !has_key
+    {
+        report.notes.push(format!(
+            "the data dir is authenticated (id {}); without --key-file its MACs were not checked",
+            hex(&auth.dir_id)
+        ));
+    }
     report.checkpoint_lsn = manifest.checkpoint_lsn;
-    for path in manifest.files(&checkpoint_dir) {
+    for (id, path) in manifest
+        .file_ids()
+        .into_iter()
+        .zip(manifest.files(&checkpoint_dir))
+    {
         report.checkpoint_files += 1;
-        let result =
-            CheckpointReader::open(&disk, &path, keyring.as_deref()).and_then(|mut reader| {
+        let auth = manifest.auth.as_ref().map(|auth| ReadAuth {
+            keyring: keyring.as_deref(),
+            dir_id: auth.dir_id,
+            mac: manifest.file_mac(id).unwrap_or([0; MAC_BYTES]),
+        });
+        let result = CheckpointReader::open(&disk, &path, keyring.as_deref(), auth).and_then(
+            |mut reader| {
                 let mut n = 0u64;
                 while reader.next_entry()?.is_some() {
                     n += 1;
                 }
                 Ok(n)
-            });
+            },
+        );
         match result {
             Ok(n) => report.checkpoint_entries += n,
             Err(StoreError::Key(reason)) => report.notes.push(reason),
@@ -136,6 +168,23 @@ pub fn verify_data_dir_with_key(
     };
     report.wal_segments = segments.len();
     let mut expected: Option<u64> = None;
+    // Judges the namespaces the log creates; those of the checkpoint are
+    // judged when the cells are counted (`count_cells`).
+    let mut rule = SealingRule::default();
+    let anchor = match &manifest.auth {
+        Some(auth) => ChainAnchor {
+            at: Some((
+                manifest.checkpoint_lsn,
+                ChainState {
+                    dir_id: auth.dir_id,
+                    prev: auth.chain,
+                },
+            )),
+            key_confirmed: has_key && manifest_tag_ok,
+        },
+        None => ChainAnchor::default(),
+    };
+    let mut chain = ChainCheck::new(keyring.as_deref(), anchor);
     for (i, (first_lsn, path)) in segments.iter().enumerate() {
         let is_last = i + 1 == segments.len();
         let bytes = match disk.read_file(path) {
@@ -161,7 +210,8 @@ pub fn verify_data_dir_with_key(
             is_last,
             0,
             keyring.as_deref(),
-            None,
+            Some(&mut rule),
+            &mut chain,
             &mut |_, _| {},
             &mut counts,
         ) {
@@ -191,6 +241,13 @@ pub fn verify_data_dir_with_key(
         }
         report.wal_records += counts.records_replayed;
     }
+    if let Some(reason) = chain.suspect_key.take() {
+        report.problems.push(Problem {
+            path: wal_dir.clone(),
+            offset: 0,
+            reason,
+        });
+    }
     if let Some((first, path)) = segments.first()
         && *first > manifest.checkpoint_lsn + 1
     {
@@ -208,6 +265,9 @@ pub fn verify_data_dir_with_key(
         match count_cells(root, keyring) {
             Ok(cells) => report.cells = Some(cells),
             Err(StoreError::Key(reason)) => report.notes.push(reason),
+            // What only the whole state shows: a record that contradicts
+            // a namespace of the checkpoint, say.
+            Err(e @ StoreError::Corruption { .. }) => report.problems.push(problem(e)),
             Err(e) => return Err(e),
         }
     }
@@ -234,15 +294,23 @@ fn count_cells(root: &Path, keyring: Option<Arc<Keyring>>) -> Result<u64, StoreE
         },
     )?;
     let apply = |_lsn: u64, m: Mutation| mem.apply_group(&[&m], &mut Vec::new());
-    recover(
+    // As a start does: the log is judged against the checkpoint's namespaces.
+    let mut rule = SealingRule::new(mem.namespace_list());
+    recover_with(
         dry.as_ref(),
         &root.join("wal"),
         checkpoints.checkpoint_lsn(),
         &RecoveryOptions::default(),
         keyring.as_deref(),
+        &mut rule,
+        checkpoints.chain_anchor(),
         apply,
     )?;
     Ok(mem.cell_count())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn empty_recovery_report() -> RecoveryReport {
@@ -255,6 +323,7 @@ fn empty_recovery_report() -> RecoveryReport {
         torn_segment_removed: None,
         repaired: None,
         tail: None,
+        chain: None,
         duration: std::time::Duration::ZERO,
     }
 }

@@ -29,7 +29,7 @@ fn put(x: i32) -> Mutation {
 /// A segment with groups {1}, {2}, {3, 4, 5}, {6}; a byte of record 4's
 /// payload flipped, so a later group follows the damage (not a torn tail).
 fn damaged_segment() -> (Vec<u8>, u64) {
-    let mut bytes = encode_segment_header(1, SEED).to_vec();
+    let mut bytes = encode_segment_header(1, SEED, None).to_vec();
     let mut damage_at = 0;
     for (lsn, group_end) in [
         (1, true),
@@ -154,7 +154,7 @@ fn a_power_loss_during_repair_never_loses_what_it_cuts() {
     let (bytes, _) = damaged_segment();
     let cut_from = {
         // Records 1 and 2, then the cut at the start of group {3, 4, 5}.
-        let mut probe = encode_segment_header(1, SEED).to_vec();
+        let mut probe = encode_segment_header(1, SEED, None).to_vec();
         encode_record(&mut probe, 1, &put(1), true, SEED);
         encode_record(&mut probe, 2, &put(2), true, SEED);
         probe.len()

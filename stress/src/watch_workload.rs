@@ -7,7 +7,7 @@
 //!    cells of a `PLANE`-square plane) for `--duration`: their throughput;
 //! 2. the same with `--watchers` watches on `TILE`-square tiles (several
 //!    per tile when there are more watchers than tiles) and `--stalled`
-//!    watches that never read: the writers' throughput again, the
+//!    watches of the whole plane that never read: the writers' throughput again, the
 //!    commit-to-delivery latency (from the writer receiving its
 //!    acknowledgement to a watcher receiving the change; a change that
 //!    reaches the watcher first counts as 1 µs), the daemon's RSS growth,
@@ -45,8 +45,9 @@ pub struct WatchArgs {
     #[arg(long, value_name = "N", default_value_t = 1000)]
     pub watchers: usize,
 
-    /// watch only: watches that subscribe and never read (their buffers
-    /// fill; they are cut off, the writers must not notice).
+    /// watch only: watches of the whole plane that subscribe and never
+    /// read (their buffers fill; they are cut off, the writers must not
+    /// notice).
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub stalled: usize,
 
@@ -62,6 +63,8 @@ pub struct WatchReport {
     pub latency: Histogram<u64>,
     pub delivered: u64,
     pub rss_growth_kib: i64,
+    /// The same without watchers: what the writes themselves cost.
+    pub alone_rss_growth_kib: i64,
     pub replay_changes: u64,
     pub replay_secs: f64,
     pub failures: Vec<String>,
@@ -98,9 +101,11 @@ pub fn run(setup: &WatchSetup<'_>, args: &WatchArgs) -> Result<WatchReport, Stre
         }
     };
     say(format!("watch: {} writers alone", setup.clients));
-    let alone = {
+    let (alone, alone_rss_growth_kib) = {
         let daemon = start(&daemon_args)?;
-        write_for(&daemon, setup, &[])?.ops_per_sec
+        let before = rss_kib(daemon.pid());
+        let ops = write_for(&daemon, setup, &[])?.ops_per_sec;
+        (ops, rss_kib(daemon.pid()) as i64 - before as i64)
     };
     say(format!(
         "watch: {} writers beside {} watchers and {} stalled ones",
@@ -110,9 +115,9 @@ pub fn run(setup: &WatchSetup<'_>, args: &WatchArgs) -> Result<WatchReport, Stre
     let rss_before = rss_kib(daemon.pid());
     let watchers = start_watchers(&daemon, args.watchers)?;
     let stalled: Vec<cube_client::Watch> = (0..args.stalled)
-        .map(|i| {
+        .map(|_| {
             let client = daemon.client()?;
-            client.watch("default", tile(i), None)
+            client.watch("default", plane(), None)
         })
         .collect::<Result<_, _>>()
         .map_err(|e| StressError::Usage(format!("a stalled watch did not start: {e}")))?;
@@ -151,6 +156,7 @@ pub fn run(setup: &WatchSetup<'_>, args: &WatchArgs) -> Result<WatchReport, Stre
         latency,
         delivered,
         rss_growth_kib,
+        alone_rss_growth_kib,
         replay_changes,
         replay_secs,
         failures,
@@ -173,6 +179,12 @@ fn tile(i: usize) -> CellBox {
     let lo = Coord::new(i % per_row * TILE, i / per_row * TILE, 0);
     let hi = Coord::new(lo.x + TILE - 1, lo.y + TILE - 1, 0);
     CellBox::new(lo, hi).expect("a tile's corners are ordered")
+}
+
+/// The whole plane the writers write.
+fn plane() -> CellBox {
+    CellBox::new(Coord::new(0, 0, 0), Coord::new(PLANE - 1, PLANE - 1, 0))
+        .expect("a plane's corners are ordered")
 }
 
 /// What a watcher saw: LSN, coordinate, value, when it arrived.
@@ -351,13 +363,11 @@ fn replay(daemon: &LocalDaemon, n: u64) -> Result<(u64, f64), StressError> {
         last = ack.lsn + u64::from(ack.applied) - 1;
         written += count;
     }
-    let plane = CellBox::new(Coord::new(0, 0, 0), Coord::new(PLANE - 1, PLANE - 1, 0))
-        .expect("ordered corners");
     let started = Instant::now();
     let mut watch = daemon
         .client()
         .map_err(fail)?
-        .watch("default", plane, Some(1))
+        .watch("default", plane(), Some(1))
         .map_err(fail)?;
     let mut changes = 0u64;
     for group in watch.by_ref() {
@@ -399,7 +409,7 @@ impl WatchReport {
             "watch: writers alone {:.0} puts/s, beside the watchers {:.0} puts/s ({ratio:.2}x)\n\
              commit-to-delivery ({} changes delivered): p50 {} us, p99 {} us, p99.9 {} us, \
              max {} us\n\
-             daemon RSS growth with the watchers: {} KiB\n",
+             daemon RSS growth over the run: {} KiB with the watchers, {} KiB without\n",
             self.writers_alone_ops,
             self.writers_watched_ops,
             self.delivered,
@@ -407,7 +417,8 @@ impl WatchReport {
             q(0.99),
             q(0.999),
             self.latency.max(),
-            self.rss_growth_kib
+            self.rss_growth_kib,
+            self.alone_rss_growth_kib
         );
         if self.replay_changes > 0 {
             out.push_str(&format!(

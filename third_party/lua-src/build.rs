@@ -14,9 +14,23 @@ use std::path::{Path, PathBuf};
 
 const UPSTREAM_DIR: &str = "lua-5.4.9-upstream";
 const PATCHED_DIR: &str = "lua-5.4.9";
-const PATCHES: [&str; 2] = [
+const PATCHES: [&str; 14] = [
     "patches/01-string-order-linear.patch",
     "patches/02-count-hook-inline.patch",
+    // Work inside one call or instruction paid for, no to-be-closed
+    // values, no heap addresses (CUBE-PATCH.md; one patch per file).
+    "patches/03-budget-lua.h.patch",
+    "patches/04-budget-ldebug.c.patch",
+    "patches/05-budget-lstate.h.patch",
+    "patches/06-budget-lstate.c.patch",
+    "patches/07-budget-lvm.c.patch",
+    "patches/08-budget-ldo.c.patch",
+    "patches/09-budget-ltm.c.patch",
+    "patches/10-budget-lobject.c.patch",
+    "patches/11-budget-lbaselib.c.patch",
+    "patches/12-budget-lauxlib.c.patch",
+    "patches/13-budget-lstrlib.c.patch",
+    "patches/14-budget-lutf8lib.c.patch",
 ];
 
 fn main() {

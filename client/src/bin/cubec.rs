@@ -373,7 +373,8 @@ fn already_advised(message: &str, step: &str) -> bool {
 
 /// The advice for a value over the daemon's limit: the flag that raises it.
 const RAISE_VALUE_LIMIT: &str = "store a smaller value, or restart cubed with a higher limit: \
-     `cubed --max-value-bytes BYTES` (at most 33554432; --max-frame-bytes must hold the value too)";
+     `cubed --max-value-bytes BYTES` (with --max-frame-bytes at least 1 KiB larger; \
+     `cubed --help` gives the most)";
 
 /// What the user can do about `error`, unless its message already says.
 fn next_step(error: &ClientError) -> Option<&'static str> {

@@ -175,3 +175,37 @@ def test_read_only_grant_gets_permission_denied(daemon, client, ns):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:3] == ["b'mine'", "denied 26", "invisible 8"]
+
+
+def test_snapshot_then_watch(client, ns):
+    client.put(ns, (1, 1, 1), b"before")
+    page = client.scan_page(ns, (0, 0, 0), (7, 7, 7), with_lsn=True)
+    assert page.cells == [((1, 1, 1), b"before")] and page.lsn >= 1
+    assert client.scan_page(ns, (0, 0, 0), (7, 7, 7), count_only=True, with_lsn=True).counted == 1
+    with client.watch(ns, (0, 0, 0), (7, 7, 7), from_lsn=page.lsn + 1, timeout=60) as w:
+        started = next(w)
+        assert started == cube.WatchStarted(page.lsn + 1)
+        client.put(ns, (2, 2, 2), b"after")  # the client stays usable: the watch has its own connection
+        client.put(ns, (100, 0, 0), b"outside the box")
+        client.batch(ns, [cube.Put((3, 3, 3), b"x"), cube.Link((3, 3, 3), (9, 9, 9), "e", 2.0)])
+        client.delete(ns, (1, 1, 1))
+        seen = []
+        while len(seen) < 4:
+            event = next(w)
+            assert isinstance(event, cube.WatchChanges)
+            seen.extend(event.changes)
+    assert [(c.op, c.coord) for c in seen] == [("put", (2, 2, 2)), ("put", (3, 3, 3)), ("link", (3, 3, 3)), ("del", (1, 1, 1))]
+    assert seen[0].value == b"after" and seen[2].target == (9, 9, 9) and seen[2].weight == 2.0
+    assert seen[1].lsn == seen[2].lsn - 1  # one batch, consecutive records
+
+
+def test_watch_ends_with_the_namespace(client):
+    client.ns_create("py-watch")
+    w = client.watch("py-watch", (0, 0, 0), (1, 1, 1), timeout=60)
+    assert isinstance(next(w), cube.WatchStarted)
+    client.ns_drop("py-watch")
+    with pytest.raises(cube.NoSuchNamespace):
+        for _ in w:
+            pass
+    with pytest.raises(cube.InvalidArgument):
+        next(client.watch("default", (1, 0, 0), (0, 0, 0), timeout=60))

@@ -93,6 +93,8 @@ REQUESTS = {
     "batch": (30, R.batch("default", [cube.Put((1, 0, 0), b"hi"), cube.Link((0, 0, 0), (1, 0, 0), "road", 2.5), cube.Prog((0, 0, 0), "return 1")])),
     "edge-list": (32, R.edge_list_page("default", 1000)),
     "prog-list": (33, R.prog_list_page("default", 1000, after=(-1, 0, 0))),
+    "watch": (50, commands.watch_call("default", (0, 0, 0), (15, 15, 15), from_lsn=40)),
+    "scan-lsn": (51, R.scan_page("default", (0, 0, 0), (15, 15, 15), limit=100, with_lsn=True)),
 }
 
 
@@ -136,6 +138,10 @@ RESPONSES = {
     "batch-response": ("batch", BatchResult(40, 3)),
     "edge-list-response": ("edge-list", ([EdgeRecord((0, 0, 0), (1, 0, 0), "road", 2.5)], 0)),
     "prog-list-response": ("prog-list", ([((0, 0, 0), b"return 1")], None)),
+    "watch-response": ("watch", WatchStarted(40)),
+    "watch-changes-response": ("watch", WatchChanges(False, [Change(41, "put", (1, 2, 3), b"hi"), Change(42, "del", (4, 5, 6))])),
+    "watch-resync-response": ("watch", WatchResync(97, "too_slow")),
+    "scan-lsn-response": ("scan-lsn", ScanPage([((1, 2, 3), b"a")], False, None, 39)),
 }
 
 # error examples -> (request, exception class, code)
@@ -225,3 +231,18 @@ def test_opcode_table_matches_the_doc():
     for op in wire.Op:
         name = op.name.lower().replace("_", "-")
         assert f"| `0x{op.value:04x}` | `{name}` |" in text, f"{name} is not in table 6.1"
+
+
+def test_every_public_call_has_a_docstring():
+    import inspect
+
+    from cube import arrays
+
+    for cls in (cube.Client, cube.Pipeline, cube.Watch):
+        for name, member in inspect.getmembers(cls, inspect.isfunction):
+            if not name.startswith("_"):
+                assert (member.__doc__ or "").strip(), f"{cls.__name__}.{name} has no docstring"
+    for name in ("read_box", "write_box", "read_cells", "write_cells"):
+        assert getattr(arrays, name).__doc__.strip()
+    for code, (_, cls) in cube.ERROR_CODES.items():
+        assert cls.__doc__ and cls.__doc__.startswith(f"{code}:"), cls

@@ -25,8 +25,23 @@ local function safe_pcall(f, ...)
   return after(raw_pcall(f, ...))
 end
 
+-- A message handler runs where the error was raised, before the stack
+-- unwinds. When that error is the count hook's (fuel or time spent), it
+-- runs inside the hook, where Lua turns hooks off: a handler that looped
+-- there was never counted nor timed again, and held the writer for ever.
+-- So the program's handler runs only for errors raised while the budget
+-- holds (with hooks on, counted like any code); once the budget is spent
+-- the error passes through untouched, and `after` raises it again.
 local function safe_xpcall(f, handler, ...)
-  return after(raw_xpcall(f, handler, ...))
+  if type(handler) ~= "function" then
+    return raw_xpcall(f, handler, ...) -- xpcall's own argument error
+  end
+  return after(raw_xpcall(f, function(e)
+    if budget_check(true, nil) then
+      return e
+    end
+    return handler(e)
+  end, ...))
 end
 
 -- Tables shared by every run are read-only proxies; `rawset` refuses them.

@@ -30,7 +30,14 @@
 //! - `setmetatable` refuses `__gc`, so no finaliser can run outside its
 //!   run's budget.
 //! - `pcall`/`xpcall` cannot swallow a spent budget: once fuel, time or
-//!   memory ran out, every protected call re-raises.
+//!   memory ran out, every protected call re-raises, and an `xpcall`
+//!   message handler is not run for it (it would run inside the count
+//!   hook, where hooks are off, unmetered).
+//! - cube's Lua (third_party/lua-src/CUBE-PATCH.md) charges the loops that
+//!   library calls and VM operations run in C over their inputs, through
+//!   the charge function it finds in the registry (`LUA_CUBE_CHARGE`);
+//!   refuses to-be-closed values, numeric strings over 200 bytes, and
+//!   `%p`; and `tostring` shows no heap address.
 //!
 //! Budgets: fuel counts VM instructions through a count hook every
 //! [`FUEL_BLOCK`] instructions (plus charges), memory is the allocator
@@ -86,6 +93,11 @@ const ACCEPTED_SOURCE_BYTES: usize = 4096;
 /// often store one program at many cells (a rule per cell); a repeat is
 /// then a hash lookup instead of a compile.
 const ACCEPTED_SOURCES: usize = 64;
+
+/// The registry key of the charge function that cube's Lua calls from C
+/// (`LUA_CUBE_CHARGE` in cube's `lua.h`:
+/// third_party/lua-src/patches/03-budget-lua.h.patch).
+const LUA_CUBE_CHARGE: &str = "cube.charge";
 
 /// Lua's own message for a failed allocation.
 const OUT_OF_MEMORY: &str = "not enough memory";
@@ -181,16 +193,20 @@ pub(crate) fn try_charge(units: u64) -> bool {
 /// The count hook: every [`FUEL_BLOCK`] instructions.
 fn on_instructions(_lua: &Lua, _debug: &Debug) -> mlua::Result<VmState> {
     charge(u64::from(FUEL_BLOCK))?;
-    let late = BUDGET.with(|b| {
+    if late() {
+        return Err(exhaust(Spent::Time));
+    }
+    Ok(VmState::Continue)
+}
+
+/// Whether the current run is past its wall-clock backstop.
+fn late() -> bool {
+    BUDGET.with(|b| {
         b.active.get()
             && b.deadline
                 .get()
                 .is_some_and(|deadline| Instant::now() > deadline)
-    });
-    if late {
-        return Err(exhaust(Spent::Time));
-    }
-    Ok(VmState::Continue)
+    })
 }
 
 /// Limits of one run.
@@ -284,8 +300,19 @@ impl ProgramVm {
             } else {
                 0
             };
-            charge(units)
+            charge(units)?;
+            // A charge from C comes before work of at least a block
+            // (CUBE-PATCH.md), so the time backstop is checked there too.
+            if late() {
+                return Err(exhaust(Spent::Time));
+            }
+            Ok(())
         })?;
+        // Library calls and VM operations that loop over their inputs in C
+        // pay here, before the loop, when their charge is past the rest of
+        // the count hook's block (third_party/lua-src/CUBE-PATCH.md,
+        // "Paying for work inside one call").
+        lua.set_named_registry_value(LUA_CUBE_CHARGE, charge_fn.clone())?;
         let slot = RunSlot::default();
         let dispatcher = api::dispatcher(&lua, Rc::clone(&slot))?;
         let fast = api::fast_function(&lua, &slot)?;

@@ -4,7 +4,7 @@
 //! ```text
 //! header (44 bytes)
 //!   0  8  magic "CUBECKPT"
-//!   8  4  version = 1
+//!   8  4  version = 2, or 3 in a data dir with a master key (see below)
 //!   12 1  kind: 1 base, 2 delta
 //!   13 3  reserved, zero
 //!   16 8  file_id      unique per data dir, never reused
@@ -36,6 +36,20 @@
 //! The footer ties the blocks together: a lost, repeated or reordered
 //! block changes `blocks_crc` even when each block is intact. Entries are
 //! strictly increasing by key; readers check that too.
+//!
+//! CRCs only catch damage: someone who can write the file recomputes them.
+//! In a data dir with a master key, files are written as version 3, with
+//! the same layout and two differences: a sealed block's associated data
+//! ends with the data dir's 16-byte id (so a block cannot be moved into a
+//! version-2 file, or into another data dir, and still open), and the
+//! authenticated manifest holds the file's MAC: HMAC-SHA256 under the
+//! integrity key of "cube checkpoint file v1" || dir_id || every byte of
+//! the file, header to footer. A reader checks it once it has read the
+//! footer: a block removed, replaced (by a plaintext one, say), reordered
+//! or taken from another copy of the data dir, with every CRC recomputed,
+//! is refused. A version-3 file named by a manifest that is not
+//! authenticated is refused too (the manifest was replaced by an older
+//! kind).
 
 use std::path::{Path, PathBuf};
 
@@ -44,7 +58,7 @@ use byteorder::{ByteOrder, LittleEndian};
 use std::collections::HashSet;
 
 use crate::checkpoint::state_key::entry_ns_id;
-use crate::crypto::{CryptoError, Keyring};
+use crate::crypto::{CryptoError, DIR_ID_BYTES, Keyring, MAC_BYTES, MacContext, tags_equal};
 use crate::data_dir::sync_dir;
 use crate::error::StoreError;
 use crate::storage::{OpenMode, Storage, StorageFile};
@@ -57,6 +71,9 @@ pub(crate) const FOOTER_BYTES: usize = 40;
 const MAGIC: &[u8; 8] = b"CUBECKPT";
 const FOOTER_MAGIC: &[u8; 8] = b"CUBEFOOT";
 const VERSION: u32 = 2;
+/// Written in a data dir with a master key (see the module doc).
+const VERSION_AUTHENTICATED: u32 = 3;
+const FILE_MAC_LABEL: &[u8] = b"cube checkpoint file v1";
 /// Bit 31 of a block's length field: its payload is sealed.
 const SEALED_BLOCK_BIT: u32 = 1 << 31;
 /// ns_id, start id, counter in front of a sealed block's ciphertext.
@@ -79,13 +96,20 @@ pub(crate) struct FileHeader {
     pub file_id: u64,
     pub lsn_from: u64,
     pub lsn_to: u64,
+    /// Version 3: written in a data dir with a master key.
+    pub authenticated: bool,
 }
 
 impl FileHeader {
     fn encode(&self) -> [u8; HEADER_BYTES] {
         let mut h = [0u8; HEADER_BYTES];
         h[0..8].copy_from_slice(MAGIC);
-        LittleEndian::write_u32(&mut h[8..12], VERSION);
+        let version = if self.authenticated {
+            VERSION_AUTHENTICATED
+        } else {
+            VERSION
+        };
+        LittleEndian::write_u32(&mut h[8..12], version);
         h[12] = self.kind as u8;
         LittleEndian::write_u64(&mut h[16..24], self.file_id);
         LittleEndian::write_u64(&mut h[24..32], self.lsn_from);
@@ -104,9 +128,9 @@ impl FileHeader {
             return Err("checkpoint header checksum mismatch".into());
         }
         let version = LittleEndian::read_u32(&h[8..12]);
-        if version != VERSION {
+        if version != VERSION && version != VERSION_AUTHENTICATED {
             return Err(format!(
-                "checkpoint format version {version} is not supported (this build reads {VERSION})"
+                "checkpoint format version {version} is not supported (this build reads {VERSION} and {VERSION_AUTHENTICATED})"
             ));
         }
         let kind = match h[12] {
@@ -119,8 +143,54 @@ impl FileHeader {
             file_id: LittleEndian::read_u64(&h[16..24]),
             lsn_from: LittleEndian::read_u64(&h[24..32]),
             lsn_to: LittleEndian::read_u64(&h[32..40]),
+            authenticated: version == VERSION_AUTHENTICATED,
         })
     }
+}
+
+/// How a file of an authenticated data dir is bound to it: the data dir's
+/// id and the key of the MAC.
+#[derive(Clone, Copy)]
+pub(crate) struct FileAuth<'k> {
+    pub keyring: &'k Keyring,
+    pub dir_id: [u8; DIR_ID_BYTES],
+}
+
+impl FileAuth<'_> {
+    fn start_mac(&self) -> Result<MacContext, StoreError> {
+        let mut mac = self
+            .keyring
+            .mac_context(FILE_MAC_LABEL)
+            .map_err(|e| StoreError::Key(format!("authenticating a checkpoint file: {e}")))?;
+        mac.update(&self.dir_id);
+        Ok(mac)
+    }
+}
+
+/// What a reader checks a file against: the data dir's id and the file's
+/// MAC from the authenticated manifest. Without a key, the MAC cannot be
+/// computed and is not checked (the loader refuses to start then).
+#[derive(Clone, Copy)]
+pub(crate) struct ReadAuth<'k> {
+    pub keyring: Option<&'k Keyring>,
+    pub dir_id: [u8; DIR_ID_BYTES],
+    pub mac: [u8; MAC_BYTES],
+}
+
+/// The MAC of a whole file as it is on disk: for files written before the
+/// data dir was authenticated, which the first authenticated manifest
+/// binds as they are.
+pub(crate) fn file_mac(
+    storage: &dyn Storage,
+    path: &Path,
+    auth: &FileAuth<'_>,
+) -> Result<[u8; MAC_BYTES], StoreError> {
+    let bytes = storage
+        .read_file(path)
+        .map_err(|e| StoreError::io(path, e))?;
+    let mut mac = auth.start_mac()?;
+    mac.update(&bytes);
+    Ok(mac.finish())
 }
 
 /// Which namespaces' blocks a writer seals, and with what.
@@ -149,15 +219,25 @@ pub(crate) struct CheckpointWriter<'a> {
     sealer: Option<&'a BlockSealer<'a>>,
     /// The namespace whose sealed block is being filled, if any.
     block_seal: Option<u64>,
+    /// In an authenticated data dir: its id, and the file's MAC so far.
+    auth: Option<([u8; DIR_ID_BYTES], MacContext)>,
 }
 
 impl<'a> CheckpointWriter<'a> {
+    /// With `auth`, the file is written as version 3 and its MAC computed
+    /// as it goes ([`CheckpointWriter::finish`] returns it).
     pub(crate) fn create(
         storage: &'a dyn Storage,
         final_path: &Path,
-        header: FileHeader,
+        mut header: FileHeader,
         sealer: Option<&'a BlockSealer<'a>>,
+        auth: Option<FileAuth<'_>>,
     ) -> Result<CheckpointWriter<'a>, StoreError> {
+        header.authenticated = auth.is_some();
+        let auth = match auth {
+            Some(auth) => Some((auth.dir_id, auth.start_mac()?)),
+            None => None,
+        };
         let mut tmp = final_path.as_os_str().to_owned();
         tmp.push(".tmp");
         let tmp_path = PathBuf::from(tmp);
@@ -182,6 +262,7 @@ impl<'a> CheckpointWriter<'a> {
             file_id: header.file_id,
             sealer,
             block_seal: None,
+            auth,
         })
     }
 
@@ -231,7 +312,8 @@ impl<'a> CheckpointWriter<'a> {
         );
         let mut len_field = self.block.len() as u32;
         if let (Some(ns_id), Some(sealer)) = (self.block_seal, self.sealer) {
-            let aad = block_aad(self.file_id, self.blocks, ns_id);
+            let dir_id = self.auth.as_ref().map(|(id, _)| id);
+            let aad = block_aad(self.file_id, self.blocks, ns_id, dir_id);
             let (start_id, counter) = sealer
                 .keyring
                 .seal_block(ns_id, &aad, &mut self.block)
@@ -261,6 +343,9 @@ impl<'a> CheckpointWriter<'a> {
     }
 
     fn write_pending(&mut self) -> Result<(), StoreError> {
+        if let Some((_, mac)) = self.auth.as_mut() {
+            mac.update(&self.pending);
+        }
         self.file
             .write_all_at(&self.pending, self.written)
             .map_err(|e| StoreError::io(&self.tmp_path, e))?;
@@ -270,8 +355,8 @@ impl<'a> CheckpointWriter<'a> {
     }
 
     /// Writes the footer, fsyncs, renames into place and fsyncs the
-    /// directory. Returns the file's size.
-    pub(crate) fn finish(mut self) -> Result<u64, StoreError> {
+    /// directory. Returns the file's size, and its MAC if authenticated.
+    pub(crate) fn finish(mut self) -> Result<(u64, Option<[u8; MAC_BYTES]>), StoreError> {
         self.flush_block()?;
         let mut f = [0u8; FOOTER_BYTES];
         f[0..8].copy_from_slice(FOOTER_MAGIC);
@@ -292,7 +377,11 @@ impl<'a> CheckpointWriter<'a> {
         if let Some(dir) = self.final_path.parent() {
             sync_dir(self.storage, dir)?;
         }
-        Ok(HEADER_BYTES as u64 + self.blocks_bytes + FOOTER_BYTES as u64)
+        let mac = self.auth.take().map(|(_, mac)| mac.finish());
+        Ok((
+            HEADER_BYTES as u64 + self.blocks_bytes + FOOTER_BYTES as u64,
+            mac,
+        ))
     }
 }
 
@@ -327,22 +416,39 @@ pub(crate) struct CheckpointReader<'k> {
     blocks_crc: u32,
     last_key: Option<Vec<u8>>,
     done: bool,
+    /// A version-3 file's data dir id (from the manifest).
+    dir_id: Option<[u8; DIR_ID_BYTES]>,
+    /// The MAC so far and the one the manifest holds, when checked.
+    mac: Option<(MacContext, [u8; MAC_BYTES])>,
+    footer: [u8; FOOTER_BYTES],
 }
 
-/// A sealed block's associated data.
-fn block_aad(file_id: u64, block_index: u64, ns_id: u64) -> [u8; 24] {
-    let mut aad = [0u8; 24];
-    LittleEndian::write_u64(&mut aad[0..8], file_id);
-    LittleEndian::write_u64(&mut aad[8..16], block_index);
-    LittleEndian::write_u64(&mut aad[16..24], ns_id);
+/// A sealed block's associated data: file_id | block index | ns_id (u64
+/// LE each), then in a version-3 file the data dir's id.
+fn block_aad(
+    file_id: u64,
+    block_index: u64,
+    ns_id: u64,
+    dir_id: Option<&[u8; DIR_ID_BYTES]>,
+) -> Vec<u8> {
+    let mut aad = Vec::with_capacity(24 + DIR_ID_BYTES);
+    aad.extend_from_slice(&file_id.to_le_bytes());
+    aad.extend_from_slice(&block_index.to_le_bytes());
+    aad.extend_from_slice(&ns_id.to_le_bytes());
+    if let Some(id) = dir_id {
+        aad.extend_from_slice(id);
+    }
     aad
 }
 
 impl<'k> CheckpointReader<'k> {
+    /// `auth`: the file's binding from an authenticated manifest (`None`
+    /// for a manifest that is not authenticated).
     pub(crate) fn open(
         storage: &dyn Storage,
         path: &Path,
         keyring: Option<&'k Keyring>,
+        auth: Option<ReadAuth<'_>>,
     ) -> Result<CheckpointReader<'k>, StoreError> {
         let corrupt = |offset: u64, reason: String| StoreError::Corruption {
             path: path.to_path_buf(),
@@ -365,6 +471,27 @@ impl<'k> CheckpointReader<'k> {
         file.read_exact_at(&mut header_bytes, 0)
             .map_err(|e| StoreError::io(path, e))?;
         let header = FileHeader::decode(&header_bytes).map_err(|reason| corrupt(0, reason))?;
+        if header.authenticated && auth.is_none() {
+            return Err(corrupt(
+                0,
+                "a checkpoint file of an authenticated data dir (format 3), named by a manifest \
+                 that is not authenticated: the manifest was replaced"
+                    .into(),
+            ));
+        }
+        let mac = match auth {
+            Some(ReadAuth {
+                keyring: Some(keyring),
+                dir_id,
+                mac: expected,
+            }) if keyring.has_key() => {
+                let mut mac = FileAuth { keyring, dir_id }.start_mac()?;
+                mac.update(&header_bytes);
+                Some((mac, expected))
+            }
+            _ => None,
+        };
+        let dir_id = auth.filter(|_| header.authenticated).map(|a| a.dir_id);
         let footer_at = len - FOOTER_BYTES as u64;
         let mut footer = [0u8; FOOTER_BYTES];
         file.read_exact_at(&mut footer, footer_at)
@@ -406,6 +533,9 @@ impl<'k> CheckpointReader<'k> {
             blocks_crc: 0,
             last_key: None,
             done: false,
+            dir_id,
+            mac,
+            footer,
         })
     }
 
@@ -430,6 +560,20 @@ impl<'k> CheckpointReader<'k> {
                         self.footer_entries, self.footer_blocks, self.entries, self.blocks
                     ),
                 ));
+            }
+            if let Some((mut mac, expected)) = self.mac.take() {
+                mac.update(&self.footer);
+                if !tags_equal(&mac.finish(), &expected) {
+                    return Err(self.corrupt(
+                        0,
+                        format!(
+                            "checkpoint file {} does not match the MAC the authenticated manifest \
+                             holds for it: a block was removed, replaced or reordered, or the file \
+                             comes from another copy of the data dir",
+                            self.header.file_id
+                        ),
+                    ));
+                }
             }
             return Ok(false);
         }
@@ -459,6 +603,10 @@ impl<'k> CheckpointReader<'k> {
                 format!("block checksum mismatch (stored {stored:08x}, computed {computed:08x})"),
             ));
         }
+        if let Some((mac, _)) = self.mac.as_mut() {
+            mac.update(&head);
+            mac.update(&self.block);
+        }
         self.block_seal = None;
         if sealed {
             self.open_sealed_block(at)?;
@@ -486,7 +634,12 @@ impl<'k> CheckpointReader<'k> {
                 self.path.display()
             )));
         };
-        let aad = block_aad(self.header.file_id, self.blocks, ns_id);
+        let aad = block_aad(
+            self.header.file_id,
+            self.blocks,
+            ns_id,
+            self.dir_id.as_ref(),
+        );
         let plain = match keyring.open_block(
             ns_id,
             start_id,
@@ -623,18 +776,19 @@ mod tests {
             file_id: 7,
             lsn_from: 3,
             lsn_to: 99,
+            authenticated: false,
         };
-        let mut w = CheckpointWriter::create(&RealDisk, path, header, None).unwrap();
+        let mut w = CheckpointWriter::create(&RealDisk, path, header, None, None).unwrap();
         for i in 0..n {
             let key = format!("key-{i:08}");
             let value = (i % 3 != 0).then(|| vec![i as u8; (i % 500) as usize]);
             w.add(key.as_bytes(), value.as_deref()).unwrap();
         }
-        w.finish().unwrap()
+        w.finish().unwrap().0
     }
 
     fn read_all(path: &Path) -> Result<Vec<Entry>, StoreError> {
-        let mut r = CheckpointReader::open(&RealDisk, path, None)?;
+        let mut r = CheckpointReader::open(&RealDisk, path, None, None)?;
         let mut out = Vec::new();
         while let Some(e) = r.next_entry()? {
             out.push(e);
@@ -652,7 +806,7 @@ mod tests {
         assert_eq!(entries.len(), 2000);
         assert_eq!(entries[1].1.as_ref().unwrap().len(), 1);
         assert!(entries[3].1.is_none());
-        let r = CheckpointReader::open(&RealDisk, &path, None).unwrap();
+        let r = CheckpointReader::open(&RealDisk, &path, None, None).unwrap();
         assert_eq!(r.header.lsn_to, 99);
     }
 

@@ -30,16 +30,23 @@ use std::time::{Duration, Instant};
 
 use crate::cell_value::CellValue;
 use crate::crypto::Keyring;
+use crate::crypto::{DIR_ID_BYTES, MAC_BYTES, new_dir_id};
 use crate::data_dir::sync_dir;
 use crate::error::StoreError;
 use crate::memstore::SortedCells;
 use crate::mutation::Mutation;
 use crate::namespace::{NamespaceCatalog, check_namespace_key};
 use crate::storage::Storage;
+use crate::wal::chain::ChainState;
+use crate::wal::recovery::{ChainAnchor, ClosedRecord};
+use crate::wal::sealing_rule::{check_meta_change, must_seal};
 use crate::wal::{SealingRule, list_segments, read_closed_segment};
 use cube_protocol::NamespaceName;
-use file::{BlockSealer, CheckpointReader, CheckpointWriter, FileHeader, FileKind};
-use manifest::{MAX_DELTAS, Manifest, base_file_name, delta_file_name};
+use file::{
+    BlockSealer, CheckpointReader, CheckpointWriter, FileAuth, FileHeader, FileKind, ReadAuth,
+    file_mac,
+};
+use manifest::{MAX_DELTAS, Manifest, ManifestAuth, base_file_name, delta_file_name};
 use state_key::{
     StateUpdate, TAG_NAMESPACE, cell_key_parts, entry_ns_id, entry_to_mutation, namespace_key,
     state_updates,
@@ -136,6 +143,11 @@ pub(crate) struct CheckpointStore {
     /// compactions or backups until a restart reads the manifest again
     /// (the WAL keeps every write meanwhile).
     manifest_failure: Option<String>,
+    /// Why the authenticated manifest's tag did not verify (wrong key or
+    /// tampering), reported at the end of `load`.
+    bad_tag: Option<String>,
+    /// The id drawn for a data dir being authenticated for the first time.
+    new_dir_id: Option<[u8; DIR_ID_BYTES]>,
 }
 
 impl CheckpointStore {
@@ -147,7 +159,8 @@ impl CheckpointStore {
         config: CheckpointConfig,
         keyring: Option<Arc<Keyring>>,
     ) -> Result<CheckpointStore, StoreError> {
-        let manifest = Manifest::load(storage.as_ref(), dir)?;
+        let (manifest, bad_tag) = Manifest::load(storage.as_ref(), dir, keyring.as_deref())?;
+        let has_key = keyring.as_ref().is_some_and(|k| k.has_key());
         // A crash between the manifest's rename and the directory's fsync
         // leaves a rename that this start can read but a power loss could
         // still undo. Recovery is about to delete what this manifest no
@@ -156,7 +169,12 @@ impl CheckpointStore {
         if storage.file_len(&dir.join(manifest::MANIFEST_NAME)).is_ok() {
             sync_dir(storage.as_ref(), dir)?;
         }
-        manifest.remove_unreferenced(storage.as_ref(), dir)?;
+        // Only a manifest that is known good may decide what to delete: a
+        // forged one naming no file must not make cubed remove them all.
+        let trusted = bad_tag.is_none() && (manifest.auth.is_none() || has_key);
+        if trusted {
+            manifest.remove_unreferenced(storage.as_ref(), dir)?;
+        }
         Ok(CheckpointStore {
             storage,
             dir: dir.to_path_buf(),
@@ -166,7 +184,106 @@ impl CheckpointStore {
             catalog: NamespaceCatalog::with_implicit_default(),
             keyring,
             manifest_failure: None,
+            bad_tag,
+            new_dir_id: None,
         })
+    }
+
+    /// How a reader checks file `id`: against the authenticated manifest's
+    /// MAC for it (not when the manifest's own tag failed: that is
+    /// reported instead, at the end of `load`).
+    fn read_auth(&self, id: u64) -> Option<ReadAuth<'_>> {
+        let auth = self.manifest.auth.as_ref()?;
+        Some(ReadAuth {
+            keyring: self.keyring.as_deref().filter(|_| self.bad_tag.is_none()),
+            dir_id: auth.dir_id,
+            mac: self.manifest.file_mac(id).unwrap_or([0; MAC_BYTES]),
+        })
+    }
+
+    /// Where the log's chain must continue from: the authenticated
+    /// manifest's chain value at its checkpoint LSN.
+    pub(crate) fn chain_anchor(&self) -> ChainAnchor {
+        let Some(auth) = &self.manifest.auth else {
+            return ChainAnchor::default();
+        };
+        ChainAnchor {
+            at: Some((
+                self.manifest.checkpoint_lsn,
+                ChainState {
+                    dir_id: auth.dir_id,
+                    prev: auth.chain,
+                },
+            )),
+            key_confirmed: self.bad_tag.is_none()
+                && self.keyring.as_ref().is_some_and(|k| k.has_key()),
+        }
+    }
+
+    /// Takes the data dir id a chained log carries, when the manifest has
+    /// none yet (a data dir whose first fold has not happened).
+    pub(crate) fn adopt_dir_id(&mut self, dir_id: [u8; DIR_ID_BYTES]) {
+        if self.manifest.auth.is_none() {
+            self.new_dir_id = Some(dir_id);
+        }
+    }
+
+    /// The data dir id new files are bound to, when there is a key. A data
+    /// dir not yet authenticated gets its id here (kept until the manifest
+    /// that carries it is stored).
+    pub(crate) fn writing_dir_id(&mut self) -> Result<Option<[u8; DIR_ID_BYTES]>, StoreError> {
+        if !self.keyring.as_ref().is_some_and(|k| k.has_key()) {
+            return Ok(None);
+        }
+        if let Some(auth) = &self.manifest.auth {
+            return Ok(Some(auth.dir_id));
+        }
+        let id = match self.new_dir_id {
+            Some(id) => id,
+            None => new_dir_id().map_err(|e| StoreError::Key(e.to_string()))?,
+        };
+        self.new_dir_id = Some(id);
+        Ok(Some(id))
+    }
+
+    /// `next`, authenticated when there is a key: the data dir's id, the
+    /// chain value, and a MAC for every file it lists (`written`: the one
+    /// just written; files from before the data dir was authenticated are
+    /// hashed as they are, once).
+    fn authenticate(
+        &self,
+        mut next: Manifest,
+        written: Option<(u64, [u8; MAC_BYTES])>,
+    ) -> Result<Manifest, StoreError> {
+        let Some(keyring) = self.keyring.as_deref().filter(|k| k.has_key()) else {
+            return Ok(next);
+        };
+        let mut auth = match (&self.manifest.auth, self.new_dir_id) {
+            (Some(auth), _) => auth.clone(),
+            (None, Some(dir_id)) => ManifestAuth {
+                dir_id,
+                chain: [0; MAC_BYTES],
+                file_macs: Default::default(),
+            },
+            (None, None) => return Err(StoreError::Key("no data dir id drawn".into())),
+        };
+        if let Some((id, mac)) = written {
+            auth.file_macs.insert(id, mac);
+        }
+        let listed = next.file_ids();
+        auth.file_macs.retain(|id, _| listed.contains(id));
+        for (id, path) in listed.iter().zip(next.files(&self.dir)) {
+            if !auth.file_macs.contains_key(id) {
+                let file_auth = FileAuth {
+                    keyring,
+                    dir_id: auth.dir_id,
+                };
+                let mac = file_mac(self.storage.as_ref(), &path, &file_auth)?;
+                auth.file_macs.insert(*id, mac);
+            }
+        }
+        next.auth = Some(auth);
+        Ok(next)
     }
 
     /// What to seal: every encrypted namespace in `catalog` plus `extra`.
@@ -178,7 +295,7 @@ impl CheckpointStore {
         let keyring = keyring?;
         let mut encrypted_ids: std::collections::HashSet<u64> = catalog
             .iter()
-            .filter(|(_, meta)| meta.encrypted)
+            .filter(|(_, meta)| must_seal(meta))
             .map(|(_, meta)| meta.id)
             .collect();
         encrypted_ids.extend(extra);
@@ -242,8 +359,14 @@ impl CheckpointStore {
             }
         }
         let keyring = self.keyring.as_deref();
+        let ids = self.manifest.file_ids();
         for (i, path) in files.iter().enumerate() {
-            let mut reader = CheckpointReader::open(self.storage.as_ref(), path, keyring)?;
+            let mut reader = CheckpointReader::open(
+                self.storage.as_ref(),
+                path,
+                keyring,
+                self.read_auth(ids[i]),
+            )?;
             let expected_kind = if i == 0 && self.manifest.base_file_id.is_some() {
                 FileKind::Base
             } else {
@@ -284,7 +407,7 @@ impl CheckpointStore {
                 if let Some(ns_id) = entry_ns_id(key)
                     && key.first() != Some(&TAG_NAMESPACE)
                     && let Some(meta) = catalog.meta_of(ns_id)
-                    && meta.encrypted != sealed
+                    && must_seal(meta) != sealed
                 {
                     failure = Some(bad_entry(if sealed {
                         format!(
@@ -330,11 +453,19 @@ impl CheckpointStore {
                 let name_of = |id: u64| catalog.name_of(id);
                 match entry_to_mutation(key, value.map(<[u8]>::to_vec), &name_of) {
                     Ok(Some(mutation)) => {
-                        if let Mutation::NamespaceCreate { ns, meta } = &mutation
-                            && let Err(e) = check_namespace_key(ns, meta, keyring)
-                        {
-                            failure = Some(e);
-                            return;
+                        if let Mutation::NamespaceCreate { ns, meta } = &mutation {
+                            if let Err(e) = check_namespace_key(ns, meta, keyring) {
+                                failure = Some(e);
+                                return;
+                            }
+                            // An entry for a namespace the earlier files
+                            // hold, under the same id, is an alter folded.
+                            if let Some(old) = catalog.get(ns)
+                                && let Err(reason) = check_meta_change(ns, old, meta, false)
+                            {
+                                failure = Some(bad_entry(reason));
+                                return;
+                            }
                         }
                         catalog.apply(&mutation);
                         apply(mutation);
@@ -353,6 +484,19 @@ impl CheckpointStore {
                 bulk_cells(&ns, cells);
             }
         }
+        if let Some(reason) = &self.bad_tag {
+            return Err(StoreError::Key(format!(
+                "{}: {reason}",
+                self.dir.join(manifest::MANIFEST_NAME).display()
+            )));
+        }
+        if self.manifest.auth.is_some() && !keyring.is_some_and(Keyring::has_key) {
+            return Err(StoreError::Key(format!(
+                "{} is authenticated with a master key (its checkpoint files and log are bound \
+                 to this data dir); start cubed with --key-file PATH (the key it was written with)",
+                self.dir.display()
+            )));
+        }
         self.catalog = catalog;
         Ok(entries)
     }
@@ -370,7 +514,7 @@ impl CheckpointStore {
     /// Stores `next` as the manifest and makes it the current one; on
     /// failure latches the store (`manifest_failure`).
     fn switch_manifest(&mut self, next: Manifest) -> Result<(), StoreError> {
-        if let Err(e) = next.store(self.storage.as_ref(), &self.dir) {
+        if let Err(e) = next.store(self.storage.as_ref(), &self.dir, self.keyring.as_deref()) {
             self.manifest_failure = Some(e.to_string());
             return Err(e);
         }
@@ -424,23 +568,36 @@ impl CheckpointStore {
         let mut encrypted_ids: Vec<u64> = self
             .catalog
             .iter()
-            .filter(|(_, meta)| meta.encrypted)
+            .filter(|(_, meta)| must_seal(meta))
             .map(|(_, meta)| meta.id)
             .collect();
         let mut unknown: Option<(PathBuf, u64, NamespaceName)> = None;
         let mut sealing = SealingRule::new(
             self.catalog
                 .iter()
-                .map(|(ns, meta)| (ns.clone(), meta.encrypted)),
+                .map(|(ns, meta)| (ns.clone(), meta.clone())),
         );
         let mut wrongly_sealed: Option<(PathBuf, u64, String)> = None;
+        // The log's chain value after the last group folded, if chained.
+        let mut chain: Option<[u8; MAC_BYTES]> = None;
         let keyring = self.keyring.clone();
         for (_, path) in &closed {
             read_closed_segment(
                 self.storage.as_ref(),
                 path,
                 keyring.as_deref(),
-                |lsn, mutation, sealed| {
+                |lsn, record| {
+                    let (mutation, sealed) = match record {
+                        ClosedRecord::Mutation(mutation, sealed) => (mutation, sealed),
+                        ClosedRecord::Chain(mac) => {
+                            // Takes an LSN like any record; folds to nothing.
+                            if lsn == expected && out_of_order.is_none() {
+                                expected += 1;
+                                chain = Some(mac);
+                            }
+                            return;
+                        }
+                    };
                     if lsn < expected
                         || out_of_order.is_some()
                         || unknown.is_some()
@@ -461,7 +618,7 @@ impl CheckpointStore {
                     let ns_id = match &mutation {
                         Mutation::NamespaceCreate { meta, .. }
                         | Mutation::NamespaceAlter { meta, .. } => {
-                            if meta.encrypted {
+                            if must_seal(meta) {
                                 encrypted_ids.push(meta.id);
                             }
                             meta.id
@@ -524,10 +681,21 @@ impl CheckpointStore {
                 file_id: id,
                 lsn_from: from_lsn,
                 lsn_to,
+                authenticated: false,
             };
             let sealer = Self::sealer(keyring.as_deref(), &catalog, encrypted_ids);
-            let mut writer =
-                CheckpointWriter::create(self.storage.as_ref(), &path, header, sealer.as_ref())?;
+            let dir_id = self.writing_dir_id()?;
+            let auth = keyring
+                .as_deref()
+                .zip(dir_id)
+                .map(|(keyring, dir_id)| FileAuth { keyring, dir_id });
+            let mut writer = CheckpointWriter::create(
+                self.storage.as_ref(),
+                &path,
+                header,
+                sealer.as_ref(),
+                auth,
+            )?;
             for (key, value) in &folded {
                 writer.add(key, value.as_deref())?;
             }
@@ -537,12 +705,17 @@ impl CheckpointStore {
                 drop(writer);
                 return Err(StoreError::SimulatedCrash("DeltaTempWritten".into()));
             }
-            report.delta_bytes = writer.finish()?;
+            let (bytes, mac) = writer.finish()?;
+            report.delta_bytes = bytes;
             self.crash_check(CrashPoint::DeltaRenamed)?;
             let mut next = self.manifest.clone();
             next.checkpoint_lsn = lsn_to;
             next.next_file_id = id + 1;
             next.delta_file_ids.push(id);
+            let mut next = self.authenticate(next, mac.map(|mac| (id, mac)))?;
+            if let (Some(auth), Some(chain)) = (next.auth.as_mut(), chain) {
+                auth.chain = chain;
+            }
             self.switch_manifest(next)?;
             self.catalog = catalog;
             self.crash_check(CrashPoint::DeltaManifestSwitched)?;
@@ -586,15 +759,25 @@ impl CheckpointStore {
             file_id: id,
             lsn_from: 1,
             lsn_to: self.manifest.checkpoint_lsn,
+            authenticated: false,
         };
         let storage = Arc::clone(&self.storage);
         let keyring = self.keyring.clone();
         let sealer = Self::sealer(keyring.as_deref(), &self.catalog, []);
+        let dir_id = self.writing_dir_id()?;
+        let auth = keyring
+            .as_deref()
+            .zip(dir_id)
+            .map(|(keyring, dir_id)| FileAuth { keyring, dir_id });
         let mut writer =
-            CheckpointWriter::create(storage.as_ref(), &path, header, sealer.as_ref())?;
+            CheckpointWriter::create(storage.as_ref(), &path, header, sealer.as_ref(), auth)?;
+        let ids = self.manifest.file_ids();
         let mut readers = inputs
             .iter()
-            .map(|p| CheckpointReader::open(storage.as_ref(), p, keyring.as_deref()))
+            .zip(&ids)
+            .map(|(p, id)| {
+                CheckpointReader::open(storage.as_ref(), p, keyring.as_deref(), self.read_auth(*id))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         // The catalog as of `checkpoint_lsn` is exactly the live namespaces:
         // write it first (namespace keys sort first), then keep only
@@ -657,14 +840,16 @@ impl CheckpointStore {
             drop(writer);
             return Err(StoreError::SimulatedCrash("BaseTempWritten".into()));
         }
-        let base_bytes = writer.finish()?;
+        let (base_bytes, mac) = writer.finish()?;
         self.crash_check(CrashPoint::BaseRenamed)?;
         let next = Manifest {
             checkpoint_lsn: self.manifest.checkpoint_lsn,
             next_file_id: id + 1,
             base_file_id: Some(id),
             delta_file_ids: Vec::new(),
+            auth: self.manifest.auth.clone(),
         };
+        let next = self.authenticate(next, mac.map(|mac| (id, mac)))?;
         self.switch_manifest(next)?;
         self.crash_check(CrashPoint::BaseManifestSwitched)?;
         for (i, old) in inputs.iter().enumerate() {

@@ -14,6 +14,7 @@ use crate::crypto::Keyring;
 use crate::error::StoreError;
 use crate::mutation::Mutation;
 use crate::storage::Storage;
+use crate::wal::chain::KIND_CHAIN;
 use crate::wal::record::{RecordOpenError, decode_record, parse_record};
 use crate::wal::recovery::list_segments;
 use crate::wal::segment::parse_segment_header;
@@ -83,6 +84,8 @@ fn read_segment(
         reason,
     };
     let header = parse_segment_header(bytes).map_err(|reason| corrupt(0, reason))?;
+    let dir_id = header.chain.as_ref().map(|chain| &chain.dir_id);
+    let mut held: Option<(u64, Mutation)> = None;
     let mut offset = header.header_bytes;
     let mut expected = header.first_lsn;
     while offset < bytes.len() && expected <= until {
@@ -100,16 +103,40 @@ fn read_segment(
         }
         offset += record.total_bytes;
         expected += 1;
+        if record.kind == KIND_CHAIN {
+            // The MAC that closes a chained group (recovery checked it):
+            // no change of its own, the end of the group before it.
+            if let Some((lsn, mutation)) = held.take()
+                && !each(lsn, mutation, true)
+            {
+                return Ok(false);
+            }
+            continue;
+        }
         if record.lsn < from {
             continue;
         }
-        let mutation = decode_record(&record, keyring).map_err(|e| match e {
+        let mutation = decode_record(&record, keyring, dir_id).map_err(|e| match e {
             RecordOpenError::Damage(reason) => corrupt(offset, reason),
             RecordOpenError::Key(reason) => StoreError::Key(reason),
         })?;
-        if !each(record.lsn, mutation, record.group_end) {
+        if let Some((lsn, previous)) = held.take()
+            && !each(lsn, previous, false)
+        {
             return Ok(false);
         }
+        // In a chained segment the group ends at its chain record, so the
+        // last change is held until that record shows.
+        if header.chain.is_some() && !record.group_end {
+            held = Some((record.lsn, mutation));
+        } else if !each(record.lsn, mutation, record.group_end) {
+            return Ok(false);
+        }
+    }
+    if let Some((lsn, mutation)) = held.take()
+        && !each(lsn, mutation, false)
+    {
+        return Ok(false);
     }
     Ok(expected <= until)
 }

@@ -2,10 +2,12 @@
 //!
 //! - [`record`]: one record's framing (`crc | len | lsn | kind | payload`).
 //! - [`segment`]: one file, named by its first LSN, with a fixed header.
+//! - [`chain`]: with a master key, the MAC that ends every commit group.
 //! - [`crc_seed`]: the secret per-segment seed of the record checksums.
 //! - [`recovery`]: reading every segment back at start, deciding torn tail
 //!   versus corruption, and the explicit `--repair`.
 
+pub mod chain;
 pub mod crc_seed;
 pub mod history;
 pub mod preallocator;

@@ -21,8 +21,10 @@
 //! `start` is the random id of the daemon start that sealed it: the key is
 //! the namespace's WAL key for that start, the nonce low 32 bits of start
 //! (BE) | lsn (u64 BE) (`crypto.rs`). Associated data: lsn u64 LE | kind
-//! byte (with both flag bits) | ns_len | ns | ns_id | start, so a record
-//! moved to another LSN or namespace fails to open.
+//! byte (with both flag bits) | ns_len | ns | ns_id | start, and in a
+//! chained segment (version 3) the data dir's 16-byte id, so a record
+//! moved to another LSN, namespace, data dir or kind of segment fails to
+//! open.
 //! The CRC covers the length, so a torn or flipped length field is caught
 //! like any other damage.
 //!
@@ -35,7 +37,7 @@ use byteorder::{ByteOrder, LittleEndian};
 use cube_protocol::NamespaceName;
 
 use super::crc_seed::CrcSeed;
-use crate::crypto::{CryptoError, Keyring, TAG_BYTES};
+use crate::crypto::{CryptoError, DIR_ID_BYTES, Keyring, TAG_BYTES};
 use crate::mutation::Mutation;
 
 pub const RECORD_HEADER_BYTES: usize = 17;
@@ -65,6 +67,7 @@ pub fn encode_sealed_record(
     keyring: &Keyring,
     ns_id: u64,
     seed: CrcSeed,
+    dir_id: Option<&[u8; DIR_ID_BYTES]>,
 ) -> Result<(), CryptoError> {
     let ns_prefix = 1 + mutation.namespace().as_str().len();
     scratch.clear();
@@ -73,7 +76,7 @@ pub fn encode_sealed_record(
     let mut sealed = scratch.split_off(ns_prefix);
     let kind = mutation.kind() | SEALED_BIT | if group_end { GROUP_END_BIT } else { 0 };
     let start_id = keyring.start();
-    let aad = record_aad(lsn, kind, &scratch[..ns_prefix], ns_id, start_id);
+    let aad = record_aad(lsn, kind, &scratch[..ns_prefix], ns_id, start_id, dir_id);
     keyring.seal_wal(ns_id, start_id, lsn, &aad, &mut sealed)?;
     let payload_len = ns_prefix + SEALED_PREFIX_BYTES + sealed.len();
     let start = out.len();
@@ -91,13 +94,23 @@ pub fn encode_sealed_record(
     Ok(())
 }
 
-fn record_aad(lsn: u64, kind_byte: u8, ns_prefix: &[u8], ns_id: u64, start_id: u64) -> Vec<u8> {
-    let mut aad = Vec::with_capacity(8 + 1 + ns_prefix.len() + SEALED_PREFIX_BYTES);
+fn record_aad(
+    lsn: u64,
+    kind_byte: u8,
+    ns_prefix: &[u8],
+    ns_id: u64,
+    start_id: u64,
+    dir_id: Option<&[u8; DIR_ID_BYTES]>,
+) -> Vec<u8> {
+    let mut aad = Vec::with_capacity(8 + 1 + ns_prefix.len() + SEALED_PREFIX_BYTES + DIR_ID_BYTES);
     aad.extend_from_slice(&lsn.to_le_bytes());
     aad.push(kind_byte);
     aad.extend_from_slice(ns_prefix);
     aad.extend_from_slice(&ns_id.to_le_bytes());
     aad.extend_from_slice(&start_id.to_le_bytes());
+    if let Some(id) = dir_id {
+        aad.extend_from_slice(id);
+    }
     aad
 }
 
@@ -111,10 +124,12 @@ pub enum RecordOpenError {
     Key(String),
 }
 
-/// Decodes a record's mutation, opening a sealed payload with `keyring`.
+/// Decodes a record's mutation, opening a sealed payload with `keyring`;
+/// `dir_id` is that of a chained segment's header.
 pub fn decode_record(
     record: &RawRecord<'_>,
     keyring: Option<&Keyring>,
+    dir_id: Option<&[u8; DIR_ID_BYTES]>,
 ) -> Result<Mutation, RecordOpenError> {
     if record.kind & SEALED_BIT == 0 {
         return Mutation::decode(record.kind, record.payload).map_err(RecordOpenError::Damage);
@@ -149,6 +164,7 @@ pub fn decode_record(
         &payload[..ns_prefix],
         ns_id,
         start_id,
+        dir_id,
     );
     let mut plain = Vec::with_capacity(payload.len());
     plain.extend_from_slice(&payload[..ns_prefix]);

@@ -21,7 +21,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::crypto::Keyring;
+use crate::crypto::{Keyring, MAC_BYTES, tags_equal};
 use crate::data_dir::sync_dir;
 use crate::error::StoreError;
 use crate::mutation::{
@@ -31,6 +31,7 @@ use crate::mutation::{
 };
 use crate::namespace::check_namespace_key;
 use crate::storage::{OpenMode, Storage};
+use crate::wal::chain::{ChainState, KIND_CHAIN, group_mac};
 use crate::wal::crc_seed::CrcSeed;
 use crate::wal::record::{
     GROUP_END_BIT, MAX_RECORD_PAYLOAD_BYTES, RECORD_HEADER_BYTES, RecordOpenError, SEALED_BIT,
@@ -85,6 +86,9 @@ pub struct RecoveryReport {
     pub torn_segment_removed: Option<PathBuf>,
     pub repaired: Option<RepairReport>,
     pub tail: Option<TailSegment>,
+    /// Where the log's chain stands after the last whole group (`None`:
+    /// the log is not chained).
+    pub chain: Option<ChainState>,
     pub duration: Duration,
 }
 
@@ -104,6 +108,147 @@ struct BadPoint {
 pub(crate) struct Cut {
     pub(crate) offset: u64,
     pub(crate) next_lsn: u64,
+}
+
+/// Where the log's chain must stand at a known point: from the
+/// authenticated manifest, the chain value at its checkpoint LSN, and the
+/// data dir's id.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ChainAnchor {
+    pub at: Option<(u64, ChainState)>,
+    /// The manifest's tag verified under this key: a MAC that fails later
+    /// is tampering, not a wrong key.
+    pub key_confirmed: bool,
+}
+
+/// The chain as replay goes: what it checks against and where it stands.
+pub(crate) struct ChainCheck<'k> {
+    /// Verifies MACs (a key); without one, chain records are skipped.
+    keyring: Option<&'k Keyring>,
+    anchor: Option<(u64, ChainState)>,
+    /// The chain value after the last whole chained group read.
+    pub(crate) state: Option<ChainState>,
+    /// A group's MAC verified under this key (or the manifest's did).
+    key_confirmed: bool,
+    /// The first MAC failed before anything confirmed the key: the reason,
+    /// reported once replay ends (never repaired).
+    pub(crate) suspect_key: Option<String>,
+    /// A key was given (whether or not it turned out suspect).
+    has_key: bool,
+}
+
+impl<'k> ChainCheck<'k> {
+    pub(crate) fn new(keyring: Option<&'k Keyring>, anchor: ChainAnchor) -> ChainCheck<'k> {
+        let keyring = keyring.filter(|k| k.has_key());
+        ChainCheck {
+            keyring,
+            anchor: anchor.at,
+            state: None,
+            key_confirmed: anchor.key_confirmed,
+            suspect_key: None,
+            has_key: keyring.is_some(),
+        }
+    }
+
+    /// Checks a segment's header against the chain: a chained segment must
+    /// continue it (and carry the data dir's id), and once the log is
+    /// chained, every later segment must be.
+    fn enter_segment(&mut self, header: &SegmentHeader) -> Result<(), String> {
+        let expected = match self.anchor {
+            Some((lsn, at)) if header.first_lsn == lsn + 1 => Some(at),
+            Some((lsn, _)) if header.first_lsn <= lsn => None,
+            _ => self.state,
+        };
+        match (header.chain, expected) {
+            (Some(chain), Some(expected)) if chain.dir_id != expected.dir_id => Err(
+                "the segment belongs to another data dir (its data dir id differs): it was \
+                 copied in from elsewhere"
+                    .into(),
+            ),
+            (Some(chain), Some(expected)) if chain.prev != expected.prev => Err(
+                "the segment does not continue the log's chain: a segment or commit group \
+                 before it was removed or replaced, or it comes from another copy of the data dir"
+                    .into(),
+            ),
+            (Some(chain), _) => {
+                self.state = Some(chain);
+                Ok(())
+            }
+            (None, Some(expected))
+                if self.has_key && (self.state.is_some() || expected.prev != [0; MAC_BYTES]) =>
+            {
+                Err(
+                    "an unchained segment where the log is chained: it was written without the \
+                 master key, or forged"
+                        .into(),
+                )
+            }
+            (None, _) => Ok(()),
+        }
+    }
+
+    /// Verifies a chain record ending the group `records` (the group's
+    /// other records, back to back); on success the chain moves on.
+    fn close_group(&mut self, records: &[u8], lsn: u64, payload: &[u8]) -> Result<(), ReplayStop> {
+        let Some(state) = self.state else {
+            return Err(ReplayStop::Damage(
+                0,
+                "a chain record in a segment that is not chained".into(),
+                Cut {
+                    offset: 0,
+                    next_lsn: lsn,
+                },
+            ));
+        };
+        let Ok(stored) = <[u8; MAC_BYTES]>::try_from(payload) else {
+            return Err(ReplayStop::Damage(
+                0,
+                format!("a chain record of {} bytes", payload.len()),
+                Cut {
+                    offset: 0,
+                    next_lsn: lsn,
+                },
+            ));
+        };
+        if let Some(keyring) = self.keyring {
+            let ok = group_mac(keyring, &state, records, lsn)
+                .is_ok_and(|computed| tags_equal(&computed, &stored));
+            if !ok && !self.key_confirmed {
+                // Most likely the wrong key. Replay goes on unverified, so
+                // that a namespace's key check can name what the key
+                // locks; recovery refuses at its end all the same.
+                self.suspect_key.get_or_insert(format!(
+                    "the commit group ending at LSN {lsn} does not authenticate under this master \
+                     key: start cubed with the key this data dir was written with (if it is that \
+                     key, the log was tampered with: `cubed --verify DIR --key-file KEY`)"
+                ));
+                self.keyring = None;
+            }
+            if !ok && self.keyring.is_some() {
+                return Err(ReplayStop::Damage(
+                    0,
+                    "commit group MAC mismatch: a record of this group was altered, removed, \
+                     added or reordered, or the group comes from another copy of the data dir"
+                        .into(),
+                    Cut {
+                        offset: 0,
+                        next_lsn: lsn,
+                    },
+                ));
+            }
+            self.key_confirmed |= ok;
+        }
+        self.state = Some(ChainState {
+            prev: stored,
+            ..state
+        });
+        Ok(())
+    }
+
+    /// Whether the log read so far is chained.
+    pub(crate) fn is_chained(&self) -> bool {
+        self.state.is_some()
+    }
 }
 
 /// Whether the last segment's bytes are a creation a crash tore before its
@@ -131,13 +276,16 @@ pub fn recover(
         options,
         keyring,
         &mut rule,
+        ChainAnchor::default(),
         apply,
     )
 }
 
 /// [`recover`], checking each replayed record against `rule` (seeded with
 /// the namespaces of the checkpoint): a data record of an encrypted
-/// namespace must be sealed, and no other may be.
+/// namespace must be sealed, and no other may be. A chained log must
+/// continue from `anchor` (the authenticated manifest's chain value).
+#[allow(clippy::too_many_arguments)]
 pub fn recover_with(
     storage: &dyn Storage,
     wal_dir: &Path,
@@ -145,6 +293,7 @@ pub fn recover_with(
     options: &RecoveryOptions,
     keyring: Option<&Keyring>,
     rule: &mut SealingRule,
+    anchor: ChainAnchor,
     mut apply: impl FnMut(u64, Mutation),
 ) -> Result<RecoveryReport, StoreError> {
     let started = Instant::now();
@@ -171,8 +320,10 @@ pub fn recover_with(
         torn_segment_removed: None,
         repaired: None,
         tail: None,
+        chain: None,
         duration: Duration::ZERO,
     };
+    let mut chain = ChainCheck::new(keyring, anchor);
     let mut expected_lsn: Option<u64> = None;
     // The header of the last segment read, and where its valid records end.
     let mut tail_header: Option<SegmentHeader> = None;
@@ -217,6 +368,7 @@ pub fn recover_with(
                 checkpoint_lsn,
                 keyring,
                 Some(&mut *rule),
+                &mut chain,
                 &mut apply,
                 &mut report,
             )
@@ -318,6 +470,17 @@ pub fn recover_with(
             len_bytes: tail_end,
         });
     }
+    if let Some(reason) = chain.suspect_key.take() {
+        return Err(StoreError::Key(reason));
+    }
+    if chain.is_chained() && !chain.has_key {
+        return Err(StoreError::Key(format!(
+            "the log in {} is chained under a master key (it was written by cubed with \
+             --key-file); start cubed with --key-file PATH (the key it was written with)",
+            wal_dir.display()
+        )));
+    }
+    report.chain = chain.state;
     report.duration = started.elapsed();
     Ok(report)
 }
@@ -356,6 +519,7 @@ pub(crate) fn replay_segment(
     checkpoint_lsn: u64,
     keyring: Option<&Keyring>,
     mut rule: Option<&mut SealingRule>,
+    chain: &mut ChainCheck<'_>,
     apply: &mut impl FnMut(u64, Mutation),
     report: &mut RecoveryReport,
 ) -> Result<SegmentEnd, ReplayStop> {
@@ -384,6 +548,11 @@ pub(crate) fn replay_segment(
             whole(expected),
         ));
     }
+    chain
+        .enter_segment(&header)
+        .map_err(|reason| ReplayStop::Damage(0, reason, whole(first_lsn)))?;
+    let chained = header.chain.is_some();
+    let dir_id = header.chain.map(|c| c.dir_id);
     let mut offset = header.header_bytes;
     let mut next_lsn = first_lsn;
     // Records are applied a whole commit group at a time: `pending` holds
@@ -403,27 +572,54 @@ pub(crate) fn replay_segment(
                         committed,
                     ));
                 }
-                let mutation = decode_record(&record, keyring).map_err(|e| match e {
-                    RecordOpenError::Damage(reason) => {
-                        ReplayStop::Damage(offset as u64, reason, committed)
+                let ends_group = if record.kind == KIND_CHAIN || (chained && record.group_end) {
+                    if record.kind != KIND_CHAIN || !record.group_end {
+                        return Err(ReplayStop::Damage(
+                            offset as u64,
+                            "a commit group that does not end with its MAC in a chained segment"
+                                .into(),
+                            committed,
+                        ));
                     }
-                    RecordOpenError::Key(reason) => ReplayStop::Key(reason),
-                })?;
-                if let Mutation::NamespaceCreate { ns, meta } = &mutation {
-                    check_namespace_key(ns, meta, keyring)
-                        .map_err(|e| ReplayStop::Key(e.to_string()))?;
-                }
-                // Only past the checkpoint: the rule starts from its state.
-                if record.lsn > checkpoint_lsn
-                    && let Some(rule) = rule.as_deref_mut()
-                {
-                    rule.check(&mutation, record.kind & SEALED_BIT != 0)
-                        .map_err(|reason| ReplayStop::Damage(offset as u64, reason, committed))?;
-                }
-                pending.push((record.lsn, mutation));
+                    let group = &bytes[committed.offset as usize..offset];
+                    chain
+                        .close_group(group, record.lsn, record.payload)
+                        .map_err(|stop| match stop {
+                            ReplayStop::Damage(_, reason, _) => {
+                                ReplayStop::Damage(offset as u64, reason, committed)
+                            }
+                            key => key,
+                        })?;
+                    true
+                } else {
+                    let mutation =
+                        decode_record(&record, keyring, dir_id.as_ref()).map_err(|e| match e {
+                            RecordOpenError::Damage(reason) => {
+                                ReplayStop::Damage(offset as u64, reason, committed)
+                            }
+                            RecordOpenError::Key(reason) => ReplayStop::Key(reason),
+                        })?;
+                    if let Mutation::NamespaceCreate { ns, meta }
+                    | Mutation::NamespaceAlter { ns, meta } = &mutation
+                    {
+                        check_namespace_key(ns, meta, keyring)
+                            .map_err(|e| ReplayStop::Key(e.to_string()))?;
+                    }
+                    // Only past the checkpoint: the rule starts from its state.
+                    if record.lsn > checkpoint_lsn
+                        && let Some(rule) = rule.as_deref_mut()
+                    {
+                        rule.check(&mutation, record.kind & SEALED_BIT != 0)
+                            .map_err(|reason| {
+                                ReplayStop::Damage(offset as u64, reason, committed)
+                            })?;
+                    }
+                    pending.push((record.lsn, mutation));
+                    record.group_end
+                };
                 next_lsn += 1;
                 offset += record.total_bytes;
-                if record.group_end {
+                if ends_group {
                     for (lsn, mutation) in pending.drain(..) {
                         if lsn > checkpoint_lsn {
                             apply(lsn, mutation);
@@ -533,6 +729,7 @@ fn later_group_follows(bytes: &[u8], from: usize, min_lsn: u64, seed: CrcSeed) -
             KIND_NAMESPACE_CREATE,
             KIND_NAMESPACE_DROP,
             KIND_NAMESPACE_ALTER,
+            KIND_CHAIN,
         ]
         .contains(&kind)
             && (min_lsn..=max_lsn).contains(&lsn)
@@ -680,6 +877,14 @@ fn repair_at(
     })
 }
 
+/// A record of a closed segment, as the fold sees it.
+pub enum ClosedRecord {
+    /// A mutation, and whether its record was sealed.
+    Mutation(Mutation, bool),
+    /// A chain record: the chain value after its group.
+    Chain([u8; MAC_BYTES]),
+}
+
 /// Reads every record of a closed segment (one the writer has moved past
 /// and synced), for the checkpointer, with whether it was sealed. Any damage is corruption here: a
 /// closed segment has no torn tail, only preallocated zeros.
@@ -687,7 +892,7 @@ pub fn read_closed_segment(
     storage: &dyn Storage,
     path: &Path,
     keyring: Option<&Keyring>,
-    mut each: impl FnMut(u64, Mutation, bool),
+    mut each: impl FnMut(u64, ClosedRecord),
 ) -> Result<u64, StoreError> {
     let bytes = storage
         .read_file(path)
@@ -703,12 +908,28 @@ pub fn read_closed_segment(
     let mut inside_group = false;
     while offset < bytes.len() {
         match parse_record(&bytes[offset..], header.crc_seed) {
-            Ok(record) if record.lsn == next_lsn => {
-                let mutation = decode_record(&record, keyring).map_err(|e| match e {
-                    RecordOpenError::Damage(reason) => corrupt(offset as u64, reason),
-                    RecordOpenError::Key(reason) => StoreError::Key(reason),
+            // Recovery verified the chain of every segment this start did
+            // not write itself; the fold only carries its value on.
+            Ok(record) if record.lsn == next_lsn && record.kind == KIND_CHAIN => {
+                let mac = <[u8; MAC_BYTES]>::try_from(record.payload).map_err(|_| {
+                    corrupt(offset as u64, "a chain record of the wrong length".into())
                 })?;
-                each(record.lsn, mutation, record.kind & SEALED_BIT != 0);
+                each(record.lsn, ClosedRecord::Chain(mac));
+                next_lsn += 1;
+                offset += record.total_bytes;
+                inside_group = !record.group_end;
+            }
+            Ok(record) if record.lsn == next_lsn => {
+                let dir_id = header.chain.map(|c| c.dir_id);
+                let mutation =
+                    decode_record(&record, keyring, dir_id.as_ref()).map_err(|e| match e {
+                        RecordOpenError::Damage(reason) => corrupt(offset as u64, reason),
+                        RecordOpenError::Key(reason) => StoreError::Key(reason),
+                    })?;
+                each(
+                    record.lsn,
+                    ClosedRecord::Mutation(mutation, record.kind & SEALED_BIT != 0),
+                );
                 next_lsn += 1;
                 offset += record.total_bytes;
                 inside_group = !record.group_end;

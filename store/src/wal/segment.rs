@@ -14,6 +14,19 @@
 //! 28     4    header_crc  u32 LE, CRC32C of bytes 0..28
 //! ```
 //!
+//! Version 3, written when cubed has a master key (a chained log,
+//! chain.rs), has an 80-byte header: bytes 0..28 as above with version =
+//! 3, then
+//!
+//! ```text
+//! 28     16   dir_id      the data dir's random id (checkpoint/manifest.rs)
+//! 44     32   chain_in    the chain value before the segment's first group:
+//!                         the MAC of the last group of the segment before,
+//!                         or, for the first chained segment, where the
+//!                         chain starts
+//! 76     4    header_crc  u32 LE, CRC32C of bytes 0..76
+//! ```
+//!
 //! Version 1 (still read, never written) had a 24-byte header: magic,
 //! version = 1, first_lsn, then header_crc of bytes 0..20, and records
 //! with plain CRC32C ([`CrcSeed::UNSEEDED`]).
@@ -30,7 +43,9 @@ use std::path::{Path, PathBuf};
 
 use byteorder::{ByteOrder, LittleEndian};
 
+use super::chain::ChainState;
 use super::crc_seed::CrcSeed;
+use crate::crypto::{DIR_ID_BYTES, MAC_BYTES};
 use crate::data_dir::sync_dir;
 use crate::error::StoreError;
 use crate::storage::{OpenMode, Storage, StorageFile};
@@ -40,8 +55,12 @@ pub const SEGMENT_HEADER_BYTES: usize = 32;
 /// The header of a version-1 segment.
 pub const V1_SEGMENT_HEADER_BYTES: usize = 24;
 pub const SEGMENT_MAGIC: &[u8; 8] = b"CUBEWAL\0";
-/// The version this build writes; it also reads version 1.
+/// The version this build writes without a key; it also reads version 1.
 pub const SEGMENT_VERSION: u32 = 2;
+/// The version of a chained segment (with a master key).
+pub const SEGMENT_VERSION_CHAINED: u32 = 3;
+/// The header of a chained segment.
+pub const CHAINED_SEGMENT_HEADER_BYTES: usize = 80;
 
 pub fn segment_file_name(first_lsn: u64) -> String {
     format!("{first_lsn:020}.wal")
@@ -56,18 +75,37 @@ pub fn parse_segment_file_name(name: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
-pub fn encode_segment_header(first_lsn: u64, crc_seed: CrcSeed) -> [u8; SEGMENT_HEADER_BYTES] {
+/// The header of a new segment: version 2, or with `chain` version 3.
+pub fn encode_segment_header(
+    first_lsn: u64,
+    crc_seed: CrcSeed,
+    chain: Option<&ChainState>,
+) -> Vec<u8> {
     assert!(
         crc_seed != CrcSeed::UNSEEDED,
         "a version-2 segment has a seed"
     );
-    let mut h = [0u8; SEGMENT_HEADER_BYTES];
+    let len = if chain.is_some() {
+        CHAINED_SEGMENT_HEADER_BYTES
+    } else {
+        SEGMENT_HEADER_BYTES
+    };
+    let mut h = vec![0u8; len];
     h[0..8].copy_from_slice(SEGMENT_MAGIC);
-    LittleEndian::write_u32(&mut h[8..12], SEGMENT_VERSION);
+    let version = if chain.is_some() {
+        SEGMENT_VERSION_CHAINED
+    } else {
+        SEGMENT_VERSION
+    };
+    LittleEndian::write_u32(&mut h[8..12], version);
     LittleEndian::write_u64(&mut h[12..20], first_lsn);
     LittleEndian::write_u32(&mut h[20..24], crc_seed.to_u32());
-    let crc = crc32c::crc32c(&h[0..28]);
-    LittleEndian::write_u32(&mut h[28..32], crc);
+    if let Some(chain) = chain {
+        h[28..44].copy_from_slice(&chain.dir_id);
+        h[44..76].copy_from_slice(&chain.prev);
+    }
+    let crc = crc32c::crc32c(&h[0..len - 4]);
+    LittleEndian::write_u32(&mut h[len - 4..len], crc);
     h
 }
 
@@ -78,6 +116,8 @@ pub struct SegmentHeader {
     pub crc_seed: CrcSeed,
     /// Where the first record starts.
     pub header_bytes: usize,
+    /// Version 3: the data dir id and the chain value the segment starts from.
+    pub chain: Option<ChainState>,
 }
 
 /// How many bytes the header at the start of `bytes` needs: a file shorter
@@ -85,6 +125,7 @@ pub struct SegmentHeader {
 pub fn header_bytes_needed(bytes: &[u8]) -> usize {
     match bytes.get(8..12).map(LittleEndian::read_u32) {
         Some(1) => V1_SEGMENT_HEADER_BYTES,
+        Some(SEGMENT_VERSION_CHAINED) => CHAINED_SEGMENT_HEADER_BYTES,
         _ => SEGMENT_HEADER_BYTES,
     }
 }
@@ -102,9 +143,9 @@ pub fn parse_segment_header(bytes: &[u8]) -> Result<SegmentHeader, String> {
         return Err("not a cube WAL segment (bad magic)".into());
     }
     let version = LittleEndian::read_u32(&bytes[8..12]);
-    if version != 1 && version != SEGMENT_VERSION {
+    if version != 1 && version != SEGMENT_VERSION && version != SEGMENT_VERSION_CHAINED {
         return Err(format!(
-            "segment format version {version} is not supported (this build reads 1 and {SEGMENT_VERSION}), or the header is damaged"
+            "segment format version {version} is not supported (this build reads 1 to {SEGMENT_VERSION_CHAINED}), or the header is damaged"
         ));
     }
     let crc_at = needed - 4;
@@ -126,10 +167,20 @@ pub fn parse_segment_header(bytes: &[u8]) -> Result<SegmentHeader, String> {
         }
         seed
     };
+    let chain = (version == SEGMENT_VERSION_CHAINED).then(|| {
+        let mut state = ChainState {
+            dir_id: [0; DIR_ID_BYTES],
+            prev: [0; MAC_BYTES],
+        };
+        state.dir_id.copy_from_slice(&bytes[28..44]);
+        state.prev.copy_from_slice(&bytes[44..76]);
+        state
+    });
     Ok(SegmentHeader {
         first_lsn: LittleEndian::read_u64(&bytes[12..20]),
         crc_seed,
         header_bytes: needed,
+        chain,
     })
 }
 
@@ -172,20 +223,17 @@ impl WalSegment {
         dir: &Path,
         first_lsn: u64,
         crc_seed: CrcSeed,
+        chain: Option<&ChainState>,
         preallocate_bytes: u64,
     ) -> Result<WalSegment, StoreError> {
         let path = dir.join(segment_file_name(first_lsn));
         let mut file = storage
             .open(&path, OpenMode::CreateNew)
             .map_err(|e| StoreError::io(&path, e))?;
-        file.write_all_at(&encode_segment_header(first_lsn, crc_seed), 0)
-            .and_then(|()| {
-                zero_fill(
-                    file.as_mut(),
-                    SEGMENT_HEADER_BYTES as u64,
-                    preallocate_bytes,
-                )
-            })
+        let header = encode_segment_header(first_lsn, crc_seed, chain);
+        let header_bytes = header.len() as u64;
+        file.write_all_at(&header, 0)
+            .and_then(|()| zero_fill(file.as_mut(), header_bytes, preallocate_bytes))
             .and_then(|()| file.sync_data())
             .map_err(|e| StoreError::io(&path, e))?;
         sync_dir(storage, dir)?;
@@ -194,8 +242,8 @@ impl WalSegment {
             file,
             first_lsn,
             crc_seed,
-            header_bytes: SEGMENT_HEADER_BYTES as u64,
-            len_bytes: SEGMENT_HEADER_BYTES as u64,
+            header_bytes,
+            len_bytes: header_bytes,
         })
     }
 
@@ -287,7 +335,11 @@ impl PreparedSegment {
         let tmp_path = dir.join(format!("next-{n}{PREPARED_SUFFIX}"));
         let result = (|| {
             let mut file = storage.open(&tmp_path, OpenMode::CreateTruncate)?;
-            zero_fill(file.as_mut(), 0, bytes.max(SEGMENT_HEADER_BYTES as u64))?;
+            zero_fill(
+                file.as_mut(),
+                0,
+                bytes.max(CHAINED_SEGMENT_HEADER_BYTES as u64),
+            )?;
             file.sync_data()?;
             Ok(file)
         })();
@@ -308,10 +360,13 @@ impl PreparedSegment {
         dir: &Path,
         first_lsn: u64,
         crc_seed: CrcSeed,
+        chain: Option<&ChainState>,
     ) -> Result<WalSegment, StoreError> {
         let path = dir.join(segment_file_name(first_lsn));
+        let header = encode_segment_header(first_lsn, crc_seed, chain);
+        let header_bytes = header.len() as u64;
         self.file
-            .write_all_at(&encode_segment_header(first_lsn, crc_seed), 0)
+            .write_all_at(&header, 0)
             .and_then(|()| self.file.sync_data())
             .map_err(|e| StoreError::io(&self.tmp_path, e))?;
         storage
@@ -323,8 +378,8 @@ impl PreparedSegment {
             file: self.file,
             first_lsn,
             crc_seed,
-            header_bytes: SEGMENT_HEADER_BYTES as u64,
-            len_bytes: SEGMENT_HEADER_BYTES as u64,
+            header_bytes,
+            len_bytes: header_bytes,
         })
     }
 
@@ -352,21 +407,34 @@ mod tests {
     #[test]
     fn header_round_trips_and_damage_is_named() {
         let seed = CrcSeed::from_u32(0xdead_beef);
-        let h = encode_segment_header(9, seed);
+        let h = encode_segment_header(9, seed, None);
         assert_eq!(
             parse_segment_header(&h),
             Ok(SegmentHeader {
                 first_lsn: 9,
                 crc_seed: seed,
-                header_bytes: SEGMENT_HEADER_BYTES
+                header_bytes: SEGMENT_HEADER_BYTES,
+                chain: None,
             })
         );
-        for byte in 0..SEGMENT_HEADER_BYTES {
-            let mut bad = h;
+        let chain = ChainState {
+            dir_id: [1; DIR_ID_BYTES],
+            prev: [2; MAC_BYTES],
+        };
+        let chained = encode_segment_header(9, seed, Some(&chain));
+        assert_eq!(chained.len(), CHAINED_SEGMENT_HEADER_BYTES);
+        assert_eq!(parse_segment_header(&chained).unwrap().chain, Some(chain));
+        for byte in 0..CHAINED_SEGMENT_HEADER_BYTES {
+            let mut bad = chained.clone();
             bad[byte] ^= 1;
             assert!(parse_segment_header(&bad).is_err(), "flip in byte {byte}");
         }
-        let mut bad = h;
+        for byte in 0..SEGMENT_HEADER_BYTES {
+            let mut bad = h.clone();
+            bad[byte] ^= 1;
+            assert!(parse_segment_header(&bad).is_err(), "flip in byte {byte}");
+        }
+        let mut bad = h.clone();
         bad[13] ^= 1;
         assert!(parse_segment_header(&bad).unwrap_err().contains("checksum"));
         assert!(parse_segment_header(&h[..10]).is_err());
@@ -387,7 +455,8 @@ mod tests {
             Ok(SegmentHeader {
                 first_lsn: 5,
                 crc_seed: CrcSeed::UNSEEDED,
-                header_bytes: V1_SEGMENT_HEADER_BYTES
+                header_bytes: V1_SEGMENT_HEADER_BYTES,
+                chain: None,
             })
         );
     }

@@ -44,6 +44,11 @@ use serde::Deserialize;
 
 use super::{EXIT_USAGE, Failure, parse_namespace_arg};
 
+#[path = "transfer/csv.rs"]
+mod csv;
+
+use self::csv::{CsvReader, CsvWriter};
+
 pub(crate) const EXPORT_HELP: &str = "\
 Writes the namespace's cells (in curve order), then its edges, then its
 programs to stdout, one JSON object per line:
@@ -185,13 +190,34 @@ impl From<ClientError> for ExportEnd {
 }
 
 fn write_out(out: &mut impl Write, bytes: &[u8]) -> Result<(), ExportEnd> {
-    out.write_all(bytes).map_err(|e| {
-        if e.kind() == io::ErrorKind::BrokenPipe {
-            ExportEnd::ReaderGone
-        } else {
-            ExportEnd::Failed(super::output_failure(&e))
-        }
-    })
+    out.write_all(bytes).map_err(|e| output_end(&e))
+}
+
+fn output_end(error: &io::Error) -> ExportEnd {
+    if error.kind() == io::ErrorKind::BrokenPipe {
+        ExportEnd::ReaderGone
+    } else {
+        ExportEnd::Failed(super::output_failure(error))
+    }
+}
+
+/// The cells of `region` as CSV (which holds no edges or programs).
+fn export_csv(
+    client: &mut Client,
+    ns: &str,
+    region: &CellBox,
+    out: &mut impl Write,
+    cells: &mut u64,
+) -> Result<(), ExportEnd> {
+    let mut csv = CsvWriter::new(out);
+    csv.header().map_err(|e| output_end(&e))?;
+    for cell in client.scan(ns, *region, EXPORT_PAGE.min(MAX_SCAN_PAGE_CELLS)) {
+        let cell = cell?;
+        csv.cell(cell.coord, &cell.value)
+            .map_err(|e| output_end(&e))?;
+        *cells += 1;
+    }
+    csv.flush().map_err(|e| output_end(&e))
 }
 
 fn coord_json(out: &mut String, c: Coord) {
@@ -240,29 +266,6 @@ fn program_line(out: &mut String, coord: Coord, source: &[u8]) {
     out.push(',');
     bytes_json(out, "source", "source_base64", source);
     out.push_str("}\n");
-}
-
-/// The prefix of a CSV value that is base64-encoded bytes.
-const CSV_BASE64_PREFIX: &str = "base64:";
-
-fn csv_line(out: &mut String, coord: Coord, value: &[u8]) {
-    out.push_str(&format!("{},{},{},", coord.x, coord.y, coord.z));
-    match std::str::from_utf8(value) {
-        Ok(text) if !text.starts_with(CSV_BASE64_PREFIX) => {
-            if text.contains([',', '"', '\r', '\n']) {
-                out.push('"');
-                out.push_str(&text.replace('"', "\"\""));
-                out.push('"');
-            } else {
-                out.push_str(text);
-            }
-        }
-        _ => {
-            out.push_str(CSV_BASE64_PREFIX);
-            out.push_str(&base64::encode(value));
-        }
-    }
-    out.push('\n');
 }
 
 pub(crate) fn export(
@@ -321,23 +324,21 @@ fn export_into(
     (cells, edges, programs): &mut (u64, u64, u64),
 ) -> Result<(), ExportEnd> {
     let ns = args.ns.as_str();
-    let mut line = String::with_capacity(4096);
-    if args.format == Format::Csv {
-        write_out(out, b"x,y,z,value\n")?;
-    }
-    for cell in client.scan(ns, *region, EXPORT_PAGE.min(MAX_SCAN_PAGE_CELLS)) {
-        let cell = cell?;
-        line.clear();
-        match args.format {
-            Format::Jsonl => cell_line(&mut line, cell.coord, &cell.value),
-            Format::Csv => csv_line(&mut line, cell.coord, &cell.value),
-        }
-        write_out(out, line.as_bytes())?;
-        *cells += 1;
-    }
     // CSV carries cells only: the edges and programs are counted, not
     // written, so `export` can say what the file leaves out.
     let write_all = args.format == Format::Jsonl;
+    let mut line = String::with_capacity(4096);
+    if args.format == Format::Csv {
+        export_csv(client, ns, region, out, cells)?;
+    } else {
+        for cell in client.scan(ns, *region, EXPORT_PAGE.min(MAX_SCAN_PAGE_CELLS)) {
+            let cell = cell?;
+            line.clear();
+            cell_line(&mut line, cell.coord, &cell.value);
+            write_out(out, line.as_bytes())?;
+            *cells += 1;
+        }
+    }
     let mut after = None;
     loop {
         let page = client.edge_page(ns, EXPORT_PAGE.min(MAX_EDGE_PAGE), after)?;
@@ -504,119 +505,6 @@ fn check_sizes(op: &BatchOp, max_value_bytes: usize) -> Result<(), String> {
     }
 }
 
-/// The fields of one CSV record (RFC 4180: `""` is a quote inside a quoted
-/// field, and a quoted field may hold commas and line breaks).
-/// Whether `record` (one or more lines) ends inside a quoted CSV field,
-/// read as [`csv_fields`] reads it: a field is quoted only if it starts
-/// with `"`; inside, `""` is a quote and `"` closes it.
-fn ends_inside_quoted_field(record: &[u8]) -> bool {
-    let (mut quoted, mut at_field_start) = (false, true);
-    let mut bytes = record.iter().peekable();
-    while let Some(&b) = bytes.next() {
-        if quoted {
-            if b == b'"' {
-                if bytes.peek() == Some(&&b'"') {
-                    bytes.next();
-                } else {
-                    quoted = false;
-                }
-            }
-            continue;
-        }
-        match b {
-            b'"' if at_field_start => {
-                quoted = true;
-                at_field_start = false;
-            }
-            b',' | b'\n' => at_field_start = true,
-            _ => at_field_start = false,
-        }
-    }
-    quoted
-}
-
-fn csv_fields(record: &str) -> Result<Vec<String>, String> {
-    let mut fields = Vec::with_capacity(4);
-    let mut chars = record.chars().peekable();
-    loop {
-        let mut field = String::new();
-        if chars.peek() == Some(&'"') {
-            chars.next();
-            loop {
-                match chars.next() {
-                    None => return Err("a quoted field is not closed".to_owned()),
-                    Some('"') if chars.peek() == Some(&'"') => {
-                        chars.next();
-                        field.push('"');
-                    }
-                    Some('"') => break,
-                    Some(c) => field.push(c),
-                }
-            }
-            match chars.next() {
-                None => {
-                    fields.push(field);
-                    return Ok(fields);
-                }
-                Some(',') => fields.push(field),
-                Some(c) => {
-                    return Err(format!(
-                        "{c:?} after a closing quote; a quoted field must end at a comma"
-                    ));
-                }
-            }
-        } else {
-            loop {
-                match chars.next() {
-                    None => {
-                        fields.push(field);
-                        return Ok(fields);
-                    }
-                    Some(',') => break,
-                    Some(c) => field.push(c),
-                }
-            }
-            fields.push(field);
-        }
-    }
-}
-
-/// `None` for the header line.
-fn parse_csv_record(
-    record: &str,
-    max_value_bytes: usize,
-    first: bool,
-) -> Result<Option<BatchOp>, String> {
-    let fields = csv_fields(record)?;
-    if first
-        && fields
-            .first()
-            .is_some_and(|f| f.trim().eq_ignore_ascii_case("x"))
-    {
-        return Ok(None);
-    }
-    let [x, y, z, value] = fields.as_slice() else {
-        return Err(format!(
-            "{} fields; a record is x,y,z,value (quote a value that holds a comma)",
-            fields.len()
-        ));
-    };
-    let axis = |name: &str, text: &str| {
-        text.trim()
-            .parse::<i32>()
-            .map_err(|_| format!("{name} = {text:?} is not a 32-bit integer"))
-    };
-    let coord = Coord::new(axis("x", x)?, axis("y", y)?, axis("z", z)?);
-    let value = match value.strip_prefix(CSV_BASE64_PREFIX) {
-        Some(encoded) => base64::decode(encoded)
-            .ok_or_else(|| "the value after \"base64:\" is not valid base64".to_owned())?,
-        None => value.clone().into_bytes(),
-    };
-    let op = BatchOp::Put { coord, value };
-    check_sizes(&op, max_value_bytes)?;
-    Ok(Some(op))
-}
-
 /// One record of the input and where it starts.
 struct Record {
     /// The 1-based line the record starts on.
@@ -635,10 +523,30 @@ struct RecordReader {
     line: u64,
     /// Bytes consumed so far (for the progress bar).
     bytes: u64,
+    /// The current JSON line.
     buf: Vec<u8>,
+    csv: CsvReader,
 }
 
 impl RecordReader {
+    fn new(
+        input: Box<dyn Read + Send>,
+        format: Format,
+        max_value_bytes: usize,
+        max_record_bytes: usize,
+    ) -> RecordReader {
+        RecordReader {
+            input: BufReader::with_capacity(INPUT_BUFFER_BYTES, input),
+            format,
+            max_value_bytes,
+            max_record_bytes,
+            line: 0,
+            bytes: 0,
+            buf: Vec::new(),
+            csv: CsvReader::new(),
+        }
+    }
+
     /// Reads one physical line (with its terminator) onto the end of `buf`;
     /// `false` at the end of the input.
     fn read_line(&mut self) -> io::Result<bool> {
@@ -678,22 +586,21 @@ impl RecordReader {
     }
 
     fn next_record(&mut self) -> io::Result<Option<Record>> {
+        if self.format == Format::Csv {
+            let record = self.csv.next_record(
+                &mut self.input,
+                &mut self.bytes,
+                self.max_value_bytes,
+                self.max_record_bytes,
+            );
+            self.line = self.csv.lines();
+            return record;
+        }
         self.buf.clear();
         if !self.read_line()? {
             return Ok(None);
         }
         let line = self.line;
-        if self.format == Format::Csv {
-            // A quoted field may hold line breaks: the record goes on
-            // while one is open. Only a quote that starts a field opens one
-            // (as `csv_fields` reads it); a quote inside an unquoted field
-            // is text and must not swallow the lines after it.
-            while ends_inside_quoted_field(&self.buf) && self.buf.len() <= self.max_record_bytes {
-                if !self.read_line()? {
-                    break;
-                }
-            }
-        }
         if self.buf.len() > self.max_record_bytes {
             if !self.buf.ends_with(b"\n") {
                 self.skip_rest_of_line()?;
@@ -717,10 +624,7 @@ impl RecordReader {
         let parsed = match std::str::from_utf8(bytes) {
             Err(e) => Err(format!("not UTF-8 ({e})")),
             Ok(text) if text.trim().is_empty() => Ok(None),
-            Ok(text) => match self.format {
-                Format::Jsonl => parse_json_record(text, self.max_value_bytes).map(Some),
-                Format::Csv => parse_csv_record(text, self.max_value_bytes, line == 1),
-            },
+            Ok(text) => parse_json_record(text, self.max_value_bytes).map(Some),
         };
         Ok(Some(Record { line, parsed }))
     }
@@ -1063,15 +967,12 @@ pub(crate) fn import(
             .min(u64::from(limits.max_frame_bytes).saturating_sub(BATCH_FRAME_OVERHEAD)),
         skip_bad: args.skip_bad,
     };
-    let reader = RecordReader {
-        input: BufReader::with_capacity(INPUT_BUFFER_BYTES, input),
+    let reader = RecordReader::new(
+        input,
         format,
         max_value_bytes,
-        max_record_bytes: max_record_bytes(max_value_bytes),
-        line: 0,
-        bytes: 0,
-        buf: Vec::new(),
-    };
+        max_record_bytes(max_value_bytes),
+    );
     let (tx, rx) = sync_channel(BATCHES_AHEAD);
     let reading = thread::Builder::new()
         .name("cubec-import-read".to_owned())
@@ -1368,87 +1269,13 @@ mod tests {
     }
 
     #[test]
-    fn csv_round_trips_text_quotes_line_breaks_and_bytes() {
-        let values: Vec<Vec<u8>> = vec![
-            b"plain".to_vec(),
-            b"a,b".to_vec(),
-            b"say \"hi\"".to_vec(),
-            b"two\nlines\r\n".to_vec(),
-            b"base64:looks encoded".to_vec(),
-            every_byte(),
-            Vec::new(),
-            b" spaced ".to_vec(),
-        ];
-        let mut text = String::from("x,y,z,value\n");
-        for (i, value) in values.iter().enumerate() {
-            csv_line(&mut text, Coord::new(i as i32, -1, 2), value);
-        }
-        let mut reader = RecordReader {
-            input: BufReader::new(Box::new(io::Cursor::new(text.into_bytes()))),
-            format: Format::Csv,
-            max_value_bytes: 1 << 20,
-            max_record_bytes: 1 << 21,
-            line: 0,
-            bytes: 0,
-            buf: Vec::new(),
-        };
-        let mut got = Vec::new();
-        let mut lines = Vec::new();
-        while let Some(record) = reader.next_record().unwrap() {
-            if let Some(op) = record.parsed.unwrap() {
-                got.push(op);
-                lines.push(record.line);
-            }
-        }
-        let expected: Vec<BatchOp> = values
-            .iter()
-            .enumerate()
-            .map(|(i, value)| BatchOp::Put {
-                coord: Coord::new(i as i32, -1, 2),
-                value: value.clone(),
-            })
-            .collect();
-        assert_eq!(got, expected);
-        // The value with two line breaks spans lines 5-7, so the next
-        // record starts on line 8.
-        assert_eq!(lines, vec![2, 3, 4, 5, 8, 9, 10, 11]);
-    }
-
-    #[test]
-    fn bad_csv_records_say_what_is_wrong() {
-        let bad = |record: &str| parse_csv_record(record, 10, false).unwrap_err();
-        assert!(bad("1,2,3").contains("3 fields"));
-        assert!(bad("1,2,x,v").contains("z = \"x\""));
-        assert!(bad("1,2,3,\"v\"x").contains("closing quote"));
-        assert!(bad("1,2,3,\"v").contains("not closed"));
-        assert!(bad("1,2,3,base64:!!").contains("base64"));
-        assert!(bad("1,2,3,01234567890").contains("limit"));
-        assert_eq!(parse_csv_record("x,y,z,value", 10, true).unwrap(), None);
-        assert_eq!(
-            parse_csv_record(" 1, -2 ,3,v", 10, true).unwrap(),
-            Some(BatchOp::Put {
-                coord: Coord::new(1, -2, 3),
-                value: b"v".to_vec()
-            })
-        );
-    }
-
-    #[test]
     fn overlong_and_non_utf8_lines_are_bad_records_and_reading_goes_on() {
         let mut input = Vec::new();
         input.extend_from_slice(b"{\"type\":\"cell\",\"coord\":[0,0,0],\"value\":\"");
         input.extend(std::iter::repeat_n(b'a', 100));
         input.extend_from_slice(b"\"}\n\xff\xfe\n\n");
         input.extend_from_slice(b"{\"type\":\"cell\",\"coord\":[1,0,0],\"value\":\"ok\"}");
-        let mut reader = RecordReader {
-            input: BufReader::new(Box::new(io::Cursor::new(input))),
-            format: Format::Jsonl,
-            max_value_bytes: 10,
-            max_record_bytes: 64,
-            line: 0,
-            bytes: 0,
-            buf: Vec::new(),
-        };
+        let mut reader = RecordReader::new(Box::new(io::Cursor::new(input)), Format::Jsonl, 10, 64);
         let mut records = Vec::new();
         while let Some(record) = reader.next_record().unwrap() {
             records.push((record.line, record.parsed));

@@ -16,7 +16,7 @@ NumPy arrays.
 
 __version__ = "0.1.0"
 
-from .client import DEFAULT_SOCKET_PATH, SOCKET_ENV_VAR, Client, Pipeline, default_socket_path  # noqa: E402
+from .client import DEFAULT_SOCKET_PATH, SOCKET_ENV_VAR, Client, Pipeline, Watch, default_socket_path  # noqa: E402
 from .errors import *  # noqa: E402,F401,F403
 from .errors import ERROR_CODES, CubeError, ServerError  # noqa: E402
 from .types import *  # noqa: E402,F401,F403
@@ -25,6 +25,7 @@ from .types import Link, Prog, Put  # noqa: E402
 __all__ = [
     "Client",
     "Pipeline",
+    "Watch",
     "DEFAULT_SOCKET_PATH",
     "SOCKET_ENV_VAR",
     "default_socket_path",

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Uni
 
 from . import __version__
 from ._crc32c import crc32c
-from .commands import MAX_MGET_CELLS, MAX_SCAN_PAGE_CELLS, Call, Commands, hello_call
+from .commands import MAX_MGET_CELLS, MAX_SCAN_PAGE_CELLS, Call, Commands, hello_call, watch_call
 from .errors import (
     ConnectError,
     ConnectionLost,
@@ -20,7 +20,7 @@ from .errors import (
     ServerError,
     server_error,
 )
-from .types import CountPage, EdgeRecord, ScanPage
+from .types import CountPage, EdgeRecord, ScanPage, WatchResync
 from .wire import (
     HEADER,
     HEADER_BYTES,
@@ -384,6 +384,19 @@ class Client(Commands):
         """Every program of ``ns`` as ``(coord, source)``, in (x, y, z) order."""
         return _follow(lambda after: self.prog_list_page(ns, page_size, after))
 
+    def watch(
+        self, ns: str, lo: CoordLike, hi: CoordLike, from_lsn: Optional[int] = None, timeout: Optional[float] = None
+    ) -> "Watch":
+        """Follows the changes inside the box: a :class:`Watch` iterator of
+        ``WatchStarted``, then ``WatchChanges`` frames, perhaps ending with a
+        ``WatchResync``. It runs on a connection of its own (a watch takes
+        its connection over), so this client stays usable. ``from_lsn``:
+        start with the changes from that LSN on, read back from the log
+        (the LSN after a ``scan_page(..., with_lsn=True)`` makes snapshot
+        plus changes exact). ``timeout``: seconds to wait for a frame
+        (None: forever; changes come only when something changes)."""
+        return Watch(self.socket_path, watch_call(ns, lo, hi, from_lsn), timeout, self.connect_timeout)
+
     # NumPy helpers (cube.arrays); imported lazily so NumPy stays optional.
     def read_box(self, ns: str, lo: CoordLike, hi: CoordLike, dtype: Any, fill: Any = 0) -> Any:
         """See :func:`cube.arrays.read_box`."""
@@ -463,6 +476,69 @@ class Pipeline(Commands):
             self.execute()
 
 
+class Watch:
+    """The frames of one ``watch`` (docs/protocol.md 6.10), on a connection
+    of its own: iterate over it, and close it (or use ``with``) to stop::
+
+        with client.watch("default", (0, 0, 0), (15, 15, 15)) as w:
+            for event in w:
+                if isinstance(event, cube.WatchChanges):
+                    for change in event.changes:
+                        ...
+
+    Iteration ends after a ``WatchResync`` (re-read the box and watch
+    again). An error frame (the namespace dropped, cubed shutting down)
+    raises its :class:`ServerError`; a connection that ends without either
+    raises :class:`ConnectionLost` (watch again ``from_lsn`` = the last LSN
+    seen + 1 to miss nothing)."""
+
+    def __init__(self, socket_path: str, call: Call, timeout: Optional[float], connect_timeout: float) -> None:
+        self._conn = Client(socket_path, timeout=timeout, connect_timeout=connect_timeout, reconnect=False)
+        self._call = call
+        sock = self._conn._ready()
+        frames, self._rid = self._conn._frames([call])
+        try:
+            sock.sendall(frames[0])
+        except OSError as e:
+            self._conn._raise_refusal(sock)
+            self._conn.close()
+            raise ConnectionLost(f"lost the connection to cubed while starting a watch ({e})") from e
+        self._done = False
+
+    def __iter__(self) -> "Watch":
+        return self
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        sock = self._conn._sock
+        if sock is None:
+            raise StopIteration
+        try:
+            answer = self._conn._read_frame(sock, self._rid)
+        except CubeError:
+            self.close()
+            raise
+        event = _decode(self._call, answer)
+        if isinstance(event, BaseException):
+            self.close()
+            raise event
+        if isinstance(event, WatchResync):
+            self.close()
+        return event
+
+    def close(self) -> None:
+        """Ends the watch (closes its connection)."""
+        self._done = True
+        self._conn.close()
+
+    def __enter__(self) -> "Watch":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def _follow(fetch: Callable[[Any], Tuple[List[Any], Any]]) -> Iterator[Any]:
     """The items of every page of a listing, following its cursor until None."""
     after = None
@@ -511,4 +587,4 @@ try:  # help(Client.read_box) shows the full story when NumPy is there
 except ImportError:  # pragma: no cover - NumPy is optional
     pass
 
-__all__ = ["Client", "Pipeline", "DEFAULT_SOCKET_PATH", "SOCKET_ENV_VAR", "default_socket_path", "ServerError"]
+__all__ = ["Client", "Pipeline", "Watch", "DEFAULT_SOCKET_PATH", "SOCKET_ENV_VAR", "default_socket_path", "ServerError"]

@@ -10,6 +10,11 @@ from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Se
 from . import wire
 from .types import (
     BatchOp,
+    Change,
+    WatchChanges,
+    WatchEvent,
+    WatchResync,
+    WatchStarted,
     BatchResult,
     CellStats,
     CountPage,
@@ -127,18 +132,25 @@ def _cursor(r: Reader) -> Optional[wire.Coord]:
     return r.coord() if r.bool() else None
 
 
-def _scan_page(r: Reader) -> Union[ScanPage, CountPage]:
+def scan_kind(r: Reader) -> "tuple[int, Optional[int]]":
+    """A scan answer's kind (0 count, 1 cells) and, if it carries one
+    (kind bit 7, asked with flag bit 1), the LSN the page is at."""
     kind = r.u8()
+    if kind not in (0x00, 0x01, 0x80, 0x81):
+        raise r.fail(f"scan kind 0x{kind:02x}; only 0x00, 0x01, 0x80 and 0x81 exist")
+    return kind & 1, (r.u64() if kind & 0x80 else None)
+
+
+def _scan_page(r: Reader) -> Union[ScanPage, CountPage]:
+    kind, lsn = scan_kind(r)
     if kind == 0:
         count = r.u64()
         more = r.bool()
-        return CountPage(count, more, r.coord() if more else None)
-    if kind != 1:
-        raise r.fail(f"scan kind {kind}; only 0 (count) and 1 (cells) exist")
+        return CountPage(count, more, r.coord() if more else None, lsn)
     n = r.count(MAX_SCAN_PAGE_CELLS)
     cells = [(r.coord(), r.blob()) for _ in range(n)]
     more = r.bool()
-    return ScanPage(cells, more, r.coord() if more else None)
+    return ScanPage(cells, more, r.coord() if more else None, lsn)
 
 
 def _program_scalar(r: Reader, tag: int) -> ProgramValue:
@@ -283,6 +295,52 @@ def _mget(expected: int) -> Callable[[Reader], List[Optional[bytes]]]:
     return decode
 
 
+_CHANGE_OPS = {1: "put", 2: "del", 3: "link", 4: "unlink", 5: "prog", 6: "unprog"}
+_RESYNC_REASONS = {1: "history_gone", 2: "too_slow"}
+
+
+def watch_call(ns: str, lo: CoordLike, hi: CoordLike, from_lsn: Optional[int] = None) -> Call:
+    """The ``watch`` request (docs/protocol.md 6.10); its frames decode with :func:`watch_frame`."""
+    body = enc_ns(ns) + enc_coord(lo) + enc_coord(hi)
+    body += b"\x00" if from_lsn is None else b"\x01" + struct.pack("<Q", from_lsn)
+    return Call(Op.WATCH, body, watch_frame)
+
+
+def _change(r: Reader) -> Change:
+    lsn, code, c = r.u64(), r.u8(), r.coord()
+    op = _CHANGE_OPS.get(code)
+    if op is None:
+        raise r.fail(f"watch change op {code}; only 1-6 exist")
+    if op == "put":
+        return Change(lsn, op, c, value=r.blob())
+    if op == "link":
+        return Change(lsn, op, c, target=r.coord(), label=r.str16(MAX_LABEL_BYTES), weight=r.f64())
+    if op == "unlink":
+        return Change(lsn, op, c, target=r.coord(), label=r.str16(MAX_LABEL_BYTES))
+    if op == "prog":
+        return Change(lsn, op, c, value=r.blob(MAX_PROGRAM_BYTES))
+    return Change(lsn, op, c)
+
+
+def watch_frame(r: Reader) -> WatchEvent:
+    """One frame of a watch's answer."""
+    kind = r.u8()
+    if kind == 0:
+        return WatchStarted(r.u64())
+    if kind == 1:
+        flags = r.u8()
+        if flags & ~1:
+            raise r.fail(f"watch changes flags 0x{flags:02x} have unknown bits")
+        n = r.count(65536)
+        return WatchChanges(bool(flags & 1), [_change(r) for _ in range(n)])
+    if kind == 2:
+        lsn, reason = r.u64(), r.u8()
+        if reason not in _RESYNC_REASONS:
+            raise r.fail(f"watch resync reason {reason}")
+        return WatchResync(lsn, _RESYNC_REASONS[reason])
+    raise r.fail(f"watch frame {kind}; only 0, 1 and 2 exist")
+
+
 def batch_op(op: BatchOp, max_value_bytes: int) -> bytes:
     """One operation of a batch, encoded (docs/protocol.md 6.8)."""
     if isinstance(op, Put):
@@ -377,11 +435,15 @@ class Commands:
         limit: int = MAX_SCAN_PAGE_CELLS,
         after: Optional[CoordLike] = None,
         count_only: bool = False,
+        with_lsn: bool = False,
     ) -> Union[ScanPage, CountPage]:
         """One page of a scan of the box ``lo``..``hi`` (corners included).
         Follow ``resume_after`` (as ``after``) while ``more``; a page may be
-        short, even empty, and still have ``more``."""
-        body = enc_ns(ns) + enc_coord(lo) + enc_coord(hi) + struct.pack("<IB", limit, 1 if count_only else 0)
+        short, even empty, and still have ``more``. ``with_lsn``: the page
+        also says the LSN it is at (every change up to it is in the page;
+        watch from the next one to follow the box exactly)."""
+        flags = (1 if count_only else 0) | (2 if with_lsn else 0)
+        body = enc_ns(ns) + enc_coord(lo) + enc_coord(hi) + struct.pack("<IB", limit, flags)
         body += b"\x00" if after is None else b"\x01" + enc_coord(after)
         return self._submit(Call(Op.SCAN, body, _scan_page))
 

@@ -177,7 +177,7 @@ class EncryptionUnavailable(ServerError):
 
 
 class BadPath(ServerError):
-    """28: a backup path that cannot be used (NUL, too long, inside the live data dir)."""
+    """28: a backup destination that cannot be used (the message says why)."""
 
 
 #: Code -> (name, exception class), as in docs/protocol.md section 7.

@@ -29,6 +29,8 @@ class ScanPage(NamedTuple):
     cells: List[Tuple[Coord, bytes]]
     more: bool
     resume_after: Optional[Coord]
+    #: Only when asked (``with_lsn=True``): every change up to it is in the page.
+    lsn: Optional[int] = None
 
 
 class CountPage(NamedTuple):
@@ -37,6 +39,7 @@ class CountPage(NamedTuple):
     counted: int
     more: bool
     resume_after: Optional[Coord]
+    lsn: Optional[int] = None
 
 
 class BatchResult(NamedTuple):
@@ -201,3 +204,42 @@ class Prog(NamedTuple):
 
 
 BatchOp = Union[Put, Link, Prog]
+
+
+class Change(NamedTuple):
+    """One change inside a watched box (docs/protocol.md 6.10). ``op`` is
+    ``"put"`` (``value``), ``"del"``, ``"link"`` (``target``, ``label``,
+    ``weight``), ``"unlink"`` (``target``, ``label``), ``"prog"`` (``value``
+    holds the source) or ``"unprog"``."""
+
+    lsn: int
+    op: str
+    coord: Coord
+    value: Optional[bytes] = None
+    target: Optional[Coord] = None
+    label: Optional[str] = None
+    weight: Optional[float] = None
+
+
+class WatchStarted(NamedTuple):
+    """The first frame of a watch: every change from ``next_lsn`` on follows."""
+
+    next_lsn: int
+
+
+class WatchChanges(NamedTuple):
+    """Changes in LSN order; ``continued``: the commit group goes on in the next frame."""
+
+    continued: bool
+    changes: List[Change]
+
+
+class WatchResync(NamedTuple):
+    """The last frame: re-read the box and watch again (``reason`` ``"history_gone"``
+    or ``"too_slow"``; ``lsn`` as docs/protocol.md 6.10 says)."""
+
+    lsn: int
+    reason: str
+
+
+WatchEvent = Union[WatchStarted, WatchChanges, WatchResync]

@@ -56,6 +56,7 @@ class Op(IntEnum):
     CELL_STATS = 0x0042
     PROG_LIST = 0x0043
     STEP = 0x0044
+    WATCH = 0x0050
 
 
 def frame(opcode: int, request_id: int, body: "bytes | bytearray") -> bytes:
