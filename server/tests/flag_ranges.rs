@@ -6,7 +6,9 @@
 //! per write).
 #![allow(clippy::unwrap_used)]
 
-use std::process::Command;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use clap::{CommandFactory, Parser};
 use cube_client::LocalDaemon;
@@ -58,9 +60,32 @@ fn every_flag_accepts_its_range_and_refuses_just_outside() {
     }
 }
 
+/// Runs `cubed --data DATA ARGS`, which must exit at once; a `cubed` that
+/// starts instead is killed and the test fails.
+fn run_cubed(data: &Path, args: &[&str]) -> Output {
+    let mut child = Command::new(LocalDaemon::find_binary().unwrap())
+        .arg("--data")
+        .arg(data)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("cubed {args:?} started instead of refusing the value");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
+}
+
 #[test]
 fn cubed_exits_2_naming_the_range_before_touching_the_data_dir() {
-    let cubed = LocalDaemon::find_binary().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     for (flag, range) in FLAG_RANGES {
@@ -69,13 +94,7 @@ fn cubed_exits_2_naming_the_range_before_touching_the_data_dir() {
             .into_iter()
             .flatten()
         {
-            let out = Command::new(&cubed)
-                .arg("--data")
-                .arg(&data)
-                .arg(flag)
-                .arg(outside.to_string())
-                .output()
-                .unwrap();
+            let out = run_cubed(&data, &[flag, &outside.to_string()]);
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert_eq!(out.status.code(), Some(2), "{flag} {outside}: {stderr}");
             assert!(
@@ -85,12 +104,7 @@ fn cubed_exits_2_naming_the_range_before_touching_the_data_dir() {
         }
     }
     // The case, and nothing was created.
-    let out = Command::new(&cubed)
-        .arg("--data")
-        .arg(&data)
-        .args(["--wal-segment-bytes", "18446744073709551615"])
-        .output()
-        .unwrap();
+    let out = run_cubed(&data, &["--wal-segment-bytes", "18446744073709551615"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
         !data.exists(),

@@ -23,7 +23,8 @@ use std::path::{Path, PathBuf};
 
 use crate::error::StoreError;
 use crate::private_files::{
-    DIR_MODE, FILE_MODE, SHARED_BITS, check_owner, open_private_dir, open_private_file,
+    DIR_MODE, FILE_MODE, SHARED_BITS, check_owner, link_refused, open_private_dir,
+    open_private_file,
 };
 use crate::storage::Storage;
 
@@ -54,7 +55,7 @@ impl DataDir {
         create_dir_durably(storage, &dir.wal_dir())?;
         create_dir_durably(storage, &dir.checkpoint_dir())?;
         if storage.is_real() {
-            for removed in dir.make_private()? {
+            for removed in dir.make_private(storage)? {
                 eprintln!(
                     "cubed: removed {}: a temporary file an interrupted run left behind",
                     removed.display()
@@ -64,67 +65,25 @@ impl DataDir {
         Ok(dir)
     }
 
-    /// Walks the data dir (the root, `wal/`, `checkpoint/`, `wal/repair-*/`):
-    /// refuses a symbolic link or an entry another user owns, narrows a
-    /// mode open to the group or others (an older cubed made files 0644),
-    /// and removes stale `*.tmp` files (safe: the lock is held, so no one
-    /// else is writing one). Returns what it removed.
-    fn make_private(&self) -> Result<Vec<PathBuf>, StoreError> {
+    /// Walks the data dir (the root, `wal/`, `checkpoint/`, `wal/repair-*/`)
+    /// through [`tidy_entry`]. Returns the stale files it removed.
+    fn make_private(&self, storage: &dyn Storage) -> Result<Vec<PathBuf>, StoreError> {
         let mut removed = Vec::new();
         let mut dirs = vec![self.root.clone(), self.wal_dir(), self.checkpoint_dir()];
         while let Some(dir) = dirs.pop() {
             let entries = fs::read_dir(&dir).map_err(|e| StoreError::io(&dir, e))?;
             for entry in entries {
                 let path = entry.map_err(|e| StoreError::io(&dir, e))?.path();
-                let meta = fs::symlink_metadata(&path).map_err(|e| StoreError::io(&path, e))?;
-                if meta.file_type().is_symlink() {
-                    let target = fs::read_link(&path)
-                        .map(|t| format!(" (to {})", t.display()))
-                        .unwrap_or_default();
-                    return Err(StoreError::io(
-                        &path,
-                        io::Error::new(
-                            io::ErrorKind::InvalidInput,
-                            format!(
-                                "a symbolic link{target} in the data dir; cubed follows no links \
-                                 there, since one planted there would redirect its writes. \
-                                 Remove it"
-                            ),
-                        ),
-                    ));
-                }
-                check_owner(&meta).map_err(|e| StoreError::io(&path, e))?;
-                let is_tmp = path.extension().is_some_and(|e| e == "tmp");
-                if meta.is_file() && is_tmp {
-                    fs::remove_file(&path).map_err(|e| StoreError::io(&path, e))?;
-                    removed.push(path);
-                    continue;
-                }
-                let private_mode = if meta.is_dir() {
-                    DIR_MODE
-                } else if meta.is_file() {
-                    FILE_MODE
-                } else {
-                    // The socket: its mode is `--socket-mode`'s to decide.
-                    continue;
-                };
-                if meta.mode() & 0o077 != 0 {
-                    fs::set_permissions(&path, fs::Permissions::from_mode(private_mode))
-                        .map_err(|e| StoreError::io(&path, e))?;
-                }
-                let repair = path
-                    .file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with("repair-"));
-                if meta.is_dir() && dir == self.wal_dir() && repair {
-                    dirs.push(path);
+                match tidy_entry(&path)? {
+                    Entry::Removed => removed.push(path),
+                    Entry::Dir if dir == self.wal_dir() && is_repair_dir(&path) => dirs.push(path),
+                    Entry::Dir | Entry::Kept => {}
                 }
             }
         }
         if !removed.is_empty() {
             for dir in [self.root.clone(), self.wal_dir(), self.checkpoint_dir()] {
-                File::open(&dir)
-                    .and_then(|d| d.sync_all())
-                    .map_err(|e| StoreError::io(&dir, e))?;
+                sync_dir(storage, &dir)?;
             }
         }
         Ok(removed)
@@ -184,6 +143,47 @@ fn check_closed_to_others(root: &Path) -> Result<(), StoreError> {
             ),
         ),
     ))
+}
+
+/// What [`tidy_entry`] found.
+enum Entry {
+    Removed,
+    Dir,
+    Kept,
+}
+
+/// One entry of the data dir: refuses a symbolic link or an entry another
+/// user owns, narrows a mode open to the group or others (an older cubed
+/// made files 0644), and removes a stale `*.tmp` file (safe: the lock is
+/// held, so no one else is writing one).
+fn tidy_entry(path: &Path) -> Result<Entry, StoreError> {
+    let meta = fs::symlink_metadata(path).map_err(|e| StoreError::io(path, e))?;
+    if meta.file_type().is_symlink() {
+        return Err(StoreError::io(path, link_refused(path)));
+    }
+    check_owner(&meta).map_err(|e| StoreError::io(path, e))?;
+    let (private_mode, kind) = if meta.is_dir() {
+        (DIR_MODE, Entry::Dir)
+    } else if meta.is_file() {
+        if path.extension().is_some_and(|e| e == "tmp") {
+            fs::remove_file(path).map_err(|e| StoreError::io(path, e))?;
+            return Ok(Entry::Removed);
+        }
+        (FILE_MODE, Entry::Kept)
+    } else {
+        // The socket: its mode is `--socket-mode`'s to decide.
+        return Ok(Entry::Kept);
+    };
+    if meta.mode() & 0o077 != 0 {
+        fs::set_permissions(path, fs::Permissions::from_mode(private_mode))
+            .map_err(|e| StoreError::io(path, e))?;
+    }
+    Ok(kind)
+}
+
+fn is_repair_dir(path: &Path) -> bool {
+    path.file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with("repair-"))
 }
 
 pub(crate) fn lock_data_dir(root: &Path) -> Result<File, StoreError> {

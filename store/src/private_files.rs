@@ -44,7 +44,7 @@ pub fn open_private_file(
     if !meta.is_file() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            "not a regular file; cubed keeps only regular files there (remove it)".to_owned(),
+            "not a regular file; cubed keeps only regular files there (remove it)",
         ));
     }
     if writable && meta.mode() & 0o777 != FILE_MODE {
@@ -118,19 +118,24 @@ pub fn check_owner(meta: &Metadata) -> io::Result<()> {
 fn explain_link(path: &Path, e: io::Error) -> io::Error {
     let is_link = fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
     if e.raw_os_error() == Some(libc::ELOOP) || (is_link && e.kind() != io::ErrorKind::NotFound) {
-        let target = fs::read_link(path)
-            .map(|t| format!(" (to {})", t.display()))
-            .unwrap_or_default();
-        return io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!(
-                "a symbolic link{target}; cubed follows no links in its data dir, since one \
-                 planted there would redirect its writes. Replace it with the real file or \
-                 directory, or pass the real path"
-            ),
-        );
+        return link_refused(path);
     }
     e
+}
+
+/// Why `path`, a symbolic link, is not used.
+pub fn link_refused(path: &Path) -> io::Error {
+    let target = fs::read_link(path)
+        .map(|t| format!(" (to {})", t.display()))
+        .unwrap_or_default();
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!(
+            "a symbolic link{target}; cubed follows no links in its data dir, since one \
+             planted there would redirect its writes. Replace it with the real file or \
+             directory, or pass the real path"
+        ),
+    )
 }
 
 #[cfg(test)]
