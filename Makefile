@@ -10,7 +10,7 @@ WORKLOAD ?= seed
 ARGS ?=
 STRESS_DIR := target/stress
 
-.PHONY: build release run test test-tools test-python check fmt clippy lint codec-deep stress stress-short compare bench sim crash fuzz clean-data
+.PHONY: build release run test test-tools test-python check fmt clippy lint codec-deep stress stress-short compare bench sim crash fuzz fuzz-setup clean-data
 
 build:
 	$(CARGO) build --workspace
@@ -113,31 +113,60 @@ SEED ?= 1
 crash: release
 	./target/release/cube-stress crash --cycles $(CYCLES) --seed $(SEED)
 
-# Fuzz every target for FUZZ_SECONDS each: with libFuzzer (cargo-fuzz) when a
-# nightly toolchain and cargo-fuzz are installed, else with the stable
-# driver (fuzz/src/bin/cube-fuzz-stable.rs, mutations without coverage
-# feedback). Crashes land in fuzz/artifacts/TARGET/. FUZZ_ENGINE=stable
-# forces the stable driver. No sanitizer (-s none): the code is safe Rust
-# but for the few modules listed in docs/ARCHITECTURE.md ("unsafe"), and
-# AddressSanitizer made the WAL target 30x slower; program_run drives the
-# programs' fast API path. docs/robustness.md, "Fuzzing".
+# Fuzz every target for FUZZ_SECONDS each, with the first engine that is
+# there: AFL++ through afl.rs (`cargo afl`, coverage-guided on the stable
+# toolchain: fuzz/run-afl.sh), else libFuzzer (cargo-fuzz, nightly), else
+# `make fuzz-setup` installs cargo-afl and AFL++ is used, else (no network)
+# the stable driver (fuzz/src/bin/cube-fuzz-stable.rs, mutations without
+# coverage feedback). AFL++ and libFuzzer start from fuzz/seeds/TARGET/ and
+# the minimized corpus kept in the repository (fuzz/corpus/TARGET/), which
+# AFL++ rewrites at the end of each target (afl-cmin): commit it. Crashes
+# land in fuzz/artifacts/TARGET/ and fail the run. FUZZ_ENGINE=afl,
+# libfuzzer or stable picks one. No sanitizer (-s none): the code is safe
+# Rust but for the few modules listed in docs/ARCHITECTURE.md ("unsafe"),
+# and AddressSanitizer made the WAL target 30x slower; program_run drives
+# the programs' fast API path. docs/robustness.md, "Fuzzing".
 FUZZ_SECONDS ?= 60
 FUZZ_ENGINE ?= auto
 FUZZ_TARGETS := protocol_frames wal_segment checkpoint_file program_source program_run
 fuzz:
-	@if [ "$(FUZZ_ENGINE)" != stable ] && $(CARGO) +nightly fuzz --version >/dev/null 2>&1; then \
+	@engine=$(FUZZ_ENGINE); \
+	if [ $$engine = auto ]; then \
+		if $(CARGO) afl --version >/dev/null 2>&1; then engine=afl; \
+		elif $(CARGO) +nightly fuzz --version >/dev/null 2>&1; then engine=libfuzzer; \
+		elif $(MAKE) fuzz-setup; then engine=afl; \
+		else echo "make fuzz: could not install cargo-afl (above); falling back to the stable driver"; engine=stable; fi; \
+	fi; \
+	case $$engine in \
+	afl) \
+		echo "make fuzz: AFL++ (cargo afl, coverage-guided), $(FUZZ_SECONDS) s per target"; \
+		FUZZ_SECONDS=$(FUZZ_SECONDS) fuzz/run-afl.sh $(FUZZ_TARGETS) ;; \
+	libfuzzer) \
 		echo "make fuzz: libFuzzer (cargo +nightly fuzz), $(FUZZ_SECONDS) s per target"; \
 		for t in $(FUZZ_TARGETS); do \
 			mkdir -p fuzz/corpus/$$t; \
 			(cd fuzz && $(CARGO) +nightly fuzz run -s none $$t corpus/$$t seeds/$$t -- \
 				-max_total_time=$(FUZZ_SECONDS) -timeout=20 -max_len=65536 \
 				-dict=fuzz.dict -print_final_stats=1) || exit 1; \
-		done; \
-	else \
-		echo "make fuzz: stable driver, no coverage feedback (FUZZ_ENGINE=stable, or no nightly with cargo-fuzz)"; \
+		done ;; \
+	stable) \
+		echo "make fuzz: stable driver, no coverage feedback"; \
 		FUZZ_SECONDS=$(FUZZ_SECONDS) $(CARGO) run --release --manifest-path fuzz/Cargo.toml \
-			--no-default-features --bin cube-fuzz-stable -- $(FUZZ_TARGETS); \
+			--no-default-features --bin cube-fuzz-stable -- $(FUZZ_TARGETS) ;; \
+	*) echo "make fuzz: FUZZ_ENGINE is auto, afl, libfuzzer or stable, not $$engine"; exit 2 ;; \
+	esac
+
+# What the coverage-guided `make fuzz` needs, installed once per machine:
+# cargo-afl from crates.io (a few minutes: it builds AFL++ too), and AFL++'s
+# runtime for this toolchain, which a rustc update needs again. No LLVM
+# plugins (CMPLOG): they need the LLVM rustc was built with, not Debian's.
+fuzz-setup:
+	@if ! $(CARGO) afl --version >/dev/null 2>&1; then \
+		echo "make fuzz-setup: cargo install --locked cargo-afl"; \
+		$(CARGO) install --locked cargo-afl || exit 1; \
 	fi
+	@out=$$($(CARGO) afl config --build 2>&1) || echo "$$out" | grep -q "already built" \
+		|| { echo "$$out"; exit 1; }
 
 # The Python client's tests (clients/python) against target/debug/cubed, in a
 # venv under target/pyenv with pytest and NumPy from PyPI (made on first use;

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Coverage-guided fuzzing on the stable toolchain: AFL++ through afl.rs,
+# what `make fuzz` runs when `cargo afl` is installed (`make fuzz-setup`).
+#
+#   fuzz/run-afl.sh TARGET...      # FUZZ_SECONDS (default 60) per target
+#
+# Each target starts from its seeds (fuzz/seeds/TARGET/) and the minimized
+# corpus of the runs before (fuzz/corpus/TARGET/, in the repository), runs
+# for FUZZ_SECONDS with the dictionary fuzz/fuzz.dict, and ends by
+# minimizing what it found (afl-cmin) back into fuzz/corpus/TARGET/, so the
+# next run starts where this one stopped. A crash is copied to
+# fuzz/artifacts/TARGET/crash-<sha1> and a hang (over 20 s) to
+# timeout-<sha1>; either makes the exit status 1. AFL's own output stays in
+# fuzz/target/afl/TARGET/ (log, fuzzer_stats, queue) until the next run.
+# Replay a finding: fuzz/target/release/cube-fuzz-afl TARGET < FILE
+set -euo pipefail
+cd "$(dirname "$0")"
+
+seconds=${FUZZ_SECONDS:-60}
+work=target/afl
+bin=target/release/cube-fuzz-afl
+hang_ms=20000
+
+if [ $# -eq 0 ]; then
+    echo "usage: $0 TARGET..." >&2
+    exit 2
+fi
+
+cargo afl build --release --no-default-features --features afl --bin cube-fuzz-afl
+
+# afl-cmin looks for afl-showmap on PATH first: make that the one cargo-afl
+# built for this toolchain, not an older system AFL++ (Debian's 4.04c
+# lacks an option the newer afl-cmin passes).
+release=$(rustc -vV | sed -n 's/^release: //p')
+afl_bin=$(ls -d "${XDG_DATA_HOME:-$HOME/.local/share}"/afl.rs/rustc-"$release"-*/afl.rs-*/afl/bin 2>/dev/null | tail -n 1)
+if [ -z "$afl_bin" ]; then
+    echo "no AFL++ built by cargo-afl for rustc $release: run make fuzz-setup" >&2
+    exit 1
+fi
+export PATH="$afl_bin:$PATH"
+
+# No screen UI (the output goes to a log); the CPU governor, core binding
+# and a piped core_pattern are the machine's business, not this script's:
+# AFL would refuse to start over each of them.
+export AFL_NO_UI=1 AFL_SKIP_CPUFREQ=1 AFL_NO_AFFINITY=1
+export AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1 AFL_SKIP_CRASHES=1
+
+# Copies each file of $1 into $2 named by its SHA-1, prefixed with $3.
+copy_by_hash() {
+    local from=$1 to=$2 prefix=$3 f sum
+    mkdir -p "$to"
+    for f in "$from"/*; do
+        [ -f "$f" ] || continue
+        sum=$(sha1sum "$f" | cut -c1-40)
+        cp "$f" "$to/$prefix$sum"
+    done
+}
+
+stat_of() { sed -n "s/^$1 *: *//p" "$2"; }
+
+failed=0
+for t in "$@"; do
+    dir=$work/$t
+    rm -rf "$dir"
+    mkdir -p "$dir/in" "corpus/$t"
+    cp seeds/"$t"/* "$dir/in/"
+    copy_by_hash "corpus/$t" "$dir/in" ""
+    echo "fuzz $t: AFL++ for $seconds s from $(ls "$dir/in" | wc -l) inputs (log: fuzz/$dir/afl.log)"
+    if ! cargo afl fuzz -V "$seconds" -t "$hang_ms" -i "$dir/in" -o "$dir/out" -x fuzz.dict \
+        -- "$bin" "$t" >"$dir/afl.log" 2>&1; then
+        tail -n 30 "$dir/afl.log"
+        echo "fuzz $t: afl-fuzz failed (log above)"
+        failed=1
+        continue
+    fi
+    stats=$dir/out/default/fuzzer_stats
+    echo "fuzz $t: $(stat_of run_time "$stats") s, $(stat_of execs_done "$stats") executions," \
+        "$(stat_of edges_found "$stats") of $(stat_of total_edges "$stats") edges," \
+        "$(stat_of saved_crashes "$stats") crashes, $(stat_of saved_hangs "$stats") hangs," \
+        "$(stat_of corpus_count "$stats") in the queue"
+    found=0
+    for kind in crashes:crash- hangs:timeout-; do
+        sub=${kind%%:*}
+        if ls "$dir/out/default/$sub"/id:* >/dev/null 2>&1; then
+            copy_by_hash "$dir/out/default/$sub" "artifacts/$t" "${kind#*:}"
+            found=1
+        fi
+    done
+    if [ "$found" = 1 ]; then
+        echo "fuzz $t: FINDINGS in fuzz/artifacts/$t/ (replay: fuzz/$bin $t < FILE)"
+        failed=1
+    fi
+    # Minimize the queue into the kept corpus: the smallest inputs that
+    # together reach every edge the queue reached.
+    if cargo afl cmin -t "$hang_ms" -i "$dir/out/default/queue" -o "$dir/min" \
+        -- "$bin" "$t" >"$dir/cmin.log" 2>&1; then
+        rm -f "corpus/$t"/*
+        copy_by_hash "$dir/min" "corpus/$t" ""
+        echo "fuzz $t: corpus minimized to $(ls "corpus/$t" | wc -l) inputs, $(du -sh --apparent-size "corpus/$t" | cut -f1)"
+    else
+        tail -n 20 "$dir/cmin.log"
+        echo "fuzz $t: afl-cmin failed (log above); fuzz/corpus/$t/ left as it was"
+        failed=1
+    fi
+done
+exit "$failed"
