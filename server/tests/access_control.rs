@@ -6,10 +6,13 @@
 //! build it, `cargo build -p cube-client --bin cubec` (or `make test`) does.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+use common::{cannot_switch_uids, reachable_by_others, runnable_by_others};
+
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
 use cube_client::{
@@ -24,14 +27,6 @@ const OTHER: u32 = 65534;
 const THIRD: u32 = 65533;
 
 /// `true` (after a note) when the test cannot switch uids and must skip.
-fn cannot_switch_uids(test: &str) -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return false;
-    }
-    eprintln!("{test}: not running as root, cannot run cubec under another uid; skipping");
-    true
-}
-
 fn c(x: i32, y: i32, z: i32) -> Coord {
     Coord::new(x, y, z)
 }
@@ -49,12 +44,6 @@ fn everywhere() -> CellBox {
 }
 
 /// Whether every directory from `/` down to `path` lets others through.
-fn reachable_by_others(path: &Path) -> bool {
-    path.ancestors().all(|dir| {
-        fs::metadata(dir).is_ok_and(|m| !m.is_dir() || m.permissions().mode() & 0o001 != 0)
-    })
-}
-
 /// `cubec`: `$CUBEC_BIN`, else beside `cubed` (found like `LocalDaemon` finds it).
 fn cubec_binary() -> PathBuf {
     if let Some(path) = std::env::var_os("CUBEC_BIN").filter(|p| !p.is_empty()) {
@@ -96,14 +85,7 @@ impl Tenancy {
             "{} is not reachable by other uids",
             dir.path().display()
         );
-        let mut cubec = cubec_binary();
-        if !reachable_by_others(&cubec) {
-            // Somewhere under a private directory: use a copy they can run.
-            let copy = dir.path().join("cubec");
-            fs::copy(&cubec, &copy).unwrap();
-            fs::set_permissions(&copy, fs::Permissions::from_mode(0o755)).unwrap();
-            cubec = copy;
-        }
+        let cubec = runnable_by_others(cubec_binary(), dir.path(), "cubec");
         let daemon = LocalDaemon::start_in(
             &dir.path().join("data"),
             &dir.path().join("cubed.sock"),

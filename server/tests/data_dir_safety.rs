@@ -13,6 +13,9 @@
 //!   to a path that cannot be one answers `bad_path`, and writes nothing.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
@@ -57,29 +60,17 @@ fn stopped_data_dir(root: &Path) -> (PathBuf, PathBuf) {
     (data, socket)
 }
 
-/// Runs `cubed` where it must refuse to start: its exit status and output.
+/// Runs `cubed` where it must refuse to start: what it said on stderr.
 fn refused_start(data: &Path, extra: &[&str]) -> String {
-    let mut child = Command::new(LocalDaemon::find_binary().unwrap())
-        .arg("--data")
-        .arg(data)
-        .arg("--socket")
-        .arg(data.with_file_name("refused.sock"))
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if started.elapsed() > HANG {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("cubed started on {} instead of refusing", data.display());
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let Output { status, stderr, .. } = child.wait_with_output().unwrap();
+    let socket = data.with_file_name("refused.sock");
+    let mut args = vec![
+        OsStr::new("--data"),
+        data.as_os_str(),
+        OsStr::new("--socket"),
+    ];
+    args.push(socket.as_os_str());
+    args.extend(extra.iter().map(OsStr::new));
+    let Output { status, stderr, .. } = common::cubed_that_must_exit(&args);
     let stderr = String::from_utf8_lossy(&stderr).into_owned();
     assert_eq!(status.code(), Some(1), "{stderr}");
     stderr

@@ -6,12 +6,13 @@
 //! per write).
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use std::ffi::OsStr;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Output;
 
 use clap::{CommandFactory, Parser};
-use cube_client::LocalDaemon;
 use cube_server::Args;
 use cube_server::config::FLAG_RANGES;
 
@@ -60,28 +61,11 @@ fn every_flag_accepts_its_range_and_refuses_just_outside() {
     }
 }
 
-/// Runs `cubed --data DATA ARGS`, which must exit at once; a `cubed` that
-/// starts instead is killed and the test fails.
+/// Runs `cubed --data DATA ARGS`, which must exit at once.
 fn run_cubed(data: &Path, args: &[&str]) -> Output {
-    let mut child = Command::new(LocalDaemon::find_binary().unwrap())
-        .arg("--data")
-        .arg(data)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if started.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("cubed {args:?} started instead of refusing the value");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    child.wait_with_output().unwrap()
+    let mut argv = vec![OsStr::new("--data"), data.as_os_str()];
+    argv.extend(args.iter().map(OsStr::new));
+    common::cubed_that_must_exit(&argv)
 }
 
 #[test]

@@ -23,7 +23,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{DumpOnFailure, stat};
+use common::{DumpOnFailure, cannot_switch_uids, runnable_by_others, stat};
 
 use cube_client::{Client, ClientError, Coord, ErrorCode, LocalDaemon, NamespaceName, Request};
 use cube_protocol::frame::read_frame;
@@ -40,14 +40,6 @@ fn c(x: i32, y: i32, z: i32) -> Coord {
 
 fn code(err: &ClientError) -> Option<ErrorCode> {
     err.server_code()
-}
-
-fn cannot_switch_uids(test: &str) -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return false;
-    }
-    eprintln!("{test}: not running as root, cannot act as another uid; skipping");
-    true
 }
 
 fn create(client: &mut Client, ns: &str, spec: NamespaceSpec) {
@@ -157,12 +149,6 @@ fn programs_telemetry_and_edges_count_against_max_bytes() {
 // ---- Other uids: cubec, and this binary as a helper ----
 
 /// Whether every directory from `/` down to `path` lets others through.
-fn reachable_by_others(path: &Path) -> bool {
-    path.ancestors().all(|dir| {
-        fs::metadata(dir).is_ok_and(|m| !m.is_dir() || m.permissions().mode() & 0o001 != 0)
-    })
-}
-
 /// A daemon (as root) whose socket, `cubec` and this test binary other
 /// uids can reach.
 struct Tenants {
@@ -179,18 +165,13 @@ impl Tenants {
             .tempdir_in("/tmp")
             .unwrap();
         fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
-        let runnable = |from: PathBuf, name: &str| {
-            if reachable_by_others(&from) {
-                return from;
-            }
-            let copy = dir.path().join(name);
-            fs::copy(&from, &copy).unwrap();
-            fs::set_permissions(&copy, fs::Permissions::from_mode(0o755)).unwrap();
-            copy
-        };
         let cubed = LocalDaemon::find_binary().unwrap();
-        let cubec = runnable(cubed.with_file_name("cubec"), "cubec");
-        let helper = runnable(std::env::current_exe().unwrap(), "tenancy-helper");
+        let cubec = runnable_by_others(cubed.with_file_name("cubec"), dir.path(), "cubec");
+        let helper = runnable_by_others(
+            std::env::current_exe().unwrap(),
+            dir.path(),
+            "tenancy-helper",
+        );
         let mut args = vec!["--socket-mode", "666"];
         args.extend_from_slice(extra_args);
         let daemon = LocalDaemon::start_in(

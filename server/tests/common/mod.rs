@@ -119,3 +119,62 @@ pub fn thread_state(pid: u32, name: &str) -> Option<(char, u64)> {
     }
     None
 }
+
+/// Runs `cubed ARGS`, which must exit by itself (a refusal at start); a
+/// `cubed` still running after a minute started instead, so it is killed
+/// and the test fails.
+pub fn cubed_that_must_exit(args: &[&std::ffi::OsStr]) -> std::process::Output {
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(cube_client::LocalDaemon::find_binary().unwrap())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("cubed {args:?} started instead of refusing");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// Whether tests that act as other uids must skip: only root can run
+/// processes as another uid. Says so on stderr when it skips.
+pub fn cannot_switch_uids(test: &str) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return false;
+    }
+    eprintln!("{test}: not running as root, cannot act as another uid; skipping");
+    true
+}
+
+/// Whether every directory above `path` lets other users through.
+pub fn reachable_by_others(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    path.ancestors().all(|dir| {
+        std::fs::metadata(dir).is_ok_and(|m| !m.is_dir() || m.permissions().mode() & 0o001 != 0)
+    })
+}
+
+/// `program` itself if other uids can run it, else a 0755 copy named
+/// `name` in `dir` (a build under a private directory).
+pub fn runnable_by_others(
+    program: std::path::PathBuf,
+    dir: &std::path::Path,
+    name: &str,
+) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    if reachable_by_others(&program) {
+        return program;
+    }
+    let copy = dir.join(name);
+    std::fs::copy(&program, &copy).unwrap();
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    copy
+}
