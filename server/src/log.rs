@@ -1,9 +1,8 @@
-//! Leveled, one-line-per-event logging to stderr.
-//!
-//! Small on purpose: a timestamp, a level and a message. Nothing is logged
-//! per request at the default level (`info`).
+//! Leveled, one-line-per-event logging to stderr, behind the standard `log`
+//! facade: code logs with `log::{error, warn, info, debug}!`, and this
+//! module's small logger writes a timestamp, a level and the message.
+//! Nothing is logged per request at the default level (`info`).
 
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -29,24 +28,51 @@ impl std::str::FromStr for Level {
     }
 }
 
-static MAX_LEVEL: AtomicU8 = AtomicU8::new(Level::Info as u8);
+impl From<Level> for ::log::LevelFilter {
+    fn from(level: Level) -> ::log::LevelFilter {
+        match level {
+            Level::Error => ::log::LevelFilter::Error,
+            Level::Warn => ::log::LevelFilter::Warn,
+            Level::Info => ::log::LevelFilter::Info,
+            Level::Debug => ::log::LevelFilter::Debug,
+        }
+    }
+}
 
+/// Installs the stderr logger behind the `log` facade (once; later calls
+/// only change the level) and lets through events at `level` and above.
 pub fn set_level(level: Level) {
-    MAX_LEVEL.store(level as u8, Ordering::Relaxed);
+    // Fails only when a logger is already installed: then it is this one.
+    let _ = ::log::set_logger(&STDERR_LOGGER);
+    ::log::set_max_level(level.into());
 }
 
-pub fn enabled(level: Level) -> bool {
-    level as u8 <= MAX_LEVEL.load(Ordering::Relaxed)
-}
+static STDERR_LOGGER: StderrLogger = StderrLogger;
 
-pub fn emit(level: Level, message: std::fmt::Arguments<'_>) {
-    let tag = match level {
-        Level::Error => "ERROR",
-        Level::Warn => "WARN ",
-        Level::Info => "INFO ",
-        Level::Debug => "DEBUG",
-    };
-    eprintln!("{} {tag} cubed: {message}", utc_timestamp());
+/// One line per event: `<RFC 3339 UTC time> <LEVEL> cubed: <message>`.
+struct StderrLogger;
+
+impl ::log::Log for StderrLogger {
+    fn enabled(&self, metadata: &::log::Metadata<'_>) -> bool {
+        metadata.level() <= ::log::max_level()
+    }
+
+    fn log(&self, record: &::log::Record<'_>) {
+        if !self.enabled(record.metadata()) {
+            return;
+        }
+        let tag = match record.level() {
+            ::log::Level::Error => "ERROR",
+            ::log::Level::Warn => "WARN ",
+            ::log::Level::Info => "INFO ",
+            ::log::Level::Debug => "DEBUG",
+            ::log::Level::Trace => "TRACE",
+        };
+        eprintln!("{} {tag} cubed: {}", utc_timestamp(), record.args());
+    }
+
+    // eprintln! writes each line unbuffered.
+    fn flush(&self) {}
 }
 
 /// RFC 3339 UTC with milliseconds, computed without a date crate
@@ -76,24 +102,6 @@ fn utc_timestamp() -> String {
     )
 }
 
-#[macro_export]
-macro_rules! log_at {
-    ($level:expr, $($arg:tt)*) => {
-        if $crate::log::enabled($level) {
-            $crate::log::emit($level, format_args!($($arg)*));
-        }
-    };
-}
-
-#[macro_export]
-macro_rules! error { ($($arg:tt)*) => { $crate::log_at!($crate::log::Level::Error, $($arg)*) }; }
-#[macro_export]
-macro_rules! warn { ($($arg:tt)*) => { $crate::log_at!($crate::log::Level::Warn, $($arg)*) }; }
-#[macro_export]
-macro_rules! info { ($($arg:tt)*) => { $crate::log_at!($crate::log::Level::Info, $($arg)*) }; }
-#[macro_export]
-macro_rules! debug { ($($arg:tt)*) => { $crate::log_at!($crate::log::Level::Debug, $($arg)*) }; }
-
 #[cfg(test)]
 mod tests {
     #[test]
@@ -101,5 +109,16 @@ mod tests {
         let ts = super::utc_timestamp();
         assert_eq!(ts.len(), 24, "{ts}");
         assert!(ts.ends_with('Z') && ts.as_bytes()[10] == b'T', "{ts}");
+    }
+
+    #[test]
+    fn the_level_reaches_the_facade() {
+        use super::{Level, set_level};
+        set_level(Level::Warn);
+        assert!(::log::log_enabled!(::log::Level::Warn));
+        assert!(!::log::log_enabled!(::log::Level::Info));
+        set_level(Level::Debug);
+        assert!(::log::log_enabled!(::log::Level::Debug));
+        assert!(!::log::log_enabled!(::log::Level::Trace));
     }
 }

@@ -14,7 +14,7 @@ fn main() {
     // The data dir is 0700: a socket inside it is out of other users'
     // reach whatever its own mode.
     if args.socket_mode & 0o077 != 0 && args.socket_path().starts_with(&args.data) {
-        cube_server::warn!(
+        log::warn!(
             "--socket-mode {:o} opens the socket to other users, but it is inside the data dir \
              {}, which only cubed's user may enter; give --socket a path outside it (e.g. \
              /run/cube/cubed.sock)",
