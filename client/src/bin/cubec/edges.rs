@@ -442,7 +442,11 @@ pub(crate) fn path(
     if as_json {
         let found = match &answer.path {
             Some(path) => {
-                let coords: Vec<String> = path.coords.iter().map(|c| coord_json(*c)).collect();
+                let coords: Vec<String> = path
+                    .coords
+                    .iter()
+                    .map(|c| coord_json(*c).to_string())
+                    .collect();
                 format!(
                     "\"found\":true,\"cost\":{},\"coords\":[{}]",
                     json::float(path.cost),
