@@ -356,36 +356,28 @@ fn step_text(args: &StepArgs, reply: &StepReply) -> String {
     text
 }
 
-fn step_failure_json(failure: &StepFailure) -> String {
-    format!(
-        "{{\"coord\":[{},{},{}],\"seq\":{},\"outcome\":{},\"message\":{}}}",
-        failure.coord.x,
-        failure.coord.y,
-        failure.coord.z,
-        failure.seq,
-        json::string(failure.outcome.name()),
-        json::string(&failure.message)
-    )
+fn step_failure_json(failure: &StepFailure) -> Value {
+    json!({
+        "coord": coord_json(failure.coord),
+        "seq": failure.seq,
+        "outcome": failure.outcome.name(),
+        "message": failure.message,
+    })
 }
 
 fn step_json(args: &StepArgs, reply: &StepReply) -> String {
-    format!(
-        "{{\"ns\":{},\"lo\":{},\"hi\":{},\"lsn\":{},\"programs\":{},\"ok\":{},\"failed\":{},\
-         \"cells_written\":{},\"instructions\":{},\"first_failure\":{}}}",
-        json::string(args.ns.as_str()),
-        coord_json(args.lo),
-        coord_json(args.hi),
-        reply.lsn,
-        reply.programs,
-        reply.programs.saturating_sub(reply.failed),
-        reply.failed,
-        reply.cells_written,
-        reply.instructions,
-        reply
-            .first_failure
-            .as_ref()
-            .map_or("null".to_owned(), step_failure_json)
-    )
+    json::to_string(&json!({
+        "ns": args.ns.as_str(),
+        "lo": coord_json(args.lo),
+        "hi": coord_json(args.hi),
+        "lsn": reply.lsn,
+        "programs": reply.programs,
+        "ok": reply.programs.saturating_sub(reply.failed),
+        "failed": reply.failed,
+        "cells_written": reply.cells_written,
+        "instructions": reply.instructions,
+        "first_failure": reply.first_failure.as_ref().map(step_failure_json),
+    }))
 }
 
 /// A result as text: scalars on one line, a table as `KEY<TAB>VALUE`
@@ -549,36 +541,30 @@ fn cell_stats_text(ns: &NamespaceName, coord: Coord, stats: &CellStats) -> Strin
 }
 
 fn cell_stats_json(ns: &NamespaceName, coord: Coord, stats: &CellStats) -> String {
-    let records: Vec<String> = stats
+    let records: Vec<Value> = stats
         .records
         .iter()
         .map(|r| {
-            format!(
-                "{{\"seq\":{},\"started_unix_us\":{},\"duration_ns\":{},\"instructions\":{},\
-                 \"cells_written\":{},\"outcome\":{},\"message\":{}}}",
-                r.seq,
-                r.started_unix_us,
-                r.duration_ns,
-                r.instructions,
-                r.cells_written,
-                json::string(r.outcome.name()),
-                json::string(&r.message)
-            )
+            json!({
+                "seq": r.seq,
+                "started_unix_us": r.started_unix_us,
+                "duration_ns": r.duration_ns,
+                "instructions": r.instructions,
+                "cells_written": r.cells_written,
+                "outcome": r.outcome.name(),
+                "message": r.message,
+            })
         })
         .collect();
-    format!(
-        "{{\"ns\":{},\"coord\":[{},{},{}],\"program_bytes\":{},\"runs\":{},\"failures\":{},\"records\":[{}]}}\n",
-        json::string(ns.as_str()),
-        coord.x,
-        coord.y,
-        coord.z,
-        stats
-            .program_bytes
-            .map_or("null".to_owned(), |b| b.to_string()),
-        stats.runs,
-        stats.failures,
-        records.join(",")
-    )
+    let object = json!({
+        "ns": ns.as_str(),
+        "coord": coord_json(coord),
+        "program_bytes": stats.program_bytes,
+        "runs": stats.runs,
+        "failures": stats.failures,
+        "records": records,
+    });
+    format!("{}\n", json::to_string(&object))
 }
 
 #[cfg(test)]
