@@ -22,27 +22,6 @@ pub fn to_string<T: Serialize + ?Sized>(value: &T) -> String {
     String::from_utf8(out).unwrap_or_default()
 }
 
-/// `text` as a quoted JSON string.
-pub fn string(text: &str) -> String {
-    to_string(text)
-}
-
-/// Appends `text` as a quoted JSON string.
-pub fn push_string(out: &mut String, text: &str) {
-    out.push_str(&string(text));
-}
-
-/// A JSON number, or `null` for NaN and infinities, which JSON cannot hold.
-/// Whole numbers keep a `.0`, so a float never reads back as an integer.
-pub fn float(value: f64) -> String {
-    to_string(&serde_json::Value::from(value))
-}
-
-/// `Some(text)` as a JSON string, `None` as `null`.
-pub fn string_or_null(text: Option<&str>) -> String {
-    to_string(&text)
-}
-
 /// serde_json's compact output, with DEL, U+2028 and U+2029 escaped.
 struct TerminalSafe;
 
@@ -67,6 +46,10 @@ impl Formatter for TerminalSafe {
 mod tests {
     use super::*;
 
+    fn string(text: &str) -> String {
+        to_string(text)
+    }
+
     #[test]
     fn escapes_quotes_backslashes_and_controls() {
         assert_eq!(string(r#"a"b\c"#), r#""a\"b\\c""#);
@@ -90,14 +73,16 @@ mod tests {
 
     #[test]
     fn floats_are_valid_json_numbers() {
-        assert_eq!(float(1.0), "1.0");
-        assert_eq!(float(0.25), "0.25");
-        assert_eq!(float(-3.5), "-3.5");
-        assert_eq!(float(f64::NAN), "null");
-        assert_eq!(float(f64::INFINITY), "null");
-        let huge = float(1e300);
+        // Whole numbers keep a `.0`, so a float never reads back as an
+        // integer; JSON has no NaN or infinity.
+        assert_eq!(to_string(&1.0), "1.0");
+        assert_eq!(to_string(&0.25), "0.25");
+        assert_eq!(to_string(&-3.5), "-3.5");
+        assert_eq!(to_string(&f64::NAN), "null");
+        assert_eq!(to_string(&f64::INFINITY), "null");
+        let huge = to_string(&1e300);
         assert_eq!(huge.parse::<f64>().ok(), Some(1e300), "{huge}");
-        assert_eq!(string_or_null(None), "null");
-        assert_eq!(string_or_null(Some("x")), "\"x\"");
+        assert_eq!(to_string(&None::<&str>), "null");
+        assert_eq!(to_string(&Some("x")), "\"x\"");
     }
 }
