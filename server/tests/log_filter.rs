@@ -16,12 +16,24 @@ const HANG: Duration = Duration::from_secs(60);
 #[test]
 fn a_bad_rust_log_directive_stops_cubed_with_what_to_write() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(LocalDaemon::find_binary().unwrap())
+    let mut child = Command::new(LocalDaemon::find_binary().unwrap())
         .arg("--data")
         .arg(dir.path().join("data"))
         .env("RUST_LOG", "cube_server=loud")
-        .output()
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
+    // A cubed that ignored the directive would serve forever: stop it
+    // and fail rather than hang.
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > HANG {
+            child.kill().unwrap();
+            panic!("cubed started despite the bad RUST_LOG");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
