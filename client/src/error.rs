@@ -48,7 +48,7 @@ pub enum ClientError {
     #[error("{0}")]
     BadArgument(String),
 
-    /// The throwaway daemon of [`crate::LocalDaemon`] could not be found,
+    /// The throwaway daemon of `LocalDaemon` (feature `local-daemon`) could not be found,
     /// started or stopped; the message carries its log.
     #[error("{0}")]
     Daemon(String),

@@ -1,59 +1,54 @@
-//! Just enough JSON writing for `cubec --json`: strings, numbers, null.
+//! JSON for `cubec --json` and `cubec export`, written by serde_json.
 //!
-//! Hand-written because the output is a handful of flat objects and the
-//! workspace keeps its dependency list short.
+//! One addition to serde_json's escaping: DEL, U+2028 and U+2029 are legal
+//! raw in JSON but invisible in a terminal (and the last two are not legal
+//! in JavaScript source), so they are written as `\uXXXX` too.
 
-use std::fmt::Write as _;
+use std::io;
 
-/// `text` as a quoted JSON string.
-pub fn string(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 2);
-    push_string(&mut out, text);
-    out
+use serde::Serialize;
+use serde_json::ser::{Formatter, Serializer};
+
+/// `value` as compact JSON (no spaces), with the escaping above.
+pub fn to_string<T: Serialize + ?Sized>(value: &T) -> String {
+    let mut out = Vec::new();
+    let mut serializer = Serializer::with_formatter(&mut out, TerminalSafe);
+    // Serializing into a Vec fails only for maps with non-string keys,
+    // which no caller builds; an empty string would show up in tests.
+    if value.serialize(&mut serializer).is_err() {
+        return String::new();
+    }
+    // serde_json writes UTF-8 only.
+    String::from_utf8(out).unwrap_or_default()
 }
 
-/// Appends `text` as a quoted JSON string.
-pub fn push_string(out: &mut String, text: &str) {
-    out.push('"');
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{08}' => out.push_str("\\b"),
-            '\u{0c}' => out.push_str("\\f"),
-            // Legal raw in JSON but not in JavaScript source, and invisible
-            // in a terminal either way.
-            c if c < ' ' || c == '\u{7f}' || c == '\u{2028}' || c == '\u{2029}' => {
-                let _ = write!(out, "\\u{:04x}", u32::from(c));
-            }
-            c => out.push(c),
+/// serde_json's compact output, with DEL, U+2028 and U+2029 escaped.
+struct TerminalSafe;
+
+impl Formatter for TerminalSafe {
+    fn write_string_fragment<W: ?Sized + io::Write>(
+        &mut self,
+        writer: &mut W,
+        fragment: &str,
+    ) -> io::Result<()> {
+        let mut rest = fragment;
+        while let Some(at) = rest.find(['\u{7f}', '\u{2028}', '\u{2029}']) {
+            writer.write_all(&rest.as_bytes()[..at])?;
+            let c = rest[at..].chars().next().unwrap_or_default();
+            write!(writer, "\\u{:04x}", u32::from(c))?;
+            rest = &rest[at + c.len_utf8()..];
         }
+        writer.write_all(rest.as_bytes())
     }
-    out.push('"');
-}
-
-/// A JSON number, or `null` for NaN and infinities, which JSON cannot hold.
-pub fn float(value: f64) -> String {
-    if value.is_finite() {
-        // Debug keeps a `.0` on whole numbers, so a float never reads back
-        // as an integer, and never uses exponents JSON would reject.
-        format!("{value:?}")
-    } else {
-        "null".to_owned()
-    }
-}
-
-/// `Some(text)` as a JSON string, `None` as `null`.
-pub fn string_or_null(text: Option<&str>) -> String {
-    text.map_or_else(|| "null".to_owned(), string)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn string(text: &str) -> String {
+        to_string(text)
+    }
 
     #[test]
     fn escapes_quotes_backslashes_and_controls() {
@@ -61,7 +56,7 @@ mod tests {
         assert_eq!(string("line\nnext\ttab\r"), r#""line\nnext\ttab\r""#);
         assert_eq!(string("\u{0}\u{1f}\u{7f}"), r#""\u0000\u001f\u007f""#);
         assert_eq!(string("\u{08}\u{0c}"), r#""\b\f""#);
-        assert_eq!(string("\u{2028}"), r#""\u2028""#);
+        assert_eq!(string("\u{2028}x\u{2029}"), r#""\u2028x\u2029""#);
     }
 
     #[test]
@@ -71,19 +66,23 @@ mod tests {
     }
 
     #[test]
+    fn objects_are_compact_and_keep_key_order() {
+        let value = serde_json::json!({"b": 1, "a": [1.0, null], "s": "\u{7f}"});
+        assert_eq!(to_string(&value), r#"{"b":1,"a":[1.0,null],"s":"\u007f"}"#);
+    }
+
+    #[test]
     fn floats_are_valid_json_numbers() {
-        assert_eq!(float(1.0), "1.0");
-        assert_eq!(float(0.25), "0.25");
-        assert_eq!(float(-3.5), "-3.5");
-        assert_eq!(float(f64::NAN), "null");
-        assert_eq!(float(f64::INFINITY), "null");
-        let huge = float(1e300);
-        assert!(
-            huge.chars()
-                .all(|c| c.is_ascii_digit() || c == '.' || c == 'e'),
-            "{huge}"
-        );
-        assert_eq!(string_or_null(None), "null");
-        assert_eq!(string_or_null(Some("x")), "\"x\"");
+        // Whole numbers keep a `.0`, so a float never reads back as an
+        // integer; JSON has no NaN or infinity.
+        assert_eq!(to_string(&1.0), "1.0");
+        assert_eq!(to_string(&0.25), "0.25");
+        assert_eq!(to_string(&-3.5), "-3.5");
+        assert_eq!(to_string(&f64::NAN), "null");
+        assert_eq!(to_string(&f64::INFINITY), "null");
+        let huge = to_string(&1e300);
+        assert_eq!(huge.parse::<f64>().ok(), Some(1e300), "{huge}");
+        assert_eq!(to_string(&None::<&str>), "null");
+        assert_eq!(to_string(&Some("x")), "\"x\"");
     }
 }

@@ -2,9 +2,10 @@
 //!
 //! One job: be the synchronous, typed way in. [`Client`] speaks the wire
 //! protocol from `cube-protocol` over a Unix socket (handshake, request ids,
-//! limits, error frames), and [`LocalDaemon`] launches a throwaway `cubed`
-//! on a temporary data directory for integration tests, the stress driver
-//! and the `cubec` tests. The `cubec` binary is a thin command line over
+//! limits, error frames), and `LocalDaemon` (cargo feature `local-daemon`,
+//! off by default so the library and `cubec` carry no `tempfile` or `libc`)
+//! launches a throwaway `cubed` on a temporary data directory for
+//! integration tests, the stress driver and the `cubec` tests. The `cubec` binary is a thin command line over
 //! [`Client`].
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
@@ -15,6 +16,7 @@ mod duration;
 mod edges;
 mod error;
 pub mod json;
+#[cfg(feature = "local-daemon")]
 pub mod local_daemon;
 mod namespaces;
 mod programs;
@@ -42,6 +44,7 @@ pub use cube_protocol::{ResyncReason, WatchChange, WatchOp};
 pub use duration::{parse_millis, parse_seconds};
 pub use edges::{Detached, Linked, PathAnswer, WalkOptions};
 pub use error::ClientError;
+#[cfg(feature = "local-daemon")]
 pub use local_daemon::LocalDaemon;
 pub use programs::Stored;
 pub use watch::{Watch, WatchGroup, describe_resync};

@@ -12,6 +12,7 @@
 //! leaves the sum at the cut, so one attacker is never cut twice and
 //! nobody else is cut for memory that is already being given back.
 
+use log::warn;
 use std::collections::HashMap;
 use std::net::Shutdown;
 use std::os::unix::net::UnixStream;

@@ -7,6 +7,7 @@
 //! responses past the write timeout is closed, so no client can hold a
 //! thread or a buffer forever.
 
+use log::info;
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
@@ -561,7 +562,7 @@ impl Connection {
                     ));
                 }
                 let report = engine.backup(&dest).map_err(|e| store_error(&e))?;
-                crate::info!(
+                info!(
                     "backup to {}: {} files ({} hard-linked), {} bytes, up to LSN {}",
                     dest.display(),
                     report.files,

@@ -13,20 +13,19 @@
 
 mod access;
 mod batch;
+mod client_memory;
 pub mod command_stats;
 pub mod config;
 mod connection;
 mod duration_flag;
 mod edges;
 mod listing;
+pub mod log;
+mod metrics_http;
 mod mget;
 mod namespaces;
 pub mod panic_policy;
 mod programs;
-#[macro_use]
-pub mod log;
-mod client_memory;
-mod metrics_http;
 pub mod server;
 mod signals;
 pub mod verify;

@@ -10,11 +10,16 @@ fn main() {
             .error(clap::error::ErrorKind::ArgumentConflict, why)
             .exit();
     }
-    cube_server::log::set_level(args.log_level);
+    let rust_log = std::env::var("RUST_LOG").ok();
+    if let Err(why) = cube_server::log::init(args.log_level, rust_log.as_deref()) {
+        cube_server::Args::command()
+            .error(clap::error::ErrorKind::InvalidValue, why)
+            .exit();
+    }
     // The data dir is 0700: a socket inside it is out of other users'
     // reach whatever its own mode.
     if args.socket_mode & 0o077 != 0 && args.socket_path().starts_with(&args.data) {
-        cube_server::warn!(
+        log::warn!(
             "--socket-mode {:o} opens the socket to other users, but it is inside the data dir \
              {}, which only cubed's user may enter; give --socket a path outside it (e.g. \
              /run/cube/cubed.sock)",

@@ -11,6 +11,7 @@
 //! Off by default. Anyone who can connect sees every namespace's name and
 //! size, so it listens on loopback only unless `--metrics-listen-any`.
 
+use log::warn;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;

@@ -2,6 +2,7 @@
 //! thread, and runs the clean shutdown on SIGINT/SIGTERM (and the other
 //! stop signals, `crate::signals`).
 
+use log::{debug, error, info, warn};
 use std::collections::HashMap;
 use std::fs;
 use std::io::{self, Write};

@@ -17,6 +17,7 @@
 //!
 //! SIGPIPE is ignored by the Rust runtime already.
 
+use log::{info, warn};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;

@@ -14,6 +14,7 @@ use crate::compare::{CompareArgs, compare};
 use crate::crash::{CrashArgs, torture};
 use crate::error::StressError;
 use crate::hostile::HostileComparison;
+use crate::json;
 use crate::plot::{Series, latency_by_percentile};
 use crate::report::RunReport;
 use crate::run::{RunConfig, run};
@@ -262,7 +263,7 @@ fn run_command(args: &RunArgs) -> Result<bool, StressError> {
     let report = run(&config)?;
     println!("{}", report.to_table());
     if let Some(path) = &args.json {
-        write_file(path, &report.to_json().pretty())?;
+        write_file(path, &json::pretty(&report.to_json()))?;
         eprintln!("cube-stress: wrote {}", path.display());
     }
     if let Some(path) = &args.plot {
@@ -312,7 +313,7 @@ fn hostile_command(args: &RunArgs, config: RunConfig) -> Result<bool, StressErro
     };
     println!("{}", comparison.to_table());
     if let Some(path) = &args.json {
-        write_file(path, &comparison.to_json().pretty())?;
+        write_file(path, &json::pretty(&comparison.to_json()))?;
         eprintln!("cube-stress: wrote {}", path.display());
     }
     if let Some(path) = &args.plot {
@@ -354,7 +355,7 @@ fn compare_command(args: &CompareArgs) -> Result<bool, StressError> {
     let comparison = compare(args)?;
     println!("{}", comparison.to_table());
     if let Some(path) = &args.json {
-        write_file(path, &comparison.to_json().pretty())?;
+        write_file(path, &json::pretty(&comparison.to_json()))?;
         eprintln!("cube-stress: wrote {}", path.display());
     }
     Ok(comparison.passed())

@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::error::StressError;
-use crate::json::Json;
+use crate::json::{self, Json};
 use crate::report::RunReport;
 use crate::run::{RunConfig, run};
 use crate::target::redis::{INSTALL_HINT, find_redis_server};
@@ -338,28 +338,31 @@ impl Comparison {
                     .cell(c.workload, c.clients, TargetKind::Cube)
                     .and_then(Cell::ops_per_sec);
                 let ratio = match (cube, c.ops_per_sec()) {
-                    (Some(cube), Some(ops)) if ops > 0.0 => Json::Float(cube / ops),
+                    (Some(cube), Some(ops)) if ops > 0.0 => Json::from(cube / ops),
                     _ => Json::Null,
                 };
-                Json::object([
-                    ("workload", Json::str(c.workload.name())),
-                    ("clients", Json::Int(c.clients as u64)),
-                    ("target", Json::str(c.target.name())),
+                json::object([
+                    ("workload", Json::from(c.workload.name())),
+                    ("clients", Json::from(c.clients as u64)),
+                    ("target", Json::from(c.target.name())),
                     (
                         "ops_per_sec",
-                        c.ops_per_sec().map_or(Json::Null, Json::Float),
+                        c.ops_per_sec().map_or(Json::Null, Json::from),
                     ),
-                    ("p50_us", c.p50_us().map_or(Json::Null, Json::Int)),
-                    ("p99_us", c.p99_us().map_or(Json::Null, Json::Int)),
+                    ("p50_us", c.p50_us().map_or(Json::Null, Json::from)),
+                    ("p99_us", c.p99_us().map_or(Json::Null, Json::from)),
                     ("cube_over_this", ratio),
                     (
                         "ops_per_sec_runs",
-                        Json::Array(c.ops_per_sec_runs.iter().map(|x| Json::Float(*x)).collect()),
+                        Json::Array(c.ops_per_sec_runs.iter().map(|x| Json::from(*x)).collect()),
                     ),
                     ("passed", Json::Bool(c.passed())),
                     (
                         "error",
-                        c.outcome.as_ref().err().map_or(Json::Null, Json::str),
+                        c.outcome
+                            .as_ref()
+                            .err()
+                            .map_or(Json::Null, |e| Json::from(e.as_str())),
                     ),
                     (
                         "run",
@@ -368,16 +371,21 @@ impl Comparison {
                 ])
             })
             .collect();
-        Json::object([
-            ("duration_s", Json::Float(self.args.duration)),
-            ("warmup_s", Json::Float(self.args.warmup)),
-            ("value_size_bytes", Json::Int(self.args.value_size as u64)),
-            ("keys", Json::Int(self.args.keys)),
-            ("seed", Json::Int(self.args.seed)),
-            ("repeat", Json::Int(self.args.repeat as u64)),
+        json::object([
+            ("duration_s", Json::from(self.args.duration)),
+            ("warmup_s", Json::from(self.args.warmup)),
+            ("value_size_bytes", Json::from(self.args.value_size as u64)),
+            ("keys", Json::from(self.args.keys)),
+            ("seed", Json::from(self.args.seed)),
+            ("repeat", Json::from(self.args.repeat as u64)),
             (
                 "skipped",
-                Json::Array(self.skipped.iter().map(Json::str).collect()),
+                Json::Array(
+                    self.skipped
+                        .iter()
+                        .map(|s| Json::from(s.as_str()))
+                        .collect(),
+                ),
             ),
             ("cells", Json::Array(cells)),
             (
@@ -444,13 +452,13 @@ impl Goal {
     }
 
     fn to_json(&self) -> Json {
-        Json::object([
-            ("name", Json::str(self.name)),
-            ("measured", self.measured.map_or(Json::Null, Json::Float)),
-            ("bound", self.bound.map_or(Json::Null, Json::Float)),
+        json::object([
+            ("name", Json::from(self.name)),
+            ("measured", self.measured.map_or(Json::Null, Json::from)),
+            ("bound", self.bound.map_or(Json::Null, Json::from)),
             (
                 "kind",
-                Json::str(if self.higher_is_better {
+                Json::from(if self.higher_is_better {
                     "ratio_at_least"
                 } else {
                     "p50_us_at_most"
@@ -655,7 +663,7 @@ mod tests {
         let Some(Json::Array(cells)) = json.get("cells") else {
             panic!("no cells");
         };
-        assert_eq!(cells[1].get("cube_over_this"), Some(&Json::Float(2.0)));
+        assert_eq!(cells[1].get("cube_over_this"), Some(&Json::from(2.0)));
     }
 
     /// `CompareArgs` on its own, as the `compare` subcommand parses it.

@@ -38,7 +38,7 @@ use cube_protocol::frame::{FrameHeader, read_frame};
 use cube_protocol::{ErrorCode, Limits, NamespaceName, PROTOCOL_VERSION, Request, Response};
 
 use crate::error::StressError;
-use crate::json::Json;
+use crate::json::{self, Json};
 use crate::latency::LatencySummary;
 use crate::report::RunReport;
 
@@ -133,19 +133,22 @@ impl HostileCounts {
         let kinds = HostileKind::ALL.iter().enumerate().map(|(i, kind)| {
             (
                 kind.name(),
-                Json::object([
-                    ("threads", Json::Int(self.threads[i])),
-                    ("connections", Json::Int(self.connections[i])),
-                    ("closed_by_daemon", Json::Int(self.closed_by_daemon[i])),
+                json::object([
+                    ("threads", Json::from(self.threads[i])),
+                    ("connections", Json::from(self.connections[i])),
+                    ("closed_by_daemon", Json::from(self.closed_by_daemon[i])),
                 ]),
             )
         });
-        Json::object([
-            ("threads", Json::Int(self.total_threads())),
-            ("kinds", Json::object(kinds)),
-            ("unread_request_bytes", Json::Int(self.unread_request_bytes)),
-            ("refused", Json::Int(self.refused)),
-            ("connect_failures", Json::Int(self.connect_failures)),
+        json::object([
+            ("threads", Json::from(self.total_threads())),
+            ("kinds", json::object(kinds)),
+            (
+                "unread_request_bytes",
+                Json::from(self.unread_request_bytes),
+            ),
+            ("refused", Json::from(self.refused)),
+            ("connect_failures", Json::from(self.connect_failures)),
         ])
     }
 
@@ -519,10 +522,10 @@ impl HostileComparison {
     /// each RUN in the shape of a plain run's JSON.
     pub fn to_json(&self) -> Json {
         let ratios = self.rows().into_iter().map(|(name, a, b)| {
-            let r = |x: Option<f64>| x.map_or(Json::Null, Json::Float);
+            let r = |x: Option<f64>| x.map_or(Json::Null, Json::from);
             (
                 name,
-                Json::object([
+                json::object([
                     ("p50", r(ratio(a.p50_us as f64, b.p50_us as f64))),
                     ("p99", r(ratio(a.p99_us as f64, b.p99_us as f64))),
                     ("p999", r(ratio(a.p999_us as f64, b.p999_us as f64))),
@@ -530,10 +533,10 @@ impl HostileComparison {
                 ]),
             )
         });
-        Json::object([
+        json::object([
             ("baseline", self.baseline.to_json()),
             ("hostile", self.hostile.to_json()),
-            ("ratios", Json::object(ratios)),
+            ("ratios", json::object(ratios)),
             ("passed", Json::Bool(self.passed())),
         ])
     }
@@ -586,7 +589,7 @@ mod tests {
         );
         assert!(!lines.contains("slowloris"), "{lines}");
         let json = total.to_json();
-        assert_eq!(json.get("threads"), Some(&Json::Int(2)));
+        assert_eq!(json.get("threads"), Some(&Json::from(2)));
     }
 
     #[test]

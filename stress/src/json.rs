@@ -1,86 +1,21 @@
-//! A JSON value tree and a pretty printer: the reports are a few small
-//! objects, so no serialization framework. Object keys keep their order.
+//! The reports' JSON: `serde_json` values whose objects keep their keys in
+//! the order they were inserted (the workspace enables `preserve_order`), so
+//! a report reads top-down the way docs/benchmarks.md shows it.
 
-use cube_client::json::{float, push_string};
+pub use serde_json::Value as Json;
 
-#[derive(Clone, Debug, PartialEq)]
-pub enum Json {
-    Null,
-    Bool(bool),
-    Int(u64),
-    Float(f64),
-    Str(String),
-    Array(Vec<Json>),
-    Object(Vec<(String, Json)>),
+/// An object from `(key, value)` pairs, in that order.
+pub fn object<K: Into<String>>(fields: impl IntoIterator<Item = (K, Json)>) -> Json {
+    Json::Object(fields.into_iter().map(|(k, v)| (k.into(), v)).collect())
 }
 
-impl Json {
-    /// An object from `(key, value)` pairs.
-    pub fn object<K: Into<String>>(fields: impl IntoIterator<Item = (K, Json)>) -> Json {
-        Json::Object(fields.into_iter().map(|(k, v)| (k.into(), v)).collect())
-    }
-
-    pub fn str(text: impl Into<String>) -> Json {
-        Json::Str(text.into())
-    }
-
-    /// Indented with two spaces, with a final newline.
-    pub fn pretty(&self) -> String {
-        let mut out = String::new();
-        self.write(&mut out, 0);
-        out.push('\n');
-        out
-    }
-
-    /// The value at `key` of an object.
-    pub fn get(&self, key: &str) -> Option<&Json> {
-        match self {
-            Json::Object(fields) => fields.iter().find(|(k, _)| k == key).map(|(_, v)| v),
-            _ => None,
-        }
-    }
-
-    fn write(&self, out: &mut String, depth: usize) {
-        match self {
-            Json::Null => out.push_str("null"),
-            Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-            Json::Int(n) => out.push_str(&n.to_string()),
-            Json::Float(x) => out.push_str(&float(*x)),
-            Json::Str(s) => push_string(out, s),
-            Json::Array(items) if items.is_empty() => out.push_str("[]"),
-            Json::Object(fields) if fields.is_empty() => out.push_str("{}"),
-            Json::Array(items) => {
-                out.push('[');
-                for (i, item) in items.iter().enumerate() {
-                    out.push_str(if i == 0 { "\n" } else { ",\n" });
-                    indent(out, depth + 1);
-                    item.write(out, depth + 1);
-                }
-                out.push('\n');
-                indent(out, depth);
-                out.push(']');
-            }
-            Json::Object(fields) => {
-                out.push('{');
-                for (i, (key, value)) in fields.iter().enumerate() {
-                    out.push_str(if i == 0 { "\n" } else { ",\n" });
-                    indent(out, depth + 1);
-                    push_string(out, key);
-                    out.push_str(": ");
-                    value.write(out, depth + 1);
-                }
-                out.push('\n');
-                indent(out, depth);
-                out.push('}');
-            }
-        }
-    }
-}
-
-fn indent(out: &mut String, depth: usize) {
-    for _ in 0..depth {
-        out.push_str("  ");
-    }
+/// Indented with two spaces, with a final newline.
+pub fn pretty(value: &Json) -> String {
+    // Serializing a `Value` cannot fail: its keys are strings and its
+    // numbers finite (`Value::from` turns NaN and infinities into null).
+    let mut out = serde_json::to_string_pretty(value).unwrap_or_default();
+    out.push('\n');
+    out
 }
 
 #[cfg(test)]
@@ -89,16 +24,19 @@ mod tests {
 
     #[test]
     fn pretty_prints_nested_values_in_order() {
-        let value = Json::object([
-            ("b", Json::Int(2)),
-            ("a", Json::Float(0.5)),
-            ("s", Json::str("q\"x")),
+        let value = object([
+            ("b", Json::from(2u64)),
+            ("a", Json::from(0.5)),
+            ("s", Json::from("q\"x")),
             ("n", Json::Null),
             ("t", Json::Bool(true)),
             ("e", Json::Array(vec![])),
             (
                 "o",
-                Json::object([("x", Json::Array(vec![Json::Int(1), Json::Float(f64::NAN)]))]),
+                object([(
+                    "x",
+                    Json::Array(vec![Json::from(1u64), Json::from(f64::NAN)]),
+                )]),
             ),
         ]);
         let expected = r#"{
@@ -116,8 +54,8 @@ mod tests {
   }
 }
 "#;
-        assert_eq!(value.pretty(), expected);
-        assert_eq!(value.get("b"), Some(&Json::Int(2)));
+        assert_eq!(pretty(&value), expected);
+        assert_eq!(value.get("b"), Some(&Json::from(2u64)));
         assert_eq!(value.get("zz"), None);
     }
 }

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use cube_client::{StatsEntry, StatsValue};
 
 use crate::hostile::HostileCounts;
-use crate::json::Json;
+use crate::json::{self, Json};
 use crate::latency::{LatencySummary, Recorder};
 use crate::verify::VerifyReport;
 use crate::workload::{Command, Workload, WorkloadKind};
@@ -130,33 +130,33 @@ impl RunReport {
                 if let (Some(cells), Json::Object(fields)) = (cells_per_sec, &mut figures)
                     && name == Command::Mget.name()
                 {
-                    fields.push(("cells_per_sec".to_owned(), Json::Float(cells)));
+                    fields.insert("cells_per_sec".to_owned(), Json::from(cells));
                 }
                 (name, figures)
             })
             .collect::<Vec<_>>();
-        Json::object([
-            ("target", Json::str(&self.target)),
-            ("target_detail", Json::str(&self.target_detail)),
-            ("workload", Json::str(self.workload.name())),
-            ("read_ratio", Json::Float(self.read_ratio())),
+        json::object([
+            ("target", Json::from(self.target.as_str())),
+            ("target_detail", Json::from(self.target_detail.as_str())),
+            ("workload", Json::from(self.workload.name())),
+            ("read_ratio", Json::from(self.read_ratio())),
             (
                 "batch",
                 if self.workload.kind == WorkloadKind::Mget {
-                    Json::Int(u64::from(self.workload.batch))
+                    Json::from(u64::from(self.workload.batch))
                 } else {
                     Json::Null
                 },
             ),
-            ("clients", Json::Int(self.clients as u64)),
-            ("duration_s", Json::Float(self.duration_s)),
-            ("warmup_s", Json::Float(self.warmup_s)),
-            ("value_size_bytes", Json::Int(self.value_size_bytes as u64)),
-            ("keys", Json::Int(self.keys)),
-            ("seed", Json::Int(self.seed)),
+            ("clients", Json::from(self.clients as u64)),
+            ("duration_s", Json::from(self.duration_s)),
+            ("warmup_s", Json::from(self.warmup_s)),
+            ("value_size_bytes", Json::from(self.value_size_bytes as u64)),
+            ("keys", Json::from(self.keys)),
+            ("seed", Json::from(self.seed)),
             (
                 "loop",
-                Json::str(if self.rate_ops_per_sec.is_some() {
+                Json::from(if self.rate_ops_per_sec.is_some() {
                     "open"
                 } else {
                     "closed"
@@ -164,24 +164,24 @@ impl RunReport {
             ),
             (
                 "rate_ops_per_sec",
-                self.rate_ops_per_sec.map_or(Json::Null, Json::Float),
+                self.rate_ops_per_sec.map_or(Json::Null, Json::from),
             ),
-            ("prefill_s", self.prefill_s.map_or(Json::Null, Json::Float)),
-            ("errors", Json::Int(self.errors)),
+            ("prefill_s", self.prefill_s.map_or(Json::Null, Json::from)),
+            ("errors", Json::from(self.errors)),
             ("error_samples", strings(&self.error_samples)),
-            ("reconnects", Json::Int(self.reconnects)),
-            ("commands", Json::object(commands)),
+            ("reconnects", Json::from(self.reconnects)),
+            ("commands", json::object(commands)),
             ("server", server_json(&self.server)),
             (
                 "server_error",
-                self.server_error.as_deref().map_or(Json::Null, Json::str),
+                self.server_error.as_deref().map_or(Json::Null, Json::from),
             ),
             (
                 "verification",
-                Json::object([
-                    ("mode", Json::str(self.verification.mode.name())),
-                    ("keys_checked", Json::Int(self.verification.keys_checked)),
-                    ("mismatches", Json::Int(self.verification.mismatches)),
+                json::object([
+                    ("mode", Json::from(self.verification.mode.name())),
+                    ("keys_checked", Json::from(self.verification.keys_checked)),
+                    ("mismatches", Json::from(self.verification.mismatches)),
                     (
                         "mismatch_samples",
                         strings(&self.verification.mismatch_samples),
@@ -189,7 +189,7 @@ impl RunReport {
                     ("errors", strings(&self.verification.errors)),
                     (
                         "read_mismatches_during_run",
-                        Json::Int(self.live_mismatches.mismatches),
+                        Json::from(self.live_mismatches.mismatches),
                     ),
                     (
                         "read_mismatch_samples",
@@ -435,33 +435,33 @@ pub fn latency_table(rows: &[(&str, LatencySummary)]) -> String {
 }
 
 pub fn summary_json(s: &LatencySummary) -> Json {
-    Json::object([
-        ("count", Json::Int(s.count)),
-        ("ops_per_sec", Json::Float(s.ops_per_sec)),
-        ("mean_us", Json::Float(s.mean_us)),
-        ("p50_us", Json::Int(s.p50_us)),
-        ("p90_us", Json::Int(s.p90_us)),
-        ("p99_us", Json::Int(s.p99_us)),
-        ("p999_us", Json::Int(s.p999_us)),
-        ("max_us", Json::Int(s.max_us)),
+    json::object([
+        ("count", Json::from(s.count)),
+        ("ops_per_sec", Json::from(s.ops_per_sec)),
+        ("mean_us", Json::from(s.mean_us)),
+        ("p50_us", Json::from(s.p50_us)),
+        ("p90_us", Json::from(s.p90_us)),
+        ("p99_us", Json::from(s.p99_us)),
+        ("p999_us", Json::from(s.p999_us)),
+        ("max_us", Json::from(s.max_us)),
     ])
 }
 
 fn crash_json(crash: &CrashReport) -> Json {
-    Json::object([
-        ("at_s", Json::Float(crash.at_s)),
-        ("restart_ms", Json::Float(crash.restart_ms)),
+    json::object([
+        ("at_s", Json::from(crash.at_s)),
+        ("restart_ms", Json::from(crash.restart_ms)),
         (
             "server_recovery_ms",
-            crash.server_recovery_ms.map_or(Json::Null, Json::Int),
+            crash.server_recovery_ms.map_or(Json::Null, Json::from),
         ),
         (
             "records_replayed",
-            crash.records_replayed.map_or(Json::Null, Json::Int),
+            crash.records_replayed.map_or(Json::Null, Json::from),
         ),
-        ("uncertain_writes", Json::Int(crash.uncertain_writes)),
-        ("keys_checked", Json::Int(crash.verification.keys_checked)),
-        ("mismatches", Json::Int(crash.verification.mismatches)),
+        ("uncertain_writes", Json::from(crash.uncertain_writes)),
+        ("keys_checked", Json::from(crash.verification.keys_checked)),
+        ("mismatches", Json::from(crash.verification.mismatches)),
         (
             "mismatch_samples",
             strings(&crash.verification.mismatch_samples),
@@ -471,11 +471,11 @@ fn crash_json(crash: &CrashReport) -> Json {
 }
 
 fn server_json(entries: &[StatsEntry]) -> Json {
-    Json::object(entries.iter().map(|e| {
+    json::object(entries.iter().map(|e| {
         let value = match &e.value {
-            StatsValue::Count(n) => Json::Int(*n),
-            StatsValue::Float(x) => Json::Float(*x),
-            StatsValue::Text(t) => Json::str(t),
+            StatsValue::Count(n) => Json::from(*n),
+            StatsValue::Float(x) => Json::from(*x),
+            StatsValue::Text(t) => Json::from(t.as_str()),
         };
         (e.name.clone(), value)
     }))
@@ -490,7 +490,7 @@ fn stats_text(value: &StatsValue) -> String {
 }
 
 fn strings(items: &[String]) -> Json {
-    Json::Array(items.iter().map(Json::str).collect())
+    Json::Array(items.iter().map(|s| Json::from(s.as_str())).collect())
 }
 
 #[cfg(test)]
@@ -562,16 +562,16 @@ pub(crate) mod tests {
             assert!(json.get(key).is_some(), "missing {key}");
         }
         let put = json.get("commands").and_then(|c| c.get("put")).unwrap();
-        assert_eq!(put.get("count"), Some(&Json::Int(100)));
-        assert_eq!(put.get("ops_per_sec"), Some(&Json::Float(50.0)));
-        assert_eq!(put.get("p50_us"), Some(&Json::Int(50)));
-        assert_eq!(put.get("max_us"), Some(&Json::Int(100)));
+        assert_eq!(put.get("count"), Some(&Json::from(100)));
+        assert_eq!(put.get("ops_per_sec"), Some(&Json::from(50.0)));
+        assert_eq!(put.get("p50_us"), Some(&Json::from(50)));
+        assert_eq!(put.get("max_us"), Some(&Json::from(100)));
         for key in ["mean_us", "p90_us", "p99_us", "p999_us"] {
             assert!(put.get(key).is_some(), "missing commands.put.{key}");
         }
         let server = json.get("server").unwrap();
-        assert_eq!(server.get("wal.fsync_us_mean"), Some(&Json::Float(210.5)));
-        assert_eq!(server.get("server.version"), Some(&Json::str("0.1.0")));
+        assert_eq!(server.get("wal.fsync_us_mean"), Some(&Json::from(210.5)));
+        assert_eq!(server.get("server.version"), Some(&Json::from("0.1.0")));
         assert_eq!(json.get("passed"), Some(&Json::Bool(true)));
     }
 
@@ -612,11 +612,11 @@ pub(crate) mod tests {
         // 100 mgets in 2 s, 16 keys each.
         assert_eq!(report.cells_per_sec(), Some(800.0));
         let json = report.to_json();
-        assert_eq!(json.get("batch"), Some(&Json::Int(16)));
-        assert_eq!(json.get("read_ratio"), Some(&Json::Float(1.0)));
+        assert_eq!(json.get("batch"), Some(&Json::from(16)));
+        assert_eq!(json.get("read_ratio"), Some(&Json::from(1.0)));
         let mget = json.get("commands").and_then(|c| c.get("mget")).unwrap();
-        assert_eq!(mget.get("ops_per_sec"), Some(&Json::Float(50.0)));
-        assert_eq!(mget.get("cells_per_sec"), Some(&Json::Float(800.0)));
+        assert_eq!(mget.get("ops_per_sec"), Some(&Json::from(50.0)));
+        assert_eq!(mget.get("cells_per_sec"), Some(&Json::from(800.0)));
         let table = report.to_table();
         assert!(table.contains("mget (16 keys per request)"), "{table}");
         assert!(table.contains("cells/s  800 (16 keys per mget"), "{table}");

@@ -54,7 +54,7 @@ fn mget_run(batch: &str, extra: &[&str]) -> (Json, String) {
 #[test]
 fn an_mget_run_against_cube_checks_every_cell_and_reports_cells_per_second() {
     let (report, table) = mget_run("16", &[]);
-    assert_eq!(field(&report, "workload"), &Json::str("mget"));
+    assert_eq!(field(&report, "workload"), &Json::from("mget"));
     assert_eq!(int(field(&report, "batch")), 16);
     assert_eq!(int(field(&report, "clients")), 2);
     assert_eq!(int(field(&report, "errors")), 0);
@@ -93,7 +93,7 @@ fn an_mget_run_against_cube_checks_every_cell_and_reports_cells_per_second() {
 #[test]
 fn sqlite_answers_an_mget_batch_in_one_statement() {
     let (report, _) = mget_run("4096", &["--target", "sqlite", "--keys", "5000"]);
-    assert_eq!(field(&report, "target"), &Json::str("sqlite"));
+    assert_eq!(field(&report, "target"), &Json::from("sqlite"));
     assert_eq!(int(field(&report, "batch")), 4096);
     assert!(int(field(field(field(&report, "commands"), "mget"), "count")) > 0);
     assert_eq!(field(&report, "passed"), &Json::Bool(true));

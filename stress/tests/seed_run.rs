@@ -38,7 +38,7 @@ fn seed_run(extra: &[&str]) -> Json {
 #[test]
 fn the_default_workload_is_seed_and_every_telemetry_count_matches() {
     let report = seed_run(&[]);
-    assert_eq!(field(&report, "workload"), &Json::str("seed"));
+    assert_eq!(field(&report, "workload"), &Json::from("seed"));
     assert_eq!(field(&report, "passed"), &Json::Bool(true));
     let commands = field(&report, "commands");
     for command in ["prog", "run", "step", "cell-stats"] {
@@ -67,7 +67,7 @@ fn telemetry_counts_match_across_kill_9() {
 #[test]
 fn pipelined_pairs_keep_every_telemetry_count_exact_also_across_kill_9() {
     let report = seed_run(&["--pipeline", "--crash-every", "0.8"]);
-    assert_eq!(field(&report, "workload"), &Json::str("seed-pipelined"));
+    assert_eq!(field(&report, "workload"), &Json::from("seed-pipelined"));
     assert_eq!(field(&report, "passed"), &Json::Bool(true));
     assert!(matches!(field(&report, "crashes"), Json::Array(c) if !c.is_empty()));
     let commands = field(&report, "commands");

@@ -44,8 +44,8 @@ fn a_short_mixed_run_verifies_and_writes_the_documented_json() {
     assert!(stdout.trim_end().ends_with("PASSED"), "{stdout}");
 
     let report = parse_json(&std::fs::read_to_string(&json_path).unwrap());
-    assert_eq!(field(&report, "target"), &Json::str("cube"));
-    assert_eq!(field(&report, "workload"), &Json::str("mixed"));
+    assert_eq!(field(&report, "target"), &Json::from("cube"));
+    assert_eq!(field(&report, "workload"), &Json::from("mixed"));
     assert_eq!(int(field(&report, "clients")), 4);
     assert!(number(field(&report, "duration_s")) >= 1.9);
     assert_eq!(int(field(&report, "errors")), 0);
@@ -69,7 +69,7 @@ fn a_short_mixed_run_verifies_and_writes_the_documented_json() {
     field(server, "wal.fsync_us_mean");
     field(server, "wal.group_records_mean");
     let verification = field(&report, "verification");
-    assert_eq!(field(verification, "mode"), &Json::str("all"));
+    assert_eq!(field(verification, "mode"), &Json::from("all"));
     assert_eq!(int(field(verification, "keys_checked")), 2000);
     assert_eq!(int(field(verification, "mismatches")), 0);
     assert_eq!(field(&report, "crashes"), &Json::Array(vec![]));
@@ -134,7 +134,7 @@ fn compare_skips_redis_when_it_is_missing_and_still_succeeds() {
         panic!("cells is not an array");
     };
     assert_eq!(cells.len(), 1);
-    assert_eq!(field(&cells[0], "target"), &Json::str("sqlite"));
+    assert_eq!(field(&cells[0], "target"), &Json::from("sqlite"));
     assert!(number(field(&cells[0], "ops_per_sec")) > 0.0);
     assert_eq!(field(&comparison, "passed"), &Json::Bool(true));
 }

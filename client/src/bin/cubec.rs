@@ -14,6 +14,7 @@ use cube_client::{
     CellBox, Client, ClientError, Coord, DEFAULT_SOCKET_PATH, ErrorCode, MAX_SCAN_PAGE_CELLS,
     NamespaceName, StatsEntry, StatsValue, base64, json, parse_coord,
 };
+use serde_json::{Value, json};
 
 #[path = "cubec/edges.rs"]
 mod edges;
@@ -485,11 +486,7 @@ fn json_asked(args: impl Iterator<Item = OsString>) -> bool {
 /// `{"ok":false,"exit":N,"error":"..."}`: what `--json` prints on stdout
 /// when a command fails (the message also goes to stderr, as without it).
 fn failure_json(failure: &Failure) -> String {
-    format!(
-        "{{\"ok\":false,\"exit\":{},\"error\":{}}}",
-        failure.code,
-        json::string(&failure.message)
-    )
+    json::to_string(&json!({"ok": false, "exit": failure.code, "error": failure.message}))
 }
 
 fn run(cli: &Cli) -> Result<u8, Failure> {
@@ -579,14 +576,13 @@ fn emit_line(out: &mut impl Write, line: &str) -> Result<(), Failure> {
     emit(out, format!("{line}\n").as_bytes())
 }
 
-fn cell_json(cell: &CellArgs) -> String {
-    format!(
-        "\"ns\":{},\"coord\":[{},{},{}]",
-        json::string(cell.ns.as_str()),
-        cell.coord.x,
-        cell.coord.y,
-        cell.coord.z
-    )
+/// `{"ns":..,"coord":[x,y,z]}` followed by `more` (an object's fields).
+fn cell_json(cell: &CellArgs, more: Value) -> String {
+    let mut object = json!({"ns": cell.ns.as_str(), "coord": coord_json(cell.coord)});
+    if let (Some(fields), Value::Object(more)) = (object.as_object_mut(), more) {
+        fields.extend(more);
+    }
+    json::to_string(&object)
 }
 
 fn ping(client: &mut Client, as_json: bool, out: &mut impl Write) -> Result<u8, Failure> {
@@ -594,11 +590,11 @@ fn ping(client: &mut Client, as_json: bool, out: &mut impl Write) -> Result<u8, 
     client.ping()?;
     let round_trip_ms = started.elapsed().as_secs_f64() * 1000.0;
     let line = if as_json {
-        format!(
-            "{{\"ok\":true,\"server_version\":{},\"round_trip_ms\":{}}}",
-            json::string(client.server_version()),
-            json::float(round_trip_ms)
-        )
+        json::to_string(&json!({
+            "ok": true,
+            "server_version": client.server_version(),
+            "round_trip_ms": round_trip_ms,
+        }))
     } else {
         format!(
             "pong from cubed {} in {round_trip_ms:.3} ms",
@@ -646,11 +642,7 @@ fn put(
     let value = read_value(args)?;
     let lsn = client.put(args.cell.ns.as_str(), args.cell.coord, &value)?;
     let line = if as_json {
-        format!(
-            "{{{},\"bytes\":{},\"lsn\":{lsn}}}",
-            cell_json(&args.cell),
-            value.len()
-        )
+        cell_json(&args.cell, json!({"bytes": value.len(), "lsn": lsn}))
     } else {
         format!(
             "stored {} bytes at {} {} (lsn {lsn})",
@@ -672,15 +664,17 @@ fn get(
     let value = client.get(args.ns.as_str(), args.coord)?;
     if as_json {
         let line = match &value {
-            Some(bytes) => format!(
-                "{{{},\"found\":true,\"value\":{},\"value_base64\":{}}}",
-                cell_json(args),
-                json::string_or_null(std::str::from_utf8(bytes).ok()),
-                json::string(&base64::encode(bytes))
+            Some(bytes) => cell_json(
+                args,
+                json!({
+                    "found": true,
+                    "value": std::str::from_utf8(bytes).ok(),
+                    "value_base64": base64::encode(bytes),
+                }),
             ),
-            None => format!(
-                "{{{},\"found\":false,\"value\":null,\"value_base64\":null}}",
-                cell_json(args)
+            None => cell_json(
+                args,
+                json!({"found": false, "value": null, "value_base64": null}),
             ),
         };
         emit_line(out, &line)?;
@@ -700,10 +694,7 @@ fn del(
 ) -> Result<u8, Failure> {
     let existed = client.del(args.ns.as_str(), args.coord)?;
     if as_json {
-        emit_line(
-            out,
-            &format!("{{{},\"existed\":{existed}}}", cell_json(args)),
-        )?;
+        emit_line(out, &cell_json(args, json!({"existed": existed})))?;
     } else if existed {
         emit_line(out, &format!("deleted {} {}", args.ns, args.coord))?;
     } else {
@@ -726,12 +717,12 @@ fn scan(
     if args.count {
         let count = client.scan_count(args.ns.as_str(), &region)?;
         let line = if as_json {
-            format!(
-                "{{\"ns\":{},\"lo\":{},\"hi\":{},\"count\":{count}}}",
-                json::string(args.ns.as_str()),
-                coord_json(args.lo),
-                coord_json(args.hi)
-            )
+            json::to_string(&json!({
+                "ns": args.ns.as_str(),
+                "lo": coord_json(args.lo),
+                "hi": coord_json(args.hi),
+                "count": count,
+            }))
         } else {
             count.to_string()
         };
@@ -747,7 +738,7 @@ fn scan(
         let page = if args.lsn && printed == 0 && after == args.after {
             let (page, lsn) = client.scan_page_with_lsn(args.ns.as_str(), &region, want, after)?;
             if as_json {
-                emit_line(out, &format!("{{\"lsn\":{lsn}}}"))?;
+                emit_line(out, &json::to_string(&json!({"lsn": lsn})))?;
             } else {
                 eprintln!(
                     "cubec: the cells are at LSN {lsn} (every change up to it is in them); \
@@ -788,17 +779,16 @@ fn scan(
     Ok(0)
 }
 
-fn coord_json(c: Coord) -> String {
-    format!("[{},{},{}]", c.x, c.y, c.z)
+fn coord_json(c: Coord) -> Value {
+    json!([c.x, c.y, c.z])
 }
 
 fn scan_cell_json(coord: Coord, value: &[u8]) -> String {
-    format!(
-        "{{\"coord\":{},\"value\":{},\"value_base64\":{}}}",
-        coord_json(coord),
-        json::string_or_null(std::str::from_utf8(value).ok()),
-        json::string(&base64::encode(value))
-    )
+    json::to_string(&json!({
+        "coord": coord_json(coord),
+        "value": std::str::from_utf8(value).ok(),
+        "value_base64": base64::encode(value),
+    }))
 }
 
 /// Appends `value` as one line of text: valid UTF-8 as is, except that the
@@ -951,18 +941,18 @@ fn report(entries: Vec<StatsEntry>, as_json: bool, out: &mut impl Write) -> Resu
 }
 
 fn stats_json(entries: &[StatsEntry]) -> String {
-    let fields: Vec<String> = entries
+    let fields: serde_json::Map<String, Value> = entries
         .iter()
         .map(|entry| {
             let value = match &entry.value {
-                StatsValue::Count(n) => n.to_string(),
-                StatsValue::Float(f) => json::float(*f),
-                StatsValue::Text(t) => json::string(t),
+                StatsValue::Count(n) => Value::from(*n),
+                StatsValue::Float(f) => Value::from(*f),
+                StatsValue::Text(t) => Value::from(t.as_str()),
             };
-            format!("{}:{value}", json::string(&entry.name))
+            (entry.name.clone(), value)
         })
         .collect();
-    format!("{{{}}}\n", fields.join(","))
+    format!("{}\n", json::to_string(&fields))
 }
 
 fn format_float(value: f64) -> String {

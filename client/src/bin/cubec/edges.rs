@@ -8,6 +8,7 @@ use cube_client::{
     Client, Coord, Direction, EdgeInfo, EdgeLabel, EdgeWeight, NamespaceName, WalkOptions,
     WalkStop, base64, json, parse_coord,
 };
+use serde_json::{Value, json};
 
 use super::{
     EXIT_NOT_FOUND, Failure, coord_json, emit, emit_line, escape_value, parse_namespace_arg,
@@ -226,14 +227,19 @@ fn label_text(label: &EdgeLabel) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn edge_json(args: &EdgeArgs) -> String {
-    format!(
-        "\"ns\":{},\"from\":{},\"to\":{},\"label\":{}",
-        json::string(args.ns.as_str()),
-        coord_json(args.from),
-        coord_json(args.to),
-        json::string(args.label.as_str())
-    )
+/// `{"ns":..,"from":..,"to":..,"label":..}` followed by `more` (an
+/// object's fields).
+fn edge_json(args: &EdgeArgs, more: Value) -> String {
+    let mut object = json!({
+        "ns": args.ns.as_str(),
+        "from": coord_json(args.from),
+        "to": coord_json(args.to),
+        "label": args.label.as_str(),
+    });
+    if let (Some(fields), Value::Object(more)) = (object.as_object_mut(), more) {
+        fields.extend(more);
+    }
+    json::to_string(&object)
 }
 
 fn describe_edge(args: &EdgeArgs) -> String {
@@ -259,12 +265,9 @@ pub(crate) fn link(
     let e = &args.edge;
     let linked = client.link(e.ns.as_str(), e.from, e.to, e.label.as_str(), args.weight)?;
     let line = if as_json {
-        format!(
-            "{{{},\"weight\":{},\"created\":{},\"lsn\":{}}}",
-            edge_json(e),
-            json::float(args.weight),
-            linked.created,
-            linked.lsn
+        edge_json(
+            e,
+            json!({"weight": args.weight, "created": linked.created, "lsn": linked.lsn}),
         )
     } else {
         format!(
@@ -287,10 +290,7 @@ pub(crate) fn unlink(
 ) -> Result<u8, Failure> {
     let existed = client.unlink(args.ns.as_str(), args.from, args.to, args.label.as_str())?;
     if as_json {
-        emit_line(
-            out,
-            &format!("{{{},\"existed\":{existed}}}", edge_json(args)),
-        )?;
+        emit_line(out, &edge_json(args, json!({"existed": existed})))?;
     } else if existed {
         emit_line(out, &format!("unlinked {}", describe_edge(args)))?;
     } else {
@@ -299,14 +299,13 @@ pub(crate) fn unlink(
     Ok(if existed { 0 } else { EXIT_NOT_FOUND })
 }
 
-fn edge_info_json(edge: &EdgeInfo) -> String {
-    format!(
-        "{{\"direction\":\"{}\",\"other\":{},\"label\":{},\"weight\":{}}}",
-        edge.direction.name(),
-        coord_json(edge.other),
-        json::string(edge.label.as_str()),
-        json::float(edge.weight)
-    )
+fn edge_info_json(edge: &EdgeInfo) -> Value {
+    json!({
+        "direction": edge.direction.name(),
+        "other": coord_json(edge.other),
+        "label": edge.label.as_str(),
+        "weight": edge.weight,
+    })
 }
 
 pub(crate) fn edges(
@@ -319,15 +318,14 @@ pub(crate) fn edges(
     let label = args.label.as_ref().map(EdgeLabel::as_str);
     let edges = client.edges(args.ns.as_str(), args.coord, direction, label)?;
     if as_json {
-        let items: Vec<String> = edges.iter().map(edge_info_json).collect();
+        let items: Vec<Value> = edges.iter().map(edge_info_json).collect();
         emit_line(
             out,
-            &format!(
-                "{{\"ns\":{},\"coord\":{},\"edges\":[{}]}}",
-                json::string(args.ns.as_str()),
-                coord_json(args.coord),
-                items.join(",")
-            ),
+            &json::to_string(&json!({
+                "ns": args.ns.as_str(),
+                "coord": coord_json(args.coord),
+                "edges": items,
+            })),
         )?;
         return Ok(0);
     }
@@ -377,35 +375,29 @@ pub(crate) fn walk(
     };
     let walk = client.walk(args.ns.as_str(), args.start, &options)?;
     if as_json {
-        let mut text = format!(
-            "{{\"ns\":{},\"start\":{},\"stop\":\"{}\",\"edges_examined\":{},\"nodes\":[",
-            json::string(args.ns.as_str()),
-            coord_json(args.start),
-            walk.stop.name(),
-            walk.edges_examined
-        );
-        for (i, node) in walk.nodes.iter().enumerate() {
-            if i > 0 {
-                text.push(',');
-            }
-            text.push_str(&format!(
-                "{{\"coord\":{},\"distance\":{}",
-                coord_json(node.coord),
-                node.distance
-            ));
-            if args.values {
-                match &node.value {
-                    Some(v) => text.push_str(&format!(
-                        ",\"value\":{},\"value_base64\":{}",
-                        json::string_or_null(std::str::from_utf8(v).ok()),
-                        json::string(&base64::encode(v))
-                    )),
-                    None => text.push_str(",\"value\":null,\"value_base64\":null"),
+        let nodes: Vec<Value> = walk
+            .nodes
+            .iter()
+            .map(|node| {
+                let mut item = json!({"coord": coord_json(node.coord), "distance": node.distance});
+                if let (true, Some(fields)) = (args.values, item.as_object_mut()) {
+                    let value = node.value.as_deref();
+                    fields.insert(
+                        "value".to_owned(),
+                        json!(value.and_then(|v| std::str::from_utf8(v).ok())),
+                    );
+                    fields.insert("value_base64".to_owned(), json!(value.map(base64::encode)));
                 }
-            }
-            text.push('}');
-        }
-        text.push_str("]}");
+                item
+            })
+            .collect();
+        let text = json::to_string(&json!({
+            "ns": args.ns.as_str(),
+            "start": coord_json(args.start),
+            "stop": walk.stop.name(),
+            "edges_examined": walk.edges_examined,
+            "nodes": nodes,
+        }));
         emit_line(out, &text)?;
     } else {
         let mut line = Vec::with_capacity(256);
@@ -440,26 +432,24 @@ pub(crate) fn path(
     let max_cost = args.max_cost.unwrap_or(f64::INFINITY);
     let answer = client.path(args.ns.as_str(), args.from, args.to, label, max_cost)?;
     if as_json {
-        let found = match &answer.path {
-            Some(path) => {
-                let coords: Vec<String> = path.coords.iter().map(|c| coord_json(*c)).collect();
-                format!(
-                    "\"found\":true,\"cost\":{},\"coords\":[{}]",
-                    json::float(path.cost),
-                    coords.join(",")
-                )
-            }
-            None => "\"found\":false,\"cost\":null,\"coords\":null".to_owned(),
+        let (cost, coords) = match &answer.path {
+            Some(path) => (
+                json!(path.cost),
+                path.coords.iter().map(|c| coord_json(*c)).collect(),
+            ),
+            None => (Value::Null, Value::Null),
         };
         emit_line(
             out,
-            &format!(
-                "{{\"ns\":{},\"from\":{},\"to\":{},{found},\"edges_examined\":{}}}",
-                json::string(args.ns.as_str()),
-                coord_json(args.from),
-                coord_json(args.to),
-                answer.edges_examined
-            ),
+            &json::to_string(&json!({
+                "ns": args.ns.as_str(),
+                "from": coord_json(args.from),
+                "to": coord_json(args.to),
+                "found": answer.path.is_some(),
+                "cost": cost,
+                "coords": coords,
+                "edges_examined": answer.edges_examined,
+            })),
         )?;
     } else if let Some(path) = &answer.path {
         let coords: Vec<String> = path.coords.iter().map(Coord::to_string).collect();
@@ -502,13 +492,12 @@ pub(crate) fn detach(
     if as_json {
         emit_line(
             out,
-            &format!(
-                "{{\"ns\":{},\"coord\":{},\"existed\":{},\"edges_removed\":{}}}",
-                json::string(ns.as_str()),
-                coord_json(coord),
-                detached.existed,
-                detached.edges_removed
-            ),
+            &json::to_string(&json!({
+                "ns": ns.as_str(),
+                "coord": coord_json(coord),
+                "existed": detached.existed,
+                "edges_removed": detached.edges_removed,
+            })),
         )?;
     } else if anything {
         emit_line(

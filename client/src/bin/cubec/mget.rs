@@ -5,6 +5,7 @@ use std::io::{self, BufRead, Write};
 
 use clap::Args;
 use cube_client::{Client, Coord, MAX_MGET_CELLS, NamespaceName, base64, json, parse_coord};
+use serde_json::json;
 
 use super::{EXIT_NOT_FOUND, Failure, coord_json, emit, escape_value, parse_namespace_arg};
 
@@ -160,18 +161,21 @@ pub(crate) fn mget(
 /// One output line (with its newline) for the cell at `coord`.
 pub(crate) fn render_cell(coord: Coord, value: Option<&[u8]>, as_json: bool, line: &mut Vec<u8>) {
     if as_json {
-        let text = match value {
-            Some(bytes) => format!(
-                "{{\"coord\":{},\"found\":true,\"value\":{},\"value_base64\":{}}}",
-                coord_json(coord),
-                json::string_or_null(std::str::from_utf8(bytes).ok()),
-                json::string(&base64::encode(bytes))
-            ),
-            None => format!(
-                "{{\"coord\":{},\"found\":false,\"value\":null,\"value_base64\":null}}",
-                coord_json(coord)
-            ),
+        let object = match value {
+            Some(bytes) => json!({
+                "coord": coord_json(coord),
+                "found": true,
+                "value": std::str::from_utf8(bytes).ok(),
+                "value_base64": base64::encode(bytes),
+            }),
+            None => json!({
+                "coord": coord_json(coord),
+                "found": false,
+                "value": null,
+                "value_base64": null,
+            }),
         };
+        let text = json::to_string(&object);
         line.extend_from_slice(text.as_bytes());
     } else {
         line.extend_from_slice(format!("{coord}\t").as_bytes());

@@ -8,6 +8,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use cube_client::{
     Client, ClientError, CurveChoice, ErrorCode, NamespaceInfo, NamespaceName, NamespaceSpec, json,
 };
+use serde_json::json;
 
 use super::{EXIT_SERVER, Failure, emit, emit_line, parse_namespace_arg};
 
@@ -236,10 +237,12 @@ pub(crate) fn run(
                 .ns_drop(name)
                 .map_err(|e| failure(e, name, Doing::Administer))?;
             let line = if as_json {
-                format!(
-                    "{{\"name\":{},\"dropped\":true,\"cells\":{cells},\"lsn\":{lsn}}}",
-                    json::string(name.as_str())
-                )
+                json::to_string(&json!({
+                    "name": name.as_str(),
+                    "dropped": true,
+                    "cells": cells,
+                    "lsn": lsn,
+                }))
             } else {
                 let plural = if cells == 1 { "" } else { "s" };
                 format!("dropped namespace {name} and its {cells} cell{plural} (lsn {lsn})")
@@ -315,8 +318,8 @@ fn create(
 fn list(client: &mut Client, as_json: bool, out: &mut impl Write) -> Result<u8, Failure> {
     let names = client.ns_list()?;
     if as_json {
-        let items: Vec<String> = names.iter().map(|n| json::string(n.as_str())).collect();
-        emit_line(out, &format!("{{\"namespaces\":[{}]}}", items.join(",")))?;
+        let names: Vec<&str> = names.iter().map(NamespaceName::as_str).collect();
+        emit_line(out, &json::to_string(&json!({"namespaces": names})))?;
     } else {
         let mut text = String::new();
         for name in &names {
@@ -457,30 +460,27 @@ pub(crate) fn describe(info: &NamespaceInfo, as_json: bool) -> String {
 }
 
 fn describe_json(info: &NamespaceInfo) -> String {
-    let quota = |q: Option<u64>| q.map_or_else(|| "null".to_owned(), |v| v.to_string());
-    let grants: Vec<String> = info
+    let grants: Vec<_> = info
         .grants
         .iter()
-        .map(|g| format!("{{\"uid\":{},\"read_only\":{}}}", g.uid, g.read_only))
+        .map(|g| json!({"uid": g.uid, "read_only": g.read_only}))
         .collect();
-    format!(
-        "{{\"name\":{},\"id\":{},\"curve\":{},\"encrypted\":{},\"owner_uid\":{},\
-         \"cells\":{},\"bytes\":{},\"edges\":{},\"programs\":{},\
-         \"max_cells\":{},\"max_bytes\":{},\"max_edges\":{},\"grants\":[{}]}}\n",
-        json::string(info.name.as_str()),
-        info.id,
-        json::string(info.curve.name()),
-        info.encrypted,
-        info.owner_uid,
-        info.cells,
-        info.bytes,
-        info.edges,
-        info.programs,
-        quota(info.max_cells),
-        quota(info.max_bytes),
-        quota(info.max_edges),
-        grants.join(",")
-    )
+    let object = json!({
+        "name": info.name.as_str(),
+        "id": info.id,
+        "curve": info.curve.name(),
+        "encrypted": info.encrypted,
+        "owner_uid": info.owner_uid,
+        "cells": info.cells,
+        "bytes": info.bytes,
+        "edges": info.edges,
+        "programs": info.programs,
+        "max_cells": info.max_cells,
+        "max_bytes": info.max_bytes,
+        "max_edges": info.max_edges,
+        "grants": grants,
+    });
+    format!("{}\n", json::to_string(&object))
 }
 
 #[cfg(test)]

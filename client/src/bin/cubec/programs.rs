@@ -11,6 +11,7 @@ use cube_client::{
     CellBox, CellStats, Client, Coord, NamespaceName, ProgramValue, RunRecord, RunReply,
     StepFailure, StepReply, base64, json, parse_coord,
 };
+use serde_json::{Value, json};
 
 use super::{
     CellArgs, EXIT_SERVER, Failure, cell_json, coord_json, emit, emit_line, escape_value,
@@ -208,13 +209,14 @@ pub(crate) fn prog(
     }
     let stored = client.prog(args.cell.ns.as_str(), args.cell.coord, &source)?;
     let line = if as_json {
-        format!(
-            "{{{},\"bytes\":{},\"deleted\":{},\"replaced\":{},\"lsn\":{}}}",
-            cell_json(&args.cell),
-            source.len(),
-            args.delete,
-            stored.replaced,
-            stored.lsn
+        cell_json(
+            &args.cell,
+            json!({
+                "bytes": source.len(),
+                "deleted": args.delete,
+                "replaced": stored.replaced,
+                "lsn": stored.lsn,
+            }),
         )
     } else if args.delete {
         format!(
@@ -264,14 +266,15 @@ pub(crate) fn run(
 }
 
 fn run_json(cell: &CellArgs, reply: &RunReply) -> String {
-    format!(
-        "{{{},\"seq\":{},\"lsn\":{},\"instructions\":{},\"cells_written\":{},\"value\":{}}}",
-        cell_json(cell),
-        reply.seq,
-        reply.lsn,
-        reply.instructions,
-        reply.cells_written,
-        value_json(&reply.value)
+    cell_json(
+        cell,
+        json!({
+            "seq": reply.seq,
+            "lsn": reply.lsn,
+            "instructions": reply.instructions,
+            "cells_written": reply.cells_written,
+            "value": program_value(&reply.value),
+        }),
     )
 }
 
@@ -353,36 +356,28 @@ fn step_text(args: &StepArgs, reply: &StepReply) -> String {
     text
 }
 
-fn step_failure_json(failure: &StepFailure) -> String {
-    format!(
-        "{{\"coord\":[{},{},{}],\"seq\":{},\"outcome\":{},\"message\":{}}}",
-        failure.coord.x,
-        failure.coord.y,
-        failure.coord.z,
-        failure.seq,
-        json::string(failure.outcome.name()),
-        json::string(&failure.message)
-    )
+fn step_failure_json(failure: &StepFailure) -> Value {
+    json!({
+        "coord": coord_json(failure.coord),
+        "seq": failure.seq,
+        "outcome": failure.outcome.name(),
+        "message": failure.message,
+    })
 }
 
 fn step_json(args: &StepArgs, reply: &StepReply) -> String {
-    format!(
-        "{{\"ns\":{},\"lo\":{},\"hi\":{},\"lsn\":{},\"programs\":{},\"ok\":{},\"failed\":{},\
-         \"cells_written\":{},\"instructions\":{},\"first_failure\":{}}}",
-        json::string(args.ns.as_str()),
-        coord_json(args.lo),
-        coord_json(args.hi),
-        reply.lsn,
-        reply.programs,
-        reply.programs.saturating_sub(reply.failed),
-        reply.failed,
-        reply.cells_written,
-        reply.instructions,
-        reply
-            .first_failure
-            .as_ref()
-            .map_or("null".to_owned(), step_failure_json)
-    )
+    json::to_string(&json!({
+        "ns": args.ns.as_str(),
+        "lo": coord_json(args.lo),
+        "hi": coord_json(args.hi),
+        "lsn": reply.lsn,
+        "programs": reply.programs,
+        "ok": reply.programs.saturating_sub(reply.failed),
+        "failed": reply.failed,
+        "cells_written": reply.cells_written,
+        "instructions": reply.instructions,
+        "first_failure": reply.first_failure.as_ref().map(step_failure_json),
+    }))
 }
 
 /// A result as text: scalars on one line, a table as `KEY<TAB>VALUE`
@@ -431,57 +426,51 @@ fn scalar_text(value: &ProgramValue, out: &mut Vec<u8>, escape: bool) {
 /// keys would be the same object key (`1` and `"1"`) or a key is not
 /// UTF-8: then as an array of `[key, value]` pairs, keys keeping their
 /// type. Values are scalars, so the pairs never look like an array table.
-pub(crate) fn value_json(value: &ProgramValue) -> String {
+fn program_value(value: &ProgramValue) -> Value {
     match value {
-        ProgramValue::Nil => "null".to_owned(),
-        ProgramValue::Bool(b) => b.to_string(),
-        ProgramValue::Int(i) => i.to_string(),
-        ProgramValue::Float(f) => json::float(*f),
+        ProgramValue::Nil => Value::Null,
+        ProgramValue::Bool(b) => Value::Bool(*b),
+        ProgramValue::Int(i) => Value::from(*i),
+        ProgramValue::Float(f) => Value::from(*f),
         ProgramValue::Bytes(bytes) => match std::str::from_utf8(bytes) {
-            Ok(text) => json::string(text),
-            Err(_) => format!("{{\"base64\":{}}}", json::string(&base64::encode(bytes))),
+            Ok(text) => Value::from(text),
+            Err(_) => json!({"base64": base64::encode(bytes)}),
         },
-        ProgramValue::Table(entries) => {
-            let is_array = entries
-                .iter()
-                .enumerate()
-                .all(|(i, (key, _))| *key == ProgramValue::Int(i as i64 + 1));
-            if is_array {
-                let items: Vec<String> = entries.iter().map(|(_, v)| value_json(v)).collect();
-                return format!("[{}]", items.join(","));
-            }
-            let object_keys: Option<Vec<String>> = entries
-                .iter()
-                .map(|(key, _)| match key {
-                    ProgramValue::Int(i) => Some(i.to_string()),
-                    ProgramValue::Bytes(bytes) => {
-                        std::str::from_utf8(bytes).ok().map(str::to_owned)
-                    }
-                    _ => None,
-                })
-                .collect();
-            let distinct = object_keys.as_ref().is_some_and(|keys| {
-                let unique: std::collections::HashSet<&String> = keys.iter().collect();
-                unique.len() == keys.len()
-            });
-            match object_keys {
-                Some(keys) if distinct => {
-                    let items: Vec<String> = keys
-                        .iter()
-                        .zip(entries)
-                        .map(|(key, (_, v))| format!("{}:{}", json::string(key), value_json(v)))
-                        .collect();
-                    format!("{{{}}}", items.join(","))
-                }
-                _ => {
-                    let items: Vec<String> = entries
-                        .iter()
-                        .map(|(key, v)| format!("[{},{}]", value_json(key), value_json(v)))
-                        .collect();
-                    format!("[{}]", items.join(","))
-                }
-            }
-        }
+        ProgramValue::Table(entries) => table_value(entries),
+    }
+}
+
+fn table_value(entries: &[(ProgramValue, ProgramValue)]) -> Value {
+    let is_array = entries
+        .iter()
+        .enumerate()
+        .all(|(i, (key, _))| *key == ProgramValue::Int(i as i64 + 1));
+    if is_array {
+        return entries.iter().map(|(_, v)| program_value(v)).collect();
+    }
+    let object_keys: Option<Vec<String>> = entries
+        .iter()
+        .map(|(key, _)| match key {
+            ProgramValue::Int(i) => Some(i.to_string()),
+            ProgramValue::Bytes(bytes) => std::str::from_utf8(bytes).ok().map(str::to_owned),
+            _ => None,
+        })
+        .collect();
+    let distinct = object_keys.as_ref().is_some_and(|keys| {
+        let unique: std::collections::HashSet<&String> = keys.iter().collect();
+        unique.len() == keys.len()
+    });
+    match object_keys {
+        Some(keys) if distinct => Value::Object(
+            keys.into_iter()
+                .zip(entries)
+                .map(|(key, (_, v))| (key, program_value(v)))
+                .collect(),
+        ),
+        _ => entries
+            .iter()
+            .map(|(key, v)| json!([program_value(key), program_value(v)]))
+            .collect(),
     }
 }
 
@@ -552,36 +541,30 @@ fn cell_stats_text(ns: &NamespaceName, coord: Coord, stats: &CellStats) -> Strin
 }
 
 fn cell_stats_json(ns: &NamespaceName, coord: Coord, stats: &CellStats) -> String {
-    let records: Vec<String> = stats
+    let records: Vec<Value> = stats
         .records
         .iter()
         .map(|r| {
-            format!(
-                "{{\"seq\":{},\"started_unix_us\":{},\"duration_ns\":{},\"instructions\":{},\
-                 \"cells_written\":{},\"outcome\":{},\"message\":{}}}",
-                r.seq,
-                r.started_unix_us,
-                r.duration_ns,
-                r.instructions,
-                r.cells_written,
-                json::string(r.outcome.name()),
-                json::string(&r.message)
-            )
+            json!({
+                "seq": r.seq,
+                "started_unix_us": r.started_unix_us,
+                "duration_ns": r.duration_ns,
+                "instructions": r.instructions,
+                "cells_written": r.cells_written,
+                "outcome": r.outcome.name(),
+                "message": r.message,
+            })
         })
         .collect();
-    format!(
-        "{{\"ns\":{},\"coord\":[{},{},{}],\"program_bytes\":{},\"runs\":{},\"failures\":{},\"records\":[{}]}}\n",
-        json::string(ns.as_str()),
-        coord.x,
-        coord.y,
-        coord.z,
-        stats
-            .program_bytes
-            .map_or("null".to_owned(), |b| b.to_string()),
-        stats.runs,
-        stats.failures,
-        records.join(",")
-    )
+    let object = json!({
+        "ns": ns.as_str(),
+        "coord": coord_json(coord),
+        "program_bytes": stats.program_bytes,
+        "runs": stats.runs,
+        "failures": stats.failures,
+        "records": records,
+    });
+    format!("{}\n", json::to_string(&object))
 }
 
 #[cfg(test)]
@@ -590,6 +573,10 @@ mod tests {
 
     use super::*;
     use crate::{Cli, Command};
+
+    fn value_json(value: &ProgramValue) -> String {
+        json::to_string(&program_value(value))
+    }
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("cubec").chain(args.iter().copied()))

@@ -40,7 +40,8 @@ use cube_client::{
     MAX_SCAN_PAGE_CELLS, NamespaceName, base64, failed_op_index, json, parse_coord,
 };
 use indicatif::{ProgressBar, ProgressStyle};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
 
 use super::{EXIT_USAGE, Failure, parse_namespace_arg};
 
@@ -220,52 +221,98 @@ fn export_csv(
     csv.flush().map_err(|e| output_end(&e))
 }
 
-fn coord_json(out: &mut String, c: Coord) {
-    out.push_str(&format!("[{},{},{}]", c.x, c.y, c.z));
+/// One line of `cubec export` (docs/operations.md): `type` first, then the
+/// record's fields; bytes as text when they are UTF-8, else in base64.
+#[derive(Serialize)]
+struct CellLine<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    coord: [i32; 3],
+    #[serde(flatten)]
+    value: ValueField<'a>,
 }
 
-/// `"text_field":"..."` when `bytes` are UTF-8, else
-/// `"base64_field":"..."`.
-fn bytes_json(out: &mut String, text_field: &str, base64_field: &str, bytes: &[u8]) {
-    match std::str::from_utf8(bytes) {
-        Ok(text) => {
-            out.push_str(&format!("\"{text_field}\":"));
-            json::push_string(out, text);
-        }
-        Err(_) => {
-            out.push_str(&format!("\"{base64_field}\":\""));
-            out.push_str(&base64::encode(bytes));
-            out.push('"');
-        }
-    }
+#[derive(Serialize)]
+enum ValueField<'a> {
+    #[serde(rename = "value")]
+    Text(&'a str),
+    #[serde(rename = "value_base64")]
+    Base64(String),
+}
+
+#[derive(Serialize)]
+struct EdgeLine<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    from: [i32; 3],
+    to: [i32; 3],
+    label: &'a str,
+    // Stored weights are finite, so this is always a number, and the
+    // shortest one that parses back to the same bits.
+    weight: f64,
+}
+
+#[derive(Serialize)]
+struct ProgramLine<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    coord: [i32; 3],
+    #[serde(flatten)]
+    source: SourceField<'a>,
+}
+
+#[derive(Serialize)]
+enum SourceField<'a> {
+    #[serde(rename = "source")]
+    Text(&'a str),
+    #[serde(rename = "source_base64")]
+    Base64(String),
+}
+
+fn xyz(c: Coord) -> [i32; 3] {
+    [c.x, c.y, c.z]
+}
+
+fn push_line(out: &mut String, record: &impl Serialize) {
+    out.push_str(&json::to_string(record));
+    out.push('\n');
 }
 
 fn cell_line(out: &mut String, coord: Coord, value: &[u8]) {
-    out.push_str("{\"type\":\"cell\",\"coord\":");
-    coord_json(out, coord);
-    out.push(',');
-    bytes_json(out, "value", "value_base64", value);
-    out.push_str("}\n");
+    let value = match std::str::from_utf8(value) {
+        Ok(text) => ValueField::Text(text),
+        Err(_) => ValueField::Base64(base64::encode(value)),
+    };
+    let line = CellLine {
+        kind: "cell",
+        coord: xyz(coord),
+        value,
+    };
+    push_line(out, &line);
 }
 
 fn edge_line(out: &mut String, from: Coord, to: Coord, label: &str, weight: f64) {
-    out.push_str("{\"type\":\"edge\",\"from\":");
-    coord_json(out, from);
-    out.push_str(",\"to\":");
-    coord_json(out, to);
-    out.push_str(",\"label\":");
-    json::push_string(out, label);
-    // Stored weights are finite, so this is always a number, and the
-    // shortest one that parses back to the same bits.
-    out.push_str(&format!(",\"weight\":{}}}\n", json::float(weight)));
+    let line = EdgeLine {
+        kind: "edge",
+        from: xyz(from),
+        to: xyz(to),
+        label,
+        weight,
+    };
+    push_line(out, &line);
 }
 
 fn program_line(out: &mut String, coord: Coord, source: &[u8]) {
-    out.push_str("{\"type\":\"program\",\"coord\":");
-    coord_json(out, coord);
-    out.push(',');
-    bytes_json(out, "source", "source_base64", source);
-    out.push_str("}\n");
+    let source = match std::str::from_utf8(source) {
+        Ok(text) => SourceField::Text(text),
+        Err(_) => SourceField::Base64(base64::encode(source)),
+    };
+    let line = ProgramLine {
+        kind: "program",
+        coord: xyz(coord),
+        source,
+    };
+    push_line(out, &line);
 }
 
 pub(crate) fn export(
@@ -1125,51 +1172,33 @@ impl Summary<'_> {
 
     fn json(&self) -> String {
         let a = self.applied;
-        let mut fields: BTreeMap<&str, String> = BTreeMap::new();
-        fields.insert("ns", json::string(self.ns.as_str()));
-        fields.insert("ok", self.failure.is_none().to_string());
-        fields.insert("lines", self.read.lines.to_string());
-        fields.insert("records", a.records().to_string());
-        fields.insert("cells", a.cells.to_string());
-        fields.insert("edges", a.edges.to_string());
-        fields.insert("programs", a.programs.to_string());
-        fields.insert("batches", a.batches.to_string());
-        fields.insert(
-            "first_lsn",
-            a.first_lsn.map_or("null".to_owned(), |l| l.to_string()),
-        );
-        fields.insert("skipped", self.read.skipped_count.to_string());
-        let skipped: Vec<String> = self
+        let skipped: Vec<Value> = self
             .read
             .skipped
             .iter()
-            .map(|bad| {
-                format!(
-                    "{{\"line\":{},\"reason\":{}}}",
-                    bad.line,
-                    json::string(&bad.reason)
-                )
-            })
+            .map(|bad| json!({"line": bad.line, "reason": bad.reason}))
             .collect();
-        fields.insert("skipped_lines", format!("[{}]", skipped.join(",")));
-        fields.insert("seconds", json::float(self.seconds));
-        fields.insert("records_per_second", json::float(self.rate()));
+        // Keys in alphabetical order, as the summary has always had them.
+        let mut fields: BTreeMap<&str, Value> = BTreeMap::from([
+            ("ns", json!(self.ns.as_str())),
+            ("ok", json!(self.failure.is_none())),
+            ("lines", json!(self.read.lines)),
+            ("records", json!(a.records())),
+            ("cells", json!(a.cells)),
+            ("edges", json!(a.edges)),
+            ("programs", json!(a.programs)),
+            ("batches", json!(a.batches)),
+            ("first_lsn", json!(a.first_lsn)),
+            ("skipped", json!(self.read.skipped_count)),
+            ("skipped_lines", Value::Array(skipped)),
+            ("seconds", json!(self.seconds)),
+            ("records_per_second", json!(self.rate())),
+        ]);
         if let Some((line, message)) = self.failure {
-            fields.insert(
-                "stopped_at_line",
-                if line > 0 {
-                    line.to_string()
-                } else {
-                    "null".to_owned()
-                },
-            );
-            fields.insert("error", json::string(message));
+            fields.insert("stopped_at_line", json!((line > 0).then_some(line)));
+            fields.insert("error", json!(message));
         }
-        let body: Vec<String> = fields
-            .iter()
-            .map(|(name, value)| format!("{}:{value}", json::string(name)))
-            .collect();
-        format!("{{{}}}\n", body.join(","))
+        format!("{}\n", json::to_string(&fields))
     }
 }
 

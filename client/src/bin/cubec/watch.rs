@@ -4,6 +4,7 @@ use std::io::Write;
 
 use clap::Args;
 use cube_client::{CellBox, Client, Coord, NamespaceName, WatchChange, WatchOp, json, parse_coord};
+use serde_json::{Value, json};
 
 use crate::{Failure, coord_json, emit, escape_value, parse_namespace_arg};
 
@@ -103,30 +104,29 @@ fn change_text(change: &WatchChange, line: &mut Vec<u8>) {
 /// One JSON object: lsn, coord, op and what the op carries (values and
 /// sources exact, in base64, and as text when they are UTF-8).
 fn change_json(change: &WatchChange) -> String {
-    let head = format!(
-        "{{\"lsn\":{},\"coord\":{},\"op\":{}",
-        change.lsn,
-        coord_json(change.coord),
-        json::string(change.op.name())
-    );
+    let mut object = json!({
+        "lsn": change.lsn,
+        "coord": coord_json(change.coord),
+        "op": change.op.name(),
+    });
     let rest = match &change.op {
-        WatchOp::Put(bytes) | WatchOp::ProgramPut(bytes) => format!(
-            ",\"value\":{},\"value_base64\":{}",
-            json::string_or_null(std::str::from_utf8(bytes).ok()),
-            json::string(&cube_client::base64::encode(bytes))
-        ),
-        WatchOp::Del | WatchOp::ProgramDel => String::new(),
-        WatchOp::Link { to, label, weight } => format!(
-            ",\"to\":{},\"label\":{},\"weight\":{}",
-            coord_json(*to),
-            json::string(label.as_str()),
-            json::float(*weight)
-        ),
-        WatchOp::Unlink { to, label } => format!(
-            ",\"to\":{},\"label\":{}",
-            coord_json(*to),
-            json::string(label.as_str())
-        ),
+        WatchOp::Put(bytes) | WatchOp::ProgramPut(bytes) => json!({
+            "value": std::str::from_utf8(bytes).ok(),
+            "value_base64": cube_client::base64::encode(bytes),
+        }),
+        WatchOp::Del | WatchOp::ProgramDel => json!({}),
+        WatchOp::Link { to, label, weight } => json!({
+            "to": coord_json(*to),
+            "label": label.as_str(),
+            "weight": weight,
+        }),
+        WatchOp::Unlink { to, label } => json!({
+            "to": coord_json(*to),
+            "label": label.as_str(),
+        }),
     };
-    format!("{head}{rest}}}")
+    if let (Some(fields), Value::Object(rest)) = (object.as_object_mut(), rest) {
+        fields.extend(rest);
+    }
+    json::to_string(&object)
 }
