@@ -4,12 +4,14 @@
 //! (`cubec backup` and `cubec checkpoint` are run in client/tests/cli_admin.rs.)
 #![allow(clippy::unwrap_used)]
 
+mod common;
+use common::wait_for;
+
 use std::collections::BTreeMap;
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
-use std::time::{Duration, Instant};
 
 use cube_client::{Coord, LocalDaemon, StatsValue};
 
@@ -17,16 +19,6 @@ fn figure(entries: &[cube_client::StatsEntry], name: &str) -> u64 {
     match entries.iter().find(|e| e.name == name).map(|e| &e.value) {
         Some(StatsValue::Count(v)) => *v,
         other => panic!("{name}: {other:?} in {entries:?}"),
-    }
-}
-
-/// Polls `done` until it holds; panics only if that takes so long that
-/// something must hang.
-fn wait_for(what: &str, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !done() {
-        assert!(Instant::now() < deadline, "still waiting for {what}");
-        thread::sleep(Duration::from_millis(5));
     }
 }
 

@@ -10,13 +10,9 @@
 mod common;
 
 use std::process::Command;
-use std::time::{Duration, Instant};
 
-use common::stat;
+use common::{stat, wait_for};
 use cube_client::{Coord, LocalDaemon};
-
-/// Only catches a hang; every wait below ends on an event.
-const HANG: Duration = Duration::from_secs(60);
 
 fn send(daemon: &LocalDaemon, signal: &str) {
     let status = Command::new("kill")
@@ -24,15 +20,6 @@ fn send(daemon: &LocalDaemon, signal: &str) {
         .status()
         .unwrap();
     assert!(status.success(), "kill -s {signal}");
-}
-
-/// Waits until `done` holds (a process exit, a log line, a counter).
-fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !done() {
-        assert!(started.elapsed() < HANG, "still waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 #[test]
