@@ -40,6 +40,7 @@ pub mod programs;
 mod scan;
 #[cfg(test)]
 mod shadow_marks_stress;
+#[cfg(any(test, feature = "sim-disk"))]
 pub mod sim_disk;
 mod stats;
 pub mod storage;

@@ -15,6 +15,7 @@
 //! recovery is deterministic whatever the program read (clock, random).
 
 pub(crate) mod api;
+#[cfg(feature = "program-harness")]
 pub(crate) mod harness;
 pub(crate) mod sandbox;
 pub(crate) mod step;
