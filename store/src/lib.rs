@@ -30,6 +30,7 @@ mod error;
 mod group_commit;
 mod huge_pages;
 mod key_index;
+mod le;
 pub mod listing;
 mod memstore;
 mod mutation;

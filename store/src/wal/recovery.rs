@@ -24,6 +24,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::crypto::{Keyring, MAC_BYTES, tags_equal};
 use crate::data_dir::sync_dir;
 use crate::error::StoreError;
+use crate::le;
 use crate::mutation::{
     KIND_DEL, KIND_DETACH, KIND_LINK, KIND_NAMESPACE_ALTER, KIND_NAMESPACE_CREATE,
     KIND_NAMESPACE_DROP, KIND_PROGRAM_DEL, KIND_PROGRAM_PUT, KIND_PUT, KIND_TELEMETRY, KIND_UNLINK,
@@ -826,8 +827,8 @@ fn later_group_follows(bytes: &[u8], from: usize, min_lsn: u64, seed: CrcSeed) -
     let mut at = from;
     while at + RECORD_HEADER_BYTES <= bytes.len() {
         let h = &bytes[at..];
-        let len = u32::from_le_bytes([h[4], h[5], h[6], h[7]]) as usize;
-        let lsn = u64::from_le_bytes([h[8], h[9], h[10], h[11], h[12], h[13], h[14], h[15]]);
+        let len = le::read_u32(&h[4..8]) as usize;
+        let lsn = le::read_u64(&h[8..16]);
         let kind = h[16] & !GROUP_END_BIT & !SEALED_BIT;
         let plausible = [
             KIND_PUT,
