@@ -59,8 +59,9 @@ pub use data_dir::{DataDir, sync_dir};
 pub use edges::{EdgeKey, PathError, PathOutcome, WalkLimits};
 pub use error::{StoreError, WriteError, WriteErrorKind};
 pub use group_commit::{
-    AnswerHooks, AnswerOnce, CommitListener, GroupCommit, GroupCommitConfig, MAX_NAMESPACES,
-    MAX_TXN_MUTATIONS, NamespaceGuard, Responder, SyncPolicy, TxnAck, WriteAck, WriteSession,
+    AnswerBatch, AnswerContext, AnswerOnce, CommitListener, GroupCommit, GroupCommitConfig,
+    MAX_NAMESPACES, MAX_TXN_MUTATIONS, NamespaceGuard, Responder, SyncPolicy, TxnAck, WriteAck,
+    WriteSession,
 };
 pub use memstore::{APPLY_SLICE_RECORDS, MemStore, NamespaceMemo, SCAN_SLICE_STEPS};
 pub use mutation::Mutation;

@@ -1,37 +1,42 @@
-//! Guards `GroupCommitConfig::answer_hooks`: every durable write's answer
-//! runs between a group's `before` and `after` hooks, on the writer thread,
-//! and the hooks pair up (the server sends a connection's answers of one
-//! group together on the strength of this).
+//! Guards `GroupCommitConfig::answer_batch`: every durable write's answer
+//! gets its group's batch, on the writer thread, before the group's
+//! `finish` (the server sends a connection's answers of one group together
+//! on the strength of this).
 #![allow(clippy::unwrap_used)]
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use cube_protocol::{Coord, NamespaceName};
-use cube_store::{AnswerHooks, Engine, EngineConfig, GroupCommitConfig, Mutation};
+use cube_store::{AnswerBatch, Engine, EngineConfig, GroupCommitConfig, Mutation};
 
-static IN_ANSWERS: AtomicBool = AtomicBool::new(false);
-static BEFORE: AtomicU64 = AtomicU64::new(0);
-static AFTER: AtomicU64 = AtomicU64::new(0);
+/// Groups finished.
+static GROUPS: AtomicU64 = AtomicU64::new(0);
+/// Answers counted by a batch and then finished with their group.
+static FINISHED_ANSWERS: AtomicU64 = AtomicU64::new(0);
 
-fn before() {
-    assert!(!IN_ANSWERS.swap(true, Ordering::SeqCst), "hooks nested");
-    BEFORE.fetch_add(1, Ordering::SeqCst);
+/// Counts the answers of the group being answered.
+#[derive(Default)]
+struct Tally {
+    answers: u64,
 }
 
-fn after() {
-    assert!(
-        IN_ANSWERS.swap(false, Ordering::SeqCst),
-        "after without before"
-    );
-    AFTER.fetch_add(1, Ordering::SeqCst);
+impl AnswerBatch for Tally {
+    fn finish(&mut self) {
+        FINISHED_ANSWERS.fetch_add(std::mem::take(&mut self.answers), Ordering::SeqCst);
+        GROUPS.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn new_tally() -> Box<dyn AnswerBatch> {
+    Box::new(Tally::default())
 }
 
 #[test]
-fn every_answer_runs_between_its_groups_hooks() {
+fn every_answer_gets_its_groups_batch_before_the_group_finishes() {
     let tmp = tempfile::tempdir().unwrap();
     let mut config = EngineConfig::new(tmp.path());
     config.group_commit = GroupCommitConfig {
-        answer_hooks: Some(AnswerHooks { before, after }),
+        answer_batch: Some(new_tally),
         ..GroupCommitConfig::default()
     };
     let engine = Engine::open(config).unwrap();
@@ -46,23 +51,31 @@ fn every_answer_runs_between_its_groups_hooks() {
                 coord: Coord::new(i, 0, 0),
                 value: b"v".to_vec(),
             },
-            move |reply| {
-                let inside = IN_ANSWERS.load(Ordering::SeqCst);
-                tx.send((reply.is_ok(), inside)).unwrap();
+            move |reply, mut context| {
+                let tally = context.batch::<Tally>();
+                let batched = tally.is_some();
+                if let Some(tally) = tally {
+                    tally.answers += 1;
+                }
+                tx.send((reply.is_ok(), batched)).unwrap();
             },
         );
     }
     for _ in 0..writes {
-        let (ok, inside) = rx.recv().unwrap();
+        let (ok, batched) = rx.recv().unwrap();
         assert!(ok);
-        assert!(inside, "an answer ran outside its group's hooks");
+        assert!(batched, "an answer ran without its group's batch");
     }
     drop(session);
     drop(engine);
-    let (b, a) = (BEFORE.load(Ordering::SeqCst), AFTER.load(Ordering::SeqCst));
-    assert_eq!(b, a, "hooks unpaired");
+    assert_eq!(
+        FINISHED_ANSWERS.load(Ordering::SeqCst),
+        writes as u64,
+        "an answer's group was never finished"
+    );
+    let groups = GROUPS.load(Ordering::SeqCst);
     assert!(
-        (1..=writes as u64).contains(&b),
-        "{b} groups for {writes} writes"
+        (1..=writes as u64).contains(&groups),
+        "{groups} groups for {writes} writes"
     );
 }

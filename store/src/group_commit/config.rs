@@ -5,6 +5,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::answer::AnswerBatch;
 use crate::mutation::Mutation;
 
 /// When a write is acknowledged relative to its `fdatasync`.
@@ -79,11 +80,12 @@ pub struct GroupCommitConfig {
     /// so concurrent creates cannot overshoot it.
     pub max_namespaces_per_owner: usize,
     pub unlimited_owners: Vec<u32>,
-    /// Called on the writer thread around the answers of each durable
-    /// group ([`Responder::Callback`]s among them), so a caller can gather
-    /// the answers it sends and send each client's together (the server
-    /// sends a connection's answers of one group in one `send`).
-    pub answer_hooks: Option<AnswerHooks>,
+    /// Makes, once, the writer's [`AnswerBatch`]: each answer of a
+    /// durable group ([`Responder::Callback`](super::Responder::Callback)s among them) gets it, so a
+    /// caller can gather the answers it sends and send each client's
+    /// together (the server sends a connection's answers of one group in
+    /// one `send`).
+    pub answer_batch: Option<fn() -> Box<dyn AnswerBatch>>,
     /// Told of every group once it is applied (the server's `watch`).
     pub commit_listener: Option<Arc<dyn CommitListener>>,
 }
@@ -96,27 +98,6 @@ pub trait CommitListener: Send + Sync + std::fmt::Debug {
     /// mutations in LSN order, moved out of the group (call it at most
     /// once, and only when they are wanted).
     fn applied(&self, first_lsn: u64, last_lsn: u64, take: &mut dyn FnMut() -> Vec<Mutation>);
-}
-
-/// See [`GroupCommitConfig::answer_hooks`]. Plain functions: they run on
-/// the writer thread and keep their state there (thread-local).
-#[derive(Clone, Copy, Debug)]
-pub struct AnswerHooks {
-    /// Before the first answer of a group.
-    pub before: fn(),
-    /// After the last one, also if an answer panicked.
-    pub after: fn(),
-}
-
-/// Calls [`AnswerHooks::after`] when dropped.
-pub(super) struct AfterAnswers(pub(super) Option<AnswerHooks>);
-
-impl Drop for AfterAnswers {
-    fn drop(&mut self) {
-        if let Some(hooks) = self.0 {
-            (hooks.after)();
-        }
-    }
 }
 
 /// The default [`GroupCommitConfig::max_namespaces`].
@@ -133,7 +114,7 @@ impl Default for GroupCommitConfig {
             max_namespaces: MAX_NAMESPACES,
             max_namespaces_per_owner: usize::MAX,
             unlimited_owners: Vec::new(),
-            answer_hooks: None,
+            answer_batch: None,
             commit_listener: None,
         }
     }

@@ -33,8 +33,8 @@ use crate::transaction::{Overlay, TxnFn};
 use crate::wal::chain::ChainState;
 use crate::wal::{SegmentPreallocator, SegmentSeeds, WalSegment};
 
-pub use answer::{AnswerOnce, Responder, TxnAck, WriteAck};
-pub use config::{AnswerHooks, CommitListener, GroupCommitConfig, MAX_NAMESPACES, SyncPolicy};
+pub use answer::{AnswerBatch, AnswerContext, AnswerOnce, Responder, TxnAck, WriteAck};
+pub use config::{CommitListener, GroupCommitConfig, MAX_NAMESPACES, SyncPolicy};
 pub(crate) use prepare::quota_check;
 pub use session::{NamespaceGuard, WriteSession};
 use writer::Writer;
@@ -111,6 +111,7 @@ impl GroupCommit {
             wal_dir.clone(),
             config.segment_bytes,
         )?;
+        let answer_batch = config.answer_batch.map(|make| make());
         let writer = Writer {
             storage,
             wal_dir,
@@ -130,6 +131,7 @@ impl GroupCommit {
             group_usage: HashMap::new(),
             scratch: Vec::new(),
             chain,
+            answer_batch,
         };
         let thread = thread::Builder::new()
             .name("cube-writer".into())

@@ -6,7 +6,7 @@ use crossbeam_channel::{Receiver, Sender, bounded};
 
 use cube_protocol::NamespaceName;
 
-use super::answer::{AnswerOnce, Reply, Responder, TxnAck, WriteAck};
+use super::answer::{AnswerContext, AnswerOnce, Reply, Responder, TxnAck, WriteAck};
 use super::{WriterCommand, stopped};
 use crate::error::{WriteError, WriteErrorKind};
 use crate::mutation::Mutation;
@@ -49,9 +49,14 @@ impl WriteSession {
     }
 
     /// Queues the write and returns at once; `on_done` runs on the writer
-    /// thread when it is durable or refused (see [`Responder::Callback`]).
+    /// thread when it is durable or refused (see [`Responder::Callback`]),
+    /// with the group's [`AnswerContext`] when it is one of a durable group's.
     /// Saves the caller a sleep and a wake-up per write.
-    pub fn submit(&self, mutation: Mutation, on_done: impl FnOnce(Reply) + Send + 'static) {
+    pub fn submit(
+        &self,
+        mutation: Mutation,
+        on_done: impl FnOnce(Reply, AnswerContext<'_>) + Send + 'static,
+    ) {
         let command = WriterCommand::Write {
             mutation,
             reply: Responder::Callback(AnswerOnce::new(on_done)),
@@ -94,13 +99,13 @@ impl WriteSession {
     pub fn transact_then<R: Send + 'static>(
         &self,
         txn: impl FnOnce(&mut TxnView<'_>) -> R + Send + 'static,
-        on_done: impl FnOnce(Result<(R, u64), WriteError>) + Send + 'static,
+        on_done: impl FnOnce(Result<(R, u64), WriteError>, AnswerContext<'_>) + Send + 'static,
     ) {
         let command = WriterCommand::Transact {
             txn: Box::new(move |view: &mut TxnView<'_>| Box::new(txn(view)) as Box<dyn Any + Send>),
             reply: Responder::Callback(AnswerOnce::new(
-                move |result: Result<TxnAck, WriteError>| {
-                    on_done(result.and_then(downcast_ack));
+                move |result: Result<TxnAck, WriteError>, context: AnswerContext<'_>| {
+                    on_done(result.and_then(downcast_ack), context);
                 },
             )),
             guard: self.guard.clone(),

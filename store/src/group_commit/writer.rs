@@ -14,8 +14,8 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 use cube_protocol::NamespaceName;
 
 use super::WriterCommand;
-use super::answer::{Responder, TxnAck, WriteAck};
-use super::config::{AfterAnswers, GroupCommitConfig, SyncPolicy};
+use super::answer::{AnswerBatch, GroupAnswers, Responder, TxnAck, WriteAck};
+use super::config::{GroupCommitConfig, SyncPolicy};
 use super::session::NamespaceGuard;
 use crate::crypto::Keyring;
 use crate::crypto::MAC_BYTES;
@@ -149,6 +149,9 @@ pub(super) struct Writer {
     /// With a master key: the log's chain after the last group written
     /// (wal/chain.rs). Every group then ends with a chain record.
     pub(super) chain: Option<ChainState>,
+    /// Made from `config.answer_batch` at start; handed to each durable
+    /// group's answers.
+    pub(super) answer_batch: Option<Box<dyn AnswerBatch>>,
 }
 
 /// Whether a queued command creates or drops a namespace: those commit in
@@ -518,18 +521,14 @@ impl Writer {
 
     /// Answers every entry of a durable (and applied) group.
     fn answer(&mut self, prepared: Vec<Prepared>, existed: &[bool]) {
-        let hooks = self.config.answer_hooks;
-        if let Some(hooks) = hooks {
-            (hooks.before)();
-        }
-        let _after = AfterAnswers(hooks);
+        let mut answers = GroupAnswers::new(self.answer_batch.take());
         let mut at = 0usize;
         for entry in prepared {
             match entry {
                 Prepared::Write { reply, lsn, .. } => {
                     let existed = existed.get(at).copied().unwrap_or(false);
                     at += 1;
-                    reply.answer(Ok(WriteAck { lsn, existed }));
+                    reply.answer_in(Ok(WriteAck { lsn, existed }), answers.context());
                 }
                 Prepared::Txn {
                     mutations,
@@ -538,14 +537,18 @@ impl Writer {
                     first_lsn,
                 } => {
                     at += mutations.len();
-                    reply.answer(Ok(TxnAck {
-                        output,
-                        first_lsn,
-                        mutations: mutations.len(),
-                    }));
+                    reply.answer_in(
+                        Ok(TxnAck {
+                            output,
+                            first_lsn,
+                            mutations: mutations.len(),
+                        }),
+                        answers.context(),
+                    );
                 }
             }
         }
+        self.answer_batch = answers.finish();
     }
 
     /// Appends the encoded group (rolling the segment first if it is full)
