@@ -329,6 +329,15 @@ pub fn read_full<R: Read>(reader: &mut R, buf: &mut [u8]) -> io::Result<usize> {
     Ok(filled)
 }
 
+/// A whole frame's header and body, the body checked against the header's
+/// CRC (for the codec tests).
+#[cfg(test)]
+pub(crate) fn split_frame(frame: &[u8]) -> (FrameHeader, &[u8]) {
+    let header = FrameHeader::parse(frame[..HEADER_BYTES].try_into().unwrap());
+    header.verify_body(&frame[HEADER_BYTES..]).unwrap();
+    (header, &frame[HEADER_BYTES..])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,6 +9,11 @@ use byteorder::{ByteOrder, LittleEndian};
 use crate::error::DecodeError;
 use crate::model::{Coord, NamespaceName};
 
+/// Longest client name, server version or stats name accepted.
+pub(crate) const MAX_NAME_BYTES: usize = 256;
+/// Longest error message or stats text accepted.
+pub(crate) const MAX_MESSAGE_BYTES: usize = 4096;
+
 pub(crate) struct BodyReader<'a> {
     bytes: &'a [u8],
     offset: usize,
