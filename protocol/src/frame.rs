@@ -82,7 +82,49 @@ pub enum Opcode {
     Watch = 0x0050,
 }
 
+/// The command families the request and response codecs are split by
+/// (`request.rs`, `response.rs`): one encoder and one decoder each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Family {
+    /// hello, ping, stats, checkpoint, backup.
+    Session,
+    /// put, get, del, mget, scan.
+    Cells,
+    /// link, unlink, edges, walk, path, detach.
+    Graph,
+    /// ns-create, ns-drop, ns-list, ns-info, ns-grant, ns-revoke.
+    Namespaces,
+    /// prog, run, cell-stats, step.
+    Programs,
+    /// batch, edge-list, program-list, watch.
+    Bulk,
+}
+
 impl Opcode {
+    /// The family whose codec reads and writes this opcode's bodies.
+    pub(crate) fn family(self) -> Family {
+        match self {
+            Opcode::Hello | Opcode::Ping | Opcode::Stats | Opcode::Checkpoint | Opcode::Backup => {
+                Family::Session
+            }
+            Opcode::Put | Opcode::Get | Opcode::Del | Opcode::Mget | Opcode::Scan => Family::Cells,
+            Opcode::Link
+            | Opcode::Unlink
+            | Opcode::Edges
+            | Opcode::Walk
+            | Opcode::Path
+            | Opcode::Detach => Family::Graph,
+            Opcode::NsCreate
+            | Opcode::NsDrop
+            | Opcode::NsList
+            | Opcode::NsInfo
+            | Opcode::NsGrant
+            | Opcode::NsRevoke => Family::Namespaces,
+            Opcode::Prog | Opcode::Run | Opcode::CellStats | Opcode::Step => Family::Programs,
+            Opcode::Batch | Opcode::EdgeList | Opcode::ProgramList | Opcode::Watch => Family::Bulk,
+        }
+    }
+
     pub const ALL: [Opcode; 30] = [
         Opcode::Hello,
         Opcode::Ping,

@@ -12,7 +12,7 @@ use crate::edge::{
     read_direction, read_f64, read_label, read_label_filter,
 };
 use crate::error::DecodeError;
-use crate::frame::{FrameHeader, Limits, Opcode, encode_frame};
+use crate::frame::{Family, FrameHeader, Limits, Opcode, encode_frame};
 use crate::model::{Coord, NamespaceName};
 use crate::namespace::{NamespaceSpec, put_spec, read_spec};
 use crate::program::{MAX_PROGRAM_BYTES, put_args, read_args};
@@ -281,33 +281,13 @@ impl Request {
     /// Appends the whole frame for this request to `out`.
     pub fn encode(&self, request_id: u64, out: &mut Vec<u8>) {
         encode_frame(out, self.opcode() as u16, request_id, |b| {
-            match self.opcode() {
-                Opcode::Hello
-                | Opcode::Ping
-                | Opcode::Stats
-                | Opcode::Checkpoint
-                | Opcode::Backup => self.put_session(b),
-                Opcode::Put | Opcode::Get | Opcode::Del | Opcode::Mget | Opcode::Scan => {
-                    self.put_cells(b)
-                }
-                Opcode::Link
-                | Opcode::Unlink
-                | Opcode::Edges
-                | Opcode::Walk
-                | Opcode::Path
-                | Opcode::Detach => self.put_graph(b),
-                Opcode::NsCreate
-                | Opcode::NsDrop
-                | Opcode::NsList
-                | Opcode::NsInfo
-                | Opcode::NsGrant
-                | Opcode::NsRevoke => self.put_namespaces(b),
-                Opcode::Prog | Opcode::Run | Opcode::CellStats | Opcode::Step => {
-                    self.put_programs(b)
-                }
-                Opcode::Batch | Opcode::EdgeList | Opcode::ProgramList | Opcode::Watch => {
-                    self.put_bulk(b)
-                }
+            match self.opcode().family() {
+                Family::Session => self.put_session(b),
+                Family::Cells => self.put_cells(b),
+                Family::Graph => self.put_graph(b),
+                Family::Namespaces => self.put_namespaces(b),
+                Family::Programs => self.put_programs(b),
+                Family::Bulk => self.put_bulk(b),
             }
         });
     }
@@ -323,37 +303,20 @@ impl Request {
             Opcode::from_u16(header.opcode).ok_or(DecodeError::UnknownOpcode(header.opcode))?;
         let mut r = BodyReader::new(body);
         let max_value_bytes = limits.max_value_bytes as usize;
-        let request = match opcode {
-            Opcode::Hello | Opcode::Ping | Opcode::Stats | Opcode::Checkpoint | Opcode::Backup => {
-                read_session(opcode, &mut r)?
-            }
-            Opcode::Put | Opcode::Get | Opcode::Del | Opcode::Mget | Opcode::Scan => {
-                read_cells(opcode, &mut r, max_value_bytes)?
-            }
-            Opcode::Link
-            | Opcode::Unlink
-            | Opcode::Edges
-            | Opcode::Walk
-            | Opcode::Path
-            | Opcode::Detach => read_graph(opcode, &mut r)?,
-            Opcode::NsCreate
-            | Opcode::NsDrop
-            | Opcode::NsList
-            | Opcode::NsInfo
-            | Opcode::NsGrant
-            | Opcode::NsRevoke => read_namespaces(opcode, &mut r)?,
-            Opcode::Prog | Opcode::Run | Opcode::CellStats | Opcode::Step => {
-                read_programs(opcode, &mut r)?
-            }
-            Opcode::Batch | Opcode::EdgeList | Opcode::ProgramList | Opcode::Watch => {
-                read_bulk(opcode, &mut r, max_value_bytes)?
-            }
+        let request = match opcode.family() {
+            Family::Session => read_session(opcode, &mut r)?,
+            Family::Cells => read_cells(opcode, &mut r, max_value_bytes)?,
+            Family::Graph => read_graph(opcode, &mut r)?,
+            Family::Namespaces => read_namespaces(opcode, &mut r)?,
+            Family::Programs => read_programs(opcode, &mut r)?,
+            Family::Bulk => read_bulk(opcode, &mut r, max_value_bytes)?,
         };
         r.finish()?;
         Ok(request)
     }
 
-    // The family encoders. `encode` routes each request by its opcode, so
+    // The family encoders. `encode` routes each request by its opcode's
+    // family (`Opcode::family`), so
     // each sees only its own family's variants; the `_` arms are never taken.
 
     fn put_session(&self, b: &mut Vec<u8>) {

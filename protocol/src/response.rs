@@ -12,7 +12,7 @@ use crate::edge::{
     read_path, read_walk,
 };
 use crate::error::{DecodeError, ErrorCode};
-use crate::frame::{FrameHeader, Limits, Opcode, RESPONSE_BIT, encode_frame};
+use crate::frame::{Family, FrameHeader, Limits, Opcode, RESPONSE_BIT, encode_frame};
 use crate::model::{Coord, NamespaceName};
 use crate::namespace::{NamespaceInfo, put_info, put_name_list, read_info, read_name_list};
 use crate::page_encoder::put_mget_cell;
@@ -302,33 +302,13 @@ impl Response {
     pub fn encode(&self, request_id: u64, out: &mut Vec<u8>) {
         encode_frame(out, self.opcode() as u16 | RESPONSE_BIT, request_id, |b| {
             b.push(STATUS_OK);
-            match self.opcode() {
-                Opcode::Hello
-                | Opcode::Ping
-                | Opcode::Stats
-                | Opcode::Checkpoint
-                | Opcode::Backup => self.put_session(b),
-                Opcode::Put | Opcode::Get | Opcode::Del | Opcode::Mget | Opcode::Scan => {
-                    self.put_cells(b)
-                }
-                Opcode::Link
-                | Opcode::Unlink
-                | Opcode::Edges
-                | Opcode::Walk
-                | Opcode::Path
-                | Opcode::Detach => self.put_graph(b),
-                Opcode::NsCreate
-                | Opcode::NsDrop
-                | Opcode::NsList
-                | Opcode::NsInfo
-                | Opcode::NsGrant
-                | Opcode::NsRevoke => self.put_namespaces(b),
-                Opcode::Prog | Opcode::Run | Opcode::CellStats | Opcode::Step => {
-                    self.put_programs(b)
-                }
-                Opcode::Batch | Opcode::EdgeList | Opcode::ProgramList | Opcode::Watch => {
-                    self.put_bulk(b)
-                }
+            match self.opcode().family() {
+                Family::Session => self.put_session(b),
+                Family::Cells => self.put_cells(b),
+                Family::Graph => self.put_graph(b),
+                Family::Namespaces => self.put_namespaces(b),
+                Family::Programs => self.put_programs(b),
+                Family::Bulk => self.put_bulk(b),
             }
         });
     }
@@ -382,7 +362,8 @@ impl Response {
         Ok(Ok(response))
     }
 
-    // The family encoders. `encode` routes each response by its opcode, so
+    // The family encoders. `encode` routes each response by its opcode's
+    // family (`Opcode::family`), so
     // each sees only its own family's variants; the `_` arms are never taken.
 
     fn put_session(&self, b: &mut Vec<u8>) {
@@ -543,31 +524,13 @@ fn read_success(
     r: &mut BodyReader<'_>,
     max_value_bytes: usize,
 ) -> Result<Response, DecodeError> {
-    match opcode {
-        Opcode::Hello | Opcode::Ping | Opcode::Stats | Opcode::Checkpoint | Opcode::Backup => {
-            read_session(opcode, r)
-        }
-        Opcode::Put | Opcode::Get | Opcode::Del | Opcode::Mget | Opcode::Scan => {
-            read_cells(opcode, r, max_value_bytes)
-        }
-        Opcode::Link
-        | Opcode::Unlink
-        | Opcode::Edges
-        | Opcode::Walk
-        | Opcode::Path
-        | Opcode::Detach => read_graph(opcode, r, max_value_bytes),
-        Opcode::NsCreate
-        | Opcode::NsDrop
-        | Opcode::NsList
-        | Opcode::NsInfo
-        | Opcode::NsGrant
-        | Opcode::NsRevoke => read_namespaces(opcode, r),
-        Opcode::Prog | Opcode::Run | Opcode::CellStats | Opcode::Step => {
-            read_programs(opcode, r, max_value_bytes)
-        }
-        Opcode::Batch | Opcode::EdgeList | Opcode::ProgramList | Opcode::Watch => {
-            read_bulk(opcode, r, max_value_bytes)
-        }
+    match opcode.family() {
+        Family::Session => read_session(opcode, r),
+        Family::Cells => read_cells(opcode, r, max_value_bytes),
+        Family::Graph => read_graph(opcode, r, max_value_bytes),
+        Family::Namespaces => read_namespaces(opcode, r),
+        Family::Programs => read_programs(opcode, r, max_value_bytes),
+        Family::Bulk => read_bulk(opcode, r, max_value_bytes),
     }
 }
 
