@@ -511,13 +511,7 @@ pub(crate) fn import(
     as_json: bool,
     out: &mut impl Write,
 ) -> Result<u8, Failure> {
-    let format = args.format.unwrap_or_else(|| {
-        let csv = args
-            .file
-            .extension()
-            .is_some_and(|ext| ext.eq_ignore_ascii_case("csv"));
-        if csv { Format::Csv } else { Format::Jsonl }
-    });
+    let format = input_format(args);
     let (input, size) = open_input(&args.file)?;
     let limits = client.limits();
     let max_value_bytes = limits.max_value_bytes as usize;
@@ -565,32 +559,7 @@ pub(crate) fn import(
     read.skipped.extend(send_skipped.skipped);
     read.skipped.sort_by_key(|bad| bad.line);
     read.skipped.truncate(MAX_SKIPPED_REPORTED);
-
-    // What went wrong, if anything: the sender's stop comes first (the
-    // reader may have read past it), then a bad record, then the input.
-    let failure = match (&sent, &read.stopped_at, &read.read_error) {
-        (Err(stop), _, _) => Some(send_failure(stop, applied.records())),
-        (Ok(()), Some(bad), _) => Some((
-            EXIT_USAGE,
-            bad.line,
-            format!(
-                "{bad}; nothing from its batch on was imported ({} records before it \
-                 were); fix the line and import again (records already imported are simply \
-                 written again), or use --skip-bad",
-                applied.records()
-            ),
-        )),
-        (Ok(()), None, Some(error)) => Some((
-            EXIT_USAGE,
-            0,
-            format!(
-                "cannot read {}: {error}; {} records were imported",
-                args.file.display(),
-                applied.records()
-            ),
-        )),
-        (Ok(()), None, None) => None,
-    };
+    let failure = what_failed(&sent, &read, &applied, args);
     let summary = Summary {
         ns: &args.ns,
         read: &read,
@@ -613,6 +582,52 @@ pub(crate) fn import(
             message,
             reported_as_json: as_json,
         }),
+    }
+}
+
+/// `--format`, or else the file's extension: `.csv` is CSV, anything else
+/// JSON lines.
+fn input_format(args: &ImportArgs) -> Format {
+    args.format.unwrap_or_else(|| {
+        let csv = args
+            .file
+            .extension()
+            .is_some_and(|ext| ext.eq_ignore_ascii_case("csv"));
+        if csv { Format::Csv } else { Format::Jsonl }
+    })
+}
+
+/// What went wrong, if anything, as (exit code, line, message): the
+/// sender's stop comes first (the reader may have read past it), then a
+/// bad record, then the input.
+fn what_failed(
+    sent: &Result<(), SendStop>,
+    read: &ReadOutcome,
+    applied: &Applied,
+    args: &ImportArgs,
+) -> Option<(u8, u64, String)> {
+    match (sent, &read.stopped_at, &read.read_error) {
+        (Err(stop), _, _) => Some(send_failure(stop, applied.records())),
+        (Ok(()), Some(bad), _) => Some((
+            EXIT_USAGE,
+            bad.line,
+            format!(
+                "{bad}; nothing from its batch on was imported ({} records before it \
+                 were); fix the line and import again (records already imported are simply \
+                 written again), or use --skip-bad",
+                applied.records()
+            ),
+        )),
+        (Ok(()), None, Some(error)) => Some((
+            EXIT_USAGE,
+            0,
+            format!(
+                "cannot read {}: {error}; {} records were imported",
+                args.file.display(),
+                applied.records()
+            ),
+        )),
+        (Ok(()), None, None) => None,
     }
 }
 
