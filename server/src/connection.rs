@@ -538,51 +538,55 @@ impl Connection {
         self.writer.write_all(&self.out).map_err(Close::WriteFailed)
     }
 
+    /// The answer to `hello`: once per connection, in this protocol version.
+    fn hello(&mut self, client_version: u16) -> Result<Response, ServerError> {
+        if self.greeted {
+            return Err(ServerError::new(
+                ErrorCode::BadRequest,
+                "hello was already sent on this connection",
+            ));
+        }
+        if client_version != PROTOCOL_VERSION {
+            return Err(ServerError::new(
+                ErrorCode::VersionMismatch,
+                format!(
+                    "client speaks protocol version {client_version}, this cubed speaks {PROTOCOL_VERSION}; \
+                     use a cubec from the same release"
+                ),
+            ));
+        }
+        self.greeted = true;
+        let limits = self.shared.args.limits();
+        Ok(Response::Hello {
+            protocol_version: PROTOCOL_VERSION,
+            server_version: env!("CARGO_PKG_VERSION").to_string(),
+            max_frame_bytes: limits.max_frame_bytes,
+            max_value_bytes: limits.max_value_bytes,
+        })
+    }
+
+    /// The figures `stats` shows this peer.
+    fn stats_entries(&self) -> Vec<StatsEntry> {
+        let mut entries = self.shared.stats_entries();
+        if !self.peer.is_admin {
+            // Whole-store figures count every tenant's data and
+            // traffic; a tenant sees the server's health and its
+            // own namespaces (added below), nothing of the others.
+            entries.retain(|e| e.name.starts_with("server.") || e.name.starts_with("connections."));
+        }
+        entries.extend(crate::namespaces::stats_entries(
+            &self.peer,
+            self.shared.engine.memstore(),
+        ));
+        entries
+    }
+
     fn handle(&mut self, request: Request) -> Result<Response, ServerError> {
         let engine = &self.shared.engine;
         match request {
-            Request::Hello { client_version, .. } => {
-                if self.greeted {
-                    return Err(ServerError::new(
-                        ErrorCode::BadRequest,
-                        "hello was already sent on this connection",
-                    ));
-                }
-                if client_version != PROTOCOL_VERSION {
-                    return Err(ServerError::new(
-                        ErrorCode::VersionMismatch,
-                        format!(
-                            "client speaks protocol version {client_version}, this cubed speaks {PROTOCOL_VERSION}; \
-                             use a cubec from the same release"
-                        ),
-                    ));
-                }
-                self.greeted = true;
-                let limits = self.shared.args.limits();
-                Ok(Response::Hello {
-                    protocol_version: PROTOCOL_VERSION,
-                    server_version: env!("CARGO_PKG_VERSION").to_string(),
-                    max_frame_bytes: limits.max_frame_bytes,
-                    max_value_bytes: limits.max_value_bytes,
-                })
-            }
+            Request::Hello { client_version, .. } => self.hello(client_version),
             Request::Ping => Ok(Response::Pong),
-            Request::Stats => {
-                let mut entries = self.shared.stats_entries();
-                if !self.peer.is_admin {
-                    // Whole-store figures count every tenant's data and
-                    // traffic; a tenant sees the server's health and its
-                    // own namespaces (added below), nothing of the others.
-                    entries.retain(|e| {
-                        e.name.starts_with("server.") || e.name.starts_with("connections.")
-                    });
-                }
-                entries.extend(crate::namespaces::stats_entries(
-                    &self.peer,
-                    engine.memstore(),
-                ));
-                Ok(Response::Stats(entries))
-            }
+            Request::Stats => Ok(Response::Stats(self.stats_entries())),
             Request::Checkpoint { compact } => {
                 let result = if compact {
                     engine.compact()
@@ -592,31 +596,7 @@ impl Connection {
                 let report = result.map_err(|e| store_error(&e))?;
                 Ok(Response::Checkpoint(checkpoint_report(&report)))
             }
-            Request::Backup { dest } => {
-                let dest = std::path::PathBuf::from(dest);
-                if !dest.is_absolute() {
-                    return Err(ServerError::new(
-                        ErrorCode::InvalidArgument,
-                        "the backup path must be absolute (cubec makes it so)",
-                    ));
-                }
-                let report = engine.backup(&dest).map_err(|e| store_error(&e))?;
-                info!(
-                    "backup to {}: {} files ({} hard-linked), {} bytes, up to LSN {}",
-                    dest.display(),
-                    report.files,
-                    report.linked_files,
-                    report.bytes,
-                    report.lsn
-                );
-                Ok(Response::Backup(vec![
-                    count("backup.lsn", report.lsn),
-                    count("backup.files", report.files as u64),
-                    count("backup.linked_files", report.linked_files as u64),
-                    count("backup.bytes", report.bytes),
-                    count("backup.us", report.duration.as_micros() as u64),
-                ]))
-            }
+            Request::Backup { dest } => backup(engine, dest),
             Request::Get { ns, coord } => {
                 match engine.get_copy(&mut self.namespace_memo, &ns, coord) {
                     Some(value) => Ok(Response::Get(value)),
@@ -842,6 +822,33 @@ fn store_error(e: &cube_store::StoreError) -> ServerError {
         _ => ErrorCode::StorageIo,
     };
     ServerError::new(code, e.to_string())
+}
+
+/// Copies the data dir to `dest` (absolute) and reports what was copied.
+fn backup(engine: &cube_store::Engine, dest: String) -> Result<Response, ServerError> {
+    let dest = std::path::PathBuf::from(dest);
+    if !dest.is_absolute() {
+        return Err(ServerError::new(
+            ErrorCode::InvalidArgument,
+            "the backup path must be absolute (cubec makes it so)",
+        ));
+    }
+    let report = engine.backup(&dest).map_err(|e| store_error(&e))?;
+    info!(
+        "backup to {}: {} files ({} hard-linked), {} bytes, up to LSN {}",
+        dest.display(),
+        report.files,
+        report.linked_files,
+        report.bytes,
+        report.lsn
+    );
+    Ok(Response::Backup(vec![
+        count("backup.lsn", report.lsn),
+        count("backup.files", report.files as u64),
+        count("backup.linked_files", report.linked_files as u64),
+        count("backup.bytes", report.bytes),
+        count("backup.us", report.duration.as_micros() as u64),
+    ]))
 }
 
 fn checkpoint_report(r: &cube_store::CheckpointReport) -> Vec<StatsEntry> {
