@@ -445,7 +445,9 @@ class Client(Commands):
 
         return read_box(self, ns, lo, hi, dtype, fill=fill)
 
-    def write_box(self, ns: str, lo: CoordLike, array: Any, skip: Any = None, batch_cells: int = 4096) -> int:
+    def write_box(
+        self, ns: str, lo: CoordLike, array: Any, skip: Any = None, batch_cells: Optional[int] = None
+    ) -> int:
         """See :func:`cube.arrays.write_box`."""
         from .arrays import write_box
 
@@ -457,7 +459,7 @@ class Client(Commands):
 
         return read_cells(self, ns, coords, dtype, fill=fill)
 
-    def write_cells(self, ns: str, coords: Any, values: Any, batch_cells: int = 4096) -> int:
+    def write_cells(self, ns: str, coords: Any, values: Any, batch_cells: Optional[int] = None) -> int:
         """See :func:`cube.arrays.write_cells`."""
         from .arrays import write_cells
 
