@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import select
+import struct
 import selectors
 import socket as _socket
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
@@ -133,7 +134,19 @@ class Client(Commands):
             raise ProtocolViolation(f"cubed speaks protocol version {version}; this client speaks {PROTOCOL_VERSION}")
         self.max_frame_bytes = min(frame_bytes, MAX_ANSWER_FRAME_BYTES)
         self.max_value_bytes = min(value_bytes, MAX_ANSWER_FRAME_BYTES)
-        sock.settimeout(self.timeout)
+        self._kernel_timeouts(sock)
+
+    def _kernel_timeouts(self, sock: _socket.socket) -> None:
+        """A blocking socket whose sends and receives give up after
+        ``timeout`` (SO_SNDTIMEO, SO_RCVTIMEO; EAGAIN then). Python's own
+        socket timeouts poll before every call, doubling the system calls
+        of a request."""
+        sock.settimeout(None)
+        if self.timeout is not None:
+            usec = max(1, round(self.timeout * 1e6))
+            tv = struct.pack("@ll", usec // 1_000_000, usec % 1_000_000)
+            sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_RCVTIMEO, tv)
+            sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_SNDTIMEO, tv)
 
     def _drop(self, why: str) -> None:
         if self._sock is not None:
@@ -232,7 +245,7 @@ class Client(Commands):
     def _io_failure(self, sock: _socket.socket, e: OSError, requests: int) -> CubeError:
         """The error to raise for a send or receive that failed with ``e``
         (``requests`` outstanding); the connection is dropped."""
-        if isinstance(e, _socket.timeout):
+        if isinstance(e, (_socket.timeout, BlockingIOError)):  # EAGAIN: SO_RCVTIMEO/SO_SNDTIMEO expired
             self._drop("a timeout")
             timeout = CubeTimeout(
                 f"no answer from cubed at {self.socket_path} within {self.timeout} s; the connection is "
@@ -253,27 +266,35 @@ class Client(Commands):
         out = memoryview(b"".join(frames))
         sent = 0
         answers: List[Any] = []
-        with selectors.DefaultSelector() as sel:
-            sel.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
-            while len(answers) < len(frames):
-                if sent == len(out):
-                    answers.append(self._read_frame(sock, first + len(answers)))
-                    continue
-                events = sel.select(self.timeout)
-                if not events:
-                    raise _socket.timeout()
-                mask = events[0][1]
-                if mask & selectors.EVENT_WRITE:
-                    sent += sock.send(out[sent : sent + 1024 * 1024])
-                if mask & selectors.EVENT_READ:
-                    self._recv_some(sock)
-                    while len(answers) < len(frames):
-                        answer = self._frame_from_buffer(first + len(answers))
-                        if answer is None:
-                            break
-                        answers.append(answer)
-                if sent == len(out):
-                    sel.modify(sock, selectors.EVENT_READ)
+        # Non-blocking while there is more to send: a blocking send of a
+        # big pipeline would wait for room the daemon makes only once we
+        # read its answers.
+        sock.setblocking(False)
+        try:
+            with selectors.DefaultSelector() as sel:
+                sel.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
+                while sent < len(out):
+                    events = sel.select(self.timeout)
+                    if not events:
+                        raise _socket.timeout()
+                    mask = events[0][1]
+                    if mask & selectors.EVENT_WRITE:
+                        try:
+                            sent += sock.send(out[sent : sent + 1024 * 1024])
+                        except BlockingIOError:
+                            pass  # the room went to someone else: wait again
+                    if mask & selectors.EVENT_READ:
+                        self._recv_some(sock)
+                        while len(answers) < len(frames):
+                            answer = self._frame_from_buffer(first + len(answers))
+                            if answer is None:
+                                break
+                            answers.append(answer)
+        finally:
+            if self._sock is sock:
+                self._kernel_timeouts(sock)
+        while len(answers) < len(frames):
+            answers.append(self._read_frame(sock, first + len(answers)))
         return answers
 
     def _raise_refusal(self, sock: _socket.socket) -> None:
@@ -299,7 +320,7 @@ class Client(Commands):
     def _recv_chunk(self, sock: _socket.socket) -> bytes:
         try:
             chunk = sock.recv(1024 * 1024)
-        except _socket.timeout:
+        except (_socket.timeout, BlockingIOError):  # EAGAIN: SO_RCVTIMEO expired
             self._drop("a timeout")
             raise CubeTimeout(
                 f"no answer from cubed at {self.socket_path} within {self.timeout} s; the connection is "
@@ -613,9 +634,9 @@ def _decode(call: Call, answer: Tuple[int, Any]) -> Any:
         return body
     if opcode not in (call.opcode | RESPONSE_BIT, RESPONSE_BIT):
         return ProtocolViolation(f"answer opcode 0x{opcode:04x} to a request of opcode 0x{call.opcode:04x}")
-    r = Reader(body, what=call.opcode)
+    r = Reader(body, 1, call.opcode)
     try:
-        status = r.u8()
+        status = body[0] if body else r.u8()  # u8() raises the error on an empty body
         if status == 1:
             code, message = r.u16(), r.str16(4096)
             r.end()

@@ -125,6 +125,12 @@ def _stats(r: Reader) -> Dict[str, Union[int, float, str]]:
 
 
 def _optional_value(r: Reader) -> Optional[bytes]:
+    buf, pos = r.buf, r.pos
+    if len(buf) - pos >= 5 and buf[pos] == 1:  # found, as get mostly answers: parsed in place
+        end = pos + 5 + _U32.unpack_from(buf, pos + 1)[0]
+        if end == len(buf):
+            r.pos = end
+            return bytes(buf[pos + 5 : end])
     return r.blob() if r.bool() else None
 
 
