@@ -42,6 +42,7 @@ from typing import Callable, Dict, List
 import numpy as np
 
 import cube
+from cube import _crc32c
 
 REPO = Path(__file__).resolve().parents[3]
 VALUE = b"v" * 64
@@ -102,6 +103,22 @@ def measure(fn: Callable[[int], None], n: int) -> Dict[str, float]:
     wall = time.perf_counter() - started
     return {"ops_s": n / wall, "cpu_us": (time.process_time() - cpu) / n * 1e6,
             "load": (load + os.getloadavg()[0]) / 2}
+
+
+def with_crc(c_crc32c, ops):
+    """``ops`` run with the client's CRC32C in C (google-crc32c) or, given None, in Python."""
+
+    def wrap(fn):
+        def run(n):
+            saved, _crc32c._C_CRC32C = _crc32c._C_CRC32C, c_crc32c
+            try:
+                fn(n)
+            finally:
+                _crc32c._C_CRC32C = saved
+
+        return run
+
+    return {k: wrap(f) for k, f in ops.items()}
 
 
 def cube_ops(c):
@@ -195,20 +212,22 @@ def median(rows: List[Dict[str, float]], key: str) -> float:
 
 def report_rates(rates):
     ops = list(next(iter(rates.values())))
-    print(f"\n{'ops/s, one Python thread':<34}" + "".join(f"{k:>19}" for k in ops))
+    print(f"\n{'ops/s, one Python thread':<44}" + "".join(f"{k:>19}" for k in ops))
     for target, row in rates.items():
-        print(f"{target:<34}" + "".join(f"{median(row[k], 'ops_s'):>19,.0f}" for k in ops))
-    print(f"{'client CPU us per op':<34}" + "".join(f"{k:>19}" for k in ops))
+        print(f"{target:<44}" + "".join(f"{median(row[k], 'ops_s'):>19,.0f}" for k in ops))
+    print(f"{'client CPU us per op':<44}" + "".join(f"{k:>19}" for k in ops))
     for target, row in rates.items():
-        print(f"{target:<34}" + "".join(f"{median(row[k], 'cpu_us'):>19.1f}" for k in ops))
+        print(f"{target:<44}" + "".join(f"{median(row[k], 'cpu_us'):>19.1f}" for k in ops))
     loads = [m["load"] for row in rates.values() for ms in row.values() for m in ms]
     print(f"load average during these: {min(loads):.1f} to {max(loads):.1f}")
     print()
     for sync in CUBE_SYNCS:
-        c, r = rates.get(f"cube --sync {CUBE_SYNCS[sync]}"), rates.get(f"redis {' '.join(REDIS_SYNCS[sync][-2:])}")
-        if c and r:
-            ratios = ", ".join(f"{k} {median(c[k], 'ops_s') / median(r[k], 'ops_s'):.2f}x" for k in ops)
-            print(f"cube/redis, {LABELS[sync]:<34} {ratios}")
+        r = rates.get(f"redis {' '.join(REDIS_SYNCS[sync][-2:])}")
+        for variant in ("", ", C CRC32C"):
+            c = rates.get(f"cube --sync {CUBE_SYNCS[sync]}{variant}")
+            if c and r:
+                ratios = ", ".join(f"{k} {median(c[k], 'ops_s') / median(r[k], 'ops_s'):.2f}x" for k in ops)
+                print(f"{'cube' + variant + ' / redis,':<24} {LABELS[sync]:<36} {ratios}")
 
 
 def main():
@@ -232,7 +251,12 @@ def main():
         for sync, flag in CUBE_SYNCS.items():
             proc, c = start_cubed(args.cubed, root / f"cube-{sync}", flag)
             procs.append(proc)
-            servers[f"cube --sync {flag}"] = (sync, cube_ops(c), c, proc)
+            servers[f"cube --sync {flag}"] = (sync, with_crc(None, cube_ops(c)), c, proc)
+            if _crc32c._C_CRC32C is not None:  # the optional accelerator, beside the pure client
+                servers[f"cube --sync {flag}, C CRC32C"] = (sync, with_crc(_crc32c._C_CRC32C, cube_ops(c)), c, proc)
+        accel = "google-crc32c is installed: the rows 'C CRC32C' use it" if _crc32c._C_CRC32C else \
+            "google-crc32c is not installed (pip install google-crc32c): pure Python only"
+        print(f"client CRC32C: Python; {accel}")
         print(f"cubed: {args.cubed} ({c.server_version}); {args.ops} ops per figure "
               f"({args.durable_ops} for durable single puts), median of {args.runs}")
         if shutil.which("redis-server"):

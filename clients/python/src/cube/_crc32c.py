@@ -6,12 +6,19 @@ of megabytes) go through NumPy when it is installed: the body is cut into
 lanes of equal length whose CRCs are computed side by side, slicing 8 bytes
 at a time, and then folded pairwise with the "feed L zero bytes" operator,
 which works because the CRC register update is linear over GF(2).
+
+If the optional ``google-crc32c`` package is installed with its C extension
+(``pip install cube-client[fast]``), every checksum is computed by it instead (0.1
+us for a 70-byte answer against some 5 us in Python: most of what a get or
+put costs this client beyond redis-py). ``CUBE_PURE_CRC32C=1`` in the
+environment keeps the pure-Python path, as for benchmarking it.
 """
 
 from __future__ import annotations
 
+import os
 import struct
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 _POLY = 0x82F63B78
 
@@ -97,8 +104,32 @@ def _update(crc: int, data: "bytes | bytearray | memoryview") -> int:
     return crc
 
 
+def _c_implementation() -> Optional[Callable[[bytes], int]]:
+    if os.environ.get("CUBE_PURE_CRC32C"):
+        return None
+    try:
+        import google_crc32c  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    # Without its C extension the package falls back to Python slower than ours.
+    return google_crc32c.value if getattr(google_crc32c, "implementation", "") == "c" else None  # type: ignore
+
+
+_C_CRC32C = _c_implementation()
+#: Which code computes checksums: "google-crc32c (C)" or "Python".
+IMPLEMENTATION = "google-crc32c (C)" if _C_CRC32C is not None else "Python"
+
+
 def crc32c(data: "bytes | bytearray | memoryview") -> int:
     """The CRC-32C of ``data``: ``crc32c(b"123456789") == 0xE3069283``."""
+    c = _C_CRC32C
+    if c is not None:
+        return c(data if type(data) is bytes else bytes(data))
+    return crc32c_python(data)
+
+
+def crc32c_python(data: "bytes | bytearray | memoryview") -> int:
+    """:func:`crc32c` in Python (NumPy lanes from 16 KiB when installed)."""
     if len(data) >= NUMPY_MIN_BYTES and _numpy() is not None:
         return _crc32c_numpy(data)
     return _update(0xFFFFFFFF, data) ^ 0xFFFFFFFF
