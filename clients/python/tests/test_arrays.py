@@ -1,9 +1,14 @@
 """Boxes and cell sets as NumPy arrays."""
 
+import socket
+import struct
+import threading
+
 import numpy as np
 import pytest
 
 import cube
+from cube import wire
 
 np = pytest.importorskip("numpy")
 
@@ -138,3 +143,42 @@ def test_256_cubed_float32_round_trip(client, ns):
     assert client.write_box(ns, (0, 0, 0), a) == a.size
     b = client.read_box(ns, (0, 0, 0), (255, 255, 255), np.float32)
     assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+class DiesAfterOneBatch:
+    """A scripted daemon: answers hello, acknowledges the first batch, then
+    closes the connection when the second arrives."""
+
+    def __init__(self, path):
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        self.listener.listen(1)
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def read_frame(self, conn):
+        header = conn.recv(wire.HEADER_BYTES, socket.MSG_WAITALL)
+        body_len, _, _, opcode, rid = wire.HEADER.unpack(header)
+        conn.recv(body_len, socket.MSG_WAITALL)
+        return opcode, rid
+
+    def serve(self):
+        conn, _ = self.listener.accept()
+        with conn:
+            opcode, rid = self.read_frame(conn)
+            hello = b"\x00" + struct.pack("<H", 1) + wire.enc_str16("fake", 256, "") + struct.pack("<II", 1 << 24, 1 << 20)
+            conn.sendall(wire.frame(opcode | wire.RESPONSE_BIT, rid, hello))
+            opcode, rid = self.read_frame(conn)
+            conn.sendall(wire.frame(opcode | wire.RESPONSE_BIT, rid, b"\x00" + struct.pack("<QI", 1, 10)))
+            self.read_frame(conn)  # the second batch: dropped with the connection
+
+
+def test_connection_lost_midway_says_what_was_acknowledged(tmp_path):
+    path = str(tmp_path / "dies.sock")
+    DiesAfterOneBatch(path)
+    c = cube.Client(path, timeout=60, reconnect=False)
+    coords = np.stack([np.arange(30), np.zeros(30, int), np.zeros(30, int)], axis=1)
+    with pytest.raises(cube.ConnectionLost) as lost:
+        c.write_cells("default", coords, np.ones(30, np.float32), batch_cells=10)
+    assert lost.value.cells_written == 10
+    assert "10 of 30 cells were acknowledged" in str(lost.value)
+    assert "may or may not be stored" in str(lost.value)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Deque, Iterator, Optional, Sequence, Tupl
 
 import numpy as np
 
-from .errors import ConnectionLost, CubeError, ServerError, server_error
+from .errors import CubeConnectionError, CubeError, ServerError, server_error
 from .commands import MAX_BATCH_BYTES, MAX_BATCH_OPS, MAX_MGET_CELLS, MAX_SCAN_PAGE_CELLS, Call
 from .wire import CoordLike, Op, Reader, coord, enc_coord, enc_ns
 
@@ -180,6 +180,16 @@ def _partial(error: ServerError, batch: int, first_cell: int, cells: int, writte
     return out
 
 
+def _lost_midway(e: CubeConnectionError, written: int, total: int, in_flight: int) -> CubeConnectionError:
+    """A lost connection (or timeout) during a write, with what was stored."""
+    out = type(e)(
+        f"{e} [{written} of {total} cells were acknowledged, in whole batches; the {in_flight} batch(es) "
+        "in flight may or may not be stored, each whole or not at all]"
+    )
+    out.cells_written = written
+    return out
+
+
 def _stream(client: "Client", batches: Iterator[Tuple[Call, int]], total: int, window: int = BATCH_WINDOW) -> int:
     """Sends the batches in order, keeping up to ``window`` unanswered, so
     the next batch is encoded and sent while the daemon commits the last.
@@ -217,17 +227,16 @@ def _stream(client: "Client", batches: Iterator[Tuple[Call, int]], total: int, w
                 break
         while outstanding:
             read_one()
+    except CubeConnectionError as e:
+        raise _lost_midway(e, written, total, len(outstanding)) from e
     except CubeError as e:
         e.cells_written = written
         raise
-    except OSError as e:
-        client._drop(str(e))
-        lost = ConnectionLost(
-            f"lost the connection to cubed while writing batches ({e}); {written} of {total} cells were "
-            f"acknowledged (in whole batches); the {len(outstanding)} batch(es) in flight may or may not be stored"
-        )
-        lost.cells_written = written
-        raise lost from e
+    except OSError as e:  # a send failed or timed out
+        failure = client._io_failure(sock, e, len(outstanding) + 1)
+        if not isinstance(failure, CubeConnectionError):
+            raise failure from e  # the daemon's refusal frame, found in the socket
+        raise _lost_midway(failure, written, total, len(outstanding) + 1) from e
     if refusal is not None:
         raise _partial(*refusal, written, total)
     return written
