@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 import select
-import struct
 import selectors
 import socket as _socket
+import struct
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import __version__
