@@ -230,6 +230,25 @@ def report_rates(rates):
                 print(f"{'cube' + variant + ' / redis,':<24} {LABELS[sync]:<36} {ratios}")
 
 
+def report_gets(rates):
+    """A get is the same operation on every server of a kind (nothing to
+    sync), so gets are also compared pooled: all of cube's against all of
+    Redis's, which damps one server's unlucky round on a loaded machine."""
+    pools: Dict[str, List[Dict[str, float]]] = {}
+    for target, row in rates.items():
+        kind = "redis" if target.startswith("redis") else ("cube, C CRC32C" if "C CRC32C" in target else "cube")
+        pools.setdefault(kind, []).extend(row["get"])
+    if "redis" not in pools:
+        return
+    redis_rate = median(pools["redis"], "ops_s")
+    for kind in ("cube", "cube, C CRC32C"):
+        if kind in pools:
+            rate = median(pools[kind], "ops_s")
+            print(f"get, pooled over every server of a kind ({len(pools[kind])} against {len(pools['redis'])} "
+                  f"measurements): {kind} {rate:,.0f}/s, redis {redis_rate:,.0f}/s: {rate / redis_rate:.2f}x "
+                  f"(client CPU {median(pools[kind], 'cpu_us'):.1f} us against {median(pools['redis'], 'cpu_us'):.1f})")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     release = REPO / "target" / "release" / "cubed"
@@ -281,6 +300,7 @@ def main():
             print(f"round {run + 1} of {args.runs} done (load {os.getloadavg()[0]:.1f})", flush=True)
         if rates:
             report_rates(rates)
+            report_gets(rates)
         _, _, c, proc = servers["cube --sync always"]
         box = boxes(c, proc.pid, args.edge, args.runs)
         results["boxes"] = box
