@@ -227,8 +227,8 @@ def _stream(client: "Client", batches: Iterator[Tuple[Call, int]], total: int, w
                 break
         while outstanding:
             read_one()
-    except CubeConnectionError as e:
-        raise _lost_midway(e, written, total, len(outstanding)) from e
+    except CubeConnectionError as e:  # while reading an answer: its batch was in flight too
+        raise _lost_midway(e, written, total, len(outstanding) + 1) from e
     except CubeError as e:
         e.cells_written = written
         raise
