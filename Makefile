@@ -158,7 +158,8 @@ fuzz:
 
 # What the coverage-guided `make fuzz` needs, installed once per machine:
 # cargo-afl from crates.io (a few minutes: it builds AFL++ too), and AFL++'s
-# runtime for this toolchain, which a rustc update needs again. No LLVM
+# runtime for this toolchain, which a rustc update needs again, and clang to
+# build Lua with coverage callbacks (fuzz/run-afl.sh). No LLVM
 # plugins (CMPLOG): they need the LLVM rustc was built with, not Debian's.
 fuzz-setup:
 	@if ! $(CARGO) afl --version >/dev/null 2>&1; then \
@@ -167,6 +168,8 @@ fuzz-setup:
 	fi
 	@out=$$($(CARGO) afl config --build 2>&1) || echo "$$out" | grep -q "already built" \
 		|| { echo "$$out"; exit 1; }
+	@command -v clang >/dev/null 2>&1 || { echo "make fuzz-setup: apt-get install clang (instruments Lua)"; \
+		apt-get install -y -q clang >/dev/null 2>&1 || echo "make fuzz-setup: no clang; Lua stays uninstrumented"; }
 
 # The Python client's tests (clients/python) against target/debug/cubed, in a
 # venv under target/pyenv with pytest and NumPy from PyPI (made on first use;

@@ -223,7 +223,7 @@ pub struct PathFound {
 }
 
 // ---------------------------------------------------------------------------
-// Field codecs shared by the messages above (used by `message.rs`).
+// Field codecs shared by the messages above (used by `request.rs` and `response.rs`).
 // ---------------------------------------------------------------------------
 
 /// Walk request flags: bit 0 asks for each reached cell's value.

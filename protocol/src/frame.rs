@@ -11,8 +11,6 @@
 
 use std::io::{self, Read};
 
-use byteorder::{ByteOrder, LittleEndian};
-
 use crate::PROTOCOL_VERSION;
 use crate::error::ProtocolError;
 
@@ -84,7 +82,49 @@ pub enum Opcode {
     Watch = 0x0050,
 }
 
+/// The command families the request and response codecs are split by
+/// (`request.rs`, `response.rs`): one encoder and one decoder each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Family {
+    /// hello, ping, stats, checkpoint, backup.
+    Session,
+    /// put, get, del, mget, scan.
+    Cells,
+    /// link, unlink, edges, walk, path, detach.
+    Graph,
+    /// ns-create, ns-drop, ns-list, ns-info, ns-grant, ns-revoke.
+    Namespaces,
+    /// prog, run, cell-stats, step.
+    Programs,
+    /// batch, edge-list, program-list, watch.
+    Bulk,
+}
+
 impl Opcode {
+    /// The family whose codec reads and writes this opcode's bodies.
+    pub(crate) fn family(self) -> Family {
+        match self {
+            Opcode::Hello | Opcode::Ping | Opcode::Stats | Opcode::Checkpoint | Opcode::Backup => {
+                Family::Session
+            }
+            Opcode::Put | Opcode::Get | Opcode::Del | Opcode::Mget | Opcode::Scan => Family::Cells,
+            Opcode::Link
+            | Opcode::Unlink
+            | Opcode::Edges
+            | Opcode::Walk
+            | Opcode::Path
+            | Opcode::Detach => Family::Graph,
+            Opcode::NsCreate
+            | Opcode::NsDrop
+            | Opcode::NsList
+            | Opcode::NsInfo
+            | Opcode::NsGrant
+            | Opcode::NsRevoke => Family::Namespaces,
+            Opcode::Prog | Opcode::Run | Opcode::CellStats | Opcode::Step => Family::Programs,
+            Opcode::Batch | Opcode::EdgeList | Opcode::ProgramList | Opcode::Watch => Family::Bulk,
+        }
+    }
+
     pub const ALL: [Opcode; 30] = [
         Opcode::Hello,
         Opcode::Ping,
@@ -191,24 +231,31 @@ pub struct FrameHeader {
     pub request_id: u64,
 }
 
+/// The `N` header bytes at `at` (a field offset inside the fixed header).
+fn header_field<const N: usize>(bytes: &[u8; HEADER_BYTES], at: usize) -> [u8; N] {
+    let mut field = [0u8; N];
+    field.copy_from_slice(&bytes[at..at + N]);
+    field
+}
+
 impl FrameHeader {
     pub fn parse(bytes: &[u8; HEADER_BYTES]) -> FrameHeader {
         FrameHeader {
-            body_len: LittleEndian::read_u32(&bytes[0..4]),
-            body_crc32c: LittleEndian::read_u32(&bytes[4..8]),
-            version: LittleEndian::read_u16(&bytes[8..10]),
-            opcode: LittleEndian::read_u16(&bytes[10..12]),
-            request_id: LittleEndian::read_u64(&bytes[12..20]),
+            body_len: u32::from_le_bytes(header_field(bytes, 0)),
+            body_crc32c: u32::from_le_bytes(header_field(bytes, 4)),
+            version: u16::from_le_bytes(header_field(bytes, 8)),
+            opcode: u16::from_le_bytes(header_field(bytes, 10)),
+            request_id: u64::from_le_bytes(header_field(bytes, 12)),
         }
     }
 
     pub fn to_bytes(&self) -> [u8; HEADER_BYTES] {
         let mut out = [0u8; HEADER_BYTES];
-        LittleEndian::write_u32(&mut out[0..4], self.body_len);
-        LittleEndian::write_u32(&mut out[4..8], self.body_crc32c);
-        LittleEndian::write_u16(&mut out[8..10], self.version);
-        LittleEndian::write_u16(&mut out[10..12], self.opcode);
-        LittleEndian::write_u64(&mut out[12..20], self.request_id);
+        out[0..4].copy_from_slice(&self.body_len.to_le_bytes());
+        out[4..8].copy_from_slice(&self.body_crc32c.to_le_bytes());
+        out[8..10].copy_from_slice(&self.version.to_le_bytes());
+        out[10..12].copy_from_slice(&self.opcode.to_le_bytes());
+        out[12..20].copy_from_slice(&self.request_id.to_le_bytes());
         out
     }
 
@@ -327,6 +374,15 @@ pub fn read_full<R: Read>(reader: &mut R, buf: &mut [u8]) -> io::Result<usize> {
         }
     }
     Ok(filled)
+}
+
+/// A whole frame's header and body, the body checked against the header's
+/// CRC (for the codec tests).
+#[cfg(test)]
+pub(crate) fn split_frame(frame: &[u8]) -> (FrameHeader, &[u8]) {
+    let header = FrameHeader::parse(frame[..HEADER_BYTES].try_into().unwrap());
+    header.verify_body(&frame[HEADER_BYTES..]).unwrap();
+    (header, &frame[HEADER_BYTES..])
 }
 
 #[cfg(test)]

@@ -14,10 +14,12 @@ pub mod bulk;
 pub mod edge;
 mod error;
 pub mod frame;
-mod message;
 mod model;
 pub mod namespace;
+mod page_encoder;
 pub mod program;
+mod request;
+mod response;
 pub mod watch;
 mod wire;
 
@@ -31,18 +33,20 @@ pub use edge::{
 };
 pub use error::{DecodeError, ErrorCode, ProtocolError};
 pub use frame::{FrameHeader, HEADER_BYTES, Limits, Opcode};
-pub use message::{
-    MAX_MGET_CELLS, MAX_SCAN_PAGE_CELLS, MAX_STATS_ENTRIES, MgetEncoder, Request, Response,
-    ScanCell, ScanPageEncoder, ScanResult, ServerError, StatsEntry, StatsValue,
-};
 pub use model::{CellBox, Coord, NamespaceName, parse_coord};
 pub use namespace::{
     CurveChoice, MAX_GRANTS, MAX_LISTED_NAMESPACES, NamespaceGrant, NamespaceInfo, NamespaceSpec,
 };
+pub use page_encoder::{MgetEncoder, ScanPageEncoder};
 pub use program::{
     CellStats, MAX_CELL_STATS_RECORDS, MAX_OUTCOME_MESSAGE_BYTES, MAX_PROGRAM_BYTES,
     MAX_RESULT_ENTRIES, MAX_RUN_ARG_BYTES, MAX_RUN_ARGS, ProgramValue, RunOutcome, RunRecord,
     RunReply, StepFailure, StepReply,
+};
+pub use request::{MAX_MGET_CELLS, Request};
+pub use response::{
+    MAX_SCAN_PAGE_CELLS, MAX_STATS_ENTRIES, Response, ScanCell, ScanResult, ServerError,
+    StatsEntry, StatsValue,
 };
 
 pub use watch::{

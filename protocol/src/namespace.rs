@@ -132,7 +132,7 @@ pub struct NamespaceInfo {
 }
 
 // ---------------------------------------------------------------------------
-// Field codecs (used by `message.rs`).
+// Field codecs (used by `request.rs` and `response.rs`).
 // ---------------------------------------------------------------------------
 
 fn quota_flags(max_cells: Option<u64>, max_bytes: Option<u64>, max_edges: Option<u64>) -> u8 {
@@ -324,7 +324,7 @@ mod tests {
     use super::*;
     use crate::error::ErrorCode;
     use crate::frame::{FrameHeader, HEADER_BYTES, Limits, Opcode, RESPONSE_BIT, encode_frame};
-    use crate::message::{Request, Response};
+    use crate::{Request, Response};
 
     fn ns(name: &str) -> NamespaceName {
         NamespaceName::new(name).unwrap()

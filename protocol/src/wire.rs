@@ -4,10 +4,13 @@
 //! actually present: every length is compared with what remains before a
 //! buffer is created.
 
-use byteorder::{ByteOrder, LittleEndian};
-
 use crate::error::DecodeError;
 use crate::model::{Coord, NamespaceName};
+
+/// Longest client name, server version or stats name accepted.
+pub(crate) const MAX_NAME_BYTES: usize = 256;
+/// Longest error message or stats text accepted.
+pub(crate) const MAX_MESSAGE_BYTES: usize = 4096;
 
 pub(crate) struct BodyReader<'a> {
     bytes: &'a [u8],
@@ -32,24 +35,31 @@ impl<'a> BodyReader<'a> {
         Ok(slice)
     }
 
+    /// The next `N` bytes, for the fixed-width integers.
+    fn take_array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N)?);
+        Ok(out)
+    }
+
     pub(crate) fn u8(&mut self) -> Result<u8, DecodeError> {
         Ok(self.take(1)?[0])
     }
 
     pub(crate) fn u16(&mut self) -> Result<u16, DecodeError> {
-        Ok(LittleEndian::read_u16(self.take(2)?))
+        Ok(u16::from_le_bytes(self.take_array()?))
     }
 
     pub(crate) fn u32(&mut self) -> Result<u32, DecodeError> {
-        Ok(LittleEndian::read_u32(self.take(4)?))
+        Ok(u32::from_le_bytes(self.take_array()?))
     }
 
     pub(crate) fn u64(&mut self) -> Result<u64, DecodeError> {
-        Ok(LittleEndian::read_u64(self.take(8)?))
+        Ok(u64::from_le_bytes(self.take_array()?))
     }
 
     pub(crate) fn i32(&mut self) -> Result<i32, DecodeError> {
-        Ok(LittleEndian::read_i32(self.take(4)?))
+        Ok(i32::from_le_bytes(self.take_array()?))
     }
 
     pub(crate) fn bool(&mut self) -> Result<bool, DecodeError> {

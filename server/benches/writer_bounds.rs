@@ -14,6 +14,9 @@
 //! to `docs/benchmarks.md` ("Writer time per request") and the bounds to
 //! `docs/robustness.md`.
 //!
+//! Runaway cell programs (`writer-bounds/run`): how long each budget takes
+//! to stop one, the speed `server/tests/programs.rs` leaves to this bench.
+//!
 //! Run: `cargo bench -p cube-server --bench writer_bounds` (release, like
 //! every benchmark; it starts the `cubed` built beside it).
 #![allow(clippy::unwrap_used)]
@@ -339,5 +342,58 @@ fn steps(crit: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, batches, hubs_at_the_largest_cap, detaches, steps);
+/// Runaway programs, each stopped by a budget: how long each holds the
+/// writer is the speed claim `server/tests/programs.rs` checks only for
+/// hangs (its tests assert that the right budget stopped each one).
+fn runaway_runs(crit: &mut Criterion) {
+    let mut bench = Bench::start(&[]);
+    let mut group = group(crit, "writer-bounds/run");
+    let runaways: [(&str, &[u8]); 4] = [
+        // Stopped by fuel: a library loop whose size is a numeric string.
+        (
+            "fuel-library-loop",
+            b"table.move({}, '1', '30000000', 1, {})",
+        ),
+        // Stopped by fuel: a plain find's quadratic worst case.
+        (
+            "fuel-plain-find",
+            b"local h = string.rep('a', 1 << 19) local n = string.rep('a', 1 << 18) .. 'b' \
+              return string.find(h, n, 1, true)",
+        ),
+        // Stopped by the 250 ms writer-time backstop: each comparison
+        // works on megabytes (the patched Lua compares with memcmp).
+        (
+            "backstop-zero-byte-compare",
+            b"local a = string.rep('\\0', 4000000) local b = a .. '\\0' while a < b do end",
+        ),
+        // Refused before it is copied whole: a result over the frame.
+        (
+            "result-over-the-frame",
+            b"local s = string.rep('x', 1 << 20) local t = {} \
+              for i = 1, 4096 do t[i] = s end return t",
+        ),
+    ];
+    for (i, (name, source)) in runaways.into_iter().enumerate() {
+        let at = c(i as i32, 0, 0);
+        bench.client.prog("default", at, source).unwrap();
+        bench.requests(
+            &mut group,
+            name,
+            |_| (),
+            |client, ()| {
+                client.run("default", at, &[]).unwrap_err();
+            },
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    batches,
+    hubs_at_the_largest_cap,
+    detaches,
+    steps,
+    runaway_runs
+);
 criterion_main!(benches);

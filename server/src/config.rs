@@ -150,7 +150,7 @@ pub struct Args {
     pub program_memory: usize,
 
     /// Writer-time backstop of one program run, in milliseconds: catches
-    /// programs whose single steps are heavy (copying megabyte strings),
+    /// programs whose single instructions are heavy (copying megabyte strings),
     /// which instruction counting cannot see. Counts as out of fuel.
     #[arg(long, value_name = "MS", default_value_t = DEFAULT_PROGRAM_TIME_MS,
           value_parser = in_unit(TimeUnit::Millis, PROGRAM_TIME_MS_RANGE))]

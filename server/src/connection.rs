@@ -183,184 +183,223 @@ impl Connection {
 
     fn serve(&mut self) -> Close {
         loop {
-            // Here, so every way round the loop (answers, refusals) passes.
-            if let Err(close) = self.release_big_buffers() {
+            if let Err(close) = self.serve_next() {
                 return close;
             }
-            if self.draining && !self.whole_frame_buffered() {
-                return Close::Refused("shutting down".into());
+        }
+    }
+
+    /// One request: read a frame, decode it, admit it, then dispatch it
+    /// (a write to the writer, a read answered here, a watch taking the
+    /// connection over). `Err` ends the connection and says why.
+    fn serve_next(&mut self) -> Result<(), Close> {
+        // Here, so every way round the loop (answers, refusals) passes.
+        self.release_big_buffers()?;
+        if self.draining && !self.whole_frame_buffered() {
+            return Err(Close::Refused("shutting down".into()));
+        }
+        let header = self.next_frame()?;
+        let started = Instant::now();
+        let Some(request) = self.decode_request(&header)? else {
+            return Ok(());
+        };
+        let is_write = matches!(
+            request,
+            Request::Put { .. }
+                | Request::Del { .. }
+                | Request::Prog { .. }
+                | Request::Run { .. }
+                | Request::Step { .. }
+        );
+        self.wait_for_earlier_writes(&request, is_write)?;
+        if !self.admit(&header, &request, started)? {
+            return Ok(());
+        }
+        if let Request::Watch { ns, lo, hi, from } = request {
+            // The connection is the watch's from here on.
+            let spec = crate::watch::WatchSpec { ns, lo, hi, from };
+            let peer = self.peer;
+            return Err(crate::watch::serve(
+                &self.shared,
+                &peer,
+                &mut self.writer,
+                header.request_id,
+                spec,
+            ));
+        }
+        if is_write {
+            return self.dispatch_write(request, &header, started);
+        }
+        self.answer_read(request, &header, started)
+    }
+
+    /// The request in the frame just read, or `None` when its body failed
+    /// its CRC or did not decode (then answered with the error here).
+    fn decode_request(&mut self, header: &FrameHeader) -> Result<Option<Request>, Close> {
+        let limits = self.shared.args.limits();
+        let decoded = header
+            .verify_body(&self.body)
+            .map_err(|e| (e.code(), e.to_string()))
+            .and_then(|()| {
+                Request::decode(header, &self.body, &limits).map_err(|e| (e.code(), e.to_string()))
+            });
+        match decoded {
+            Ok(request) => Ok(Some(request)),
+            Err((code, message)) => {
+                self.shared.stats.bad_frames.fetch_add(1, Ordering::Relaxed);
+                let error = ServerError::new(code, message);
+                // An opcode we do not know cannot be echoed as a
+                // response opcode; docs/protocol.md says 0x8000 alone.
+                let opcode = if code == ErrorCode::UnknownOpcode {
+                    0
+                } else {
+                    header.opcode
+                };
+                self.send_error(opcode, header.request_id, &error)?;
+                Ok(None)
             }
-            let header = match self.next_frame() {
-                Ok(header) => header,
-                Err(close) => return close,
-            };
-            let started = Instant::now();
-            let limits = self.shared.args.limits();
-            let request = match header
-                .verify_body(&self.body)
-                .map_err(|e| (e.code(), e.to_string()))
-                .and_then(|()| {
-                    Request::decode(&header, &self.body, &limits)
-                        .map_err(|e| (e.code(), e.to_string()))
-                }) {
-                Ok(request) => request,
-                Err((code, message)) => {
-                    self.shared.stats.bad_frames.fetch_add(1, Ordering::Relaxed);
-                    let error = ServerError::new(code, message);
-                    // An opcode we do not know cannot be echoed as a
-                    // response opcode; docs/protocol.md says 0x8000 alone.
-                    let opcode = if code == ErrorCode::UnknownOpcode {
-                        0
-                    } else {
-                        header.opcode
-                    };
-                    if let Err(close) = self.send_error(opcode, header.request_id, &error) {
-                        return close;
-                    }
-                    continue;
-                }
-            };
-            let opcode = request.opcode();
-            let is_write = matches!(
-                request,
-                Request::Put { .. }
-                    | Request::Del { .. }
-                    | Request::Prog { .. }
-                    | Request::Run { .. }
-                    | Request::Step { .. }
+        }
+    }
+
+    /// A write may be queued behind earlier writes whose answers are not
+    /// out yet (pipelining, `write_reply`); anything else waits for them
+    /// all, so it sees those writes and answers after them. A run's answer
+    /// may fill a frame (a result of megabytes); a client that pipelines
+    /// runs and does not read would otherwise park up to
+    /// MAX_PIPELINED_WRITES of them in this daemon.
+    fn wait_for_earlier_writes(&self, request: &Request, is_write: bool) -> Result<(), Close> {
+        let room = match request {
+            Request::Run { .. } => MAX_PIPELINED_RUNS,
+            _ if is_write => MAX_PIPELINED_WRITES,
+            _ => 1,
+        };
+        self.pending_reply
+            .wait_below(room)
+            .map_err(|kind| Close::WriteFailed(io::Error::from(kind)))
+    }
+
+    /// Whether the request may be served: the connection said hello, cubed
+    /// is not shutting down, and the peer may do it (then its namespace
+    /// guard is kept). A refusal is answered here and is `Ok(false)`.
+    fn admit(
+        &mut self,
+        header: &FrameHeader,
+        request: &Request,
+        started: Instant,
+    ) -> Result<bool, Close> {
+        if !self.greeted && !matches!(request, Request::Hello { .. }) {
+            let error = ServerError::new(
+                ErrorCode::BadRequest,
+                "the first frame on a connection must be hello (see docs/protocol.md)",
             );
-            // A write may be queued behind earlier writes whose answers are
-            // not out yet (pipelining, `write_reply`); anything else waits
-            // for them all, so it sees those writes and answers after them.
-            // A run's answer may fill a frame (a result of megabytes); a
-            // client that pipelines runs and does not read would otherwise
-            // park up to MAX_PIPELINED_WRITES of them in this daemon.
-            let room = match &request {
-                Request::Run { .. } => MAX_PIPELINED_RUNS,
-                _ if is_write => MAX_PIPELINED_WRITES,
-                _ => 1,
-            };
-            if let Err(kind) = self.pending_reply.wait_below(room) {
-                return Close::WriteFailed(io::Error::from(kind));
+            self.send_error(header.opcode, header.request_id, &error)?;
+            return Ok(false);
+        }
+        if self.shared.shutting_down.load(Ordering::Relaxed) {
+            let error = ServerError::new(
+                ErrorCode::ShuttingDown,
+                "cubed is shutting down; nothing of this request was done; \
+                 reconnect after it restarts",
+            );
+            self.send_error(header.opcode, header.request_id, &error)?;
+            // Requests pipelined behind this one and already read get
+            // the same answer, so the client knows each was not done
+            // instead of meeting a closed socket; nothing more is read.
+            self.draining = true;
+            return Ok(false);
+        }
+        match authorize(&self.peer, self.shared.engine.memstore(), request) {
+            Ok(guard) => {
+                self.guard = guard;
+                Ok(true)
             }
-            if !self.greeted && !matches!(request, Request::Hello { .. }) {
-                let error = ServerError::new(
-                    ErrorCode::BadRequest,
-                    "the first frame on a connection must be hello (see docs/protocol.md)",
+            Err(error) => {
+                self.send_error(header.opcode, header.request_id, &error)?;
+                self.shared.stats.record(
+                    request.opcode(),
+                    started.elapsed().as_micros() as u64,
+                    false,
                 );
-                if let Err(close) = self.send_error(header.opcode, header.request_id, &error) {
-                    return close;
-                }
-                continue;
+                Ok(false)
             }
-            if self.shared.shutting_down.load(Ordering::Relaxed) {
-                let error = ServerError::new(
-                    ErrorCode::ShuttingDown,
-                    "cubed is shutting down; nothing of this request was done; \
-                     reconnect after it restarts",
-                );
-                if let Err(close) = self.send_error(header.opcode, header.request_id, &error) {
-                    return close;
-                }
-                // Requests pipelined behind this one and already read get
-                // the same answer, so the client knows each was not done
-                // instead of meeting a closed socket; nothing more is read.
-                self.draining = true;
-                continue;
-            }
-            match authorize(&self.peer, self.shared.engine.memstore(), &request) {
-                Ok(guard) => self.guard = guard,
-                Err(error) => {
-                    if let Err(close) = self.send_error(header.opcode, header.request_id, &error) {
-                        return close;
-                    }
-                    self.shared
-                        .stats
-                        .record(opcode, started.elapsed().as_micros() as u64, false);
-                    continue;
-                }
-            }
-            if let Request::Watch { ns, lo, hi, from } = request {
-                // The connection is the watch's from here on.
-                let spec = crate::watch::WatchSpec { ns, lo, hi, from };
-                let peer = self.peer;
-                return crate::watch::serve(
-                    &self.shared,
-                    &peer,
-                    &mut self.writer,
+        }
+    }
+
+    /// Hands a write to the writer, which answers it once durable; a write
+    /// refused before it reaches the log is answered here.
+    fn dispatch_write(
+        &mut self,
+        request: Request,
+        header: &FrameHeader,
+        started: Instant,
+    ) -> Result<(), Close> {
+        let opcode = request.opcode();
+        if let Err(error) = self.submit_write(request, header.request_id, started) {
+            self.send_error(header.opcode, header.request_id, &error)?;
+            self.shared
+                .stats
+                .record(opcode, started.elapsed().as_micros() as u64, false);
+        }
+        Ok(())
+    }
+
+    /// Serves a read from the store and sends its answer (or its error).
+    fn answer_read(
+        &mut self,
+        request: Request,
+        header: &FrameHeader,
+        started: Instant,
+    ) -> Result<(), Close> {
+        let opcode = request.opcode();
+        let result = match request {
+            // Scan pages are encoded straight from the store into `out`.
+            Request::Scan {
+                ns,
+                lo,
+                hi,
+                limit,
+                count_only,
+                after,
+                with_lsn,
+            } => {
+                // Read before the page: the page holds every change up to it.
+                let lsn = with_lsn.then(|| self.shared.watch.applied_lsn());
+                self.scan(
                     header.request_id,
-                    spec,
-                );
-            }
-            if is_write {
-                match self.submit_write(request, header.request_id, started) {
-                    Ok(()) => continue,
-                    Err(error) => {
-                        if let Err(close) =
-                            self.send_error(header.opcode, header.request_id, &error)
-                        {
-                            return close;
-                        }
-                        self.shared.stats.record(
-                            opcode,
-                            started.elapsed().as_micros() as u64,
-                            false,
-                        );
-                        continue;
-                    }
-                }
-            }
-            let result = match request {
-                // Scan pages are encoded straight from the store into `out`.
-                Request::Scan {
-                    ns,
+                    &ns,
                     lo,
                     hi,
                     limit,
                     count_only,
                     after,
-                    with_lsn,
-                } => {
-                    // Read before the page: the page holds every change up to it.
-                    let lsn = with_lsn.then(|| self.shared.watch.applied_lsn());
-                    self.scan(
-                        header.request_id,
-                        &ns,
-                        lo,
-                        hi,
-                        limit,
-                        count_only,
-                        after,
-                        lsn,
-                    )
-                }
-                // So are mget answers, each value copied once.
-                Request::Mget { ns, coords } => crate::mget::answer(
-                    self.shared.engine.memstore(),
-                    &ns,
-                    &coords,
-                    header.request_id,
-                    limits.max_frame_bytes,
-                    &mut self.out,
-                ),
-                other => self.handle(other).map(|response| {
-                    self.out.clear();
-                    response.encode(header.request_id, &mut self.out);
-                }),
-            };
-            if let Err(error) = &result {
+                    lsn,
+                )
+            }
+            // So are mget answers, each value copied once.
+            Request::Mget { ns, coords } => crate::mget::answer(
+                self.shared.engine.memstore(),
+                &ns,
+                &coords,
+                header.request_id,
+                self.shared.args.limits().max_frame_bytes,
+                &mut self.out,
+            ),
+            other => self.handle(other).map(|response| {
                 self.out.clear();
-                Response::encode_error(header.opcode, header.request_id, error, &mut self.out);
-            }
-            if let Err(close) = self.charge_buffers() {
-                return close;
-            }
-            if let Err(e) = self.writer.write_all(&self.out) {
-                return Close::WriteFailed(e);
-            }
-            let latency_us = started.elapsed().as_micros() as u64;
-            self.shared.stats.record(opcode, latency_us, result.is_ok());
+                response.encode(header.request_id, &mut self.out);
+            }),
+        };
+        if let Err(error) = &result {
+            self.out.clear();
+            Response::encode_error(header.opcode, header.request_id, error, &mut self.out);
         }
+        self.charge_buffers()?;
+        self.writer
+            .write_all(&self.out)
+            .map_err(Close::WriteFailed)?;
+        let latency_us = started.elapsed().as_micros() as u64;
+        self.shared.stats.record(opcode, latency_us, result.is_ok());
+        Ok(())
     }
 
     /// Gives back what one big frame or answer grew the buffers to: a
@@ -499,51 +538,55 @@ impl Connection {
         self.writer.write_all(&self.out).map_err(Close::WriteFailed)
     }
 
+    /// The answer to `hello`: once per connection, in this protocol version.
+    fn hello(&mut self, client_version: u16) -> Result<Response, ServerError> {
+        if self.greeted {
+            return Err(ServerError::new(
+                ErrorCode::BadRequest,
+                "hello was already sent on this connection",
+            ));
+        }
+        if client_version != PROTOCOL_VERSION {
+            return Err(ServerError::new(
+                ErrorCode::VersionMismatch,
+                format!(
+                    "client speaks protocol version {client_version}, this cubed speaks {PROTOCOL_VERSION}; \
+                     use a cubec from the same release"
+                ),
+            ));
+        }
+        self.greeted = true;
+        let limits = self.shared.args.limits();
+        Ok(Response::Hello {
+            protocol_version: PROTOCOL_VERSION,
+            server_version: env!("CARGO_PKG_VERSION").to_string(),
+            max_frame_bytes: limits.max_frame_bytes,
+            max_value_bytes: limits.max_value_bytes,
+        })
+    }
+
+    /// The figures `stats` shows this peer.
+    fn stats_entries(&self) -> Vec<StatsEntry> {
+        let mut entries = self.shared.stats_entries();
+        if !self.peer.is_admin {
+            // Whole-store figures count every tenant's data and
+            // traffic; a tenant sees the server's health and its
+            // own namespaces (added below), nothing of the others.
+            entries.retain(|e| e.name.starts_with("server.") || e.name.starts_with("connections."));
+        }
+        entries.extend(crate::namespaces::stats_entries(
+            &self.peer,
+            self.shared.engine.memstore(),
+        ));
+        entries
+    }
+
     fn handle(&mut self, request: Request) -> Result<Response, ServerError> {
         let engine = &self.shared.engine;
         match request {
-            Request::Hello { client_version, .. } => {
-                if self.greeted {
-                    return Err(ServerError::new(
-                        ErrorCode::BadRequest,
-                        "hello was already sent on this connection",
-                    ));
-                }
-                if client_version != PROTOCOL_VERSION {
-                    return Err(ServerError::new(
-                        ErrorCode::VersionMismatch,
-                        format!(
-                            "client speaks protocol version {client_version}, this cubed speaks {PROTOCOL_VERSION}; \
-                             use a cubec from the same release"
-                        ),
-                    ));
-                }
-                self.greeted = true;
-                let limits = self.shared.args.limits();
-                Ok(Response::Hello {
-                    protocol_version: PROTOCOL_VERSION,
-                    server_version: env!("CARGO_PKG_VERSION").to_string(),
-                    max_frame_bytes: limits.max_frame_bytes,
-                    max_value_bytes: limits.max_value_bytes,
-                })
-            }
+            Request::Hello { client_version, .. } => self.hello(client_version),
             Request::Ping => Ok(Response::Pong),
-            Request::Stats => {
-                let mut entries = self.shared.stats_entries();
-                if !self.peer.is_admin {
-                    // Whole-store figures count every tenant's data and
-                    // traffic; a tenant sees the server's health and its
-                    // own namespaces (added below), nothing of the others.
-                    entries.retain(|e| {
-                        e.name.starts_with("server.") || e.name.starts_with("connections.")
-                    });
-                }
-                entries.extend(crate::namespaces::stats_entries(
-                    &self.peer,
-                    engine.memstore(),
-                ));
-                Ok(Response::Stats(entries))
-            }
+            Request::Stats => Ok(Response::Stats(self.stats_entries())),
             Request::Checkpoint { compact } => {
                 let result = if compact {
                     engine.compact()
@@ -553,31 +596,7 @@ impl Connection {
                 let report = result.map_err(|e| store_error(&e))?;
                 Ok(Response::Checkpoint(checkpoint_report(&report)))
             }
-            Request::Backup { dest } => {
-                let dest = std::path::PathBuf::from(dest);
-                if !dest.is_absolute() {
-                    return Err(ServerError::new(
-                        ErrorCode::InvalidArgument,
-                        "the backup path must be absolute (cubec makes it so)",
-                    ));
-                }
-                let report = engine.backup(&dest).map_err(|e| store_error(&e))?;
-                info!(
-                    "backup to {}: {} files ({} hard-linked), {} bytes, up to LSN {}",
-                    dest.display(),
-                    report.files,
-                    report.linked_files,
-                    report.bytes,
-                    report.lsn
-                );
-                Ok(Response::Backup(vec![
-                    count("backup.lsn", report.lsn),
-                    count("backup.files", report.files as u64),
-                    count("backup.linked_files", report.linked_files as u64),
-                    count("backup.bytes", report.bytes),
-                    count("backup.us", report.duration.as_micros() as u64),
-                ]))
-            }
+            Request::Backup { dest } => backup(engine, dest),
             Request::Get { ns, coord } => {
                 match engine.get_copy(&mut self.namespace_memo, &ns, coord) {
                     Some(value) => Ok(Response::Get(value)),
@@ -804,6 +823,33 @@ fn store_error(e: &cube_store::StoreError) -> ServerError {
         _ => ErrorCode::StorageIo,
     };
     ServerError::new(code, e.to_string())
+}
+
+/// Copies the data dir to `dest` (absolute) and reports what was copied.
+fn backup(engine: &cube_store::Engine, dest: String) -> Result<Response, ServerError> {
+    let dest = std::path::PathBuf::from(dest);
+    if !dest.is_absolute() {
+        return Err(ServerError::new(
+            ErrorCode::InvalidArgument,
+            "the backup path must be absolute (cubec makes it so)",
+        ));
+    }
+    let report = engine.backup(&dest).map_err(|e| store_error(&e))?;
+    info!(
+        "backup to {}: {} files ({} hard-linked), {} bytes, up to LSN {}",
+        dest.display(),
+        report.files,
+        report.linked_files,
+        report.bytes,
+        report.lsn
+    );
+    Ok(Response::Backup(vec![
+        count("backup.lsn", report.lsn),
+        count("backup.files", report.files as u64),
+        count("backup.linked_files", report.linked_files as u64),
+        count("backup.bytes", report.bytes),
+        count("backup.us", report.duration.as_micros() as u64),
+    ]))
 }
 
 fn checkpoint_report(r: &cube_store::CheckpointReport) -> Vec<StatsEntry> {

@@ -156,7 +156,7 @@ impl Comparison {
                 // compare has no --batch: the default batch.
                 WorkloadKind::Mget => "mget: requests reading 64 written keys each",
                 WorkloadKind::Walk => "walk: walks and paths with links",
-                WorkloadKind::Seed => "seed: prog, run and step of cell programs",
+                WorkloadKind::Programs => "seed: prog, run and step of cell programs",
                 WorkloadKind::Watch => "watch: puts followed by watchers",
             };
             let _ = writeln!(

@@ -78,7 +78,7 @@ impl RunReport {
             // Walks and paths are the reads; links and unlinks the writes.
             WorkloadKind::Walk => 0.6,
             // cell-stats reads; prog, run and step write.
-            WorkloadKind::Seed => 0.06,
+            WorkloadKind::Programs => 0.06,
         }
     }
 

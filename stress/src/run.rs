@@ -14,9 +14,9 @@ use crate::hostile::{self, HostileCounts, MAX_HOSTILE};
 use crate::keyspace::{KeySpace, MIN_VALUE_BYTES, coord_of, decode_value, encode_value};
 use crate::latency::Recorder;
 use crate::ledger::Ledger;
+use crate::program_workload::{self, CounterLedger};
 use crate::report::{CrashReport, RunReport};
 use crate::rng::Rng;
-use crate::seed_workload::{self, SeedLedger};
 use crate::target::ProgramConnection;
 use crate::target::{Connection, Connector, RunningTarget, TargetKind, TargetSpec};
 use crate::verify::{self, ReadBack, VerifyMode, VerifyReport};
@@ -89,7 +89,7 @@ impl RunConfig {
                 self.workload.name()
             )));
         }
-        if self.workload.kind == WorkloadKind::Seed && self.target.kind != TargetKind::Cube {
+        if self.workload.kind == WorkloadKind::Programs && self.target.kind != TargetKind::Cube {
             return Err(StressError::Usage(
                 "the seed workload runs cell programs (prog, run), which only cube has; \
                  use --target cube"
@@ -152,7 +152,7 @@ pub fn run(config: &RunConfig) -> Result<RunReport, StressError> {
         .map(|client| Mutex::new(Ledger::new(client, keys)))
         .collect();
 
-    let mut seed_baseline = Vec::new();
+    let mut counter_baseline = Vec::new();
     let prefill_s = if config.workload.needs_prefill() {
         let started = Instant::now();
         prefill(connector.as_ref(), &ledgers, &keys, config.value_size)?;
@@ -168,13 +168,13 @@ pub fn run(config: &RunConfig) -> Result<RunReport, StressError> {
             keys.keys()
         ));
         Some(seconds)
-    } else if config.workload.kind == WorkloadKind::Seed {
+    } else if config.workload.kind == WorkloadKind::Programs {
         let started = Instant::now();
-        let cells = seed_workload::cells(&keys);
+        let cells = program_workload::cells(&keys);
         let mut connection = connector
             .connect()
             .map_err(|e| StressError::target("prefill", e.to_string()))?;
-        seed_baseline = seed_workload::prefill(connection.as_mut(), cells)
+        counter_baseline = program_workload::prefill(connection.as_mut(), cells)
             .map_err(|e| StressError::target("prefill", e))?;
         let seconds = started.elapsed().as_secs_f64();
         say(format!(
@@ -199,7 +199,7 @@ pub fn run(config: &RunConfig) -> Result<RunReport, StressError> {
     let mut hostile_counts: Option<HostileCounts> = None;
     let hostile_stop = AtomicBool::new(false);
 
-    let seed_ledger = SeedLedger::new(seed_baseline);
+    let counter_ledger = CounterLedger::new(counter_baseline);
     let control = Control::new(config.clients);
     let shared = Shared {
         connector: connector.as_ref(),
@@ -207,7 +207,7 @@ pub fn run(config: &RunConfig) -> Result<RunReport, StressError> {
         keys,
         config,
         control: &control,
-        seed: &seed_ledger,
+        counters: &counter_ledger,
     };
     let mut crashes = Vec::new();
     let mut outcomes = Vec::new();
@@ -287,12 +287,12 @@ pub fn run(config: &RunConfig) -> Result<RunReport, StressError> {
             seed: config.seed,
         },
     );
-    if seed_ledger.cells() > 0 {
+    if counter_ledger.cells() > 0 {
         say(format!(
             "checking the telemetry of {} seed cells",
-            seed_ledger.cells()
+            counter_ledger.cells()
         ));
-        verification.absorb(seed_workload::check(connector.as_ref(), &seed_ledger));
+        verification.absorb(program_workload::check(connector.as_ref(), &counter_ledger));
     }
     let daemon_log = (errors > 0 || !verification.passed() || live.mismatches > 0)
         .then(|| target.log_text())
@@ -517,8 +517,8 @@ struct Shared<'a> {
     keys: KeySpace,
     config: &'a RunConfig,
     control: &'a Control,
-    /// Runs acknowledged per seed cell (`seed` workload only).
-    seed: &'a SeedLedger,
+    /// Runs acknowledged per counter cell (`seed` workload only).
+    counters: &'a CounterLedger,
 }
 
 /// Sets its flag when dropped: a stop signal that no early return skips.
@@ -767,18 +767,18 @@ fn describe(op: Op) -> String {
         Op::Unlink { from, to } => format!("unlink {} -> {}", coord_of(from), coord_of(to)),
         Op::Walk { key } => format!("walk from key {key} at {}", coord_of(key)),
         Op::Path { from, to } => format!("path {} -> {}", coord_of(from), coord_of(to)),
-        Op::Prog { cell, .. } => format!("prog at seed cell {}", seed_workload::coord(cell)),
-        Op::Run { cell } => format!("run at seed cell {}", seed_workload::coord(cell)),
+        Op::Prog { cell, .. } => format!("prog at seed cell {}", program_workload::coord(cell)),
+        Op::Run { cell } => format!("run at seed cell {}", program_workload::coord(cell)),
         Op::ProgRun { cell, .. } => format!(
             "pipelined prog and run at seed cell {}",
-            seed_workload::coord(cell)
+            program_workload::coord(cell)
         ),
         Op::Step { first_cell, cells } => {
-            let (lo, hi) = seed_workload::step_box(first_cell, cells);
+            let (lo, hi) = program_workload::step_box(first_cell, cells);
             format!("step over seed cells {lo}..={hi}")
         }
         Op::CellStats { cell } => {
-            format!("cell-stats at seed cell {}", seed_workload::coord(cell))
+            format!("cell-stats at seed cell {}", program_workload::coord(cell))
         }
     }
 }
@@ -862,43 +862,43 @@ fn execute(
         }
         Op::Prog { cell, variant } => connection
             .prog(
-                seed_workload::coord(cell),
-                seed_workload::source(variant).as_bytes(),
+                program_workload::coord(cell),
+                program_workload::source(variant).as_bytes(),
             )
             .map_err(Failure::Op),
-        Op::Run { cell } => match connection.run(seed_workload::coord(cell)) {
+        Op::Run { cell } => match connection.run(program_workload::coord(cell)) {
             Ok(_) => {
-                shared.seed.acked(cell);
+                shared.counters.acked(cell);
                 Ok(())
             }
             Err(e) => {
-                shared.seed.uncertain(cell);
+                shared.counters.uncertain(cell);
                 Err(Failure::Op(e))
             }
         },
         Op::ProgRun { cell, variant } => {
             let pair = connection
                 .prog_and_run(
-                    seed_workload::coord(cell),
-                    seed_workload::source(variant).as_bytes(),
+                    program_workload::coord(cell),
+                    program_workload::source(variant).as_bytes(),
                 )
-                .inspect_err(|_| shared.seed.uncertain(cell))
+                .inspect_err(|_| shared.counters.uncertain(cell))
                 .map_err(Failure::Op)?;
             match pair.run {
-                Ok(_) => shared.seed.acked(cell),
-                Err(_) => shared.seed.uncertain(cell),
+                Ok(_) => shared.counters.acked(cell),
+                Err(_) => shared.counters.uncertain(cell),
             }
             pair.prog.map_err(Failure::Op)?;
             pair.run.map(|_| ()).map_err(Failure::Op)
         }
         Op::Step { first_cell, cells } => {
-            let (lo, hi) = seed_workload::step_box(first_cell, cells);
+            let (lo, hi) = program_workload::step_box(first_cell, cells);
             let box_cells = first_cell..first_cell + cells;
             match connection.step(lo, hi) {
                 Ok(answer) => {
                     // Acknowledged: every run in the box is in its cell's
                     // telemetry, failed or not.
-                    box_cells.for_each(|cell| shared.seed.acked(cell));
+                    box_cells.for_each(|cell| shared.counters.acked(cell));
                     if answer.programs != cells {
                         return Err(Failure::Mismatch(format!(
                             "step over seed cells {lo}..={hi} ran {} programs, but each of \
@@ -919,22 +919,22 @@ fn execute(
                     Ok(())
                 }
                 Err(e) => {
-                    box_cells.for_each(|cell| shared.seed.uncertain(cell));
+                    box_cells.for_each(|cell| shared.counters.uncertain(cell));
                     Err(Failure::Op(e))
                 }
             }
         }
         Op::CellStats { cell } => {
             // Runs acknowledged before asking are all recorded by then.
-            let floor = shared.seed.acked_count(cell);
+            let floor = shared.counters.acked_count(cell);
             let (runs, _) = connection
-                .cell_stats(seed_workload::coord(cell))
+                .cell_stats(program_workload::coord(cell))
                 .map_err(Failure::Op)?;
             if runs < floor {
                 return Err(Failure::Mismatch(format!(
                     "seed cell {}: telemetry counts {runs} runs, but {floor} were acknowledged \
                      before asking",
-                    seed_workload::coord(cell)
+                    program_workload::coord(cell)
                 )));
             }
             Ok(())
@@ -1076,14 +1076,14 @@ mod tests {
             }
         }
         let control = Control::new(1);
-        let seed = SeedLedger::new(Vec::new());
+        let counters = CounterLedger::new(Vec::new());
         let shared = Shared {
             connector: &NoConnector,
             ledgers: &ledgers,
             keys,
             config: &config,
             control: &control,
-            seed: &seed,
+            counters: &counters,
         };
         let mut rng = Rng::new(9);
         let op = config.workload.next_op(&mut rng, &keys, 0);

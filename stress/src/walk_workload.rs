@@ -7,9 +7,9 @@
 //! its plane, z +- 1), weight 1, empty label. During the run each client
 //! links and unlinks only edges leaving its own keys, and only between
 //! lattice neighbours. So whatever the interleaving, every edge joins two
-//! coordinates one step apart, and an answer can be checked without
+//! coordinates one lattice unit apart, and an answer can be checked without
 //! knowing the exact graph: a coordinate at walk distance `d` is at most
-//! `d` lattice steps away, and a path steps one lattice unit at a time and
+//! `d` lattice units away, and a path moves one lattice unit at a time and
 //! costs exactly its hop count.
 
 use std::collections::HashSet;
@@ -27,7 +27,7 @@ const SIDE: u64 = 1024;
 /// coordinates in a full 2-D lattice, 63 in 3-D).
 pub const WALK_DEPTH: u32 = 3;
 
-/// How far (in lattice steps per axis) a path's target is from its start.
+/// How far (in lattice units per axis) a path's target is from its start.
 const PATH_REACH: u64 = 4;
 
 /// The lattice neighbours of `key` that exist in the key space.
@@ -93,7 +93,7 @@ pub fn next_op(rng: &mut Rng, keys: &KeySpace, client: usize) -> Op {
     }
 }
 
-/// A key up to [`PATH_REACH`] steps away on x and y (same z), inside
+/// A key up to [`PATH_REACH`] lattice units away on x and y (same z), inside
 /// the key space; `from` itself when that lands outside it.
 fn nearby(rng: &mut Rng, keys: &KeySpace, from: u64) -> u64 {
     let mut shift = |v: u64| {
@@ -107,15 +107,15 @@ fn nearby(rng: &mut Rng, keys: &KeySpace, from: u64) -> u64 {
     if to < keys.keys() { to } else { from }
 }
 
-/// Lattice steps between two coordinates (L1 distance).
-pub fn steps(a: Coord, b: Coord) -> u64 {
+/// Lattice units between two coordinates (L1 distance).
+pub fn lattice_distance(a: Coord, b: Coord) -> u64 {
     let d = |p: i32, q: i32| (i64::from(p) - i64::from(q)).unsigned_abs();
     d(a.x, b.x) + d(a.y, b.y) + d(a.z, b.z)
 }
 
 /// Checks a walk answer from `start` (depth [`WALK_DEPTH`]): each
 /// coordinate once, not the start, nearest first, within the depth, and
-/// never closer in hops than in lattice steps.
+/// never closer in hops than in lattice units.
 pub fn check_walk(start: Coord, nodes: &[(Coord, u32)]) -> Result<(), String> {
     let mut seen = HashSet::with_capacity(nodes.len());
     let mut last = 1;
@@ -132,10 +132,10 @@ pub fn check_walk(start: Coord, nodes: &[(Coord, u32)]) -> Result<(), String> {
             ));
         }
         last = distance;
-        let apart = steps(start, coord);
+        let apart = lattice_distance(start, coord);
         if apart > u64::from(distance) {
             return Err(format!(
-                "walk from {start} reached {coord}, {apart} lattice steps away, in {distance} hops: \
+                "walk from {start} reached {coord}, {apart} lattice units away, in {distance} hops: \
                  an edge that was never linked"
             ));
         }
@@ -143,7 +143,7 @@ pub fn check_walk(start: Coord, nodes: &[(Coord, u32)]) -> Result<(), String> {
     Ok(())
 }
 
-/// Checks a path answer: from `from` to `to`, one lattice step per hop,
+/// Checks a path answer: from `from` to `to`, one lattice unit per hop,
 /// costing its hop count (every weight is 1).
 pub fn check_path(from: Coord, to: Coord, coords: &[Coord], cost: f64) -> Result<(), String> {
     if coords.first() != Some(&from) || coords.last() != Some(&to) {
@@ -153,10 +153,13 @@ pub fn check_path(from: Coord, to: Coord, coords: &[Coord], cost: f64) -> Result
             coords.last()
         ));
     }
-    if let Some(step) = coords.windows(2).find(|w| steps(w[0], w[1]) != 1) {
+    if let Some(jump) = coords
+        .windows(2)
+        .find(|w| lattice_distance(w[0], w[1]) != 1)
+    {
         return Err(format!(
-            "path {from} -> {to} steps from {} to {}: an edge that was never linked",
-            step[0], step[1]
+            "path {from} -> {to} jumps from {} to {}: an edge that was never linked",
+            jump[0], jump[1]
         ));
     }
     let hops = coords.len() - 1;
@@ -165,7 +168,7 @@ pub fn check_path(from: Coord, to: Coord, coords: &[Coord], cost: f64) -> Result
             "path {from} -> {to} has {hops} hops of weight 1 but costs {cost}"
         ));
     }
-    if (hops as u64) < steps(from, to) {
+    if (hops as u64) < lattice_distance(from, to) {
         return Err(format!(
             "path {from} -> {to} is shorter than the lattice distance"
         ));
@@ -183,12 +186,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn neighbours_are_one_step_away_and_inside_the_key_space() {
+    fn neighbours_are_one_lattice_unit_away_and_inside_the_key_space() {
         let keys = KeySpace::new(3000, 4).unwrap();
         for key in [0, 1, 1023, 1024, 2047, 2999] {
             for n in neighbours(&keys, key) {
                 assert!(n < 3000);
-                assert_eq!(steps(coord_of(key), coord_of(n)), 1, "{key} -> {n}");
+                assert_eq!(
+                    lattice_distance(coord_of(key), coord_of(n)),
+                    1,
+                    "{key} -> {n}"
+                );
             }
         }
         assert_eq!(neighbours(&keys, 0), [1, 1024]);
@@ -203,11 +210,11 @@ mod tests {
             match next_op(&mut rng, &keys, 3) {
                 Op::Link { from, to } | Op::Unlink { from, to } => {
                     assert_eq!(keys.owner(from), 3);
-                    assert_eq!(steps(coord_of(from), coord_of(to)), 1);
+                    assert_eq!(lattice_distance(coord_of(from), coord_of(to)), 1);
                 }
                 Op::Path { from, to } => {
                     assert!(to < 5000);
-                    assert!(steps(coord_of(from), coord_of(to)) <= 2 * PATH_REACH);
+                    assert!(lattice_distance(coord_of(from), coord_of(to)) <= 2 * PATH_REACH);
                 }
                 Op::Walk { key } => assert!(key < 5000),
                 other => panic!("{other:?}"),

@@ -87,19 +87,19 @@ pub enum Op {
     Walk { key: u64 },
     /// The cheapest path between two nearby keys.
     Path { from: u64, to: u64 },
-    /// Storing counter variant `variant` at seed cell `cell`.
+    /// Storing counter variant `variant` at counter cell `cell`.
     Prog { cell: u64, variant: u64 },
-    /// Running the program of seed cell `cell`.
+    /// Running the program of counter cell `cell`.
     Run { cell: u64 },
-    /// `prog` of counter variant `variant` at seed cell `cell` and a `run`
+    /// `prog` of counter variant `variant` at counter cell `cell` and a `run`
     /// of it, pipelined in one round trip (`seed --pipeline`); timed as
     /// both a `prog` and a `run`.
     ProgRun { cell: u64, variant: u64 },
-    /// One `step` over the `cells` seed cells from `first_cell` on, all in
-    /// one row of the seed plane: every counter program in the box runs
+    /// One `step` over the `cells` counter cells from `first_cell` on, all in
+    /// one row of the counter plane: every counter program in the box runs
     /// once.
     Step { first_cell: u64, cells: u64 },
-    /// Reading seed cell `cell`'s telemetry counts.
+    /// Reading counter cell `cell`'s telemetry counts.
     CellStats { cell: u64 },
 }
 
@@ -141,7 +141,8 @@ pub enum WorkloadKind {
     /// at many cells, step (1 %) over 8 cells of a row, cell-stats (6 %);
     /// at the end every cell's telemetry count must equal the runs
     /// acknowledged for it. cube only.
-    Seed,
+    #[value(name = "seed")]
+    Programs,
     /// Durable puts on a plane while --watchers watches follow tiles of
     /// it, each checked to see exactly its tile's acknowledged writes;
     /// the writers' throughput with and without them, commit-to-delivery
@@ -157,7 +158,7 @@ impl WorkloadKind {
             WorkloadKind::Mixed => "mixed",
             WorkloadKind::Mget => "mget",
             WorkloadKind::Walk => "walk",
-            WorkloadKind::Seed => "seed",
+            WorkloadKind::Programs => "seed",
             WorkloadKind::Watch => "watch",
         }
     }
@@ -205,7 +206,7 @@ impl Workload {
     /// The same workload with `prog` and `run` pipelined in pairs (`seed`
     /// only).
     pub fn with_pipeline(self, pipeline: bool) -> Result<Workload, String> {
-        if pipeline && self.kind != WorkloadKind::Seed {
+        if pipeline && self.kind != WorkloadKind::Programs {
             return Err(format!(
                 "--pipeline pairs prog with run, so it needs --workload seed, not {}",
                 self.kind.name()
@@ -259,7 +260,7 @@ impl Workload {
                 }
             }
             WorkloadKind::Walk => crate::walk_workload::next_op(rng, keys, client),
-            WorkloadKind::Seed => crate::seed_workload::next_op(rng, keys, self.pipeline),
+            WorkloadKind::Programs => crate::program_workload::next_op(rng, keys, self.pipeline),
         }
     }
 
@@ -267,9 +268,10 @@ impl Workload {
     /// find values.
     pub fn needs_prefill(&self) -> bool {
         match self.kind {
-            WorkloadKind::Put | WorkloadKind::Walk | WorkloadKind::Seed | WorkloadKind::Watch => {
-                false
-            }
+            WorkloadKind::Put
+            | WorkloadKind::Walk
+            | WorkloadKind::Programs
+            | WorkloadKind::Watch => false,
             WorkloadKind::Get | WorkloadKind::Mget => true,
             WorkloadKind::Mixed => self.read_ratio > 0.0,
         }

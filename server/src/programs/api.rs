@@ -85,22 +85,22 @@ pub(crate) struct Run {
     /// run, writing to its view).
     pub(crate) deferred: Option<Vec<DeferredWrite>>,
     /// In a step: the cells around its programs as they were before it,
-    /// which is what every run of the step reads (shared by its lanes).
+    /// which is what every run of the step reads (shared by its threads).
     pub(crate) snapshot: Option<Arc<StepSnapshot>>,
-    /// Whether a write of this run was refused for a cap: a step lane's
+    /// Whether a write of this run was refused for a cap: a step thread's
     /// caps can be looser than the step's, so its merge must know.
     pub(crate) refused_by_cap: bool,
 }
 
 /// The transaction a run reads (and, in a plain run, writes).
-// One per VM, moved once per run or lane: boxing the big variant would
+// One per VM, moved once per run or step thread: boxing the big variant would
 // cost an allocation per run for nothing.
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum RunView {
     /// The writer's transaction, lent to one run or to a step run on the
     /// writer alone.
     Owned(TxnView<'static>),
-    /// The writer's transaction shared, read-only, by the lanes of a step
+    /// The writer's transaction shared, read-only, by the threads of a step
     /// run on several threads; every write of theirs is held back.
     Shared(Arc<TxnView<'static>>),
 }
@@ -114,12 +114,12 @@ impl RunView {
     }
 
     /// The transaction, to go back to the writer's view. A shared one must
-    /// be the last share: a step takes every lane's back first.
+    /// be the last share: a step takes every thread's back first.
     pub(crate) fn into_owned(self) -> TxnView<'static> {
         match self {
             RunView::Owned(view) => view,
             RunView::Shared(view) => Arc::into_inner(view)
-                .expect("a step takes back every lane's share of its view before it ends"),
+                .expect("a step takes back every thread's share of its view before it ends"),
         }
     }
 }
@@ -139,7 +139,7 @@ impl Run {
     }
 
     /// A run of a step (its writes held back, its reads of the step's
-    /// snapshot), on `view`, owned or shared with the step's other lanes.
+    /// snapshot), on `view`, owned or shared with the step's other threads.
     pub(crate) fn in_step(
         view: RunView,
         here: Coord,
@@ -358,7 +358,7 @@ enum WriteRefusal {
     Cells(u32),
     /// The cap on value bytes written.
     Bytes(usize),
-    /// A step lane's shared view, which is never written.
+    /// A step thread's shared view, which is never written.
     SharedView,
 }
 
@@ -688,9 +688,9 @@ impl RunContext<'_> {
                 let who = whose(cap < MAX_RUN_WRITE_BYTES);
                 format!("{who} may write at most {cap} bytes of values")
             }
-            // A shared view belongs to a step lane, whose writes are all
+            // A shared view belongs to a step thread, whose writes are all
             // held back.
-            WriteRefusal::SharedView => "internal: a step lane wrote to its view".to_owned(),
+            WriteRefusal::SharedView => "internal: a step thread wrote to its view".to_owned(),
         };
         if matches!(refusal, WriteRefusal::Cells(_) | WriteRefusal::Bytes(_)) {
             *self.refused_by_cap = true;

@@ -115,7 +115,7 @@ pub(crate) struct ProgramStats {
     failed: AtomicU64,
     out_of_fuel: AtomicU64,
     out_of_memory: AtomicU64,
-    /// Compilations by every VM: the writer's, and each step lane's.
+    /// Compilations by every VM: the writer's, and each step thread's.
     compiles: AtomicU64,
     /// Programs the writer's VM holds compiled.
     cached: AtomicU64,
@@ -127,9 +127,9 @@ pub(crate) struct ProgramStats {
     /// The program's execution on the writer (load, call, telemetry).
     exec: Timing,
     steps: AtomicU64,
-    /// Steps whose runs were split into lanes on several threads.
+    /// Steps whose runs were split among several step threads.
     steps_parallel: AtomicU64,
-    /// Of those, steps whose lanes' work was dropped and done again on the
+    /// Of those, steps whose step threads' work was dropped and done again on the
     /// writer alone, because runs wrote near the step's caps.
     steps_redone: AtomicU64,
     /// A whole `step` on the writer (every run, the writes, the records).
@@ -596,7 +596,7 @@ fn record_run(
 /// filled in from the cell's head and `failure`), and its seq; counts the
 /// run in the daemon's figures. `head` is the cell's telemetry head as of
 /// this point in the log (`TxnView::telemetry_head`), which a step's
-/// lanes read ahead.
+/// threads read ahead.
 fn telemetry_append(
     stats: &ProgramStats,
     settings: &ProgramSettings,

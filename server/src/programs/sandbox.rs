@@ -464,7 +464,7 @@ impl ProgramVm {
         // memory and instructions of a compile are the source's, bounded by
         // its size, and counting them against the first run of each VM
         // would make a run near its budget fail or not by whether its VM
-        // (the writer's, or a step lane's new one) had compiled it before.
+        // (the writer's, or a step thread's new one) had compiled it before.
         let function = self.function(source);
         let used_before = self.lua.used_memory();
         // The arguments are made before the limit is set, so that their

@@ -12,8 +12,8 @@
 //! time, in that order: a run whose writes would take the namespace past a
 //! quota is undone alone and fails like a `run` over its quota, recorded.
 //!
-//! Because the runs cannot see each other, a big step runs them in lanes
-//! on several threads, each lane running a contiguous part of the
+//! Because the runs cannot see each other, a big step runs them on
+//! several step threads, each running contiguous parts of the
 //! programs (see [`run_programs`]); only the runs' execution is parallel,
 //! everything the writer's transaction records is done after, on the
 //! writer, in order.
@@ -73,12 +73,12 @@ struct Ran {
     head: TelemetryHead,
 }
 
-/// Fewest programs a lane of a step takes: a helper lane costs a thread,
+/// Fewest programs per step thread: a helper thread costs a thread,
 /// a VM and a compilation of each source, some hundreds of microseconds,
 /// which a thousand runs of a few microseconds repay.
-const MIN_LANE_PROGRAMS: usize = 1024;
+const MIN_PROGRAMS_PER_STEP_THREAD: usize = 1024;
 
-/// What every lane of one step shares.
+/// What every thread of one step shares.
 struct StepInput<'a> {
     ns: &'a NamespaceName,
     region: CellBox,
@@ -313,23 +313,23 @@ fn first_divergence(ran: &Runs, write_room: u32) -> Option<usize> {
     None
 }
 
-/// How many lanes a step of `programs` runs on.
-fn lane_count(threads: usize, programs: usize) -> usize {
-    threads.min(programs / MIN_LANE_PROGRAMS).max(1)
+/// How many threads a step of `programs` runs on (the writer and helpers).
+fn step_thread_count(threads: usize, programs: usize) -> usize {
+    threads.min(programs / MIN_PROGRAMS_PER_STEP_THREAD).max(1)
 }
 
-/// Programs in each part the lanes take in turn: one part per lane. A
-/// lane reads its part's telemetry heads in one pass in the map's bucket
+/// Programs in each part the step threads take in turn: one part per
+/// thread. A thread reads its part's telemetry heads in one pass in the map's bucket
 /// order, which pays only over a dense share of the map: parts of an
-/// eighth of a lane's share, taken in turn so that a lane slowed down by
+/// eighth of a thread's share, taken in turn so that a thread slowed down by
 /// other work took fewer, measured slower in the daemon (a 32^3 step: 31.5
 /// against 36.7 ms median, side by side).
-fn part_len(lanes: usize, programs: usize) -> usize {
-    programs.div_ceil(lanes)
+fn part_len(threads: usize, programs: usize) -> usize {
+    programs.div_ceil(threads)
 }
 
 /// Runs every program of the step: on the writer alone, or in parts taken
-/// in turn by lanes on `settings.step_threads` threads, each with its own
+/// in turn by up to `settings.step_threads` step threads, each with its own
 /// VM, all reading the one transaction (shared, read-only: every write of
 /// a step is held back) and the snapshot. The parts' runs come back in
 /// the step's order, so what follows cannot tell how they ran. The view goes
@@ -344,8 +344,8 @@ fn run_programs(
     let detached = view.detach();
     let cells: Vec<Coord> = programs.iter().map(|(coord, _)| *coord).collect();
     let snapshot = StepSnapshot::read(&detached, step.ns, &cells).map(Arc::new);
-    let lanes = lane_count(step.settings.step_threads, programs.len());
-    if lanes == 1 {
+    let threads = step_thread_count(step.settings.step_threads, programs.len());
+    if threads == 1 {
         let whole = run_part(
             vm,
             step,
@@ -361,11 +361,11 @@ fn run_programs(
     }
     stats.steps_parallel.fetch_add(1, Relaxed);
     let shared = Arc::new(detached);
-    let part_len = part_len(lanes, programs.len());
+    let part_len = part_len(threads, programs.len());
     let parts: Vec<&[StoredProgram]> = programs.chunks(part_len).collect();
-    assert!(lanes <= crate::config::MAX_STEP_THREADS && parts.len() == lanes);
+    assert!(threads <= crate::config::MAX_STEP_THREADS && parts.len() == threads);
     let next_part = AtomicUsize::new(0);
-    // Each lane takes the next part left until none is: a helper that
+    // Each thread takes the next part left until none is: a helper that
     // could not start, or started late, leaves its part to the others.
     let take_parts = |vm: &mut ProgramVm| -> Vec<(usize, PartOutput)> {
         let mut done = Vec::new();
@@ -379,9 +379,10 @@ fn run_programs(
         }
     };
     let mut outputs: Vec<(usize, PartOutput)> = std::thread::scope(|scope| {
-        let helpers: Vec<_> = (1..lanes)
+        let helpers: Vec<_> = (1..threads)
             .map(|_| {
                 std::thread::Builder::new()
+                    // The name predates the word "step thread"; ps and top show it.
                     .name("cube-step-lane".into())
                     .spawn_scoped(scope, || with_vm(take_parts))
             })

@@ -28,7 +28,7 @@
 //! lookup in the three-level table; a **lane** is one of the walks a batch
 //! runs side by side, in the SIMD sense (a vector lane in the AVX-512
 //! paths, its scalar imitation otherwise), nothing to do with a program
-//! `step`'s lanes.
+//! `step` or its threads.
 
 use cube_protocol::Coord;
 

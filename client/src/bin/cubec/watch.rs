@@ -3,10 +3,11 @@
 use std::io::Write;
 
 use clap::Args;
-use cube_client::{CellBox, Client, Coord, NamespaceName, WatchChange, WatchOp, json, parse_coord};
+use cube_client::{CellBox, Client, WatchChange, WatchOp, json};
 use serde_json::{Value, json};
 
-use crate::{Failure, coord_json, emit, escape_value, parse_namespace_arg};
+use crate::args::BoxArgs;
+use crate::{Failure, coord_json, emit, escape_value};
 
 pub(crate) const WATCH_HELP: &str = "\
 Prints one line per change inside the box, in LSN order, as it commits:
@@ -33,17 +34,9 @@ Examples:
 
 #[derive(Debug, Args)]
 pub(crate) struct WatchArgs {
-    /// Namespace: 1 to 64 of a-z, 0-9, '_' and '-' (a fresh server has `default`)
-    #[arg(value_parser = parse_namespace_arg, value_name = "NS")]
-    ns: NamespaceName,
-
-    /// The box's low corner, e.g. -10,-10,0
-    #[arg(value_parser = parse_coord, allow_hyphen_values = true, value_name = "X0,Y0,Z0")]
-    lo: Coord,
-
-    /// The box's high corner, e.g. 10,10,0
-    #[arg(value_parser = parse_coord, allow_hyphen_values = true, value_name = "X1,Y1,Z1")]
-    hi: Coord,
+    /// The namespace and the box
+    #[command(flatten)]
+    region: BoxArgs,
 
     /// Replay the changes from this LSN on first (at least 1)
     #[arg(long, value_name = "LSN", value_parser = clap::value_parser!(u64).range(1..))]
@@ -56,9 +49,9 @@ pub(crate) fn watch(
     as_json: bool,
     out: &mut impl Write,
 ) -> Result<u8, Failure> {
-    let region = CellBox::new(args.lo, args.hi)
+    let region = CellBox::new(args.region.lo, args.region.hi)
         .map_err(|why| Failure::usage(format!("{why}; see `cubec help watch`")))?;
-    let watch = client.watch(args.ns.as_str(), region, args.from)?;
+    let watch = client.watch(args.region.ns.as_str(), region, args.from)?;
     let mut line = Vec::with_capacity(256);
     for group in watch {
         let group = group?;

@@ -1,8 +1,8 @@
 //! The `seed` workload: cell programs, as the predecessor drove them.
 //!
-//! Before the clock starts every seed cell gets a counter program. Then
+//! Before the clock starts every counter cell gets a counter program. Then
 //! each client stores programs (`prog`, 46.5 %) and runs them (`run`,
-//! 46.5 %) at random seed cells, now and then runs every program of a short
+//! 46.5 %) at random counter cells, now and then runs every program of a short
 //! row segment at once (`step`, 1 %: [`STEP_CELLS`] consecutive cells of one
 //! row, each run +1 at its own cell), and every so often asks a cell for
 //! its telemetry (`cell-stats`, 6 %). Every stored variant is a counter,
@@ -12,7 +12,7 @@
 //! records as expected"). Pairs per second are (prog + run) / 2, which is
 //! also run's (and prog's) own rate: the two keep equal shares.
 //!
-//! Seed cells live in the plane z = -1, outside the key space (which has
+//! Counter cells live in the plane z = -1, outside the key space (which has
 //! z >= 0), so the key space's own read-back is not disturbed.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,23 +25,23 @@ use crate::target::{Connection, Connector, ProgramConnection};
 use crate::verify::{VerifyMode, VerifyReport};
 use crate::workload::Op;
 
-/// Most seed cells: enough to spread 16 clients, few enough that each
+/// Most counter cells: enough to spread 16 clients, few enough that each
 /// cell's telemetry sees many runs (and trimming) in a long run.
-pub const MAX_SEED_CELLS: u64 = 4096;
-/// Cells per row of the seed plane.
+pub const MAX_COUNTER_CELLS: u64 = 4096;
+/// Cells per row of the counter plane.
 const ROW: u64 = 1024;
 /// Counter variants stored by `prog`: different sources (each compiled
 /// once by the daemon), the same effect.
 const VARIANTS: u64 = 8;
-/// Seed cells per `step` (fewer when a row has fewer seed cells).
+/// Counter cells per `step` (fewer when a row has fewer counter cells).
 pub const STEP_CELLS: u64 = 8;
 
-/// How many seed cells a key space of this size gets.
+/// How many counter cells a key space of this size gets.
 pub fn cells(keys: &KeySpace) -> u64 {
-    keys.keys().clamp(1, MAX_SEED_CELLS)
+    keys.keys().clamp(1, MAX_COUNTER_CELLS)
 }
 
-/// Where seed cell `cell` is.
+/// Where counter cell `cell` is.
 pub fn coord(cell: u64) -> Coord {
     Coord::new((cell % ROW) as i32, (cell / ROW) as i32, -1)
 }
@@ -72,8 +72,8 @@ pub fn next_op(rng: &mut Rng, keys: &KeySpace, pipeline: bool) -> Op {
     }
 }
 
-/// A step over up to [`STEP_CELLS`] consecutive seed cells of `cell`'s
-/// row, all below `cells`: a box of existing seed cells only.
+/// A step over up to [`STEP_CELLS`] consecutive counter cells of `cell`'s
+/// row, all below `cells`: a box of existing counter cells only.
 fn step_around(rng: &mut Rng, cell: u64, cells: u64) -> Op {
     let row_start = cell - cell % ROW;
     let row_cells = (row_start + ROW).min(cells) - row_start;
@@ -84,7 +84,7 @@ fn step_around(rng: &mut Rng, cell: u64, cells: u64) -> Op {
     }
 }
 
-/// The box `lo..=hi` of a step over `cells` seed cells from `first_cell`
+/// The box `lo..=hi` of a step over `cells` counter cells from `first_cell`
 /// on (one row, so the box holds exactly those cells).
 pub fn step_box(first_cell: u64, cells: u64) -> (Coord, Coord) {
     (
@@ -93,10 +93,10 @@ pub fn step_box(first_cell: u64, cells: u64) -> (Coord, Coord) {
     )
 }
 
-/// What the driver saw per seed cell: runs acknowledged (each one
+/// What the driver saw per counter cell: runs acknowledged (each one
 /// recorded in the cell's telemetry) and runs whose answer never came
 /// (recorded or not: a crash or a broken connection).
-pub struct SeedLedger {
+pub struct CounterLedger {
     acked: Vec<AtomicU64>,
     uncertain: Vec<AtomicU64>,
     /// Per cell, the run count and counter value before the run (not 0
@@ -104,11 +104,11 @@ pub struct SeedLedger {
     baseline: Vec<(u64, u64)>,
 }
 
-impl SeedLedger {
-    /// A ledger for seed cells whose counts before the run were
+impl CounterLedger {
+    /// A ledger for counter cells whose counts before the run were
     /// `baseline` (empty for workloads without programs).
-    pub fn new(baseline: Vec<(u64, u64)>) -> SeedLedger {
-        SeedLedger {
+    pub fn new(baseline: Vec<(u64, u64)>) -> CounterLedger {
+        CounterLedger {
             acked: baseline.iter().map(|_| AtomicU64::new(0)).collect(),
             uncertain: baseline.iter().map(|_| AtomicU64::new(0)).collect(),
             baseline,
@@ -144,7 +144,7 @@ impl SeedLedger {
     }
 }
 
-/// Stores the first counter program at every seed cell; returns each
+/// Stores the first counter program at every counter cell; returns each
 /// cell's run count and counter value as found (the baseline).
 pub fn prefill(connection: &mut dyn Connection, cells: u64) -> Result<Vec<(u64, u64)>, String> {
     let mut baseline = Vec::with_capacity(cells as usize);
@@ -171,10 +171,10 @@ fn counter_value(value: Option<&[u8]>) -> u64 {
         .unwrap_or(0)
 }
 
-/// Checks, with no client running, that every seed cell's telemetry
+/// Checks, with no client running, that every counter cell's telemetry
 /// count and counter value equal the runs acknowledged for it (or lie
 /// within the runs whose answer was lost).
-pub fn check(connector: &dyn Connector, ledger: &SeedLedger) -> VerifyReport {
+pub fn check(connector: &dyn Connector, ledger: &CounterLedger) -> VerifyReport {
     let mut report = VerifyReport::new(VerifyMode::All);
     if ledger.cells() == 0 {
         return report;
@@ -239,22 +239,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn seed_cells_stay_outside_the_key_space_and_ops_mix() {
+    fn counter_cells_stay_outside_the_key_space_and_ops_mix() {
         let keys = KeySpace::new(100_000, 4).unwrap();
-        assert_eq!(cells(&keys), MAX_SEED_CELLS);
+        assert_eq!(cells(&keys), MAX_COUNTER_CELLS);
         assert!((0..cells(&keys)).all(|c| coord(c).z == -1));
         let mut rng = Rng::new(5);
         let mut counts = [0; 4];
         for _ in 0..10_000 {
             match next_op(&mut rng, &keys, false) {
                 Op::Prog { cell, variant } => {
-                    assert!(cell < MAX_SEED_CELLS && variant < VARIANTS);
+                    assert!(cell < MAX_COUNTER_CELLS && variant < VARIANTS);
                     counts[0] += 1;
                 }
                 Op::Run { .. } => counts[1] += 1,
                 Op::Step { first_cell, cells } => {
                     assert_eq!(cells, STEP_CELLS);
-                    assert!(first_cell + cells <= MAX_SEED_CELLS);
+                    assert!(first_cell + cells <= MAX_COUNTER_CELLS);
                     counts[2] += 1;
                 }
                 Op::CellStats { .. } => counts[3] += 1,
@@ -269,7 +269,7 @@ mod tests {
         assert!(counts[2] < 200, "{counts:?}");
     }
 
-    /// Every step's box holds existing seed cells only, all in one row,
+    /// Every step's box holds existing counter cells only, all in one row,
     /// whatever the key space's size.
     #[test]
     fn steps_cover_existing_cells_of_one_row() {
