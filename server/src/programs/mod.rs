@@ -37,7 +37,7 @@ use crate::config::Args;
 use crate::connection::{count, no_such_namespace, write_error};
 use crate::server::Shared;
 use api::Run;
-use sandbox::{RunBudget, Spent, readable, with_vm};
+use sandbox::{ProgramVm, RunBudget, Spent, readable, with_vm};
 
 /// What runs are allowed, from the daemon's flags.
 #[derive(Clone, Copy, Debug)]
@@ -456,66 +456,19 @@ fn run_in_writer(
         }
         return RunOutput::NoProgram;
     };
-    let mut writes = 0u32;
-    let executed = with_vm(|vm| {
-        let compiled_before = vm.compiles;
-        if let Err(e) = vm.set_here(&ns, coord) {
-            return (Err((RunOutcome::Error, sandbox::error_text(&e))), 0);
-        }
-        let outcome = {
-            let mut state = vm.slot.borrow_mut();
-            if state.ns.as_ref() != Some(&ns) {
-                state.ns = Some(ns.clone());
-            }
-            state.run = Some(Run::new(
-                view.detach(),
-                coord,
-                settings.max_value_bytes,
-                settings.walk_limits,
-            ));
-            drop(state);
-            let outcome = vm.run(
-                &source,
-                args,
-                settings.budget,
-                started,
-                |runner, call_args| {
-                    let returned = runner.call::<Value>(call_args)?;
-                    to_program_value(returned, settings)
-                },
-            );
-            // The dispatcher holds the slot only inside its own call, so
-            // it is free here; the transaction goes back to the writer's
-            // view before anything else reads it.
-            if let Some(run) = vm.slot.borrow_mut().run.take() {
-                writes = run.writes;
-                view.attach(run.view.into_owned());
-            }
-            outcome
-        };
-        let result = outcome.result.map_err(failed_outcome);
-        stats
-            .compiles
-            .fetch_add(vm.compiles - compiled_before, Relaxed);
-        stats.cached.store(vm.cached_programs() as u64, Relaxed);
-        (result, outcome.fuel_used)
-    });
-    let (result, instructions) = match executed {
+    let call = RunCall {
+        ns: &ns,
+        coord,
+        source: &source,
+        args,
+        started,
+    };
+    let executed = with_vm(|vm| execute_run(vm, view, &call, settings, stats));
+    let (result, instructions, writes) = match executed {
         Ok(done) => done,
         Err(why) => return RunOutput::Unavailable(why),
     };
-    // Writes past a namespace quota would be refused by the writer after
-    // this transaction, and its telemetry record with them: judged here
-    // instead, so the run fails like any other (nothing it wrote applied)
-    // and is still recorded.
-    let mut over_quota = false;
-    let result = result.and_then(|value| match view.quota_refusal() {
-        Some(refusal) => {
-            over_quota = true;
-            Err((RunOutcome::Error, refusal.message))
-        }
-        None => Ok(value),
-    });
+    let (result, over_quota) = judge_quota(view, result);
     let cells_written = if result.is_ok() {
         writes
     } else {
@@ -551,6 +504,102 @@ fn run_in_writer(
         result,
         over_quota,
     }
+}
+
+/// What one `run` runs, and when it started.
+struct RunCall<'a> {
+    ns: &'a NamespaceName,
+    coord: Coord,
+    source: &'a Arc<[u8]>,
+    args: &'a [Vec<u8>],
+    started: Instant,
+}
+
+/// A run's result (or its failure), the instructions it used and the
+/// cells it wrote.
+type Executed = (Result<ProgramValue, (RunOutcome, String)>, u64, u32);
+
+/// Runs `call` in `vm` on the writer's transaction, and counts its
+/// compilations.
+fn execute_run(
+    vm: &mut ProgramVm,
+    view: &mut TxnView<'_>,
+    call: &RunCall<'_>,
+    settings: &ProgramSettings,
+    stats: &ProgramStats,
+) -> Executed {
+    let compiled_before = vm.compiles;
+    if let Err(e) = vm.set_here(call.ns, call.coord) {
+        return (Err((RunOutcome::Error, sandbox::error_text(&e))), 0, 0);
+    }
+    let (outcome, writes) = run_on_view(vm, view, call, settings);
+    let result = outcome.result.map_err(failed_outcome);
+    stats
+        .compiles
+        .fetch_add(vm.compiles - compiled_before, Relaxed);
+    stats.cached.store(vm.cached_programs() as u64, Relaxed);
+    (result, outcome.fuel_used, writes)
+}
+
+/// Lends the writer's transaction to `vm`'s slot for the run, runs it,
+/// and takes the transaction back; how the run's Lua part ended, and the
+/// cells it wrote.
+fn run_on_view(
+    vm: &mut ProgramVm,
+    view: &mut TxnView<'_>,
+    call: &RunCall<'_>,
+    settings: &ProgramSettings,
+) -> (sandbox::LuaOutcome<ProgramValue>, u32) {
+    let mut writes = 0;
+    let mut state = vm.slot.borrow_mut();
+    if state.ns.as_ref() != Some(call.ns) {
+        state.ns = Some(call.ns.clone());
+    }
+    state.run = Some(Run::new(
+        view.detach(),
+        call.coord,
+        settings.max_value_bytes,
+        settings.walk_limits,
+    ));
+    drop(state);
+    let outcome = vm.run(
+        call.source,
+        call.args,
+        settings.budget,
+        call.started,
+        |runner, call_args| {
+            let returned = runner.call::<Value>(call_args)?;
+            to_program_value(returned, settings)
+        },
+    );
+    // The dispatcher holds the slot only inside its own call, so
+    // it is free here; the transaction goes back to the writer's
+    // view before anything else reads it.
+    if let Some(run) = vm.slot.borrow_mut().run.take() {
+        writes = run.writes;
+        view.attach(run.view.into_owned());
+    }
+    (outcome, writes)
+}
+
+/// Writes past a namespace quota would be refused by the writer after
+/// this transaction, and its telemetry record with them: judged here
+/// instead, so the run fails like any other (nothing it wrote applied)
+/// and is still recorded. Returns the result and whether the quota failed
+/// it.
+fn judge_quota(
+    view: &TxnView<'_>,
+    result: Result<ProgramValue, (RunOutcome, String)>,
+) -> (Result<ProgramValue, (RunOutcome, String)>, bool) {
+    let mut over_quota = false;
+    let result = result.and_then(|value| match view.quota_refusal() {
+        Some(refusal) => {
+            over_quota = true;
+            Err((RunOutcome::Error, refusal.message))
+        }
+        None => Ok(value),
+    });
+    (result, over_quota)
 }
 
 /// The outcome and readable message of a run its budget or an error
