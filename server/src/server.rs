@@ -107,19 +107,63 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
         return Err(DaemonError::AlreadyRunning(socket_path));
     }
     ensure_file_descriptors(args.max_connections);
-    if args.sync == SyncPolicy::Never {
+    warn_of_unsynced_writes(args.sync);
+    let watch = crate::watch_hub::WatchHub::start().map_err(DaemonError::Io)?;
+    let engine = open_engine(&args, &watch)?;
+    log_recovery(&engine);
+    watch.set_applied(engine.last_lsn());
+    warm_writer_vm(&engine);
+
+    let listener = bind_socket(&socket_path, args.socket_mode)?;
+    let shared = Arc::new(Shared::new(args, engine, watch));
+
+    if let Some(addr) = shared.args.metrics_listen {
+        let bound = crate::metrics_http::start(addr, Arc::clone(&shared))?;
+        info!("serving Prometheus metrics on http://{bound}/metrics");
+    }
+
+    let mut poll = Poll::new().map_err(DaemonError::Io)?;
+    let (_waker, stop_requested) = watch_listener_and_signals(&poll, &listener)?;
+
+    info!(
+        "listening on {} (data {}, sync {}, pid {})",
+        socket_path.display(),
+        shared.args.data.display(),
+        shared.args.sync,
+        std::process::id()
+    );
+    accept_until_stopped(&mut poll, &listener, &shared, &stop_requested)?;
+
+    info!("shutting down: no new connections; finishing in-flight requests");
+    drop(listener);
+    let _ = fs::remove_file(&socket_path);
+    shutdown(&shared);
+    Ok(())
+}
+
+/// Says, once at start, what a `--sync` that acknowledges writes before
+/// their fsync can lose.
+fn warn_of_unsynced_writes(sync: SyncPolicy) {
+    if sync == SyncPolicy::Never {
         warn!(
             "--sync never: writes are NEVER fsynced; a crash of the machine loses acknowledged writes. Benchmarks only."
         );
-    } else if let SyncPolicy::Interval { every, max_writes } = args.sync {
+    } else if let SyncPolicy::Interval { every, max_writes } = sync {
         warn!(
             "--sync {}: writes are acknowledged before fsync; a crash can lose up to {} ms or {max_writes} writes",
-            args.sync,
+            sync,
             every.as_millis()
         );
     }
-    let watch = crate::watch_hub::WatchHub::start().map_err(DaemonError::Io)?;
-    let engine = Engine::open(EngineConfig {
+}
+
+/// Opens (recovers) the store as the flags say, its applied groups told
+/// to `watch`.
+fn open_engine(
+    args: &Args,
+    watch: &Arc<crate::watch_hub::WatchHub>,
+) -> Result<Engine, DaemonError> {
+    Ok(Engine::open(EngineConfig {
         data_dir: args.data.clone(),
         storage: Arc::new(RealDisk),
         group_commit: GroupCommitConfig {
@@ -129,7 +173,7 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
             max_namespaces_per_owner: args.max_namespaces_per_uid as usize,
             unlimited_owners: vec![0, crate::access::daemon_uid()],
             answer_hooks: Some(crate::write_reply::ANSWER_HOOKS),
-            commit_listener: Some(Arc::clone(&watch) as Arc<dyn cube_store::CommitListener>),
+            commit_listener: Some(Arc::clone(watch) as Arc<dyn cube_store::CommitListener>),
             ..GroupCommitConfig::default()
         },
         recovery: RecoveryOptions {
@@ -141,40 +185,46 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
             ..CheckpointConfig::default()
         },
         key_file: args.key_file.clone(),
-    })?;
-    log_recovery(&engine);
-    watch.set_applied(engine.last_lsn());
-    // The writer's Lua VM, made now rather than inside the first `run`
-    // (half a millisecond of that run's latency, and of every write
-    // queued behind it).
+    })?)
+}
+
+/// Makes the writer's Lua VM now rather than inside the first `run` (half
+/// a millisecond of that run's latency, and of every write queued behind
+/// it).
+fn warm_writer_vm(engine: &Engine) {
     if let Some(session) = engine.session()
         && let Ok((Err(why), _)) = session.transact(|_| crate::programs::warm_writer_vm())
     {
         warn!("{why}; cell programs will fail until it can start");
     }
+}
 
-    let listener = bind_socket(&socket_path, args.socket_mode)?;
-    let programs = crate::programs::ProgramService::new(&args);
-    let args_memory = args.max_client_memory;
-    let shared = Arc::new(Shared {
-        programs,
-        watch,
-        engine,
-        args,
-        stats: CommandStats::default(),
-        shutting_down: AtomicBool::new(false),
-        client_memory: ClientMemory::new(args_memory),
-        per_uid: Mutex::new(HashMap::new()),
-        active: AtomicUsize::new(0),
-        started: Instant::now(),
-    });
-
-    if let Some(addr) = shared.args.metrics_listen {
-        let bound = crate::metrics_http::start(addr, Arc::clone(&shared))?;
-        info!("serving Prometheus metrics on http://{bound}/metrics");
+impl Shared {
+    fn new(args: Args, engine: Engine, watch: Arc<crate::watch_hub::WatchHub>) -> Shared {
+        let programs = crate::programs::ProgramService::new(&args);
+        let args_memory = args.max_client_memory;
+        Shared {
+            programs,
+            watch,
+            engine,
+            args,
+            stats: CommandStats::default(),
+            shutting_down: AtomicBool::new(false),
+            client_memory: ClientMemory::new(args_memory),
+            per_uid: Mutex::new(HashMap::new()),
+            active: AtomicUsize::new(0),
+            started: Instant::now(),
+        }
     }
+}
 
-    let mut poll = Poll::new().map_err(DaemonError::Io)?;
+/// Registers the listener with `poll`, and the stop signals: the flag
+/// they set, and the waker (kept for as long as the poll) that wakes the
+/// poll when they do.
+fn watch_listener_and_signals(
+    poll: &Poll,
+    listener: &UnixListener,
+) -> Result<(Arc<Waker>, Arc<AtomicBool>), DaemonError> {
     let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(DaemonError::Io)?);
     poll.registry()
         .register(
@@ -186,14 +236,17 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
     let stop_requested = Arc::new(AtomicBool::new(false));
     crate::signals::watch(Arc::clone(&stop_requested), Arc::clone(&waker))
         .map_err(DaemonError::Io)?;
+    Ok((waker, stop_requested))
+}
 
-    info!(
-        "listening on {} (data {}, sync {}, pid {})",
-        socket_path.display(),
-        shared.args.data.display(),
-        shared.args.sync,
-        std::process::id()
-    );
+/// The reactor's loop: accepts every client that connects until a stop is
+/// asked for.
+fn accept_until_stopped(
+    poll: &mut Poll,
+    listener: &UnixListener,
+    shared: &Arc<Shared>,
+    stop_requested: &AtomicBool,
+) -> Result<(), DaemonError> {
     let next_id = AtomicU64::new(1);
     let mut events = Events::with_capacity(64);
     // Set when accepting failed (out of file descriptors, say) with clients
@@ -210,15 +263,10 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
         }
         let listener_ready = events.iter().any(|event| event.token() == LISTENER);
         if listener_ready || retry_accept {
-            retry_accept = accept_all(&listener, &shared, &next_id, &stop_requested, retry_accept)
+            retry_accept = accept_all(listener, shared, &next_id, stop_requested, retry_accept)
                 == Backlog::RetryLater;
         }
     }
-
-    info!("shutting down: no new connections; finishing in-flight requests");
-    drop(listener);
-    let _ = fs::remove_file(&socket_path);
-    shutdown(&shared);
     Ok(())
 }
 
@@ -386,78 +434,83 @@ fn accept_all(
                 return Backlog::RetryLater;
             }
         };
-        let active = shared.active.load(Ordering::SeqCst);
-        if active >= shared.args.max_connections {
-            refuse(
-                &stream,
-                ErrorCode::TooManyConnections,
-                &format!(
-                    "too many connections ({active} of --max-connections {}); retry later or raise the cap",
-                    shared.args.max_connections
-                ),
-            );
-            shared
-                .stats
-                .connections_refused
-                .fetch_add(1, Ordering::Relaxed);
-            continue;
-        }
-        let peer = match crate::access::Peer::of(&stream) {
-            Ok(peer) => peer,
-            Err(e) => {
-                warn!("refused a connection whose peer credentials cannot be read: {e}");
-                continue;
-            }
-        };
-        if !peer.allowed_by(&shared.args) {
-            warn!(
-                "refused a connection from uid {} gid {}: not in --allow-uid / --allow-gid",
-                peer.uid, peer.gid
-            );
-            refuse(
-                &stream,
-                ErrorCode::PermissionDenied,
-                &format!(
-                    "uid {} (gid {}) may not use this daemon; its operator can add --allow-uid {}",
-                    peer.uid, peer.gid, peer.uid
-                ),
-            );
-            shared
-                .stats
-                .connections_refused
-                .fetch_add(1, Ordering::Relaxed);
-            continue;
-        }
-        let Some(uid_slot) = UidSlot::take(shared, &peer) else {
-            let most = shared.args.max_connections_per_uid;
-            warn!(
-                "refused a connection from uid {}: it holds {most} connections, its --max-connections-per-uid",
-                peer.uid
-            );
-            refuse(
-                &stream,
-                ErrorCode::TooManyConnections,
-                &format!(
-                    "uid {} already holds {most} connections, the most one uid may \
-                     (--max-connections-per-uid {most}); close one and retry",
-                    peer.uid
-                ),
-            );
-            shared
-                .stats
-                .connections_refused
-                .fetch_add(1, Ordering::Relaxed);
+        let Some((peer, uid_slot)) = admit(shared, &stream) else {
             continue;
         };
         let id = next_id.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = spawn_connection(id, stream, shared, peer, uid_slot) {
             warn!("could not start a connection thread: {e}");
-            shared
-                .stats
-                .connections_refused
-                .fetch_add(1, Ordering::Relaxed);
+            count_refused(shared);
         }
     }
+}
+
+/// Checks a new client against `--max-connections`, the access lists and
+/// `--max-connections-per-uid`: its peer and its uid's slot, or `None`
+/// when it was refused (told why, and counted, when it can be).
+fn admit(shared: &Arc<Shared>, stream: &UnixStream) -> Option<(crate::access::Peer, UidSlot)> {
+    let active = shared.active.load(Ordering::SeqCst);
+    if active >= shared.args.max_connections {
+        refuse(
+            stream,
+            ErrorCode::TooManyConnections,
+            &format!(
+                "too many connections ({active} of --max-connections {}); retry later or raise the cap",
+                shared.args.max_connections
+            ),
+        );
+        count_refused(shared);
+        return None;
+    }
+    let peer = match crate::access::Peer::of(stream) {
+        Ok(peer) => peer,
+        Err(e) => {
+            warn!("refused a connection whose peer credentials cannot be read: {e}");
+            return None;
+        }
+    };
+    if !peer.allowed_by(&shared.args) {
+        warn!(
+            "refused a connection from uid {} gid {}: not in --allow-uid / --allow-gid",
+            peer.uid, peer.gid
+        );
+        refuse(
+            stream,
+            ErrorCode::PermissionDenied,
+            &format!(
+                "uid {} (gid {}) may not use this daemon; its operator can add --allow-uid {}",
+                peer.uid, peer.gid, peer.uid
+            ),
+        );
+        count_refused(shared);
+        return None;
+    }
+    let Some(uid_slot) = UidSlot::take(shared, &peer) else {
+        let most = shared.args.max_connections_per_uid;
+        warn!(
+            "refused a connection from uid {}: it holds {most} connections, its --max-connections-per-uid",
+            peer.uid
+        );
+        refuse(
+            stream,
+            ErrorCode::TooManyConnections,
+            &format!(
+                "uid {} already holds {most} connections, the most one uid may \
+                 (--max-connections-per-uid {most}); close one and retry",
+                peer.uid
+            ),
+        );
+        count_refused(shared);
+        return None;
+    };
+    Some((peer, uid_slot))
+}
+
+fn count_refused(shared: &Shared) {
+    shared
+        .stats
+        .connections_refused
+        .fetch_add(1, Ordering::Relaxed);
 }
 
 fn spawn_connection(
