@@ -391,23 +391,12 @@ impl RunningTarget {
                     .to_owned(),
             ));
         }
-        let connector = cube::CubeConnector::new(socket.to_owned(), namespace);
-        if spec.namespace.is_some() {
-            connector.ensure_namespace(spec.encrypted)?;
-        }
-        let detail = format!(
-            "running cubed at {} ({}){}",
-            socket.display(),
-            connector.describe()?,
-            namespace_note(spec)
-        );
-        Ok(RunningTarget {
-            kind: spec.kind,
-            detail,
-            connector: Arc::new(connector),
-            fresh: false,
-            backing: Backing::RunningCube(socket.to_owned()),
-        })
+        RunningTarget::cube(
+            spec,
+            cube::CubeConnector::new(socket.to_owned(), namespace),
+            format!("running cubed at {}", socket.display()),
+            Backing::RunningCube(socket.to_owned()),
+        )
     }
 
     /// A throwaway cubed on a fresh data dir, with `--daemon-arg`'s flags.
@@ -418,16 +407,31 @@ impl RunningTarget {
         let args: Vec<&str> = spec.daemon_args.iter().map(String::as_str).collect();
         let daemon = LocalDaemon::start_fresh(&args)?;
         let connector = cube::CubeConnector::new(daemon.socket().to_owned(), namespace);
-        if spec.namespace.is_some() {
-            connector.ensure_namespace(spec.encrypted)?;
-        }
-        let detail = format!(
-            "throwaway cubed in {} ({}){}",
+        let place = format!(
+            "throwaway cubed in {}",
             daemon
                 .data_dir()
                 .parent()
                 .unwrap_or(daemon.data_dir())
-                .display(),
+                .display()
+        );
+        RunningTarget::cube(spec, connector, place, Backing::ThrowawayCube(daemon))
+    }
+
+    /// A cube target on `connector`, `place` in its detail: the run's
+    /// namespace made first when it names one. Only a throwaway cubed
+    /// starts fresh.
+    fn cube(
+        spec: &TargetSpec,
+        connector: cube::CubeConnector,
+        place: String,
+        backing: Backing,
+    ) -> Result<RunningTarget, StressError> {
+        if spec.namespace.is_some() {
+            connector.ensure_namespace(spec.encrypted)?;
+        }
+        let detail = format!(
+            "{place} ({}){}",
             connector.describe()?,
             namespace_note(spec)
         );
@@ -435,8 +439,8 @@ impl RunningTarget {
             kind: spec.kind,
             detail,
             connector: Arc::new(connector),
-            fresh: true,
-            backing: Backing::ThrowawayCube(daemon),
+            fresh: matches!(backing, Backing::ThrowawayCube(_)),
+            backing,
         })
     }
 
