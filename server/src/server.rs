@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use cube_protocol::{ErrorCode, Response, ServerError, StatsEntry, StatsValue};
 use cube_store::{
     CheckpointConfig, Engine, EngineConfig, GroupCommitConfig, RealDisk, RecoveryOptions,
-    StoreError, SyncPolicy,
+    StoreError, StoreStatsSnapshot, SyncPolicy,
 };
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
@@ -700,17 +700,20 @@ fn shutdown(shared: &Arc<Shared>) {
 
 impl Shared {
     pub(crate) fn stats_entries(&self) -> Vec<StatsEntry> {
-        let text = |name: &str, value: String| StatsEntry {
-            name: name.to_string(),
-            value: StatsValue::Text(value),
-        };
-        let float = |name: &str, value: f64| StatsEntry {
-            name: name.to_string(),
-            value: StatsValue::Float(value),
-        };
         let s = self.engine.stats();
-        let r = self.engine.recovery_report();
-        let mut entries = vec![
+        let mut entries = self.daemon_entries();
+        entries.extend(self.stats.entries());
+        entries.extend(wal_entries(&s));
+        entries.extend(checkpoint_entries(&s));
+        entries.extend(self.recovery_entries());
+        entries.extend(self.programs.stats_entries(self.engine.memstore()));
+        entries
+    }
+
+    /// The daemon's own figures: version, uptime, connections, clients'
+    /// memory, the store's size.
+    fn daemon_entries(&self) -> Vec<StatsEntry> {
+        vec![
             text("server.version", env!("CARGO_PKG_VERSION").to_string()),
             count("server.uptime_s", self.started.elapsed().as_secs()),
             text("server.sync", self.args.sync.to_string()),
@@ -739,46 +742,13 @@ impl Shared {
             count("clients.memory_cuts", self.client_memory.cuts()),
             count("store.cells", self.engine.memstore().cell_count()),
             count("store.edges", self.engine.memstore().edge_count()),
-        ];
-        entries.extend(self.stats.entries());
-        entries.extend([
-            count("wal.records", s.wal_records),
-            count("wal.bytes", s.wal_bytes),
-            count("wal.fsyncs", s.wal_fsyncs),
-            count("wal.groups", s.wal_groups),
-            float("wal.group_records_mean", s.group_records_mean),
-            count("wal.group_records_max", s.group_records_max),
-            float("wal.fsync_us_mean", s.fsync_us_mean),
-            count("wal.fsync_us_max", s.fsync_us_max),
-            count("wal.segments_created", s.segments_created),
-            count("wal.last_lsn", s.last_lsn),
-            count("wal.write_errors", s.write_errors),
-            text(
-                "writer.failure",
-                s.writer_failure.unwrap_or_else(|| "none".into()),
-            ),
-            count("wal.disk_bytes", s.wal_disk_bytes),
-            count("wal.group_records_p50", s.group_records_p50),
-            count("wal.group_records_p99", s.group_records_p99),
-            count("wal.fsync_us_p50", s.fsync_us_p50),
-            count("wal.fsync_us_p99", s.fsync_us_p99),
-            count("checkpoint.count", s.checkpoints),
-            count("checkpoint.compactions", s.compactions),
-            count("checkpoint.failures", s.checkpoint_failures),
-            count("checkpoint.lsn", s.checkpoint_lsn),
-            count("checkpoint.last_us", s.last_checkpoint_us),
-            count("checkpoint.last_bytes", s.last_checkpoint_bytes),
-            count("checkpoint.last_compaction_us", s.last_compaction_us),
-            count("checkpoint.last_compaction_bytes", s.last_compaction_bytes),
-            count("checkpoint.base_bytes", s.base_bytes),
-            count("checkpoint.delta_bytes", s.delta_bytes),
-            count("checkpoint.delta_files", s.delta_files),
-            text(
-                "checkpoint.last_failure",
-                s.last_checkpoint_failure
-                    .clone()
-                    .unwrap_or_else(|| "none".into()),
-            ),
+        ]
+    }
+
+    /// What recovery replayed at start.
+    fn recovery_entries(&self) -> Vec<StatsEntry> {
+        let r = self.engine.recovery_report();
+        vec![
             count(
                 "recovery.checkpoint_entries",
                 self.engine.checkpoint_load().entries,
@@ -793,9 +763,70 @@ impl Shared {
                 "recovery.torn_bytes_truncated",
                 r.torn_tail.as_ref().map_or(0, |t| t.bytes_truncated),
             ),
-        ]);
-        entries.extend(self.programs.stats_entries(self.engine.memstore()));
-        entries
+        ]
+    }
+}
+
+/// The log's figures.
+fn wal_entries(s: &StoreStatsSnapshot) -> Vec<StatsEntry> {
+    vec![
+        count("wal.records", s.wal_records),
+        count("wal.bytes", s.wal_bytes),
+        count("wal.fsyncs", s.wal_fsyncs),
+        count("wal.groups", s.wal_groups),
+        float("wal.group_records_mean", s.group_records_mean),
+        count("wal.group_records_max", s.group_records_max),
+        float("wal.fsync_us_mean", s.fsync_us_mean),
+        count("wal.fsync_us_max", s.fsync_us_max),
+        count("wal.segments_created", s.segments_created),
+        count("wal.last_lsn", s.last_lsn),
+        count("wal.write_errors", s.write_errors),
+        text(
+            "writer.failure",
+            s.writer_failure.clone().unwrap_or_else(|| "none".into()),
+        ),
+        count("wal.disk_bytes", s.wal_disk_bytes),
+        count("wal.group_records_p50", s.group_records_p50),
+        count("wal.group_records_p99", s.group_records_p99),
+        count("wal.fsync_us_p50", s.fsync_us_p50),
+        count("wal.fsync_us_p99", s.fsync_us_p99),
+    ]
+}
+
+/// The checkpointer's figures.
+fn checkpoint_entries(s: &StoreStatsSnapshot) -> Vec<StatsEntry> {
+    vec![
+        count("checkpoint.count", s.checkpoints),
+        count("checkpoint.compactions", s.compactions),
+        count("checkpoint.failures", s.checkpoint_failures),
+        count("checkpoint.lsn", s.checkpoint_lsn),
+        count("checkpoint.last_us", s.last_checkpoint_us),
+        count("checkpoint.last_bytes", s.last_checkpoint_bytes),
+        count("checkpoint.last_compaction_us", s.last_compaction_us),
+        count("checkpoint.last_compaction_bytes", s.last_compaction_bytes),
+        count("checkpoint.base_bytes", s.base_bytes),
+        count("checkpoint.delta_bytes", s.delta_bytes),
+        count("checkpoint.delta_files", s.delta_files),
+        text(
+            "checkpoint.last_failure",
+            s.last_checkpoint_failure
+                .clone()
+                .unwrap_or_else(|| "none".into()),
+        ),
+    ]
+}
+
+fn text(name: &str, value: String) -> StatsEntry {
+    StatsEntry {
+        name: name.to_string(),
+        value: StatsValue::Text(value),
+    }
+}
+
+fn float(name: &str, value: f64) -> StatsEntry {
+    StatsEntry {
+        name: name.to_string(),
+        value: StatsValue::Float(value),
     }
 }
 
