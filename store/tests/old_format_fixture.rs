@@ -83,6 +83,9 @@ fn the_v1_fixture_opens_with_every_cell() {
         assert_eq!(usage.cells, cells, "{name}: no cell beyond those written");
     }
     let vault = NamespaceName::new("vault").unwrap();
-    assert!(engine.memstore().sealed_id(&vault).is_some(), "vault is encrypted");
+    assert!(
+        engine.memstore().sealed_id(&vault).is_some(),
+        "vault is encrypted"
+    );
     engine.close_without_checkpoint();
 }
