@@ -73,7 +73,8 @@ fn point_reads(c: &mut Criterion) {
     for (name, block_bytes, protection) in cases {
         let path = tmp.path().join(name.replace(' ', "-"));
         write(&path, block_bytes, &protection);
-        let hot = RunReader::open(&path, &protection, Arc::new(BlockCache::new(256 << 20))).unwrap();
+        let hot =
+            RunReader::open(&path, &protection, Arc::new(BlockCache::new(256 << 20))).unwrap();
         // A budget of 0 keeps nothing: every read goes to the file.
         let cold = RunReader::open(&path, &protection, Arc::new(BlockCache::new(0))).unwrap();
         let mut rng = Rng(0x9e37_79b9);
@@ -90,7 +91,8 @@ fn point_reads(c: &mut Criterion) {
             b.iter(|| {
                 let i = rng.below(index.len() as u64) as usize;
                 let len = index.lens[i] as usize;
-                file.read_exact_at(&mut buf[..len], index.offsets[i]).unwrap();
+                file.read_exact_at(&mut buf[..len], index.offsets[i])
+                    .unwrap();
                 black_box(&buf);
             })
         });

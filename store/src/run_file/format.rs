@@ -246,6 +246,15 @@ impl Footer {
                 self.entry_count, self.tombstone_count, self.block_count
             ));
         }
+        // Every block takes at least its smallest size: this bounds the
+        // index a reader allocates by the file's own size.
+        let min_block = (self.mode.overhead_bytes() + MIN_PAYLOAD_BYTES) as u64;
+        if self.block_count > self.index_offset / min_block {
+            return Err(format!(
+                "{} blocks cannot fit in {} bytes",
+                self.block_count, self.index_offset
+            ));
+        }
         if self.block_count == 0 && (self.entry_count != 0 || self.index_offset != 0) {
             return Err("an empty run file with entries or blocks".into());
         }
