@@ -56,7 +56,7 @@ fn run_file_seeds(dir: &Path) -> Result<()> {
     ));
     let dir_id = cube_fuzz::RUN_FILE_DIR_ID;
     let kinds = [
-        ("plain", Protection::Plain, 24),
+        ("plain", Protection::Plain, 24u32),
         ("empty", Protection::Plain, 0),
         (
             "authenticated",
