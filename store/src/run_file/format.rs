@@ -561,89 +561,92 @@ impl DecodedBlock {
     }
 }
 
-/// Seals, authenticates or checksums `payload` into what is stored.
-pub fn store_piece(
-    mode: Mode,
-    keyring: Option<&Keyring>,
-    id: &Identity,
-    piece: Piece,
-    offset: u64,
-    mut payload: Vec<u8>,
-) -> Result<Vec<u8>, String> {
-    let pos = position(id, piece, offset);
-    let mut stored = match (mode, keyring) {
-        (Mode::Plain, _) => payload,
-        (Mode::Authenticated, Some(k)) => {
-            let mac = k
-                .mac(BLOCK_MAC_LABEL, &[&pos, &payload])
-                .map_err(|e| e.to_string())?;
-            payload.extend_from_slice(&mac);
-            payload
-        }
-        (Mode::Sealed, Some(k)) => {
-            let (start, counter) = k
-                .seal_block(id.ns_id, &pos, &mut payload)
-                .map_err(|e| e.to_string())?;
-            let mut out = Vec::with_capacity(SEAL_PREFIX_BYTES + payload.len() + CRC_BYTES);
-            out.extend_from_slice(&start.to_le_bytes());
-            out.extend_from_slice(&counter.to_le_bytes());
-            out.extend_from_slice(&payload);
-            // The plaintext is gone from the caller's buffer: sealed in place.
-            out
-        }
-        (_, None) => return Err("a protected run file needs a keyring".into()),
-    };
-    let crc = crc32c::crc32c(&stored);
-    stored.extend_from_slice(&crc.to_le_bytes());
-    Ok(stored)
+/// How one file's pieces (blocks and index) are stored: its mode, the
+/// keyring its MACs and seals use, and its identity.
+#[derive(Clone, Copy)]
+pub struct Pieces<'a> {
+    pub mode: Mode,
+    pub keyring: Option<&'a Keyring>,
+    pub id: &'a Identity,
 }
 
-/// Checks what was stored at `offset` and returns its payload: the CRC
-/// first (damage), then the MAC or AES-GCM tag (tampering, wrong key).
-pub fn open_piece(
-    mode: Mode,
-    keyring: Option<&Keyring>,
-    id: &Identity,
-    piece: Piece,
-    offset: u64,
-    mut stored: Vec<u8>,
-) -> Result<Vec<u8>, String> {
-    if stored.len() < mode.overhead_bytes() {
-        return Err(format!("{} bytes cannot be a stored piece", stored.len()));
-    }
-    let body_len = stored.len() - CRC_BYTES;
-    let crc = LittleEndian::read_u32(&stored[body_len..]);
-    if crc != crc32c::crc32c(&stored[..body_len]) {
-        return Err("checksum mismatch".into());
-    }
-    stored.truncate(body_len);
-    let pos = position(id, piece, offset);
-    match (mode, keyring) {
-        (Mode::Plain, _) => Ok(stored),
-        (Mode::Authenticated, Some(k)) => {
-            let payload_len = body_len - MAC_BYTES;
-            let mut tag = [0u8; MAC_BYTES];
-            tag.copy_from_slice(&stored[payload_len..]);
-            let mac = k
-                .mac(BLOCK_MAC_LABEL, &[&pos, &stored[..payload_len]])
-                .map_err(|e| e.to_string())?;
-            if !tags_equal(&mac, &tag) {
-                return Err("MAC mismatch: the block was changed or moved".into());
+impl Pieces<'_> {
+    /// Seals, authenticates or checksums `payload` into what is stored.
+    pub fn store(
+        &self,
+        piece: Piece,
+        offset: u64,
+        mut payload: Vec<u8>,
+    ) -> Result<Vec<u8>, String> {
+        let (id, pos) = (self.id, position(self.id, piece, offset));
+        let mut stored = match (self.mode, self.keyring) {
+            (Mode::Plain, _) => payload,
+            (Mode::Authenticated, Some(k)) => {
+                let mac = k
+                    .mac(BLOCK_MAC_LABEL, &[&pos, &payload])
+                    .map_err(|e| e.to_string())?;
+                payload.extend_from_slice(&mac);
+                payload
             }
-            stored.truncate(payload_len);
-            Ok(stored)
+            (Mode::Sealed, Some(k)) => {
+                let (start, counter) = k
+                    .seal_block(id.ns_id, &pos, &mut payload)
+                    .map_err(|e| e.to_string())?;
+                let mut out = Vec::with_capacity(SEAL_PREFIX_BYTES + payload.len() + CRC_BYTES);
+                out.extend_from_slice(&start.to_le_bytes());
+                out.extend_from_slice(&counter.to_le_bytes());
+                out.extend_from_slice(&payload);
+                // The plaintext is gone from the caller's buffer: sealed in place.
+                out
+            }
+            (_, None) => return Err("a protected run file needs a keyring".into()),
+        };
+        let crc = crc32c::crc32c(&stored);
+        stored.extend_from_slice(&crc.to_le_bytes());
+        Ok(stored)
+    }
+
+    /// Checks what was stored at `offset` and returns its payload: the CRC
+    /// first (damage), then the MAC or AES-GCM tag (tampering, wrong key).
+    pub fn open(&self, piece: Piece, offset: u64, mut stored: Vec<u8>) -> Result<Vec<u8>, String> {
+        let (mode, id) = (self.mode, self.id);
+        if stored.len() < mode.overhead_bytes() {
+            return Err(format!("{} bytes cannot be a stored piece", stored.len()));
         }
-        (Mode::Sealed, Some(k)) => {
-            let start = LittleEndian::read_u64(&stored[0..8]);
-            let counter = LittleEndian::read_u64(&stored[8..16]);
-            let mut sealed = stored.split_off(SEAL_PREFIX_BYTES);
-            let plain = k
-                .open_block(id.ns_id, start, counter, &pos, &mut sealed)
-                .map_err(|e| format!("cannot decrypt: {e}"))?;
-            sealed.truncate(plain);
-            Ok(sealed)
+        let body_len = stored.len() - CRC_BYTES;
+        let crc = LittleEndian::read_u32(&stored[body_len..]);
+        if crc != crc32c::crc32c(&stored[..body_len]) {
+            return Err("checksum mismatch".into());
         }
-        (_, None) => Err("a protected run file needs a keyring".into()),
+        stored.truncate(body_len);
+        let pos = position(id, piece, offset);
+        match (mode, self.keyring) {
+            (Mode::Plain, _) => Ok(stored),
+            (Mode::Authenticated, Some(k)) => {
+                let payload_len = body_len - MAC_BYTES;
+                let mut tag = [0u8; MAC_BYTES];
+                tag.copy_from_slice(&stored[payload_len..]);
+                let mac = k
+                    .mac(BLOCK_MAC_LABEL, &[&pos, &stored[..payload_len]])
+                    .map_err(|e| e.to_string())?;
+                if !tags_equal(&mac, &tag) {
+                    return Err("MAC mismatch: the block was changed or moved".into());
+                }
+                stored.truncate(payload_len);
+                Ok(stored)
+            }
+            (Mode::Sealed, Some(k)) => {
+                let start = LittleEndian::read_u64(&stored[0..8]);
+                let counter = LittleEndian::read_u64(&stored[8..16]);
+                let mut sealed = stored.split_off(SEAL_PREFIX_BYTES);
+                let plain = k
+                    .open_block(id.ns_id, start, counter, &pos, &mut sealed)
+                    .map_err(|e| format!("cannot decrypt: {e}"))?;
+                sealed.truncate(plain);
+                Ok(sealed)
+            }
+            (_, None) => Err("a protected run file needs a keyring".into()),
+        }
     }
 }
 

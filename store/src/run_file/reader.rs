@@ -22,7 +22,7 @@ use crate::storage::{OpenMode, Storage, StorageFile};
 
 use super::block_cache::{BlockCache, next_cache_id};
 use super::format::{
-    BlockIndex, DecodedBlock, FOOTER_BYTES, Footer, Identity, Mode, Piece, file_mac, open_piece,
+    BlockIndex, DecodedBlock, FOOTER_BYTES, Footer, Identity, Mode, Piece, Pieces, file_mac,
 };
 use super::{Protection, RunFileError, Slot};
 
@@ -174,15 +174,14 @@ impl RunReader {
                 ));
             }
         }
-        let payload = open_piece(
+        let pieces = Pieces {
             mode,
-            keyring.map(|k| &**k),
-            &id,
-            Piece::Index,
-            footer.index_offset,
-            stored,
-        )
-        .map_err(|r| corrupt(footer.index_offset, format!("block index: {r}")))?;
+            keyring: keyring.map(|k| &**k),
+            id: &id,
+        };
+        let payload = pieces
+            .open(Piece::Index, footer.index_offset, stored)
+            .map_err(|r| corrupt(footer.index_offset, format!("block index: {r}")))?;
         let index = BlockIndex::decode(&payload, &footer)
             .map_err(|r| corrupt(footer.index_offset, format!("block index: {r}")))?;
         Ok(RunReader {
@@ -354,16 +353,12 @@ impl RunReader {
             offset,
             reason: format!("block {i}: {reason}"),
         };
-        let keyring = self.keyring.as_deref();
-        let payload = open_piece(
-            self.footer.mode,
-            keyring,
-            &self.id,
-            Piece::Block,
-            offset,
-            stored,
-        )
-        .map_err(corrupt)?;
+        let pieces = Pieces {
+            mode: self.footer.mode,
+            keyring: self.keyring.as_deref(),
+            id: &self.id,
+        };
+        let payload = pieces.open(Piece::Block, offset, stored).map_err(corrupt)?;
         let (first, upper) = self.index.bounds(i);
         DecodedBlock::decode(payload, first, upper, self.index.last_key).map_err(corrupt)
     }

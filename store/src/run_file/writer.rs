@@ -15,8 +15,8 @@ use crate::crypto::{Keyring, MAC_BYTES};
 use crate::storage::{OpenMode, Storage, StorageFile};
 
 use super::format::{
-    BlockIndex, Footer, Identity, IndexEntry, MAX_VALUE_BYTES, Mode, Piece, finish_payload,
-    push_entry, start_payload, store_piece,
+    BlockIndex, Footer, Identity, IndexEntry, MAX_VALUE_BYTES, Mode, Piece, Pieces, finish_payload,
+    push_entry, start_payload,
 };
 use super::{Protection, RunFileError, TARGET_BLOCK_BYTES};
 
@@ -167,18 +167,17 @@ impl<'a> RunWriter<'a> {
     }
 
     fn store(&self, piece: Piece, offset: u64, payload: Vec<u8>) -> Result<Vec<u8>, RunFileError> {
-        store_piece(
-            self.mode,
-            self.keyring.as_deref(),
-            &self.id,
-            piece,
-            offset,
-            payload,
-        )
-        .map_err(|reason| RunFileError::Key {
-            path: self.final_path.clone(),
-            reason,
-        })
+        let pieces = Pieces {
+            mode: self.mode,
+            keyring: self.keyring.as_deref(),
+            id: &self.id,
+        };
+        pieces
+            .store(piece, offset, payload)
+            .map_err(|reason| RunFileError::Key {
+                path: self.final_path.clone(),
+                reason,
+            })
     }
 
     fn write_pending(&mut self) -> Result<(), RunFileError> {
