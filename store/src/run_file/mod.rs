@@ -13,6 +13,8 @@
 //! - [`RunReader`] opens a file by reading only its footer and index; a
 //!   point read is one index probe and at most one block read (`pread`);
 //!   a range streams blocks in key order with a bounded read-ahead.
+//! - [`Merge`] merges sorted sources (a memtable, run files), the newest
+//!   winning each key, for a fold or a merge to write with [`write_all`].
 //! - [`BlockCache`] holds decoded blocks, shared by every reader, within a
 //!   byte budget. A block of an encrypted namespace is plaintext only
 //!   there: on disk it is AES-256-GCM sealed.
@@ -24,6 +26,7 @@
 
 mod block_cache;
 pub mod format;
+mod merge;
 mod reader;
 mod writer;
 
@@ -37,6 +40,7 @@ pub use format::{
     DecodedBlock, FOOTER_BYTES, FORMAT_VERSION, MAX_BLOCK_BYTES, MAX_VALUE_BYTES,
     TARGET_BLOCK_BYTES,
 };
+pub use merge::{Entry, Merge, Source, write_all};
 pub use reader::{BlockSource, RunRange, RunReader};
 pub use writer::{RunSummary, RunWriter};
 

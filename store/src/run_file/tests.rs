@@ -636,3 +636,106 @@ fn simulated_read_faults_never_yield_wrong_data() {
         "errors {errors}, answers {answers}"
     );
 }
+
+/// Layers: what a key holds is its newest layer's entry.
+fn layered(layers: &[Model], drop_tombstones: bool) -> Model {
+    let mut out = Model::new();
+    for layer in layers.iter().rev() {
+        for (k, v) in layer {
+            out.insert(*k, v.clone());
+        }
+    }
+    if drop_tombstones {
+        out.retain(|_, v| v.is_some());
+    }
+    out
+}
+
+fn model_source(model: &Model) -> merge::Source<'_> {
+    Box::new(model.iter().map(|(k, v)| Ok((*k, slot(v)))))
+}
+
+/// A memtable over two run files, merged newest first into a new run
+/// file: it reads back as the layers say, with and without tombstones.
+#[test]
+fn merging_a_memtable_and_runs_matches_the_layers() {
+    let tmp = tempfile::tempdir().unwrap();
+    for seed in 1..=6u64 {
+        let mut rng = Rng(seed * 7919);
+        // Overlapping layers: draw from one pool of keys.
+        let pool = random_model(&mut rng, 1500);
+        let keys: Vec<u128> = pool.keys().copied().collect();
+        let mut layer = |n: usize, rng: &mut Rng| -> Model {
+            (0..n)
+                .map(|_| {
+                    let k = keys[rng.below(keys.len() as u64) as usize];
+                    let v = (rng.below(4) != 0)
+                        .then(|| format!("v{seed}-{}", rng.below(1000)).into_bytes());
+                    (k, v)
+                })
+                .collect()
+        };
+        let (memtable, newer, older) = (
+            layer(200, &mut rng),
+            layer(600, &mut rng),
+            layer(900, &mut rng),
+        );
+        let cache = Arc::new(BlockCache::new(3 * 700));
+        let mode = [Mode::Plain, Mode::Sealed][seed as usize % 2];
+        let mut readers = Vec::new();
+        for (i, m) in [&newer, &older].into_iter().enumerate() {
+            let path = tmp.path().join(format!("in-{seed}-{i}"));
+            write(&RealDisk, &path, m, mode, 256);
+            readers
+                .push(RunReader::open(&path, &read_protection(mode), Arc::clone(&cache)).unwrap());
+        }
+        for drop_tombstones in [false, true] {
+            let sources: Vec<merge::Source<'_>> = vec![
+                model_source(&memtable),
+                Box::new(readers[0].range(0, u128::MAX)),
+                Box::new(readers[1].range(0, u128::MAX)),
+            ];
+            let merged = Merge::new(sources, drop_tombstones).unwrap();
+            let out = tmp.path().join(format!("out-{seed}-{drop_tombstones}"));
+            let writer = RunWriter::create(&RealDisk, &out, 100 + seed, 5, &protection(mode))
+                .unwrap()
+                .with_target_block_bytes(256);
+            let summary = write_all(writer, merged).unwrap();
+            let want = layered(
+                &[memtable.clone(), newer.clone(), older.clone()],
+                drop_tombstones,
+            );
+            assert_eq!(summary.entries, want.len() as u64, "seed {seed}");
+            let reader = RunReader::open(&out, &read_protection(mode), Arc::clone(&cache)).unwrap();
+            check_against_model(
+                &reader,
+                &want,
+                &mut rng,
+                &format!("merge seed {seed} {drop_tombstones}"),
+            );
+        }
+    }
+}
+
+/// A source that fails ends the merge with its error, and the writer's
+/// file is never put in place.
+#[test]
+fn a_failing_source_ends_the_merge_and_writes_no_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let failing: merge::Source<'_> = Box::new(
+        [(1u128, Some(crate::CellValue::new(b"a")))]
+            .into_iter()
+            .map(Ok)
+            .chain(std::iter::once(Err(RunFileError::Io {
+                path: PathBuf::from("bad.run"),
+                offset: 4096,
+                source: io::Error::from_raw_os_error(libc::EIO),
+            }))),
+    );
+    let merged = Merge::new(vec![failing], false).unwrap();
+    let out = tmp.path().join("out");
+    let writer = RunWriter::create(&RealDisk, &out, 1, 1, &Protection::Plain).unwrap();
+    let e = write_all(writer, merged).unwrap_err();
+    assert!(matches!(e, RunFileError::Io { offset: 4096, .. }), "{e}");
+    assert!(!out.exists());
+}
