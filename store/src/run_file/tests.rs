@@ -665,7 +665,7 @@ fn merging_a_memtable_and_runs_matches_the_layers() {
         // Overlapping layers: draw from one pool of keys.
         let pool = random_model(&mut rng, 1500);
         let keys: Vec<u128> = pool.keys().copied().collect();
-        let mut layer = |n: usize, rng: &mut Rng| -> Model {
+        let layer = |n: usize, rng: &mut Rng| -> Model {
             (0..n)
                 .map(|_| {
                     let k = keys[rng.below(keys.len() as u64) as usize];
