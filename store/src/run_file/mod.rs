@@ -152,6 +152,45 @@ impl fmt::Display for RunFileError {
     }
 }
 
+impl RunFileError {
+    /// The same error again, for a second request that met it (an
+    /// `io::Error` cannot be cloned: its OS error code or its kind and
+    /// message are kept).
+    pub fn again(&self) -> RunFileError {
+        match self {
+            RunFileError::Corrupt {
+                path,
+                offset,
+                reason,
+            } => RunFileError::Corrupt {
+                path: path.clone(),
+                offset: *offset,
+                reason: reason.clone(),
+            },
+            RunFileError::Io {
+                path,
+                offset,
+                source,
+            } => RunFileError::Io {
+                path: path.clone(),
+                offset: *offset,
+                source: match source.raw_os_error() {
+                    Some(code) => io::Error::from_raw_os_error(code),
+                    None => io::Error::new(source.kind(), source.to_string()),
+                },
+            },
+            RunFileError::Key { path, reason } => RunFileError::Key {
+                path: path.clone(),
+                reason: reason.clone(),
+            },
+            RunFileError::Refused { path, reason } => RunFileError::Refused {
+                path: path.clone(),
+                reason: reason.clone(),
+            },
+        }
+    }
+}
+
 impl std::error::Error for RunFileError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {

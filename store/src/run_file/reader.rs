@@ -37,11 +37,28 @@ pub const READ_AHEAD_BYTES: usize = 128 * 1024;
 pub trait BlockSource: Send + Sync {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     fn len(&self) -> io::Result<u64>;
+    /// A hint that `len` bytes at `offset` will be read soon, so that the
+    /// kernel starts reading them now. Nothing by default.
+    fn will_need(&self, _offset: u64, _len: u64) {}
 }
 
 impl BlockSource for File {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         FileExt::read_exact_at(self, buf, offset)
+    }
+
+    fn will_need(&self, offset: u64, len: u64) {
+        use std::os::fd::AsRawFd;
+        let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return;
+        };
+        // Only a hint: a failure costs the overlap, not the read.
+        let _ = nix::fcntl::posix_fadvise(
+            self.as_raw_fd(),
+            offset,
+            len,
+            nix::fcntl::PosixFadviseAdvice::POSIX_FADV_WILLNEED,
+        );
     }
 
     fn len(&self) -> io::Result<u64> {
@@ -262,6 +279,56 @@ impl RunReader {
             .search(key)
             .ok()
             .map(|j| block.value(j).map(CellValue::new)))
+    }
+
+    /// What this file holds for each of `keys` (in their order), as
+    /// [`RunReader::get`] answers. The blocks the cache lacks are all asked
+    /// of the kernel first ([`BlockSource::will_need`]), then read one by
+    /// one, so that their device reads overlap instead of queueing behind
+    /// each other; each block is read once however many keys it holds. A
+    /// bad block fails the keys it holds, and only those.
+    pub fn get_many(&self, keys: &[u128]) -> Vec<Result<Option<Slot>, RunFileError>> {
+        let places: Vec<Option<usize>> = keys.iter().map(|k| self.index.block_for(*k)).collect();
+        let mut wanted: Vec<usize> = places.iter().flatten().copied().collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        let cached: Vec<Option<Arc<DecodedBlock>>> = wanted
+            .iter()
+            .map(|&i| self.cache.get(self.cache_id, self.index.offsets[i]))
+            .collect();
+        for (&i, hit) in wanted.iter().zip(&cached) {
+            if hit.is_none() {
+                self.source
+                    .will_need(self.index.offsets[i], u64::from(self.index.lens[i]));
+            }
+        }
+        let blocks: Vec<Result<Arc<DecodedBlock>, RunFileError>> = wanted
+            .iter()
+            .zip(cached)
+            .map(|(&i, hit)| match hit {
+                Some(block) => Ok(block),
+                None => {
+                    let block = Arc::new(self.read_block(i)?);
+                    self.cache
+                        .insert(self.cache_id, self.index.offsets[i], &block);
+                    Ok(block)
+                }
+            })
+            .collect();
+        keys.iter()
+            .zip(places)
+            .map(|(&key, place)| {
+                let Some(i) = place else { return Ok(None) };
+                let at = wanted.partition_point(|w| *w < i);
+                match &blocks[at] {
+                    Ok(block) => Ok(block
+                        .search(key)
+                        .ok()
+                        .map(|j| block.value(j).map(CellValue::new))),
+                    Err(e) => Err(e.again()),
+                }
+            })
+            .collect()
     }
 
     /// The entries with keys in `lo..=hi`, in key order.

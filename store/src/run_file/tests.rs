@@ -739,3 +739,61 @@ fn a_failing_source_ends_the_merge_and_writes_no_file() {
     assert!(matches!(e, RunFileError::Io { offset: 4096, .. }), "{e}");
     assert!(!out.exists());
 }
+
+/// A batched read answers each key as a point read would, through a tiny
+/// cache, with absent and repeated keys; a failing block fails only the
+/// keys it holds.
+#[test]
+fn get_many_answers_like_get() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut rng = Rng(404);
+    let model = random_model(&mut rng, 1500);
+    let keys: Vec<u128> = model.keys().copied().collect();
+    let path = tmp.path().join("r");
+    write(&RealDisk, &path, &model, Mode::Sealed, 256);
+    let reader = RunReader::open(
+        &path,
+        &read_protection(Mode::Sealed),
+        Arc::new(BlockCache::new(3 * 700)),
+    )
+    .unwrap();
+    for _ in 0..50 {
+        let batch: Vec<u128> = (0..rng.below(80))
+            .map(|_| match rng.below(3) {
+                0 => rng.key(),
+                _ => keys[rng.below(keys.len() as u64) as usize],
+            })
+            .collect();
+        let got = reader.get_many(&batch);
+        assert_eq!(got.len(), batch.len());
+        for (key, answer) in batch.iter().zip(got) {
+            assert_eq!(answer.unwrap(), model.get(key).map(slot), "key {key:#x}");
+        }
+    }
+    let (bytes, small) = small_file(Mode::Plain);
+    let clean = open_bytes(bytes.clone(), Mode::Plain).unwrap();
+    let bad_block = 2;
+    let bad_at = clean.index().offsets[bad_block];
+    let failing = RunReader::open_source(
+        Box::new(FailingAt {
+            bytes,
+            bad: bad_at..bad_at + 1,
+        }),
+        Path::new("eio.run"),
+        &Protection::Plain,
+        Arc::new(BlockCache::new(1 << 16)),
+    )
+    .unwrap();
+    let batch: Vec<u128> = small.keys().copied().collect();
+    for (key, answer) in batch.iter().zip(failing.get_many(&batch)) {
+        if clean.index().block_for(*key) == Some(bad_block) {
+            assert!(
+                matches!(answer, Err(RunFileError::Io { offset, ref source, .. })
+                if offset == bad_at && source.raw_os_error() == Some(libc::EIO)),
+                "{answer:?}"
+            );
+        } else {
+            assert_eq!(answer.unwrap(), Some(slot(&small[key])));
+        }
+    }
+}
