@@ -13,7 +13,8 @@
 //!   records.
 //! - [`checkpoint_file`]: the engine opens or refuses; it never panics.
 //! - [`run_file`]: a run file opens or is refused; every entry a range
-//!   yields, a point read of its key yields too, and keys come in order.
+//!   yields, a point read of its key yields too, keys come in order, and a
+//!   batched read (`get_many`) answers as point reads do.
 //! - [`program_source`]: compiling a cell program (Lua) answers or refuses,
 //!   never panics, within the server's source limit.
 //! - [`program_run`]: a cell program stored and run as `prog` and `run` do,
@@ -602,6 +603,17 @@ fn read_run_file(bytes: Vec<u8>, protection: &cube_store::run_file::Protection) 
     let fences = reader.index().first_keys.clone();
     for key in fences.iter().chain(&probes) {
         let _ = reader.get(*key);
+    }
+    // A batched read answers as point reads do (both through the cache,
+    // both checking every block they read).
+    for (key, batched) in probes.iter().zip(reader.get_many(&probes)) {
+        if let (Ok(batched), Ok(single)) = (batched, reader.get(*key)) {
+            assert_eq!(
+                batched.map(|v| v.map(|v| v.to_vec())),
+                single.map(|v| v.map(|v| v.to_vec())),
+                "key {key}: get_many disagrees with get"
+            );
+        }
     }
     let mut last = None;
     for entry in reader.range(0, u128::MAX) {
