@@ -797,3 +797,40 @@ fn get_many_answers_like_get() {
         }
     }
 }
+
+/// A power cut before `finish` leaves no run file under its name (at most
+/// a `.tmp`, which the next writer of that name empties); a cut right
+/// after `finish` keeps the whole file.
+#[test]
+fn a_power_cut_keeps_a_finished_file_and_never_a_partial_one() {
+    let disk = SimDisk::new(FaultPlan::default());
+    disk.create_dir_all(Path::new("/sim/runs")).unwrap();
+    let path = PathBuf::from("/sim/runs/000003.run");
+    let mut rng = Rng(8);
+    let model = random_model(&mut rng, 300);
+    let mut w = RunWriter::create(&disk, &path, 3, 5, &Protection::Plain)
+        .unwrap()
+        .with_target_block_bytes(256);
+    for (k, v) in &model {
+        w.push(*k, v.as_deref()).unwrap();
+    }
+    drop(w);
+    let cut = disk.crash();
+    let names = cut.list_dir(Path::new("/sim/runs")).unwrap();
+    assert!(!names.iter().any(|n| n == "000003.run"), "{names:?}");
+    // The next attempt writes over the stale .tmp and finishes.
+    write(&cut, &path, &model, Mode::Plain, 256);
+    let after = cut.crash();
+    let reader = RunReader::open_storage(
+        &after,
+        &path,
+        &Protection::Plain,
+        Arc::new(BlockCache::new(4096)),
+    )
+    .unwrap();
+    check_against_model(&reader, &model, &mut rng, "after a power cut");
+    assert_eq!(
+        after.list_dir(Path::new("/sim/runs")).unwrap(),
+        vec!["000003.run".to_string()]
+    );
+}
