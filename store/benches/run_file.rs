@@ -6,7 +6,8 @@
 //! choose `TARGET_BLOCK_BYTES`. The page cache is not dropped (that needs
 //! root and would slow every other process on the machine), so "file" is
 //! a read the kernel answers from memory; a cold read from the device adds
-//! the device's latency. Figures go to docs/benchmarks.md, "Run files".
+//! the device's latency. `get_many` of 64 keys against 64 `get`s: mget's
+//! batched read. Figures go to docs/benchmarks.md, "Run files".
 #![allow(clippy::unwrap_used)]
 
 use std::hint::black_box;
@@ -95,6 +96,29 @@ fn point_reads(c: &mut Criterion) {
                     .unwrap();
                 black_box(&buf);
             })
+        });
+        // mget's path: 64 random keys, one batched read against 64 point
+        // reads (from the page cache the hints cannot overlap anything, so
+        // this measures the batching's own cost).
+        let batch =
+            |rng: &mut Rng| -> Vec<u128> { (0..64).map(|_| key(rng.below(CELLS))).collect() };
+        group.bench_function(format!("get_many 64 keys from file {name}"), |b| {
+            b.iter_batched(
+                || batch(&mut rng),
+                |keys| black_box(cold.get_many(&keys)),
+                criterion::BatchSize::SmallInput,
+            )
+        });
+        group.bench_function(format!("64 gets from file {name}"), |b| {
+            b.iter_batched(
+                || batch(&mut rng),
+                |keys| {
+                    for k in keys {
+                        black_box(cold.get(k).unwrap());
+                    }
+                },
+                criterion::BatchSize::SmallInput,
+            )
         });
         group.throughput(Throughput::Elements(SCAN_CELLS));
         let scan = |reader: &RunReader, rng: &mut Rng| {
