@@ -296,10 +296,13 @@ impl RunReader {
             .iter()
             .map(|&i| self.cache.get(self.cache_id, self.index.offsets[i]))
             .collect();
-        for (&i, hit) in wanted.iter().zip(&cached) {
-            if hit.is_none() {
-                self.source
-                    .will_need(self.index.offsets[i], u64::from(self.index.lens[i]));
+        // One missing block gains nothing from a hint: its read follows.
+        if cached.iter().filter(|hit| hit.is_none()).count() > 1 {
+            for (&i, hit) in wanted.iter().zip(&cached) {
+                if hit.is_none() {
+                    self.source
+                        .will_need(self.index.offsets[i], u64::from(self.index.lens[i]));
+                }
             }
         }
         let blocks: Vec<Result<Arc<DecodedBlock>, RunFileError>> = wanted
