@@ -252,6 +252,38 @@ impl RunReader {
         (self.footer.mode != Mode::Plain).then_some(self.footer.mac)
     }
 
+    /// Refuses the file unless it is the one a manifest lists: its id and
+    /// namespace, and (authenticated and sealed files) its MAC. A file of
+    /// another namespace or fold renamed into place, or an older copy of
+    /// the same file, is refused even though each of its blocks checks.
+    pub fn expect(
+        &self,
+        file_id: u64,
+        ns_id: u64,
+        mac: Option<&[u8; MAC_BYTES]>,
+    ) -> Result<(), RunFileError> {
+        let found = (self.footer.file_id, self.footer.ns_id);
+        let reason = if found != (file_id, ns_id) {
+            format!(
+                "it is file {} of namespace {}, where the manifest lists file {file_id} of \
+                 namespace {ns_id}",
+                found.0, found.1
+            )
+        } else if let Some(listed) = mac
+            && !self.mac().is_some_and(|m| tags_equal(&m, listed))
+        {
+            "its MAC is not the one the manifest lists (another copy or version of the file)"
+                .to_string()
+        } else {
+            return Ok(());
+        };
+        Err(RunFileError::Corrupt {
+            path: self.path.clone(),
+            offset: self.footer.index_offset + self.footer.index_len,
+            reason,
+        })
+    }
+
     /// The smallest and largest keys, `None` if the file is empty.
     pub fn key_range(&self) -> Option<(u128, u128)> {
         let first = *self.index.first_keys.first()?;

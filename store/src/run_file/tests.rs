@@ -834,3 +834,35 @@ fn a_power_cut_keeps_a_finished_file_and_never_a_partial_one() {
         vec!["000003.run".to_string()]
     );
 }
+
+/// A reader checks a file against what the manifest lists: its id, its
+/// namespace and its MAC.
+#[test]
+fn expect_refuses_a_file_the_manifest_does_not_list() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut rng = Rng(12);
+    let model = random_model(&mut rng, 100);
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    let summary = write(&RealDisk, &a, &model, Mode::Authenticated, 256);
+    // The same file id and namespace, one value changed: another version.
+    let mut changed = model.clone();
+    let first = *changed.keys().next().unwrap();
+    changed.insert(first, Some(b"changed".to_vec()));
+    let other = write(&RealDisk, &b, &changed, Mode::Authenticated, 256);
+    let cache = Arc::new(BlockCache::new(1 << 16));
+    let reader = RunReader::open(&a, &read_protection(Mode::Authenticated), cache).unwrap();
+    reader.expect(17, 5, summary.mac.as_ref()).unwrap();
+    for (file_id, ns_id, mac, words) in [
+        (18, 5, summary.mac, "lists file 18"),
+        (17, 6, summary.mac, "of namespace 6"),
+        (17, 5, other.mac, "MAC is not the one"),
+    ] {
+        let e = reader.expect(file_id, ns_id, mac.as_ref()).unwrap_err();
+        assert!(matches!(e, RunFileError::Corrupt { .. }), "{e}");
+        assert!(e.to_string().contains(words), "{e}");
+    }
+    assert_ne!(
+        summary.mac, other.mac,
+        "each seal and MAC is of its own file"
+    );
+}
