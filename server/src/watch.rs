@@ -192,7 +192,8 @@ impl Watch<'_> {
                         changes.extend(change_of(&group, p));
                     });
                 }
-                let sent = self.send_changes(changes, from);
+                let ends = [changes.len() as u32];
+                let sent = self.send_changes(changes, &ends, from);
                 group.mutations.clear();
                 match sent {
                     Ok(()) => true,
@@ -262,8 +263,12 @@ impl Watch<'_> {
             }
             match delivery {
                 Delivery::Started { .. } => {}
-                Delivery::Changes { changes, bytes } => {
-                    self.encode_changes(changes, deliver_from)?;
+                Delivery::Changes {
+                    changes,
+                    ends,
+                    bytes,
+                } => {
+                    self.encode_changes(changes, &ends, deliver_from)?;
                     unwritten_bytes += bytes;
                     if self.out.len() >= FLUSH_BYTES {
                         self.flush(subscribed, &mut unwritten_bytes)?;
@@ -345,20 +350,37 @@ impl Watch<'_> {
     }
 
     /// Writes a group's picked changes at once (the replay's way).
-    fn send_changes(&mut self, changes: Vec<WatchChange>, deliver_from: u64) -> io::Result<()> {
+    fn send_changes(
+        &mut self,
+        changes: Vec<WatchChange>,
+        ends: &[u32],
+        deliver_from: u64,
+    ) -> io::Result<()> {
         self.out.clear();
-        self.encode_changes(changes, deliver_from)?;
+        self.encode_changes(changes, ends, deliver_from)?;
         let written = self.socket.write_all(&self.out);
         self.out.clear();
         written
     }
 
-    /// Appends a group's picked changes from `deliver_from` on to `out`,
-    /// in as many frames as they need (all but the last flagged `more`);
+    /// Appends the picked changes of groups (group `k` ending before
+    /// `changes[ends[k]]`) from `deliver_from` on to `out`, each group in
+    /// as many frames as it needs (all but its last flagged `more`);
     /// writes out early only what would outgrow [`FLUSH_BYTES`] by a frame.
-    fn encode_changes(&mut self, changes: Vec<WatchChange>, deliver_from: u64) -> io::Result<()> {
+    fn encode_changes(
+        &mut self,
+        changes: Vec<WatchChange>,
+        ends: &[u32],
+        deliver_from: u64,
+    ) -> io::Result<()> {
         let max_frame = self.shared.args.limits().max_frame_bytes as usize;
-        for change in changes {
+        let mut ends = ends.iter().map(|end| *end as usize).peekable();
+        for (at, change) in changes.into_iter().enumerate() {
+            while ends.next_if(|end| *end <= at).is_some() {
+                if self.encoder.count() > 0 {
+                    self.encoder.finish(self.request_id, false, &mut self.out);
+                }
+            }
             if change.lsn < deliver_from {
                 continue;
             }

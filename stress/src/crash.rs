@@ -52,11 +52,12 @@ use cube_client::{
 };
 use cube_protocol::ProtocolError;
 
+use crate::crash_watch::{WATCHED_CLIENT, WatchFigures, Watcher};
 use crate::error::StressError;
 use crate::rng::Rng;
 
 /// Every key and edge lives in this namespace.
-const NAMESPACE: &str = "default";
+pub(crate) const NAMESPACE: &str = "default";
 /// The one edge label the torture uses.
 const LABEL: &str = "t";
 /// The daemon flags that make folds and compactions constant: 64 KiB
@@ -88,10 +89,10 @@ const MAX_KEYS_PER_CLIENT: u32 = 4096;
 /// Largest value the torture writes: well under the daemon's 1 MiB limit.
 const MAX_VALUE_BYTES: usize = 256 * 1024;
 /// The plane (z) of the clients' program cells, apart from their keys.
-const PROGRAM_Z: i32 = 1;
+pub(crate) const PROGRAM_Z: i32 = 1;
 /// Cells of a client's program plane: `(client, 0, 1)` holds the program
 /// and its run counter, `(client, 1..=4, 1)` the marks its runs write.
-const PROGRAM_CELLS: u32 = 5;
+pub(crate) const PROGRAM_CELLS: u32 = 5;
 /// Programs a client may store; variant `v` writes its mark into `2 + v`
 /// cells, so every mark cell is written by some variant.
 pub const PROGRAM_VARIANTS: u8 = 3;
@@ -135,6 +136,11 @@ pub struct CrashArgs {
     #[arg(long)]
     pub no_programs: bool,
 
+    /// No watcher (by default a `watch` follows client 0's box through
+    /// every kill, resuming `--from` its last LSN, and is checked).
+    #[arg(long)]
+    pub no_watch: bool,
+
     /// Extra flag for cubed (repeatable), after the torture's own
     /// (`--wal-segment-bytes 65536 --checkpoint-wal-bytes 131072
     /// --delta-compact-bytes 200000`), e.g. --daemon-arg=--wal-segment-bytes=1048576.
@@ -162,6 +168,7 @@ impl Default for CrashArgs {
             max_value_bytes: 2048,
             no_edges: false,
             no_programs: false,
+            no_watch: false,
             daemon_args: Vec::new(),
             keep_data: false,
             quiet: false,
@@ -217,6 +224,9 @@ impl CrashArgs {
         }
         if self.no_programs {
             out.push_str(" --no-programs");
+        }
+        if self.no_watch {
+            out.push_str(" --no-watch");
         }
         for arg in &self.daemon_args {
             let _ = write!(out, " --daemon-arg={arg}");
@@ -352,6 +362,8 @@ pub struct TortureReport {
     pub violations: Vec<Violation>,
     /// Where the data dir and the daemon log were kept, if they were.
     pub kept: Option<PathBuf>,
+    /// What the watcher of client 0's box saw (none with `--no-watch`).
+    pub watch: Option<WatchFigures>,
     pub duration: Duration,
 }
 
@@ -420,6 +432,22 @@ impl TortureReport {
             self.program_planes_verified,
             self.reads_checked
         );
+        if let Some(w) = &self.watch {
+            let _ = writeln!(
+                out,
+                "watch of client {WATCHED_CLIENT}'s box: {} changes in {} groups over {} resumes; \
+                 {} acknowledged puts found at their LSN ({} covered by a resync's snapshot); \
+                 {} states rebuilt from the changes matched the read-back; resyncs: {} history gone, {} too slow",
+                w.changes,
+                w.groups,
+                w.resumes,
+                w.puts_checked,
+                w.puts_snapshotted,
+                w.states_matched,
+                w.resyncs_history_gone,
+                w.resyncs_too_slow
+            );
+        }
         let _ = writeln!(
             out,
             "recovery: restart to ready {}; daemon's own (checkpoint load + replay) {}; at most {} records replayed",
@@ -493,18 +521,18 @@ fn spread(samples: &[f64], unit: &str) -> String {
 /// index with their weight, and its program plane. Everything else in the
 /// store must be absent.
 #[derive(Clone, Debug, Default, PartialEq)]
-struct ClientState {
-    cells: BTreeMap<u32, Vec<u8>>,
-    edges: BTreeMap<(u32, u32), f64>,
+pub(crate) struct ClientState {
+    pub(crate) cells: BTreeMap<u32, Vec<u8>>,
+    pub(crate) edges: BTreeMap<(u32, u32), f64>,
     /// Values of the program plane `(client, i, 1)`, by `i`: the run
     /// counter at 0, the runs' marks at 1..
-    prog_cells: BTreeMap<u32, Vec<u8>>,
+    pub(crate) prog_cells: BTreeMap<u32, Vec<u8>>,
     /// The variant of the program stored at `(client, 0, 1)`, if any.
-    program: Option<u8>,
+    pub(crate) program: Option<u8>,
     /// The program cell's telemetry: runs recorded, and failed ones (the
     /// torture's programs never fail, so always 0).
-    runs: u64,
-    failures: u64,
+    pub(crate) runs: u64,
+    pub(crate) failures: u64,
 }
 
 impl ClientState {
@@ -681,7 +709,7 @@ pub fn program_source(variant: u8) -> String {
 }
 
 /// The variant whose source is `bytes` long.
-fn variant_of_length(bytes: u32) -> Option<u8> {
+pub(crate) fn variant_of_length(bytes: u32) -> Option<u8> {
     (0..PROGRAM_VARIANTS).find(|v| program_source(*v).len() == bytes as usize)
 }
 
@@ -824,6 +852,10 @@ struct ClientRun {
     acked: ClientState,
     /// The operation sent but not answered when the daemon went away.
     in_flight: Option<Op>,
+    /// Its box is watched (`crash_watch`): its acknowledged puts since the
+    /// last sync are kept, LSN, key and value.
+    watched: bool,
+    acked_puts: Vec<(u64, u32, Vec<u8>)>,
     counts: BTreeMap<&'static str, u64>,
     checkpoints: u64,
     compactions: u64,
@@ -842,7 +874,7 @@ struct CycleShared<'a> {
 
 /// The connection is gone: whatever was in flight may or may not have
 /// landed.
-fn is_disconnect(e: &ClientError) -> bool {
+pub(crate) fn is_disconnect(e: &ClientError) -> bool {
     matches!(
         e,
         ClientError::Connect { .. }
@@ -870,6 +902,8 @@ impl ClientRun {
             seq: 0,
             acked: ClientState::default(),
             in_flight: None,
+            watched: !args.no_watch && id == crate::crash_watch::WATCHED_CLIENT,
+            acked_puts: Vec::new(),
             counts: BTreeMap::new(),
             checkpoints: 0,
             compactions: 0,
@@ -1089,6 +1123,12 @@ impl ClientRun {
                         Ok(reply) => {
                             let agrees = match &reply {
                                 Answer::Done => true,
+                                Answer::Put(lsn) => {
+                                    if let (true, Op::Put { key, value }) = (self.watched, &op) {
+                                        self.acked_puts.push((*lsn, *key, value.clone()));
+                                    }
+                                    true
+                                }
                                 Answer::Run(reply) => self.check_run_reply(shared.cycle, reply),
                                 Answer::Step(reply) => self.check_step_reply(shared.cycle, reply),
                             };
@@ -1133,7 +1173,7 @@ impl ClientRun {
     }
 }
 
-fn connect(socket: &Path) -> Result<Client, ClientError> {
+pub(crate) fn connect(socket: &Path) -> Result<Client, ClientError> {
     let mut client = Client::connect(socket)?;
     client.set_timeout(Some(REQUEST_TIMEOUT))?;
     Ok(client)
@@ -1142,6 +1182,8 @@ fn connect(socket: &Path) -> Result<Client, ClientError> {
 /// What an operation's answer leaves to check.
 enum Answer {
     Done,
+    /// A put's LSN (the watcher checks it was delivered).
+    Put(u64),
     Run(RunReply),
     Step(StepReply),
 }
@@ -1154,7 +1196,7 @@ fn send(client: &mut Client, id: usize, op: &Op) -> Result<Answer, ClientError> 
     }
     let at = |key: u32| coord(id, key);
     match op {
-        Op::Put { key, value } => client.put(NAMESPACE, at(*key), value).map(done),
+        Op::Put { key, value } => client.put(NAMESPACE, at(*key), value).map(Answer::Put),
         Op::Del { key } => client.del(NAMESPACE, at(*key)).map(done),
         Op::Link { from, to, weight } => client
             .link(NAMESPACE, at(*from), at(*to), LABEL, *weight)
@@ -1366,6 +1408,11 @@ pub fn torture(args: &CrashArgs) -> Result<TortureReport, StressError> {
     let mut clients: Vec<ClientRun> = (0..args.clients)
         .map(|id| ClientRun::new(id, args))
         .collect();
+    let mut watcher = (!args.no_watch).then(|| Watcher::new(args.keys));
+    if let Some(watcher) = watcher.as_mut() {
+        // Nothing is written yet: the box is empty up to the first sync.
+        sync_watcher(watcher, daemon.socket(), 1, &mut clients, &mut report);
+    }
     let mut schedule = Rng::for_stream(args.seed, 0);
     for cycle in 1..=args.cycles {
         let mode = KillMode::pick(&mut schedule);
@@ -1379,6 +1426,7 @@ pub fn torture(args: &CrashArgs) -> Result<TortureReport, StressError> {
             mode,
             Duration::from_millis(run_ms),
             Duration::from_micros(kill_delay_us),
+            watcher.as_mut(),
             &mut report,
         )?;
         *report.kills.entry(mode).or_default() += 1;
@@ -1394,6 +1442,9 @@ pub fn torture(args: &CrashArgs) -> Result<TortureReport, StressError> {
         if restarted && mode == KillMode::CleanShutdown {
             report.nothing_replayed(cycle);
         }
+        if let (true, Some(watcher)) = (restarted, watcher.as_mut()) {
+            sync_watcher(watcher, daemon.socket(), cycle, &mut clients, &mut report);
+        }
         if !restarted || !report.violations.is_empty() {
             break;
         }
@@ -1406,6 +1457,9 @@ pub fn torture(args: &CrashArgs) -> Result<TortureReport, StressError> {
             Ok(status) if status.success() => {
                 if restart_and_verify(&mut daemon, &mut clients, args, 0, &mut report) {
                     report.nothing_replayed(0);
+                    if let Some(watcher) = watcher.as_mut() {
+                        sync_watcher(watcher, daemon.socket(), 0, &mut clients, &mut report);
+                    }
                 }
             }
             Ok(status) => report.bad_exit(0, status, &daemon),
@@ -1420,6 +1474,7 @@ pub fn torture(args: &CrashArgs) -> Result<TortureReport, StressError> {
         }
     }
     let _ = daemon.kill9();
+    report.watch = watcher.map(|w| w.figures);
     report.duration = started.elapsed();
     if !report.passed() || args.keep_data {
         let kept = dir.keep();
@@ -1482,6 +1537,7 @@ fn run_one_cycle(
     mode: KillMode,
     run_for: Duration,
     kill_delay: Duration,
+    watcher: Option<&mut Watcher>,
     report: &mut TortureReport,
 ) -> Result<u64, StressError> {
     let stop = AtomicBool::new(false);
@@ -1496,6 +1552,15 @@ fn run_one_cycle(
     thread::scope(|scope| -> Result<(), StressError> {
         let shared = &shared;
         let mut spawned = Ok(());
+        if let Some(watcher) = watcher {
+            // Follows the box until the cycle's kill ends its connection.
+            if let Err(e) = thread::Builder::new()
+                .name("crash-watcher".into())
+                .spawn_scoped(scope, move || watcher.follow_live(socket, cycle))
+            {
+                spawned = Err(StressError::io("cannot start the watcher thread", e));
+            }
+        }
         for client in clients.iter_mut() {
             if let Err(e) = thread::Builder::new()
                 .name(format!("crash-client-{}", client.id))
@@ -1582,6 +1647,34 @@ fn end_cycle<'scope>(
         }
     }
     Ok(())
+}
+
+/// After a restart and read-back: catches the watcher up and checks it
+/// against client 0's read-back state and acknowledged puts.
+fn sync_watcher(
+    watcher: &mut Watcher,
+    socket: &Path,
+    cycle: usize,
+    clients: &mut [ClientRun],
+    report: &mut TortureReport,
+) {
+    let Some(client) = clients.get_mut(WATCHED_CLIENT) else {
+        return;
+    };
+    let puts = std::mem::take(&mut client.acked_puts);
+    let synced = connect(socket)
+        .and_then(|mut conn| watcher.sync(&mut conn, socket, cycle, &client.acked, &puts));
+    if let Err(e) = synced {
+        report.violations.push(Violation {
+            cycle,
+            client: Some(WATCHED_CLIENT),
+            coord: None,
+            what: format!("watch: catching the watcher up after the restart failed: {e}"),
+            expected: String::new(),
+            found: String::new(),
+        });
+    }
+    report.violations.append(&mut watcher.problems);
 }
 
 /// Restarts the daemon and compares every client's state with its model.

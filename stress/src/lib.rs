@@ -15,6 +15,7 @@
 pub mod cli;
 pub mod compare;
 pub mod crash;
+pub mod crash_watch;
 mod error;
 pub mod hostile;
 pub mod json;
@@ -30,6 +31,7 @@ pub mod seed_workload;
 pub mod target;
 pub mod verify;
 pub mod walk_workload;
+pub mod watch_follow;
 pub mod watch_workload;
 pub mod workload;
 
