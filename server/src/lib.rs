@@ -31,6 +31,7 @@ mod signals;
 pub mod verify;
 mod watch;
 mod watch_hub;
+mod watch_outlet;
 mod write_reply;
 
 pub use config::Args;

@@ -21,6 +21,8 @@ use crossbeam_channel::{Receiver, Sender, TrySendError, bounded, unbounded};
 use cube_protocol::{CellBox, Coord, NamespaceName, WatchChange, WatchOp};
 use cube_store::{CommitListener, Mutation};
 
+use crate::watch_outlet::{Direct, Outlet};
+
 /// The default `--watch-buffer-bytes`.
 pub const DEFAULT_WATCH_BUFFER_BYTES: u64 = 4 * 1024 * 1024;
 
@@ -67,6 +69,9 @@ pub(crate) enum Delivery {
     Altered,
     /// Cut off: the changes from `lsn` on were not kept.
     Cut { lsn: u64 },
+    /// The dispatcher wrote to the socket itself and left what it would
+    /// not take in the outlet's `unsent`: write that first.
+    Unsent,
 }
 
 /// A watch as the dispatcher holds it.
@@ -76,6 +81,9 @@ struct Subscription {
     tx: Sender<Delivery>,
     queued_bytes: Arc<AtomicU64>,
     buffer_bytes: u64,
+    /// The watch's socket, which the dispatcher writes while the watch is
+    /// caught up (`watch_outlet`).
+    outlet: Arc<Outlet>,
     /// Changes picked for this watch from the groups of the dispatcher's
     /// current batch, sent as one delivery when the batch is done (one
     /// wakeup of the watch for all of them).
@@ -98,6 +106,7 @@ impl Subscription {
         tx: Sender<Delivery>,
         queued_bytes: Arc<AtomicU64>,
         buffer_bytes: u64,
+        outlet: Arc<Outlet>,
     ) -> Subscription {
         Subscription {
             ns,
@@ -105,6 +114,7 @@ impl Subscription {
             tx,
             queued_bytes,
             buffer_bytes,
+            outlet,
             pending: Vec::new(),
             pending_ends: Vec::new(),
             pending_bytes: 0,
@@ -121,12 +131,33 @@ impl Subscription {
         };
         let open_part = self.pending.split_off(whole);
         let bytes = std::mem::take(&mut self.pending_bytes);
+        let changes = std::mem::replace(&mut self.pending, open_part);
+        let ends = std::mem::take(&mut self.pending_ends);
+        let outlet = Arc::clone(&self.outlet);
+        let mut state = outlet.lock();
+        if state.direct {
+            match outlet.write_direct(&mut state, &changes, &ends) {
+                Direct::Written => {}
+                Direct::Left { unsent_bytes } => {
+                    self.queued_bytes.fetch_add(unsent_bytes, Ordering::SeqCst);
+                    self.send(Delivery::Unsent);
+                }
+                // The watch's thread finds out (it checks its client).
+                Direct::Gone => {}
+            }
+            return;
+        }
+        // Queued under the lock with `direct` off: the watch's thread
+        // hands the socket back only once it has taken this.
         self.queued_bytes.fetch_add(bytes, Ordering::SeqCst);
-        let delivery = Delivery::Changes {
-            changes: std::mem::replace(&mut self.pending, open_part),
-            ends: std::mem::take(&mut self.pending_ends),
+        self.send(Delivery::Changes {
+            changes,
+            ends,
             bytes,
-        };
+        });
+    }
+
+    fn send(&mut self, delivery: Delivery) {
         if self.tx.send(delivery).is_err() {
             self.ended = true;
         }
@@ -138,9 +169,12 @@ impl Subscription {
             return;
         }
         self.flush();
-        if self.tx.send(delivery).is_err() || end {
-            self.ended = true;
-        }
+        let outlet = Arc::clone(&self.outlet);
+        let mut state = outlet.lock();
+        // The watch's thread sees this before anything after it.
+        state.direct = false;
+        self.send(delivery);
+        self.ended |= end;
     }
 
     /// The group starting at `first_lsn` is picked: counts it against the
@@ -243,6 +277,7 @@ impl WatchHub {
         ns: NamespaceName,
         region: CellBox,
         buffer_bytes: u64,
+        outlet: Arc<Outlet>,
     ) -> Option<Subscribed> {
         // Counted before the registration is queued: from here on the
         // writer hands every group over, so none the dispatcher reaches
@@ -262,6 +297,7 @@ impl WatchHub {
                 tx,
                 queued_bytes,
                 buffer_bytes,
+                outlet,
             )))
             .ok()?;
         Some(subscribed)
