@@ -32,6 +32,7 @@ pub mod verify;
 mod watch;
 mod watch_hub;
 mod watch_outlet;
+mod watch_stats;
 mod write_reply;
 
 pub use config::Args;

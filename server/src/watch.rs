@@ -240,6 +240,8 @@ impl Watch<'_> {
         match history {
             Ok(History::Read) => Ok(None),
             Ok(History::Gone { oldest_lsn }) => {
+                let stats = &self.shared.watch.stats;
+                stats.resyncs_history_gone.fetch_add(1, Ordering::Relaxed);
                 self.send(&WatchFrame::Resync {
                     lsn: oldest_lsn,
                     reason: ResyncReason::HistoryGone,
@@ -329,12 +331,12 @@ impl Watch<'_> {
                 // What the dispatcher could not write goes first.
                 let unsent = std::mem::take(&mut outlet.lock().unsent);
                 let written = self.socket.write_all(&unsent);
-                subscribed
-                    .queued_bytes
-                    .fetch_sub(unsent.len() as u64, Ordering::SeqCst);
+                subscribed.queued_bytes.sub(unsent.len() as u64);
                 written?;
             }
             Delivery::Cut { lsn } => {
+                let stats = &self.shared.watch.stats;
+                stats.resyncs_too_slow.fetch_add(1, Ordering::Relaxed);
                 self.send(&WatchFrame::Resync {
                     lsn,
                     reason: ResyncReason::TooSlow,
@@ -395,9 +397,7 @@ impl Watch<'_> {
     fn flush(&mut self, subscribed: &Subscribed, unwritten_bytes: &mut u64) -> io::Result<()> {
         let written = self.socket.write_all(&self.out);
         self.out.clear();
-        subscribed
-            .queued_bytes
-            .fetch_sub(*unwritten_bytes, Ordering::SeqCst);
+        subscribed.queued_bytes.sub(*unwritten_bytes);
         *unwritten_bytes = 0;
         written
     }
@@ -427,7 +427,7 @@ impl Watch<'_> {
     ) -> io::Result<()> {
         let max_frame = self.max_frame_bytes();
         let socket = &mut *self.socket;
-        encode_groups(
+        let encoded = encode_groups(
             &mut self.encoder,
             self.request_id,
             max_frame,
@@ -442,7 +442,12 @@ impl Watch<'_> {
                 }
                 Ok(())
             },
-        )
+        )?;
+        let stats = &self.shared.watch.stats;
+        stats
+            .changes_delivered
+            .fetch_add(encoded, Ordering::Relaxed);
+        Ok(())
     }
 
     fn send(&mut self, frame: &WatchFrame) -> io::Result<()> {

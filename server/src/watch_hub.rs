@@ -22,6 +22,7 @@ use cube_protocol::{CellBox, Coord, NamespaceName, WatchChange, WatchOp};
 use cube_store::{CommitListener, Mutation};
 
 use crate::watch_outlet::{Direct, Outlet};
+use crate::watch_stats::{Buffered, WatchStats};
 
 /// The default `--watch-buffer-bytes`.
 pub const DEFAULT_WATCH_BUFFER_BYTES: u64 = 4 * 1024 * 1024;
@@ -79,7 +80,7 @@ struct Subscription {
     ns: NamespaceName,
     region: CellBox,
     tx: Sender<Delivery>,
-    queued_bytes: Arc<AtomicU64>,
+    queued_bytes: Arc<Buffered>,
     buffer_bytes: u64,
     /// The watch's socket, which the dispatcher writes while the watch is
     /// caught up (`watch_outlet`).
@@ -104,7 +105,7 @@ impl Subscription {
         ns: NamespaceName,
         region: CellBox,
         tx: Sender<Delivery>,
-        queued_bytes: Arc<AtomicU64>,
+        queued_bytes: Arc<Buffered>,
         buffer_bytes: u64,
         outlet: Arc<Outlet>,
     ) -> Subscription {
@@ -135,11 +136,23 @@ impl Subscription {
         let ends = std::mem::take(&mut self.pending_ends);
         let outlet = Arc::clone(&self.outlet);
         let mut state = outlet.lock();
+        let stats = self.queued_bytes.stats();
         if state.direct {
+            stats.direct_writes.fetch_add(1, Ordering::Relaxed);
             match outlet.write_direct(&mut state, &changes, &ends) {
-                Direct::Written => {}
-                Direct::Left { unsent_bytes } => {
-                    self.queued_bytes.fetch_add(unsent_bytes, Ordering::SeqCst);
+                Direct::Written { changes } => {
+                    stats
+                        .changes_delivered
+                        .fetch_add(changes, Ordering::Relaxed);
+                }
+                Direct::Left {
+                    unsent_bytes,
+                    changes,
+                } => {
+                    stats
+                        .changes_delivered
+                        .fetch_add(changes, Ordering::Relaxed);
+                    self.queued_bytes.add(unsent_bytes);
                     self.send(Delivery::Unsent);
                 }
                 // The watch's thread finds out (it checks its client).
@@ -149,7 +162,8 @@ impl Subscription {
         }
         // Queued under the lock with `direct` off: the watch's thread
         // hands the socket back only once it has taken this.
-        self.queued_bytes.fetch_add(bytes, Ordering::SeqCst);
+        stats.queued_deliveries.fetch_add(1, Ordering::Relaxed);
+        self.queued_bytes.add(bytes);
         self.send(Delivery::Changes {
             changes,
             ends,
@@ -190,7 +204,7 @@ impl Subscription {
             .sum();
         // A group bigger than the whole buffer still goes to a watch that
         // has nothing queued: otherwise it could never get past it.
-        let queued = self.queued_bytes.load(Ordering::SeqCst) + self.pending_bytes;
+        let queued = self.queued_bytes.get() + self.pending_bytes;
         if queued + bytes > self.buffer_bytes && queued > 0 {
             self.pending.truncate(start);
             self.send_after_pending(Delivery::Cut { lsn: first_lsn }, true);
@@ -206,7 +220,7 @@ pub(crate) struct Subscribed {
     pub rx: Receiver<Delivery>,
     /// Bytes queued and not yet written to the client; the watch thread
     /// takes off what it has written.
-    pub queued_bytes: Arc<AtomicU64>,
+    pub queued_bytes: Arc<Buffered>,
     hub: Arc<WatchHub>,
 }
 
@@ -231,6 +245,8 @@ pub(crate) struct WatchHub {
     queued_bytes: Arc<AtomicU64>,
     /// The first LSN of a group the dispatcher lost (0: none).
     lost_from: Arc<AtomicU64>,
+    /// What `stats` shows of the watches.
+    pub(crate) stats: Arc<WatchStats>,
     tx: Sender<HubMessage>,
 }
 
@@ -249,6 +265,7 @@ impl WatchHub {
             watchers: AtomicUsize::new(0),
             queued_bytes: Arc::default(),
             lost_from: Arc::default(),
+            stats: Arc::default(),
             tx,
         });
         let applied = Arc::clone(&hub);
@@ -262,6 +279,12 @@ impl WatchHub {
     /// reflects every change up to it.
     pub(crate) fn applied_lsn(&self) -> u64 {
         self.applied_lsn.load(Ordering::SeqCst)
+    }
+
+    /// The `watch.*` rows of `stats`.
+    pub(crate) fn stats_entries(&self) -> Vec<cube_protocol::StatsEntry> {
+        self.stats
+            .entries(self.watchers.load(Ordering::Relaxed) as u64)
     }
 
     /// Where the log stood when the engine opened.
@@ -284,7 +307,7 @@ impl WatchHub {
         // after the registration is missing (`dispatch`).
         self.watchers.fetch_add(1, Ordering::SeqCst);
         let (tx, rx) = unbounded();
-        let queued_bytes = Arc::new(AtomicU64::new(0));
+        let queued_bytes = Arc::new(Buffered::new(Arc::clone(&self.stats)));
         let subscribed = Subscribed {
             rx,
             queued_bytes: Arc::clone(&queued_bytes),

@@ -47,11 +47,11 @@ pub(crate) struct OutletState {
 
 /// What a direct write came to.
 pub(crate) enum Direct {
-    /// All written.
-    Written,
-    /// The socket took part (or none): the rest is in `unsent`, `direct`
-    /// is off, and the watch's thread must be woken.
-    Left { unsent_bytes: u64 },
+    /// All of `changes` written.
+    Written { changes: u64 },
+    /// The socket took part (or none) of `changes`: the rest is in
+    /// `unsent`, `direct` is off, and the watch's thread must be woken.
+    Left { unsent_bytes: u64, changes: u64 },
     /// The client is gone.
     Gone,
 }
@@ -107,7 +107,7 @@ impl Outlet {
         let mut encoder = WatchFrameEncoder::new();
         let no_split = |_: &mut Vec<u8>| Ok(());
         // Splitting never fails here: nothing is written early.
-        let _ = encode_groups(
+        let encoded = encode_groups(
             &mut encoder,
             self.request_id,
             self.max_frame_bytes,
@@ -116,9 +116,10 @@ impl Outlet {
             state.deliver_from,
             &mut out,
             no_split,
-        );
+        )
+        .unwrap_or(0);
         if out.is_empty() {
-            return Direct::Written;
+            return Direct::Written { changes: 0 };
         }
         let Some(socket) = &state.socket else {
             return Direct::Gone;
@@ -137,13 +138,14 @@ impl Outlet {
             }
         }
         if written == out.len() {
-            return Direct::Written;
+            return Direct::Written { changes: encoded };
         }
         out.drain(..written);
         state.direct = false;
         state.unsent = out;
         Direct::Left {
             unsent_bytes: state.unsent.len() as u64,
+            changes: encoded,
         }
     }
 }
@@ -152,7 +154,7 @@ impl Outlet {
 /// `changes[ends[k]]`) from `deliver_from` on to `out`, each group in as
 /// many frames as it needs (all but its last flagged `more`); calls
 /// `split(out)` after each frame that does not end its group (to write
-/// out early what grew big).
+/// out early what grew big). Returns how many changes it encoded.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn encode_groups(
     encoder: &mut WatchFrameEncoder,
@@ -163,7 +165,8 @@ pub(crate) fn encode_groups(
     deliver_from: u64,
     out: &mut Vec<u8>,
     mut split: impl FnMut(&mut Vec<u8>) -> io::Result<()>,
-) -> io::Result<()> {
+) -> io::Result<u64> {
+    let mut encoded = 0;
     let mut ends = ends.iter().map(|end| *end as usize).peekable();
     for (at, change) in changes.iter().enumerate() {
         while ends.next_if(|end| *end <= at).is_some() {
@@ -179,9 +182,10 @@ pub(crate) fn encode_groups(
             split(out)?;
         }
         encoder.push(change);
+        encoded += 1;
     }
     if encoder.count() > 0 {
         encoder.finish(request_id, false, out);
     }
-    Ok(())
+    Ok(encoded)
 }
