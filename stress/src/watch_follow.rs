@@ -167,11 +167,11 @@ pub fn follow(watches: Vec<(usize, Following)>) -> Vec<(usize, Result<Seen, Stri
                 continue;
             };
             let outcome = follow.read_ready(&mut chunk);
-            if outcome.is_err() || follow.done {
-                if let Some(mut follow) = live.remove(&event.token()) {
-                    let _ = poll.registry().deregister(&mut follow.stream);
-                    results.push((follow.index, outcome.map(|()| follow.seen)));
-                }
+            if (outcome.is_err() || follow.done)
+                && let Some(mut follow) = live.remove(&event.token())
+            {
+                let _ = poll.registry().deregister(&mut follow.stream);
+                results.push((follow.index, outcome.map(|()| follow.seen)));
             }
         }
     }
@@ -270,13 +270,10 @@ pub fn follow_on_threads(
         .spawn(move || {
             let mut all: Vec<Option<Result<Seen, String>>> = (0..n).map(|_| None).collect();
             for handle in handles {
-                match handle.join() {
-                    Ok(results) => {
-                        for (i, r) in results {
-                            all[i] = Some(r);
-                        }
+                if let Ok(results) = handle.join() {
+                    for (i, r) in results {
+                        all[i] = Some(r);
                     }
-                    Err(_) => {}
                 }
             }
             all.into_iter()
