@@ -15,7 +15,6 @@
 pub mod cli;
 pub mod compare;
 pub mod crash;
-pub mod crash_watch;
 mod error;
 pub mod hostile;
 pub mod json;

@@ -28,12 +28,13 @@ use std::time::Duration;
 
 use cube_client::{CellBox, Client, ClientError, Coord, ResyncReason, WatchOp};
 
-use crate::crash::{
-    ClientState, NAMESPACE, PROGRAM_CELLS, PROGRAM_Z, Violation, connect, variant_of_length,
+use super::{
+    ClientState, NAMESPACE, PROGRAM_CELLS, PROGRAM_Z, Violation, connect, is_disconnect,
+    variant_of_length,
 };
 
 /// The client whose box is watched.
-pub(crate) const WATCHED_CLIENT: usize = 0;
+pub(super) const WATCHED_CLIENT: usize = 0;
 
 /// How long a watch waits for its next change before the run counts it
 /// as wedged (only a hang trips it: the sync write always comes).
@@ -60,7 +61,7 @@ pub struct WatchFigures {
 }
 
 /// The watcher's state across cycles.
-pub(crate) struct Watcher {
+pub(super) struct Watcher {
     region: CellBox,
     sync: Coord,
     keys: u32,
@@ -87,7 +88,7 @@ enum Stop {
 }
 
 impl Watcher {
-    pub(crate) fn new(keys: u32) -> Watcher {
+    pub(super) fn new(keys: u32) -> Watcher {
         let far = keys.max(PROGRAM_CELLS) as i32;
         let x = WATCHED_CLIENT as i32;
         let region = CellBox::new(Coord::new(x, 0, 0), Coord::new(x, far, PROGRAM_Z))
@@ -118,14 +119,14 @@ impl Watcher {
 
     /// Follows the box live until the daemon goes away (the cycle's kill).
     /// Before the first sync there is nothing to resume from.
-    pub(crate) fn follow_live(&mut self, socket: &Path, cycle: usize) {
+    pub(super) fn follow_live(&mut self, socket: &Path, cycle: usize) {
         if self.next_lsn == 0 {
             return;
         }
         match self.follow(socket, cycle, None) {
             Ok(_) => {}
             // Cut off before or while the watch started: the kill.
-            Err(e) if crate::crash::is_disconnect(&e) => {}
+            Err(e) if is_disconnect(&e) => {}
             Err(e) if e.server_code() == Some(cube_client::ErrorCode::ShuttingDown) => {}
             Err(e) => self.problem(
                 cycle,
@@ -140,7 +141,7 @@ impl Watcher {
     /// watch up to it and checks everything since the last sync against
     /// `found` (client 0's state as read back) and `acked_puts` (client
     /// 0's acknowledged puts: LSN, key, value).
-    pub(crate) fn sync(
+    pub(super) fn sync(
         &mut self,
         conn: &mut Client,
         socket: &Path,
@@ -225,7 +226,7 @@ impl Watcher {
                         return self.follow(socket, cycle, until);
                     }
                 },
-                Err(e) if crate::crash::is_disconnect(&e) => return Ok(Stop::Ended),
+                Err(e) if is_disconnect(&e) => return Ok(Stop::Ended),
                 Err(e) if e.server_code() == Some(cube_client::ErrorCode::ShuttingDown) => {
                     return Ok(Stop::Ended);
                 }
