@@ -12,7 +12,9 @@
 //!    acknowledgement to a watcher receiving the change; a change that
 //!    reaches the watcher first counts as 1 µs), the daemon's RSS growth,
 //!    and the check: after the writers stop, one end marker per tile, and
-//!    each watcher must have seen exactly its tile's acknowledged writes;
+//!    each watcher must have seen exactly its tile's acknowledged writes
+//!    (the watchers are followed from `--follower-threads` threads polling
+//!    their sockets, `watch_follow.rs`, not a thread each);
 //! 3. `--replay-changes` puts written in batches, then one watch of the
 //!    whole plane `--from 1`: the replay's changes per second.
 
