@@ -103,50 +103,69 @@ impl Outlet {
         changes: &[WatchChange],
         ends: &[u32],
     ) -> Direct {
-        let mut out = Vec::new();
-        let mut encoder = WatchFrameEncoder::new();
-        let no_split = |_: &mut Vec<u8>| Ok(());
-        // Splitting never fails here: nothing is written early.
-        let encoded = encode_groups(
-            &mut encoder,
-            self.request_id,
-            self.max_frame_bytes,
-            changes,
-            ends,
-            state.deliver_from,
-            &mut out,
-            no_split,
-        )
-        .unwrap_or(0);
-        if out.is_empty() {
-            return Direct::Written { changes: 0 };
-        }
-        let Some(socket) = &state.socket else {
-            return Direct::Gone;
-        };
-        let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL;
-        let mut written = 0;
-        while written < out.len() {
-            match send(socket.as_raw_fd(), &out[written..], flags).map_err(io::Error::from) {
-                Ok(n) => written += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(_) => {
-                    state.direct = false;
-                    return Direct::Gone;
-                }
+        SCRATCH.with_borrow_mut(|(encoder, out)| {
+            out.clear();
+            let no_split = |_: &mut Vec<u8>| Ok(());
+            // Splitting never fails here: nothing is written early.
+            let encoded = encode_groups(
+                encoder,
+                self.request_id,
+                self.max_frame_bytes,
+                changes,
+                ends,
+                state.deliver_from,
+                out,
+                no_split,
+            )
+            .unwrap_or(0);
+            let direct = send_or_leave(state, out, encoded);
+            // A big delivery's buffer is not kept.
+            out.clear();
+            out.shrink_to(SCRATCH_KEPT_BYTES);
+            direct
+        })
+    }
+}
+
+/// Bytes of the dispatcher's encoding buffer kept between deliveries.
+const SCRATCH_KEPT_BYTES: usize = 64 * 1024;
+
+thread_local! {
+    /// The dispatcher's encoder and buffer, reused for every direct write.
+    static SCRATCH: std::cell::RefCell<(WatchFrameEncoder, Vec<u8>)> =
+        std::cell::RefCell::new((WatchFrameEncoder::new(), Vec::new()));
+}
+
+/// Writes `out` (holding `encoded` changes) without blocking, leaving in
+/// `unsent` what the socket does not take.
+fn send_or_leave(state: &mut OutletState, out: &[u8], encoded: u64) -> Direct {
+    if out.is_empty() {
+        return Direct::Written { changes: 0 };
+    }
+    let Some(socket) = &state.socket else {
+        return Direct::Gone;
+    };
+    let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL;
+    let mut written = 0;
+    while written < out.len() {
+        match send(socket.as_raw_fd(), &out[written..], flags).map_err(io::Error::from) {
+            Ok(n) => written += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(_) => {
+                state.direct = false;
+                return Direct::Gone;
             }
         }
-        if written == out.len() {
-            return Direct::Written { changes: encoded };
-        }
-        out.drain(..written);
-        state.direct = false;
-        state.unsent = out;
-        Direct::Left {
-            unsent_bytes: state.unsent.len() as u64,
-            changes: encoded,
-        }
+    }
+    if written == out.len() {
+        return Direct::Written { changes: encoded };
+    }
+    state.direct = false;
+    state.unsent = out[written..].to_vec();
+    Direct::Left {
+        unsent_bytes: state.unsent.len() as u64,
+        changes: encoded,
     }
 }
 

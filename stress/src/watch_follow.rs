@@ -193,7 +193,10 @@ impl Follow {
                 Ok(n) => {
                     self.pending.extend_from_slice(&chunk[..n]);
                     self.take_frames()?;
-                    if self.done {
+                    // A short read emptied the socket: what arrives later
+                    // raises a new readiness event (edge-triggered), so
+                    // the read that would only say "would block" is saved.
+                    if self.done || n < chunk.len() {
                         return Ok(());
                     }
                 }
