@@ -5,9 +5,12 @@
 //! it stores the group's last LSN (what `scan --with-lsn` reports) and, if
 //! anyone watches, moves the group's mutations into one `try_send` to the
 //! dispatcher thread. The dispatcher owns the subscriptions: for each group
-//! it picks out each watch's changes (namespace and box) and queues them on
-//! the watch's own channel, counting their bytes against the watch's buffer
-//! (`--watch-buffer-bytes`). A watch past its buffer is cut off ("resync
+//! it picks out each watch's changes (namespace and box); once the groups
+//! queued for it are taken (a batch), it writes each caught-up watch's
+//! changes to its socket itself (`watch_outlet.rs`, no wakeup of the
+//! watch's thread) or queues them on the watch's own channel, counting
+//! their bytes against the watch's buffer (`--watch-buffer-bytes`). A
+//! watch past its buffer is cut off ("resync
 //! from LSN N") instead of growing; if the dispatcher itself falls behind
 //! its queue, every watch is cut off at the first group it lost. So neither
 //! a slow watcher nor a thousand of them can hold the writer.
