@@ -742,6 +742,7 @@ impl Shared {
             ),
         ]);
         entries.extend(self.programs.stats_entries(self.engine.memstore()));
+        entries.extend(self.watch.stats_entries());
         entries
     }
 }
