@@ -707,6 +707,7 @@ impl Shared {
         entries.extend(checkpoint_entries(&s));
         entries.extend(self.recovery_entries());
         entries.extend(self.programs.stats_entries(self.engine.memstore()));
+        entries.extend(self.watch.stats_entries());
         entries
     }
 

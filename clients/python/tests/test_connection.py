@@ -112,6 +112,26 @@ def test_timeouts(tmp_path):
         c.ping()
 
 
+@pytest.mark.parametrize("how", ["one request", "pipeline"])
+def test_a_send_that_cannot_finish_times_out(tmp_path, how):
+    # The server stops reading after hello: 900 KiB (one put) or 4 MiB (a
+    # pipeline) cannot all go into the socket, so the send itself must
+    # give up after the timeout (SO_SNDTIMEO, or the pipeline's select).
+    path = str(tmp_path / "full.sock")
+    full = SilentServer(path, answer_hello=True)  # noqa: F841
+    c = cube.Client(path, timeout=0.2, reconnect=False)
+    with pytest.raises(cube.CubeTimeout, match="may or may not"):
+        if how == "one request":
+            c.put("default", (0, 0, 0), b"x" * (900 * 1024))
+        else:
+            p = c.pipeline()
+            for i in range(8):
+                p.put("default", (i, 0, 0), b"x" * (512 * 1024))
+            p.execute()
+    with pytest.raises(cube.ConnectionLost):
+        c.ping()
+
+
 def test_default_socket(daemon, monkeypatch, tmp_path):
     monkeypatch.setenv("CUBE_SOCKET", daemon.socket)
     assert cube.default_socket_path() == daemon.socket

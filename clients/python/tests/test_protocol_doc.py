@@ -18,7 +18,7 @@ import pytest
 
 import cube
 from cube import commands, wire
-from cube._crc32c import crc32c, crc32c_pure
+from cube._crc32c import crc32c, crc32c_pure, crc32c_python
 from cube.client import _decode
 from cube.types import *  # noqa: F403
 
@@ -171,8 +171,26 @@ def test_crc32c_check_values():
 def test_crc32c_fast_paths_match_the_reference(n):
     # Under 16 KiB: slicing-by-8 in Python; from 16 KiB: NumPy lanes (if installed).
     data = os.urandom(n)
-    assert crc32c(data) == crc32c_pure(data)
+    assert crc32c(data) == crc32c_pure(data) == crc32c_python(data)
     assert crc32c(bytearray(data)) == crc32c(memoryview(data)) == crc32c(data)
+    assert crc32c_python(bytearray(data)) == crc32c_python(memoryview(data)) == crc32c_python(data)
+
+
+def test_crc32c_python_is_used_without_the_accelerator(monkeypatch):
+    # crc32c() takes google-crc32c's C code when it is installed; without
+    # it (or with CUBE_PURE_CRC32C=1) the Python code, checked above.
+    from cube import _crc32c
+
+    monkeypatch.setenv("CUBE_PURE_CRC32C", "1")
+    assert _crc32c._c_implementation() is None
+    monkeypatch.delenv("CUBE_PURE_CRC32C")
+    try:
+        import google_crc32c
+    except ImportError:
+        assert _crc32c._c_implementation() is None
+    else:
+        expected = google_crc32c.value if google_crc32c.implementation == "c" else None
+        assert _crc32c._c_implementation() is expected
 
 
 def test_every_example_is_covered():

@@ -6,12 +6,19 @@ of megabytes) go through NumPy when it is installed: the body is cut into
 lanes of equal length whose CRCs are computed side by side, slicing 8 bytes
 at a time, and then folded pairwise with the "feed L zero bytes" operator,
 which works because the CRC register update is linear over GF(2).
+
+If the optional ``google-crc32c`` package is installed with its C extension
+(``pip install cube-client[fast]``), every checksum is computed by it instead (0.1
+us for a 70-byte answer against some 5 us in Python: most of what a get or
+put costs this client beyond redis-py). ``CUBE_PURE_CRC32C=1`` in the
+environment keeps the pure-Python path, as for benchmarking it.
 """
 
 from __future__ import annotations
 
+import os
 import struct
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 _POLY = 0x82F63B78
 
@@ -50,29 +57,79 @@ def _slicing_tables() -> List[List[int]]:
 
 _T0, _T1, _T2, _T3, _T4, _T5, _T6, _T7 = _slicing_tables()
 _WORD = struct.Struct("<Q")
+_HALF = struct.Struct("<I")
+_QUARTER = struct.Struct("<H")
+
+
+_PAIRS: Optional[Tuple[List[int], List[int], List[int], List[int]]] = None
+
+
+def _pairs() -> Tuple[List[int], List[int], List[int], List[int]]:
+    """The slicing-by-8 tables merged two by two into 16-bit tables: 4
+    lookups per 8 bytes instead of 8 (about 1.7x faster for the 20-100
+    byte bodies of single requests). About 10 MB of ints, built on first
+    use (some 40 ms)."""
+    global _PAIRS
+    if _PAIRS is None:
+        def pair(lo: List[int], hi: List[int]) -> List[int]:
+            return [lo[v & 0xFF] ^ hi[v >> 8] for v in range(65536)]
+
+        _PAIRS = (pair(_T7, _T6), pair(_T5, _T4), pair(_T3, _T2), pair(_T1, _T0))
+    return _PAIRS
 
 
 def _update(crc: int, data: "bytes | bytearray | memoryview") -> int:
-    """As :func:`_update_bytewise`, 8 bytes per step (slicing-by-8): about
-    1.5x faster in CPython, which is what small frames cost."""
-    whole = len(data) & ~7
-    if whole:
-        t0, t1, t2, t3, t4, t5, t6, t7 = _T0, _T1, _T2, _T3, _T4, _T5, _T6, _T7
-        for (w,) in _WORD.iter_unpack(memoryview(data)[:whole]):
-            x = crc ^ (w & 0xFFFFFFFF)
-            h = w >> 32
-            crc = (
-                t7[x & 0xFF] ^ t6[(x >> 8) & 0xFF] ^ t5[(x >> 16) & 0xFF] ^ t4[x >> 24]
-                ^ t3[h & 0xFF] ^ t2[(h >> 8) & 0xFF] ^ t1[(h >> 16) & 0xFF] ^ t0[h >> 24]
-            )
-    table = _TABLE
-    for b in memoryview(data)[whole:]:
-        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    """As :func:`_update_bytewise`, 8 bytes per step (slicing-by-8 over
+    16-bit tables), then 4, 2 and 1: this is what small frames cost."""
+    n = len(data)
+    if n < 8:
+        return _update_bytewise(crc, data)
+    a, b, c, d = _PAIRS or _pairs()
+    whole = n & ~7
+    view = memoryview(data)
+    for (w,) in _WORD.iter_unpack(view[:whole]):
+        x = crc ^ (w & 0xFFFFFFFF)
+        h = w >> 32
+        crc = a[x & 0xFFFF] ^ b[x >> 16] ^ c[h & 0xFFFF] ^ d[h >> 16]
+    if n & 4:
+        x = crc ^ _HALF.unpack_from(view, whole)[0]
+        crc = c[x & 0xFFFF] ^ d[x >> 16]
+        whole += 4
+    if n & 2:
+        x = crc ^ _QUARTER.unpack_from(view, whole)[0]
+        crc = (crc >> 16) ^ d[x & 0xFFFF]
+        whole += 2
+    if n & 1:
+        crc = _TABLE[(crc ^ view[whole]) & 0xFF] ^ (crc >> 8)
     return crc
+
+
+def _c_implementation() -> Optional[Callable[[bytes], int]]:
+    if os.environ.get("CUBE_PURE_CRC32C"):
+        return None
+    try:
+        import google_crc32c  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    # Without its C extension the package falls back to Python slower than ours.
+    return google_crc32c.value if getattr(google_crc32c, "implementation", "") == "c" else None  # type: ignore
+
+
+_C_CRC32C = _c_implementation()
+#: Which code computes checksums: "google-crc32c (C)" or "Python".
+IMPLEMENTATION = "google-crc32c (C)" if _C_CRC32C is not None else "Python"
 
 
 def crc32c(data: "bytes | bytearray | memoryview") -> int:
     """The CRC-32C of ``data``: ``crc32c(b"123456789") == 0xE3069283``."""
+    c = _C_CRC32C
+    if c is not None:
+        return c(data if type(data) is bytes else bytes(data))
+    return crc32c_python(data)
+
+
+def crc32c_python(data: "bytes | bytearray | memoryview") -> int:
+    """:func:`crc32c` in Python (NumPy lanes from 16 KiB when installed)."""
     if len(data) >= NUMPY_MIN_BYTES and _numpy() is not None:
         return _crc32c_numpy(data)
     return _update(0xFFFFFFFF, data) ^ 0xFFFFFFFF

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence, Tuple
+from collections import deque
+from typing import TYPE_CHECKING, Any, Deque, Iterator, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .errors import ConnectionLost, CubeError
+from .errors import CubeConnectionError, CubeError, ServerError, server_error
 from .commands import MAX_BATCH_BYTES, MAX_BATCH_OPS, MAX_MGET_CELLS, MAX_SCAN_PAGE_CELLS, Call
 from .wire import CoordLike, Op, Reader, coord, enc_coord, enc_ns
 
@@ -115,21 +116,34 @@ def read_box(client: "Client", ns: str, lo: CoordLike, hi: CoordLike, dtype: Any
             return out
 
 
-#: Cells per batch by default. 4096 equals the daemon's cap on the records of
-#: one commit group, and was as fast as any size for `cubec import`
-#: (docs/benchmarks.md, "Import and export"); 65536 was slower.
-DEFAULT_BATCH_CELLS = 4096
+#: Cells per batch by default: None, the most the protocol allows (65536
+#: cells, fewer for items over 111 bytes: a batch holds at most 8 MiB of
+#: operations and fits one frame). The daemon's writer time per cell is the
+#: same for any batch size, and each batch costs one fdatasync, so fewer,
+#: larger batches are faster (docs/benchmarks.md, "Python client").
+DEFAULT_BATCH_CELLS: Optional[int] = None
+
+#: Batches sent ahead of the oldest unanswered one. The daemon serves one
+#: connection's batches in order, one at a time, so a second batch in
+#: flight is enough to keep it busy while this side encodes the next.
+BATCH_WINDOW = 2
 
 
-def _ops_per_batch(k: int, client: "Client", wanted: int) -> int:
+def _ops_per_batch(k: int, client: "Client", wanted: Optional[int]) -> int:
+    if wanted is not None and not 1 <= wanted <= MAX_BATCH_OPS:
+        raise ValueError(f"batch_cells is 1 to {MAX_BATCH_OPS} (or None for the largest), not {wanted}")
     op_bytes = 17 + k
     frame_room = client.max_frame_bytes - 20 - 1 - 65 - 4
-    return max(1, min(wanted, MAX_BATCH_OPS, MAX_BATCH_BYTES // op_bytes, frame_room // op_bytes))
+    most = min(MAX_BATCH_OPS, MAX_BATCH_BYTES // op_bytes, frame_room // op_bytes)
+    return max(1, most if wanted is None else min(wanted, most))
 
 
 def _put_batches(
-    client: "Client", ns: str, coords: np.ndarray, values: np.ndarray, dt: np.dtype, batch_cells: int
-) -> Iterator[Call]:
+    client: "Client", ns: str, coords: np.ndarray, values: np.ndarray, dt: np.dtype, batch_cells: Optional[int]
+) -> Iterator[Tuple[Call, int]]:
+    """``(batch request, its cell count)``, each encoded whole by NumPy:
+    one structured array of ``tag, coord, length, value`` records is the
+    operations' wire form (docs/protocol.md 6.8)."""
     k = dt.itemsize
     if k > client.max_value_bytes:
         raise ValueError(f"one {dt} is {k} bytes, over the server's max_value_bytes ({client.max_value_bytes})")
@@ -143,57 +157,108 @@ def _put_batches(
         ops["c"] = coords[start : start + n]
         ops["n"] = k
         ops["v"] = values[start : start + n]
-        yield Call(Op.BATCH, head + struct.pack("<I", n) + ops.tobytes(), lambda r: (r.u64(), r.u32()))
+        yield Call(Op.BATCH, head + struct.pack("<I", n) + ops.tobytes(), _batch_answer), n
 
 
-def _stream(client: "Client", calls: Iterator[Call], window: int = 2) -> List[Any]:
-    """Sends calls keeping up to ``window`` outstanding, so the next batch is
-    encoded and sent while the daemon commits the last. Only for requests
-    with small answers (the daemon must never block writing to us)."""
+def _batch_answer(r: Reader) -> Tuple[int, int]:
+    return r.u64(), r.u32()
+
+
+def _partial(error: ServerError, batch: int, first_cell: int, cells: int, written: int, total: int) -> ServerError:
+    """The daemon's refusal of one batch, said in terms of the whole write:
+    the same exception class and code, with ``cells_written`` set."""
+    after = written - first_cell  # every batch before the refused one was stored
+    also = f", and {after} cells of the batches sent after it before its refusal came back" if after else ""
+    out = server_error(
+        error.code,
+        f"{error.message} [batch {batch}, cells {first_cell} to {first_cell + cells - 1} of {total} in "
+        f"array order, was refused and stored nothing; {written} cells were written, in whole batches: "
+        f"the {first_cell} before it{also}; no batch was sent after the refusal came back]",
+        error.opcode,
+    )
+    out.cells_written = written
+    return out
+
+
+def _lost_midway(e: CubeConnectionError, written: int, total: int, in_flight: int) -> CubeConnectionError:
+    """A lost connection (or timeout) during a write, with what was stored."""
+    out = type(e)(
+        f"{e} [{written} of {total} cells were acknowledged, in whole batches; the {in_flight} batch(es) "
+        "in flight may or may not be stored, each whole or not at all]"
+    )
+    out.cells_written = written
+    return out
+
+
+def _stream(client: "Client", batches: Iterator[Tuple[Call, int]], total: int, window: int = BATCH_WINDOW) -> int:
+    """Sends the batches in order, keeping up to ``window`` unanswered, so
+    the next batch is encoded and sent while the daemon commits the last.
+    Stops sending at the first refusal, reads the answers still due, then
+    raises it with ``cells_written`` (the cells of every acknowledged
+    batch). Returns the cells written. Only for requests with small answers
+    (the daemon must never block writing to us)."""
     from .client import _decode
 
     sock = client._ready()
-    results: List[Any] = []
-    outstanding: List[Tuple[Call, int]] = []
-    first_error: Optional[BaseException] = None
+    outstanding: Deque[Tuple[Call, int, int, int, int]] = deque()  # call, request id, batch, first cell, cells
+    written = sent = 0
+    refusal: Optional[Tuple[ServerError, int, int, int]] = None
 
     def read_one() -> None:
-        nonlocal first_error
-        call, rid = outstanding.pop(0)
+        nonlocal written, refusal
+        call, rid, index, first, cells = outstanding.popleft()
         result = _decode(call, client._read_frame(sock, rid))
-        if isinstance(result, BaseException):
-            first_error = first_error or result
-        results.append(result)
+        if isinstance(result, ServerError):
+            refusal = refusal or (result, index, first, cells)
+        elif isinstance(result, BaseException):
+            raise result
+        else:
+            written += cells
 
     try:
-        for call in calls:
+        for index, (call, cells) in enumerate(batches):
             frames, rid = client._frames([call])
             sock.sendall(frames[0])
-            outstanding.append((call, rid))
+            outstanding.append((call, rid, index, sent, cells))
+            sent += cells
             if len(outstanding) >= window:
                 read_one()
-            if first_error is not None:
+            if refusal is not None:
                 break
         while outstanding:
             read_one()
-    except CubeError:
+    except CubeConnectionError as e:  # while reading an answer: its batch was in flight too
+        raise _lost_midway(e, written, total, len(outstanding) + 1) from e
+    except CubeError as e:
+        e.cells_written = written
         raise
-    except OSError as e:
-        client._drop(str(e))
+    except OSError as e:  # a send failed or timed out
+        failure = client._io_failure(sock, e, len(outstanding) + 1)
+        if not isinstance(failure, CubeConnectionError):
+            raise failure from e  # the daemon's refusal frame, found in the socket
+        raise _lost_midway(failure, written, total, len(outstanding) + 1) from e
+    if refusal is not None:
+        raise _partial(*refusal, written, total)
+    return written
 
-        raise ConnectionLost(f"lost the connection to cubed while writing batches ({e}); "
-                             f"{len(results)} batches were acknowledged, later ones may or may not be stored") from e
-    if first_error is not None:
-        raise first_error
-    return results
 
-
-def write_cells(client: "Client", ns: str, coords: Any, values: Any, batch_cells: int = DEFAULT_BATCH_CELLS) -> int:
+def write_cells(
+    client: "Client", ns: str, coords: Any, values: Any, batch_cells: Optional[int] = DEFAULT_BATCH_CELLS
+) -> int:
     """Stores ``values[i]`` at ``coords[i]`` (an ``(N, 3)`` integer array),
-    each as one little-endian item of ``values.dtype``, in atomic batches of
-    ``batch_cells`` cells (at most 65536), each acknowledged once durable. Returns
-    the number of cells written. A batch refused raises and stores nothing
-    of itself; earlier batches stay stored."""
+    each as one little-endian item of ``values.dtype``. Returns the number
+    of cells written.
+
+    The cells go in order in atomic ``batch`` requests of ``batch_cells``
+    cells (None, the default: the most one batch may hold, 65536 for items
+    up to 111 bytes), two in flight at a time; each is acknowledged once
+    durable. The write as a whole is not one transaction: if the daemon
+    refuses a batch (a quota, the namespace dropped), that batch stores
+    nothing, no further batch is sent, and its :class:`ServerError` is
+    raised with ``cells_written`` set to the cells of the batches stored
+    (whole batches, in array order; the message says which); a lost
+    connection raises :class:`ConnectionLost` with ``cells_written`` the
+    cells acknowledged."""
     c = np.asarray(coords)
     v = np.asarray(values)
     if c.ndim != 2 or c.shape[1] != 3:
@@ -203,21 +268,22 @@ def write_cells(client: "Client", ns: str, coords: Any, values: Any, batch_cells
     if len(c) and (c.min() < -(2**31) or c.max() > 2**31 - 1):
         raise ValueError("a coordinate is outside the 32-bit signed range")
     dt = _wire_dtype(v.dtype)
-    _stream(client, _put_batches(client, ns, c.astype("<i4"), v.astype(dt, copy=False), dt, batch_cells))
-    return len(v)
+    return _stream(client, _put_batches(client, ns, c.astype("<i4"), v.astype(dt, copy=False), dt, batch_cells), len(v))
 
 
 def write_box(
-    client: "Client", ns: str, lo: CoordLike, array: Any, skip: Any = None, batch_cells: int = DEFAULT_BATCH_CELLS
+    client: "Client", ns: str, lo: CoordLike, array: Any, skip: Any = None, batch_cells: Optional[int] = DEFAULT_BATCH_CELLS
 ) -> int:
     """Stores a 3-D array as the box starting at ``lo``: ``array[i, j, k]``
     goes to ``lo + (i, j, k)`` as one little-endian item of its dtype.
 
     Cells equal to ``skip`` (NaN matches NaN) are left unwritten, so
     ``write_box(..., skip=0)`` stores only the non-zero cells (it does not
-    delete what was there). Cells go in atomic batches of ``batch_cells``
-    (at most 65536), each acknowledged once durable; the box as a whole is not one
-    transaction. Returns the number of cells written."""
+    delete what was there). Returns the number of cells written. The cells
+    go in atomic batches as :func:`write_cells` sends them (``batch_cells``
+    each, by default the most a batch may hold), each acknowledged once
+    durable; the box as a whole is not one transaction: a refused batch
+    raises with ``cells_written`` set (see :func:`write_cells`)."""
     a = np.asarray(array)
     if a.ndim != 3:
         raise ValueError(f"write_box takes a 3-D array, not {a.ndim}-D (shape {a.shape})")

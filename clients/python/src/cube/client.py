@@ -6,6 +6,7 @@ import os
 import select
 import selectors
 import socket as _socket
+import struct
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import __version__
@@ -92,6 +93,7 @@ class Client(Commands):
         self.reconnect = reconnect
         self.client_name = client_name or f"cube-python/{__version__}"
         self._sock: Optional[_socket.socket] = None
+        self._poller: Any = None  # select.poll of _sock, for _ready's idle check
         self._rbuf = bytearray()
         self._next_id = 1
         self._lost: Optional[str] = None
@@ -114,6 +116,8 @@ class Client(Commands):
                 f"start it with `make run`, or pass socket=... / set {SOCKET_ENV_VAR}"
             ) from e
         self._sock = sock
+        self._poller = select.poll()  # not select(): it fails on descriptors past 1023
+        self._poller.register(sock, select.POLLIN)
         self._rbuf = bytearray()
         self._lost = None
         try:
@@ -130,7 +134,19 @@ class Client(Commands):
             raise ProtocolViolation(f"cubed speaks protocol version {version}; this client speaks {PROTOCOL_VERSION}")
         self.max_frame_bytes = min(frame_bytes, MAX_ANSWER_FRAME_BYTES)
         self.max_value_bytes = min(value_bytes, MAX_ANSWER_FRAME_BYTES)
-        sock.settimeout(self.timeout)
+        self._kernel_timeouts(sock)
+
+    def _kernel_timeouts(self, sock: _socket.socket) -> None:
+        """A blocking socket whose sends and receives give up after
+        ``timeout`` (SO_SNDTIMEO, SO_RCVTIMEO; EAGAIN then). Python's own
+        socket timeouts poll before every call, doubling the system calls
+        of a request."""
+        sock.settimeout(None)
+        if self.timeout is not None:
+            usec = max(1, round(self.timeout * 1e6))
+            tv = struct.pack("@ll", usec // 1_000_000, usec % 1_000_000)
+            sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_RCVTIMEO, tv)
+            sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_SNDTIMEO, tv)
 
     def _drop(self, why: str) -> None:
         if self._sock is not None:
@@ -159,9 +175,7 @@ class Client(Commands):
         closed it while idle (a restart between calls costs nothing)."""
         sock = self._sock
         if sock is not None and not self._rbuf:
-            poller = select.poll()  # not select(): it fails on descriptors past 1023
-            poller.register(sock, select.POLLIN)
-            if poller.poll(0):
+            if self._poller.poll(0):
                 # Idle, yet readable: the daemon closed (EOF) or sent a
                 # refusal frame before closing. Either way it is gone.
                 self._drop("cubed closed the connection while it was idle")
@@ -176,8 +190,24 @@ class Client(Commands):
 
     # -- requests --------------------------------------------------------
     def _submit(self, call: Call) -> Any:
-        self._ready()
-        result = self._exchange([call])[0]
+        # One request, one answer: the hot path of put and get, kept lean
+        # (no lists, one frame built in place).
+        sock = self._ready()
+        rid = self._next_id
+        self._next_id = rid + 1
+        body = call.body
+        f = HEADER.pack(len(body), crc32c(body), PROTOCOL_VERSION, call.opcode, rid) + body
+        if len(f) > self.max_frame_bytes:
+            self._next_id = rid
+            raise _too_large(call.opcode, len(f), self.max_frame_bytes)
+        try:
+            sock.sendall(f)
+            answer = self._read_frame(sock, rid)
+        except CubeError:
+            raise
+        except OSError as e:
+            raise self._io_failure(sock, e, 1)
+        result = _decode(call, answer)
         if isinstance(result, BaseException):
             raise result
         return result
@@ -188,10 +218,7 @@ class Client(Commands):
         for i, call in enumerate(calls):
             f = frame(call.opcode, first + i, call.body)
             if len(f) > self.max_frame_bytes:
-                raise ValueError(
-                    f"a {_op_name(call.opcode)} request of {len(f)} bytes is over the server's "
-                    f"max_frame_bytes ({self.max_frame_bytes}); send less per request"
-                )
+                raise _too_large(call.opcode, len(f), self.max_frame_bytes)
             frames.append(f)
         self._next_id += len(calls)
         return frames, first
@@ -211,46 +238,63 @@ class Client(Commands):
                 answers = self._pipelined(sock, frames, first)
         except CubeError:
             raise
-        except _socket.timeout:
-            self._drop("a timeout")
-            raise CubeTimeout(
-                f"no answer from cubed at {self.socket_path} within {self.timeout} s; the connection is "
-                f"dropped and {len(calls)} request(s) may or may not have been carried out"
-            ) from None
-        except (ConnectionError, OSError) as e:
-            self._raise_refusal(sock)
-            self._drop(str(e))
-            raise ConnectionLost(
-                f"lost the connection to cubed at {self.socket_path} ({e}); {len(calls)} request(s) "
-                "may or may not have been carried out"
-            ) from e
+        except OSError as e:
+            raise self._io_failure(sock, e, len(calls))
         return [_decode(call, answer) for call, answer in zip(calls, answers)]
+
+    def _io_failure(self, sock: _socket.socket, e: OSError, requests: int) -> CubeError:
+        """The error to raise for a send or receive that failed with ``e``
+        (``requests`` outstanding); the connection is dropped."""
+        if isinstance(e, (_socket.timeout, BlockingIOError)):  # EAGAIN: SO_RCVTIMEO/SO_SNDTIMEO expired
+            self._drop("a timeout")
+            timeout = CubeTimeout(
+                f"no answer from cubed at {self.socket_path} within {self.timeout} s; the connection is "
+                f"dropped and {requests} request(s) may or may not have been carried out"
+            )
+            timeout.__suppress_context__ = True
+            return timeout
+        self._raise_refusal(sock)
+        self._drop(str(e))
+        lost = ConnectionLost(
+            f"lost the connection to cubed at {self.socket_path} ({e}); {requests} request(s) "
+            "may or may not have been carried out"
+        )
+        lost.__cause__ = e
+        return lost
 
     def _pipelined(self, sock: _socket.socket, frames: List[bytes], first: int) -> List[Any]:
         out = memoryview(b"".join(frames))
         sent = 0
         answers: List[Any] = []
-        with selectors.DefaultSelector() as sel:
-            sel.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
-            while len(answers) < len(frames):
-                if sent == len(out):
-                    answers.append(self._read_frame(sock, first + len(answers)))
-                    continue
-                events = sel.select(self.timeout)
-                if not events:
-                    raise _socket.timeout()
-                mask = events[0][1]
-                if mask & selectors.EVENT_WRITE:
-                    sent += sock.send(out[sent : sent + 1024 * 1024])
-                if mask & selectors.EVENT_READ:
-                    self._recv_some(sock)
-                    while len(answers) < len(frames):
-                        answer = self._frame_from_buffer(first + len(answers))
-                        if answer is None:
-                            break
-                        answers.append(answer)
-                if sent == len(out):
-                    sel.modify(sock, selectors.EVENT_READ)
+        # Non-blocking while there is more to send: a blocking send of a
+        # big pipeline would wait for room the daemon makes only once we
+        # read its answers.
+        sock.setblocking(False)
+        try:
+            with selectors.DefaultSelector() as sel:
+                sel.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
+                while sent < len(out):
+                    events = sel.select(self.timeout)
+                    if not events:
+                        raise _socket.timeout()
+                    mask = events[0][1]
+                    if mask & selectors.EVENT_WRITE:
+                        try:
+                            sent += sock.send(out[sent : sent + 1024 * 1024])
+                        except BlockingIOError:
+                            pass  # the room went to someone else: wait again
+                    if mask & selectors.EVENT_READ:
+                        self._recv_some(sock)
+                        while len(answers) < len(frames):
+                            answer = self._frame_from_buffer(first + len(answers))
+                            if answer is None:
+                                break
+                            answers.append(answer)
+        finally:
+            if self._sock is sock:
+                self._kernel_timeouts(sock)
+        while len(answers) < len(frames):
+            answers.append(self._read_frame(sock, first + len(answers)))
         return answers
 
     def _raise_refusal(self, sock: _socket.socket) -> None:
@@ -271,9 +315,12 @@ class Client(Commands):
                 self._frame_from_buffer(0)  # raises the refusal's ServerError
 
     def _recv_some(self, sock: _socket.socket) -> None:
+        self._rbuf += self._recv_chunk(sock)
+
+    def _recv_chunk(self, sock: _socket.socket) -> bytes:
         try:
             chunk = sock.recv(1024 * 1024)
-        except _socket.timeout:
+        except (_socket.timeout, BlockingIOError):  # EAGAIN: SO_RCVTIMEO expired
             self._drop("a timeout")
             raise CubeTimeout(
                 f"no answer from cubed at {self.socket_path} within {self.timeout} s; the connection is "
@@ -291,9 +338,17 @@ class Client(Commands):
                 f"cubed at {self.socket_path} closed the connection; outstanding requests may or may "
                 "not have been carried out"
             )
-        self._rbuf += chunk
+        return chunk
 
     def _read_frame(self, sock: _socket.socket, request_id: int) -> Any:
+        if not self._rbuf:
+            # Usually one recv holds exactly one answer: check it in place.
+            chunk = self._recv_chunk(sock)
+            if len(chunk) >= HEADER_BYTES:
+                body_len, crc, version, opcode, rid = HEADER.unpack_from(chunk, 0)
+                if len(chunk) == HEADER_BYTES + body_len:
+                    return self._check_frame(chunk[HEADER_BYTES:], crc, version, opcode, rid, request_id)
+            self._rbuf += chunk
         while True:
             answer = self._frame_from_buffer(request_id)
             if answer is not None:
@@ -314,6 +369,13 @@ class Client(Commands):
             return None
         body = bytes(buf[HEADER_BYTES : HEADER_BYTES + body_len])
         del buf[: HEADER_BYTES + body_len]
+        return self._check_frame(body, crc, version, opcode, rid, request_id)
+
+    def _check_frame(
+        self, body: bytes, crc: int, version: int, opcode: int, rid: int, request_id: int
+    ) -> Tuple[int, bytes]:
+        """A whole frame as ``(opcode, body)`` (a per-request failure in
+        place of the body), or raises when the stream itself is broken."""
         if opcode == RESPONSE_BIT and rid == 0:
             # A refusal frame (8.4): the connection is gone after it.
             self._drop("a refusal frame")
@@ -404,7 +466,9 @@ class Client(Commands):
 
         return read_box(self, ns, lo, hi, dtype, fill=fill)
 
-    def write_box(self, ns: str, lo: CoordLike, array: Any, skip: Any = None, batch_cells: int = 4096) -> int:
+    def write_box(
+        self, ns: str, lo: CoordLike, array: Any, skip: Any = None, batch_cells: Optional[int] = None
+    ) -> int:
         """See :func:`cube.arrays.write_box`."""
         from .arrays import write_box
 
@@ -416,7 +480,7 @@ class Client(Commands):
 
         return read_cells(self, ns, coords, dtype, fill=fill)
 
-    def write_cells(self, ns: str, coords: Any, values: Any, batch_cells: int = 4096) -> int:
+    def write_cells(self, ns: str, coords: Any, values: Any, batch_cells: Optional[int] = None) -> int:
         """See :func:`cube.arrays.write_cells`."""
         from .arrays import write_cells
 
@@ -549,6 +613,13 @@ def _follow(fetch: Callable[[Any], Tuple[List[Any], Any]]) -> Iterator[Any]:
             return
 
 
+def _too_large(opcode: int, frame_bytes: int, max_frame_bytes: int) -> ValueError:
+    return ValueError(
+        f"a {_op_name(opcode)} request of {frame_bytes} bytes is over the server's "
+        f"max_frame_bytes ({max_frame_bytes}); send less per request"
+    )
+
+
 def _op_name(opcode: int) -> str:
     try:
         return Op(opcode).name.lower().replace("_", "-")
@@ -563,9 +634,9 @@ def _decode(call: Call, answer: Tuple[int, Any]) -> Any:
         return body
     if opcode not in (call.opcode | RESPONSE_BIT, RESPONSE_BIT):
         return ProtocolViolation(f"answer opcode 0x{opcode:04x} to a request of opcode 0x{call.opcode:04x}")
-    r = Reader(body, what=call.opcode)
+    r = Reader(body, 1, call.opcode)
     try:
-        status = r.u8()
+        status = body[0] if body else r.u8()  # u8() raises the error on an empty body
         if status == 1:
             code, message = r.u16(), r.str16(4096)
             r.end()

@@ -125,7 +125,22 @@ def _stats(r: Reader) -> Dict[str, Union[int, float, str]]:
 
 
 def _optional_value(r: Reader) -> Optional[bytes]:
+    buf, pos = r.buf, r.pos
+    if len(buf) - pos >= 5 and buf[pos] == 1:  # found, as get mostly answers: parsed in place
+        end = pos + 5 + _U32.unpack_from(buf, pos + 1)[0]
+        if end == len(buf):
+            r.pos = end
+            return bytes(buf[pos + 5 : end])
     return r.blob() if r.bool() else None
+
+
+def _u64(r: Reader) -> int:
+    return r.u64()
+
+
+# Plain ints for the hottest calls (an IntEnum member costs a little more).
+_PUT, _GET = int(Op.PUT), int(Op.GET)
+_U32 = struct.Struct("<I")
 
 
 def _cursor(r: Reader) -> Optional[wire.Coord]:
@@ -405,16 +420,15 @@ class Commands:
     def put(self, ns: str, coord: CoordLike, value: Bytes) -> int:
         """Stores ``value`` (bytes; a str is sent as UTF-8) at ``coord``; returns
         the write's LSN once it is durable."""
-        raw = as_bytes(value)
-        if len(raw) > self.max_value_bytes:
-            raise ValueError(
-                f"value is {len(raw)} bytes, over the server's max_value_bytes ({self.max_value_bytes})"
-            )
-        return self._submit(Call(Op.PUT, enc_ns(ns) + enc_coord(coord) + enc_blob(raw), lambda r: r.u64()))
+        raw = value if type(value) is bytes else as_bytes(value)
+        n = len(raw)
+        if n > self.max_value_bytes:
+            raise ValueError(f"value is {n} bytes, over the server's max_value_bytes ({self.max_value_bytes})")
+        return self._submit(Call(_PUT, enc_ns(ns) + enc_coord(coord) + _U32.pack(n) + raw, _u64))
 
     def get(self, ns: str, coord: CoordLike) -> Optional[bytes]:
         """The value at ``coord``, or None when the cell is empty."""
-        return self._submit(Call(Op.GET, enc_ns(ns) + enc_coord(coord), _optional_value))
+        return self._submit(Call(_GET, enc_ns(ns) + enc_coord(coord), _optional_value))
 
     def delete(self, ns: str, coord: CoordLike) -> DelResult:
         """Removes the cell's value (the protocol's ``del``): ``(lsn, existed)``."""

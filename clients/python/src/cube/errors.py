@@ -18,7 +18,13 @@ from typing import Dict, Optional, Type
 
 
 class CubeError(Exception):
-    """Base class of every exception this package raises on purpose."""
+    """Base class of every exception this package raises on purpose.
+
+    ``cells_written`` is set on one raised by ``write_box`` or
+    ``write_cells``: how many cells were stored before it (whole batches,
+    each acknowledged); None elsewhere."""
+
+    cells_written: Optional[int] = None
 
 
 class CubeConnectionError(CubeError):

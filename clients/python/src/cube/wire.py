@@ -80,16 +80,33 @@ _COORD = struct.Struct("<iii")
 
 
 def enc_coord(c: CoordLike) -> bytes:
+    if type(c) is tuple or type(c) is list:
+        try:  # the common case, without coord()'s checks: struct does them
+            return _COORD.pack(*c)
+        except (struct.error, TypeError):
+            pass  # coord() says what is wrong (or converts, e.g. floats)
     return _COORD.pack(*coord(c))
 
 
+_NS_CACHE: "dict[str, bytes]" = {}
+_NS_CACHE_MAX = 256
+
+
 def enc_ns(name: str) -> bytes:
+    # Encoded once per name: a program uses a handful of namespaces.
+    cached = _NS_CACHE.get(name)
+    if cached is not None:
+        return cached
     raw = name.encode("utf-8")
     if len(raw) > 255:
         raise ValueError(
             f"namespace name is {len(raw)} bytes; names are 1 to 64 bytes of a-z, 0-9, _ and -"
         )
-    return bytes((len(raw),)) + raw
+    out = bytes((len(raw),)) + raw
+    if len(_NS_CACHE) >= _NS_CACHE_MAX:
+        _NS_CACHE.clear()
+    _NS_CACHE[name] = out
+    return out
 
 
 def enc_str16(text: str, max_bytes: int, what: str) -> bytes:
