@@ -128,7 +128,7 @@ crash: release
 # the programs' fast API path. docs/robustness.md, "Fuzzing".
 FUZZ_SECONDS ?= 60
 FUZZ_ENGINE ?= auto
-FUZZ_TARGETS := protocol_frames wal_segment checkpoint_file program_source program_run
+FUZZ_TARGETS := protocol_frames wal_segment checkpoint_file run_file program_source program_run
 fuzz:
 	@engine=$(FUZZ_ENGINE); \
 	if [ $$engine = auto ]; then \

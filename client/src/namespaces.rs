@@ -152,13 +152,10 @@ mod tests {
         stream.write_all(&out).unwrap();
     }
 
-    #[test]
-    fn namespace_methods_send_their_requests_and_read_their_answers() {
-        let reader = NamespaceGrant {
-            uid: 1001,
-            read_only: true,
-        };
-        let script = vec![
+    /// The requests the test's calls send, each with the answer the fake
+    /// daemon gives it.
+    fn script(reader: NamespaceGrant) -> Vec<(Request, Result<Response, ServerError>)> {
+        vec![
             (
                 Request::NsCreate {
                     ns: ns("tenant-a"),
@@ -212,12 +209,16 @@ mod tests {
                 Request::NsInfo { ns: ns("tenant-a") },
                 Ok(Response::NsGranted(info(Vec::new()))),
             ),
-        ];
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("fake.sock");
-        let listener = UnixListener::bind(&path).unwrap();
-        let expected = script.clone();
-        let server = thread::spawn(move || {
+        ]
+    }
+
+    /// A fake daemon on `listener` that answers one client's hello, then
+    /// checks each request against `expected` and gives its answer.
+    fn fake_daemon(
+        listener: UnixListener,
+        expected: Vec<(Request, Result<Response, ServerError>)>,
+    ) -> thread::JoinHandle<()> {
+        thread::spawn(move || {
             let (mut s, _) = listener.accept().unwrap();
             let (id, _) = read_request(&mut s);
             let hello = Response::Hello {
@@ -239,7 +240,19 @@ mod tests {
                     }
                 }
             }
-        });
+        })
+    }
+
+    #[test]
+    fn namespace_methods_send_their_requests_and_read_their_answers() {
+        let reader = NamespaceGrant {
+            uid: 1001,
+            read_only: true,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fake.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let server = fake_daemon(listener, script(reader));
 
         let mut client = Client::connect(&path).unwrap();
         let spec = NamespaceSpec {

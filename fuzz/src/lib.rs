@@ -12,6 +12,9 @@
 //!   recovery (or `--repair`) has accepted recovers again to the same
 //!   records.
 //! - [`checkpoint_file`]: the engine opens or refuses; it never panics.
+//! - [`run_file`]: a run file opens or is refused; every entry a range
+//!   yields, a point read of its key yields too, keys come in order, and a
+//!   batched read (`get_many`) answers as point reads do.
 //! - [`program_source`]: compiling a cell program (Lua) answers or refuses,
 //!   never panics, within the server's source limit.
 //! - [`program_run`]: a cell program stored and run as `prog` and `run` do,
@@ -40,10 +43,11 @@ use cube_store::{Engine, EngineConfig, MemStore, Mutation, OpenMode, RecoveryOpt
 pub type Target = fn(&[u8]);
 
 /// The targets, by name: what both drivers iterate over.
-pub const TARGETS: [(&str, Target); 5] = [
+pub const TARGETS: [(&str, Target); 6] = [
     ("protocol_frames", protocol_frames),
     ("wal_segment", wal_segment),
     ("checkpoint_file", checkpoint_file),
+    ("run_file", run_file),
     ("program_source", program_source),
     ("program_run", program_run),
 ];
@@ -538,6 +542,138 @@ fn count_entries(payload: &[u8]) -> u64 {
         }
         n += 1;
     }
+}
+
+// ---------------------------------------------------------------------------
+// Run files
+// ---------------------------------------------------------------------------
+
+/// The key and data dir id the seeds' authenticated and sealed run files
+/// were written with (`cube-fuzz-seeds`), so that their MACs verify.
+pub const RUN_FILE_KEY: [u8; 32] = [0x3c; 32];
+pub const RUN_FILE_DIR_ID: [u8; 16] = [0x5d; 16];
+const RUN_FOOTER_BYTES: usize = cube_store::run_file::FOOTER_BYTES;
+const RUN_INDEX_ENTRY_BYTES: usize = cube_store::run_file::format::INDEX_ENTRY_BYTES;
+
+/// The input as a run file, opened as each kind (plain, authenticated,
+/// sealed) through a cache of a few blocks, then read: a point read of
+/// every block's first key and of keys taken from the input, and the whole
+/// range. Then again with its checksums repaired as a plain file
+/// ([`fix_run_file`]), to get past the CRCs into the index and block
+/// decoders. Errors are answers; a panic, keys out of order, or a point
+/// read that disagrees with the range is a finding.
+pub fn run_file(data: &[u8]) {
+    use cube_store::crypto::{Keyring, MasterKey};
+    use cube_store::run_file::Protection;
+    let data = cap(data);
+    let keyring = Arc::new(Keyring::new(Some(MasterKey::from_bytes(RUN_FILE_KEY)), 0));
+    let kinds = [
+        Protection::Plain,
+        Protection::Authenticated {
+            keyring: Arc::clone(&keyring),
+            dir_id: RUN_FILE_DIR_ID,
+        },
+        Protection::Sealed {
+            keyring,
+            dir_id: RUN_FILE_DIR_ID,
+        },
+    ];
+    for protection in &kinds {
+        read_run_file(data.to_vec(), protection);
+    }
+    read_run_file(fix_run_file(data), &Protection::Plain);
+}
+
+fn read_run_file(bytes: Vec<u8>, protection: &cube_store::run_file::Protection) {
+    use cube_store::run_file::{BlockCache, RunReader};
+    let probes: Vec<u128> = bytes
+        .chunks_exact(16)
+        .take(16)
+        .map(|c| u128::from_le_bytes(c.try_into().unwrap_or([0; 16])))
+        .collect();
+    let cache = Arc::new(BlockCache::new(16 * 1024));
+    let Ok(reader) = RunReader::open_source(
+        Box::new(bytes),
+        Path::new("fuzz.run"),
+        protection,
+        cache,
+    ) else {
+        return;
+    };
+    let fences = reader.index().first_keys.clone();
+    for key in fences.iter().chain(&probes) {
+        let _ = reader.get(*key);
+    }
+    // A batched read answers as point reads do (both through the cache,
+    // both checking every block they read).
+    for (key, batched) in probes.iter().zip(reader.get_many(&probes)) {
+        if let (Ok(batched), Ok(single)) = (batched, reader.get(*key)) {
+            assert_eq!(
+                batched.map(|v| v.map(|v| v.to_vec())),
+                single.map(|v| v.map(|v| v.to_vec())),
+                "key {key}: get_many disagrees with get"
+            );
+        }
+    }
+    let mut last = None;
+    for entry in reader.range(0, u128::MAX) {
+        let Ok((key, value)) = entry else { break };
+        assert!(last < Some(key), "keys out of order: {last:?} then {key}");
+        last = Some(key);
+        if let Ok(got) = reader.get(key) {
+            assert_eq!(
+                got.map(|v| v.map(|v| v.to_vec())),
+                Some(value.map(|v| v.to_vec())),
+                "key {key}: a point read disagrees with the range"
+            );
+        }
+    }
+    let _ = reader.verify();
+}
+
+/// Makes the input a plain run file as far as it can: footer magic,
+/// version and flags, an index placed before the footer as its fields
+/// allow, every block's checksum where the index puts it, and the index's
+/// and footer's checksums.
+pub fn fix_run_file(file: &[u8]) -> Vec<u8> {
+    let mut out = file.to_vec();
+    if out.len() < RUN_FOOTER_BYTES {
+        return out;
+    }
+    let footer = out.len() - RUN_FOOTER_BYTES;
+    out[footer..footer + 8].copy_from_slice(b"CUBERUNF");
+    put_u32(&mut out, footer + 8, 1);
+    put_u32(&mut out, footer + 12, 0);
+    out[footer + 72..footer + 104].fill(0);
+    // The index fills what is before the footer, from where it says.
+    let blocks = u64_at(&out, footer + 48).unwrap_or(0) % 4096;
+    let index_len = if blocks == 0 {
+        4
+    } else {
+        blocks as usize * RUN_INDEX_ENTRY_BYTES + 16 + 4
+    };
+    let Some(index_at) = footer.checked_sub(index_len) else {
+        return out;
+    };
+    put_u64(&mut out, footer + 48, blocks);
+    put_u64(&mut out, footer + 56, index_at as u64);
+    put_u64(&mut out, footer + 64, index_len as u64);
+    for i in 0..blocks as usize {
+        let entry = index_at + i * RUN_INDEX_ENTRY_BYTES;
+        let (Some(at), Some(len)) = (u64_at(&out, entry + 16), u32_at(&out, entry + 24)) else {
+            break;
+        };
+        let (at, len) = (at as usize, len as usize);
+        if len >= 4 && at.checked_add(len).is_some_and(|end| end <= index_at) {
+            let crc = crc32c::crc32c(&out[at..at + len - 4]);
+            put_u32(&mut out, at + len - 4, crc);
+        }
+    }
+    let crc = crc32c::crc32c(&out[index_at..footer - 4]);
+    put_u32(&mut out, footer - 4, crc);
+    let crc = crc32c::crc32c(&out[footer..footer + 104]);
+    put_u32(&mut out, footer + 104, crc);
+    out
 }
 
 // ---------------------------------------------------------------------------

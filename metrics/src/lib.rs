@@ -166,6 +166,31 @@ const COUNTERS: &[(&str, &str, &str)] = &[
         "cube_program_steps_redone_total",
         "Parallel steps redone on the writer alone.",
     ),
+    (
+        "watch.changes_delivered",
+        "cube_watch_changes_delivered_total",
+        "Changes written to watchers, live and replayed.",
+    ),
+    (
+        "watch.direct_writes",
+        "cube_watch_direct_writes_total",
+        "Deliveries the watch dispatcher wrote to a caught-up watcher's socket itself.",
+    ),
+    (
+        "watch.queued_deliveries",
+        "cube_watch_queued_deliveries_total",
+        "Deliveries handed to a watch's own thread.",
+    ),
+    (
+        "watch.resyncs_history_gone",
+        "cube_watch_resyncs_history_gone_total",
+        "Watches answered resync: the history asked for is gone.",
+    ),
+    (
+        "watch.resyncs_too_slow",
+        "cube_watch_resyncs_too_slow_total",
+        "Watches answered resync: the watcher fell past --watch-buffer-bytes.",
+    ),
 ];
 
 /// Units per second of the stats rows' unit suffixes (a division by them

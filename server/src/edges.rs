@@ -11,9 +11,10 @@
 //! so that the value and every incident edge go in one atomic record.
 
 use cube_protocol::{
-    Coord, EdgeWeight, ErrorCode, MAX_EDGE_LIST, NamespaceName, Request, Response, ServerError,
+    Coord, Direction, EdgeLabel, EdgeWeight, ErrorCode, MAX_EDGE_LIST, NamespaceName, Request,
+    Response, ServerError,
 };
-use cube_store::{EdgeKey, Mutation, PathError, WalkLimits, WriteSession};
+use cube_store::{EdgeKey, MemStore, Mutation, PathError, WalkLimits, WriteSession};
 
 use crate::config::Args;
 use crate::connection::{no_such_namespace, write_error};
@@ -45,43 +46,14 @@ pub(crate) fn handle(
             from,
             to,
             label,
-        } => {
-            let mutation = Mutation::Unlink {
-                ns,
-                edge: EdgeKey::new(from, to, label),
-            };
-            let ack = writer(session)?
-                .write(mutation)
-                .map_err(|e| write_error(&e))?;
-            Ok(Response::Unlink {
-                lsn: ack.lsn,
-                existed: ack.existed,
-            })
-        }
+        } => unlink(session, ns, EdgeKey::new(from, to, label)),
         Request::Detach { ns, coord } => detach(session, ns, coord),
         Request::Edges {
             ns,
             coord,
             direction,
             label,
-        } => {
-            let fits = (args.max_frame_bytes as usize).saturating_sub(64) / MAX_EDGE_ENTRY_BYTES;
-            let limit = fits.min(MAX_EDGE_LIST as usize);
-            let edges = mem
-                .edges(&ns, coord, direction, label.as_ref(), limit + 1)
-                .ok_or_else(|| no_such_namespace(&ns))?;
-            if edges.len() > limit {
-                return Err(ServerError::new(
-                    ErrorCode::LimitExceeded,
-                    format!(
-                        "{coord} has more than {limit} edges in direction {}, more than one answer \
-                         frame holds (cubed --max-frame-bytes); ask for --out or --in or one --label",
-                        direction.name()
-                    ),
-                ));
-            }
-            Ok(Response::Edges(edges))
-        }
+        } => edges(mem, args, ns, coord, direction, label),
         Request::Walk {
             ns,
             from,
@@ -103,28 +75,81 @@ pub(crate) fn handle(
             to,
             label,
             max_cost,
-        } => {
-            if max_cost.is_nan() || max_cost < 0.0 {
-                return Err(ServerError::new(
-                    ErrorCode::InvalidArgument,
-                    format!("path max_cost {max_cost} must be a number >= 0 (+inf: no bound)"),
-                ));
-            }
-            let limits = args.walk_limits();
-            let outcome = mem
-                .path(&ns, from, to, label.as_ref(), max_cost, limits)
-                .ok_or_else(|| no_such_namespace(&ns))?
-                .map_err(|e| path_error(e, &limits))?;
-            Ok(Response::Path {
-                edges_examined: outcome.edges_examined,
-                path: outcome.path,
-            })
-        }
+        } => path(mem, args, ns, from, to, label, max_cost),
         other => Err(ServerError::new(
             ErrorCode::Internal,
             format!("{} reached the edge handler", other.opcode().name()),
         )),
     }
+}
+
+fn unlink(
+    session: Option<&WriteSession>,
+    ns: NamespaceName,
+    edge: EdgeKey,
+) -> Result<Response, ServerError> {
+    let ack = writer(session)?
+        .write(Mutation::Unlink { ns, edge })
+        .map_err(|e| write_error(&e))?;
+    Ok(Response::Unlink {
+        lsn: ack.lsn,
+        existed: ack.existed,
+    })
+}
+
+/// The edges at `coord`, refused when more than one answer frame holds.
+fn edges(
+    mem: &MemStore,
+    args: &Args,
+    ns: NamespaceName,
+    coord: Coord,
+    direction: Direction,
+    label: Option<EdgeLabel>,
+) -> Result<Response, ServerError> {
+    let fits = (args.max_frame_bytes as usize).saturating_sub(64) / MAX_EDGE_ENTRY_BYTES;
+    let limit = fits.min(MAX_EDGE_LIST as usize);
+    let edges = mem
+        .edges(&ns, coord, direction, label.as_ref(), limit + 1)
+        .ok_or_else(|| no_such_namespace(&ns))?;
+    if edges.len() > limit {
+        return Err(ServerError::new(
+            ErrorCode::LimitExceeded,
+            format!(
+                "{coord} has more than {limit} edges in direction {}, more than one answer \
+                 frame holds (cubed --max-frame-bytes); ask for --out or --in or one --label",
+                direction.name()
+            ),
+        ));
+    }
+    Ok(Response::Edges(edges))
+}
+
+/// The cheapest path from `from` to `to` within `max_cost` and the server's walk
+/// limits.
+fn path(
+    mem: &MemStore,
+    args: &Args,
+    ns: NamespaceName,
+    from: Coord,
+    to: Coord,
+    label: Option<EdgeLabel>,
+    max_cost: f64,
+) -> Result<Response, ServerError> {
+    if max_cost.is_nan() || max_cost < 0.0 {
+        return Err(ServerError::new(
+            ErrorCode::InvalidArgument,
+            format!("path max_cost {max_cost} must be a number >= 0 (+inf: no bound)"),
+        ));
+    }
+    let limits = args.walk_limits();
+    let outcome = mem
+        .path(&ns, from, to, label.as_ref(), max_cost, limits)
+        .ok_or_else(|| no_such_namespace(&ns))?
+        .map_err(|e| path_error(e, &limits))?;
+    Ok(Response::Path {
+        edges_examined: outcome.edges_examined,
+        path: outcome.path,
+    })
 }
 
 fn writer(session: Option<&WriteSession>) -> Result<&WriteSession, ServerError> {

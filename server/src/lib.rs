@@ -31,6 +31,8 @@ mod signals;
 pub mod verify;
 mod watch;
 mod watch_hub;
+mod watch_outlet;
+mod watch_stats;
 mod write_reply;
 
 pub use config::Args;

@@ -25,38 +25,11 @@ pub(crate) fn handle(
     mem: &MemStore,
     session: Option<&WriteSession>,
 ) -> Result<Response, ServerError> {
-    let session = || {
-        session.ok_or_else(|| {
-            ServerError::new(
-                ErrorCode::ShuttingDown,
-                "cubed is shutting down; nothing was changed",
-            )
-        })
-    };
     match request {
-        Request::NsCreate { ns, spec } => {
-            if !peer.is_admin && !args.ns_create_uids.allows(peer.uid) {
-                return Err(ServerError::new(
-                    ErrorCode::PermissionDenied,
-                    format!(
-                        "uid {} may not create namespaces on this daemon (--ns-create-uids); \
-                         ask its operator for one, or for a grant on an existing namespace",
-                        peer.uid
-                    ),
-                ));
-            }
-            let meta = new_meta(&spec, peer.uid);
-            session()?
-                .write(Mutation::NamespaceCreate {
-                    ns: ns.clone(),
-                    meta,
-                })
-                .map_err(|e| write_error(&e))?;
-            Ok(Response::NsCreated(info(mem, &ns)?))
-        }
+        Request::NsCreate { ns, spec } => create(args, peer, mem, session, ns, &spec),
         Request::NsDrop { ns } => {
             let cells = mem.namespace_usage(&ns).map_or(0, |u| u.cells);
-            let ack = session()?
+            let ack = writer(session)?
                 .write(Mutation::NamespaceDrop { ns })
                 .map_err(|e| write_error(&e))?;
             Ok(Response::NsDropped {
@@ -76,35 +49,9 @@ pub(crate) fn handle(
         }
         Request::NsInfo { ns } => Ok(Response::NsInfo(info(mem, &ns)?)),
         Request::NsGrant { ns, uid, read_only } => {
-            let name = ns.as_str().to_string();
-            alter(session()?, &ns, move |meta| {
-                if meta.grant(Grant { uid, read_only }) {
-                    Ok(())
-                } else {
-                    Err(ServerError::new(
-                        ErrorCode::LimitExceeded,
-                        format!(
-                            "namespace {name:?} already has {} grants, the most it may have; revoke one first",
-                            cube_store::namespace::MAX_GRANTS
-                        ),
-                    ))
-                }
-            })?;
-            Ok(Response::NsGranted(info(mem, &ns)?))
+            grant(mem, session, ns, Grant { uid, read_only })
         }
-        Request::NsRevoke { ns, uid } => {
-            alter(session()?, &ns, move |meta| {
-                if meta.revoke(uid) {
-                    Ok(())
-                } else {
-                    Err(ServerError::new(
-                        ErrorCode::InvalidArgument,
-                        format!("uid {uid} has no grant in this namespace; nothing to revoke"),
-                    ))
-                }
-            })?;
-            Ok(Response::NsRevoked(info(mem, &ns)?))
-        }
+        Request::NsRevoke { ns, uid } => revoke(mem, session, ns, uid),
         _ => Err(ServerError::new(
             ErrorCode::Internal,
             "not a namespace request",
@@ -120,6 +67,89 @@ pub(crate) fn handle(
         }
         Ok(response)
     })
+}
+
+/// The connection's writer handle, or why there is none.
+fn writer(session: Option<&WriteSession>) -> Result<&WriteSession, ServerError> {
+    session.ok_or_else(|| {
+        ServerError::new(
+            ErrorCode::ShuttingDown,
+            "cubed is shutting down; nothing was changed",
+        )
+    })
+}
+
+/// `ns create`, for a uid `--ns-create-uids` allows.
+fn create(
+    args: &crate::config::Args,
+    peer: &Peer,
+    mem: &MemStore,
+    session: Option<&WriteSession>,
+    ns: NamespaceName,
+    spec: &NamespaceSpec,
+) -> Result<Response, ServerError> {
+    if !peer.is_admin && !args.ns_create_uids.allows(peer.uid) {
+        return Err(ServerError::new(
+            ErrorCode::PermissionDenied,
+            format!(
+                "uid {} may not create namespaces on this daemon (--ns-create-uids); \
+                 ask its operator for one, or for a grant on an existing namespace",
+                peer.uid
+            ),
+        ));
+    }
+    let meta = new_meta(spec, peer.uid);
+    writer(session)?
+        .write(Mutation::NamespaceCreate {
+            ns: ns.clone(),
+            meta,
+        })
+        .map_err(|e| write_error(&e))?;
+    Ok(Response::NsCreated(info(mem, &ns)?))
+}
+
+/// `ns grant`, refused past the namespace's most grants.
+fn grant(
+    mem: &MemStore,
+    session: Option<&WriteSession>,
+    ns: NamespaceName,
+    grant: Grant,
+) -> Result<Response, ServerError> {
+    let name = ns.as_str().to_string();
+    alter(writer(session)?, &ns, move |meta| {
+        if meta.grant(grant) {
+            Ok(())
+        } else {
+            Err(ServerError::new(
+                ErrorCode::LimitExceeded,
+                format!(
+                    "namespace {name:?} already has {} grants, the most it may have; revoke one first",
+                    cube_store::namespace::MAX_GRANTS
+                ),
+            ))
+        }
+    })?;
+    Ok(Response::NsGranted(info(mem, &ns)?))
+}
+
+/// `ns revoke`, refused for a uid with no grant.
+fn revoke(
+    mem: &MemStore,
+    session: Option<&WriteSession>,
+    ns: NamespaceName,
+    uid: u32,
+) -> Result<Response, ServerError> {
+    alter(writer(session)?, &ns, move |meta| {
+        if meta.revoke(uid) {
+            Ok(())
+        } else {
+            Err(ServerError::new(
+                ErrorCode::InvalidArgument,
+                format!("uid {uid} has no grant in this namespace; nothing to revoke"),
+            ))
+        }
+    })?;
+    Ok(Response::NsRevoked(info(mem, &ns)?))
 }
 
 fn new_meta(spec: &NamespaceSpec, owner_uid: u32) -> NamespaceMeta {

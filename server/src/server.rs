@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use cube_protocol::{ErrorCode, Response, ServerError, StatsEntry, StatsValue};
 use cube_store::{
     CheckpointConfig, Engine, EngineConfig, GroupCommitConfig, RealDisk, RecoveryOptions,
-    StoreError, SyncPolicy,
+    StoreError, StoreStatsSnapshot, SyncPolicy,
 };
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
@@ -107,19 +107,63 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
         return Err(DaemonError::AlreadyRunning(socket_path));
     }
     ensure_file_descriptors(args.max_connections);
-    if args.sync == SyncPolicy::Never {
+    warn_of_unsynced_writes(args.sync);
+    let watch = crate::watch_hub::WatchHub::start().map_err(DaemonError::Io)?;
+    let engine = open_engine(&args, &watch)?;
+    log_recovery(&engine);
+    watch.set_applied(engine.last_lsn());
+    warm_writer_vm(&engine);
+
+    let listener = bind_socket(&socket_path, args.socket_mode)?;
+    let shared = Arc::new(Shared::new(args, engine, watch));
+
+    if let Some(addr) = shared.args.metrics_listen {
+        let bound = crate::metrics_http::start(addr, Arc::clone(&shared))?;
+        info!("serving Prometheus metrics on http://{bound}/metrics");
+    }
+
+    let mut poll = Poll::new().map_err(DaemonError::Io)?;
+    let (_waker, stop_requested) = watch_listener_and_signals(&poll, &listener)?;
+
+    info!(
+        "listening on {} (data {}, sync {}, pid {})",
+        socket_path.display(),
+        shared.args.data.display(),
+        shared.args.sync,
+        std::process::id()
+    );
+    accept_until_stopped(&mut poll, &listener, &shared, &stop_requested)?;
+
+    info!("shutting down: no new connections; finishing in-flight requests");
+    drop(listener);
+    let _ = fs::remove_file(&socket_path);
+    shutdown(&shared);
+    Ok(())
+}
+
+/// Says, once at start, what a `--sync` that acknowledges writes before
+/// their fsync can lose.
+fn warn_of_unsynced_writes(sync: SyncPolicy) {
+    if sync == SyncPolicy::Never {
         warn!(
             "--sync never: writes are NEVER fsynced; a crash of the machine loses acknowledged writes. Benchmarks only."
         );
-    } else if let SyncPolicy::Interval { every, max_writes } = args.sync {
+    } else if let SyncPolicy::Interval { every, max_writes } = sync {
         warn!(
             "--sync {}: writes are acknowledged before fsync; a crash can lose up to {} ms or {max_writes} writes",
-            args.sync,
+            sync,
             every.as_millis()
         );
     }
-    let watch = crate::watch_hub::WatchHub::start().map_err(DaemonError::Io)?;
-    let engine = Engine::open(EngineConfig {
+}
+
+/// Opens (recovers) the store as the flags say, its applied groups told
+/// to `watch`.
+fn open_engine(
+    args: &Args,
+    watch: &Arc<crate::watch_hub::WatchHub>,
+) -> Result<Engine, DaemonError> {
+    Ok(Engine::open(EngineConfig {
         data_dir: args.data.clone(),
         storage: Arc::new(RealDisk),
         group_commit: GroupCommitConfig {
@@ -129,7 +173,7 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
             max_namespaces_per_owner: args.max_namespaces_per_uid as usize,
             unlimited_owners: vec![0, crate::access::daemon_uid()],
             answer_batch: Some(crate::write_reply::Cork::new_batch),
-            commit_listener: Some(Arc::clone(&watch) as Arc<dyn cube_store::CommitListener>),
+            commit_listener: Some(Arc::clone(watch) as Arc<dyn cube_store::CommitListener>),
             ..GroupCommitConfig::default()
         },
         recovery: RecoveryOptions {
@@ -141,40 +185,46 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
             ..CheckpointConfig::default()
         },
         key_file: args.key_file.clone(),
-    })?;
-    log_recovery(&engine);
-    watch.set_applied(engine.last_lsn());
-    // The writer's Lua VM, made now rather than inside the first `run`
-    // (half a millisecond of that run's latency, and of every write
-    // queued behind it).
+    })?)
+}
+
+/// Makes the writer's Lua VM now rather than inside the first `run` (half
+/// a millisecond of that run's latency, and of every write queued behind
+/// it).
+fn warm_writer_vm(engine: &Engine) {
     if let Some(session) = engine.session()
         && let Ok((Err(why), _)) = session.transact(|_| crate::programs::warm_writer_vm())
     {
         warn!("{why}; cell programs will fail until it can start");
     }
+}
 
-    let listener = bind_socket(&socket_path, args.socket_mode)?;
-    let programs = crate::programs::ProgramService::new(&args);
-    let args_memory = args.max_client_memory;
-    let shared = Arc::new(Shared {
-        programs,
-        watch,
-        engine,
-        args,
-        stats: CommandStats::default(),
-        shutting_down: AtomicBool::new(false),
-        client_memory: ClientMemory::new(args_memory),
-        per_uid: Mutex::new(HashMap::new()),
-        active: AtomicUsize::new(0),
-        started: Instant::now(),
-    });
-
-    if let Some(addr) = shared.args.metrics_listen {
-        let bound = crate::metrics_http::start(addr, Arc::clone(&shared))?;
-        info!("serving Prometheus metrics on http://{bound}/metrics");
+impl Shared {
+    fn new(args: Args, engine: Engine, watch: Arc<crate::watch_hub::WatchHub>) -> Shared {
+        let programs = crate::programs::ProgramService::new(&args);
+        let args_memory = args.max_client_memory;
+        Shared {
+            programs,
+            watch,
+            engine,
+            args,
+            stats: CommandStats::default(),
+            shutting_down: AtomicBool::new(false),
+            client_memory: ClientMemory::new(args_memory),
+            per_uid: Mutex::new(HashMap::new()),
+            active: AtomicUsize::new(0),
+            started: Instant::now(),
+        }
     }
+}
 
-    let mut poll = Poll::new().map_err(DaemonError::Io)?;
+/// Registers the listener with `poll`, and the stop signals: the flag
+/// they set, and the waker (kept for as long as the poll) that wakes the
+/// poll when they do.
+fn watch_listener_and_signals(
+    poll: &Poll,
+    listener: &UnixListener,
+) -> Result<(Arc<Waker>, Arc<AtomicBool>), DaemonError> {
     let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(DaemonError::Io)?);
     poll.registry()
         .register(
@@ -186,14 +236,17 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
     let stop_requested = Arc::new(AtomicBool::new(false));
     crate::signals::watch(Arc::clone(&stop_requested), Arc::clone(&waker))
         .map_err(DaemonError::Io)?;
+    Ok((waker, stop_requested))
+}
 
-    info!(
-        "listening on {} (data {}, sync {}, pid {})",
-        socket_path.display(),
-        shared.args.data.display(),
-        shared.args.sync,
-        std::process::id()
-    );
+/// The reactor's loop: accepts every client that connects until a stop is
+/// asked for.
+fn accept_until_stopped(
+    poll: &mut Poll,
+    listener: &UnixListener,
+    shared: &Arc<Shared>,
+    stop_requested: &AtomicBool,
+) -> Result<(), DaemonError> {
     let next_id = AtomicU64::new(1);
     let mut events = Events::with_capacity(64);
     // Set when accepting failed (out of file descriptors, say) with clients
@@ -210,15 +263,10 @@ pub fn run(args: Args) -> Result<(), DaemonError> {
         }
         let listener_ready = events.iter().any(|event| event.token() == LISTENER);
         if listener_ready || retry_accept {
-            retry_accept = accept_all(&listener, &shared, &next_id, &stop_requested, retry_accept)
+            retry_accept = accept_all(listener, shared, &next_id, stop_requested, retry_accept)
                 == Backlog::RetryLater;
         }
     }
-
-    info!("shutting down: no new connections; finishing in-flight requests");
-    drop(listener);
-    let _ = fs::remove_file(&socket_path);
-    shutdown(&shared);
     Ok(())
 }
 
@@ -386,78 +434,83 @@ fn accept_all(
                 return Backlog::RetryLater;
             }
         };
-        let active = shared.active.load(Ordering::SeqCst);
-        if active >= shared.args.max_connections {
-            refuse(
-                &stream,
-                ErrorCode::TooManyConnections,
-                &format!(
-                    "too many connections ({active} of --max-connections {}); retry later or raise the cap",
-                    shared.args.max_connections
-                ),
-            );
-            shared
-                .stats
-                .connections_refused
-                .fetch_add(1, Ordering::Relaxed);
-            continue;
-        }
-        let peer = match crate::access::Peer::of(&stream) {
-            Ok(peer) => peer,
-            Err(e) => {
-                warn!("refused a connection whose peer credentials cannot be read: {e}");
-                continue;
-            }
-        };
-        if !peer.allowed_by(&shared.args) {
-            warn!(
-                "refused a connection from uid {} gid {}: not in --allow-uid / --allow-gid",
-                peer.uid, peer.gid
-            );
-            refuse(
-                &stream,
-                ErrorCode::PermissionDenied,
-                &format!(
-                    "uid {} (gid {}) may not use this daemon; its operator can add --allow-uid {}",
-                    peer.uid, peer.gid, peer.uid
-                ),
-            );
-            shared
-                .stats
-                .connections_refused
-                .fetch_add(1, Ordering::Relaxed);
-            continue;
-        }
-        let Some(uid_slot) = UidSlot::take(shared, &peer) else {
-            let most = shared.args.max_connections_per_uid;
-            warn!(
-                "refused a connection from uid {}: it holds {most} connections, its --max-connections-per-uid",
-                peer.uid
-            );
-            refuse(
-                &stream,
-                ErrorCode::TooManyConnections,
-                &format!(
-                    "uid {} already holds {most} connections, the most one uid may \
-                     (--max-connections-per-uid {most}); close one and retry",
-                    peer.uid
-                ),
-            );
-            shared
-                .stats
-                .connections_refused
-                .fetch_add(1, Ordering::Relaxed);
+        let Some((peer, uid_slot)) = admit(shared, &stream) else {
             continue;
         };
         let id = next_id.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = spawn_connection(id, stream, shared, peer, uid_slot) {
             warn!("could not start a connection thread: {e}");
-            shared
-                .stats
-                .connections_refused
-                .fetch_add(1, Ordering::Relaxed);
+            count_refused(shared);
         }
     }
+}
+
+/// Checks a new client against `--max-connections`, the access lists and
+/// `--max-connections-per-uid`: its peer and its uid's slot, or `None`
+/// when it was refused (told why, and counted, when it can be).
+fn admit(shared: &Arc<Shared>, stream: &UnixStream) -> Option<(crate::access::Peer, UidSlot)> {
+    let active = shared.active.load(Ordering::SeqCst);
+    if active >= shared.args.max_connections {
+        refuse(
+            stream,
+            ErrorCode::TooManyConnections,
+            &format!(
+                "too many connections ({active} of --max-connections {}); retry later or raise the cap",
+                shared.args.max_connections
+            ),
+        );
+        count_refused(shared);
+        return None;
+    }
+    let peer = match crate::access::Peer::of(stream) {
+        Ok(peer) => peer,
+        Err(e) => {
+            warn!("refused a connection whose peer credentials cannot be read: {e}");
+            return None;
+        }
+    };
+    if !peer.allowed_by(&shared.args) {
+        warn!(
+            "refused a connection from uid {} gid {}: not in --allow-uid / --allow-gid",
+            peer.uid, peer.gid
+        );
+        refuse(
+            stream,
+            ErrorCode::PermissionDenied,
+            &format!(
+                "uid {} (gid {}) may not use this daemon; its operator can add --allow-uid {}",
+                peer.uid, peer.gid, peer.uid
+            ),
+        );
+        count_refused(shared);
+        return None;
+    }
+    let Some(uid_slot) = UidSlot::take(shared, &peer) else {
+        let most = shared.args.max_connections_per_uid;
+        warn!(
+            "refused a connection from uid {}: it holds {most} connections, its --max-connections-per-uid",
+            peer.uid
+        );
+        refuse(
+            stream,
+            ErrorCode::TooManyConnections,
+            &format!(
+                "uid {} already holds {most} connections, the most one uid may \
+                 (--max-connections-per-uid {most}); close one and retry",
+                peer.uid
+            ),
+        );
+        count_refused(shared);
+        return None;
+    };
+    Some((peer, uid_slot))
+}
+
+fn count_refused(shared: &Shared) {
+    shared
+        .stats
+        .connections_refused
+        .fetch_add(1, Ordering::Relaxed);
 }
 
 fn spawn_connection(
@@ -647,17 +700,21 @@ fn shutdown(shared: &Arc<Shared>) {
 
 impl Shared {
     pub(crate) fn stats_entries(&self) -> Vec<StatsEntry> {
-        let text = |name: &str, value: String| StatsEntry {
-            name: name.to_string(),
-            value: StatsValue::Text(value),
-        };
-        let float = |name: &str, value: f64| StatsEntry {
-            name: name.to_string(),
-            value: StatsValue::Float(value),
-        };
         let s = self.engine.stats();
-        let r = self.engine.recovery_report();
-        let mut entries = vec![
+        let mut entries = self.daemon_entries();
+        entries.extend(self.stats.entries());
+        entries.extend(wal_entries(&s));
+        entries.extend(checkpoint_entries(&s));
+        entries.extend(self.recovery_entries());
+        entries.extend(self.programs.stats_entries(self.engine.memstore()));
+        entries.extend(self.watch.stats_entries());
+        entries
+    }
+
+    /// The daemon's own figures: version, uptime, connections, clients'
+    /// memory, the store's size.
+    fn daemon_entries(&self) -> Vec<StatsEntry> {
+        vec![
             text("server.version", env!("CARGO_PKG_VERSION").to_string()),
             count("server.uptime_s", self.started.elapsed().as_secs()),
             text("server.sync", self.args.sync.to_string()),
@@ -686,46 +743,13 @@ impl Shared {
             count("clients.memory_cuts", self.client_memory.cuts()),
             count("store.cells", self.engine.memstore().cell_count()),
             count("store.edges", self.engine.memstore().edge_count()),
-        ];
-        entries.extend(self.stats.entries());
-        entries.extend([
-            count("wal.records", s.wal_records),
-            count("wal.bytes", s.wal_bytes),
-            count("wal.fsyncs", s.wal_fsyncs),
-            count("wal.groups", s.wal_groups),
-            float("wal.group_records_mean", s.group_records_mean),
-            count("wal.group_records_max", s.group_records_max),
-            float("wal.fsync_us_mean", s.fsync_us_mean),
-            count("wal.fsync_us_max", s.fsync_us_max),
-            count("wal.segments_created", s.segments_created),
-            count("wal.last_lsn", s.last_lsn),
-            count("wal.write_errors", s.write_errors),
-            text(
-                "writer.failure",
-                s.writer_failure.unwrap_or_else(|| "none".into()),
-            ),
-            count("wal.disk_bytes", s.wal_disk_bytes),
-            count("wal.group_records_p50", s.group_records_p50),
-            count("wal.group_records_p99", s.group_records_p99),
-            count("wal.fsync_us_p50", s.fsync_us_p50),
-            count("wal.fsync_us_p99", s.fsync_us_p99),
-            count("checkpoint.count", s.checkpoints),
-            count("checkpoint.compactions", s.compactions),
-            count("checkpoint.failures", s.checkpoint_failures),
-            count("checkpoint.lsn", s.checkpoint_lsn),
-            count("checkpoint.last_us", s.last_checkpoint_us),
-            count("checkpoint.last_bytes", s.last_checkpoint_bytes),
-            count("checkpoint.last_compaction_us", s.last_compaction_us),
-            count("checkpoint.last_compaction_bytes", s.last_compaction_bytes),
-            count("checkpoint.base_bytes", s.base_bytes),
-            count("checkpoint.delta_bytes", s.delta_bytes),
-            count("checkpoint.delta_files", s.delta_files),
-            text(
-                "checkpoint.last_failure",
-                s.last_checkpoint_failure
-                    .clone()
-                    .unwrap_or_else(|| "none".into()),
-            ),
+        ]
+    }
+
+    /// What recovery replayed at start.
+    fn recovery_entries(&self) -> Vec<StatsEntry> {
+        let r = self.engine.recovery_report();
+        vec![
             count(
                 "recovery.checkpoint_entries",
                 self.engine.checkpoint_load().entries,
@@ -740,9 +764,70 @@ impl Shared {
                 "recovery.torn_bytes_truncated",
                 r.torn_tail.as_ref().map_or(0, |t| t.bytes_truncated),
             ),
-        ]);
-        entries.extend(self.programs.stats_entries(self.engine.memstore()));
-        entries
+        ]
+    }
+}
+
+/// The log's figures.
+fn wal_entries(s: &StoreStatsSnapshot) -> Vec<StatsEntry> {
+    vec![
+        count("wal.records", s.wal_records),
+        count("wal.bytes", s.wal_bytes),
+        count("wal.fsyncs", s.wal_fsyncs),
+        count("wal.groups", s.wal_groups),
+        float("wal.group_records_mean", s.group_records_mean),
+        count("wal.group_records_max", s.group_records_max),
+        float("wal.fsync_us_mean", s.fsync_us_mean),
+        count("wal.fsync_us_max", s.fsync_us_max),
+        count("wal.segments_created", s.segments_created),
+        count("wal.last_lsn", s.last_lsn),
+        count("wal.write_errors", s.write_errors),
+        text(
+            "writer.failure",
+            s.writer_failure.clone().unwrap_or_else(|| "none".into()),
+        ),
+        count("wal.disk_bytes", s.wal_disk_bytes),
+        count("wal.group_records_p50", s.group_records_p50),
+        count("wal.group_records_p99", s.group_records_p99),
+        count("wal.fsync_us_p50", s.fsync_us_p50),
+        count("wal.fsync_us_p99", s.fsync_us_p99),
+    ]
+}
+
+/// The checkpointer's figures.
+fn checkpoint_entries(s: &StoreStatsSnapshot) -> Vec<StatsEntry> {
+    vec![
+        count("checkpoint.count", s.checkpoints),
+        count("checkpoint.compactions", s.compactions),
+        count("checkpoint.failures", s.checkpoint_failures),
+        count("checkpoint.lsn", s.checkpoint_lsn),
+        count("checkpoint.last_us", s.last_checkpoint_us),
+        count("checkpoint.last_bytes", s.last_checkpoint_bytes),
+        count("checkpoint.last_compaction_us", s.last_compaction_us),
+        count("checkpoint.last_compaction_bytes", s.last_compaction_bytes),
+        count("checkpoint.base_bytes", s.base_bytes),
+        count("checkpoint.delta_bytes", s.delta_bytes),
+        count("checkpoint.delta_files", s.delta_files),
+        text(
+            "checkpoint.last_failure",
+            s.last_checkpoint_failure
+                .clone()
+                .unwrap_or_else(|| "none".into()),
+        ),
+    ]
+}
+
+fn text(name: &str, value: String) -> StatsEntry {
+    StatsEntry {
+        name: name.to_string(),
+        value: StatsValue::Text(value),
+    }
+}
+
+fn float(name: &str, value: f64) -> StatsEntry {
+    StatsEntry {
+        name: name.to_string(),
+        value: StatsValue::Float(value),
     }
 }
 

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crossbeam_channel::RecvTimeoutError;
+use crossbeam_channel::{RecvTimeoutError, TryRecvError};
 use cube_protocol::{
     CellBox, Coord, ErrorCode, NamespaceName, Opcode, Response, ResyncReason, ServerError,
     WatchChange, WatchFrame, WatchFrameEncoder,
@@ -26,7 +26,8 @@ use cube_store::wal::History;
 use crate::access::{Peer, access_of};
 use crate::connection::{Close, no_such_namespace};
 use crate::server::Shared;
-use crate::watch_hub::{Delivery, Group, change_of, pick};
+use crate::watch_hub::{Delivery, Group, Subscribed, change_of, pick};
+use crate::watch_outlet::{Outlet, encode_groups};
 
 /// How often an idle watch checks that its client is still there and the
 /// daemon is not shutting down.
@@ -53,6 +54,23 @@ pub(crate) struct Watch<'a> {
     region: CellBox,
     encoder: WatchFrameEncoder,
     out: Vec<u8>,
+}
+
+/// What taking a delivery came to.
+enum Taken {
+    /// Buffer bytes now in `out`, not yet written.
+    Queued(u64),
+    /// The watch ended normally, for this reason.
+    Ended(String),
+}
+
+/// Closes the watch's outlet when the watch ends, however it ends.
+struct ClosesOutlet(Arc<Outlet>);
+
+impl Drop for ClosesOutlet {
+    fn drop(&mut self) {
+        self.0.close();
+    }
 }
 
 /// Serves a watch until it ends; the connection closes after.
@@ -134,10 +152,19 @@ impl Watch<'_> {
         };
         let ns_id = meta.id;
         let hub = &self.shared.watch;
+        let outlet = Arc::new(Outlet::new(
+            self.socket.try_clone()?,
+            self.request_id,
+            self.max_frame_bytes(),
+        ));
+        // However the watch ends, the dispatcher stops writing to the
+        // socket and lets go of its copy.
+        let _closing = ClosesOutlet(Arc::clone(&outlet));
         let Some(subscribed) = hub.subscribe(
             self.ns.clone(),
             self.region,
             self.shared.args.watch_buffer_bytes,
+            Arc::clone(&outlet),
         ) else {
             return Err(shutting_down());
         };
@@ -157,7 +184,11 @@ impl Watch<'_> {
         {
             return Ok(resync);
         }
-        self.follow(&subscribed, start.max(live_from))
+        self.follow(&subscribed, &outlet, start.max(live_from))
+    }
+
+    fn max_frame_bytes(&self) -> usize {
+        self.shared.args.limits().max_frame_bytes as usize
     }
 
     /// Sends the log's changes `from..=until` in the box, a group at a time.
@@ -192,7 +223,8 @@ impl Watch<'_> {
                         changes.extend(change_of(&group, p));
                     });
                 }
-                let sent = self.send_changes(changes, from);
+                let ends = [changes.len() as u32];
+                let sent = self.send_changes(&changes, &ends, from);
                 group.mutations.clear();
                 match sent {
                     Ok(()) => true,
@@ -208,6 +240,8 @@ impl Watch<'_> {
         match history {
             Ok(History::Read) => Ok(None),
             Ok(History::Gone { oldest_lsn }) => {
+                let stats = &self.shared.watch.stats;
+                stats.resyncs_history_gone.fetch_add(1, Ordering::Relaxed);
                 self.send(&WatchFrame::Resync {
                     lsn: oldest_lsn,
                     reason: ResyncReason::HistoryGone,
@@ -224,78 +258,110 @@ impl Watch<'_> {
     }
 
     /// Writes live groups from `deliver_from` on until the watch ends.
+    ///
+    /// Deliveries already waiting are encoded together and written with
+    /// one `write` (up to FLUSH_BYTES); once none is waiting the socket is
+    /// handed to the dispatcher (`watch_outlet`), which writes the next
+    /// changes itself until the socket fills or something needs this
+    /// thread. Queued bytes leave the buffer's count once written.
     fn follow(
         &mut self,
-        subscribed: &crate::watch_hub::Subscribed,
+        subscribed: &Subscribed,
+        outlet: &Outlet,
         deliver_from: u64,
     ) -> Result<String, End> {
-        // Groups already waiting are encoded together and written with
-        // one `write` (up to FLUSH_BYTES): a busy box costs a syscall per
-        // batch of groups, not per group. Their bytes leave the buffer's
-        // count once written.
         let mut unwritten_bytes = 0u64;
         loop {
-            let waiting = if self.out.is_empty() {
-                None
-            } else {
-                match subscribed.rx.try_recv() {
-                    Ok(delivery) => Some(delivery),
-                    Err(_) => {
-                        self.flush(subscribed, &mut unwritten_bytes)?;
-                        continue;
+            let delivery = match subscribed.rx.try_recv() {
+                Ok(delivery) => delivery,
+                Err(TryRecvError::Disconnected) => return Err(shutting_down()),
+                Err(TryRecvError::Empty) => {
+                    self.flush(subscribed, &mut unwritten_bytes)?;
+                    {
+                        let mut state = outlet.lock();
+                        // Checked under the lock: the dispatcher queues
+                        // only while holding it with `direct` off.
+                        if subscribed.rx.is_empty() {
+                            Outlet::hand_over(&mut state, deliver_from);
+                        }
+                    }
+                    match subscribed.rx.recv_timeout(IDLE_CHECK) {
+                        Ok(delivery) => delivery,
+                        Err(RecvTimeoutError::Timeout) => {
+                            self.check_alive()?;
+                            continue;
+                        }
+                        Err(RecvTimeoutError::Disconnected) => return Err(shutting_down()),
                     }
                 }
-            };
-            let delivery = match waiting {
-                Some(delivery) => delivery,
-                None => match subscribed.rx.recv_timeout(IDLE_CHECK) {
-                    Ok(delivery) => delivery,
-                    Err(RecvTimeoutError::Timeout) => {
-                        self.check_alive()?;
-                        continue;
-                    }
-                    Err(RecvTimeoutError::Disconnected) => return Err(shutting_down()),
-                },
             };
             if !matches!(delivery, Delivery::Changes { .. }) {
                 self.flush(subscribed, &mut unwritten_bytes)?;
             }
-            match delivery {
-                Delivery::Started { .. } => {}
-                Delivery::Changes { changes, bytes } => {
-                    self.encode_changes(changes, deliver_from)?;
-                    unwritten_bytes += bytes;
-                    if self.out.len() >= FLUSH_BYTES {
-                        self.flush(subscribed, &mut unwritten_bytes)?;
-                    }
-                }
-                Delivery::Cut { lsn } => {
-                    self.send(&WatchFrame::Resync {
-                        lsn,
-                        reason: ResyncReason::TooSlow,
-                    })?;
-                    return Ok(format!(
-                        "the watcher fell more than --watch-buffer-bytes behind; resync from LSN {lsn}"
-                    ));
-                }
-                Delivery::Dropped { lsn } => {
-                    return Err(End::Error(ServerError::new(
-                        ErrorCode::NoSuchNamespace,
-                        format!(
-                            "namespace {:?} was dropped at LSN {lsn}; the watch ends",
-                            self.ns.as_str()
-                        ),
-                    )));
-                }
-                Delivery::Altered => {
-                    if access_of(self.peer, self.shared.engine.memstore(), &self.ns)
-                        < Access::ReadOnly
-                    {
-                        return Err(End::Error(no_such_namespace(&self.ns)));
-                    }
+            let taken = self.take(delivery, subscribed, outlet, deliver_from)?;
+            match taken {
+                Taken::Queued(bytes) => unwritten_bytes += bytes,
+                Taken::Ended(why) => return Ok(why),
+            }
+            if self.out.len() >= FLUSH_BYTES {
+                self.flush(subscribed, &mut unwritten_bytes)?;
+            }
+        }
+    }
+
+    /// One delivery.
+    fn take(
+        &mut self,
+        delivery: Delivery,
+        subscribed: &Subscribed,
+        outlet: &Outlet,
+        deliver_from: u64,
+    ) -> Result<Taken, End> {
+        match delivery {
+            Delivery::Started { .. } => {}
+            Delivery::Changes {
+                changes,
+                ends,
+                bytes,
+            } => {
+                self.encode_changes(&changes, &ends, deliver_from)?;
+                return Ok(Taken::Queued(bytes));
+            }
+            Delivery::Unsent => {
+                // What the dispatcher could not write goes first.
+                let unsent = std::mem::take(&mut outlet.lock().unsent);
+                let written = self.socket.write_all(&unsent);
+                subscribed.queued_bytes.sub(unsent.len() as u64);
+                written?;
+            }
+            Delivery::Cut { lsn } => {
+                let stats = &self.shared.watch.stats;
+                stats.resyncs_too_slow.fetch_add(1, Ordering::Relaxed);
+                self.send(&WatchFrame::Resync {
+                    lsn,
+                    reason: ResyncReason::TooSlow,
+                })?;
+                return Ok(Taken::Ended(format!(
+                    "the watcher fell more than --watch-buffer-bytes behind; resync from LSN {lsn}"
+                )));
+            }
+            Delivery::Dropped { lsn } => {
+                return Err(End::Error(ServerError::new(
+                    ErrorCode::NoSuchNamespace,
+                    format!(
+                        "namespace {:?} was dropped at LSN {lsn}; the watch ends",
+                        self.ns.as_str()
+                    ),
+                )));
+            }
+            Delivery::Altered => {
+                if access_of(self.peer, self.shared.engine.memstore(), &self.ns) < Access::ReadOnly
+                {
+                    return Err(End::Error(no_such_namespace(&self.ns)));
                 }
             }
         }
+        Ok(Taken::Queued(0))
     }
 
     /// Between deliveries: the daemon stopping, or the client gone or
@@ -327,53 +393,60 @@ impl Watch<'_> {
         }
     }
 
-    /// Writes a group's picked changes from `deliver_from` on, in as many
-    /// frames as they need (all but the last flagged `more`).
     /// Writes what `out` holds and takes its bytes off the buffer's count.
-    fn flush(
-        &mut self,
-        subscribed: &crate::watch_hub::Subscribed,
-        unwritten_bytes: &mut u64,
-    ) -> io::Result<()> {
+    fn flush(&mut self, subscribed: &Subscribed, unwritten_bytes: &mut u64) -> io::Result<()> {
         let written = self.socket.write_all(&self.out);
         self.out.clear();
-        subscribed
-            .queued_bytes
-            .fetch_sub(*unwritten_bytes, Ordering::SeqCst);
+        subscribed.queued_bytes.sub(*unwritten_bytes);
         *unwritten_bytes = 0;
         written
     }
 
     /// Writes a group's picked changes at once (the replay's way).
-    fn send_changes(&mut self, changes: Vec<WatchChange>, deliver_from: u64) -> io::Result<()> {
+    fn send_changes(
+        &mut self,
+        changes: &[WatchChange],
+        ends: &[u32],
+        deliver_from: u64,
+    ) -> io::Result<()> {
         self.out.clear();
-        self.encode_changes(changes, deliver_from)?;
+        self.encode_changes(changes, ends, deliver_from)?;
         let written = self.socket.write_all(&self.out);
         self.out.clear();
         written
     }
 
-    /// Appends a group's picked changes from `deliver_from` on to `out`,
-    /// in as many frames as they need (all but the last flagged `more`);
-    /// writes out early only what would outgrow [`FLUSH_BYTES`] by a frame.
-    fn encode_changes(&mut self, changes: Vec<WatchChange>, deliver_from: u64) -> io::Result<()> {
-        let max_frame = self.shared.args.limits().max_frame_bytes as usize;
-        for change in changes {
-            if change.lsn < deliver_from {
-                continue;
-            }
-            if !self.encoder.fits(&change, max_frame) {
-                self.encoder.finish(self.request_id, true, &mut self.out);
-                if self.out.len() >= FLUSH_BYTES {
-                    self.socket.write_all(&self.out)?;
-                    self.out.clear();
+    /// Appends the picked changes of groups to `out`
+    /// ([`encode_groups`]); writes out early only what would outgrow
+    /// [`FLUSH_BYTES`] by a frame.
+    fn encode_changes(
+        &mut self,
+        changes: &[WatchChange],
+        ends: &[u32],
+        deliver_from: u64,
+    ) -> io::Result<()> {
+        let max_frame = self.max_frame_bytes();
+        let socket = &mut *self.socket;
+        let encoded = encode_groups(
+            &mut self.encoder,
+            self.request_id,
+            max_frame,
+            changes,
+            ends,
+            deliver_from,
+            &mut self.out,
+            |out| {
+                if out.len() >= FLUSH_BYTES {
+                    socket.write_all(out)?;
+                    out.clear();
                 }
-            }
-            self.encoder.push(&change);
-        }
-        if self.encoder.count() > 0 {
-            self.encoder.finish(self.request_id, false, &mut self.out);
-        }
+                Ok(())
+            },
+        )?;
+        let stats = &self.shared.watch.stats;
+        stats
+            .changes_delivered
+            .fetch_add(encoded, Ordering::Relaxed);
         Ok(())
     }
 

@@ -5,9 +5,12 @@
 //! it stores the group's last LSN (what `scan --with-lsn` reports) and, if
 //! anyone watches, moves the group's mutations into one `try_send` to the
 //! dispatcher thread. The dispatcher owns the subscriptions: for each group
-//! it picks out each watch's changes (namespace and box) and queues them on
-//! the watch's own channel, counting their bytes against the watch's buffer
-//! (`--watch-buffer-bytes`). A watch past its buffer is cut off ("resync
+//! it picks out each watch's changes (namespace and box); once the groups
+//! queued for it are taken (a batch), it writes each caught-up watch's
+//! changes to its socket itself (`watch_outlet.rs`, no wakeup of the
+//! watch's thread) or queues them on the watch's own channel, counting
+//! their bytes against the watch's buffer (`--watch-buffer-bytes`). A
+//! watch past its buffer is cut off ("resync
 //! from LSN N") instead of growing; if the dispatcher itself falls behind
 //! its queue, every watch is cut off at the first group it lost. So neither
 //! a slow watcher nor a thousand of them can hold the writer.
@@ -20,6 +23,9 @@ use std::thread;
 use crossbeam_channel::{Receiver, Sender, TrySendError, bounded, unbounded};
 use cube_protocol::{CellBox, Coord, NamespaceName, WatchChange, WatchOp};
 use cube_store::{CommitListener, Mutation};
+
+use crate::watch_outlet::{Direct, Outlet};
+use crate::watch_stats::{Buffered, WatchStats};
 
 /// The default `--watch-buffer-bytes`.
 pub const DEFAULT_WATCH_BUFFER_BYTES: u64 = 4 * 1024 * 1024;
@@ -52,11 +58,13 @@ pub(crate) enum Delivery {
     /// Live delivery covers every group from `live_from` on (earlier ones
     /// come from the log).
     Started { live_from: u64 },
-    /// A group's changes in the box, copied out of the group (so a
-    /// watcher that stops reading holds these and no more: the group is
-    /// freed); `bytes`, their encoded size, counted against the buffer.
+    /// Whole groups' changes in the box, copied out of the groups (so a
+    /// watcher that stops reading holds these and no more: the groups are
+    /// freed); group `k` ends before `changes[ends[k]]`. `bytes`, what
+    /// they hold, counted against the buffer.
     Changes {
         changes: Vec<WatchChange>,
+        ends: Vec<u32>,
         bytes: u64,
     },
     /// The namespace was dropped at `lsn`.
@@ -65,6 +73,9 @@ pub(crate) enum Delivery {
     Altered,
     /// Cut off: the changes from `lsn` on were not kept.
     Cut { lsn: u64 },
+    /// The dispatcher wrote to the socket itself and left what it would
+    /// not take in the outlet's `unsent`: write that first.
+    Unsent,
 }
 
 /// A watch as the dispatcher holds it.
@@ -72,8 +83,139 @@ struct Subscription {
     ns: NamespaceName,
     region: CellBox,
     tx: Sender<Delivery>,
-    queued_bytes: Arc<AtomicU64>,
+    queued_bytes: Arc<Buffered>,
     buffer_bytes: u64,
+    /// The watch's socket, which the dispatcher writes while the watch is
+    /// caught up (`watch_outlet`).
+    outlet: Arc<Outlet>,
+    /// Changes picked for this watch from the groups of the dispatcher's
+    /// current batch, sent as one delivery when the batch is done (one
+    /// wakeup of the watch for all of them).
+    pending: Vec<WatchChange>,
+    /// Where each whole group in `pending` ends; changes past the last
+    /// end belong to the group being picked.
+    pending_ends: Vec<u32>,
+    /// What the whole groups in `pending` hold, counted as `queued_bytes`.
+    pending_bytes: u64,
+    /// A change of the group being picked is in `pending`.
+    open: bool,
+    /// Cut off, dropped or gone: removed after the group.
+    ended: bool,
+}
+
+impl Subscription {
+    fn new(
+        ns: NamespaceName,
+        region: CellBox,
+        tx: Sender<Delivery>,
+        queued_bytes: Arc<Buffered>,
+        buffer_bytes: u64,
+        outlet: Arc<Outlet>,
+    ) -> Subscription {
+        Subscription {
+            ns,
+            region,
+            tx,
+            queued_bytes,
+            buffer_bytes,
+            outlet,
+            pending: Vec::new(),
+            pending_ends: Vec::new(),
+            pending_bytes: 0,
+            open: false,
+            ended: false,
+        }
+    }
+
+    /// Sends what is pending of whole groups (the changes of a group
+    /// being picked stay).
+    fn flush(&mut self) {
+        let Some(whole) = self.pending_ends.last().map(|end| *end as usize) else {
+            return;
+        };
+        let open_part = self.pending.split_off(whole);
+        let bytes = std::mem::take(&mut self.pending_bytes);
+        let changes = std::mem::replace(&mut self.pending, open_part);
+        let ends = std::mem::take(&mut self.pending_ends);
+        let outlet = Arc::clone(&self.outlet);
+        let mut state = outlet.lock();
+        let stats = self.queued_bytes.stats();
+        if state.direct {
+            stats.direct_writes.fetch_add(1, Ordering::Relaxed);
+            match outlet.write_direct(&mut state, &changes, &ends) {
+                Direct::Written { changes } => {
+                    stats
+                        .changes_delivered
+                        .fetch_add(changes, Ordering::Relaxed);
+                }
+                Direct::Left {
+                    unsent_bytes,
+                    changes,
+                } => {
+                    stats
+                        .changes_delivered
+                        .fetch_add(changes, Ordering::Relaxed);
+                    self.queued_bytes.add(unsent_bytes);
+                    self.send(Delivery::Unsent);
+                }
+                // The watch's thread finds out (it checks its client).
+                Direct::Gone => {}
+            }
+            return;
+        }
+        // Queued under the lock with `direct` off: the watch's thread
+        // hands the socket back only once it has taken this.
+        stats.queued_deliveries.fetch_add(1, Ordering::Relaxed);
+        self.queued_bytes.add(bytes);
+        self.send(Delivery::Changes {
+            changes,
+            ends,
+            bytes,
+        });
+    }
+
+    fn send(&mut self, delivery: Delivery) {
+        if self.tx.send(delivery).is_err() {
+            self.ended = true;
+        }
+    }
+
+    /// Flushes, then sends `delivery`; `end` ends the watch after it.
+    fn send_after_pending(&mut self, delivery: Delivery, end: bool) {
+        if self.ended {
+            return;
+        }
+        self.flush();
+        let outlet = Arc::clone(&self.outlet);
+        let mut state = outlet.lock();
+        // The watch's thread sees this before anything after it.
+        state.direct = false;
+        self.send(delivery);
+        self.ended |= end;
+    }
+
+    /// The group starting at `first_lsn` is picked: counts it against the
+    /// buffer, or cuts the watch off at it if it would overflow.
+    fn close_group(&mut self, first_lsn: u64) {
+        self.open = false;
+        let start = self.pending_ends.last().map_or(0, |end| *end as usize);
+        // What the changes hold in memory, not only their wire size: the
+        // buffer bounds the daemon's memory.
+        let bytes: u64 = self.pending[start..]
+            .iter()
+            .map(|c| (cube_protocol::watch::change_bytes(c) + CHANGE_OVERHEAD_BYTES) as u64)
+            .sum();
+        // A group bigger than the whole buffer still goes to a watch that
+        // has nothing queued: otherwise it could never get past it.
+        let queued = self.queued_bytes.get() + self.pending_bytes;
+        if queued + bytes > self.buffer_bytes && queued > 0 {
+            self.pending.truncate(start);
+            self.send_after_pending(Delivery::Cut { lsn: first_lsn }, true);
+            return;
+        }
+        self.pending_bytes += bytes;
+        self.pending_ends.push(self.pending.len() as u32);
+    }
 }
 
 /// The watch's end of its subscription.
@@ -81,7 +223,7 @@ pub(crate) struct Subscribed {
     pub rx: Receiver<Delivery>,
     /// Bytes queued and not yet written to the client; the watch thread
     /// takes off what it has written.
-    pub queued_bytes: Arc<AtomicU64>,
+    pub queued_bytes: Arc<Buffered>,
     hub: Arc<WatchHub>,
 }
 
@@ -106,6 +248,8 @@ pub(crate) struct WatchHub {
     queued_bytes: Arc<AtomicU64>,
     /// The first LSN of a group the dispatcher lost (0: none).
     lost_from: Arc<AtomicU64>,
+    /// What `stats` shows of the watches.
+    pub(crate) stats: Arc<WatchStats>,
     tx: Sender<HubMessage>,
 }
 
@@ -124,6 +268,7 @@ impl WatchHub {
             watchers: AtomicUsize::new(0),
             queued_bytes: Arc::default(),
             lost_from: Arc::default(),
+            stats: Arc::default(),
             tx,
         });
         let applied = Arc::clone(&hub);
@@ -139,6 +284,12 @@ impl WatchHub {
         self.applied_lsn.load(Ordering::SeqCst)
     }
 
+    /// The `watch.*` rows of `stats`.
+    pub(crate) fn stats_entries(&self) -> Vec<cube_protocol::StatsEntry> {
+        self.stats
+            .entries(self.watchers.load(Ordering::Relaxed) as u64)
+    }
+
     /// Where the log stood when the engine opened.
     pub(crate) fn set_applied(&self, lsn: u64) {
         self.applied_lsn.fetch_max(lsn, Ordering::SeqCst);
@@ -152,26 +303,28 @@ impl WatchHub {
         ns: NamespaceName,
         region: CellBox,
         buffer_bytes: u64,
+        outlet: Arc<Outlet>,
     ) -> Option<Subscribed> {
         // Counted before the registration is queued: from here on the
         // writer hands every group over, so none the dispatcher reaches
         // after the registration is missing (`dispatch`).
         self.watchers.fetch_add(1, Ordering::SeqCst);
         let (tx, rx) = unbounded();
-        let queued_bytes = Arc::new(AtomicU64::new(0));
+        let queued_bytes = Arc::new(Buffered::new(Arc::clone(&self.stats)));
         let subscribed = Subscribed {
             rx,
             queued_bytes: Arc::clone(&queued_bytes),
             hub: Arc::clone(self),
         };
         self.tx
-            .send(HubMessage::Register(Subscription {
+            .send(HubMessage::Register(Subscription::new(
                 ns,
                 region,
                 tx,
                 queued_bytes,
                 buffer_bytes,
-            }))
+                outlet,
+            )))
             .ok()?;
         Some(subscribed)
     }
@@ -212,7 +365,13 @@ impl CommitListener for WatchHub {
     }
 }
 
-/// The dispatcher: registrations and groups in the order they were queued.
+/// Messages the dispatcher takes in one batch: the groups among them go
+/// to each watch as one delivery (a watch behind is woken once for all).
+const DISPATCH_BATCH: usize = 256;
+
+/// The dispatcher: registrations and groups in the order they were queued,
+/// a batch at a time (what is queued, up to [`DISPATCH_BATCH`]), each
+/// watch's changes of the batch sent together at its end.
 ///
 /// Why no group is missed: a watch counts itself, then queues its
 /// registration; here, the registration reads the applied LSN `L0`. A group
@@ -221,30 +380,53 @@ impl CommitListener for WatchHub {
 /// the log (`--from`) or are not wanted.
 fn dispatch(rx: &Receiver<HubMessage>, hub: &Arc<WatchHub>) {
     let mut by_ns: HashMap<NamespaceName, NamespaceWatches> = HashMap::new();
-    while let Ok(message) = rx.recv() {
-        let lost = hub.lost_from.swap(0, Ordering::SeqCst);
-        if lost != 0 {
-            for sub in by_ns.drain().flat_map(|(_, watches)| watches.subs) {
-                let _ = sub.tx.send(Delivery::Cut { lsn: lost });
+    while let Ok(first) = rx.recv() {
+        let mut next = Some(first);
+        let mut taken = 0;
+        while let Some(message) = next {
+            take_message(&mut by_ns, hub, message);
+            taken += 1;
+            next = if taken < DISPATCH_BATCH {
+                rx.try_recv().ok()
+            } else {
+                None
+            };
+        }
+        by_ns.retain(|_, watches| {
+            watches.flush();
+            !watches.is_empty()
+        });
+    }
+}
+
+fn take_message(
+    by_ns: &mut HashMap<NamespaceName, NamespaceWatches>,
+    hub: &Arc<WatchHub>,
+    message: HubMessage,
+) {
+    let lost = hub.lost_from.swap(0, Ordering::SeqCst);
+    if lost != 0 {
+        for mut sub in by_ns.drain().flat_map(|(_, watches)| watches.subs) {
+            sub.send_after_pending(Delivery::Cut { lsn: lost }, true);
+        }
+    }
+    match message {
+        HubMessage::Register(sub) => {
+            let live_from = hub.applied_lsn() + 1;
+            if sub.tx.send(Delivery::Started { live_from }).is_ok() {
+                by_ns.entry(sub.ns.clone()).or_default().add(sub);
             }
         }
-        match message {
-            HubMessage::Register(sub) => {
-                let live_from = hub.applied_lsn() + 1;
-                if sub.tx.send(Delivery::Started { live_from }).is_ok() {
-                    by_ns.entry(sub.ns.clone()).or_default().add(sub);
-                }
-            }
-            HubMessage::Group(group, bytes) => {
-                hub.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
-                deliver(&mut by_ns, &group);
-            }
+        HubMessage::Group(group, bytes) => {
+            hub.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
+            deliver(by_ns, &group);
         }
     }
 }
 
-/// Hands `group` to every subscription it concerns, dropping those whose
-/// client is gone or whose buffer it would overflow.
+/// Picks out of `group` every watch's changes (sent when the batch ends),
+/// dropping the watches whose client is gone or whose buffer it would
+/// overflow.
 fn deliver(by_ns: &mut HashMap<NamespaceName, NamespaceWatches>, group: &Arc<Group>) {
     let mut touched: Vec<&NamespaceName> = Vec::new();
     for mutation in &group.mutations {
@@ -264,28 +446,6 @@ fn deliver(by_ns: &mut HashMap<NamespaceName, NamespaceWatches>, group: &Arc<Gro
     }
 }
 
-/// Sends one subscription its picks of `group`; `false` drops it.
-fn send_picks(sub: &Subscription, group: &Arc<Group>, picks: &[Pick]) -> bool {
-    let changes: Vec<WatchChange> = picks.iter().filter_map(|p| change_of(group, *p)).collect();
-    // What the changes hold in memory, not only their wire size: the
-    // buffer bounds the daemon's memory.
-    let bytes: u64 = changes
-        .iter()
-        .map(|c| (cube_protocol::watch::change_bytes(c) + CHANGE_OVERHEAD_BYTES) as u64)
-        .sum();
-    // A group bigger than the whole buffer still goes to a watch that has
-    // nothing queued: otherwise it could never get past it.
-    let queued = sub.queued_bytes.load(Ordering::SeqCst);
-    if queued + bytes > sub.buffer_bytes && queued > 0 {
-        let _ = sub.tx.send(Delivery::Cut {
-            lsn: group.first_lsn,
-        });
-        return false;
-    }
-    sub.queued_bytes.fetch_add(bytes, Ordering::SeqCst);
-    sub.tx.send(Delivery::Changes { changes, bytes }).is_ok()
-}
-
 /// The watches of one namespace, indexed by the 16-cell chunks their boxes
 /// cover, so a change is checked only against the boxes near it (a
 /// thousand watchers on tiles of a plane cost a lookup per change, not a
@@ -293,6 +453,8 @@ fn send_picks(sub: &Subscription, group: &Arc<Group>, picks: &[Pick]) -> bool {
 #[derive(Default)]
 struct NamespaceWatches {
     subs: Vec<Subscription>,
+    /// The subscriptions a change of the group being picked went to.
+    touched: Vec<u32>,
     /// Chunk to the subscriptions whose box overlaps it.
     grid: HashMap<[i32; 3], Vec<u32>>,
     /// Subscriptions whose boxes span more than [`MAX_INDEXED_CHUNKS`]:
@@ -343,11 +505,9 @@ impl NamespaceWatches {
         }
     }
 
-    /// Offers `group` (which touches `ns`) to every watch of `ns`.
+    /// Offers `group` (which touches `ns`) to every watch of `ns`: picks
+    /// each one's changes into its pending delivery.
     fn offer(&mut self, ns: &NamespaceName, group: &Arc<Group>) {
-        let n = self.subs.len();
-        let mut ended = vec![false; n];
-        let mut picks: HashMap<u32, Vec<Pick>> = HashMap::new();
         for (at, mutation) in group.mutations.iter().enumerate() {
             if mutation.namespace() != ns {
                 continue;
@@ -355,51 +515,66 @@ impl NamespaceWatches {
             match mutation {
                 Mutation::NamespaceDrop { .. } => {
                     let lsn = group.first_lsn + at as u64;
-                    for (i, sub) in self.subs.iter().enumerate() {
-                        let _ = sub.tx.send(Delivery::Dropped { lsn });
-                        ended[i] = true;
+                    for sub in &mut self.subs {
+                        sub.send_after_pending(Delivery::Dropped { lsn }, true);
                     }
                     continue;
                 }
                 Mutation::NamespaceAlter { .. } => {
-                    for (i, sub) in self.subs.iter().enumerate() {
-                        if sub.tx.send(Delivery::Altered).is_err() {
-                            ended[i] = true;
-                        }
+                    for sub in &mut self.subs {
+                        sub.send_after_pending(Delivery::Altered, false);
                     }
                     continue;
                 }
                 _ => {}
             }
+            let (grid, wide, subs, touched) =
+                (&self.grid, &self.wide, &mut self.subs, &mut self.touched);
             targets(mutation, at as u32, |coord, pick| {
-                let near = self
-                    .grid
-                    .get(&chunk_of(coord))
-                    .map_or(&[][..], Vec::as_slice);
-                for &i in near.iter().chain(&self.wide) {
-                    if !ended[i as usize] && self.subs[i as usize].region.contains(coord) {
-                        picks.entry(i).or_default().push(pick);
+                let near = grid.get(&chunk_of(coord)).map_or(&[][..], Vec::as_slice);
+                for &i in near.iter().chain(wide) {
+                    let sub = &mut subs[i as usize];
+                    if sub.ended || !sub.region.contains(coord) {
+                        continue;
+                    }
+                    if let Some(change) = change_of(group, pick) {
+                        if !sub.open {
+                            sub.open = true;
+                            touched.push(i);
+                        }
+                        sub.pending.push(change);
                     }
                 }
             });
         }
-        for (i, list) in picks {
-            if !ended[i as usize] && !send_picks(&self.subs[i as usize], group, &list) {
-                ended[i as usize] = true;
+        for i in self.touched.drain(..) {
+            let sub = &mut self.subs[i as usize];
+            if !sub.ended {
+                sub.close_group(group.first_lsn);
             }
         }
-        for (i, sub) in self.subs.iter().enumerate() {
+        self.remove_ended();
+    }
+
+    /// Sends every watch its pending changes (the batch is done).
+    fn flush(&mut self) {
+        for sub in &mut self.subs {
+            sub.flush();
+        }
+        self.remove_ended();
+    }
+
+    fn remove_ended(&mut self) {
+        let mut any = false;
+        for sub in &mut self.subs {
             // Gone once its watch let go of the other count.
             if Arc::strong_count(&sub.queued_bytes) == 1 {
-                ended[i] = true;
+                sub.ended = true;
             }
+            any |= sub.ended;
         }
-        if ended.iter().any(|e| *e) {
-            let mut i = 0;
-            self.subs.retain(|_| {
-                i += 1;
-                !ended[i - 1]
-            });
+        if any {
+            self.subs.retain(|sub| !sub.ended);
             self.reindex();
         }
     }

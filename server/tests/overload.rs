@@ -183,7 +183,8 @@ fn a_client_that_never_reads_is_cut_off_and_memory_stays_bounded() {
             Err(e) => panic!("expected the daemon to close the hog, got {e} after {drained} bytes"),
         }
     }
-    assert!(started.elapsed() < Duration::from_secs(20));
+    // Only catches a hang: on a loaded machine the cut-off alone can take seconds.
+    assert!(started.elapsed() < Duration::from_secs(120));
     assert!(
         drained < 4000 * 256 * 1024,
         "the daemon stopped answering a client that would not read"

@@ -281,6 +281,7 @@ fn history_folded_away_is_a_resync_and_scan_then_watch_is_exact() {
         other => panic!("expected history_gone, got {other:?}"),
     }
     assert!(w.next().is_none());
+    assert_eq!(common::stat(&mut client, "watch.resyncs_history_gone"), 1);
 
     // Snapshot with its LSN, then watch from just after it: exact.
     let (page, lsn) = client
@@ -349,6 +350,7 @@ fn a_watcher_past_its_buffer_is_cut_off_and_writers_never_wait_for_it() {
     };
     assert_eq!(resync, next, "resync from the first change not delivered");
     assert!(resync <= last, "cut off although it kept up");
+    assert_eq!(common::stat(&mut client, "watch.resyncs_too_slow"), 1);
     // The rest is still in the log: going on from there misses nothing.
     let mut w = watch(
         daemon.client().unwrap(),
@@ -360,6 +362,42 @@ fn a_watcher_past_its_buffer_is_cut_off_and_writers_never_wait_for_it() {
     let rest = changes(&groups_through(&mut w, last));
     let lsns: Vec<u64> = rest.iter().map(|c| c.lsn).collect();
     assert_eq!(lsns, (resync..=last).collect::<Vec<_>>());
+    // What the cut-off watch held leaves the count with it.
+    drop(w);
+    common::wait_for("the watches to close and their bytes to go", || {
+        common::stat(&mut client, "watch.open") == 0
+            && common::stat(&mut client, "watch.buffered_bytes") == 0
+    });
+}
+
+#[test]
+fn stats_count_open_watches_and_the_changes_delivered() {
+    let daemon = LocalDaemon::start_fresh(&[]).unwrap();
+    let mut client = daemon.client().unwrap();
+    assert_eq!(common::stat(&mut client, "watch.open"), 0);
+    let mut w = watch(
+        daemon.client().unwrap(),
+        "default",
+        c(0, 0, 0),
+        c(9, 9, 9),
+        None,
+    );
+    assert_eq!(common::stat(&mut client, "watch.open"), 1);
+    let mut last = 0;
+    for i in 0..3 {
+        last = client.put("default", c(i, i, i), b"v").unwrap();
+        client.put("default", c(50, i, 0), b"outside").unwrap();
+    }
+    assert_eq!(changes(&groups_through(&mut w, last)).len(), 3);
+    assert_eq!(common::stat(&mut client, "watch.changes_delivered"), 3);
+    let deliveries = common::stat(&mut client, "watch.direct_writes")
+        + common::stat(&mut client, "watch.queued_deliveries");
+    assert!((1..=3).contains(&deliveries), "{deliveries} deliveries");
+    drop(w);
+    common::wait_for("the watch to close", || {
+        common::stat(&mut client, "watch.open") == 0
+    });
+    assert_eq!(common::stat(&mut client, "watch.buffered_bytes"), 0);
 }
 
 #[test]
@@ -452,11 +490,26 @@ fn a_namespace_the_peer_may_not_read_answers_as_a_missing_one() {
         );
         line.push(byte[0]);
     }
-    let _ = child.kill();
-    let _ = child.wait();
     assert_eq!(
         String::from_utf8_lossy(&line),
         format!("{lsn}\t1,1,1\tput\tseen\n")
+    );
+    // Revoked while watching (live, written by the dispatcher straight to
+    // the socket): the watch ends as for a missing namespace, and nothing
+    // committed after the revoke reaches it.
+    root.ns_revoke(&secret, 65534).unwrap();
+    root.put("secret", c(1, 1, 1), b"after the revoke").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), missing.status.code());
+    let mut rest = Vec::new();
+    {
+        use std::io::Read;
+        stdout.read_to_end(&mut rest).unwrap();
+    }
+    assert!(
+        !String::from_utf8_lossy(&rest).contains("after the revoke"),
+        "{}",
+        String::from_utf8_lossy(&rest)
     );
 }
 

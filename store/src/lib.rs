@@ -38,6 +38,7 @@ pub mod namespace;
 mod prefetch;
 pub mod private_files;
 pub mod programs;
+pub mod run_file;
 mod scan;
 #[cfg(test)]
 mod shadow_marks_stress;

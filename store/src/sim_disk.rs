@@ -10,6 +10,11 @@
 //!   (metadata journals persist in order).
 //! - **I/O errors**: `write` fails with EIO or ENOSPC, `fdatasync` and the
 //!   directory fsync fail with EIO, at seeded random points.
+//! - **read faults** (off unless their rates are set, so that seeds of
+//!   tests without them replay as before): a positioned read fails with
+//!   EIO, comes back short (`UnexpectedEof`, as `read_exact_at` reports a
+//!   short read), or returns its bytes with one bit flipped (a corruption
+//!   the drive did not report). The file itself is not changed.
 //! - **fsyncgate**: a failed `fdatasync` marks the dirty data clean without
 //!   writing it, so a retried sync "succeeds" while the data is lost.
 //!
@@ -39,6 +44,9 @@ pub struct FaultPlan {
     pub write_enospc_ppm: u32,
     pub sync_eio_ppm: u32,
     pub dir_sync_eio_ppm: u32,
+    pub read_eio_ppm: u32,
+    pub read_short_ppm: u32,
+    pub read_flip_ppm: u32,
 }
 
 /// splitmix64: a tiny, well-mixed hash for seeded decisions.
@@ -472,17 +480,37 @@ impl StorageFile for SimFile {
     }
 
     fn read_exact_at(&self, bytes: &mut [u8], offset: u64) -> io::Result<()> {
-        let state = self.disk.state();
+        let plan = self.disk.plan();
+        let mut state = self.disk.state();
         alive(&state)?;
+        let (eio_ppm, short_ppm, flip_ppm) = (
+            u64::from(plan.read_eio_ppm),
+            u64::from(plan.read_short_ppm),
+            u64::from(plan.read_flip_ppm),
+        );
+        // Rolled only when read faults are planned: a roll counts an
+        // operation, which would move every later fault of older seeds.
+        let roll = if eio_ppm + short_ppm + flip_ppm > 0 {
+            self.roll(&mut state, 6)
+        } else {
+            u64::MAX
+        };
+        if roll < eio_ppm {
+            return Err(eio("read"));
+        }
         let node = state
             .inodes
             .get(&self.inode)
             .ok_or_else(|| eio("read of a vanished file"))?;
         let end = offset as usize + bytes.len();
-        if end > node.current.len() {
+        if end > node.current.len() || roll < eio_ppm + short_ppm {
             return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
         }
         bytes.copy_from_slice(&node.current[offset as usize..end]);
+        if roll < eio_ppm + short_ppm + flip_ppm && !bytes.is_empty() {
+            let bit = decide(plan.seed, &[offset, node.ops, 7]) % (bytes.len() as u64 * 8);
+            bytes[(bit / 8) as usize] ^= 1 << (bit % 8);
+        }
         Ok(())
     }
 

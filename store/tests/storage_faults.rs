@@ -123,6 +123,7 @@ fn simulate(seed: u64) {
         write_enospc_ppm: 1_000,
         sync_eio_ppm: 3_000,
         dir_sync_eio_ppm: 2_000,
+        ..FaultPlan::default()
     };
     let mut disk = SimDisk::new(plan);
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);

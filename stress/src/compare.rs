@@ -149,70 +149,82 @@ impl Comparison {
         let targets = self.targets();
         let mut out = String::new();
         for &workload in &self.args.workloads {
-            let what = match workload {
-                WorkloadKind::Put => "put: durable writes",
-                WorkloadKind::Get => "get: reads of written keys",
-                WorkloadKind::Mixed => "mixed",
-                // compare has no --batch: the default batch.
-                WorkloadKind::Mget => "mget: requests reading 64 written keys each",
-                WorkloadKind::Walk => "walk: walks and paths with links",
-                WorkloadKind::Programs => "seed: prog, run and step of cell programs",
-                WorkloadKind::Watch => "watch: puts followed by watchers",
-            };
-            let _ = writeln!(
-                out,
-                "\n{what}, {}-byte values: ops/s (cube / peer){}",
-                self.args.value_size,
-                if self.args.repeat > 1 {
-                    format!(", the median of {} runs", self.args.repeat)
-                } else {
-                    String::new()
-                }
-            );
-            let _ = write!(out, "{:>8}", "clients");
-            for t in &targets {
-                let _ = write!(out, " {:>18}", t.name());
-            }
-            out.push('\n');
-            for &clients in &self.args.clients {
-                let _ = write!(out, "{clients:>8}");
-                let cube = self
-                    .cell(workload, clients, TargetKind::Cube)
-                    .and_then(Cell::ops_per_sec);
-                for &t in &targets {
-                    let cell = self.cell(workload, clients, t);
-                    let text = match (cell.and_then(Cell::ops_per_sec), cube) {
-                        (None, _) => cell.map_or("-", |_| "failed").to_owned(),
-                        (Some(ops), Some(cube)) if t != TargetKind::Cube && ops > 0.0 => {
-                            format!("{ops:.0} ({:.2}x)", cube / ops)
-                        }
-                        (Some(ops), _) => format!("{ops:.0}"),
-                    };
-                    let _ = write!(out, " {text:>18}");
-                }
-                out.push('\n');
-            }
-            let _ = writeln!(out, "{what}: latency p50 / p99 (µs)");
-            let _ = write!(out, "{:>8}", "clients");
-            for t in &targets {
-                let _ = write!(out, " {:>18}", t.name());
-            }
-            out.push('\n');
-            for &clients in &self.args.clients {
-                let _ = write!(out, "{clients:>8}");
-                for &t in &targets {
-                    let cell = self.cell(workload, clients, t);
-                    let text = match cell.and_then(|c| Some((c.p50_us()?, c.p99_us()?))) {
-                        Some((p50, p99)) => format!("{p50} / {p99}"),
-                        None => "-".to_owned(),
-                    };
-                    let _ = write!(out, " {text:>18}");
-                }
-                out.push('\n');
+            self.write_throughput(&mut out, workload, &targets);
+            self.write_latency(&mut out, workload, &targets);
+        }
+        let failures = self.failures();
+        if !failures.is_empty() {
+            let _ = writeln!(out, "\nFAILED cells:\n{}", failures.join("\n"));
+        }
+        for skipped in &self.skipped {
+            let _ = writeln!(out, "\nskipped: {skipped}");
+        }
+        let goals = self.goals();
+        if !goals.is_empty() {
+            let _ = writeln!(out, "\ngoals of issue 3 (64-byte values):");
+            for goal in goals {
+                let _ = writeln!(out, "  {}", goal.line());
             }
         }
-        let failures: Vec<String> = self
-            .cells
+        out
+    }
+
+    /// `workload`'s throughput table: ops/s per client count and target,
+    /// with cube's ratio to each peer.
+    fn write_throughput(&self, out: &mut String, workload: WorkloadKind, targets: &[TargetKind]) {
+        let _ = writeln!(
+            out,
+            "\n{}, {}-byte values: ops/s (cube / peer){}",
+            workload_title(workload),
+            self.args.value_size,
+            if self.args.repeat > 1 {
+                format!(", the median of {} runs", self.args.repeat)
+            } else {
+                String::new()
+            }
+        );
+        write_target_names(out, targets);
+        for &clients in &self.args.clients {
+            let _ = write!(out, "{clients:>8}");
+            let cube = self
+                .cell(workload, clients, TargetKind::Cube)
+                .and_then(Cell::ops_per_sec);
+            for &t in targets {
+                let cell = self.cell(workload, clients, t);
+                let text = match (cell.and_then(Cell::ops_per_sec), cube) {
+                    (None, _) => cell.map_or("-", |_| "failed").to_owned(),
+                    (Some(ops), Some(cube)) if t != TargetKind::Cube && ops > 0.0 => {
+                        format!("{ops:.0} ({:.2}x)", cube / ops)
+                    }
+                    (Some(ops), _) => format!("{ops:.0}"),
+                };
+                let _ = write!(out, " {text:>18}");
+            }
+            out.push('\n');
+        }
+    }
+
+    /// `workload`'s latency table: p50 / p99 per client count and target.
+    fn write_latency(&self, out: &mut String, workload: WorkloadKind, targets: &[TargetKind]) {
+        let _ = writeln!(out, "{}: latency p50 / p99 (µs)", workload_title(workload));
+        write_target_names(out, targets);
+        for &clients in &self.args.clients {
+            let _ = write!(out, "{clients:>8}");
+            for &t in targets {
+                let cell = self.cell(workload, clients, t);
+                let text = match cell.and_then(|c| Some((c.p50_us()?, c.p99_us()?))) {
+                    Some((p50, p99)) => format!("{p50} / {p99}"),
+                    None => "-".to_owned(),
+                };
+                let _ = write!(out, " {text:>18}");
+            }
+            out.push('\n');
+        }
+    }
+
+    /// One line per cell that failed, saying why.
+    fn failures(&self) -> Vec<String> {
+        self.cells
             .iter()
             .filter(|c| !c.passed())
             .map(|c| {
@@ -236,21 +248,7 @@ impl Comparison {
                     c.target.name()
                 )
             })
-            .collect();
-        if !failures.is_empty() {
-            let _ = writeln!(out, "\nFAILED cells:\n{}", failures.join("\n"));
-        }
-        for skipped in &self.skipped {
-            let _ = writeln!(out, "\nskipped: {skipped}");
-        }
-        let goals = self.goals();
-        if !goals.is_empty() {
-            let _ = writeln!(out, "\ngoals of issue 3 (64-byte values):");
-            for goal in goals {
-                let _ = writeln!(out, "  {}", goal.line());
-            }
-        }
-        out
+            .collect()
     }
 
     /// The issue's goals, where the figures to judge them exist.
@@ -397,6 +395,29 @@ impl Comparison {
     }
 }
 
+/// What a workload's tables are titled.
+fn workload_title(workload: WorkloadKind) -> &'static str {
+    match workload {
+        WorkloadKind::Put => "put: durable writes",
+        WorkloadKind::Get => "get: reads of written keys",
+        WorkloadKind::Mixed => "mixed",
+        // compare has no --batch: the default batch.
+        WorkloadKind::Mget => "mget: requests reading 64 written keys each",
+        WorkloadKind::Walk => "walk: walks and paths with links",
+        WorkloadKind::Programs => "seed: prog, run and step of cell programs",
+        WorkloadKind::Watch => "watch: puts followed by watchers",
+    }
+}
+
+/// A table's header row: `clients`, then each target's name.
+fn write_target_names(out: &mut String, targets: &[TargetKind]) {
+    let _ = write!(out, "{:>8}", "clients");
+    for t in targets {
+        let _ = write!(out, " {:>18}", t.name());
+    }
+    out.push('\n');
+}
+
 /// One goal of the issue and whether the figures meet it.
 pub struct Goal {
     pub name: &'static str,
@@ -493,29 +514,10 @@ fn median_run(
 /// Runs every cell; cells interleave the targets (and repeats go in rounds
 /// over all cells) so a noisy moment of the machine hits them alike.
 pub fn compare(args: &CompareArgs) -> Result<Comparison, StressError> {
-    let seconds = |flag: &str, value: f64| {
-        if value.is_finite() && value >= 0.0 {
-            Ok(Duration::from_secs_f64(value))
-        } else {
-            Err(StressError::Usage(format!(
-                "--{flag} {value} is not a number of seconds"
-            )))
-        }
-    };
     let duration = seconds("duration", args.duration)?;
     let warmup = seconds("warmup", args.warmup)?;
     let mut skipped = Vec::new();
-    let mut targets = args.targets.clone();
-    if targets.iter().any(|t| t.is_redis()) && find_redis_server().is_none() {
-        eprintln!("cube-stress: {INSTALL_HINT}; skipping the Redis targets");
-        let names: Vec<&str> = targets
-            .iter()
-            .filter(|t| t.is_redis())
-            .map(|t| t.name())
-            .collect();
-        skipped.push(format!("{}: {INSTALL_HINT}", names.join(", ")));
-        targets.retain(|t| !t.is_redis());
-    }
+    let targets = available_targets(&args.targets, &mut skipped);
     if args.repeat == 0 {
         return Err(StressError::Usage("--repeat must be at least 1".to_owned()));
     }
@@ -543,26 +545,7 @@ pub fn compare(args: &CompareArgs) -> Result<Comparison, StressError> {
                     String::new()
                 }
             );
-            let mut spec = TargetSpec::new(target);
-            if target == TargetKind::Cube {
-                spec.daemon_args = args.daemon_args.clone();
-            }
-            let config = RunConfig {
-                target: spec,
-                workload: Workload::new(workload, crate::workload::DEFAULT_READ_RATIO)
-                    .map_err(StressError::Usage)?,
-                clients,
-                duration,
-                warmup,
-                value_size: args.value_size,
-                keys: args.keys.max(clients as u64),
-                seed: args.seed,
-                rate: None,
-                verify: VerifyMode::Sample,
-                crash_every: None,
-                hostile: 0,
-                progress: false,
-            };
+            let config = cell_config(args, (workload, clients, target), duration, warmup)?;
             let outcome = run(&config).map_err(|e| e.to_string());
             if let Err(e) = &outcome {
                 eprintln!("cube-stress compare: that cell failed: {e}");
@@ -573,27 +556,93 @@ pub fn compare(args: &CompareArgs) -> Result<Comparison, StressError> {
     let cells = plan
         .into_iter()
         .zip(runs)
-        .map(|((workload, clients, target), results)| {
-            let command = headline_command(workload);
-            let throughput = |r: &RunReport| r.summary(command).map_or(0.0, |s| s.ops_per_sec);
-            let ops_per_sec_runs = results
-                .iter()
-                .filter_map(|r| r.as_ref().ok().map(throughput))
-                .collect();
-            Cell {
-                workload,
-                clients,
-                target,
-                outcome: median_run(results, throughput),
-                ops_per_sec_runs,
-            }
-        })
+        .map(|(planned, results)| median_cell(planned, results))
         .collect();
     Ok(Comparison {
         args: args.clone(),
         skipped,
         cells,
     })
+}
+
+/// `value` seconds of the flag `--flag`, refused when not a number of
+/// seconds.
+fn seconds(flag: &str, value: f64) -> Result<Duration, StressError> {
+    if value.is_finite() && value >= 0.0 {
+        Ok(Duration::from_secs_f64(value))
+    } else {
+        Err(StressError::Usage(format!(
+            "--{flag} {value} is not a number of seconds"
+        )))
+    }
+}
+
+/// The `targets` this machine can run: the Redis ones are left out (and
+/// said so in `skipped`) when redis-server is not installed.
+fn available_targets(targets: &[TargetKind], skipped: &mut Vec<String>) -> Vec<TargetKind> {
+    let mut targets = targets.to_vec();
+    if targets.iter().any(|t| t.is_redis()) && find_redis_server().is_none() {
+        eprintln!("cube-stress: {INSTALL_HINT}; skipping the Redis targets");
+        let names: Vec<&str> = targets
+            .iter()
+            .filter(|t| t.is_redis())
+            .map(|t| t.name())
+            .collect();
+        skipped.push(format!("{}: {INSTALL_HINT}", names.join(", ")));
+        targets.retain(|t| !t.is_redis());
+    }
+    targets
+}
+
+/// The run of one cell: its workload, client count and target, the
+/// comparison's other settings.
+fn cell_config(
+    args: &CompareArgs,
+    (workload, clients, target): (WorkloadKind, usize, TargetKind),
+    duration: Duration,
+    warmup: Duration,
+) -> Result<RunConfig, StressError> {
+    let mut spec = TargetSpec::new(target);
+    if target == TargetKind::Cube {
+        spec.daemon_args = args.daemon_args.clone();
+    }
+    Ok(RunConfig {
+        target: spec,
+        workload: Workload::new(workload, crate::workload::DEFAULT_READ_RATIO)
+            .map_err(StressError::Usage)?,
+        clients,
+        duration,
+        warmup,
+        value_size: args.value_size,
+        keys: args.keys.max(clients as u64),
+        seed: args.seed,
+        rate: None,
+        verify: VerifyMode::Sample,
+        crash_every: None,
+        hostile: 0,
+        progress: false,
+    })
+}
+
+/// A cell from every repeat of its run: the median run (or the first
+/// failed one), and every run's throughput.
+fn median_cell(
+    (workload, clients, target): (WorkloadKind, usize, TargetKind),
+    results: Vec<Result<RunReport, String>>,
+) -> Cell {
+    let command = headline_command(workload);
+    let throughput = |r: &RunReport| r.summary(command).map_or(0.0, |s| s.ops_per_sec);
+    let ops_per_sec_runs = results
+        .iter()
+        .filter_map(|r| r.as_ref().ok().map(throughput))
+        .collect();
+    Cell {
+        workload,
+        clients,
+        target,
+        outcome: median_run(results, throughput),
+        ops_per_sec_runs,
+    }
 }
 
 #[cfg(test)]

@@ -30,6 +30,7 @@ pub mod scan_workload;
 pub mod target;
 pub mod verify;
 pub mod walk_workload;
+pub mod watch_follow;
 pub mod watch_workload;
 pub mod workload;
 

@@ -22,6 +22,8 @@ const LEFT: f64 = 90.0;
 const RIGHT: f64 = 230.0;
 const TOP: f64 = 70.0;
 const BOTTOM: f64 = 70.0;
+const PLOT_WIDTH: f64 = WIDTH - LEFT - RIGHT;
+const PLOT_HEIGHT: f64 = HEIGHT - TOP - BOTTOM;
 const COLORS: [&str; 6] = [
     "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
 ];
@@ -31,19 +33,60 @@ const TICKS_PER_HALF_DISTANCE: u32 = 5;
 
 /// The SVG document. `title` is the first line, `subtitle` the second.
 pub fn latency_by_percentile(title: &str, subtitle: &str, series: &[Series<'_>]) -> String {
-    let most_samples = series.iter().map(|s| s.histogram.len()).max().unwrap_or(0);
-    // Enough decades to resolve the rarest sample, at least to 99 %.
-    let x_decades = (most_samples.max(1) as f64).log10().ceil().clamp(2.0, 7.0);
-    let recorded = || series.iter().filter(|s| !s.histogram.is_empty());
-    let highest = recorded().map(|s| s.histogram.max()).max().unwrap_or(1);
-    let lowest = recorded().map(|s| s.histogram.min()).min().unwrap_or(1);
-    let axis = LogAxis::covering(lowest as f64, highest as f64);
-    let plot_width = WIDTH - LEFT - RIGHT;
-    let plot_height = HEIGHT - TOP - BOTTOM;
-    let x_of = |decades: f64| LEFT + plot_width * (decades.min(x_decades) / x_decades);
-    let y_of = |us: f64| TOP + plot_height * (1.0 - axis.fraction(us));
-
+    let chart = Chart::covering(series);
     let mut svg = String::new();
+    write_header(&mut svg, title, subtitle);
+    write_latency_grid(&mut svg, &chart);
+    write_percentile_grid(&mut svg, &chart);
+    write_frame(&mut svg);
+    // The lines and the legend.
+    for (i, s) in series.iter().enumerate() {
+        write_series(&mut svg, &chart, i, s);
+    }
+    if series.iter().all(|s| s.histogram.is_empty()) {
+        let _ = writeln!(
+            svg,
+            r#"<text x="{:.1}" y="{:.1}" font-size="16" text-anchor="middle">no requests recorded</text>"#,
+            LEFT + PLOT_WIDTH / 2.0,
+            TOP + PLOT_HEIGHT / 2.0
+        );
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
+/// Where a point of the chart goes: the percentile decades the x axis
+/// spans and the latency axis.
+struct Chart {
+    x_decades: f64,
+    axis: LogAxis,
+}
+
+impl Chart {
+    fn covering(series: &[Series<'_>]) -> Chart {
+        let most_samples = series.iter().map(|s| s.histogram.len()).max().unwrap_or(0);
+        // Enough decades to resolve the rarest sample, at least to 99 %.
+        let x_decades = (most_samples.max(1) as f64).log10().ceil().clamp(2.0, 7.0);
+        let recorded = || series.iter().filter(|s| !s.histogram.is_empty());
+        let highest = recorded().map(|s| s.histogram.max()).max().unwrap_or(1);
+        let lowest = recorded().map(|s| s.histogram.min()).min().unwrap_or(1);
+        Chart {
+            x_decades,
+            axis: LogAxis::covering(lowest as f64, highest as f64),
+        }
+    }
+
+    fn x_of(&self, decades: f64) -> f64 {
+        LEFT + PLOT_WIDTH * (decades.min(self.x_decades) / self.x_decades)
+    }
+
+    fn y_of(&self, us: f64) -> f64 {
+        TOP + PLOT_HEIGHT * (1.0 - self.axis.fraction(us))
+    }
+}
+
+/// The SVG element, its white background, the title and the subtitle.
+fn write_header(svg: &mut String, title: &str, subtitle: &str) {
     let _ = writeln!(
         svg,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="Helvetica, Arial, sans-serif">"#
@@ -64,15 +107,17 @@ pub fn latency_by_percentile(title: &str, subtitle: &str, series: &[Series<'_>])
         WIDTH / 2.0,
         escape(subtitle)
     );
+}
 
-    // Grid and axis labels: a darker line at each power of ten.
-    for (tick, major) in axis.ticks() {
-        let y = y_of(tick);
+/// The latency grid and its labels: a darker line at each power of ten.
+fn write_latency_grid(svg: &mut String, chart: &Chart) {
+    for (tick, major) in chart.axis.ticks() {
+        let y = chart.y_of(tick);
         let stroke = if major { "#c8c8c8" } else { "#ececec" };
         let _ = writeln!(
             svg,
             r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{stroke}"/>"##,
-            LEFT + plot_width
+            LEFT + PLOT_WIDTH
         );
         let _ = writeln!(
             svg,
@@ -82,106 +127,104 @@ pub fn latency_by_percentile(title: &str, subtitle: &str, series: &[Series<'_>])
             format_us(tick)
         );
     }
+}
+
+/// The percentile grid and its labels: the median, then 0 %, 90 %, 99 %, …
+fn write_percentile_grid(svg: &mut String, chart: &Chart) {
     // The median gets its own line: where p50 is read off.
-    let median_x = x_of(2f64.log10());
+    let median_x = chart.x_of(2f64.log10());
     let _ = writeln!(
         svg,
         r##"<line x1="{median_x:.1}" y1="{TOP}" x2="{median_x:.1}" y2="{:.1}" stroke="#e3e3e3" stroke-dasharray="4 3"/>"##,
-        TOP + plot_height
+        TOP + PLOT_HEIGHT
     );
     let _ = writeln!(
         svg,
         r#"<text x="{median_x:.1}" y="{:.1}" font-size="12" text-anchor="middle">50%</text>"#,
-        TOP + plot_height + 18.0
+        TOP + PLOT_HEIGHT + 18.0
     );
-    for decade in 0..=(x_decades as u32) {
-        let x = x_of(f64::from(decade));
+    for decade in 0..=(chart.x_decades as u32) {
+        let x = chart.x_of(f64::from(decade));
         let _ = writeln!(
             svg,
             r##"<line x1="{x:.1}" y1="{TOP}" x2="{x:.1}" y2="{:.1}" stroke="#e3e3e3"/>"##,
-            TOP + plot_height
+            TOP + PLOT_HEIGHT
         );
         let _ = writeln!(
             svg,
             r#"<text x="{x:.1}" y="{:.1}" font-size="12" text-anchor="middle">{}</text>"#,
-            TOP + plot_height + 18.0,
+            TOP + PLOT_HEIGHT + 18.0,
             percentile_label(decade)
         );
     }
+}
+
+/// The plot's frame and the axes' names.
+fn write_frame(svg: &mut String) {
     let _ = writeln!(
         svg,
-        r##"<rect x="{LEFT}" y="{TOP}" width="{plot_width}" height="{plot_height}" fill="none" stroke="#888"/>"##
+        r##"<rect x="{LEFT}" y="{TOP}" width="{PLOT_WIDTH}" height="{PLOT_HEIGHT}" fill="none" stroke="#888"/>"##
     );
     let _ = writeln!(
         svg,
         r#"<text x="{:.1}" y="{:.1}" font-size="13" text-anchor="middle">percentile</text>"#,
-        LEFT + plot_width / 2.0,
+        LEFT + PLOT_WIDTH / 2.0,
         HEIGHT - 22.0
     );
     let _ = writeln!(
         svg,
         r#"<text x="22" y="{:.1}" font-size="13" text-anchor="middle" transform="rotate(-90 22 {:.1})">latency (log scale)</text>"#,
-        TOP + plot_height / 2.0,
-        TOP + plot_height / 2.0
+        TOP + PLOT_HEIGHT / 2.0,
+        TOP + PLOT_HEIGHT / 2.0
     );
+}
 
-    // The lines and the legend.
-    for (i, s) in series.iter().enumerate() {
-        let color = COLORS[i % COLORS.len()];
-        let points: Vec<String> = percentile_points(s.histogram)
-            .into_iter()
-            .map(|(decades, us)| format!("{:.1},{:.1}", x_of(decades), y_of(us as f64)))
-            .collect();
+/// The `i`th series' line, and its legend entry with its figures.
+fn write_series(svg: &mut String, chart: &Chart, i: usize, s: &Series<'_>) {
+    let color = COLORS[i % COLORS.len()];
+    let points: Vec<String> = percentile_points(s.histogram)
+        .into_iter()
+        .map(|(decades, us)| format!("{:.1},{:.1}", chart.x_of(decades), chart.y_of(us as f64)))
+        .collect();
+    let _ = writeln!(
+        svg,
+        r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#,
+        points.join(" ")
+    );
+    let legend_x = LEFT + PLOT_WIDTH + 20.0;
+    let legend_y = TOP + 10.0 + 64.0 * i as f64;
+    let _ = writeln!(
+        svg,
+        r#"<line x1="{legend_x:.1}" y1="{legend_y:.1}" x2="{:.1}" y2="{legend_y:.1}" stroke="{color}" stroke-width="3"/>"#,
+        legend_x + 24.0
+    );
+    let _ = writeln!(
+        svg,
+        r#"<text x="{:.1}" y="{:.1}" font-size="14" font-weight="bold">{}</text>"#,
+        legend_x + 32.0,
+        legend_y + 5.0,
+        escape(s.name)
+    );
+    let figures = [
+        format!(
+            "p50 {} · p99 {} µs",
+            s.histogram.value_at_quantile(0.5),
+            s.histogram.value_at_quantile(0.99)
+        ),
+        format!(
+            "p99.9 {} · max {} µs",
+            s.histogram.value_at_quantile(0.999),
+            s.histogram.max()
+        ),
+    ];
+    for (line, text) in figures.iter().enumerate() {
         let _ = writeln!(
             svg,
-            r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#,
-            points.join(" ")
-        );
-        let legend_x = LEFT + plot_width + 20.0;
-        let legend_y = TOP + 10.0 + 64.0 * i as f64;
-        let _ = writeln!(
-            svg,
-            r#"<line x1="{legend_x:.1}" y1="{legend_y:.1}" x2="{:.1}" y2="{legend_y:.1}" stroke="{color}" stroke-width="3"/>"#,
-            legend_x + 24.0
-        );
-        let _ = writeln!(
-            svg,
-            r#"<text x="{:.1}" y="{:.1}" font-size="14" font-weight="bold">{}</text>"#,
+            r##"<text x="{:.1}" y="{:.1}" font-size="11" fill="#555">{text}</text>"##,
             legend_x + 32.0,
-            legend_y + 5.0,
-            escape(s.name)
-        );
-        let figures = [
-            format!(
-                "p50 {} · p99 {} µs",
-                s.histogram.value_at_quantile(0.5),
-                s.histogram.value_at_quantile(0.99)
-            ),
-            format!(
-                "p99.9 {} · max {} µs",
-                s.histogram.value_at_quantile(0.999),
-                s.histogram.max()
-            ),
-        ];
-        for (line, text) in figures.iter().enumerate() {
-            let _ = writeln!(
-                svg,
-                r##"<text x="{:.1}" y="{:.1}" font-size="11" fill="#555">{text}</text>"##,
-                legend_x + 32.0,
-                legend_y + 21.0 + 14.0 * line as f64,
-            );
-        }
-    }
-    if series.iter().all(|s| s.histogram.is_empty()) {
-        let _ = writeln!(
-            svg,
-            r#"<text x="{:.1}" y="{:.1}" font-size="16" text-anchor="middle">no requests recorded</text>"#,
-            LEFT + plot_width / 2.0,
-            TOP + plot_height / 2.0
+            legend_y + 21.0 + 14.0 * line as f64,
         );
     }
-    svg.push_str("</svg>\n");
-    svg
 }
 
 /// `(decades, latency)` along the histogram: decades = log10(1/(1-q)),

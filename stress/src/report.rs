@@ -121,20 +121,6 @@ impl RunReport {
     }
 
     pub fn to_json(&self) -> Json {
-        let cells_per_sec = self.cells_per_sec();
-        let commands = self
-            .summaries()
-            .into_iter()
-            .map(|(name, s)| {
-                let mut figures = summary_json(&s);
-                if let (Some(cells), Json::Object(fields)) = (cells_per_sec, &mut figures)
-                    && name == Command::Mget.name()
-                {
-                    fields.insert("cells_per_sec".to_owned(), Json::from(cells));
-                }
-                (name, figures)
-            })
-            .collect::<Vec<_>>();
         json::object([
             ("target", Json::from(self.target.as_str())),
             ("target_detail", Json::from(self.target_detail.as_str())),
@@ -170,33 +156,13 @@ impl RunReport {
             ("errors", Json::from(self.errors)),
             ("error_samples", strings(&self.error_samples)),
             ("reconnects", Json::from(self.reconnects)),
-            ("commands", json::object(commands)),
+            ("commands", self.commands_json()),
             ("server", server_json(&self.server)),
             (
                 "server_error",
                 self.server_error.as_deref().map_or(Json::Null, Json::from),
             ),
-            (
-                "verification",
-                json::object([
-                    ("mode", Json::from(self.verification.mode.name())),
-                    ("keys_checked", Json::from(self.verification.keys_checked)),
-                    ("mismatches", Json::from(self.verification.mismatches)),
-                    (
-                        "mismatch_samples",
-                        strings(&self.verification.mismatch_samples),
-                    ),
-                    ("errors", strings(&self.verification.errors)),
-                    (
-                        "read_mismatches_during_run",
-                        Json::from(self.live_mismatches.mismatches),
-                    ),
-                    (
-                        "read_mismatch_samples",
-                        strings(&self.live_mismatches.mismatch_samples),
-                    ),
-                ]),
-            ),
+            ("verification", self.verification_json()),
             (
                 "crashes",
                 Json::Array(self.crashes.iter().map(crash_json).collect()),
@@ -208,6 +174,47 @@ impl RunReport {
                     .map_or(Json::Null, HostileCounts::to_json),
             ),
             ("passed", Json::Bool(self.passed())),
+        ])
+    }
+
+    /// Each command's figures; mget's with the cells it read per second.
+    fn commands_json(&self) -> Json {
+        let cells_per_sec = self.cells_per_sec();
+        let commands = self
+            .summaries()
+            .into_iter()
+            .map(|(name, s)| {
+                let mut figures = summary_json(&s);
+                if let (Some(cells), Json::Object(fields)) = (cells_per_sec, &mut figures)
+                    && name == Command::Mget.name()
+                {
+                    fields.insert("cells_per_sec".to_owned(), Json::from(cells));
+                }
+                (name, figures)
+            })
+            .collect::<Vec<_>>();
+        json::object(commands)
+    }
+
+    /// The read-back at the end and the reads checked during the run.
+    fn verification_json(&self) -> Json {
+        json::object([
+            ("mode", Json::from(self.verification.mode.name())),
+            ("keys_checked", Json::from(self.verification.keys_checked)),
+            ("mismatches", Json::from(self.verification.mismatches)),
+            (
+                "mismatch_samples",
+                strings(&self.verification.mismatch_samples),
+            ),
+            ("errors", strings(&self.verification.errors)),
+            (
+                "read_mismatches_during_run",
+                Json::from(self.live_mismatches.mismatches),
+            ),
+            (
+                "read_mismatch_samples",
+                strings(&self.live_mismatches.mismatch_samples),
+            ),
         ])
     }
 

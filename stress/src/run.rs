@@ -139,67 +139,17 @@ impl RunConfig {
 /// that found errors or lost writes returns a report that says so.
 pub fn run(config: &RunConfig) -> Result<RunReport, StressError> {
     let keys = config.validate()?;
-    let say = |text: String| {
-        if config.progress {
-            eprintln!("cube-stress: {text}");
-        }
-    };
-    say(format!("starting {}", config.target.kind.name()));
+    say(config, format!("starting {}", config.target.kind.name()));
     let mut target = RunningTarget::start(&config.target)?;
-    say(target.detail.clone());
+    say(config, target.detail.clone());
     let connector = target.connector.clone();
     let ledgers: Vec<Mutex<Ledger>> = (0..config.clients)
         .map(|client| Mutex::new(Ledger::new(client, keys)))
         .collect();
+    let prefilled = prefill_workload(config, connector.as_ref(), &ledgers, &keys)?;
+    let hostile_socket = start_hostile(config, &target)?;
 
-    let mut counter_baseline = Vec::new();
-    let prefill_s = if config.workload.needs_prefill() {
-        let started = Instant::now();
-        prefill(connector.as_ref(), &ledgers, &keys, config.value_size)?;
-        let seconds = started.elapsed().as_secs_f64();
-        say(format!("wrote all {} keys in {seconds:.2} s", keys.keys()));
-        Some(seconds)
-    } else if config.workload.kind.needs_edges() {
-        let started = Instant::now();
-        let edges = prefill_edges(connector.as_ref(), &keys)?;
-        let seconds = started.elapsed().as_secs_f64();
-        say(format!(
-            "linked {edges} lattice edges between {} keys in {seconds:.2} s",
-            keys.keys()
-        ));
-        Some(seconds)
-    } else if config.workload.kind == WorkloadKind::Programs {
-        let started = Instant::now();
-        let cells = program_workload::cells(&keys);
-        let mut connection = connector
-            .connect()
-            .map_err(|e| StressError::target("prefill", e.to_string()))?;
-        counter_baseline = program_workload::prefill(connection.as_mut(), cells)
-            .map_err(|e| StressError::target("prefill", e))?;
-        let seconds = started.elapsed().as_secs_f64();
-        say(format!(
-            "stored a counter program at {cells} seed cells in {seconds:.2} s"
-        ));
-        Some(seconds)
-    } else {
-        None
-    };
-
-    let hostile_socket = if config.hostile > 0 {
-        let socket = hostile::socket_of(target.socket())?;
-        hostile::prepare(&socket)?;
-        say(format!(
-            "{} hostile threads (slowloris, non-readers, connection flood) beside the clients",
-            config.hostile
-        ));
-        Some(socket)
-    } else {
-        None
-    };
-    let mut hostile_counts: Option<HostileCounts> = None;
-    let hostile_stop = AtomicBool::new(false);
-
-    let counter_ledger = CounterLedger::new(counter_baseline);
+    let counter_ledger = CounterLedger::new(prefilled.counter_baseline);
     let control = Control::new(config.clients);
     let shared = Shared {
         connector: connector.as_ref(),
@@ -209,15 +159,147 @@ pub fn run(config: &RunConfig) -> Result<RunReport, StressError> {
         control: &control,
         counters: &counter_ledger,
     };
-    let mut crashes = Vec::new();
-    let mut outcomes = Vec::new();
-    let mut measured = Duration::ZERO;
+    let ran = run_clients(&shared, &mut target, hostile_socket.as_deref())?;
+    let tally = Tally::of(config.verify, ran.outcomes)?;
+
+    let (server, server_error) = match connector.server_figures() {
+        Ok(figures) => (figures, None),
+        Err(e) => (Vec::new(), Some(e)),
+    };
+    let verification = read_back_at_end(&shared, target.fresh);
+    let daemon_log = (tally.errors > 0 || !verification.passed() || tally.live.mismatches > 0)
+        .then(|| target.log_text())
+        .flatten();
+    Ok(RunReport {
+        target: target.name().to_owned(),
+        target_detail: target.detail.clone(),
+        workload: config.workload,
+        clients: config.clients,
+        duration_s: ran.measured.as_secs_f64(),
+        warmup_s: config.warmup.as_secs_f64(),
+        value_size_bytes: config.value_size,
+        keys: keys.keys(),
+        seed: config.seed,
+        rate_ops_per_sec: config.rate,
+        prefill_s: prefilled.seconds,
+        errors: tally.errors,
+        error_samples: tally.error_samples,
+        reconnects: tally.reconnects,
+        live_mismatches: tally.live,
+        latencies: tally.latencies,
+        server,
+        server_error,
+        verification,
+        crashes: ran.crashes,
+        daemon_log,
+        hostile: ran.hostile,
+    })
+}
+
+/// A progress line on stderr, when `--progress` asked for them.
+fn say(config: &RunConfig, text: String) {
+    if config.progress {
+        eprintln!("cube-stress: {text}");
+    }
+}
+
+/// What filling the key space before the run did.
+struct Prefilled {
+    /// How long it took; `None`: the workload needs nothing filled.
+    seconds: Option<f64>,
+    /// The counter cells' baseline (empty but for the seed workload).
+    counter_baseline: Vec<(u64, u64)>,
+}
+
+/// Fills what the workload reads before the clients start: every key,
+/// the lattice's edges, or a counter program in each seed cell.
+fn prefill_workload(
+    config: &RunConfig,
+    connector: &dyn Connector,
+    ledgers: &[Mutex<Ledger>],
+    keys: &KeySpace,
+) -> Result<Prefilled, StressError> {
+    let mut counter_baseline = Vec::new();
+    let started = Instant::now();
+    let filled = if config.workload.needs_prefill() {
+        prefill(connector, ledgers, keys, config.value_size)?;
+        format!("wrote all {} keys", keys.keys())
+    } else if config.workload.kind.needs_edges() {
+        let edges = prefill_edges(connector, keys)?;
+        format!("linked {edges} lattice edges between {} keys", keys.keys())
+    } else if config.workload.kind == WorkloadKind::Programs {
+        let cells = program_workload::cells(keys);
+        let mut connection = connector
+            .connect()
+            .map_err(|e| StressError::target("prefill", e.to_string()))?;
+        counter_baseline = program_workload::prefill(connection.as_mut(), cells)
+            .map_err(|e| StressError::target("prefill", e))?;
+        format!("stored a counter program at {cells} seed cells")
+    } else {
+        return Ok(Prefilled {
+            seconds: None,
+            counter_baseline,
+        });
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    say(config, format!("{filled} in {seconds:.2} s"));
+    Ok(Prefilled {
+        seconds: Some(seconds),
+        counter_baseline,
+    })
+}
+
+/// Readies the target for `--hostile` threads: the socket they are
+/// hostile to, or `None` when the run has none.
+fn start_hostile(
+    config: &RunConfig,
+    target: &RunningTarget,
+) -> Result<Option<std::path::PathBuf>, StressError> {
+    if config.hostile == 0 {
+        return Ok(None);
+    }
+    let socket = hostile::socket_of(target.socket())?;
+    hostile::prepare(&socket)?;
+    say(
+        config,
+        format!(
+            "{} hostile threads (slowloris, non-readers, connection flood) beside the clients",
+            config.hostile
+        ),
+    );
+    Ok(Some(socket))
+}
+
+/// What the client threads, and the hostile ones, did over the run.
+struct ClientsRan {
+    outcomes: Vec<ClientOutcome>,
+    /// The measured window, crash pauses excluded.
+    measured: Duration,
+    crashes: Vec<CrashReport>,
+    hostile: Option<HostileCounts>,
+}
+
+/// Lets the client threads (and the hostile ones, on `hostile_socket`)
+/// loose for the warmup and the measured window, crashing the target on
+/// schedule, and joins them.
+fn run_clients(
+    shared: &Shared<'_>,
+    target: &mut RunningTarget,
+    hostile_socket: Option<&std::path::Path>,
+) -> Result<ClientsRan, StressError> {
+    let config = shared.config;
+    let hostile_stop = AtomicBool::new(false);
+    let mut ran = ClientsRan {
+        outcomes: Vec::new(),
+        measured: Duration::ZERO,
+        crashes: Vec::new(),
+        hostile: None,
+    };
     thread::scope(|scope| -> Result<(), StressError> {
-        let shared = &shared;
         // Whatever happens, the hostile threads are told to stop, or the
         // scope would wait for them forever.
         let _stop_hostile = SetOnDrop(&hostile_stop);
-        let hostile_handles = match &hostile_socket {
+        let hostile_handles = match hostile_socket {
             Some(socket) => hostile::start(scope, socket, config.hostile, &hostile_stop)?,
             None => Vec::new(),
         };
@@ -229,98 +311,99 @@ pub fn run(config: &RunConfig) -> Result<RunReport, StressError> {
             })
             .collect::<Result<_, _>>()
             .map_err(|e| StressError::io("cannot start a client thread", e))?;
-        say(format!(
-            "{} clients running {}: {:.1} s warmup, then {:.1} s measured",
-            config.clients,
-            config.workload.name(),
-            config.warmup.as_secs_f64(),
-            config.duration.as_secs_f64()
-        ));
-        let timeline = drive(shared, &mut target, &mut crashes);
-        control.finish();
+        say(
+            config,
+            format!(
+                "{} clients running {}: {:.1} s warmup, then {:.1} s measured",
+                config.clients,
+                config.workload.name(),
+                config.warmup.as_secs_f64(),
+                config.duration.as_secs_f64()
+            ),
+        );
+        let timeline = drive(shared, target, &mut ran.crashes);
+        shared.control.finish();
         hostile_stop.store(true, Ordering::Relaxed);
         if hostile_socket.is_some() {
-            hostile_counts = Some(hostile::finish(hostile_handles));
+            ran.hostile = Some(hostile::finish(hostile_handles));
         }
         for handle in handles {
             match handle.join() {
-                Ok(outcome) => outcomes.push(outcome),
-                Err(_) => outcomes.push(ClientOutcome::panicked()),
+                Ok(outcome) => ran.outcomes.push(outcome),
+                Err(_) => ran.outcomes.push(ClientOutcome::panicked()),
             }
         }
-        measured = timeline?;
+        ran.measured = timeline?;
         Ok(())
     })?;
+    Ok(ran)
+}
 
-    let mut latencies = Recorder::default();
-    let mut errors = 0;
-    let mut error_samples = Vec::new();
-    let mut reconnects = 0;
-    let mut live = VerifyReport::new(config.verify);
-    for outcome in outcomes {
-        latencies
-            .merge(&outcome.recorder)
-            .map_err(|e| StressError::target("cube-stress", e))?;
-        errors += outcome.errors;
-        reconnects += outcome.reconnects;
-        let room = KEPT_ERRORS.saturating_sub(error_samples.len());
-        error_samples.extend(outcome.error_samples.into_iter().take(room));
-        live.absorb(outcome.mismatches);
+/// The client threads' outcomes added up.
+struct Tally {
+    latencies: Recorder,
+    errors: u64,
+    error_samples: Vec<String>,
+    reconnects: u64,
+    live: VerifyReport,
+}
+
+impl Tally {
+    fn of(verify: VerifyMode, outcomes: Vec<ClientOutcome>) -> Result<Tally, StressError> {
+        let mut tally = Tally {
+            latencies: Recorder::default(),
+            errors: 0,
+            error_samples: Vec::new(),
+            reconnects: 0,
+            live: VerifyReport::new(verify),
+        };
+        for outcome in outcomes {
+            tally
+                .latencies
+                .merge(&outcome.recorder)
+                .map_err(|e| StressError::target("cube-stress", e))?;
+            tally.errors += outcome.errors;
+            tally.reconnects += outcome.reconnects;
+            let room = KEPT_ERRORS.saturating_sub(tally.error_samples.len());
+            tally
+                .error_samples
+                .extend(outcome.error_samples.into_iter().take(room));
+            tally.live.absorb(outcome.mismatches);
+        }
+        Ok(tally)
     }
+}
 
-    let (server, server_error) = match connector.server_figures() {
-        Ok(figures) => (figures, None),
-        Err(e) => (Vec::new(), Some(e)),
-    };
+/// Reads every key back as `--verify` asks, and checks the seed cells'
+/// telemetry against the runs acknowledged.
+fn read_back_at_end(shared: &Shared<'_>, fresh: bool) -> VerifyReport {
+    let config = shared.config;
     if config.verify != VerifyMode::None {
-        say(format!("reading back ({})", config.verify.name()));
+        say(config, format!("reading back ({})", config.verify.name()));
     }
     let mut verification = verify::read_back(
-        connector.as_ref(),
-        &ledgers,
-        &keys,
+        shared.connector,
+        shared.ledgers,
+        &shared.keys,
         ReadBack {
             mode: config.verify,
             value_size: config.value_size,
-            fresh: target.fresh,
+            fresh,
             settle: false,
             seed: config.seed,
         },
     );
-    if counter_ledger.cells() > 0 {
-        say(format!(
-            "checking the telemetry of {} seed cells",
-            counter_ledger.cells()
-        ));
-        verification.absorb(program_workload::check(connector.as_ref(), &counter_ledger));
+    if shared.counters.cells() > 0 {
+        say(
+            config,
+            format!(
+                "checking the telemetry of {} seed cells",
+                shared.counters.cells()
+            ),
+        );
+        verification.absorb(program_workload::check(shared.connector, shared.counters));
     }
-    let daemon_log = (errors > 0 || !verification.passed() || live.mismatches > 0)
-        .then(|| target.log_text())
-        .flatten();
-    Ok(RunReport {
-        target: target.name().to_owned(),
-        target_detail: target.detail.clone(),
-        workload: config.workload,
-        clients: config.clients,
-        duration_s: measured.as_secs_f64(),
-        warmup_s: config.warmup.as_secs_f64(),
-        value_size_bytes: config.value_size,
-        keys: keys.keys(),
-        seed: config.seed,
-        rate_ops_per_sec: config.rate,
-        prefill_s,
-        errors,
-        error_samples,
-        reconnects,
-        live_mismatches: live,
-        latencies,
-        server,
-        server_error,
-        verification,
-        crashes,
-        daemon_log,
-        hostile: hostile_counts,
-    })
+    verification
 }
 
 /// The main thread's part while the clients run: warmup, the measured
@@ -791,52 +874,13 @@ fn execute(
     op: Op,
     value: &mut Vec<u8>,
 ) -> Result<(), Failure> {
-    let value_size = shared.config.value_size;
     match op {
-        Op::Put { key } => {
-            let ledger = &shared.ledgers[client];
-            let version = lock(ledger).next_version();
-            encode_value(key, version, value_size, value);
-            match connection.put(coord_of(key), value) {
-                Ok(()) => {
-                    lock(ledger).acked(key, version);
-                    Ok(())
-                }
-                Err(e) => {
-                    lock(ledger).unknown(key, version);
-                    Err(Failure::Op(e))
-                }
-            }
-        }
+        Op::Put { key } => execute_put(shared, client, connection, key, value),
         Op::Get { key } => {
             let found = connection.get(coord_of(key)).map_err(Failure::Op)?;
             check_read(shared, client, key, found.as_deref()).map_err(Failure::Mismatch)
         }
-        Op::Mget { draw, batch } => {
-            let keys: Vec<u64> = mget_keys(draw, batch, &shared.keys).collect();
-            let coords: Vec<_> = keys.iter().map(|&key| coord_of(key)).collect();
-            let values = connection.mget(&coords).map_err(Failure::Op)?;
-            if values.len() != keys.len() {
-                return Err(Failure::Mismatch(format!(
-                    "mget of {} keys answered {} values",
-                    keys.len(),
-                    values.len()
-                )));
-            }
-            // Every cell is checked as a get's answer would be, each
-            // wrong one counted.
-            let problems: Vec<String> = keys
-                .iter()
-                .zip(&values)
-                .filter_map(|(&key, found)| check_read(shared, client, key, found.as_deref()).err())
-                .map(|problem| format!("mget: {problem}"))
-                .collect();
-            if problems.is_empty() {
-                Ok(())
-            } else {
-                Err(Failure::Mismatches(problems))
-            }
-        }
+        Op::Mget { draw, batch } => execute_mget(shared, client, connection, draw, batch),
         Op::Link { from, to } => connection
             .link(coord_of(from), coord_of(to))
             .map_err(Failure::Op),
@@ -876,70 +920,154 @@ fn execute(
                 Err(Failure::Op(e))
             }
         },
-        Op::ProgRun { cell, variant } => {
-            let pair = connection
-                .prog_and_run(
-                    program_workload::coord(cell),
-                    program_workload::source(variant).as_bytes(),
-                )
-                .inspect_err(|_| shared.counters.uncertain(cell))
-                .map_err(Failure::Op)?;
-            match pair.run {
-                Ok(_) => shared.counters.acked(cell),
-                Err(_) => shared.counters.uncertain(cell),
-            }
-            pair.prog.map_err(Failure::Op)?;
-            pair.run.map(|_| ()).map_err(Failure::Op)
+        Op::ProgRun { cell, variant } => execute_prog_run(shared, connection, cell, variant),
+        Op::Step { first_cell, cells } => execute_step(shared, connection, first_cell, cells),
+        Op::CellStats { cell } => execute_cell_stats(shared, connection, cell),
+    }
+}
+
+/// A put of the next version of `key`, in the client's ledger as acked or
+/// as unknown.
+fn execute_put(
+    shared: &Shared<'_>,
+    client: usize,
+    connection: &mut dyn Connection,
+    key: u64,
+    value: &mut Vec<u8>,
+) -> Result<(), Failure> {
+    let ledger = &shared.ledgers[client];
+    let version = lock(ledger).next_version();
+    encode_value(key, version, shared.config.value_size, value);
+    match connection.put(coord_of(key), value) {
+        Ok(()) => {
+            lock(ledger).acked(key, version);
+            Ok(())
         }
-        Op::Step { first_cell, cells } => {
-            let (lo, hi) = program_workload::step_box(first_cell, cells);
-            let box_cells = first_cell..first_cell + cells;
-            match connection.step(lo, hi) {
-                Ok(answer) => {
-                    // Acknowledged: every run in the box is in its cell's
-                    // telemetry, failed or not.
-                    box_cells.for_each(|cell| shared.counters.acked(cell));
-                    if answer.programs != cells {
-                        return Err(Failure::Mismatch(format!(
-                            "step over seed cells {lo}..={hi} ran {} programs, but each of \
-                             its {cells} cells holds one",
-                            answer.programs
-                        )));
-                    }
-                    if answer.failed > 0 {
-                        // A counter never fails: its cell's counter now
-                        // lags its telemetry, which the end check reports.
-                        return Err(Failure::Op(OpError::Failed(format!(
-                            "{} of its {} runs failed, the first: {}",
-                            answer.failed,
-                            answer.programs,
-                            answer.first_failure.as_deref().unwrap_or("(not described)")
-                        ))));
-                    }
-                    Ok(())
-                }
-                Err(e) => {
-                    box_cells.for_each(|cell| shared.counters.uncertain(cell));
-                    Err(Failure::Op(e))
-                }
-            }
+        Err(e) => {
+            lock(ledger).unknown(key, version);
+            Err(Failure::Op(e))
         }
-        Op::CellStats { cell } => {
-            // Runs acknowledged before asking are all recorded by then.
-            let floor = shared.counters.acked_count(cell);
-            let (runs, _) = connection
-                .cell_stats(program_workload::coord(cell))
-                .map_err(Failure::Op)?;
-            if runs < floor {
+    }
+}
+
+/// An mget of the `batch` keys drawn from `draw`, each cell checked as a
+/// get's answer would be.
+fn execute_mget(
+    shared: &Shared<'_>,
+    client: usize,
+    connection: &mut dyn Connection,
+    draw: u64,
+    batch: u32,
+) -> Result<(), Failure> {
+    let keys: Vec<u64> = mget_keys(draw, batch, &shared.keys).collect();
+    let coords: Vec<_> = keys.iter().map(|&key| coord_of(key)).collect();
+    let values = connection.mget(&coords).map_err(Failure::Op)?;
+    if values.len() != keys.len() {
+        return Err(Failure::Mismatch(format!(
+            "mget of {} keys answered {} values",
+            keys.len(),
+            values.len()
+        )));
+    }
+    // Every cell is checked as a get's answer would be, each
+    // wrong one counted.
+    let problems: Vec<String> = keys
+        .iter()
+        .zip(&values)
+        .filter_map(|(&key, found)| check_read(shared, client, key, found.as_deref()).err())
+        .map(|problem| format!("mget: {problem}"))
+        .collect();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure::Mismatches(problems))
+    }
+}
+
+/// A `prog` and a `run` of it, pipelined; the run counted in the counter
+/// ledger as acked or uncertain.
+fn execute_prog_run(
+    shared: &Shared<'_>,
+    connection: &mut dyn Connection,
+    cell: u64,
+    variant: u64,
+) -> Result<(), Failure> {
+    let pair = connection
+        .prog_and_run(
+            program_workload::coord(cell),
+            program_workload::source(variant).as_bytes(),
+        )
+        .inspect_err(|_| shared.counters.uncertain(cell))
+        .map_err(Failure::Op)?;
+    match pair.run {
+        Ok(_) => shared.counters.acked(cell),
+        Err(_) => shared.counters.uncertain(cell),
+    }
+    pair.prog.map_err(Failure::Op)?;
+    pair.run.map(|_| ()).map_err(Failure::Op)
+}
+
+/// A `step` over `cells` counter cells from `first_cell`: each of them ran
+/// once, and none failed.
+fn execute_step(
+    shared: &Shared<'_>,
+    connection: &mut dyn Connection,
+    first_cell: u64,
+    cells: u64,
+) -> Result<(), Failure> {
+    let (lo, hi) = program_workload::step_box(first_cell, cells);
+    let box_cells = first_cell..first_cell + cells;
+    match connection.step(lo, hi) {
+        Ok(answer) => {
+            // Acknowledged: every run in the box is in its cell's
+            // telemetry, failed or not.
+            box_cells.for_each(|cell| shared.counters.acked(cell));
+            if answer.programs != cells {
                 return Err(Failure::Mismatch(format!(
-                    "seed cell {}: telemetry counts {runs} runs, but {floor} were acknowledged \
-                     before asking",
-                    program_workload::coord(cell)
+                    "step over seed cells {lo}..={hi} ran {} programs, but each of \
+                     its {cells} cells holds one",
+                    answer.programs
                 )));
+            }
+            if answer.failed > 0 {
+                // A counter never fails: its cell's counter now
+                // lags its telemetry, which the end check reports.
+                return Err(Failure::Op(OpError::Failed(format!(
+                    "{} of its {} runs failed, the first: {}",
+                    answer.failed,
+                    answer.programs,
+                    answer.first_failure.as_deref().unwrap_or("(not described)")
+                ))));
             }
             Ok(())
         }
+        Err(e) => {
+            box_cells.for_each(|cell| shared.counters.uncertain(cell));
+            Err(Failure::Op(e))
+        }
     }
+}
+
+/// A counter cell's telemetry, which counts at least the runs acknowledged
+/// before asking.
+fn execute_cell_stats(
+    shared: &Shared<'_>,
+    connection: &mut dyn Connection,
+    cell: u64,
+) -> Result<(), Failure> {
+    // Runs acknowledged before asking are all recorded by then.
+    let floor = shared.counters.acked_count(cell);
+    let (runs, _) = connection
+        .cell_stats(program_workload::coord(cell))
+        .map_err(Failure::Op)?;
+    if runs < floor {
+        return Err(Failure::Mismatch(format!(
+            "seed cell {}: telemetry counts {runs} runs, but {floor} were acknowledged \
+             before asking",
+            program_workload::coord(cell)
+        )));
+    }
+    Ok(())
 }
 
 /// Checks what a read of `key` found (every key was written before the

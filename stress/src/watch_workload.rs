@@ -12,7 +12,9 @@
 //!    acknowledgement to a watcher receiving the change; a change that
 //!    reaches the watcher first counts as 1 µs), the daemon's RSS growth,
 //!    and the check: after the writers stop, one end marker per tile, and
-//!    each watcher must have seen exactly its tile's acknowledged writes;
+//!    each watcher must have seen exactly its tile's acknowledged writes
+//!    (the watchers are followed from `--follower-threads` threads polling
+//!    their sockets, `watch_follow.rs`, not a thread each);
 //! 3. `--replay-changes` puts written in batches, then one watch of the
 //!    whole plane `--from 1`: the replay's changes per second.
 
@@ -23,11 +25,12 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use cube_client::{BatchOp, CellBox, Coord, LocalDaemon, WatchOp};
+use cube_client::{BatchOp, CellBox, Coord, LocalDaemon};
 use hdrhistogram::Histogram;
 
 use crate::error::StressError;
 use crate::latency::new_histogram;
+use crate::watch_follow::{self, Seen};
 
 /// The plane the writers write: cells `0..PLANE` on x and y, z = 0.
 const PLANE: i32 = 256;
@@ -50,6 +53,11 @@ pub struct WatchArgs {
     /// notice).
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub stalled: usize,
+
+    /// watch only: threads following the watchers' sockets (each polls
+    /// its share and reads every ready one per wakeup).
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub follower_threads: usize,
 
     /// watch only: changes written for the replay measurement (0: skip it).
     #[arg(long, value_name = "N", default_value_t = 1_000_000)]
@@ -113,7 +121,7 @@ pub fn run(setup: &WatchSetup<'_>, args: &WatchArgs) -> Result<WatchReport, Stre
     ));
     let daemon = start(&daemon_args)?;
     let rss_before = rss_kib(daemon.pid());
-    let watchers = start_watchers(&daemon, args.watchers)?;
+    let watchers = start_watchers(&daemon, args.watchers, args.follower_threads)?;
     let stalled: Vec<cube_client::Watch> = (0..args.stalled)
         .map(|_| {
             let client = daemon.client()?;
@@ -128,10 +136,10 @@ pub fn run(setup: &WatchSetup<'_>, args: &WatchArgs) -> Result<WatchReport, Stre
     let mut failures = Vec::new();
     let mut latency = new_histogram();
     let mut delivered = 0u64;
-    for (index, watcher) in watchers.into_iter().enumerate() {
-        let seen = watcher
-            .join()
-            .map_err(|_| StressError::Usage("a watcher thread panicked".into()))?;
+    let seen_by_watcher = watchers
+        .join()
+        .map_err(|_| StressError::Usage("a watcher thread panicked".into()))?;
+    for (index, seen) in seen_by_watcher.into_iter().enumerate() {
         let seen = match seen {
             Ok(seen) => seen,
             Err(e) => {
@@ -187,45 +195,20 @@ fn plane() -> CellBox {
         .expect("a plane's corners are ordered")
 }
 
-/// What a watcher saw: LSN, coordinate, value, when it arrived.
-type Seen = Vec<(u64, Coord, Vec<u8>, Instant)>;
-
-/// Starts `n` watchers, each subscribed before this returns.
+/// Starts `n` watchers, each subscribed before this returns, followed by
+/// `threads` threads (`watch_follow`).
 fn start_watchers(
     daemon: &LocalDaemon,
     n: usize,
-) -> Result<Vec<thread::JoinHandle<Result<Seen, String>>>, StressError> {
-    let mut handles = Vec::with_capacity(n);
+    threads: usize,
+) -> Result<thread::JoinHandle<Vec<Result<Seen, String>>>, StressError> {
+    let mut watches = Vec::with_capacity(n);
     for i in 0..n {
-        let client = daemon
-            .client()
-            .map_err(|e| StressError::Usage(format!("watcher {i} cannot connect: {e}")))?;
-        let mut watch = client
-            .watch("default", tile(i), None)
+        let watch = watch_follow::start_watch(daemon.socket(), "default", tile(i), END)
             .map_err(|e| StressError::Usage(format!("watcher {i} did not start: {e}")))?;
-        let handle = thread::Builder::new()
-            .stack_size(128 * 1024)
-            .spawn(move || {
-                let _ = watch.set_timeout(Some(Duration::from_secs(120)));
-                let mut seen = Seen::new();
-                for group in watch.by_ref() {
-                    let now = Instant::now();
-                    for change in group.map_err(|e| e.to_string())?.changes {
-                        let WatchOp::Put(value) = change.op else {
-                            return Err(format!("unexpected change {change:?}"));
-                        };
-                        if value == END {
-                            return Ok(seen);
-                        }
-                        seen.push((change.lsn, change.coord, value, now));
-                    }
-                }
-                Err("the watch ended before the end marker".into())
-            })
-            .map_err(|e| StressError::Usage(format!("cannot start a watcher thread: {e}")))?;
-        handles.push(handle);
+        watches.push(watch);
     }
-    Ok(handles)
+    watch_follow::follow_on_threads(watches, threads).map_err(StressError::Usage)
 }
 
 /// Every acknowledged put: LSN to (coordinate, value, acknowledged at).

@@ -2,7 +2,8 @@
 //! kill -9: a few cycles of SIGKILL (at random, inside a checkpoint, inside a
 //! compaction) under puts, deletes, edges, cell programs (prog, run) and
 //! checkpoints from several clients, each followed by a restart that finds
-//! every acknowledged operation and nothing half-applied.
+//! every acknowledged operation and nothing half-applied, and a watcher
+//! that resumes after each kill and was told every change exactly once.
 #![allow(clippy::unwrap_used)]
 
 use cube_stress::crash::{CrashArgs, KillMode, torture};
@@ -47,5 +48,12 @@ fn every_acknowledged_operation_survives_each_kill() {
             || report.kills.contains_key(&KillMode::DuringCompaction),
         "{text}"
     );
+    // The watcher of client 0's box resumed after every kill and was
+    // checked at every sync: the first, one per cycle, the final one.
+    let watch = report.watch.as_ref().unwrap();
+    assert_eq!(watch.states_matched, 7, "{text}");
+    assert!(watch.resumes >= 7, "{text}");
+    assert!(watch.changes > 0, "{text}");
+    assert!(watch.puts_checked + watch.puts_snapshotted > 0, "{text}");
     assert!(text.contains("PASSED"), "{text}");
 }

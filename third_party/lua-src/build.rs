@@ -14,9 +14,8 @@ use std::path::{Path, PathBuf};
 
 const UPSTREAM_DIR: &str = "lua-5.4.9-upstream";
 const PATCHED_DIR: &str = "lua-5.4.9";
-const PATCHES: [&str; 14] = [
+const PATCHES: [&str; 13] = [
     "patches/01-string-order-linear.patch",
-    "patches/02-count-hook-inline.patch",
     // Work inside one call or instruction paid for, no to-be-closed
     // values, no heap addresses (CUBE-PATCH.md; one patch per file).
     "patches/03-budget-lua.h.patch",

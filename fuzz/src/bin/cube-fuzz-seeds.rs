@@ -12,6 +12,9 @@
 //!   the checksum seeds; they are kept by hand, since no writer makes them.
 //! - `checkpoint_file/`: a delta and a base written by a fold and a
 //!   compaction, and a manifest.
+//! - `run_file/`: run files, plain, authenticated and sealed (with
+//!   `cube_fuzz::RUN_FILE_KEY`, so the target's reader opens them), and an
+//!   empty one.
 //!
 //! `program_source/` holds hand-written Lua (from `docs/programs.md`);
 //! `program_run/` the same examples with their arguments after NUL bytes,
@@ -37,7 +40,49 @@ fn main() -> Result<()> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("seeds");
     protocol_seeds(&root.join("protocol_frames"))?;
     store_seeds(&root.join("wal_segment"), &root.join("checkpoint_file"))?;
+    run_file_seeds(&root.join("run_file"))?;
     println!("wrote seeds under {}", root.display());
+    Ok(())
+}
+
+/// Small run files of each kind, blocks of about 128 bytes so that a few
+/// hundred bytes hold several blocks.
+fn run_file_seeds(dir: &Path) -> Result<()> {
+    use cube_store::crypto::{Keyring, MasterKey};
+    use cube_store::run_file::{Protection, RunWriter};
+    let keyring = Arc::new(Keyring::new(
+        Some(MasterKey::from_bytes(cube_fuzz::RUN_FILE_KEY)),
+        1,
+    ));
+    let dir_id = cube_fuzz::RUN_FILE_DIR_ID;
+    let kinds = [
+        ("plain", Protection::Plain, 24u32),
+        ("empty", Protection::Plain, 0),
+        (
+            "authenticated",
+            Protection::Authenticated {
+                keyring: Arc::clone(&keyring),
+                dir_id,
+            },
+            12,
+        ),
+        ("sealed", Protection::Sealed { keyring, dir_id }, 12),
+    ];
+    let disk = SimDisk::new(FaultPlan::default());
+    let runs = Path::new("/seed/runs");
+    disk.create_dir_all(runs)?;
+    for (name, protection, entries) in kinds {
+        let path = runs.join(name);
+        let mut w = RunWriter::create(&disk, &path, 3, 1, &protection)?.with_target_block_bytes(128);
+        for i in 0..entries {
+            let value = format!("value {i}");
+            // Every fifth entry a tombstone.
+            let value = (i % 5 != 4).then_some(value.as_bytes());
+            w.push(u128::from(i) * 0x1_0000_0001, value)?;
+        }
+        w.finish()?;
+        write(dir, name, &disk.read_file(&path)?)?;
+    }
     Ok(())
 }
 

@@ -49,6 +49,7 @@ const DICTIONARY: &[&[u8]] = &[
     b"CUBECKPT",
     b"CUBEFOOT",
     b"CUBEMANI",
+    b"CUBERUNF",
     &[1, 0, 0, 0],
     &[0x80],
     &[0x81],

@@ -39,7 +39,7 @@ use crate::connection::{count, no_such_namespace, write_error};
 use crate::server::Shared;
 use crate::write_reply::Cork;
 use api::Run;
-use sandbox::{RunBudget, Spent, readable, with_vm};
+use sandbox::{ProgramVm, RunBudget, Spent, readable, with_vm};
 
 /// What runs are allowed, from the daemon's flags.
 #[derive(Clone, Copy, Debug)]
@@ -462,66 +462,19 @@ fn run_in_writer(
         }
         return RunOutput::NoProgram;
     };
-    let mut writes = 0u32;
-    let executed = with_vm(|vm| {
-        let compiled_before = vm.compiles;
-        if let Err(e) = vm.set_here(&ns, coord) {
-            return (Err((RunOutcome::Error, sandbox::error_text(&e))), 0);
-        }
-        let outcome = {
-            let mut state = vm.slot.borrow_mut();
-            if state.ns.as_ref() != Some(&ns) {
-                state.ns = Some(ns.clone());
-            }
-            state.run = Some(Run::new(
-                view.detach(),
-                coord,
-                settings.max_value_bytes,
-                settings.walk_limits,
-            ));
-            drop(state);
-            let outcome = vm.run(
-                &source,
-                args,
-                settings.budget,
-                started,
-                |runner, call_args| {
-                    let returned = runner.call::<Value>(call_args)?;
-                    to_program_value(returned, settings)
-                },
-            );
-            // The dispatcher holds the slot only inside its own call, so
-            // it is free here; the transaction goes back to the writer's
-            // view before anything else reads it.
-            if let Some(run) = vm.slot.borrow_mut().run.take() {
-                writes = run.writes;
-                view.attach(run.view.into_owned());
-            }
-            outcome
-        };
-        let result = outcome.result.map_err(failed_outcome);
-        stats
-            .compiles
-            .fetch_add(vm.compiles - compiled_before, Relaxed);
-        stats.cached.store(vm.cached_programs() as u64, Relaxed);
-        (result, outcome.fuel_used)
-    });
-    let (result, instructions) = match executed {
+    let call = RunCall {
+        ns: &ns,
+        coord,
+        source: &source,
+        args,
+        started,
+    };
+    let executed = with_vm(|vm| execute_run(vm, view, &call, settings, stats));
+    let (result, instructions, writes) = match executed {
         Ok(done) => done,
         Err(why) => return RunOutput::Unavailable(why),
     };
-    // Writes past a namespace quota would be refused by the writer after
-    // this transaction, and its telemetry record with them: judged here
-    // instead, so the run fails like any other (nothing it wrote applied)
-    // and is still recorded.
-    let mut over_quota = false;
-    let result = result.and_then(|value| match view.quota_refusal() {
-        Some(refusal) => {
-            over_quota = true;
-            Err((RunOutcome::Error, refusal.message))
-        }
-        None => Ok(value),
-    });
+    let (result, over_quota) = judge_quota(view, result);
     let cells_written = if result.is_ok() {
         writes
     } else {
@@ -557,6 +510,102 @@ fn run_in_writer(
         result,
         over_quota,
     }
+}
+
+/// What one `run` runs, and when it started.
+struct RunCall<'a> {
+    ns: &'a NamespaceName,
+    coord: Coord,
+    source: &'a Arc<[u8]>,
+    args: &'a [Vec<u8>],
+    started: Instant,
+}
+
+/// A run's result (or its failure), the instructions it used and the
+/// cells it wrote.
+type Executed = (Result<ProgramValue, (RunOutcome, String)>, u64, u32);
+
+/// Runs `call` in `vm` on the writer's transaction, and counts its
+/// compilations.
+fn execute_run(
+    vm: &mut ProgramVm,
+    view: &mut TxnView<'_>,
+    call: &RunCall<'_>,
+    settings: &ProgramSettings,
+    stats: &ProgramStats,
+) -> Executed {
+    let compiled_before = vm.compiles;
+    if let Err(e) = vm.set_here(call.ns, call.coord) {
+        return (Err((RunOutcome::Error, sandbox::error_text(&e))), 0, 0);
+    }
+    let (outcome, writes) = run_on_view(vm, view, call, settings);
+    let result = outcome.result.map_err(failed_outcome);
+    stats
+        .compiles
+        .fetch_add(vm.compiles - compiled_before, Relaxed);
+    stats.cached.store(vm.cached_programs() as u64, Relaxed);
+    (result, outcome.fuel_used, writes)
+}
+
+/// Lends the writer's transaction to `vm`'s slot for the run, runs it,
+/// and takes the transaction back; how the run's Lua part ended, and the
+/// cells it wrote.
+fn run_on_view(
+    vm: &mut ProgramVm,
+    view: &mut TxnView<'_>,
+    call: &RunCall<'_>,
+    settings: &ProgramSettings,
+) -> (sandbox::LuaOutcome<ProgramValue>, u32) {
+    let mut writes = 0;
+    let mut state = vm.slot.borrow_mut();
+    if state.ns.as_ref() != Some(call.ns) {
+        state.ns = Some(call.ns.clone());
+    }
+    state.run = Some(Run::new(
+        view.detach(),
+        call.coord,
+        settings.max_value_bytes,
+        settings.walk_limits,
+    ));
+    drop(state);
+    let outcome = vm.run(
+        call.source,
+        call.args,
+        settings.budget,
+        call.started,
+        |runner, call_args| {
+            let returned = runner.call::<Value>(call_args)?;
+            to_program_value(returned, settings)
+        },
+    );
+    // The dispatcher holds the slot only inside its own call, so
+    // it is free here; the transaction goes back to the writer's
+    // view before anything else reads it.
+    if let Some(run) = vm.slot.borrow_mut().run.take() {
+        writes = run.writes;
+        view.attach(run.view.into_owned());
+    }
+    (outcome, writes)
+}
+
+/// Writes past a namespace quota would be refused by the writer after
+/// this transaction, and its telemetry record with them: judged here
+/// instead, so the run fails like any other (nothing it wrote applied)
+/// and is still recorded. Returns the result and whether the quota failed
+/// it.
+fn judge_quota(
+    view: &TxnView<'_>,
+    result: Result<ProgramValue, (RunOutcome, String)>,
+) -> (Result<ProgramValue, (RunOutcome, String)>, bool) {
+    let mut over_quota = false;
+    let result = result.and_then(|value| match view.quota_refusal() {
+        Some(refusal) => {
+            over_quota = true;
+            Err((RunOutcome::Error, refusal.message))
+        }
+        None => Ok(value),
+    });
+    (result, over_quota)
 }
 
 /// The outcome and readable message of a run its budget or an error
@@ -643,98 +692,121 @@ fn telemetry_append(
 /// A run's return value as the protocol carries it: nil, a boolean, a
 /// number, a string, or a flat table of scalars, within the frame.
 fn to_program_value(value: Value, settings: &ProgramSettings) -> mlua::Result<ProgramValue> {
-    let fail = |why: String| mlua::Error::RuntimeError(format!("the run's result: {why}"));
-    // What the response may carry besides the value.
-    let budget = settings.max_frame_bytes.saturating_sub(256);
-    let mut bytes = 0usize;
-    let too_big = |bytes: usize| {
-        fail(format!(
-            "{bytes} bytes do not fit in one response frame of {} bytes",
-            settings.max_frame_bytes
-        ))
+    let mut size = ResultSize::new(settings);
+    let converted = match value {
+        Value::Nil => ProgramValue::Nil,
+        Value::Table(table) => size.table(table)?,
+        Value::Boolean(_) | Value::Integer(_) | Value::Number(_) | Value::String(_) => {
+            size.scalar(value)?
+        }
+        other => {
+            return Err(result_error(format!(
+                "a run may return nil, a boolean, a number, a string or a flat table, not a {}",
+                other.type_name()
+            )));
+        }
     };
-    // The running total is checked before each string is copied, so a
-    // table of many references to one big string fails at the string
-    // that overflows the frame instead of being copied whole first.
-    let scalar = |value: Value, bytes: &mut usize| -> mlua::Result<ProgramValue> {
+    size.check()?;
+    Ok(converted)
+}
+
+fn result_error(why: String) -> mlua::Error {
+    mlua::Error::RuntimeError(format!("the run's result: {why}"))
+}
+
+/// A run's result as it is converted: what the response frame has room
+/// for, and how much the result takes so far.
+struct ResultSize<'a> {
+    settings: &'a ProgramSettings,
+    /// What the response may carry besides the value.
+    budget: usize,
+    bytes: usize,
+}
+
+impl ResultSize<'_> {
+    fn new(settings: &ProgramSettings) -> ResultSize<'_> {
+        ResultSize {
+            settings,
+            budget: settings.max_frame_bytes.saturating_sub(256),
+            bytes: 0,
+        }
+    }
+
+    fn check(&self) -> mlua::Result<()> {
+        if self.bytes > self.budget {
+            return Err(result_error(format!(
+                "{} bytes do not fit in one response frame of {} bytes",
+                self.bytes, self.settings.max_frame_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// A boolean, number or string. The running total is checked before
+    /// each string is copied, so a table of many references to one big
+    /// string fails at the string that overflows the frame instead of
+    /// being copied whole first.
+    fn scalar(&mut self, value: Value) -> mlua::Result<ProgramValue> {
         Ok(match value {
             Value::Boolean(b) => ProgramValue::Bool(b),
             Value::Integer(i) => ProgramValue::Int(i),
             Value::Number(f) => ProgramValue::Float(f),
             Value::String(s) => {
                 let data = s.as_bytes();
-                if data.len() > settings.max_value_bytes {
-                    return Err(fail(format!(
+                if data.len() > self.settings.max_value_bytes {
+                    return Err(result_error(format!(
                         "a string of {} bytes is over the value limit of {}",
                         data.len(),
-                        settings.max_value_bytes
+                        self.settings.max_value_bytes
                     )));
                 }
-                *bytes = bytes.saturating_add(data.len() + 5);
-                if *bytes > budget {
-                    return Err(too_big(*bytes));
-                }
+                self.bytes = self.bytes.saturating_add(data.len() + 5);
+                self.check()?;
                 ProgramValue::Bytes(data.to_vec())
             }
             other => {
-                return Err(fail(format!(
+                return Err(result_error(format!(
                     "a table may hold only strings, numbers and booleans, not a {}",
                     other.type_name()
                 )));
             }
         })
-    };
-    let converted = match value {
-        Value::Nil => ProgramValue::Nil,
-        Value::Table(table) => {
-            let mut entries = Vec::new();
-            for pair in table.pairs::<Value, Value>() {
-                let (key, value) = pair?;
-                if entries.len() as u32 >= MAX_RESULT_ENTRIES {
-                    return Err(fail(format!(
-                        "a table may have at most {MAX_RESULT_ENTRIES} entries"
+    }
+
+    /// A flat table of scalars, its entries sorted: integer keys first.
+    fn table(&mut self, table: mlua::Table) -> mlua::Result<ProgramValue> {
+        let mut entries = Vec::new();
+        for pair in table.pairs::<Value, Value>() {
+            let (key, value) = pair?;
+            if entries.len() as u32 >= MAX_RESULT_ENTRIES {
+                return Err(result_error(format!(
+                    "a table may have at most {MAX_RESULT_ENTRIES} entries"
+                )));
+            }
+            let key = match key {
+                Value::Integer(i) => ProgramValue::Int(i),
+                Value::String(_) => self.scalar(key)?,
+                other => {
+                    return Err(result_error(format!(
+                        "table keys must be strings or integers, not {}",
+                        other.type_name()
                     )));
                 }
-                let key = match key {
-                    Value::Integer(i) => ProgramValue::Int(i),
-                    Value::String(_) => scalar(key, &mut bytes)?,
-                    other => {
-                        return Err(fail(format!(
-                            "table keys must be strings or integers, not {}",
-                            other.type_name()
-                        )));
-                    }
-                };
-                let value = scalar(value, &mut bytes)?;
-                bytes += 18;
-                if bytes > budget {
-                    return Err(too_big(bytes));
-                }
-                entries.push((key, value));
-            }
-            entries.sort_by(|(a, _), (b, _)| match (a, b) {
-                (ProgramValue::Int(x), ProgramValue::Int(y)) => x.cmp(y),
-                (ProgramValue::Int(_), _) => std::cmp::Ordering::Less,
-                (_, ProgramValue::Int(_)) => std::cmp::Ordering::Greater,
-                (ProgramValue::Bytes(x), ProgramValue::Bytes(y)) => x.cmp(y),
-                _ => std::cmp::Ordering::Equal,
-            });
-            ProgramValue::Table(entries)
+            };
+            let value = self.scalar(value)?;
+            self.bytes += 18;
+            self.check()?;
+            entries.push((key, value));
         }
-        Value::Boolean(_) | Value::Integer(_) | Value::Number(_) | Value::String(_) => {
-            scalar(value, &mut bytes)?
-        }
-        other => {
-            return Err(fail(format!(
-                "a run may return nil, a boolean, a number, a string or a flat table, not a {}",
-                other.type_name()
-            )));
-        }
-    };
-    if bytes > budget {
-        return Err(too_big(bytes));
+        entries.sort_by(|(a, _), (b, _)| match (a, b) {
+            (ProgramValue::Int(x), ProgramValue::Int(y)) => x.cmp(y),
+            (ProgramValue::Int(_), _) => std::cmp::Ordering::Less,
+            (_, ProgramValue::Int(_)) => std::cmp::Ordering::Greater,
+            (ProgramValue::Bytes(x), ProgramValue::Bytes(y)) => x.cmp(y),
+            _ => std::cmp::Ordering::Equal,
+        });
+        Ok(ProgramValue::Table(entries))
     }
-    Ok(converted)
 }
 
 #[cfg(test)]

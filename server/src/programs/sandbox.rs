@@ -258,6 +258,75 @@ pub(crate) struct ProgramVm {
     here: Option<cube_protocol::Coord>,
 }
 
+/// The prelude's check after a run: the message of the budget the run
+/// spent, if it spent one (a memory error while a budget is active counts
+/// as spending the memory budget).
+fn budget_check_function(lua: &Lua) -> mlua::Result<Function> {
+    lua.create_function(|_, (ok, error): (bool, Value)| {
+        let spent = BUDGET.with(|b| b.spent.get());
+        if let Some(spent) = spent {
+            return Ok(Some(spent_message(spent)));
+        }
+        let out_of_memory = !ok
+            && match &error {
+                Value::String(s) => s.as_bytes().as_ref() == OUT_OF_MEMORY.as_bytes(),
+                Value::Error(e) => is_memory_error(e),
+                _ => false,
+            };
+        if out_of_memory && BUDGET.with(|b| b.active.get()) {
+            BUDGET.with(|b| b.spent.set(Some(Spent::Memory)));
+            return Ok(Some(spent_message(Spent::Memory)));
+        }
+        Ok(None)
+    })
+}
+
+/// `charge(units)`: what library calls and VM operations that loop in C
+/// pay before their loop.
+fn charge_function(lua: &Lua) -> mlua::Result<Function> {
+    lua.create_function(|_, units: f64| {
+        // Negative or NaN charges (odd arguments the library call will
+        // refuse anyway) cost nothing; huge ones saturate.
+        let units = if units.is_finite() && units > 0.0 {
+            units.min(u64::MAX as f64) as u64
+        } else if units.is_infinite() && units > 0.0 {
+            u64::MAX
+        } else {
+            0
+        };
+        charge(units)?;
+        // A charge from C comes before work of at least a block
+        // (CUBE-PATCH.md), so the time backstop is checked there too.
+        if late() {
+            return Err(exhaust(Spent::Time));
+        }
+        Ok(())
+    })
+}
+
+/// The real globals are never a program's environment, but the dangerous
+/// functions and libraries are taken away from them anyway.
+fn remove_dangerous_globals(lua: &Lua) -> mlua::Result<()> {
+    let globals = lua.globals();
+    for name in [
+        "load",
+        "loadstring",
+        "dofile",
+        "loadfile",
+        "require",
+        "collectgarbage",
+        "print",
+        "package",
+        "io",
+        "os",
+        "debug",
+        "coroutine",
+    ] {
+        globals.raw_set(name, Value::Nil)?;
+    }
+    Ok(())
+}
+
 /// What the sandbox prelude builds, once per VM, with the full standard
 /// library in scope. It returns the safe base table, the metatable of
 /// per-run environments, and the raw API table.
@@ -273,41 +342,8 @@ impl ProgramVm {
             HookTriggers::new().every_nth_instruction(FUEL_BLOCK),
             on_instructions,
         )?;
-        let budget_check = lua.create_function(|_, (ok, error): (bool, Value)| {
-            let spent = BUDGET.with(|b| b.spent.get());
-            if let Some(spent) = spent {
-                return Ok(Some(spent_message(spent)));
-            }
-            let out_of_memory = !ok
-                && match &error {
-                    Value::String(s) => s.as_bytes().as_ref() == OUT_OF_MEMORY.as_bytes(),
-                    Value::Error(e) => is_memory_error(e),
-                    _ => false,
-                };
-            if out_of_memory && BUDGET.with(|b| b.active.get()) {
-                BUDGET.with(|b| b.spent.set(Some(Spent::Memory)));
-                return Ok(Some(spent_message(Spent::Memory)));
-            }
-            Ok(None)
-        })?;
-        let charge_fn = lua.create_function(|_, units: f64| {
-            // Negative or NaN charges (odd arguments the library call will
-            // refuse anyway) cost nothing; huge ones saturate.
-            let units = if units.is_finite() && units > 0.0 {
-                units.min(u64::MAX as f64) as u64
-            } else if units.is_infinite() && units > 0.0 {
-                u64::MAX
-            } else {
-                0
-            };
-            charge(units)?;
-            // A charge from C comes before work of at least a block
-            // (CUBE-PATCH.md), so the time backstop is checked there too.
-            if late() {
-                return Err(exhaust(Spent::Time));
-            }
-            Ok(())
-        })?;
+        let budget_check = budget_check_function(&lua)?;
+        let charge_fn = charge_function(&lua)?;
         // Library calls and VM operations that loop over their inputs in C
         // pay here, before the loop, when their charge is past the rest of
         // the count hook's block (third_party/lua-src/CUBE-PATCH.md,
@@ -324,25 +360,7 @@ impl ProgramVm {
             .call((budget_check, charge_fn, dispatcher, fast))?;
         let env = lua.create_table()?;
         env.set_metatable(Some(env_meta.clone()))?;
-        // The real globals are never a program's environment, but take
-        // the dangerous ones away anyway.
-        let globals = lua.globals();
-        for name in [
-            "load",
-            "loadstring",
-            "dofile",
-            "loadfile",
-            "require",
-            "collectgarbage",
-            "print",
-            "package",
-            "io",
-            "os",
-            "debug",
-            "coroutine",
-        ] {
-            globals.raw_set(name, Value::Nil)?;
-        }
+        remove_dangerous_globals(&lua)?;
         drop(base);
         let cache_base_memory = lua.used_memory();
         Ok(ProgramVm {

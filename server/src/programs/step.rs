@@ -157,10 +157,8 @@ fn run_part(
     written_before: (u32, usize),
 ) -> PartOutput {
     let compiled_before = vm.compiles;
-    let settings = step.settings;
     let mut ran: Vec<Ran> = Vec::with_capacity(programs.len());
-    let mut writes: Vec<DeferredWrite> = Vec::new();
-    let mut write_bytes = 0usize;
+    let mut held = PartWrites::default();
     // Every head the part's runs record from, read in one pass: one at a
     // time, each was a cache miss in a map of megabytes.
     let cells: Vec<Coord> = programs.iter().map(|(coord, _)| *coord).collect();
@@ -169,6 +167,88 @@ fn run_part(
         .telemetry_heads(step.ns, &cells)
         .into_iter()
         .map(Option::unwrap_or_default);
+    start_part_run(vm, step, view, snapshot);
+    let clock = PartClock::start();
+    for (coord, source) in programs {
+        let Some(head) = heads.next() else {
+            unreachable!("one head was read per program");
+        };
+        let cell = Cell {
+            coord: *coord,
+            source,
+            head,
+        };
+        ran.push(run_cell(vm, step, cell, &clock, written_before, &mut held));
+    }
+    let run = vm.slot.borrow_mut().run.take();
+    let Some(run) = run else {
+        unreachable!("nothing but this part takes its run out of the slot");
+    };
+    assert!(held.writes.len() + written_before.0 as usize <= step.write_room as usize);
+    PartOutput {
+        ran,
+        writes: held.writes,
+        view: run.view,
+        compiles: vm.compiles - compiled_before,
+    }
+}
+
+/// The writes a part's runs that succeeded hold back, in order, and their
+/// value bytes.
+#[derive(Default)]
+struct PartWrites {
+    writes: Vec<DeferredWrite>,
+    bytes: usize,
+}
+
+/// One program of a part, with its cell's telemetry head.
+struct Cell<'a> {
+    coord: Coord,
+    source: &'a Arc<[u8]>,
+    head: TelemetryHead,
+}
+
+/// When a part started, by the monotonic clock and the wall clock: one
+/// wall-clock read per part; each run's start is offset from it by the
+/// monotonic clock (a step lasts seconds at most).
+struct PartClock {
+    started: Instant,
+    started_unix_us: u64,
+}
+
+impl PartClock {
+    fn start() -> PartClock {
+        let (started, started_unix_us) = (Instant::now(), unix_us());
+        PartClock {
+            started,
+            started_unix_us,
+        }
+    }
+
+    /// A run's record as it starts at `cell_started`.
+    fn record_from(&self, cell_started: Instant) -> RunRecord {
+        let since_part_us = cell_started.duration_since(self.started).as_micros();
+        RunRecord {
+            seq: 0,
+            started_unix_us: self.started_unix_us.saturating_add(since_part_us as u64),
+            duration_ns: 0,
+            instructions: 0,
+            cells_written: 0,
+            outcome: RunOutcome::Ok,
+            message: String::new(),
+        }
+    }
+}
+
+/// Puts the part's run (in a step: its writes held back) in `vm`'s slot,
+/// for every run of the part to use in turn.
+fn start_part_run(
+    vm: &mut ProgramVm,
+    step: &StepInput<'_>,
+    view: RunView,
+    snapshot: Option<Arc<StepSnapshot>>,
+) {
+    let settings = step.settings;
     let mut slot = vm.slot.borrow_mut();
     if slot.ns.as_ref() != Some(step.ns) {
         slot.ns = Some(step.ns.clone());
@@ -180,116 +260,124 @@ fn run_part(
         settings.walk_limits,
         snapshot,
     ));
-    drop(slot);
-    // One wall-clock read per part; each run's start is offset from it by
-    // the monotonic clock (a step lasts seconds at most).
-    let (part_started, part_started_unix_us) = (Instant::now(), unix_us());
-    for (coord, source) in programs {
-        let Some(head) = heads.next() else {
-            unreachable!("one head was read per program");
-        };
-        let cell_started = Instant::now();
-        let since_part_us = cell_started.duration_since(part_started).as_micros();
-        let mut record = RunRecord {
-            seq: 0,
-            started_unix_us: part_started_unix_us.saturating_add(since_part_us as u64),
-            duration_ns: 0,
-            instructions: 0,
-            cells_written: 0,
-            outcome: RunOutcome::Ok,
-            message: String::new(),
-        };
-        let left = step.deadline.saturating_duration_since(cell_started);
-        if left.is_zero() {
-            ran.push(Ran {
-                coord: *coord,
-                record,
-                failure: Some((
-                    RunOutcome::Fuel,
-                    "the step ran out of time before this run started \
-                     (--program-step-ms); it did not run"
-                        .to_owned(),
-                )),
-                writes: 0,
-                wrote: (0, 0),
-                refused_by_cap: false,
-                head,
-            });
-            continue;
-        }
-        if let Some(run) = vm.slot.borrow_mut().run.as_mut() {
-            run.here = *coord;
-            run.writes = 0;
-            run.write_bytes = 0;
-            run.refused_by_cap = false;
-            run.write_cap =
-                MAX_RUN_WRITES.min(step.write_room - written_before.0 - writes.len() as u32);
-            run.write_bytes_cap =
-                MAX_RUN_WRITE_BYTES.min(MAX_STEP_WRITE_BYTES - written_before.1 - write_bytes);
-        }
-        let budget = RunBudget {
-            time: settings.budget.time.min(left),
-            ..settings.budget
-        };
-        let outcome = match vm.set_here(step.ns, *coord) {
-            Ok(()) => vm.run(
-                source,
-                step.args,
-                budget,
-                cell_started,
-                |runner, call_args| runner.call::<()>(call_args),
-            ),
-            Err(e) => super::sandbox::LuaOutcome {
-                result: Err(super::sandbox::Failure {
-                    spent: None,
-                    message: super::sandbox::error_text(&e),
-                }),
-                fuel_used: 0,
-            },
-        };
-        let failure = outcome.result.err().map(failed_outcome);
-        let mut kept = 0;
-        let mut wrote = (0, 0);
-        let mut refused_by_cap = false;
-        let mut slot = vm.slot.borrow_mut();
-        if let Some(run) = slot.run.as_mut()
-            && let Some(deferred) = run.deferred.as_mut()
-        {
-            wrote = (run.writes, run.write_bytes);
-            refused_by_cap = run.refused_by_cap;
-            if failure.is_none() {
-                record.cells_written = run.writes;
-                write_bytes += run.write_bytes;
-                kept = deferred.len();
-                writes.append(deferred);
-            } else {
-                deferred.clear();
-            }
-        }
-        drop(slot);
-        record.instructions = outcome.fuel_used;
-        record.duration_ns = duration_ns(cell_started.elapsed());
-        ran.push(Ran {
-            coord: *coord,
+}
+
+/// Runs the program of one cell of a part, its writes held back in
+/// `held` if it succeeds; what it did, as its telemetry record will say.
+fn run_cell(
+    vm: &mut ProgramVm,
+    step: &StepInput<'_>,
+    cell: Cell<'_>,
+    clock: &PartClock,
+    written_before: (u32, usize),
+    held: &mut PartWrites,
+) -> Ran {
+    let cell_started = Instant::now();
+    let mut record = clock.record_from(cell_started);
+    let left = step.deadline.saturating_duration_since(cell_started);
+    if left.is_zero() {
+        return Ran {
+            coord: cell.coord,
             record,
-            failure,
-            writes: kept,
-            wrote,
-            refused_by_cap,
-            head,
-        });
+            failure: Some((
+                RunOutcome::Fuel,
+                "the step ran out of time before this run started \
+                 (--program-step-ms); it did not run"
+                    .to_owned(),
+            )),
+            writes: 0,
+            wrote: (0, 0),
+            refused_by_cap: false,
+            head: cell.head,
+        };
     }
-    let run = vm.slot.borrow_mut().run.take();
-    let Some(run) = run else {
-        unreachable!("nothing but this part takes its run out of the slot");
+    reset_run_for(vm, step, cell.coord, written_before, held);
+    let budget = RunBudget {
+        time: step.settings.budget.time.min(left),
+        ..step.settings.budget
     };
-    assert!(writes.len() + written_before.0 as usize <= step.write_room as usize);
-    PartOutput {
-        ran,
-        writes,
-        view: run.view,
-        compiles: vm.compiles - compiled_before,
+    let outcome = match vm.set_here(step.ns, cell.coord) {
+        Ok(()) => vm.run(
+            cell.source,
+            step.args,
+            budget,
+            cell_started,
+            |runner, call_args| runner.call::<()>(call_args),
+        ),
+        Err(e) => super::sandbox::LuaOutcome {
+            result: Err(super::sandbox::Failure {
+                spent: None,
+                message: super::sandbox::error_text(&e),
+            }),
+            fuel_used: 0,
+        },
+    };
+    let failure = outcome.result.err().map(failed_outcome);
+    let (kept, wrote, refused_by_cap) = take_run_writes(vm, failure.is_none(), &mut record, held);
+    record.instructions = outcome.fuel_used;
+    record.duration_ns = duration_ns(cell_started.elapsed());
+    Ran {
+        coord: cell.coord,
+        record,
+        failure,
+        writes: kept,
+        wrote,
+        refused_by_cap,
+        head: cell.head,
     }
+}
+
+/// Readies the slot's run for the run at `coord`: nothing written yet,
+/// and caps of what the step's earlier runs (`written_before` and the
+/// part's `held`) left.
+fn reset_run_for(
+    vm: &mut ProgramVm,
+    step: &StepInput<'_>,
+    coord: Coord,
+    written_before: (u32, usize),
+    held: &PartWrites,
+) {
+    if let Some(run) = vm.slot.borrow_mut().run.as_mut() {
+        run.here = coord;
+        run.writes = 0;
+        run.write_bytes = 0;
+        run.refused_by_cap = false;
+        run.write_cap =
+            MAX_RUN_WRITES.min(step.write_room - written_before.0 - held.writes.len() as u32);
+        run.write_bytes_cap =
+            MAX_RUN_WRITE_BYTES.min(MAX_STEP_WRITE_BYTES - written_before.1 - held.bytes);
+    }
+}
+
+/// Takes the writes the run that just ended held back: into `held` if it
+/// `succeeded` (counted in its `record`), dropped if not. Returns how many
+/// it kept, what it wrote (cells, value bytes) and whether a cap refused
+/// one of its writes.
+fn take_run_writes(
+    vm: &mut ProgramVm,
+    succeeded: bool,
+    record: &mut RunRecord,
+    held: &mut PartWrites,
+) -> (usize, (u32, usize), bool) {
+    let mut kept = 0;
+    let mut wrote = (0, 0);
+    let mut refused_by_cap = false;
+    let mut slot = vm.slot.borrow_mut();
+    if let Some(run) = slot.run.as_mut()
+        && let Some(deferred) = run.deferred.as_mut()
+    {
+        wrote = (run.writes, run.write_bytes);
+        refused_by_cap = run.refused_by_cap;
+        if succeeded {
+            record.cells_written = run.writes;
+            held.bytes += run.write_bytes;
+            kept = deferred.len();
+            held.writes.append(deferred);
+        } else {
+            deferred.clear();
+        }
+    }
+    (kept, wrote, refused_by_cap)
 }
 
 /// The first run that, done in a part, might have gone otherwise than on
@@ -364,55 +452,8 @@ fn run_programs(
     let part_len = part_len(threads, programs.len());
     let parts: Vec<&[StoredProgram]> = programs.chunks(part_len).collect();
     assert!(threads <= crate::config::MAX_STEP_THREADS && parts.len() == threads);
-    let next_part = AtomicUsize::new(0);
-    // Each thread takes the next part left until none is: a helper that
-    // could not start, or started late, leaves its part to the others.
-    let take_parts = |vm: &mut ProgramVm| -> Vec<(usize, PartOutput)> {
-        let mut done = Vec::new();
-        loop {
-            let i = next_part.fetch_add(1, Relaxed);
-            let Some(part) = parts.get(i) else {
-                return done;
-            };
-            let view = RunView::Shared(Arc::clone(&shared));
-            done.push((i, run_part(vm, step, part, view, snapshot.clone(), (0, 0))));
-        }
-    };
-    let mut outputs: Vec<(usize, PartOutput)> = std::thread::scope(|scope| {
-        let helpers: Vec<_> = (1..threads)
-            .map(|_| {
-                std::thread::Builder::new()
-                    // The name predates the word "step thread"; ps and top show it.
-                    .name("cube-step-lane".into())
-                    .spawn_scoped(scope, || with_vm(take_parts))
-            })
-            .collect();
-        let mut outputs = take_parts(vm);
-        for helper in helpers {
-            match helper.map(|h| h.join()) {
-                Ok(Ok(Ok(done))) => outputs.extend(done),
-                Ok(Err(panic)) => std::panic::resume_unwind(panic),
-                // No thread, or no VM on it: it took no part, and the
-                // writer took the parts it would have.
-                Ok(Ok(Err(_))) | Err(_) => {}
-            }
-        }
-        outputs
-    });
-    outputs.sort_unstable_by_key(|(i, _)| *i);
-    assert!(
-        outputs.iter().map(|(i, _)| *i).eq(0..parts.len()),
-        "every part ran once"
-    );
-    let mut ran = Runs::default();
-    let mut writes = Vec::new();
-    let mut compiles = 0;
-    for (_, part) in outputs {
-        ran.push_part(part.ran);
-        writes.extend(part.writes);
-        compiles += part.compiles;
-        drop(part.view);
-    }
+    let outputs = run_parts_on_threads(vm, step, &parts, &shared, &snapshot);
+    let (mut ran, mut writes, compiles) = join_parts(outputs);
     let detached = RunView::Shared(shared).into_owned();
     let Some(diverged) = first_divergence(&ran, step.write_room) else {
         view.attach(detached);
@@ -441,6 +482,74 @@ fn run_programs(
     ran.push_part(rest.ran);
     writes.extend(rest.writes);
     (ran, writes, compiles + rest.compiles)
+}
+
+/// Runs `parts` on the writer's `vm` and one helper step thread per part
+/// but the first, each thread reading the `shared` view; every part's
+/// output once, in the parts' order.
+fn run_parts_on_threads(
+    vm: &mut ProgramVm,
+    step: &StepInput<'_>,
+    parts: &[&[StoredProgram]],
+    shared: &Arc<TxnView<'static>>,
+    snapshot: &Option<Arc<StepSnapshot>>,
+) -> Vec<(usize, PartOutput)> {
+    let next_part = AtomicUsize::new(0);
+    // Each thread takes the next part left until none is: a helper that
+    // could not start, or started late, leaves its part to the others.
+    let take_parts = |vm: &mut ProgramVm| -> Vec<(usize, PartOutput)> {
+        let mut done = Vec::new();
+        loop {
+            let i = next_part.fetch_add(1, Relaxed);
+            let Some(part) = parts.get(i) else {
+                return done;
+            };
+            let view = RunView::Shared(Arc::clone(shared));
+            done.push((i, run_part(vm, step, part, view, snapshot.clone(), (0, 0))));
+        }
+    };
+    let mut outputs: Vec<(usize, PartOutput)> = std::thread::scope(|scope| {
+        let helpers: Vec<_> = (1..parts.len())
+            .map(|_| {
+                std::thread::Builder::new()
+                    // The name predates the word "step thread"; ps and top show it.
+                    .name("cube-step-lane".into())
+                    .spawn_scoped(scope, || with_vm(take_parts))
+            })
+            .collect();
+        let mut outputs = take_parts(vm);
+        for helper in helpers {
+            match helper.map(|h| h.join()) {
+                Ok(Ok(Ok(done))) => outputs.extend(done),
+                Ok(Err(panic)) => std::panic::resume_unwind(panic),
+                // No thread, or no VM on it: it took no part, and the
+                // writer took the parts it would have.
+                Ok(Ok(Err(_))) | Err(_) => {}
+            }
+        }
+        outputs
+    });
+    outputs.sort_unstable_by_key(|(i, _)| *i);
+    assert!(
+        outputs.iter().map(|(i, _)| *i).eq(0..parts.len()),
+        "every part ran once"
+    );
+    outputs
+}
+
+/// The parts' runs and held-back writes, in the parts' order, and their
+/// compilations; each part's share of the view is dropped.
+fn join_parts(outputs: Vec<(usize, PartOutput)>) -> (Runs, Vec<DeferredWrite>, u64) {
+    let mut ran = Runs::default();
+    let mut writes = Vec::new();
+    let mut compiles = 0;
+    for (_, part) in outputs {
+        ran.push_part(part.ran);
+        writes.extend(part.writes);
+        compiles += part.compiles;
+        drop(part.view);
+    }
+    (ran, writes, compiles)
 }
 
 /// The transaction of one `step`, on the writer thread.
@@ -484,6 +593,34 @@ pub(crate) fn step_in_writer(
     assert!(ran.len() == programs.len());
     assert_eq!(ran.iter().map(|r| r.writes).sum::<usize>(), writes.len());
     view.reserve(writes.len() + ran.len());
+    let cells_written = apply_writes(view, &ns, &mut ran, writes);
+    let tally = record_runs(view, &ns, ran, settings, stats);
+    assert!(
+        tally.failed as usize <= programs.len()
+            && tally.first_failure.is_some() == (tally.failed > 0)
+    );
+    stats.steps.fetch_add(1, Relaxed);
+    stats.step.record(started.elapsed());
+    StepOutput::Ran(StepReply {
+        lsn: 0,
+        programs: programs.len() as u32,
+        failed: tally.failed,
+        cells_written,
+        instructions: tally.instructions,
+        first_failure: tally.first_failure,
+    })
+}
+
+/// Applies the held-back `writes` to the step's transaction, one run's at
+/// a time in the step's order; a run whose writes would take the
+/// namespace past a quota is undone alone and fails. Returns the cells
+/// written.
+fn apply_writes(
+    view: &mut TxnView<'_>,
+    ns: &NamespaceName,
+    ran: &mut Runs,
+    writes: Vec<DeferredWrite>,
+) -> u32 {
     let mut cells_written = 0u32;
     let mut writes = writes.into_iter();
     for run in ran.iter_mut().filter(|run| run.writes > 0) {
@@ -491,9 +628,9 @@ pub(crate) fn step_in_writer(
         let savepoint = view.savepoint();
         for (coord, value) in writes.by_ref().take(run.writes) {
             match value {
-                Some(bytes) => view.put(&ns, coord, bytes),
+                Some(bytes) => view.put(ns, coord, bytes),
                 None => {
-                    view.del(&ns, coord);
+                    view.del(ns, coord);
                 }
             }
         }
@@ -510,6 +647,25 @@ pub(crate) fn step_in_writer(
         writes.next().is_none(),
         "every held-back write was applied or undone"
     );
+    cells_written
+}
+
+/// What a step's runs add up to, for its answer.
+struct StepTally {
+    failed: u32,
+    instructions: u64,
+    first_failure: Option<StepFailure>,
+}
+
+/// Emits one telemetry record per run, in the step's order, and adds the
+/// runs up.
+fn record_runs(
+    view: &mut TxnView<'_>,
+    ns: &NamespaceName,
+    ran: Runs,
+    settings: &ProgramSettings,
+    stats: &ProgramStats,
+) -> StepTally {
     let mut failed = 0u32;
     let mut instructions = 0u64;
     let mut first_failure = None;
@@ -546,17 +702,11 @@ pub(crate) fn step_in_writer(
         },
     );
     view.emit_all(records);
-    assert!(failed as usize <= programs.len() && first_failure.is_some() == (failed > 0));
-    stats.steps.fetch_add(1, Relaxed);
-    stats.step.record(started.elapsed());
-    StepOutput::Ran(StepReply {
-        lsn: 0,
-        programs: programs.len() as u32,
+    StepTally {
         failed,
-        cells_written,
         instructions,
         first_failure,
-    })
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,11 @@
 //! Reading a stretch of the log back while the daemon runs, for `watch
 //! --from`: the records `from..=until` still on disk, a group at a time.
 //!
+//! A segment is read [`HISTORY_CHUNK_BYTES`] at a time (more only to hold
+//! one record bigger than that whole), not whole: a replay holds about a
+//! chunk of the log however big the segments are, and a thousand watches
+//! replaying at once do not hold a thousand segments.
+//!
 //! Only records at or below `until` are read, and the caller takes `until`
 //! from what the writer has applied, so every record read was written and
 //! synced whole before the read began: the writer's later appends (to the
@@ -13,9 +18,11 @@ use std::path::Path;
 use crate::crypto::Keyring;
 use crate::error::StoreError;
 use crate::mutation::Mutation;
-use crate::storage::Storage;
+use crate::storage::{OpenMode, Storage, StorageFile};
 use crate::wal::chain::KIND_CHAIN;
-use crate::wal::record::{RecordOpenError, decode_record, parse_record};
+use crate::wal::record::{
+    MAX_RECORD_PAYLOAD_BYTES, RECORD_HEADER_BYTES, RecordOpenError, decode_record, parse_record,
+};
 use crate::wal::recovery::list_segments;
 use crate::wal::segment::parse_segment_header;
 
@@ -52,8 +59,8 @@ pub fn read_history(
         .rposition(|(first, _)| *first <= from)
         .unwrap_or(0);
     for (_, path) in &segments[start..] {
-        let bytes = match storage.read_file(path) {
-            Ok(bytes) => bytes,
+        let reader = match ChunkReader::open(storage, path) {
+            Ok(reader) => reader,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 // The checkpointer removed it since the listing.
                 let now = list_segments(storage, wal_dir, false)?;
@@ -62,38 +69,139 @@ pub fn read_history(
             }
             Err(e) => return Err(StoreError::io(path, e)),
         };
-        if !read_segment(path, &bytes, keyring, from, until, &mut each)? {
+        if !read_segment(path, reader, keyring, from, until, &mut each)? {
             return Ok(History::Read);
         }
     }
     Ok(History::Read)
 }
 
+/// Bytes of a segment a history read holds at a time.
+pub const HISTORY_CHUNK_BYTES: usize = 256 * 1024;
+
+/// A segment read a chunk at a time: `buf` holds the file's bytes from
+/// `buf_start`, of which those before `pos` are used up.
+struct ChunkReader {
+    file: Box<dyn StorageFile>,
+    len: u64,
+    buf: Vec<u8>,
+    buf_start: u64,
+    pos: usize,
+}
+
+impl ChunkReader {
+    fn open(storage: &dyn Storage, path: &Path) -> io::Result<ChunkReader> {
+        let file = storage.open(path, OpenMode::ReadOnly)?;
+        let len = file.len()?;
+        Ok(ChunkReader {
+            file,
+            len,
+            buf: Vec::new(),
+            buf_start: 0,
+            pos: 0,
+        })
+    }
+
+    /// The file offset of the next unread byte.
+    fn offset(&self) -> u64 {
+        self.buf_start + self.pos as u64
+    }
+
+    /// The bytes not used up yet.
+    fn rest(&self) -> &[u8] {
+        &self.buf[self.pos..]
+    }
+
+    /// Makes at least `need` unread bytes available, reading a chunk (or
+    /// `need`, if more) past what is held; `false` if the file ends first
+    /// (all it has left is then held).
+    fn fill(&mut self, need: usize) -> io::Result<bool> {
+        if self.buf.len() - self.pos >= need {
+            return Ok(true);
+        }
+        self.buf.drain(..self.pos);
+        self.buf_start += self.pos as u64;
+        self.pos = 0;
+        let held_end = self.buf_start + self.buf.len() as u64;
+        let file_left = self.len.saturating_sub(held_end);
+        let want = (need.max(HISTORY_CHUNK_BYTES) - self.buf.len()).min(file_left as usize);
+        let old = self.buf.len();
+        self.buf.resize(old + want, 0);
+        self.file.read_exact_at(&mut self.buf[old..], held_end)?;
+        // A chunk's worth of capacity stays; a big record's is given back.
+        self.buf.shrink_to(HISTORY_CHUNK_BYTES.max(need));
+        Ok(self.buf.len() >= need)
+    }
+
+    /// Whether every byte from here to the end of the file is zero
+    /// (preallocated space past the last record).
+    fn rest_is_zero(&mut self) -> io::Result<bool> {
+        loop {
+            if self.rest().iter().any(|b| *b != 0) {
+                return Ok(false);
+            }
+            self.pos = self.buf.len();
+            if !self.fill(1)? {
+                return Ok(true);
+            }
+        }
+    }
+
+    /// Makes the whole next record available (as far as its header says;
+    /// `false` if the file ends first).
+    fn fill_record(&mut self) -> io::Result<bool> {
+        if !self.fill(RECORD_HEADER_BYTES)? {
+            return Ok(false);
+        }
+        let rest = self.rest();
+        let payload_len = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]) as usize;
+        // A length past the limit is damage: parse_record says so.
+        if payload_len > MAX_RECORD_PAYLOAD_BYTES {
+            return Ok(true);
+        }
+        self.fill(RECORD_HEADER_BYTES + payload_len)
+    }
+}
+
 /// One segment's records; `false` once past `until` or stopped.
 fn read_segment(
     path: &Path,
-    bytes: &[u8],
+    mut reader: ChunkReader,
     keyring: Option<&Keyring>,
     from: u64,
     until: u64,
     each: &mut impl FnMut(u64, Mutation, bool) -> bool,
 ) -> Result<bool, StoreError> {
-    let corrupt = |offset: usize, reason: String| StoreError::Corruption {
+    let corrupt = |offset: u64, reason: String| StoreError::Corruption {
         path: path.to_path_buf(),
-        offset: offset as u64,
+        offset,
         reason,
     };
-    let header = parse_segment_header(bytes).map_err(|reason| corrupt(0, reason))?;
+    let io_error = |e: io::Error| StoreError::io(path, e);
+    reader.fill(HISTORY_CHUNK_BYTES).map_err(io_error)?;
+    let header = parse_segment_header(reader.rest()).map_err(|reason| corrupt(0, reason))?;
     let dir_id = header.chain.as_ref().map(|chain| &chain.dir_id);
     let mut held: Option<(u64, Mutation)> = None;
-    let mut offset = header.header_bytes;
+    reader.pos = header.header_bytes;
     let mut expected = header.first_lsn;
-    while offset < bytes.len() && expected <= until {
-        let record = match parse_record(&bytes[offset..], header.crc_seed) {
+    while reader.offset() < reader.len && expected <= until {
+        let offset = reader.offset();
+        let whole = reader.fill_record().map_err(io_error)?;
+        let parsed = parse_record(reader.rest(), header.crc_seed).map_err(|d| d.to_string());
+        let record = match parsed {
             Ok(record) => record,
-            // Preallocated zeros: the end of a closed segment.
-            Err(_) if bytes[offset..].iter().all(|b| *b == 0) => return Ok(true),
-            Err(damage) => return Err(corrupt(offset, damage.to_string())),
+            Err(damage) => {
+                // Preallocated zeros: the end of a closed segment.
+                if reader.rest_is_zero().map_err(io_error)? {
+                    return Ok(true);
+                }
+                let reason = if whole {
+                    damage
+                } else {
+                    format!("{damage} (the segment ends inside the record)")
+                };
+                return Err(corrupt(offset, reason));
+            }
         };
         if record.lsn != expected {
             return Err(corrupt(
@@ -101,9 +209,25 @@ fn read_segment(
                 format!("record has LSN {}, expected {expected}", record.lsn),
             ));
         }
-        offset += record.total_bytes;
+        let (lsn, kind, group_end, total_bytes) = (
+            record.lsn,
+            record.kind,
+            record.group_end,
+            record.total_bytes,
+        );
+        let mutation = if kind == KIND_CHAIN || lsn < from {
+            None
+        } else {
+            Some(
+                decode_record(&record, keyring, dir_id).map_err(|e| match e {
+                    RecordOpenError::Damage(reason) => corrupt(offset + total_bytes as u64, reason),
+                    RecordOpenError::Key(reason) => StoreError::Key(reason),
+                })?,
+            )
+        };
+        reader.pos += total_bytes;
         expected += 1;
-        if record.kind == KIND_CHAIN {
+        if kind == KIND_CHAIN {
             // The MAC that closes a chained group (recovery checked it):
             // no change of its own, the end of the group before it.
             if let Some((lsn, mutation)) = held.take()
@@ -113,13 +237,9 @@ fn read_segment(
             }
             continue;
         }
-        if record.lsn < from {
+        let Some(mutation) = mutation else {
             continue;
-        }
-        let mutation = decode_record(&record, keyring, dir_id).map_err(|e| match e {
-            RecordOpenError::Damage(reason) => corrupt(offset, reason),
-            RecordOpenError::Key(reason) => StoreError::Key(reason),
-        })?;
+        };
         if let Some((lsn, previous)) = held.take()
             && !each(lsn, previous, false)
         {
@@ -127,9 +247,9 @@ fn read_segment(
         }
         // In a chained segment the group ends at its chain record, so the
         // last change is held until that record shows.
-        if header.chain.is_some() && !record.group_end {
-            held = Some((record.lsn, mutation));
-        } else if !each(record.lsn, mutation, record.group_end) {
+        if header.chain.is_some() && !group_end {
+            held = Some((lsn, mutation));
+        } else if !each(lsn, mutation, group_end) {
             return Ok(false);
         }
     }

@@ -17,7 +17,7 @@ pub mod sealing_rule;
 pub mod segment;
 
 pub use crc_seed::{CrcSeed, SegmentSeeds};
-pub use history::{History, read_history};
+pub use history::{HISTORY_CHUNK_BYTES, History, read_history};
 pub use preallocator::SegmentPreallocator;
 pub use recovery::{
     RecoveryOptions, RecoveryReport, list_segments, read_closed_segment, recover, recover_with,

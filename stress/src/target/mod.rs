@@ -14,7 +14,7 @@ pub mod redis;
 pub mod server_process;
 pub mod sqlite;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -330,57 +330,8 @@ impl RunningTarget {
         let namespace = spec.namespace.as_deref().unwrap_or(cube::DEFAULT_NAMESPACE);
         match spec.kind {
             TargetKind::Cube => match &spec.socket {
-                Some(socket) => {
-                    if !spec.daemon_args.is_empty() {
-                        return Err(StressError::Usage(
-                            "--daemon-arg starts a throwaway cubed with extra flags; \
-                             it cannot change a running one given with --socket"
-                                .to_owned(),
-                        ));
-                    }
-                    let connector = cube::CubeConnector::new(socket.clone(), namespace);
-                    if spec.namespace.is_some() {
-                        connector.ensure_namespace(spec.encrypted)?;
-                    }
-                    let detail = format!(
-                        "running cubed at {} ({}){}",
-                        socket.display(),
-                        connector.describe()?,
-                        namespace_note(spec)
-                    );
-                    Ok(RunningTarget {
-                        kind: spec.kind,
-                        detail,
-                        connector: Arc::new(connector),
-                        fresh: false,
-                        backing: Backing::RunningCube(socket.clone()),
-                    })
-                }
-                None => {
-                    let args: Vec<&str> = spec.daemon_args.iter().map(String::as_str).collect();
-                    let daemon = LocalDaemon::start_fresh(&args)?;
-                    let connector = cube::CubeConnector::new(daemon.socket().to_owned(), namespace);
-                    if spec.namespace.is_some() {
-                        connector.ensure_namespace(spec.encrypted)?;
-                    }
-                    let detail = format!(
-                        "throwaway cubed in {} ({}){}",
-                        daemon
-                            .data_dir()
-                            .parent()
-                            .unwrap_or(daemon.data_dir())
-                            .display(),
-                        connector.describe()?,
-                        namespace_note(spec)
-                    );
-                    Ok(RunningTarget {
-                        kind: spec.kind,
-                        detail,
-                        connector: Arc::new(connector),
-                        fresh: true,
-                        backing: Backing::ThrowawayCube(daemon),
-                    })
-                }
+                Some(socket) => RunningTarget::reach_cube(spec, socket, namespace),
+                None => RunningTarget::start_throwaway_cube(spec, namespace),
             },
             TargetKind::RedisAlways | TargetKind::RedisEverysec | TargetKind::RedisNone => {
                 let fsync = match spec.kind {
@@ -425,6 +376,72 @@ impl RunningTarget {
                 })
             }
         }
+    }
+
+    /// A running cubed at `socket`, which the driver never stops.
+    fn reach_cube(
+        spec: &TargetSpec,
+        socket: &Path,
+        namespace: &str,
+    ) -> Result<RunningTarget, StressError> {
+        if !spec.daemon_args.is_empty() {
+            return Err(StressError::Usage(
+                "--daemon-arg starts a throwaway cubed with extra flags; \
+                 it cannot change a running one given with --socket"
+                    .to_owned(),
+            ));
+        }
+        RunningTarget::cube(
+            spec,
+            cube::CubeConnector::new(socket.to_owned(), namespace),
+            format!("running cubed at {}", socket.display()),
+            Backing::RunningCube(socket.to_owned()),
+        )
+    }
+
+    /// A throwaway cubed on a fresh data dir, with `--daemon-arg`'s flags.
+    fn start_throwaway_cube(
+        spec: &TargetSpec,
+        namespace: &str,
+    ) -> Result<RunningTarget, StressError> {
+        let args: Vec<&str> = spec.daemon_args.iter().map(String::as_str).collect();
+        let daemon = LocalDaemon::start_fresh(&args)?;
+        let connector = cube::CubeConnector::new(daemon.socket().to_owned(), namespace);
+        let place = format!(
+            "throwaway cubed in {}",
+            daemon
+                .data_dir()
+                .parent()
+                .unwrap_or(daemon.data_dir())
+                .display()
+        );
+        RunningTarget::cube(spec, connector, place, Backing::ThrowawayCube(daemon))
+    }
+
+    /// A cube target on `connector`, `place` in its detail: the run's
+    /// namespace made first when it names one. Only a throwaway cubed
+    /// starts fresh.
+    fn cube(
+        spec: &TargetSpec,
+        connector: cube::CubeConnector,
+        place: String,
+        backing: Backing,
+    ) -> Result<RunningTarget, StressError> {
+        if spec.namespace.is_some() {
+            connector.ensure_namespace(spec.encrypted)?;
+        }
+        let detail = format!(
+            "{place} ({}){}",
+            connector.describe()?,
+            namespace_note(spec)
+        );
+        Ok(RunningTarget {
+            kind: spec.kind,
+            detail,
+            connector: Arc::new(connector),
+            fresh: matches!(backing, Backing::ThrowawayCube(_)),
+            backing,
+        })
     }
 
     pub fn name(&self) -> &'static str {

@@ -1,0 +1,150 @@
+//! Run files (issue 32): a point read from the block cache, from the file
+//! (every read misses the cache: `pread` from the page cache, CRC32C,
+//! AES-GCM when sealed, and decoding the block), a `pread` of one block
+//! alone (the floor of a read from the file), and a range scan of 64 Ki
+//! cells from the cache and from the file. Blocks of 4 KiB and 16 KiB, to
+//! choose `TARGET_BLOCK_BYTES`. The page cache is not dropped (that needs
+//! root and would slow every other process on the machine), so "file" is
+//! a read the kernel answers from memory; a cold read from the device adds
+//! the device's latency. `get_many` of 64 keys against 64 `get`s: mget's
+//! batched read. Figures go to docs/benchmarks.md, "Run files".
+#![allow(clippy::unwrap_used)]
+
+use std::hint::black_box;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use cube_store::RealDisk;
+use cube_store::crypto::{Keyring, MasterKey};
+use cube_store::run_file::{BlockCache, Protection, RunReader, RunWriter};
+
+/// 256 Ki cells of 64 bytes: 21 MiB of file.
+const CELLS: u64 = 256 * 1024;
+const VALUE_BYTES: usize = 64;
+const SCAN_CELLS: u64 = 64 * 1024;
+
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// Keys spread like a curve's: every 7th, so a scan's range is dense.
+fn key(i: u64) -> u128 {
+    u128::from(i) * 7
+}
+
+fn sealed() -> Protection {
+    Protection::Sealed {
+        keyring: Arc::new(Keyring::new(Some(MasterKey::from_bytes([9; 32])), 5)),
+        dir_id: [1; 16],
+    }
+}
+
+fn write(path: &Path, block_bytes: usize, protection: &Protection) {
+    let mut w = RunWriter::create(&RealDisk, path, 1, 1, protection)
+        .unwrap()
+        .with_target_block_bytes(block_bytes);
+    let value = [0x5au8; VALUE_BYTES];
+    for i in 0..CELLS {
+        w.push(key(i), Some(&value)).unwrap();
+    }
+    w.finish().unwrap();
+}
+
+fn point_reads(c: &mut Criterion) {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut group = c.benchmark_group("run_file");
+    group.measurement_time(Duration::from_secs(3));
+    group.warm_up_time(Duration::from_secs(1));
+    let cases = [
+        ("4K", 4096, Protection::Plain),
+        ("16K", 16384, Protection::Plain),
+        ("4K sealed", 4096, sealed()),
+        ("16K sealed", 16384, sealed()),
+    ];
+    for (name, block_bytes, protection) in cases {
+        let path = tmp.path().join(name.replace(' ', "-"));
+        write(&path, block_bytes, &protection);
+        let hot =
+            RunReader::open(&path, &protection, Arc::new(BlockCache::new(256 << 20))).unwrap();
+        // A budget of 0 keeps nothing: every read goes to the file.
+        let cold = RunReader::open(&path, &protection, Arc::new(BlockCache::new(0))).unwrap();
+        let mut rng = Rng(0x9e37_79b9);
+        group.bench_function(format!("get from cache {name}"), |b| {
+            b.iter(|| black_box(hot.get(key(rng.below(CELLS))).unwrap()))
+        });
+        group.bench_function(format!("get from file {name}"), |b| {
+            b.iter(|| black_box(cold.get(key(rng.below(CELLS))).unwrap()))
+        });
+        let index = cold.index();
+        let file = std::fs::File::open(&path).unwrap();
+        let mut buf = vec![0u8; block_bytes * 2];
+        group.bench_function(format!("pread one block {name}"), |b| {
+            b.iter(|| {
+                let i = rng.below(index.len() as u64) as usize;
+                let len = index.lens[i] as usize;
+                file.read_exact_at(&mut buf[..len], index.offsets[i])
+                    .unwrap();
+                black_box(&buf);
+            })
+        });
+        // mget's path: 64 random keys, one batched read against 64 point
+        // reads (from the page cache the hints cannot overlap anything, so
+        // this measures the batching's own cost).
+        let batch =
+            |rng: &mut Rng| -> Vec<u128> { (0..64).map(|_| key(rng.below(CELLS))).collect() };
+        group.bench_function(format!("get_many 64 keys from file {name}"), |b| {
+            b.iter_batched(
+                || batch(&mut rng),
+                |keys| black_box(cold.get_many(&keys)),
+                criterion::BatchSize::SmallInput,
+            )
+        });
+        group.bench_function(format!("64 gets from file {name}"), |b| {
+            b.iter_batched(
+                || batch(&mut rng),
+                |keys| {
+                    for k in keys {
+                        black_box(cold.get(k).unwrap());
+                    }
+                },
+                criterion::BatchSize::SmallInput,
+            )
+        });
+        group.throughput(Throughput::Elements(SCAN_CELLS));
+        let scan = |reader: &RunReader, rng: &mut Rng| {
+            let from = rng.below(CELLS - SCAN_CELLS);
+            let mut n = 0u64;
+            for entry in reader.range(key(from), key(from + SCAN_CELLS - 1)) {
+                black_box(entry.unwrap());
+                n += 1;
+            }
+            assert_eq!(n, SCAN_CELLS);
+        };
+        group.bench_function(format!("scan 64Ki cells from cache {name}"), |b| {
+            b.iter(|| scan(&hot, &mut rng))
+        });
+        group.bench_function(format!("scan 64Ki cells from file {name}"), |b| {
+            b.iter(|| scan(&cold, &mut rng))
+        });
+        group.throughput(Throughput::Elements(1));
+        eprintln!(
+            "{name}: {} blocks, index {} KiB in memory",
+            cold.block_count(),
+            cold.resident_bytes() / 1024
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(benches, point_reads);
+criterion_main!(benches);

@@ -1,0 +1,628 @@
+//! [`RunReader`]: a run file opened by its footer and index alone, read
+//! block by block through the shared [`BlockCache`].
+//!
+//! A point read is one probe of the in-memory fence keys and at most one
+//! `pread` of one block. A range ([`RunRange`]) walks blocks in key order
+//! and reads ahead at most [`READ_AHEAD_BLOCKS`] blocks (and
+//! [`READ_AHEAD_BYTES`]) at a time, in one `pread` per run of blocks the
+//! cache lacks, so a scan of a large box never holds more than that window.
+//! Every block read from the file is checked (CRC32C, then its MAC or
+//! AES-GCM tag, then its structure) before any of it is used.
+
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::CellValue;
+use crate::crypto::{Keyring, MAC_BYTES, tags_equal};
+use crate::storage::{OpenMode, Storage, StorageFile};
+
+use super::block_cache::{BlockCache, next_cache_id};
+use super::format::{
+    BlockIndex, DecodedBlock, FOOTER_BYTES, Footer, Identity, Mode, Piece, Pieces, file_mac,
+};
+use super::{Protection, RunFileError, Slot};
+
+/// Most blocks a range reads ahead of the one it is in.
+pub const READ_AHEAD_BLOCKS: usize = 8;
+/// Most bytes a range reads ahead (a block larger than this is read alone).
+pub const READ_AHEAD_BYTES: usize = 128 * 1024;
+
+/// Positioned reads of one file, from any thread at once.
+// `len` is a file's size, as in `StorageFile`: `is_empty` would mean nothing.
+#[allow(clippy::len_without_is_empty)]
+pub trait BlockSource: Send + Sync {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    fn len(&self) -> io::Result<u64>;
+    /// A hint that `len` bytes at `offset` will be read soon, so that the
+    /// kernel starts reading them now. Nothing by default.
+    fn will_need(&self, _offset: u64, _len: u64) {}
+}
+
+impl BlockSource for File {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        FileExt::read_exact_at(self, buf, offset)
+    }
+
+    fn will_need(&self, offset: u64, len: u64) {
+        use std::os::fd::AsRawFd;
+        let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return;
+        };
+        // Only a hint: a failure costs the overlap, not the read.
+        let _ = nix::fcntl::posix_fadvise(
+            self.as_raw_fd(),
+            offset,
+            len,
+            nix::fcntl::PosixFadviseAdvice::POSIX_FADV_WILLNEED,
+        );
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.metadata()?.len())
+    }
+}
+
+/// A file of any [`Storage`] (the simulated disk): its reads take turns,
+/// since a [`StorageFile`] need not be `Sync`.
+struct LockedFile(Mutex<Box<dyn StorageFile>>);
+
+impl BlockSource for LockedFile {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let file = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        file.read_exact_at(buf, offset)
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+}
+
+/// One open run file. `Send + Sync`: share it behind an `Arc`.
+pub struct RunReader {
+    path: PathBuf,
+    source: Box<dyn BlockSource>,
+    footer: Footer,
+    index: BlockIndex,
+    id: Identity,
+    keyring: Option<Arc<Keyring>>,
+    cache: Arc<BlockCache>,
+    cache_id: u64,
+}
+
+impl std::fmt::Debug for RunReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunReader")
+            .field("path", &self.path)
+            .field("footer", &self.footer)
+            .finish()
+    }
+}
+
+impl RunReader {
+    /// Opens a file of the real file system privately (no symbolic link
+    /// followed, owned by the daemon's user).
+    pub fn open(
+        path: &Path,
+        protection: &Protection,
+        cache: Arc<BlockCache>,
+    ) -> Result<RunReader, RunFileError> {
+        let file =
+            crate::private_files::open_private_file(path, OpenOptions::new().read(true), false)
+                .map_err(|source| RunFileError::Io {
+                    path: path.to_path_buf(),
+                    offset: 0,
+                    source,
+                })?;
+        RunReader::open_source(Box::new(file), path, protection, cache)
+    }
+
+    /// Opens a file through `storage` (the real disk, or a simulated one).
+    pub fn open_storage(
+        storage: &dyn Storage,
+        path: &Path,
+        protection: &Protection,
+        cache: Arc<BlockCache>,
+    ) -> Result<RunReader, RunFileError> {
+        if storage.is_real() {
+            return RunReader::open(path, protection, cache);
+        }
+        let file = storage
+            .open(path, OpenMode::ReadOnly)
+            .map_err(|source| RunFileError::Io {
+                path: path.to_path_buf(),
+                offset: 0,
+                source,
+            })?;
+        let source = LockedFile(Mutex::new(file));
+        RunReader::open_source(Box::new(source), path, protection, cache)
+    }
+
+    /// Opens the run file `source` holds; `path` names it in errors. Reads
+    /// the footer and the index only.
+    pub fn open_source(
+        source: Box<dyn BlockSource>,
+        path: &Path,
+        protection: &Protection,
+        cache: Arc<BlockCache>,
+    ) -> Result<RunReader, RunFileError> {
+        let (mode, keyring, dir_id) = protection.parts();
+        let io = |offset, source| RunFileError::Io {
+            path: path.to_path_buf(),
+            offset,
+            source,
+        };
+        let corrupt = |offset, reason| RunFileError::Corrupt {
+            path: path.to_path_buf(),
+            offset,
+            reason,
+        };
+        let file_len = source.len().map_err(|e| io(0, e))?;
+        let footer_at = file_len.saturating_sub(FOOTER_BYTES as u64);
+        let mut raw = vec![0u8; (file_len - footer_at) as usize];
+        source
+            .read_exact_at(&mut raw, footer_at)
+            .map_err(|e| io(footer_at, e))?;
+        let footer = Footer::decode(&raw, file_len).map_err(|r| corrupt(footer_at, r))?;
+        check_mode(path, footer.mode, mode)?;
+        let id = Identity {
+            file_id: footer.file_id,
+            ns_id: footer.ns_id,
+            dir_id,
+        };
+        // The footer bounded the index by the file's size.
+        let mut stored = vec![0u8; footer.index_len as usize];
+        source
+            .read_exact_at(&mut stored, footer.index_offset)
+            .map_err(|e| io(footer.index_offset, e))?;
+        if let Some(k) = keyring {
+            let fields = footer.encode_fields();
+            let mac =
+                file_mac(k, &dir_id, &stored, &fields).map_err(|reason| key_error(path, reason))?;
+            if !tags_equal(&mac, &footer.mac) {
+                return Err(corrupt(
+                    footer_at,
+                    "the index and footer do not match their MAC: changed, or not of this \
+                     data dir"
+                        .into(),
+                ));
+            }
+        }
+        let pieces = Pieces {
+            mode,
+            keyring: keyring.map(|k| &**k),
+            id: &id,
+        };
+        let payload = pieces
+            .open(Piece::Index, footer.index_offset, stored)
+            .map_err(|r| corrupt(footer.index_offset, format!("block index: {r}")))?;
+        let index = BlockIndex::decode(&payload, &footer)
+            .map_err(|r| corrupt(footer.index_offset, format!("block index: {r}")))?;
+        Ok(RunReader {
+            path: path.to_path_buf(),
+            source,
+            footer,
+            index,
+            id,
+            keyring: keyring.cloned(),
+            cache,
+            cache_id: next_cache_id(),
+        })
+    }
+
+    /// The block index (fence keys, offsets, lengths), for tools and tests.
+    pub fn index(&self) -> &BlockIndex {
+        &self.index
+    }
+
+    pub fn footer(&self) -> &Footer {
+        &self.footer
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn file_id(&self) -> u64 {
+        self.footer.file_id
+    }
+
+    pub fn ns_id(&self) -> u64 {
+        self.footer.ns_id
+    }
+
+    /// Entries, tombstones included.
+    pub fn entry_count(&self) -> u64 {
+        self.footer.entry_count
+    }
+
+    pub fn tombstone_count(&self) -> u64 {
+        self.footer.tombstone_count
+    }
+
+    pub fn block_count(&self) -> usize {
+        self.index.len()
+    }
+
+    /// The footer's MAC; `None` for a plain file.
+    pub fn mac(&self) -> Option<[u8; MAC_BYTES]> {
+        (self.footer.mode != Mode::Plain).then_some(self.footer.mac)
+    }
+
+    /// Refuses the file unless it is the one a manifest lists: its id and
+    /// namespace, and (authenticated and sealed files) its MAC. A file of
+    /// another namespace or fold renamed into place, or an older copy of
+    /// the same file, is refused even though each of its blocks checks.
+    pub fn expect(
+        &self,
+        file_id: u64,
+        ns_id: u64,
+        mac: Option<&[u8; MAC_BYTES]>,
+    ) -> Result<(), RunFileError> {
+        let found = (self.footer.file_id, self.footer.ns_id);
+        let reason = if found != (file_id, ns_id) {
+            format!(
+                "it is file {} of namespace {}, where the manifest lists file {file_id} of \
+                 namespace {ns_id}",
+                found.0, found.1
+            )
+        } else if let Some(listed) = mac
+            && !self.mac().is_some_and(|m| tags_equal(&m, listed))
+        {
+            "its MAC is not the one the manifest lists (another copy or version of the file)"
+                .to_string()
+        } else {
+            return Ok(());
+        };
+        Err(RunFileError::Corrupt {
+            path: self.path.clone(),
+            offset: self.footer.index_offset + self.footer.index_len,
+            reason,
+        })
+    }
+
+    /// The smallest and largest keys, `None` if the file is empty.
+    pub fn key_range(&self) -> Option<(u128, u128)> {
+        let first = *self.index.first_keys.first()?;
+        Some((first, self.index.last_key))
+    }
+
+    /// Memory this reader keeps while open (its index), besides the cache.
+    pub fn resident_bytes(&self) -> usize {
+        std::mem::size_of::<RunReader>() + self.index.heap_bytes()
+    }
+
+    /// The cache id of this file's blocks ([`BlockCache::forget_file`]).
+    pub fn cache_id(&self) -> u64 {
+        self.cache_id
+    }
+
+    /// What this file holds for `key`: `None` if nothing, `Some(None)` for
+    /// a tombstone. One index probe, at most one block read.
+    pub fn get(&self, key: u128) -> Result<Option<Slot>, RunFileError> {
+        let Some(i) = self.index.block_for(key) else {
+            return Ok(None);
+        };
+        let block = self.block(i)?;
+        Ok(block
+            .search(key)
+            .ok()
+            .map(|j| block.value(j).map(CellValue::new)))
+    }
+
+    /// What this file holds for each of `keys` (in their order), as
+    /// [`RunReader::get`] answers. The blocks the cache lacks are all asked
+    /// of the kernel first ([`BlockSource::will_need`]), then read one by
+    /// one, so that their device reads overlap instead of queueing behind
+    /// each other; each block is read once however many keys it holds. A
+    /// bad block fails the keys it holds, and only those.
+    pub fn get_many(&self, keys: &[u128]) -> Vec<Result<Option<Slot>, RunFileError>> {
+        let places: Vec<Option<usize>> = keys.iter().map(|k| self.index.block_for(*k)).collect();
+        let mut wanted: Vec<usize> = places.iter().flatten().copied().collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        let cached: Vec<Option<Arc<DecodedBlock>>> = wanted
+            .iter()
+            .map(|&i| self.cache.get(self.cache_id, self.index.offsets[i]))
+            .collect();
+        // One missing block gains nothing from a hint: its read follows.
+        if cached.iter().filter(|hit| hit.is_none()).count() > 1 {
+            for (&i, hit) in wanted.iter().zip(&cached) {
+                if hit.is_none() {
+                    self.source
+                        .will_need(self.index.offsets[i], u64::from(self.index.lens[i]));
+                }
+            }
+        }
+        let blocks: Vec<Result<Arc<DecodedBlock>, RunFileError>> = wanted
+            .iter()
+            .zip(cached)
+            .map(|(&i, hit)| match hit {
+                Some(block) => Ok(block),
+                None => {
+                    let block = Arc::new(self.read_block(i)?);
+                    self.cache
+                        .insert(self.cache_id, self.index.offsets[i], &block);
+                    Ok(block)
+                }
+            })
+            .collect();
+        keys.iter()
+            .zip(places)
+            .map(|(&key, place)| {
+                let Some(i) = place else { return Ok(None) };
+                let at = wanted.partition_point(|w| *w < i);
+                match &blocks[at] {
+                    Ok(block) => Ok(block
+                        .search(key)
+                        .ok()
+                        .map(|j| block.value(j).map(CellValue::new))),
+                    Err(e) => Err(e.again()),
+                }
+            })
+            .collect()
+    }
+
+    /// The entries with keys in `lo..=hi`, in key order.
+    pub fn range(&self, lo: u128, hi: u128) -> RunRange<'_> {
+        let first = if lo > hi {
+            self.index.len()
+        } else {
+            self.index
+                .first_keys
+                .partition_point(|k| *k <= lo)
+                .saturating_sub(1)
+        };
+        let end = if lo > hi || self.index.is_empty() || lo > self.index.last_key {
+            first
+        } else {
+            self.index.first_keys.partition_point(|k| *k <= hi)
+        };
+        RunRange {
+            reader: self,
+            lo,
+            hi,
+            next_block: first,
+            end_block: end,
+            window: VecDeque::new(),
+            current: None,
+            done: false,
+        }
+    }
+
+    /// Reads and checks every block, bypassing the cache (`--verify`):
+    /// every problem found, and whether the counts match the footer.
+    pub fn verify(&self) -> Vec<RunFileError> {
+        let mut problems = Vec::new();
+        let (mut entries, mut tombstones) = (0u64, 0u64);
+        for i in 0..self.index.len() {
+            match self.read_block(i) {
+                Ok(block) => {
+                    entries += block.len() as u64;
+                    tombstones += (0..block.len())
+                        .filter(|&j| block.value(j).is_none())
+                        .count() as u64;
+                }
+                Err(e) => problems.push(e),
+            }
+        }
+        let counted = (entries, tombstones);
+        let footer = (self.footer.entry_count, self.footer.tombstone_count);
+        if problems.is_empty() && counted != footer {
+            problems.push(RunFileError::Corrupt {
+                path: self.path.clone(),
+                offset: self.footer.index_offset + self.footer.index_len,
+                reason: format!(
+                    "the footer counts {} entries ({} tombstones), the blocks hold {} ({})",
+                    footer.0, footer.1, counted.0, counted.1
+                ),
+            });
+        }
+        problems
+    }
+
+    /// Block `i`, from the cache or read from the file (and cached).
+    fn block(&self, i: usize) -> Result<Arc<DecodedBlock>, RunFileError> {
+        let offset = self.index.offsets[i];
+        if let Some(block) = self.cache.get(self.cache_id, offset) {
+            return Ok(block);
+        }
+        let block = Arc::new(self.read_block(i)?);
+        self.cache.insert(self.cache_id, offset, &block);
+        Ok(block)
+    }
+
+    fn read_block(&self, i: usize) -> Result<DecodedBlock, RunFileError> {
+        let offset = self.index.offsets[i];
+        let mut stored = vec![0u8; self.index.lens[i] as usize];
+        self.source
+            .read_exact_at(&mut stored, offset)
+            .map_err(|source| RunFileError::Io {
+                path: self.path.clone(),
+                offset,
+                source,
+            })?;
+        self.decode_block(i, stored)
+    }
+
+    fn decode_block(&self, i: usize, stored: Vec<u8>) -> Result<DecodedBlock, RunFileError> {
+        let offset = self.index.offsets[i];
+        let corrupt = |reason: String| RunFileError::Corrupt {
+            path: self.path.clone(),
+            offset,
+            reason: format!("block {i}: {reason}"),
+        };
+        let pieces = Pieces {
+            mode: self.footer.mode,
+            keyring: self.keyring.as_deref(),
+            id: &self.id,
+        };
+        let payload = pieces.open(Piece::Block, offset, stored).map_err(corrupt)?;
+        let (first, upper) = self.index.bounds(i);
+        DecodedBlock::decode(payload, first, upper, self.index.last_key).map_err(corrupt)
+    }
+
+    /// Blocks `from..to` (contiguous in the file, none cached) in one
+    /// `pread`; if that fails, one by one, so that a bad sector fails only
+    /// the block it is in.
+    fn read_span(&self, from: usize, to: usize) -> Vec<Result<Arc<DecodedBlock>, RunFileError>> {
+        let start = self.index.offsets[from];
+        let end = self.index.offsets[to - 1] + u64::from(self.index.lens[to - 1]);
+        let mut span = vec![0u8; (end - start) as usize];
+        let whole = self.source.read_exact_at(&mut span, start).is_ok();
+        (from..to)
+            .map(|i| {
+                let block = if whole {
+                    let at = (self.index.offsets[i] - start) as usize;
+                    let stored = span[at..at + self.index.lens[i] as usize].to_vec();
+                    self.decode_block(i, stored)
+                } else {
+                    self.read_block(i)
+                }?;
+                let block = Arc::new(block);
+                self.cache
+                    .insert(self.cache_id, self.index.offsets[i], &block);
+                Ok(block)
+            })
+            .collect()
+    }
+}
+
+fn key_error(path: &Path, reason: String) -> RunFileError {
+    RunFileError::Key {
+        path: path.to_path_buf(),
+        reason,
+    }
+}
+
+/// Refuses a file protected otherwise than its reader expects.
+fn check_mode(path: &Path, found: Mode, wanted: Mode) -> Result<(), RunFileError> {
+    if found == wanted {
+        return Ok(());
+    }
+    let reason = match (found, wanted) {
+        (_, Mode::Plain) => format!(
+            "the file is {found:?} and needs the data dir's master key; start cubed with --key-file"
+        ),
+        _ => format!(
+            "the file is {found:?} but its namespace requires {wanted:?}: refusing a file \
+             that may have been put in place of the protected one"
+        ),
+    };
+    Err(key_error(path, reason))
+}
+
+/// The entries of a key range, in key order: `(key, value or tombstone)`.
+/// After an error it ends.
+pub struct RunRange<'r> {
+    reader: &'r RunReader,
+    lo: u128,
+    hi: u128,
+    next_block: usize,
+    end_block: usize,
+    /// Blocks read ahead, in order, not yet entered.
+    window: VecDeque<Result<Arc<DecodedBlock>, RunFileError>>,
+    /// The block being walked and the next entry in it.
+    current: Option<(Arc<DecodedBlock>, usize)>,
+    done: bool,
+}
+
+impl RunRange<'_> {
+    /// Fills the window with the next blocks: cached ones as they are,
+    /// runs of the others in one read each.
+    fn fill_window(&mut self) {
+        let r = self.reader;
+        let from = self.next_block;
+        let mut to = from;
+        let mut bytes = 0usize;
+        while to < self.end_block && to - from < READ_AHEAD_BLOCKS {
+            let len = r.index.lens[to] as usize;
+            if to > from && bytes + len > READ_AHEAD_BYTES {
+                break;
+            }
+            bytes += len;
+            to += 1;
+        }
+        let cached: Vec<Option<Arc<DecodedBlock>>> = (from..to)
+            .map(|i| r.cache.get(r.cache_id, r.index.offsets[i]))
+            .collect();
+        let mut i = from;
+        while i < to {
+            if let Some(block) = &cached[i - from] {
+                self.window.push_back(Ok(Arc::clone(block)));
+                i += 1;
+                continue;
+            }
+            let mut j = i + 1;
+            while j < to && cached[j - from].is_none() {
+                j += 1;
+            }
+            self.window.extend(r.read_span(i, j));
+            i = j;
+        }
+        self.next_block = to;
+    }
+}
+
+impl Iterator for RunRange<'_> {
+    type Item = Result<(u128, Slot), RunFileError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if self.done {
+                return None;
+            }
+            if let Some((block, at)) = &mut self.current {
+                if *at < block.len() {
+                    let key = block.key(*at);
+                    if key > self.hi {
+                        self.done = true;
+                        return None;
+                    }
+                    let value = block.value(*at).map(CellValue::new);
+                    *at += 1;
+                    return Some(Ok((key, value)));
+                }
+                self.current = None;
+            }
+            if self.window.is_empty() {
+                if self.next_block >= self.end_block {
+                    self.done = true;
+                    return None;
+                }
+                self.fill_window();
+            }
+            match self.window.pop_front()? {
+                Ok(block) => {
+                    let at = block.search(self.lo).unwrap_or_else(|i| i);
+                    self.current = Some((block, at));
+                }
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+            }
+        }
+    }
+}
+
+/// A run file's bytes in memory: for tools that have the bytes already
+/// (the fuzz target, tests that damage a copy).
+impl BlockSource for Vec<u8> {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let start = usize::try_from(offset).map_err(|_| io::ErrorKind::UnexpectedEof)?;
+        let bytes = start
+            .checked_add(buf.len())
+            .and_then(|end| self.get(start..end))
+            .ok_or(io::ErrorKind::UnexpectedEof)?;
+        buf.copy_from_slice(bytes);
+        Ok(())
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        Ok(Vec::len(self) as u64)
+    }
+}

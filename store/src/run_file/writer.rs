@@ -1,0 +1,259 @@
+//! [`RunWriter`]: streams entries, in strictly increasing key order, into
+//! a new run file.
+//!
+//! The file is written under `NAME.tmp` in pieces of [`IO_CHUNK_BYTES`],
+//! then `fdatasync`ed, renamed into place and its directory fsynced
+//! (docs/robustness.md's durability rules: nothing names a file before its
+//! bytes are durable, and a crash leaves at most a `.tmp` to remove). A
+//! sealed file's plaintext never reaches the file: each block is sealed
+//! in memory before it is queued.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::crypto::{Keyring, MAC_BYTES};
+use crate::storage::{OpenMode, Storage, StorageFile};
+
+use super::format::{
+    BlockIndex, Footer, Identity, IndexEntry, MAX_VALUE_BYTES, Mode, Piece, Pieces, finish_payload,
+    push_entry, start_payload,
+};
+use super::{Protection, RunFileError, TARGET_BLOCK_BYTES};
+
+/// Queued bytes are written once they reach this size.
+const IO_CHUNK_BYTES: usize = 1024 * 1024;
+
+/// What a finished run file is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunSummary {
+    pub file_bytes: u64,
+    pub entries: u64,
+    pub tombstones: u64,
+    pub blocks: u64,
+    /// The footer's MAC (authenticated and sealed files): what a manifest
+    /// lists to bind the file to the data dir.
+    pub mac: Option<[u8; MAC_BYTES]>,
+}
+
+/// Writes one run file; see the module doc.
+pub struct RunWriter<'a> {
+    storage: &'a dyn Storage,
+    tmp_path: PathBuf,
+    final_path: PathBuf,
+    file: Box<dyn StorageFile>,
+    mode: Mode,
+    keyring: Option<Arc<Keyring>>,
+    id: Identity,
+    target_block_bytes: usize,
+    /// The block being filled (plaintext, never written as is when sealed).
+    payload: Vec<u8>,
+    payload_entries: u32,
+    payload_first: u128,
+    /// Stored bytes queued for the file, and the file offset they start at.
+    pending: Vec<u8>,
+    written: u64,
+    index: Vec<IndexEntry>,
+    last_key: Option<u128>,
+    entries: u64,
+    tombstones: u64,
+}
+
+impl<'a> RunWriter<'a> {
+    /// Creates `path.tmp` (emptying a stale one a crash left). `file_id`
+    /// must be unique in the data dir and never reused: it is in every
+    /// block's associated data.
+    pub fn create(
+        storage: &'a dyn Storage,
+        path: &Path,
+        file_id: u64,
+        ns_id: u64,
+        protection: &Protection,
+    ) -> Result<RunWriter<'a>, RunFileError> {
+        let (mode, keyring, dir_id) = protection.parts();
+        let keyring = keyring.cloned();
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        let tmp_path = PathBuf::from(tmp);
+        let file = storage
+            .open(&tmp_path, OpenMode::CreateTruncate)
+            .map_err(|source| RunFileError::Io {
+                path: tmp_path.clone(),
+                offset: 0,
+                source,
+            })?;
+        let mut payload = Vec::with_capacity(TARGET_BLOCK_BYTES * 2);
+        start_payload(&mut payload);
+        Ok(RunWriter {
+            storage,
+            tmp_path,
+            final_path: path.to_path_buf(),
+            file,
+            mode,
+            keyring,
+            id: Identity {
+                file_id,
+                ns_id,
+                dir_id,
+            },
+            target_block_bytes: TARGET_BLOCK_BYTES,
+            payload,
+            payload_entries: 0,
+            payload_first: 0,
+            pending: Vec::with_capacity(IO_CHUNK_BYTES + TARGET_BLOCK_BYTES * 2),
+            written: 0,
+            index: Vec::new(),
+            last_key: None,
+            entries: 0,
+            tombstones: 0,
+        })
+    }
+
+    /// Another block size target (tests and benchmarks; at least 64 bytes).
+    pub fn with_target_block_bytes(mut self, bytes: usize) -> RunWriter<'a> {
+        self.target_block_bytes = bytes.max(64);
+        self
+    }
+
+    /// Appends a value (`Some`) or a tombstone (`None`). Keys must be
+    /// strictly increasing.
+    pub fn push(&mut self, key: u128, value: Option<&[u8]>) -> Result<(), RunFileError> {
+        if self.last_key.is_some_and(|last| last >= key) {
+            return Err(self.refused(format!("key {key:#x} is not above the previous key")));
+        }
+        if let Some(v) = value.filter(|v| v.len() > MAX_VALUE_BYTES) {
+            return Err(self.refused(format!(
+                "a value of {} bytes (at most {MAX_VALUE_BYTES})",
+                v.len()
+            )));
+        }
+        if self.payload_entries == 0 {
+            self.payload_first = key;
+        }
+        push_entry(&mut self.payload, key, value);
+        self.payload_entries += 1;
+        self.entries += 1;
+        self.tombstones += u64::from(value.is_none());
+        self.last_key = Some(key);
+        if self.payload.len() >= self.target_block_bytes {
+            self.flush_block()?;
+        }
+        Ok(())
+    }
+
+    /// Seals or checksums the block being filled and queues it.
+    fn flush_block(&mut self) -> Result<(), RunFileError> {
+        if self.payload_entries == 0 {
+            return Ok(());
+        }
+        finish_payload(&mut self.payload, self.payload_entries);
+        let offset = self.written + self.pending.len() as u64;
+        let mut next = Vec::with_capacity(self.target_block_bytes * 2);
+        start_payload(&mut next);
+        let payload = std::mem::replace(&mut self.payload, next);
+        let stored = self.store(Piece::Block, offset, payload)?;
+        let len = u32::try_from(stored.len())
+            .map_err(|_| self.refused(format!("a block of {} bytes", stored.len())))?;
+        self.index.push(IndexEntry {
+            first_key: self.payload_first,
+            offset,
+            len,
+        });
+        self.payload_entries = 0;
+        self.pending.extend_from_slice(&stored);
+        if self.pending.len() >= IO_CHUNK_BYTES {
+            self.write_pending()?;
+        }
+        Ok(())
+    }
+
+    fn store(&self, piece: Piece, offset: u64, payload: Vec<u8>) -> Result<Vec<u8>, RunFileError> {
+        let pieces = Pieces {
+            mode: self.mode,
+            keyring: self.keyring.as_deref(),
+            id: &self.id,
+        };
+        pieces
+            .store(piece, offset, payload)
+            .map_err(|reason| RunFileError::Key {
+                path: self.final_path.clone(),
+                reason,
+            })
+    }
+
+    fn write_pending(&mut self) -> Result<(), RunFileError> {
+        self.file
+            .write_all_at(&self.pending, self.written)
+            .map_err(|source| RunFileError::Io {
+                path: self.tmp_path.clone(),
+                offset: self.written,
+                source,
+            })?;
+        self.written += self.pending.len() as u64;
+        self.pending.clear();
+        Ok(())
+    }
+
+    fn refused(&self, reason: String) -> RunFileError {
+        RunFileError::Refused {
+            path: self.final_path.clone(),
+            reason,
+        }
+    }
+
+    /// Writes the index and footer, syncs, renames into place and syncs
+    /// the directory. A failure leaves only the `.tmp` file (removed by
+    /// whoever cleans up after a failed fold); a failed sync is never
+    /// retried.
+    pub fn finish(mut self) -> Result<RunSummary, RunFileError> {
+        self.flush_block()?;
+        let index_offset = self.written + self.pending.len() as u64;
+        let payload = BlockIndex::encode(&self.index, self.last_key.unwrap_or(0));
+        let index_stored = self.store(Piece::Index, index_offset, payload)?;
+        let mut footer = Footer {
+            mode: self.mode,
+            file_id: self.id.file_id,
+            ns_id: self.id.ns_id,
+            entry_count: self.entries,
+            tombstone_count: self.tombstones,
+            block_count: self.index.len() as u64,
+            index_offset,
+            index_len: index_stored.len() as u64,
+            mac: [0u8; MAC_BYTES],
+        };
+        let mac = match self.keyring.as_deref().filter(|_| self.mode != Mode::Plain) {
+            Some(k) => {
+                let fields = footer.encode_fields();
+                let mac = super::format::file_mac(k, &self.id.dir_id, &index_stored, &fields)
+                    .map_err(|reason| RunFileError::Key {
+                        path: self.final_path.clone(),
+                        reason,
+                    })?;
+                footer.mac = mac;
+                Some(mac)
+            }
+            None => None,
+        };
+        self.pending.extend_from_slice(&index_stored);
+        self.pending.extend_from_slice(&footer.encode());
+        self.write_pending()?;
+        let io = |path: &Path, source| RunFileError::Io {
+            path: path.to_path_buf(),
+            offset: 0,
+            source,
+        };
+        self.file.sync_data().map_err(|e| io(&self.tmp_path, e))?;
+        self.storage
+            .rename(&self.tmp_path, &self.final_path)
+            .map_err(|e| io(&self.final_path, e))?;
+        if let Some(dir) = self.final_path.parent() {
+            self.storage.sync_dir(dir).map_err(|e| io(dir, e))?;
+        }
+        Ok(RunSummary {
+            file_bytes: self.written,
+            entries: self.entries,
+            tombstones: self.tombstones,
+            blocks: self.index.len() as u64,
+            mac,
+        })
+    }
+}

@@ -1,0 +1,91 @@
+//! The data dir in `tests/fixtures/v1_data_dir`, written by the cubed and
+//! cubec of the release before run files (issue 32; how it was made:
+//! `tests/fixtures/README.md`), opens and holds every cell it was given:
+//! a plain namespace and an encrypted one, half of their cells in a
+//! checkpoint file and half (with deletes) in the write-ahead log. Whatever
+//! the store's files become, this data dir must keep opening, and the next
+//! fold must upgrade it.
+#![allow(clippy::unwrap_used)]
+
+use std::fs;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::Path;
+
+use cube_protocol::{Coord, NamespaceName};
+use cube_store::{Engine, EngineConfig};
+
+const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/v1_data_dir");
+const KEY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/v1_master.key");
+
+/// Copies the fixture (dirs 0700, files 0600, as cubed requires), so that
+/// opening it never changes the committed files.
+fn copy_private(from: &Path, to: &Path) {
+    fs::DirBuilder::new().mode(0o700).create(to).unwrap();
+    for entry in fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let dest = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_private(&entry.path(), &dest);
+        } else {
+            fs::copy(entry.path(), &dest).unwrap();
+            fs::set_permissions(&dest, fs::Permissions::from_mode(0o600)).unwrap();
+        }
+    }
+}
+
+/// What make_v1_data_dir.sh stored at (x, y, z) of `ns`: `None` where it
+/// deleted the cell again.
+fn expected(ns: &str, x: i32, y: i32, z: i32) -> Option<Vec<u8>> {
+    if y == 2 && x % 2 == 0 {
+        return None;
+    }
+    let one = format!("{ns} {x},{y},{z}");
+    Some(if x == 3 { one.repeat(8) } else { one }.into_bytes())
+}
+
+#[test]
+fn the_v1_fixture_opens_with_every_cell() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    copy_private(Path::new(FIXTURE), &data);
+    let key = tmp.path().join("master.key");
+    fs::copy(KEY, &key).unwrap();
+    fs::set_permissions(&key, fs::Permissions::from_mode(0o600)).unwrap();
+    let mut config = EngineConfig::new(&data);
+    config.key_file = Some(key);
+    let engine = Engine::open(config).unwrap();
+    assert!(
+        engine.recovery_report().records_replayed > 0,
+        "the fixture's log tail was replayed: {:?}",
+        engine.recovery_report()
+    );
+    assert!(
+        engine.checkpoint_load().entries > 0,
+        "the fixture's checkpoint files were loaded"
+    );
+    for name in ["default", "vault"] {
+        let ns = NamespaceName::new(name).unwrap();
+        let mut cells = 0;
+        for x in -4..=3 {
+            for y in 0..4 {
+                for z in -1..=0 {
+                    let got = engine
+                        .get(&ns, Coord::new(x, y, z))
+                        .unwrap_or_else(|| panic!("namespace {name} is missing"))
+                        .map(|v| v.to_vec());
+                    let want = expected(name, x, y, z);
+                    cells += u64::from(want.is_some());
+                    assert_eq!(got, want, "{name} {x},{y},{z}");
+                }
+            }
+        }
+        let usage = engine.memstore().namespace_usage(&ns).unwrap();
+        assert_eq!(usage.cells, cells, "{name}: no cell beyond those written");
+    }
+    let vault = NamespaceName::new("vault").unwrap();
+    assert!(
+        engine.memstore().sealed_id(&vault).is_some(),
+        "vault is encrypted"
+    );
+    engine.close_without_checkpoint();
+}
