@@ -28,7 +28,7 @@ use cube_store::{
 use crate::access::{Peer, authorize};
 use crate::client_memory::Account;
 use crate::server::Shared;
-use crate::write_reply::{MAX_PIPELINED_RUNS, MAX_PIPELINED_WRITES, PendingReply, deliver};
+use crate::write_reply::{Cork, MAX_PIPELINED_RUNS, MAX_PIPELINED_WRITES, PendingReply, deliver};
 
 /// Read buffer per connection; frames larger than this are read straight
 /// into the body buffer.
@@ -753,7 +753,7 @@ impl Connection {
         let stream = Arc::clone(&self.reply_stream);
         let slot = Arc::clone(&self.pending_reply);
         let shared = Arc::clone(&self.shared);
-        let answer = move |result: Result<Response, ServerError>| {
+        let answer = move |result: Result<Response, ServerError>, cork: Option<&mut Cork>| {
             let mut frame = Vec::with_capacity(64);
             let ok = result.is_ok();
             match result {
@@ -763,10 +763,10 @@ impl Connection {
             shared
                 .stats
                 .record(opcode, started.elapsed().as_micros() as u64, ok);
-            deliver(&stream, seq, frame, &slot);
+            deliver(&stream, seq, frame, &slot, cork);
         };
         match write {
-            Submitted::Cell(mutation) => session.submit(mutation, move |result| {
+            Submitted::Cell(mutation) => session.submit(mutation, move |result, mut context| {
                 answer(
                     result
                         .map(|ack| match opcode {
@@ -777,6 +777,7 @@ impl Connection {
                             _ => Response::Put { lsn: ack.lsn },
                         })
                         .map_err(|e| write_error(&e)),
+                    context.batch::<Cork>(),
                 );
             }),
             Submitted::Program(write) => {

@@ -48,7 +48,9 @@ pub fn check_program_syntax(source: &[u8]) -> Result<(), String> {
 
 /// Stores and runs cell programs through the same code as `prog` and
 /// `run`, on an engine of its own. Public only for the `program_run` fuzz
-/// target (`fuzz/`) and `tests/program_garbage.rs`.
+/// target (`fuzz/`) and `tests/program_garbage.rs`; behind the cargo
+/// feature `program-harness`.
+#[cfg(feature = "program-harness")]
 #[doc(hidden)]
 pub use programs::harness::{
     HARNESS_MAX_RUN_WALL, HarnessLimits, HarnessOutcome, HarnessRun, ProgramHarness,

@@ -172,7 +172,7 @@ fn open_engine(
             max_group_records: args.max_group_records.max(1),
             max_namespaces_per_owner: args.max_namespaces_per_uid as usize,
             unlimited_owners: vec![0, crate::access::daemon_uid()],
-            answer_hooks: Some(crate::write_reply::ANSWER_HOOKS),
+            answer_batch: Some(crate::write_reply::Cork::new_batch),
             commit_listener: Some(Arc::clone(watch) as Arc<dyn cube_store::CommitListener>),
             ..GroupCommitConfig::default()
         },

@@ -24,12 +24,12 @@
 //! is parked until its turn, so responses always go out in request order
 //! (`docs/protocol.md`, section 5) whatever order the writer answers in.
 //!
-//! Gathering: while the writer answers a durable group ([`ANSWER_HOOKS`]),
-//! answers whose turn has come join their connection's cork and go out in
-//! one `send` at the group's end, so pipelined writes that shared a group
-//! wake their client once.
+//! Gathering: while the writer answers a durable group, it hands each
+//! answer its [`Cork`] (the store's `AnswerBatch`); answers whose turn has
+//! come join their connection's cork and go out in one `send` at the
+//! group's end, so pipelined writes that shared a group wake their client
+//! once.
 
-use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::net::Shutdown;
@@ -37,7 +37,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 
-use cube_store::AnswerHooks;
+use cube_store::AnswerBatch;
 
 use crate::client_memory::Account;
 use socket2::SockRef;
@@ -64,8 +64,9 @@ struct Slot {
     /// `next_seq - next_to_send` answers are outstanding.
     next_to_send: u64,
     /// Answers whose turn had come while the writer was answering a group
-    /// ([`before_answers`]): their bytes, in order, sent together by
-    /// [`after_answers`]. They count as outstanding until then.
+    /// (with a [`Cork`]): their bytes, in order, sent together when the
+    /// group's answers are done ([`Cork::finish`]). They count as
+    /// outstanding until then.
     cork: Vec<u8>,
     /// How many answers `cork` holds (from `next_to_send` on).
     corked: u64,
@@ -224,59 +225,48 @@ impl PendingReply {
     }
 }
 
-thread_local! {
-    /// Set on the writer thread while it answers a durable group.
-    static CORKING: Cell<bool> = const { Cell::new(false) };
-    /// The connections with corked answers, to send in [`after_answers`].
-    static CORKED: RefCell<Vec<(Arc<UnixStream>, Arc<PendingReply>)>> =
-        const { RefCell::new(Vec::new()) };
+/// The writer's [`AnswerBatch`]: from the first answer of a durable
+/// group to its end, a connection's answers are gathered and then sent in
+/// one `send`: a client that pipelined several writes into one group is
+/// woken once for all their answers, and the writer makes one system call
+/// for them, not one each.
+#[derive(Default)]
+pub(crate) struct Cork {
+    /// The connections with corked answers, to send in [`Cork::finish`].
+    corked: Vec<(Arc<UnixStream>, Arc<PendingReply>)>,
 }
 
-/// The writer's hooks around a group's answers
-/// (`cube_store::GroupCommitConfig::answer_hooks`).
-pub(crate) const ANSWER_HOOKS: AnswerHooks = AnswerHooks {
-    before: before_answers,
-    after: after_answers,
-};
-
-/// From here to [`after_answers`], a connection's answers are gathered
-/// and then sent in one `send`: a client that pipelined several writes
-/// into one group is woken once for all their answers, and the writer
-/// makes one system call for them, not one each.
-fn before_answers() {
-    CORKING.set(true);
-}
-
-/// Sends every connection's gathered answers.
-fn after_answers() {
-    CORKING.set(false);
-    let corked = CORKED.take();
-    for (stream, pending) in &corked {
-        let mut slot = lock(&pending.slot);
-        let bytes = std::mem::take(&mut slot.cork);
-        let answers = std::mem::take(&mut slot.corked);
-        send_in_turn(stream, pending, slot, Some((bytes, answers)));
+impl Cork {
+    /// The writer's batch (`cube_store::GroupCommitConfig::answer_batch`).
+    pub(crate) fn new_batch() -> Box<dyn AnswerBatch> {
+        Box::new(Cork::default())
     }
-    // Keep the list's allocation for the next group.
-    CORKED.with(|list| {
-        let mut list = list.borrow_mut();
-        if list.is_empty() {
-            let mut corked = corked;
-            corked.clear();
-            *list = corked;
+}
+
+impl AnswerBatch for Cork {
+    /// Sends every connection's gathered answers; the list keeps its
+    /// allocation for the next group.
+    fn finish(&mut self) {
+        for (stream, pending) in self.corked.drain(..) {
+            let mut slot = lock(&pending.slot);
+            let bytes = std::mem::take(&mut slot.cork);
+            let answers = std::mem::take(&mut slot.corked);
+            send_in_turn(&stream, &pending, slot, Some((bytes, answers)));
         }
-    });
+    }
 }
 
 /// Sends answer `seq` (`frame`) on `stream` once every earlier answer of
 /// the connection is out: from the calling thread (the writer) what fits
 /// now without blocking, the rest from a helper thread. While the writer
-/// answers a group, the answer joins the connection's cork instead.
+/// answers a group (`cork`: the group's), the answer joins the
+/// connection's cork instead.
 pub(crate) fn deliver(
     stream: &Arc<UnixStream>,
     seq: ReplySeq,
     frame: Vec<u8>,
     pending: &Arc<PendingReply>,
+    cork: Option<&mut Cork>,
 ) {
     let mut slot = lock(&pending.slot);
     assert!(
@@ -287,12 +277,9 @@ pub(crate) fn deliver(
         slot.next_seq
     );
     let in_turn = seq.0 == slot.next_to_send + slot.corked && !slot.slow;
-    if in_turn && CORKING.get() {
+    if in_turn && let Some(cork) = cork {
         if slot.corked == 0 {
-            CORKED.with(|list| {
-                list.borrow_mut()
-                    .push((Arc::clone(stream), Arc::clone(pending)))
-            });
+            cork.corked.push((Arc::clone(stream), Arc::clone(pending)));
         }
         // A connection's only answer of the group (the common case) is
         // kept as it is, not copied.
@@ -455,7 +442,7 @@ mod tests {
         let pending = Arc::new(PendingReply::default());
         let seqs: Vec<ReplySeq> = (0..5).map(|_| pending.begin()).collect();
         for &i in &[3usize, 1, 4, 0, 2] {
-            deliver(&server, seqs[i], vec![b'a' + i as u8; 3], &pending);
+            deliver(&server, seqs[i], vec![b'a' + i as u8; 3], &pending, None);
         }
         pending.wait().unwrap();
         let mut got = [0u8; 15];
@@ -471,8 +458,8 @@ mod tests {
         let big = vec![b'x'; 8 << 20];
         let first = pending.begin();
         let second = pending.begin();
-        deliver(&server, first, big.clone(), &pending);
-        deliver(&server, second, b"end".to_vec(), &pending);
+        deliver(&server, first, big.clone(), &pending, None);
+        deliver(&server, second, b"end".to_vec(), &pending, None);
         let reader = thread::spawn(move || {
             let mut all = Vec::new();
             client.read_to_end(&mut all).unwrap();
@@ -497,10 +484,10 @@ mod tests {
         };
         thread::sleep(std::time::Duration::from_millis(20));
         assert!(!waiter.is_finished(), "a full pipeline must wait");
-        deliver(&server, seqs[0], b"a".to_vec(), &pending);
+        deliver(&server, seqs[0], b"a".to_vec(), &pending, None);
         waiter.join().unwrap().unwrap();
         for &seq in &seqs[1..] {
-            deliver(&server, seq, b"b".to_vec(), &pending);
+            deliver(&server, seq, b"b".to_vec(), &pending, None);
         }
         pending.wait().unwrap();
     }
@@ -511,23 +498,23 @@ mod tests {
         client.set_nonblocking(true).unwrap();
         let pending = Arc::new(PendingReply::default());
         let seqs: Vec<ReplySeq> = (0..4).map(|_| pending.begin()).collect();
-        before_answers();
-        deliver(&server, seqs[1], b"b".to_vec(), &pending);
-        deliver(&server, seqs[0], b"a".to_vec(), &pending);
-        deliver(&server, seqs[2], b"c".to_vec(), &pending);
+        let mut cork = Cork::default();
+        deliver(&server, seqs[1], b"b".to_vec(), &pending, Some(&mut cork));
+        deliver(&server, seqs[0], b"a".to_vec(), &pending, Some(&mut cork));
+        deliver(&server, seqs[2], b"c".to_vec(), &pending, Some(&mut cork));
         let mut got = [0u8; 8];
         let early = client.read(&mut got);
         assert!(
             matches!(&early, Err(e) if e.kind() == io::ErrorKind::WouldBlock),
             "an answer went out before its group's end: {early:?}"
         );
-        after_answers();
+        cork.finish();
         // The three are sent; the fourth (not in that group) is awaited.
         pending.wait_below(2).unwrap();
         assert_eq!(client.read(&mut got).unwrap(), 3);
         assert_eq!(&got[..3], b"abc");
         // Outside a group's answers, an answer goes at once.
-        deliver(&server, seqs[3], b"d".to_vec(), &pending);
+        deliver(&server, seqs[3], b"d".to_vec(), &pending, None);
         pending.wait().unwrap();
         assert_eq!(client.read(&mut got).unwrap(), 1);
         assert_eq!(got[0], b'd');
@@ -539,16 +526,16 @@ mod tests {
         let pending = Arc::new(PendingReply::default());
         let first = pending.begin();
         let second = pending.begin();
-        before_answers();
-        deliver(&server, first, b"1".to_vec(), &pending);
+        let mut cork = Cork::default();
+        deliver(&server, first, b"1".to_vec(), &pending, Some(&mut cork));
         // A refusal answered from another thread while the writer corks.
         {
             let (server, pending) = (Arc::clone(&server), Arc::clone(&pending));
-            thread::spawn(move || deliver(&server, second, b"2".to_vec(), &pending))
+            thread::spawn(move || deliver(&server, second, b"2".to_vec(), &pending, None))
                 .join()
                 .unwrap();
         }
-        after_answers();
+        cork.finish();
         pending.wait().unwrap();
         let mut got = [0u8; 2];
         client.read_exact(&mut got).unwrap();
@@ -582,11 +569,11 @@ mod tests {
                         rng ^= rng << 17;
                         group.swap(i, (rng % (i as u64 + 1)) as usize);
                     }
-                    before_answers();
+                    let mut cork = Cork::default();
                     for seq in group {
-                        deliver(&server, seq, frame(seq), &pending);
+                        deliver(&server, seq, frame(seq), &pending, Some(&mut cork));
                     }
-                    after_answers();
+                    cork.finish();
                 }
             })
         };
@@ -594,7 +581,7 @@ mod tests {
             let (server, pending) = (Arc::clone(&server), Arc::clone(&pending));
             thread::spawn(move || {
                 for seq in other_rx {
-                    deliver(&server, seq, frame(seq), &pending);
+                    deliver(&server, seq, frame(seq), &pending, None);
                 }
             })
         };
@@ -631,8 +618,8 @@ mod tests {
         let pending = Arc::new(PendingReply::default());
         let first = pending.begin();
         let second = pending.begin();
-        deliver(&server, second, b"b".to_vec(), &pending);
-        deliver(&server, first, b"a".to_vec(), &pending);
+        deliver(&server, second, b"b".to_vec(), &pending, None);
+        deliver(&server, first, b"a".to_vec(), &pending, None);
         assert!(pending.wait().is_err());
         assert!(pending.wait_below(MAX_PIPELINED_WRITES).is_err());
     }
@@ -649,7 +636,7 @@ mod tests {
             .unwrap();
         let pending = Arc::new(PendingReply::default());
         let seq = pending.begin();
-        deliver(&server, seq, vec![b'x'; 8 << 20], &pending);
+        deliver(&server, seq, vec![b'x'; 8 << 20], &pending, None);
         assert_eq!(pending.wait(), Err(io::ErrorKind::WouldBlock));
         // `server` is still open here, as the connection's is: only the
         // shutdown can end the client's read.

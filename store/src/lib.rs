@@ -30,6 +30,7 @@ mod error;
 mod group_commit;
 mod huge_pages;
 mod key_index;
+mod le;
 pub mod listing;
 mod memstore;
 mod mutation;
@@ -41,6 +42,7 @@ pub mod run_file;
 mod scan;
 #[cfg(test)]
 mod shadow_marks_stress;
+#[cfg(any(test, feature = "sim-disk"))]
 pub mod sim_disk;
 mod stats;
 pub mod storage;
@@ -58,8 +60,9 @@ pub use data_dir::{DataDir, sync_dir};
 pub use edges::{EdgeKey, PathError, PathOutcome, WalkLimits};
 pub use error::{StoreError, WriteError, WriteErrorKind};
 pub use group_commit::{
-    AnswerHooks, AnswerOnce, CommitListener, GroupCommit, GroupCommitConfig, MAX_NAMESPACES,
-    MAX_TXN_MUTATIONS, NamespaceGuard, Responder, SyncPolicy, TxnAck, WriteAck, WriteSession,
+    AnswerBatch, AnswerContext, AnswerOnce, CommitListener, GroupCommit, GroupCommitConfig,
+    MAX_NAMESPACES, MAX_TXN_MUTATIONS, NamespaceGuard, Responder, SyncPolicy, TxnAck, WriteAck,
+    WriteSession,
 };
 pub use memstore::{APPLY_SLICE_RECORDS, MemStore, NamespaceMemo, SCAN_SLICE_STEPS};
 pub use mutation::Mutation;

@@ -530,7 +530,7 @@ impl MemStore {
             let key = space.curve.key(coord);
             let not_in_run = match base.get(key) {
                 BaseRead::Current(value) => return Some(read_value(Some(value))),
-                BaseRead::NotInRun => true,
+                BaseRead::NotInBase => true,
                 BaseRead::AskTheMap => false,
             };
             let cells = read(&space.cells);

@@ -91,8 +91,8 @@ fn check(id: usize, finished: u32, begun: u32, got: Option<&[u8]>) {
     match got {
         Some(bytes) => {
             assert!(bytes.len() >= 8, "key {id}: a {}-byte value", bytes.len());
-            let owner = u32::from_le_bytes(bytes[..4].try_into().unwrap());
-            let version = u32::from_le_bytes(bytes[4..8].try_into().unwrap());
+            let owner = crate::le::read_u32(&bytes[..4]);
+            let version = crate::le::read_u32(&bytes[4..8]);
             assert_eq!(owner, id as u32, "key {id}: another key's value");
             assert_eq!(bytes, value(id, version), "key {id}: torn value");
             assert!(

@@ -1,6 +1,6 @@
 //! The one door to the disk. Every file operation of the WAL and the
 //! checkpoint code goes through [`Storage`], so tests can put a simulated
-//! disk behind it ([`crate::sim_disk::SimDisk`]) that loses what was not
+//! disk behind it (`sim_disk.rs`, cargo feature `sim-disk`) that loses what was not
 //! synced, tears writes into sectors, fails `write` and `fsync`, and plays
 //! the fsyncgate trick of "succeeding" on the retry of a failed sync.
 //!

@@ -202,7 +202,7 @@ pub fn verify_data_dir_with_key(
             ));
             continue;
         }
-        let mut counts = empty_recovery_report();
+        let mut counts = RecoveryReport::starting_at(0);
         match replay_segment(
             &bytes,
             *first_lsn,
@@ -311,21 +311,6 @@ fn count_cells(root: &Path, keyring: Option<Arc<Keyring>>) -> Result<u64, StoreE
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn empty_recovery_report() -> RecoveryReport {
-    RecoveryReport {
-        segments: 0,
-        records_replayed: 0,
-        next_lsn: 0,
-        wal_bytes: 0,
-        torn_tail: None,
-        torn_segment_removed: None,
-        repaired: None,
-        tail: None,
-        chain: None,
-        duration: std::time::Duration::ZERO,
-    }
 }
 
 /// The real disk for reads; every change is accepted and discarded.

@@ -556,7 +556,7 @@ fn a_detach_sees_links_queued_before_it() {
                     edge,
                     weight: EdgeWeight::DEFAULT,
                 },
-                |reply| {
+                |reply, _| {
                     reply.unwrap();
                 },
             );

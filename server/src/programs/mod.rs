@@ -15,6 +15,7 @@
 //! recovery is deterministic whatever the program read (clock, random).
 
 pub(crate) mod api;
+#[cfg(feature = "program-harness")]
 pub(crate) mod harness;
 pub(crate) mod sandbox;
 pub(crate) mod step;
@@ -36,6 +37,7 @@ use mlua::Value;
 use crate::config::Args;
 use crate::connection::{count, no_such_namespace, write_error};
 use crate::server::Shared;
+use crate::write_reply::Cork;
 use api::Run;
 use sandbox::{ProgramVm, RunBudget, Spent, readable, with_vm};
 
@@ -232,8 +234,9 @@ pub(crate) fn prepare(request: Request) -> Result<ProgramWrite, ServerError> {
 }
 
 /// Queues a prepared `prog` or `run` and returns at once; `reply` gets
-/// the response on the writer thread once it is durable (or refused), so
-/// it must be quick and never block (see `write_reply`). `started` is when
+/// the response on the writer thread once it is durable (or refused), with
+/// the writer's [`Cork`] while it answers a durable group, so it must be
+/// quick and never block (see `write_reply`). `started` is when
 /// the request arrived: the server-side latency recorded for `stats`
 /// counts the connection thread's part, the run's execution on the writer
 /// and the answer's making, never the wait in the queue or for the fsync.
@@ -242,14 +245,14 @@ pub(crate) fn submit(
     session: &WriteSession,
     write: ProgramWrite,
     started: Instant,
-    reply: impl FnOnce(Result<Response, ServerError>) + Send + 'static,
+    reply: impl FnOnce(Result<Response, ServerError>, Option<&mut Cork>) + Send + 'static,
 ) {
     let service = &shared.programs;
     let stats = Arc::clone(&service.stats);
     match write {
         ProgramWrite::Prog(mutation) => {
             let before = started.elapsed();
-            session.submit(mutation, move |result| {
+            session.submit(mutation, move |result, mut context| {
                 let answering = Instant::now();
                 let result = result
                     .map(|ack| Response::Prog {
@@ -260,7 +263,7 @@ pub(crate) fn submit(
                 if result.is_ok() {
                     stats.prog.record(before + answering.elapsed());
                 }
-                reply(result);
+                reply(result, context.batch::<Cork>());
             });
         }
         ProgramWrite::Run { ns, coord, args } => {
@@ -270,7 +273,7 @@ pub(crate) fn submit(
             let before = started.elapsed();
             session.transact_then(
                 move |view| run_in_writer(view, ns, coord, &args, &settings, &run_stats),
-                move |result| {
+                move |result, mut context| {
                     let answering = Instant::now();
                     let result = match result {
                         Ok((output, first_lsn)) => {
@@ -280,7 +283,7 @@ pub(crate) fn submit(
                         }
                         Err(e) => Err(write_error(&e)),
                     };
-                    reply(result);
+                    reply(result, context.batch::<Cork>());
                 },
             );
         }
@@ -288,11 +291,14 @@ pub(crate) fn submit(
             let settings = service.settings;
             session.transact_then(
                 move |view| step::step_in_writer(view, ns, region, &args, &settings, &stats),
-                move |result| {
-                    reply(match result {
-                        Ok((output, first_lsn)) => step_response(output, first_lsn, &region),
-                        Err(e) => Err(write_error(&e)),
-                    });
+                move |result, mut context| {
+                    reply(
+                        match result {
+                            Ok((output, first_lsn)) => step_response(output, first_lsn, &region),
+                            Err(e) => Err(write_error(&e)),
+                        },
+                        context.batch::<Cork>(),
+                    );
                 },
             );
         }

@@ -19,11 +19,12 @@
 pub(crate) mod backup;
 pub(crate) mod checkpointer;
 pub(crate) mod file;
+mod fold;
 pub(crate) mod manifest;
 pub(crate) mod state_key;
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BinaryHeap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,19 +39,17 @@ use crate::mutation::Mutation;
 use crate::namespace::{NamespaceCatalog, check_namespace_key};
 use crate::storage::Storage;
 use crate::wal::chain::ChainState;
-use crate::wal::recovery::{ChainAnchor, ClosedRecord};
+use crate::wal::recovery::ChainAnchor;
 use crate::wal::sealing_rule::{check_meta_change, must_seal};
-use crate::wal::{SealingRule, list_segments, read_closed_segment};
+use crate::wal::{list_segments, read_closed_segment};
 use cube_protocol::NamespaceName;
 use file::{
     BlockSealer, CheckpointReader, CheckpointWriter, FileAuth, FileHeader, FileKind, ReadAuth,
     file_mac,
 };
+use fold::Fold;
 use manifest::{MAX_DELTAS, Manifest, ManifestAuth, base_file_name, delta_file_name};
-use state_key::{
-    StateUpdate, TAG_NAMESPACE, cell_key_parts, entry_ns_id, entry_to_mutation, namespace_key,
-    state_updates,
-};
+use state_key::{TAG_NAMESPACE, cell_key_parts, entry_ns_id, entry_to_mutation, namespace_key};
 
 #[derive(Clone, Debug)]
 pub struct CheckpointConfig {
@@ -554,172 +553,85 @@ impl CheckpointStore {
             return Ok(None);
         }
         let from_lsn = self.manifest.checkpoint_lsn + 1;
-        let mut expected = from_lsn;
-        let mut out_of_order: Option<(PathBuf, u64, u64)> = None;
-        let mut folded: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
-        let mut updates: Vec<StateUpdate> = Vec::new();
-        let mut records = 0u64;
-        // The namespaces as the records go by, and the ids of every
-        // encrypted namespace the fold meets, so all their entries are
-        // sealed: those encrypted at its start (one dropped during the fold
-        // is gone from the catalog at its end, but its earlier writes are
-        // in this delta) and those created in it (even if dropped again).
-        let mut catalog = self.catalog.clone();
-        let mut encrypted_ids: Vec<u64> = self
-            .catalog
-            .iter()
-            .filter(|(_, meta)| must_seal(meta))
-            .map(|(_, meta)| meta.id)
-            .collect();
-        let mut unknown: Option<(PathBuf, u64, NamespaceName)> = None;
-        let mut sealing = SealingRule::new(
-            self.catalog
-                .iter()
-                .map(|(ns, meta)| (ns.clone(), meta.clone())),
-        );
-        let mut wrongly_sealed: Option<(PathBuf, u64, String)> = None;
-        // The log's chain value after the last group folded, if chained.
-        let mut chain: Option<[u8; MAC_BYTES]> = None;
+        let mut fold = Fold::new(from_lsn, &self.catalog);
         let keyring = self.keyring.clone();
         for (_, path) in &closed {
             read_closed_segment(
                 self.storage.as_ref(),
                 path,
                 keyring.as_deref(),
-                |lsn, record| {
-                    let (mutation, sealed) = match record {
-                        ClosedRecord::Mutation(mutation, sealed) => (mutation, sealed),
-                        ClosedRecord::Chain(mac) => {
-                            // Takes an LSN like any record; folds to nothing.
-                            if lsn == expected && out_of_order.is_none() {
-                                expected += 1;
-                                chain = Some(mac);
-                            }
-                            return;
-                        }
-                    };
-                    if lsn < expected
-                        || out_of_order.is_some()
-                        || unknown.is_some()
-                        || wrongly_sealed.is_some()
-                    {
-                        return;
-                    }
-                    if lsn != expected {
-                        out_of_order = Some((path.clone(), expected, lsn));
-                        return;
-                    }
-                    if let Err(reason) = sealing.check(&mutation, sealed) {
-                        wrongly_sealed = Some((path.clone(), lsn, reason));
-                        return;
-                    }
-                    expected += 1;
-                    records += 1;
-                    let ns_id = match &mutation {
-                        Mutation::NamespaceCreate { meta, .. }
-                        | Mutation::NamespaceAlter { meta, .. } => {
-                            if must_seal(meta) {
-                                encrypted_ids.push(meta.id);
-                            }
-                            meta.id
-                        }
-                        Mutation::NamespaceDrop { .. } => 0,
-                        other => match catalog.get(other.namespace()) {
-                            Some(meta) => meta.id,
-                            None => {
-                                unknown = Some((path.clone(), lsn, other.namespace().clone()));
-                                return;
-                            }
-                        },
-                    };
-                    catalog.apply(&mutation);
-                    state_updates(&mutation, ns_id, &mut updates);
-                    for (key, value) in updates.drain(..) {
-                        folded.insert(key, value);
-                    }
-                },
+                |lsn, record| fold.record(path, lsn, record),
             )?;
         }
-        if let Some((path, lsn, reason)) = wrongly_sealed {
-            return Err(StoreError::Corruption {
-                path,
-                offset: 0,
-                reason: format!("record at LSN {lsn}: {reason}"),
-            });
-        }
-        if let Some((path, lsn, ns)) = unknown {
-            return Err(StoreError::Corruption {
-                path,
-                offset: 0,
-                reason: format!(
-                    "record at LSN {lsn} writes to namespace {:?}, which does not exist at that point",
-                    ns.as_str()
-                ),
-            });
-        }
-        if let Some((path, want, got)) = out_of_order {
-            return Err(StoreError::Corruption {
-                path,
-                offset: 0,
-                reason: format!(
-                    "checkpoint fold expected LSN {want}, found {got}: the log has a gap"
-                ),
-            });
-        }
-        let lsn_to = expected - 1;
+        fold.refuse_damage()?;
         let mut report = CheckpointReport {
             segments_folded: closed.len(),
-            records_folded: records,
-            checkpoint_lsn: lsn_to,
+            records_folded: fold.records,
+            checkpoint_lsn: fold.last_lsn(),
             ..CheckpointReport::default()
         };
-        if records > 0 {
-            let id = self.manifest.next_file_id;
-            let path = self.dir.join(delta_file_name(id));
-            let header = FileHeader {
-                kind: FileKind::Delta,
-                file_id: id,
-                lsn_from: from_lsn,
-                lsn_to,
-                authenticated: false,
-            };
-            let sealer = Self::sealer(keyring.as_deref(), &catalog, encrypted_ids);
-            let dir_id = self.writing_dir_id()?;
-            let auth = keyring
-                .as_deref()
-                .zip(dir_id)
-                .map(|(keyring, dir_id)| FileAuth { keyring, dir_id });
-            let mut writer = CheckpointWriter::create(
-                self.storage.as_ref(),
-                &path,
-                header,
-                sealer.as_ref(),
-                auth,
-            )?;
-            for (key, value) in &folded {
-                writer.add(key, value.as_deref())?;
-            }
-            report.entries_written = folded.len() as u64;
-            if self.config.crash_at == Some(CrashPoint::DeltaTempWritten) {
-                // The temp file stays behind, as after a real crash.
-                drop(writer);
-                return Err(StoreError::SimulatedCrash("DeltaTempWritten".into()));
-            }
-            let (bytes, mac) = writer.finish()?;
-            report.delta_bytes = bytes;
-            self.crash_check(CrashPoint::DeltaRenamed)?;
-            let mut next = self.manifest.clone();
-            next.checkpoint_lsn = lsn_to;
-            next.next_file_id = id + 1;
-            next.delta_file_ids.push(id);
-            let mut next = self.authenticate(next, mac.map(|mac| (id, mac)))?;
-            if let (Some(auth), Some(chain)) = (next.auth.as_mut(), chain) {
-                auth.chain = chain;
-            }
-            self.switch_manifest(next)?;
-            self.catalog = catalog;
-            self.crash_check(CrashPoint::DeltaManifestSwitched)?;
+        if fold.records > 0 {
+            self.write_delta(fold, from_lsn, keyring.as_deref(), &mut report)?;
         }
+        self.remove_folded(&closed)?;
+        report.compaction = self.compact_if_needed()?;
+        report.duration = started.elapsed();
+        Ok(Some(report))
+    }
+
+    /// Writes what `fold` gathered (records `from_lsn` on) as the next
+    /// delta file and switches the manifest to it.
+    fn write_delta(
+        &mut self,
+        fold: Fold,
+        from_lsn: u64,
+        keyring: Option<&Keyring>,
+        report: &mut CheckpointReport,
+    ) -> Result<(), StoreError> {
+        let lsn_to = fold.last_lsn();
+        let id = self.manifest.next_file_id;
+        let path = self.dir.join(delta_file_name(id));
+        let header = FileHeader {
+            kind: FileKind::Delta,
+            file_id: id,
+            lsn_from: from_lsn,
+            lsn_to,
+            authenticated: false,
+        };
+        let sealer = Self::sealer(keyring, &fold.catalog, fold.encrypted_ids);
+        let dir_id = self.writing_dir_id()?;
+        let auth = keyring
+            .zip(dir_id)
+            .map(|(keyring, dir_id)| FileAuth { keyring, dir_id });
+        let mut writer =
+            CheckpointWriter::create(self.storage.as_ref(), &path, header, sealer.as_ref(), auth)?;
+        for (key, value) in &fold.folded {
+            writer.add(key, value.as_deref())?;
+        }
+        report.entries_written = fold.folded.len() as u64;
+        if self.config.crash_at == Some(CrashPoint::DeltaTempWritten) {
+            // The temp file stays behind, as after a real crash.
+            drop(writer);
+            return Err(StoreError::SimulatedCrash("DeltaTempWritten".into()));
+        }
+        let (bytes, mac) = writer.finish()?;
+        report.delta_bytes = bytes;
+        self.crash_check(CrashPoint::DeltaRenamed)?;
+        let mut next = self.manifest.clone();
+        next.checkpoint_lsn = lsn_to;
+        next.next_file_id = id + 1;
+        next.delta_file_ids.push(id);
+        let mut next = self.authenticate(next, mac.map(|mac| (id, mac)))?;
+        if let (Some(auth), Some(chain)) = (next.auth.as_mut(), fold.chain) {
+            auth.chain = chain;
+        }
+        self.switch_manifest(next)?;
+        self.catalog = fold.catalog;
+        self.crash_check(CrashPoint::DeltaManifestSwitched)
+    }
+
+    /// Removes the folded segments (the manifest no longer needs them).
+    fn remove_folded(&self, closed: &[(u64, PathBuf)]) -> Result<(), StoreError> {
         for (i, (_, path)) in closed.iter().enumerate() {
             if i == 1 {
                 self.crash_check(CrashPoint::SegmentsPartlyRemoved)?;
@@ -728,10 +640,7 @@ impl CheckpointStore {
                 .remove_file(path)
                 .map_err(|e| StoreError::io(path, e))?;
         }
-        sync_dir(self.storage.as_ref(), &self.wal_dir)?;
-        report.compaction = self.compact_if_needed()?;
-        report.duration = started.elapsed();
-        Ok(Some(report))
+        sync_dir(self.storage.as_ref(), &self.wal_dir)
     }
 
     /// Compacts when the deltas have grown past their allowance.

@@ -19,9 +19,16 @@
 //! stays in L1), after one lookup for the top two levels; the octree walks
 //! in `region.rs` use the one-level tables. The batch functions walk many
 //! keys side by side over the same tables, as scalar lanes or, where the
-//! CPU has AVX-512, as vector lanes whose table steps are gathers; with
+//! CPU has AVX-512, as vector lanes whose table lookups are gathers; with
 //! VBMI and GFNI too, encoding walks 64 coordinates a level at a time with
-//! the one-level table in registers instead.
+//! the one-level table in registers instead (`hilbert/avx512.rs`, the
+//! only place here with `unsafe`).
+//!
+//! Two words of this file: a **stride** is three levels of the curve, one
+//! lookup in the three-level table; a **lane** is one of the walks a batch
+//! runs side by side, in the SIMD sense (a vector lane in the AVX-512
+//! paths, its scalar imitation otherwise), nothing to do with a program
+//! `step` or its threads.
 
 use cube_protocol::Coord;
 
@@ -344,18 +351,18 @@ const fn build_top(one: &[u16; STATES * 8]) -> [u16; 64] {
 static ENCODE_TOP: [u16; 64] = build_top(&ENCODE_1_TABLE);
 static DECODE_TOP: [u16; 64] = build_top(&DECODE_1_TABLE);
 
-/// Runs `steps` (at most 10) three-level steps of the machine from `state`
-/// over the low `9 * steps` bits of `input` (a 96-bit string of octal
+/// Runs `strides` (at most 10) three-level strides of the machine from `state`
+/// over the low `9 * strides` bits of `input` (a 96-bit string of octal
 /// digits), top first, and returns their output in the same bits. The
 /// loads form one dependent chain, so this is where the time goes; the
-/// rest is kept to constant shifts on `u64` halves (steps 9..=6 are bits
-/// 54..=89, steps 5..=0 bits 0..=53), each half left-aligned so that the
+/// rest is kept to constant shifts on `u64` halves (strides 9..=6 are bits
+/// 54..=89, strides 5..=0 bits 0..=53), each half left-aligned so that the
 /// next chunk is always its top nine bits.
 #[inline(always)]
-fn run_steps(state: usize, steps: u32, input: u128, three: &[u16; THREE_ROWS * 512]) -> u128 {
-    debug_assert!(steps <= 10);
-    let hi_steps = steps.saturating_sub(6);
-    let lo_steps = steps - hi_steps;
+fn run_strides(state: usize, strides: u32, input: u128, three: &[u16; THREE_ROWS * 512]) -> u128 {
+    debug_assert!(strides <= 10);
+    let hi_strides = strides.saturating_sub(6);
+    let lo_strides = strides - hi_strides;
     let mut base = state << 9;
     let mut half = |mut bits: u64, count: u32| -> u64 {
         let mut out = 0u64;
@@ -368,10 +375,13 @@ fn run_steps(state: usize, steps: u32, input: u128, three: &[u16; THREE_ROWS * 5
         out
     };
     let hi = half(
-        ((input >> 54) as u64).unbounded_shl(64 - 9 * hi_steps),
-        hi_steps,
+        ((input >> 54) as u64).unbounded_shl(64 - 9 * hi_strides),
+        hi_strides,
     );
-    let lo = half((input as u64).unbounded_shl(64 - 9 * lo_steps), lo_steps);
+    let lo = half(
+        (input as u64).unbounded_shl(64 - 9 * lo_strides),
+        lo_strides,
+    );
     (u128::from(hi) << 54) | u128::from(lo)
 }
 
@@ -391,7 +401,7 @@ pub(crate) fn child(state: u8, digit: u8) -> (u8, u8) {
 /// each `s` and each `j` in 0..=10, this holds the walk through the top
 /// `32 - 3j` levels: the state it ends in, the key digits it produced and
 /// the Morton bits it consumed (both in place). The remaining `3j` levels
-/// take `j` table steps instead of 12: 5 dependent loads instead of 12 for
+/// take `j` table strides instead of 12: 5 dependent loads instead of 12 for
 /// coordinates within +-2^11.
 struct Shortcut {
     state: [[u8; 11]; 8],
@@ -455,18 +465,18 @@ fn magnitude_bits(c: Coord) -> u32 {
 #[inline]
 pub fn hilbert_key(c: Coord) -> u128 {
     let morton = morton_key(c);
-    // Levels left after the sign level and the sign extension, in steps
+    // Levels left after the sign level and the sign extension, in strides
     // of three (rounded up).
     let j = (31 - sign_extension_levels(c)).div_ceil(3);
     if j >= 10 {
-        // Two copies of the steps: this one, with a constant count, is
+        // Two copies of the strides: this one, with a constant count, is
         // unrolled.
         let entry = usize::from(ENCODE_TOP[(morton >> 90) as usize & 63]);
-        return (((entry & 63) as u128) << 90) | run_steps(entry >> 6, 10, morton, &ENCODE_3);
+        return (((entry & 63) as u128) << 90) | run_strides(entry >> 6, 10, morton, &ENCODE_3);
     }
     let sign = (morton >> 93) as usize & 7;
     let state = usize::from(SHORTCUT.state[sign][j as usize]);
-    SHORTCUT.key_top[sign][j as usize] | run_steps(state, j, morton, &ENCODE_3)
+    SHORTCUT.key_top[sign][j as usize] | run_strides(state, j, morton, &ENCODE_3)
 }
 
 /// The coordinate of a key made by [`hilbert_key`]. Bits above 96 are
@@ -482,17 +492,17 @@ pub fn hilbert_decode(key: u128) -> Coord {
     let morton = if j >= 10 {
         // As in `hilbert_key`: a constant count, unrolled.
         let entry = usize::from(DECODE_TOP[(key >> 90) as usize & 63]);
-        (((entry & 63) as u128) << 90) | run_steps(entry >> 6, 10, key, &DECODE_3)
+        (((entry & 63) as u128) << 90) | run_strides(entry >> 6, 10, key, &DECODE_3)
     } else {
         let state = usize::from(SHORTCUT.state[sign][j as usize]);
-        SHORTCUT.morton_top[sign][j as usize] | run_steps(state, j, key, &DECODE_3)
+        SHORTCUT.morton_top[sign][j as usize] | run_strides(state, j, key, &DECODE_3)
     };
     morton_decode(morton)
 }
 
 /// How many coordinates (or keys) the batch functions walk side by side.
 /// One walk is a single chain of dependent loads (~7 cycles per step, 11
-/// steps), which leaves the CPU mostly idle; interleaving independent walks
+/// strides), which leaves the CPU mostly idle; interleaving independent walks
 /// in one loop lets their loads overlap. Fewer (4) or more (12, 16) lanes
 /// measured no faster; 8 fit x86-64's 16 registers at one word per lane.
 const BATCH_LANES: usize = 8;
@@ -501,17 +511,17 @@ const BATCH_LANES: usize = 8;
 const _: () = assert!(STATES <= 32, "batch lanes hold the state in five bits");
 
 /// The three-level tables re-encoded for the batch walk
-/// ([`run_steps_lanes`]), same index `state << 9 | three input digits`.
+/// ([`run_strides_lanes`]), same index `state << 9 | three input digits`.
 /// There a lane's whole walk is one `u64` word: the input digits still to
 /// walk at the top, the output digits so far below them and the state in
-/// the low five bits. A step rotates the word left by nine, which brings
+/// the low five bits. A stride rotates the word left by nine, which brings
 /// the next chunk to bits 0..=8 with the state above it: the word's low 14
 /// bits are then the table index, and the entry is XORed into them to
 /// replace the state with the next one (bits 0..=4) and the index's upper
 /// nine bits with the output digits (bits 5..=13). That is one rotate, one
-/// AND, one load and one XOR per step, with one live register per lane;
+/// AND, one load and one XOR per stride, with one live register per lane;
 /// the obvious form (separate state and bits, with masks and shifts, as in
-/// [`run_steps`]) measured about half the speed in isolation.
+/// [`run_strides`]) measured about half the speed in isolation.
 const fn build_word(three: &[u16; THREE_ROWS * 512]) -> [u16; THREE_ROWS * 512] {
     let mut table = [0u16; THREE_ROWS * 512];
     let mut index = 0;
@@ -546,54 +556,54 @@ static DECODE_WORD: WordTable = WordTable {
     tail: [0; 4],
 };
 
-/// [`run_steps`] for [`BATCH_LANES`] walks at once, all over the same
-/// number of steps, with the same bit layout, ORed into `out`. The lanes'
-/// steps are interleaved level by level, so that each level issues
+/// [`run_strides`] for [`BATCH_LANES`] walks at once, all over the same
+/// number of strides, with the same bit layout, ORed into `out`. The lanes'
+/// strides are interleaved level by level, so that each level issues
 /// independent loads (see [`build_word`] for the one-word lane). A word
-/// holds at most six steps of input besides the state, so the walk is
-/// split like [`run_steps`]: steps 9..=6 (bits 54..=89), then 5..=0.
+/// holds at most six strides of input besides the state, so the walk is
+/// split like [`run_strides`]: strides 9..=6 (bits 54..=89), then 5..=0.
 #[inline(always)]
-fn run_steps_lanes(
+fn run_strides_lanes(
     state: &[usize; BATCH_LANES],
-    steps: u32,
+    strides: u32,
     input: &[u128; BATCH_LANES],
     table: &[u16; THREE_ROWS * 512],
     out: &mut [u128; BATCH_LANES],
 ) {
-    debug_assert!(steps <= 10);
+    debug_assert!(strides <= 10);
     let mut word = [0u64; BATCH_LANES];
     for lane in 0..BATCH_LANES {
         word[lane] = (state[lane] & 31) as u64;
     }
-    // Near the origin (six steps or fewer) there is no upper part to walk.
-    if steps > 6 {
-        let hi_steps = steps - 6;
+    // Near the origin (six strides or fewer) there is no upper part to walk.
+    if strides > 6 {
+        let hi_strides = strides - 6;
         for lane in 0..BATCH_LANES {
-            word[lane] |= ((input[lane] >> 54) as u64) << (64 - 9 * hi_steps);
+            word[lane] |= ((input[lane] >> 54) as u64) << (64 - 9 * hi_strides);
         }
-        walk_lanes(&mut word, hi_steps, table);
+        walk_lanes(&mut word, hi_strides, table);
     }
-    let lo_steps = steps.min(6);
+    let lo_strides = strides.min(6);
     for lane in 0..BATCH_LANES {
-        if steps > 6 {
+        if strides > 6 {
             out[lane] |= u128::from(word[lane] >> 5) << 54;
         }
-        // Two shifts, as the count can be 64 (no steps).
-        let digits = ((input[lane] as u64) << 1) << (63 - 9 * lo_steps);
+        // Two shifts, as the count can be 64 (no strides).
+        let digits = ((input[lane] as u64) << 1) << (63 - 9 * lo_strides);
         word[lane] = digits | (word[lane] & 31);
     }
-    walk_lanes(&mut word, lo_steps, table);
+    walk_lanes(&mut word, lo_strides, table);
     for lane in 0..BATCH_LANES {
         out[lane] |= u128::from(word[lane] >> 5);
     }
 }
 
-/// [`run_steps_lanes`] for all ten steps (after [`ENCODE_TOP`] or
+/// [`run_strides_lanes`] for all ten strides (after [`ENCODE_TOP`] or
 /// [`DECODE_TOP`]), the usual case away from the origin: the words laid
 /// out by constant shifts, not the general case's variable ones (measured
 /// ~10 % faster).
 #[inline(always)]
-fn run_ten_steps_lanes(
+fn run_ten_strides_lanes(
     state: &[usize; BATCH_LANES],
     input: &[u128; BATCH_LANES],
     table: &[u16; THREE_ROWS * 512],
@@ -614,7 +624,7 @@ fn run_ten_steps_lanes(
     }
 }
 
-/// `count` steps of each lane's word (see [`build_word`]).
+/// `count` strides of each lane's word (see [`build_word`]).
 #[inline(always)]
 fn walk_lanes(word: &mut [u64; BATCH_LANES], count: u32, table: &[u16; THREE_ROWS * 512]) {
     for _ in 0..count {
@@ -627,7 +637,7 @@ fn walk_lanes(word: &mut [u64; BATCH_LANES], count: u32, table: &[u16; THREE_ROW
 
 /// [`hilbert_key`] of [`BATCH_LANES`] coordinates, whose Morton keys
 /// `out` holds on entry (see [`hilbert_keys`]). The lanes share one
-/// step count, the largest any of them needs: a lane that needs fewer
+/// stride count, the largest any of them needs: a lane that needs fewer
 /// starts from the short cut for more sign-extension levels than it has,
 /// which is the same walk (its levels there are sign extension too).
 #[inline(always)]
@@ -645,19 +655,19 @@ fn hilbert_key_lanes(coords: &[Coord; BATCH_LANES], out: &mut [u128; BATCH_LANES
             out[lane] = ((entry & 63) as u128) << 90;
             state[lane] = entry >> 6;
         }
-        run_ten_steps_lanes(&state, &morton, &ENCODE_WORD.entries, out);
+        run_ten_strides_lanes(&state, &morton, &ENCODE_WORD.entries, out);
     } else {
         for lane in 0..BATCH_LANES {
             let sign = (morton[lane] >> 93) as usize & 7;
             out[lane] = SHORTCUT.key_top[sign][j as usize];
             state[lane] = usize::from(SHORTCUT.state[sign][j as usize]);
         }
-        run_steps_lanes(&state, j, &morton, &ENCODE_WORD.entries, out);
+        run_strides_lanes(&state, j, &morton, &ENCODE_WORD.entries, out);
     }
 }
 
 /// The Morton keys of [`hilbert_decode`] of [`BATCH_LANES`] keys (see
-/// [`hilbert_decode_many`]), sharing one step count as
+/// [`hilbert_decode_many`]), sharing one stride count as
 /// in [`hilbert_key_lanes`]: a key whose top digits match the short cut's
 /// walk for more levels than the shared count needs starts from the short
 /// cut for that count, whose digits it also matches.
@@ -681,577 +691,19 @@ fn hilbert_decode_lanes(keys: &[u128; BATCH_LANES], morton: &mut [u128; BATCH_LA
             morton[lane] = ((entry & 63) as u128) << 90;
             state[lane] = entry >> 6;
         }
-        run_ten_steps_lanes(&state, &key, &DECODE_WORD.entries, morton);
+        run_ten_strides_lanes(&state, &key, &DECODE_WORD.entries, morton);
     } else {
         for lane in 0..BATCH_LANES {
             morton[lane] = SHORTCUT.morton_top[sign[lane]][j as usize];
             state[lane] = usize::from(SHORTCUT.state[sign[lane]][j as usize]);
         }
-        run_steps_lanes(&state, j, &key, &DECODE_WORD.entries, morton);
+        run_strides_lanes(&state, j, &key, &DECODE_WORD.entries, morton);
     }
 }
 
-/// The batch walks with AVX-512, where the CPU has it: eight lanes to a
-/// vector, each lane the same one-word walk as [`walk_lanes`] over the
-/// same tables, with the table step a gather, so a step is four
-/// instructions for eight lanes where the scalar lanes take five for one.
-/// On a Zen 4 this measured ~7.5 ns per full-range coordinate against
-/// ~10 ns for the scalar lanes, and ~4.5 ns against ~6.5 ns near the
-/// origin (`benches/curves.rs`, `hilbert-batch`). Encoding prefers
-/// [`bytes`] where the CPU has it (~3 ns for both); decoding has only
-/// the gathers.
+/// The batch walks with AVX-512, where the CPU has it (`hilbert/avx512.rs`).
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
-    use std::arch::x86_64::{
-        __m512i, _mm512_and_si512, _mm512_i64gather_epi64, _mm512_loadu_si512, _mm512_or_si512,
-        _mm512_permutex2var_epi16, _mm512_permutex2var_epi64, _mm512_permutexvar_epi64,
-        _mm512_rol_epi64, _mm512_set_epi64, _mm512_set1_epi64, _mm512_setzero_si512,
-        _mm512_slli_epi64, _mm512_sllv_epi64, _mm512_srli_epi64, _mm512_storeu_si512,
-        _mm512_ternarylogic_epi64,
-    };
-
-    use cube_protocol::Coord;
-
-    use crate::curve::cpu::{has_avx512, has_avx512_gfni};
-
-    use super::{
-        BATCH_LANES, DECODE_1, DECODE_1_TABLE, DECODE_TOP, DECODE_WORD, ENCODE_TOP, ENCODE_WORD,
-        SHORTCUT, START_STATE, WordTable, magnitude_bits, morton_keys,
-    };
-
-    /// Vectors walked side by side, so that their gathers' latencies
-    /// overlap: 2 measured ~20 % slower, 8 no faster.
-    const VECTORS: usize = 4;
-
-    /// Keys (or Morton keys) per block.
-    pub(super) const LANES: usize = 8 * VECTORS;
-
-    const _: () = assert!(LANES.is_multiple_of(BATCH_LANES), "blocks are whole groups");
-
-    type Lanes = [__m512i; VECTORS];
-
-    /// [`SHORTCUT`] laid out for `vpermq`: for each step count `j`, one
-    /// vector per field, indexed by the input's top digit (for encoding
-    /// the signs; for decoding the key digit they give).
-    struct Short {
-        state: [[u64; 8]; 11],
-        lo: [[u64; 8]; 11],
-        hi: [[u64; 8]; 11],
-    }
-
-    const fn build_short(decode: bool) -> Short {
-        let mut short = Short {
-            state: [[0; 8]; 11],
-            lo: [[0; 8]; 11],
-            hi: [[0; 8]; 11],
-        };
-        let mut j = 0;
-        while j < 11 {
-            let mut top = 0;
-            while top < 8 {
-                let (sign, out) = if decode {
-                    let sign = (DECODE_1_TABLE[(START_STATE << 3) | top] & 7) as usize;
-                    (sign, SHORTCUT.morton_top[sign][j])
-                } else {
-                    (top, SHORTCUT.key_top[top][j])
-                };
-                short.state[j][top] = SHORTCUT.state[sign][j] as u64;
-                short.lo[j][top] = out as u64;
-                short.hi[j][top] = (out >> 64) as u64;
-                top += 1;
-            }
-            j += 1;
-        }
-        short
-    }
-
-    static ENCODE_SHORT: Short = build_short(false);
-    static DECODE_SHORT: Short = build_short(true);
-
-    /// `count` steps of each lane (see [`super::build_word`]).
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    fn walk(word: &mut Lanes, count: u32, table: &WordTable) {
-        let index_mask = _mm512_set1_epi64(0x3fff);
-        let entry_mask = _mm512_set1_epi64(0xffff);
-        // From the whole table (`entries` is at offset 0), so that the
-        // reads into `tail` stay within the pointer's provenance.
-        let base: *const i64 = std::ptr::from_ref(table).cast();
-        for _ in 0..count {
-            for w in word.iter_mut() {
-                let turned = _mm512_rol_epi64::<9>(*w);
-                let index = _mm512_and_si512(turned, index_mask);
-                // SAFETY: the indices are below 2^14 and each read is
-                // eight bytes at `2 * index`, which `tail` keeps inside
-                // the table.
-                #[allow(unsafe_code)]
-                let entry = unsafe { _mm512_i64gather_epi64::<2>(index, base) };
-                // turned ^ (entry & 0xffff): the gather read three
-                // neighbouring entries too.
-                *w = _mm512_ternarylogic_epi64::<0x78>(turned, entry, entry_mask);
-            }
-        }
-    }
-
-    /// Loads one field of a [`Short`] (eight `u64`).
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    fn load_u64x8(values: &[u64; 8]) -> __m512i {
-        // SAFETY: 64 bytes, the whole array.
-        #[allow(unsafe_code)]
-        unsafe {
-            _mm512_loadu_si512(values.as_ptr().cast())
-        }
-    }
-
-    /// [`super::run_steps_lanes`] and [`super::run_ten_steps_lanes`] with
-    /// the top step or the short cut before them, for a block of inputs
-    /// (Morton keys or keys, replaced by the output) over a shared step
-    /// count `steps` (as in [`super::hilbert_key_lanes`]).
-    #[target_feature(enable = "avx512f,avx512bw")]
-    fn walk_block(
-        io: &mut [u128; LANES],
-        steps: u32,
-        top: &[u16; 64],
-        short: &Short,
-        table: &WordTable,
-    ) {
-        let zero = _mm512_setzero_si512();
-        let (mut lo, mut hi) = ([zero; VECTORS], [zero; VECTORS]);
-        let (quads, _) = io.as_chunks::<4>();
-        let even = _mm512_set_epi64(14, 12, 10, 8, 6, 4, 2, 0);
-        let odd = _mm512_set_epi64(15, 13, 11, 9, 7, 5, 3, 1);
-        let low_32 = _mm512_set1_epi64(0xffff_ffff);
-        for v in 0..VECTORS {
-            // SAFETY: 64 bytes each, the whole of one `[u128; 4]`.
-            #[allow(unsafe_code)]
-            let (a, b) = unsafe {
-                (
-                    _mm512_loadu_si512(quads[2 * v].as_ptr().cast()),
-                    _mm512_loadu_si512(quads[2 * v + 1].as_ptr().cast()),
-                )
-            };
-            lo[v] = _mm512_permutex2var_epi64(a, even, b);
-            // Bits above 96 are ignored (keys to decode may have them).
-            hi[v] = _mm512_and_si512(_mm512_permutex2var_epi64(a, odd, b), low_32);
-        }
-        let (mut out_lo, mut out_hi, mut word) =
-            ([zero; VECTORS], [zero; VECTORS], [zero; VECTORS]);
-        let state_mask = _mm512_set1_epi64(31);
-        if steps >= 10 {
-            let (top_lo, top_hi) = top.split_at(32);
-            // SAFETY: 64 bytes each, the two halves of `top`.
-            #[allow(unsafe_code)]
-            let (top_lo, top_hi) = unsafe {
-                (
-                    _mm512_loadu_si512(top_lo.as_ptr().cast()),
-                    _mm512_loadu_si512(top_hi.as_ptr().cast()),
-                )
-            };
-            for v in 0..VECTORS {
-                // The index in each lane's low 16-bit word: the words
-                // above it look up entry 0, masked off after.
-                let index = _mm512_and_si512(_mm512_srli_epi64::<26>(hi[v]), _mm512_set1_epi64(63));
-                let entry = _mm512_and_si512(
-                    _mm512_permutex2var_epi16(top_lo, index, top_hi),
-                    _mm512_set1_epi64(0xffff),
-                );
-                out_hi[v] = _mm512_slli_epi64::<26>(_mm512_and_si512(entry, _mm512_set1_epi64(63)));
-                word[v] = _mm512_or_si512(
-                    _mm512_or_si512(
-                        _mm512_slli_epi64::<38>(hi[v]),
-                        _mm512_slli_epi64::<28>(_mm512_srli_epi64::<54>(lo[v])),
-                    ),
-                    _mm512_srli_epi64::<6>(entry),
-                );
-            }
-            walk(&mut word, 4, table);
-            for v in 0..VECTORS {
-                let digits = _mm512_srli_epi64::<5>(word[v]);
-                out_lo[v] = _mm512_slli_epi64::<54>(digits);
-                out_hi[v] = _mm512_or_si512(out_hi[v], _mm512_srli_epi64::<10>(digits));
-                word[v] = _mm512_or_si512(
-                    _mm512_slli_epi64::<10>(lo[v]),
-                    _mm512_and_si512(word[v], state_mask),
-                );
-            }
-            walk(&mut word, 6, table);
-        } else {
-            let j = steps as usize;
-            let states = load_u64x8(&short.state[j]);
-            let top_lo = load_u64x8(&short.lo[j]);
-            let top_hi = load_u64x8(&short.hi[j]);
-            for v in 0..VECTORS {
-                let digit = _mm512_srli_epi64::<29>(hi[v]);
-                word[v] = _mm512_permutexvar_epi64(digit, states);
-                out_lo[v] = _mm512_permutexvar_epi64(digit, top_lo);
-                out_hi[v] = _mm512_permutexvar_epi64(digit, top_hi);
-            }
-            if steps > 6 {
-                let shift = _mm512_set1_epi64(i64::from(64 - 9 * (steps - 6)));
-                for v in 0..VECTORS {
-                    let input = _mm512_or_si512(
-                        _mm512_slli_epi64::<10>(hi[v]),
-                        _mm512_srli_epi64::<54>(lo[v]),
-                    );
-                    word[v] = _mm512_or_si512(word[v], _mm512_sllv_epi64(input, shift));
-                }
-                walk(&mut word, steps - 6, table);
-                for v in 0..VECTORS {
-                    let digits = _mm512_srli_epi64::<5>(word[v]);
-                    out_lo[v] = _mm512_or_si512(out_lo[v], _mm512_slli_epi64::<54>(digits));
-                    out_hi[v] = _mm512_or_si512(out_hi[v], _mm512_srli_epi64::<10>(digits));
-                    word[v] = _mm512_and_si512(word[v], state_mask);
-                }
-            }
-            let lo_steps = steps.min(6);
-            // A count of 64 (no steps) shifts everything out.
-            let shift = _mm512_set1_epi64(i64::from(64 - 9 * lo_steps));
-            for v in 0..VECTORS {
-                word[v] = _mm512_or_si512(word[v], _mm512_sllv_epi64(lo[v], shift));
-            }
-            walk(&mut word, lo_steps, table);
-        }
-        let first = _mm512_set_epi64(11, 3, 10, 2, 9, 1, 8, 0);
-        let second = _mm512_set_epi64(15, 7, 14, 6, 13, 5, 12, 4);
-        let (quads, _) = io.as_chunks_mut::<4>();
-        for v in 0..VECTORS {
-            let lo = _mm512_or_si512(out_lo[v], _mm512_srli_epi64::<5>(word[v]));
-            let a = _mm512_permutex2var_epi64(lo, first, out_hi[v]);
-            let b = _mm512_permutex2var_epi64(lo, second, out_hi[v]);
-            // SAFETY: 64 bytes each, the whole of one `[u128; 4]`.
-            #[allow(unsafe_code)]
-            unsafe {
-                _mm512_storeu_si512(quads[2 * v].as_mut_ptr().cast(), a);
-                _mm512_storeu_si512(quads[2 * v + 1].as_mut_ptr().cast(), b);
-            }
-        }
-    }
-
-    /// Byte-lane encoding for CPUs that also have VBMI and GFNI: 64
-    /// coordinates to a vector, one byte each, and the machine stepped one
-    /// level at a time with the one-level table held in registers (192
-    /// one-byte entries `digit | next state << 3`, looked up by `vpermi2b`
-    /// and `vpermb`), so there are no gathers and no Morton pass. GFNI's
-    /// bit-matrix multiply picks each level's bits out of the coordinates'
-    /// bytes and puts the digits into the key's bytes.
-    pub(super) mod bytes {
-        use std::arch::x86_64::{
-            __m512i, _mm512_gf2p8affine_epi64_epi8, _mm512_loadu_si512,
-            _mm512_mask_permutexvar_epi8, _mm512_mask_permutexvar_epi32,
-            _mm512_maskz_permutex2var_epi32, _mm512_movepi8_mask, _mm512_or_si512,
-            _mm512_permutex2var_epi8, _mm512_permutexvar_epi8, _mm512_set1_epi8, _mm512_set1_epi64,
-            _mm512_setzero_si512, _mm512_shuffle_i64x2, _mm512_storeu_si512,
-            _mm512_ternarylogic_epi64, _mm512_xor_si512,
-        };
-
-        use cube_protocol::Coord;
-
-        use super::super::{ENCODE_1_TABLE, START_STATE};
-
-        /// Coordinates per block.
-        pub(in super::super) const LANES: usize = 64;
-
-        /// The one-level encode table as bytes, in three vectors.
-        static TABLE: [u8; 192] = {
-            let mut table = [0u8; 192];
-            let mut i = 0;
-            while i < 192 {
-                table[i] = ENCODE_1_TABLE[i] as u8;
-                i += 1;
-            }
-            table
-        };
-
-        const _: () = assert!(super::super::STATES * 8 == 192, "three vectors of entries");
-        const _: () = assert!(START_STATE == 0, "the walk starts from entry 0");
-
-        /// The GF(2) matrix that moves `count` bits from `from` up in each
-        /// byte to `to` up (and clears the rest): output bit `i` is the
-        /// parity of the input ANDed with byte `7 - i`.
-        const fn matrix(from: u32, to: u32, count: u32) -> i64 {
-            let mut m = 0u64;
-            let mut i = 0;
-            while i < count {
-                m |= (1u64 << (from + i)) << (8 * (7 - (to + i)));
-                i += 1;
-            }
-            m as i64
-        }
-
-        #[inline]
-        #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,gfni")]
-        fn pick(v: __m512i, from: u32, to: u32, count: u32) -> __m512i {
-            _mm512_gf2p8affine_epi64_epi8::<0>(v, _mm512_set1_epi64(matrix(from, to, count)))
-        }
-
-        /// Swaps 128-bit lane `j` of vector `b` with lane `b` of vector `j`
-        /// (its own inverse).
-        #[inline]
-        #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,gfni")]
-        fn lane_transpose(a: [__m512i; 4]) -> [__m512i; 4] {
-            let t0 = _mm512_shuffle_i64x2::<0x44>(a[0], a[1]);
-            let t1 = _mm512_shuffle_i64x2::<0xee>(a[0], a[1]);
-            let t2 = _mm512_shuffle_i64x2::<0x44>(a[2], a[3]);
-            let t3 = _mm512_shuffle_i64x2::<0xee>(a[2], a[3]);
-            [
-                _mm512_shuffle_i64x2::<0x88>(t0, t2),
-                _mm512_shuffle_i64x2::<0xdd>(t0, t2),
-                _mm512_shuffle_i64x2::<0x88>(t1, t3),
-                _mm512_shuffle_i64x2::<0xdd>(t1, t3),
-            ]
-        }
-
-        /// Byte `16 b + c` from byte `4 c + b`: 128-bit lane `b` gets byte
-        /// `b` of each of sixteen `u32`.
-        static GROUP: [u8; 64] = {
-            let mut index = [0u8; 64];
-            let mut i = 0;
-            while i < 64 {
-                index[i] = ((i % 16) * 4 + i / 16) as u8;
-                i += 1;
-            }
-            index
-        };
-
-        /// The inverse of [`GROUP`].
-        static UNGROUP: [u8; 64] = {
-            let mut index = [0u8; 64];
-            let mut i = 0;
-            while i < 64 {
-                index[(i % 16) * 4 + i / 16] = i as u8;
-                i += 1;
-            }
-            index
-        };
-
-        #[inline]
-        #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,gfni")]
-        fn load64(bytes: &[u8; 64]) -> __m512i {
-            // SAFETY: 64 bytes, the whole array.
-            #[allow(unsafe_code)]
-            unsafe {
-                _mm512_loadu_si512(bytes.as_ptr().cast())
-            }
-        }
-
-        #[inline]
-        #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,gfni")]
-        fn to_byte_vectors(values: &[u32; LANES]) -> [__m512i; 4] {
-            let group = load64(&GROUP);
-            let (quarters, _) = values.as_chunks::<16>();
-            let mut a = [_mm512_setzero_si512(); 4];
-            for (v, quarter) in a.iter_mut().zip(quarters) {
-                // SAFETY: 64 bytes, the whole of one `[u32; 16]`.
-                #[allow(unsafe_code)]
-                let loaded = unsafe { _mm512_loadu_si512(quarter.as_ptr().cast()) };
-                *v = _mm512_permutexvar_epi8(group, loaded);
-            }
-            lane_transpose(a)
-        }
-
-        /// The inverse of [`to_byte_vectors`]: four vectors of 16 `u32`.
-        #[inline]
-        #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,gfni")]
-        fn from_byte_vectors(b: [__m512i; 4]) -> [__m512i; 4] {
-            let ungroup = load64(&UNGROUP);
-            let mut words = lane_transpose(b);
-            for v in &mut words {
-                *v = _mm512_permutexvar_epi8(ungroup, *v);
-            }
-            words
-        }
-
-        /// One level `K` (31 down to 0) of the machine for every byte lane.
-        #[inline]
-        #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,gfni")]
-        fn level<const K: u32>(
-            entry: &mut __m512i,
-            key: &mut [__m512i; 12],
-            axes: &[[__m512i; 4]; 3],
-            table: &[__m512i; 3],
-        ) {
-            let (byte, bit) = ((K / 8) as usize, K % 8);
-            let octant = _mm512_ternarylogic_epi64::<0xfe>(
-                pick(axes[0][byte], bit, 2, 1),
-                pick(axes[1][byte], bit, 1, 1),
-                pick(axes[2][byte], bit, 0, 1),
-            );
-            // (entry & 0xf8) | octant: the state part of the last entry.
-            let index =
-                _mm512_ternarylogic_epi64::<0xea>(*entry, _mm512_set1_epi8(0xf8u8 as i8), octant);
-            let low = _mm512_permutex2var_epi8(table[0], index, table[1]);
-            *entry = _mm512_mask_permutexvar_epi8(low, _mm512_movepi8_mask(index), index, table[2]);
-            let (out, shift) = ((3 * K / 8) as usize, 3 * K % 8);
-            if shift <= 5 {
-                key[out] = _mm512_or_si512(key[out], pick(*entry, 0, shift, 3));
-            } else {
-                let here = 8 - shift;
-                key[out] = _mm512_or_si512(key[out], pick(*entry, 0, shift, here));
-                key[out + 1] = _mm512_or_si512(key[out + 1], pick(*entry, here, 0, 3 - here));
-            }
-        }
-
-        /// The keys of 64 coordinates. Always all 32 levels: the short cut
-        /// near the origin would save levels, but this measured faster
-        /// than the gathers' short cut there anyway.
-        #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,gfni")]
-        pub(in super::super) fn block(coords: &[Coord; LANES], out: &mut [u128; LANES]) {
-            let mut values = [[0u32; LANES]; 3];
-            for (i, c) in coords.iter().enumerate() {
-                values[0][i] = c.x as u32;
-                values[1][i] = c.y as u32;
-                values[2][i] = c.z as u32;
-            }
-            // The order-preserving bits: the sign bits flipped.
-            let flip = _mm512_set1_epi8(0x80u8 as i8);
-            // A loop, not `map`: a closure would not inline here (it
-            // lacks the target features), costing a call per axis.
-            let mut axes = [[_mm512_setzero_si512(); 4]; 3];
-            for (bytes, v) in axes.iter_mut().zip(&values) {
-                *bytes = to_byte_vectors(v);
-                bytes[3] = _mm512_xor_si512(bytes[3], flip);
-            }
-            let (thirds, _) = TABLE.as_chunks::<64>();
-            let table = [load64(&thirds[0]), load64(&thirds[1]), load64(&thirds[2])];
-            let mut entry = _mm512_setzero_si512();
-            let mut key = [_mm512_setzero_si512(); 12];
-            macro_rules! levels {
-                ($($k:literal)*) => { $( level::<$k>(&mut entry, &mut key, &axes, &table); )* };
-            }
-            levels!(31 30 29 28 27 26 25 24 23 22 21 20 19 18 17 16 15 14 13 12 11 10 9 8 7 6 5 4 3 2 1 0);
-            let words = [
-                from_byte_vectors([key[0], key[1], key[2], key[3]]),
-                from_byte_vectors([key[4], key[5], key[6], key[7]]),
-                from_byte_vectors([key[8], key[9], key[10], key[11]]),
-            ];
-            let (quads, _) = out.as_chunks_mut::<4>();
-            for (q, quad) in quads.iter_mut().enumerate() {
-                let (j, part) = (q / 4, (q % 4) as i32 * 4);
-                // Dwords 4i, 4i + 1 from the first two words of key
-                // `part + i`, 4i + 2 from the third, 4i + 3 zero.
-                let pair = pair_index(part);
-                let lo = _mm512_maskz_permutex2var_epi32(0x3333, words[0][j], pair, words[1][j]);
-                let all = _mm512_mask_permutexvar_epi32(lo, 0x4444, pair, words[2][j]);
-                // SAFETY: 64 bytes, the whole of one `[u128; 4]`.
-                #[allow(unsafe_code)]
-                unsafe {
-                    _mm512_storeu_si512(quad.as_mut_ptr().cast(), all)
-                };
-            }
-        }
-
-        /// Dword `4i + 0` and `4i + 2` pick `part + i` of the first source
-        /// (and of the third, by `vpermd`), `4i + 1` picks it of the second.
-        #[inline]
-        #[target_feature(enable = "avx512f")]
-        fn pair_index(part: i32) -> __m512i {
-            let p = part;
-            std::arch::x86_64::_mm512_set_epi32(
-                0,
-                p + 3,
-                16 + p + 3,
-                p + 3,
-                0,
-                p + 2,
-                16 + p + 2,
-                p + 2,
-                0,
-                p + 1,
-                16 + p + 1,
-                p + 1,
-                0,
-                p,
-                16 + p,
-                p,
-            )
-        }
-    }
-
-    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,gfni")]
-    fn bytes_keys(coords: &[Coord], out: &mut [u128]) {
-        let (key_blocks, _) = out.as_chunks_mut::<{ bytes::LANES }>();
-        for (block, keys) in coords
-            .as_chunks::<{ bytes::LANES }>()
-            .0
-            .iter()
-            .zip(key_blocks)
-        {
-            bytes::block(block, keys);
-        }
-    }
-
-    #[target_feature(enable = "avx512f,avx512bw")]
-    fn keys(coords: &[Coord], out: &mut [u128]) {
-        let (key_blocks, _) = out.as_chunks_mut::<LANES>();
-        for (block, keys) in coords.as_chunks::<LANES>().0.iter().zip(key_blocks) {
-            let mut magnitudes = 0u32;
-            for c in block {
-                magnitudes |= magnitude_bits(*c);
-            }
-            let j = (32 - magnitudes.leading_zeros()).div_ceil(3);
-            morton_keys(block, keys);
-            walk_block(keys, j, &ENCODE_TOP, &ENCODE_SHORT, &ENCODE_WORD);
-        }
-    }
-
-    #[target_feature(enable = "avx512f,avx512bw")]
-    fn decode(keys: &[u128], morton: &mut [u128]) {
-        let (morton_blocks, _) = morton.as_chunks_mut::<LANES>();
-        for (block, m) in keys.as_chunks::<LANES>().0.iter().zip(morton_blocks) {
-            let mut matched_levels = 32;
-            for key in block {
-                let key = key & super::super::KEY_MASK;
-                let sign =
-                    usize::from(DECODE_1[(START_STATE << 3) | ((key >> 93) as usize & 7)] & 7);
-                matched_levels = matched_levels
-                    .min(((key ^ SHORTCUT.key_top[sign][0]).leading_zeros() - 32) / 3);
-            }
-            let j = (32 - matched_levels).div_ceil(3);
-            *m = *block;
-            walk_block(m, j, &DECODE_TOP, &DECODE_SHORT, &DECODE_WORD);
-        }
-    }
-
-    /// The Hilbert keys of the leading whole blocks of `coords`, into
-    /// `out`, if this CPU has AVX-512 (by [`bytes`] where it also has VBMI
-    /// and GFNI and `allow_bytes`): how many were done (0 without it). The
-    /// workspace denies `unsafe`; it is allowed here because the vector
-    /// walks measured 1.3x (gathers) to 3x (bytes) the throughput of the
-    /// scalar lanes (`benches/curves.rs`), and the unsafe operations are
-    /// calling `#[target_feature]` functions, whose requirement is checked
-    /// just before, and the loads, stores and gathers, each within its
-    /// array.
-    #[allow(unsafe_code)]
-    pub(super) fn try_keys(coords: &[Coord], out: &mut [u128], allow_bytes: bool) -> usize {
-        if !has_avx512() {
-            return 0;
-        }
-        let mut done = 0;
-        if allow_bytes && has_avx512_gfni() {
-            // SAFETY: `has_avx512_gfni()` checked the features.
-            unsafe { bytes_keys(coords, out) };
-            done = coords.len() / bytes::LANES * bytes::LANES;
-        }
-        let (coords, out) = (&coords[done..], &mut out[done..]);
-        // SAFETY: `has_avx512()` checked the features.
-        unsafe { keys(coords, out) };
-        done + coords.len() / LANES * LANES
-    }
-
-    /// The Morton keys of the cells of the whole blocks of `keys`, into
-    /// `morton`, if this CPU has AVX-512: how many were done (0 without
-    /// it); see [`try_keys`] for the `unsafe`.
-    #[allow(unsafe_code)]
-    pub(super) fn try_decode(keys: &[u128], morton: &mut [u128]) -> usize {
-        if !has_avx512() {
-            return 0;
-        }
-        // SAFETY: `has_avx512()` checked the features.
-        unsafe { decode(keys, morton) };
-        keys.len() / LANES * LANES
-    }
-}
+mod avx512;
 
 /// Keys decoded per block by [`hilbert_decode_many`]: its Morton keys
 /// wait in a stack buffer of this many (4 KiB).
@@ -1438,7 +890,7 @@ mod tests {
     /// an aligned 8x8x8 block the keys are exactly 512 consecutive numbers
     /// whose cells form one unbroken path of unit steps.
     #[test]
-    fn exhaustive_small_cubes_round_trip_and_walk_in_unit_steps() {
+    fn exhaustive_small_cubes_round_trip_and_walk_in_unit_strides() {
         for base in [
             Coord::new(0, 0, 0),
             Coord::new(-8, -8, -8),
@@ -1475,10 +927,10 @@ mod tests {
 
     /// The fast paths switch on how many top levels are sign extension
     /// (a table for the top two levels, or the short cut, then 1..=10
-    /// three-level steps split over two `u64` halves). Every magnitude
+    /// three-level strides split over two `u64` halves). Every magnitude
     /// boundary, on every axis and sign, against the reference.
     #[test]
-    fn every_step_count_and_sign_matches_skilling() {
+    fn every_stride_count_and_sign_matches_skilling() {
         let mut values = vec![0, -1, i32::MIN, i32::MAX];
         for bit in 0..31 {
             let p = 1i32 << bit;
@@ -1542,9 +994,9 @@ mod tests {
     }
 
     /// Every magnitude boundary (as in the scalar test above), with the
-    /// group's shared step count set by its largest member.
+    /// group's shared stride count set by its largest member.
     #[test]
-    fn batch_matches_scalar_near_the_limits_and_at_every_step_count() {
+    fn batch_matches_scalar_near_the_limits_and_at_every_stride_count() {
         let mut values = vec![0, -1, 1, i32::MIN, i32::MIN + 1, i32::MAX, i32::MAX - 1];
         for bit in 0..31 {
             let p = 1i32 << bit;

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::crypto::{Keyring, MAC_BYTES, tags_equal};
 use crate::data_dir::sync_dir;
 use crate::error::StoreError;
+use crate::le;
 use crate::mutation::{
     KIND_DEL, KIND_DETACH, KIND_LINK, KIND_NAMESPACE_ALTER, KIND_NAMESPACE_CREATE,
     KIND_NAMESPACE_DROP, KIND_PROGRAM_DEL, KIND_PROGRAM_PUT, KIND_PUT, KIND_TELEMETRY, KIND_UNLINK,
@@ -298,8 +299,56 @@ pub fn recover_with(
 ) -> Result<RecoveryReport, StoreError> {
     let started = Instant::now();
     let mut segments = list_segments(storage, wal_dir, true)?;
-    // Segments wholly inside the checkpoint are left over from a crash
-    // between the checkpoint's manifest update and their removal.
+    remove_covered_segments(storage, wal_dir, &mut segments, checkpoint_lsn)?;
+    let mut replay = LogReplay {
+        storage,
+        wal_dir,
+        checkpoint_lsn,
+        options,
+        keyring,
+        rule,
+        chain: ChainCheck::new(keyring, anchor),
+        report: RecoveryReport::starting_at(checkpoint_lsn + 1),
+        expected_lsn: None,
+        tail_header: None,
+        tail_end: 0,
+    };
+    let mut index = 0;
+    while index < segments.len() {
+        if let Next::Stop = replay.segment(&mut segments, index, &mut apply)? {
+            break;
+        }
+        index += 1;
+    }
+    replay.finish(segments, started)
+}
+
+impl RecoveryReport {
+    /// A report of no segments yet, the log resuming at `next_lsn`.
+    pub(crate) fn starting_at(next_lsn: u64) -> RecoveryReport {
+        RecoveryReport {
+            segments: 0,
+            records_replayed: 0,
+            next_lsn,
+            wal_bytes: 0,
+            torn_tail: None,
+            torn_segment_removed: None,
+            repaired: None,
+            tail: None,
+            chain: None,
+            duration: Duration::ZERO,
+        }
+    }
+}
+
+/// Removes the segments wholly inside the checkpoint: left over from a
+/// crash between the checkpoint's manifest update and their removal.
+fn remove_covered_segments(
+    storage: &dyn Storage,
+    wal_dir: &Path,
+    segments: &mut Vec<(u64, PathBuf)>,
+    checkpoint_lsn: u64,
+) -> Result<(), StoreError> {
     let mut covered_removed = false;
     while segments.len() >= 2 && segments[1].0 <= checkpoint_lsn + 1 {
         let (_, path) = segments.remove(0);
@@ -311,89 +360,77 @@ pub fn recover_with(
     if covered_removed {
         sync_dir(storage, wal_dir)?;
     }
-    let mut report = RecoveryReport {
-        segments: 0,
-        records_replayed: 0,
-        next_lsn: checkpoint_lsn + 1,
-        wal_bytes: 0,
-        torn_tail: None,
-        torn_segment_removed: None,
-        repaired: None,
-        tail: None,
-        chain: None,
-        duration: Duration::ZERO,
-    };
-    let mut chain = ChainCheck::new(keyring, anchor);
-    let mut expected_lsn: Option<u64> = None;
-    // The header of the last segment read, and where its valid records end.
-    let mut tail_header: Option<SegmentHeader> = None;
-    let mut tail_end: u64 = 0;
-    let mut index = 0;
-    while index < segments.len() {
+    Ok(())
+}
+
+/// Whether [`LogReplay::segment`] leaves later segments to replay.
+enum Next {
+    Continue,
+    Stop,
+}
+
+/// [`recover_with`]'s state while it replays the segments in order.
+struct LogReplay<'a> {
+    storage: &'a dyn Storage,
+    wal_dir: &'a Path,
+    checkpoint_lsn: u64,
+    options: &'a RecoveryOptions,
+    keyring: Option<&'a Keyring>,
+    rule: &'a mut SealingRule,
+    chain: ChainCheck<'a>,
+    report: RecoveryReport,
+    /// The LSN the next segment must start at (`None` before the first).
+    expected_lsn: Option<u64>,
+    /// The header of the last segment read, and where its valid records end.
+    tail_header: Option<SegmentHeader>,
+    tail_end: u64,
+}
+
+impl LogReplay<'_> {
+    /// Replays segment `index`, or removes it if its creation was torn,
+    /// or cuts the log there under `--repair`.
+    fn segment(
+        &mut self,
+        segments: &mut Vec<(u64, PathBuf)>,
+        index: usize,
+        apply: &mut impl FnMut(u64, Mutation),
+    ) -> Result<Next, StoreError> {
         let (first_lsn, path) = segments[index].clone();
         let is_last = index + 1 == segments.len();
-        let bytes = storage
+        let bytes = self
+            .storage
             .read_file(&path)
             .map_err(|e| StoreError::io(&path, e))?;
         if is_last && is_torn_creation(&bytes) {
             // Creation was torn before the header reached the disk: the
             // writer only appends after the header is synced, so no record
             // can have been acknowledged from this file.
-            storage
+            self.storage
                 .remove_file(&path)
                 .map_err(|e| StoreError::io(&path, e))?;
-            sync_dir(storage, wal_dir)?;
-            report.torn_segment_removed = Some(path);
+            sync_dir(self.storage, self.wal_dir)?;
+            self.report.torn_segment_removed = Some(path);
             segments.pop();
-            break;
+            return Ok(Next::Stop);
         }
-        let outcome = if index == 0 && first_lsn > checkpoint_lsn + 1 {
-            Err(ReplayStop::Damage(
-                0,
-                format!(
-                    "LSN gap: the checkpoint holds LSNs up to {checkpoint_lsn}, \
-                     but the oldest WAL segment starts at LSN {first_lsn}"
-                ),
-                Cut {
-                    offset: 0,
-                    next_lsn: first_lsn,
-                },
-            ))
-        } else {
-            replay_segment(
-                &bytes,
-                first_lsn,
-                expected_lsn,
-                is_last,
-                checkpoint_lsn,
-                keyring,
-                Some(&mut *rule),
-                &mut chain,
-                &mut apply,
-                &mut report,
-            )
-        };
+        let outcome = self.replay(&bytes, index, first_lsn, is_last, apply);
         // Replay succeeds, or repair keeps part of it, only past a valid header.
         let header = parse_segment_header(&bytes).ok();
         match outcome {
             Ok(SegmentEnd::Clean { next_lsn, end }) => {
-                expected_lsn = Some(next_lsn);
-                report.wal_bytes += end;
-                tail_header = header;
-                tail_end = end;
+                self.report.wal_bytes += end;
+                self.records_end(header, next_lsn, end);
             }
             Ok(SegmentEnd::TornAt { offset, next_lsn }) => {
                 let torn_end = offset + nonzero_len(&bytes[offset as usize..]) as u64;
-                zero_durably(storage, &path, offset, torn_end)?;
-                report.torn_tail = Some(TornTail {
+                zero_durably(self.storage, &path, offset, torn_end)?;
+                self.report.torn_tail = Some(TornTail {
                     path: path.clone(),
                     offset,
                     bytes_truncated: torn_end - offset,
                 });
-                expected_lsn = Some(next_lsn);
-                report.wal_bytes += offset;
-                tail_header = header;
-                tail_end = offset;
+                self.report.wal_bytes += offset;
+                self.records_end(header, next_lsn, offset);
             }
             Err(ReplayStop::Key(reason)) => return Err(StoreError::Key(reason)),
             Err(ReplayStop::Damage(offset, reason, cut)) => {
@@ -403,86 +440,162 @@ pub fn recover_with(
                     reason,
                     cut,
                 };
-                if !options.repair {
-                    return Err(StoreError::Corruption {
-                        path,
-                        offset: bad.offset,
-                        reason: bad.reason,
-                    });
-                }
-                let repair = repair_at(storage, wal_dir, &segments, &bad, bytes.len() as u64)?;
-                segments.truncate(if bad.cut.offset == 0 {
-                    index
-                } else {
-                    index + 1
-                });
-                report.repaired = Some(repair);
-                if bad.cut.offset > 0 {
-                    expected_lsn = Some(bad.cut.next_lsn);
-                    report.wal_bytes += bad.cut.offset;
-                    tail_header = header;
-                    tail_end = bad.cut.offset;
-                } else if let Some((_, previous)) = segments.last() {
-                    // The damaged segment is gone; the previous one is now
-                    // the tail and ends where its records end.
-                    let (previous_header, end) = end_of_records(storage, previous)?;
-                    tail_header = Some(previous_header);
-                    tail_end = end;
-                }
-                break;
+                self.cut_at(segments, path, header, bad, bytes.len() as u64)?;
+                return Ok(Next::Stop);
             }
         }
-        index += 1;
+        Ok(Next::Continue)
     }
-    if let Some(next) = expected_lsn {
-        report.next_lsn = next;
+
+    /// The segment's records end at `end`, before LSN `next_lsn`.
+    fn records_end(&mut self, header: Option<SegmentHeader>, next_lsn: u64, end: u64) {
+        self.expected_lsn = Some(next_lsn);
+        self.tail_header = header;
+        self.tail_end = end;
     }
-    if report.next_lsn <= checkpoint_lsn {
-        // The log ends inside the checkpoint: a segment whose removal a
-        // crash interrupted, cut short by `--repair`. Appending to it would
-        // hand out LSNs the checkpoint already holds, which the next start
-        // skips as folded (acknowledged writes lost, namespace ids reused).
-        // Everything left is covered, so it goes, and the writer starts a
-        // new segment just after the checkpoint.
-        for (_, path) in segments.drain(..) {
-            storage
-                .remove_file(&path)
-                .map_err(|e| StoreError::io(&path, e))?;
+
+    /// Replays one segment's records, refusing an oldest segment that
+    /// starts after the checkpoint's next LSN.
+    fn replay(
+        &mut self,
+        bytes: &[u8],
+        index: usize,
+        first_lsn: u64,
+        is_last: bool,
+        apply: &mut impl FnMut(u64, Mutation),
+    ) -> Result<SegmentEnd, ReplayStop> {
+        let checkpoint_lsn = self.checkpoint_lsn;
+        if index == 0 && first_lsn > checkpoint_lsn + 1 {
+            return Err(ReplayStop::Damage(
+                0,
+                format!(
+                    "LSN gap: the checkpoint holds LSNs up to {checkpoint_lsn}, \
+                     but the oldest WAL segment starts at LSN {first_lsn}"
+                ),
+                Cut {
+                    offset: 0,
+                    next_lsn: first_lsn,
+                },
+            ));
         }
-        sync_dir(storage, wal_dir)?;
-        report.next_lsn = checkpoint_lsn + 1;
+        replay_segment(
+            bytes,
+            first_lsn,
+            self.expected_lsn,
+            is_last,
+            checkpoint_lsn,
+            self.keyring,
+            Some(&mut *self.rule),
+            &mut self.chain,
+            apply,
+            &mut self.report,
+        )
     }
-    assert!(
-        report.next_lsn > checkpoint_lsn,
-        "recovery resumes at LSN {} inside the checkpoint (up to {checkpoint_lsn})",
-        report.next_lsn
-    );
-    report.segments = segments.len();
-    if let Some((first_lsn, path)) = segments.last() {
-        let header = tail_header.expect("a kept segment was read past a valid header");
-        assert!(
-            header.first_lsn == *first_lsn && tail_end >= header.header_bytes as u64,
-            "a kept segment has a whole header"
-        );
-        report.tail = Some(TailSegment {
-            path: path.clone(),
-            header,
-            len_bytes: tail_end,
+
+    /// Damage at `bad`: refused, or under `--repair` the log is cut there
+    /// and the segments after it are set aside.
+    fn cut_at(
+        &mut self,
+        segments: &mut Vec<(u64, PathBuf)>,
+        path: PathBuf,
+        header: Option<SegmentHeader>,
+        bad: BadPoint,
+        bad_segment_len: u64,
+    ) -> Result<(), StoreError> {
+        if !self.options.repair {
+            return Err(StoreError::Corruption {
+                path,
+                offset: bad.offset,
+                reason: bad.reason,
+            });
+        }
+        let repair = repair_at(self.storage, self.wal_dir, segments, &bad, bad_segment_len)?;
+        segments.truncate(if bad.cut.offset == 0 {
+            bad.segment
+        } else {
+            bad.segment + 1
         });
+        self.report.repaired = Some(repair);
+        if bad.cut.offset > 0 {
+            self.report.wal_bytes += bad.cut.offset;
+            self.records_end(header, bad.cut.next_lsn, bad.cut.offset);
+        } else if let Some((_, previous)) = segments.last() {
+            // The damaged segment is gone; the previous one is now
+            // the tail and ends where its records end.
+            let (previous_header, end) = end_of_records(self.storage, previous)?;
+            self.tail_header = Some(previous_header);
+            self.tail_end = end;
+        }
+        Ok(())
     }
-    if let Some(reason) = chain.suspect_key.take() {
-        return Err(StoreError::Key(reason));
+
+    /// The report once every segment is read: where the log resumes, its
+    /// tail segment, and whether the key fits the log.
+    fn finish(
+        mut self,
+        mut segments: Vec<(u64, PathBuf)>,
+        started: Instant,
+    ) -> Result<RecoveryReport, StoreError> {
+        let checkpoint_lsn = self.checkpoint_lsn;
+        if let Some(next) = self.expected_lsn {
+            self.report.next_lsn = next;
+        }
+        if self.report.next_lsn <= checkpoint_lsn {
+            // The log ends inside the checkpoint: a segment whose removal a
+            // crash interrupted, cut short by `--repair`. Appending to it would
+            // hand out LSNs the checkpoint already holds, which the next start
+            // skips as folded (acknowledged writes lost, namespace ids reused).
+            // Everything left is covered, so it goes, and the writer starts a
+            // new segment just after the checkpoint.
+            for (_, path) in segments.drain(..) {
+                self.storage
+                    .remove_file(&path)
+                    .map_err(|e| StoreError::io(&path, e))?;
+            }
+            sync_dir(self.storage, self.wal_dir)?;
+            self.report.next_lsn = checkpoint_lsn + 1;
+        }
+        assert!(
+            self.report.next_lsn > checkpoint_lsn,
+            "recovery resumes at LSN {} inside the checkpoint (up to {checkpoint_lsn})",
+            self.report.next_lsn
+        );
+        self.report.segments = segments.len();
+        if let Some((first_lsn, path)) = segments.last() {
+            let header = self
+                .tail_header
+                .expect("a kept segment was read past a valid header");
+            assert!(
+                header.first_lsn == *first_lsn && self.tail_end >= header.header_bytes as u64,
+                "a kept segment has a whole header"
+            );
+            self.report.tail = Some(TailSegment {
+                path: path.clone(),
+                header,
+                len_bytes: self.tail_end,
+            });
+        }
+        self.check_key()?;
+        self.report.chain = self.chain.state;
+        self.report.duration = started.elapsed();
+        Ok(self.report)
     }
-    if chain.is_chained() && !chain.has_key {
-        return Err(StoreError::Key(format!(
-            "the log in {} is chained under a master key (it was written by cubed with \
-             --key-file); start cubed with --key-file PATH (the key it was written with)",
-            wal_dir.display()
-        )));
+
+    /// Refuses a key the chain found suspect, and a chained log read
+    /// without a key.
+    fn check_key(&mut self) -> Result<(), StoreError> {
+        if let Some(reason) = self.chain.suspect_key.take() {
+            return Err(StoreError::Key(reason));
+        }
+        if self.chain.is_chained() && !self.chain.has_key {
+            return Err(StoreError::Key(format!(
+                "the log in {} is chained under a master key (it was written by cubed with \
+                 --key-file); start cubed with --key-file PATH (the key it was written with)",
+                self.wal_dir.display()
+            )));
+        }
+        Ok(())
     }
-    report.chain = chain.state;
-    report.duration = started.elapsed();
-    Ok(report)
 }
 
 pub(crate) enum SegmentEnd {
@@ -714,8 +827,8 @@ fn later_group_follows(bytes: &[u8], from: usize, min_lsn: u64, seed: CrcSeed) -
     let mut at = from;
     while at + RECORD_HEADER_BYTES <= bytes.len() {
         let h = &bytes[at..];
-        let len = u32::from_le_bytes([h[4], h[5], h[6], h[7]]) as usize;
-        let lsn = u64::from_le_bytes([h[8], h[9], h[10], h[11], h[12], h[13], h[14], h[15]]);
+        let len = le::read_u32(&h[4..8]) as usize;
+        let lsn = le::read_u64(&h[8..16]);
         let kind = h[16] & !GROUP_END_BIT & !SEALED_BIT;
         let plausible = [
             KIND_PUT,
