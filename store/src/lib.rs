@@ -30,7 +30,6 @@ mod error;
 mod group_commit;
 mod huge_pages;
 mod key_index;
-mod le;
 pub mod listing;
 mod memstore;
 mod mutation;

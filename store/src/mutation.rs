@@ -4,10 +4,10 @@
 //! Adding a kind means adding a variant here, its encode/decode arms, and
 //! its apply arm in [`crate::MemStore`].
 
+use byteorder::{ByteOrder, LittleEndian};
 use cube_protocol::{Coord, EdgeLabel, EdgeWeight, NamespaceName};
 
 use crate::edges::EdgeKey;
-use crate::le;
 use crate::namespace::NamespaceMeta;
 use crate::programs::{
     TelemetryChange, put_telemetry_payload, read_telemetry_payload, telemetry_payload_len,
@@ -235,20 +235,20 @@ impl Mutation {
         }
         let c = take(12)?;
         let coord = Coord::new(
-            le::read_i32(&c[0..4]),
-            le::read_i32(&c[4..8]),
-            le::read_i32(&c[8..12]),
+            LittleEndian::read_i32(&c[0..4]),
+            LittleEndian::read_i32(&c[4..8]),
+            LittleEndian::read_i32(&c[8..12]),
         );
         let mutation = match kind {
             KIND_PUT => {
-                let len = le::read_u32(take(4)?) as usize;
+                let len = LittleEndian::read_u32(take(4)?) as usize;
                 let value = take(len)?.to_vec();
                 Mutation::Put { ns, coord, value }
             }
             KIND_DEL => Mutation::Del { ns, coord },
             KIND_LINK => {
                 let edge = take_edge_rest(&mut take, coord)?;
-                let bits = le::read_u64(take(8)?);
+                let bits = LittleEndian::read_u64(take(8)?);
                 let weight = EdgeWeight::new(f64::from_bits(bits))?;
                 Mutation::Link { ns, edge, weight }
             }
@@ -257,23 +257,23 @@ impl Mutation {
                 ns,
             },
             KIND_DETACH => {
-                let count = le::read_u32(take(4)?) as usize;
+                let count = LittleEndian::read_u32(take(4)?) as usize;
                 // Each listed edge is at least 25 bytes; never reserve more
                 // than the payload could hold.
                 let mut edges = Vec::with_capacity(count.min(payload.len() / 25));
                 for _ in 0..count {
                     let c = take(12)?;
                     let from = Coord::new(
-                        le::read_i32(&c[0..4]),
-                        le::read_i32(&c[4..8]),
-                        le::read_i32(&c[8..12]),
+                        LittleEndian::read_i32(&c[0..4]),
+                        LittleEndian::read_i32(&c[4..8]),
+                        LittleEndian::read_i32(&c[8..12]),
                     );
                     edges.push(take_edge_rest(&mut take, from)?);
                 }
                 Mutation::Detach { ns, coord, edges }
             }
             KIND_PROGRAM_PUT => {
-                let len = le::read_u32(take(4)?) as usize;
+                let len = LittleEndian::read_u32(take(4)?) as usize;
                 let source = take(len)?.to_vec();
                 Mutation::ProgramPut { ns, coord, source }
             }
@@ -334,9 +334,9 @@ fn take_edge_rest<'a>(
 ) -> Result<EdgeKey, String> {
     let c = take(12)?;
     let to = Coord::new(
-        le::read_i32(&c[0..4]),
-        le::read_i32(&c[4..8]),
-        le::read_i32(&c[8..12]),
+        LittleEndian::read_i32(&c[0..4]),
+        LittleEndian::read_i32(&c[4..8]),
+        LittleEndian::read_i32(&c[8..12]),
     );
     let len = usize::from(take(1)?[0]);
     let text = std::str::from_utf8(take(len)?).map_err(|_| "edge label not UTF-8")?;

@@ -31,10 +31,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use byteorder::{ByteOrder, LittleEndian};
 use cube_protocol::NamespaceName;
 
 use crate::curve::Curve;
-use crate::le;
 use crate::mutation::Mutation;
 
 /// Most entries in one namespace's access list.
@@ -163,7 +163,7 @@ impl NamespaceMeta {
         let start = out.len();
         out.resize(start + FIXED_BYTES, 0);
         let b = &mut out[start..];
-        b[0..8].copy_from_slice(&u64::to_le_bytes(self.id));
+        LittleEndian::write_u64(&mut b[0..8], self.id);
         b[8] = match self.curve {
             Curve::Morton => 1,
             Curve::Hilbert => 2,
@@ -180,13 +180,13 @@ impl NamespaceMeta {
         for (limit, flag, at) in limits {
             if let Some(limit) = limit {
                 flags |= flag;
-                b[at..at + 8].copy_from_slice(&u64::to_le_bytes(limit));
+                LittleEndian::write_u64(&mut b[at..at + 8], limit);
             }
         }
         b[9] = flags;
-        b[10..14].copy_from_slice(&u32::to_le_bytes(self.owner_uid));
+        LittleEndian::write_u32(&mut b[10..14], self.owner_uid);
         b[38..54].copy_from_slice(&self.key_check);
-        b[54..56].copy_from_slice(&u16::to_le_bytes(self.grants.len() as u16));
+        LittleEndian::write_u16(&mut b[54..56], self.grants.len() as u16);
         for grant in &self.grants {
             out.extend_from_slice(&grant.uid.to_le_bytes());
             out.push(u8::from(grant.read_only));
@@ -211,9 +211,10 @@ impl NamespaceMeta {
         if flags & !KNOWN_FLAGS != 0 {
             return Err(format!("unknown namespace flags 0x{flags:02x}"));
         }
-        let limit =
-            |flag: u8, at: usize| (flags & flag != 0).then(|| le::read_u64(&bytes[at..at + 8]));
-        let count = usize::from(le::read_u16(&bytes[54..56]));
+        let limit = |flag: u8, at: usize| {
+            (flags & flag != 0).then(|| LittleEndian::read_u64(&bytes[at..at + 8]))
+        };
+        let count = usize::from(LittleEndian::read_u16(&bytes[54..56]));
         if count > MAX_GRANTS || bytes.len() != FIXED_BYTES + 5 * count {
             return Err(format!(
                 "namespace metadata with {count} grants has {} bytes",
@@ -228,7 +229,7 @@ impl NamespaceMeta {
                 other => return Err(format!("grant flag {other} is not 0 or 1")),
             };
             grants.push(Grant {
-                uid: le::read_u32(&g[0..4]),
+                uid: LittleEndian::read_u32(&g[0..4]),
                 read_only,
             });
         }
@@ -238,7 +239,7 @@ impl NamespaceMeta {
         let mut key_check = [0u8; 16];
         key_check.copy_from_slice(&bytes[38..54]);
         Ok(NamespaceMeta {
-            id: le::read_u64(&bytes[0..8]),
+            id: LittleEndian::read_u64(&bytes[0..8]),
             curve,
             quota: Quota {
                 max_cells: limit(FLAG_MAX_CELLS, 14),
@@ -246,7 +247,7 @@ impl NamespaceMeta {
                 max_edges: limit(FLAG_MAX_EDGES, 30),
             },
             encrypted: flags & FLAG_ENCRYPTED != 0,
-            owner_uid: le::read_u32(&bytes[10..14]),
+            owner_uid: LittleEndian::read_u32(&bytes[10..14]),
             key_check,
             grants,
         })

@@ -19,12 +19,12 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use byteorder::{ByteOrder, LittleEndian};
 use cube_protocol::{
     CellBox, Coord, MAX_OUTCOME_MESSAGE_BYTES, NamespaceName, RunOutcome, RunRecord,
 };
 
 use crate::coord_hash::{CoordHashBuilder, bucket_order};
-use crate::le;
 use crate::memstore::MemStore;
 use crate::mutation::Mutation;
 
@@ -859,10 +859,10 @@ fn read_record(seq: u64, bytes: &[u8]) -> Result<(RunRecord, u64), String> {
     if bytes[0] != RECORD_VERSION {
         return Err(format!("telemetry record version {} is unknown", bytes[0]));
     }
-    let u64_at = |at: usize| le::read_u64(&bytes[at..at + 8]);
+    let u64_at = |at: usize| LittleEndian::read_u64(&bytes[at..at + 8]);
     let outcome = RunOutcome::from_u8(bytes[45])
         .ok_or_else(|| format!("telemetry outcome {} is unknown", bytes[45]))?;
-    let message_len = usize::from(le::read_u16(&bytes[46..48]));
+    let message_len = usize::from(LittleEndian::read_u16(&bytes[46..48]));
     if message_len > MAX_OUTCOME_MESSAGE_BYTES || bytes.len() != fixed + message_len {
         return Err(format!(
             "telemetry record of {} bytes does not match its message length {message_len}",
@@ -878,7 +878,7 @@ fn read_record(seq: u64, bytes: &[u8]) -> Result<(RunRecord, u64), String> {
             started_unix_us: u64_at(1),
             duration_ns: u64_at(9),
             instructions: u64_at(17),
-            cells_written: le::read_u32(&bytes[33..37]),
+            cells_written: LittleEndian::read_u32(&bytes[33..37]),
             outcome,
             message,
         },
@@ -924,9 +924,9 @@ pub(crate) fn read_telemetry_payload(rest: &[u8]) -> Result<TelemetryChange, Str
         .ok_or("telemetry payload without a flag")?;
     match flag {
         CHANGE_APPEND if rest.len() >= 20 => {
-            let seq = le::read_u64(&rest[0..8]);
-            let keep = le::read_u32(&rest[8..12]);
-            let trim_from = le::read_u64(&rest[12..20]);
+            let seq = LittleEndian::read_u64(&rest[0..8]);
+            let keep = LittleEndian::read_u32(&rest[8..12]);
+            let trim_from = LittleEndian::read_u64(&rest[12..20]);
             let (record, failures) = read_record(seq, &rest[20..])?;
             Ok(TelemetryChange::Append {
                 record,
@@ -936,7 +936,7 @@ pub(crate) fn read_telemetry_payload(rest: &[u8]) -> Result<TelemetryChange, Str
             })
         }
         CHANGE_DROP if rest.len() == 8 => Ok(TelemetryChange::Drop {
-            seq: le::read_u64(rest),
+            seq: LittleEndian::read_u64(rest),
         }),
         _ => Err(format!(
             "telemetry payload with flag {flag} and {} more bytes is malformed",

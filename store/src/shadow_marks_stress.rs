@@ -21,6 +21,7 @@
 //! (several freezes and merges) are done, and never more than
 //! [`MAX_MUTATIONS`] mutations or [`MAX_READS`] reads per reader.
 
+use byteorder::{ByteOrder, LittleEndian};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -91,8 +92,8 @@ fn check(id: usize, finished: u32, begun: u32, got: Option<&[u8]>) {
     match got {
         Some(bytes) => {
             assert!(bytes.len() >= 8, "key {id}: a {}-byte value", bytes.len());
-            let owner = crate::le::read_u32(&bytes[..4]);
-            let version = crate::le::read_u32(&bytes[4..8]);
+            let owner = LittleEndian::read_u32(&bytes[..4]);
+            let version = LittleEndian::read_u32(&bytes[4..8]);
             assert_eq!(owner, id as u32, "key {id}: another key's value");
             assert_eq!(bytes, value(id, version), "key {id}: torn value");
             assert!(

@@ -53,13 +53,14 @@
 
 use std::path::{Path, PathBuf};
 
+use byteorder::{ByteOrder, LittleEndian};
+
 use std::collections::HashSet;
 
 use crate::checkpoint::state_key::entry_ns_id;
 use crate::crypto::{CryptoError, DIR_ID_BYTES, Keyring, MAC_BYTES, MacContext, tags_equal};
 use crate::data_dir::sync_dir;
 use crate::error::StoreError;
-use crate::le;
 use crate::storage::{OpenMode, Storage, StorageFile};
 
 /// Writes and reads go to the file in pieces of this size.
@@ -108,13 +109,13 @@ impl FileHeader {
         } else {
             VERSION
         };
-        h[8..12].copy_from_slice(&u32::to_le_bytes(version));
+        LittleEndian::write_u32(&mut h[8..12], version);
         h[12] = self.kind as u8;
-        h[16..24].copy_from_slice(&u64::to_le_bytes(self.file_id));
-        h[24..32].copy_from_slice(&u64::to_le_bytes(self.lsn_from));
-        h[32..40].copy_from_slice(&u64::to_le_bytes(self.lsn_to));
+        LittleEndian::write_u64(&mut h[16..24], self.file_id);
+        LittleEndian::write_u64(&mut h[24..32], self.lsn_from);
+        LittleEndian::write_u64(&mut h[32..40], self.lsn_to);
         let crc = crc32c::crc32c(&h[0..40]);
-        h[40..44].copy_from_slice(&u32::to_le_bytes(crc));
+        LittleEndian::write_u32(&mut h[40..44], crc);
         h
     }
 
@@ -122,11 +123,11 @@ impl FileHeader {
         if h.len() < HEADER_BYTES || &h[0..8] != MAGIC {
             return Err("not a cube checkpoint file (bad magic)".into());
         }
-        let stored = le::read_u32(&h[40..44]);
+        let stored = LittleEndian::read_u32(&h[40..44]);
         if stored != crc32c::crc32c(&h[0..40]) {
             return Err("checkpoint header checksum mismatch".into());
         }
-        let version = le::read_u32(&h[8..12]);
+        let version = LittleEndian::read_u32(&h[8..12]);
         if version != VERSION && version != VERSION_AUTHENTICATED {
             return Err(format!(
                 "checkpoint format version {version} is not supported (this build reads {VERSION} and {VERSION_AUTHENTICATED})"
@@ -139,9 +140,9 @@ impl FileHeader {
         };
         Ok(FileHeader {
             kind,
-            file_id: le::read_u64(&h[16..24]),
-            lsn_from: le::read_u64(&h[24..32]),
-            lsn_to: le::read_u64(&h[32..40]),
+            file_id: LittleEndian::read_u64(&h[16..24]),
+            lsn_from: LittleEndian::read_u64(&h[24..32]),
+            lsn_to: LittleEndian::read_u64(&h[32..40]),
             authenticated: version == VERSION_AUTHENTICATED,
         })
     }
@@ -327,8 +328,8 @@ impl<'a> CheckpointWriter<'a> {
         }
         let crc = crc32c::crc32c(&self.block);
         let mut head = [0u8; 8];
-        head[0..4].copy_from_slice(&u32::to_le_bytes(len_field));
-        head[4..8].copy_from_slice(&u32::to_le_bytes(crc));
+        LittleEndian::write_u32(&mut head[0..4], len_field);
+        LittleEndian::write_u32(&mut head[4..8], crc);
         self.pending.extend_from_slice(&head);
         self.pending.extend_from_slice(&self.block);
         if self.pending.len() >= IO_CHUNK_BYTES {
@@ -359,12 +360,12 @@ impl<'a> CheckpointWriter<'a> {
         self.flush_block()?;
         let mut f = [0u8; FOOTER_BYTES];
         f[0..8].copy_from_slice(FOOTER_MAGIC);
-        f[8..16].copy_from_slice(&u64::to_le_bytes(self.entries));
-        f[16..24].copy_from_slice(&u64::to_le_bytes(self.blocks));
-        f[24..32].copy_from_slice(&u64::to_le_bytes(self.blocks_bytes));
-        f[32..36].copy_from_slice(&u32::to_le_bytes(self.blocks_crc));
+        LittleEndian::write_u64(&mut f[8..16], self.entries);
+        LittleEndian::write_u64(&mut f[16..24], self.blocks);
+        LittleEndian::write_u64(&mut f[24..32], self.blocks_bytes);
+        LittleEndian::write_u32(&mut f[32..36], self.blocks_crc);
         let crc = crc32c::crc32c(&f[0..36]);
-        f[36..40].copy_from_slice(&u32::to_le_bytes(crc));
+        LittleEndian::write_u32(&mut f[36..40], crc);
         self.pending.extend_from_slice(&f);
         self.write_pending()?;
         self.file
@@ -496,14 +497,14 @@ impl<'k> CheckpointReader<'k> {
         file.read_exact_at(&mut footer, footer_at)
             .map_err(|e| StoreError::io(path, e))?;
         if &footer[0..8] != FOOTER_MAGIC
-            || le::read_u32(&footer[36..40]) != crc32c::crc32c(&footer[0..36])
+            || LittleEndian::read_u32(&footer[36..40]) != crc32c::crc32c(&footer[0..36])
         {
             return Err(corrupt(
                 footer_at,
                 "checkpoint footer is missing or damaged (a truncated file?)".into(),
             ));
         }
-        let blocks_bytes = le::read_u64(&footer[24..32]);
+        let blocks_bytes = LittleEndian::read_u64(&footer[24..32]);
         if blocks_bytes != footer_at - HEADER_BYTES as u64 {
             return Err(corrupt(
                 footer_at,
@@ -520,9 +521,9 @@ impl<'k> CheckpointReader<'k> {
             block_seal: None,
             file,
             header,
-            footer_entries: le::read_u64(&footer[8..16]),
-            footer_blocks: le::read_u64(&footer[16..24]),
-            footer_blocks_crc: le::read_u32(&footer[32..36]),
+            footer_entries: LittleEndian::read_u64(&footer[8..16]),
+            footer_blocks: LittleEndian::read_u64(&footer[16..24]),
+            footer_blocks_crc: LittleEndian::read_u32(&footer[32..36]),
             blocks_end: footer_at,
             offset: HEADER_BYTES as u64,
             block: Vec::new(),
@@ -584,10 +585,10 @@ impl<'k> CheckpointReader<'k> {
         self.file
             .read_exact_at(&mut head, at)
             .map_err(|e| StoreError::io(&self.path, e))?;
-        let len_field = le::read_u32(&head[0..4]);
+        let len_field = LittleEndian::read_u32(&head[0..4]);
         let sealed = len_field & SEALED_BLOCK_BIT != 0;
         let len = (len_field & !SEALED_BLOCK_BIT) as usize;
-        let stored = le::read_u32(&head[4..8]);
+        let stored = LittleEndian::read_u32(&head[4..8]);
         if len > MAX_BLOCK_BYTES || at + 8 + len as u64 > self.blocks_end {
             return Err(self.corrupt(at, format!("block length {len} is impossible here")));
         }
@@ -624,9 +625,9 @@ impl<'k> CheckpointReader<'k> {
         if self.block.len() < SEALED_PREFIX_BYTES + crate::crypto::TAG_BYTES {
             return Err(self.corrupt(at, "sealed block too short for its nonce and tag"));
         }
-        let ns_id = le::read_u64(&self.block[0..8]);
-        let start_id = le::read_u64(&self.block[8..16]);
-        let counter = le::read_u64(&self.block[16..24]);
+        let ns_id = LittleEndian::read_u64(&self.block[0..8]);
+        let start_id = LittleEndian::read_u64(&self.block[8..16]);
+        let counter = LittleEndian::read_u64(&self.block[16..24]);
         let Some(keyring) = self.keyring.filter(|k| k.has_key()) else {
             return Err(StoreError::Key(format!(
                 "{} holds data of an encrypted namespace (id {ns_id}) at offset {at}; start cubed with --key-file",
@@ -712,7 +713,7 @@ impl<'k> CheckpointReader<'k> {
             if b.len() < 2 {
                 return Err(short());
             }
-            let key_len = usize::from(le::read_u16(&b[0..2]));
+            let key_len = usize::from(LittleEndian::read_u16(&b[0..2]));
             if b.len() < 2 + key_len + 1 {
                 return Err(short());
             }
@@ -724,7 +725,7 @@ impl<'k> CheckpointReader<'k> {
                     if b.len() < used + 4 {
                         return Err(short());
                     }
-                    let len = le::read_u32(&b[used..used + 4]) as usize;
+                    let len = LittleEndian::read_u32(&b[used..used + 4]) as usize;
                     used += 4;
                     if b.len() < used + len {
                         return Err(short());

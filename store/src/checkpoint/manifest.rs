@@ -27,10 +27,11 @@
 
 use std::path::{Path, PathBuf};
 
+use byteorder::{ByteOrder, LittleEndian};
+
 use crate::crypto::{DIR_ID_BYTES, Keyring, MAC_BYTES, tags_equal};
 use crate::data_dir::sync_dir;
 use crate::error::StoreError;
-use crate::le;
 use crate::storage::{OpenMode, Storage};
 
 const MAGIC: &[u8; 8] = b"CUBEMANI";
@@ -155,16 +156,16 @@ impl Manifest {
             return Err((0, "not a cube manifest (bad magic or too short)".into()));
         }
         let body_len = bytes.len() - 4;
-        let stored = le::read_u32(&bytes[body_len..]);
+        let stored = LittleEndian::read_u32(&bytes[body_len..]);
         if stored != crc32c::crc32c(&bytes[..body_len]) {
             return Err((body_len as u64, "manifest checksum mismatch".into()));
         }
-        let version = le::read_u32(&bytes[8..12]);
+        let version = LittleEndian::read_u32(&bytes[8..12]);
         if version != VERSION && version != VERSION_AUTHENTICATED {
             return Err((8, format!("manifest version {version} is not supported")));
         }
-        let count = le::read_u32(&bytes[36..40]) as usize;
-        let base = le::read_u64(&bytes[28..36]);
+        let count = LittleEndian::read_u32(&bytes[36..40]) as usize;
+        let base = LittleEndian::read_u64(&bytes[28..36]);
         let files = count + usize::from(base != 0);
         let auth_len = if version == VERSION_AUTHENTICATED {
             DIR_ID_BYTES + MAC_BYTES + MAC_BYTES * files + MAC_BYTES
@@ -181,11 +182,11 @@ impl Manifest {
             ));
         }
         let mut manifest = Manifest {
-            checkpoint_lsn: le::read_u64(&bytes[12..20]),
-            next_file_id: le::read_u64(&bytes[20..28]),
+            checkpoint_lsn: LittleEndian::read_u64(&bytes[12..20]),
+            next_file_id: LittleEndian::read_u64(&bytes[20..28]),
             base_file_id: (base != 0).then_some(base),
             delta_file_ids: (0..count)
-                .map(|i| le::read_u64(&bytes[40 + 8 * i..48 + 8 * i]))
+                .map(|i| LittleEndian::read_u64(&bytes[40 + 8 * i..48 + 8 * i]))
                 .collect(),
             auth: None,
         };
@@ -214,7 +215,8 @@ impl Manifest {
     /// Checks an authenticated manifest's tag (`None`: it verifies, or the
     /// manifest is not authenticated); the bytes are the file as read.
     fn check_tag(bytes: &[u8], keyring: &Keyring) -> Option<String> {
-        if bytes.len() < 12 + MAC_BYTES + 4 || le::read_u32(&bytes[8..12]) != VERSION_AUTHENTICATED
+        if bytes.len() < 12 + MAC_BYTES + 4
+            || LittleEndian::read_u32(&bytes[8..12]) != VERSION_AUTHENTICATED
         {
             return None;
         }

@@ -29,6 +29,7 @@
 //! Programs (tag 0x30) and run telemetry (tag 0x40) are keyed and encoded
 //! in `crate::programs`, with the same `ns_id` prefix.
 
+use byteorder::{ByteOrder, LittleEndian};
 use cube_protocol::{Coord, EdgeLabel, EdgeWeight, NamespaceName};
 
 use crate::curve::{morton_decode, morton_key};
@@ -147,11 +148,10 @@ fn edge_entry_to_mutation(
     Ok(match value {
         None => Mutation::Unlink { ns, edge },
         Some(value) => {
-            let bits: [u8; 8] = value
-                .as_slice()
-                .try_into()
-                .map_err(|_| format!("edge weight of {} bytes, not 8", value.len()))?;
-            let weight = EdgeWeight::new(f64::from_bits(u64::from_le_bytes(bits)))?;
+            if value.len() != 8 {
+                return Err(format!("edge weight of {} bytes, not 8", value.len()));
+            }
+            let weight = EdgeWeight::new(LittleEndian::read_f64(&value))?;
             Mutation::Link { ns, edge, weight }
         }
     })

@@ -401,9 +401,7 @@ impl BlockIndex {
 }
 
 fn read_u128(b: &[u8]) -> u128 {
-    let mut k = [0u8; 16];
-    k.copy_from_slice(&b[..16]);
-    u128::from_le_bytes(k)
+    LittleEndian::read_u128(b)
 }
 
 /// Appends one entry to a block payload being built.

@@ -32,10 +32,11 @@
 //! records the chain value past it (a later segment's header, the
 //! authenticated manifest after a fold).
 
+use byteorder::{ByteOrder, LittleEndian};
+
 use super::crc_seed::CrcSeed;
 use super::record::{GROUP_END_BIT, RECORD_HEADER_BYTES};
 use crate::crypto::{CryptoError, DIR_ID_BYTES, Keyring, MAC_BYTES};
-use crate::le;
 
 /// The kind of a chain record (bits 0-5; no mutation uses it).
 pub const KIND_CHAIN: u8 = 0x3f;
@@ -61,7 +62,7 @@ pub fn group_mac(
     mac.update(&state.prev);
     let mut at = 0;
     while at + RECORD_HEADER_BYTES <= records.len() {
-        let len = le::read_u32(&records[at + 4..at + 8]) as usize;
+        let len = LittleEndian::read_u32(&records[at + 4..at + 8]) as usize;
         let end = (at + RECORD_HEADER_BYTES + len).min(records.len());
         mac.update(&records[at + 4..end]);
         at = end;

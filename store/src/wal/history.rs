@@ -12,6 +12,7 @@
 //! open segment) are never looked at, and a record that does not parse
 //! there is damage, not a write in progress.
 
+use byteorder::{ByteOrder, LittleEndian};
 use std::io;
 use std::path::Path;
 
@@ -154,7 +155,7 @@ impl ChunkReader {
             return Ok(false);
         }
         let rest = self.rest();
-        let payload_len = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]) as usize;
+        let payload_len = LittleEndian::read_u32(&rest[4..8]) as usize;
         // A length past the limit is damage: parse_record says so.
         if payload_len > MAX_RECORD_PAYLOAD_BYTES {
             return Ok(true);

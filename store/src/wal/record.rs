@@ -33,11 +33,11 @@
 //! by a crash (never acknowledged) is dropped whole, even when some of its
 //! later sectors reached the disk and earlier ones did not.
 
+use byteorder::{ByteOrder, LittleEndian};
 use cube_protocol::NamespaceName;
 
 use super::crc_seed::CrcSeed;
 use crate::crypto::{CryptoError, DIR_ID_BYTES, Keyring, TAG_BYTES};
-use crate::le;
 use crate::mutation::Mutation;
 
 pub const RECORD_HEADER_BYTES: usize = 17;
@@ -149,8 +149,8 @@ pub fn decode_record(
         .ok()
         .and_then(|name| NamespaceName::new(name).ok())
         .ok_or_else(|| damage("sealed payload with a malformed namespace"))?;
-    let ns_id = le::read_u64(&payload[ns_prefix..ns_prefix + 8]);
-    let start_id = le::read_u64(&payload[ns_prefix + 8..ns_prefix + 16]);
+    let ns_id = LittleEndian::read_u64(&payload[ns_prefix..ns_prefix + 8]);
+    let start_id = LittleEndian::read_u64(&payload[ns_prefix + 8..ns_prefix + 16]);
     let Some(keyring) = keyring.filter(|k| k.has_key()) else {
         return Err(RecordOpenError::Key(format!(
             "namespace {:?} is encrypted and no master key was given; start cubed with --key-file PATH",
@@ -228,7 +228,7 @@ pub fn reseed_records(records: &mut [u8], seed: CrcSeed) {
     let mut at = 0;
     while at < records.len() {
         assert!(at + RECORD_HEADER_BYTES <= records.len(), "whole records");
-        let payload_len = le::read_u32(&records[at + 4..at + 8]) as usize;
+        let payload_len = LittleEndian::read_u32(&records[at + 4..at + 8]) as usize;
         let end = at + RECORD_HEADER_BYTES + payload_len;
         assert!(end <= records.len(), "whole records");
         let crc = seed.checksum(&records[at + 4..end]);
@@ -281,8 +281,8 @@ pub fn parse_record(bytes: &[u8], seed: CrcSeed) -> Result<RawRecord<'_>, Record
     if bytes.len() < RECORD_HEADER_BYTES {
         return Err(RecordDamage::Short);
     }
-    let stored = le::read_u32(&bytes[0..4]);
-    let payload_len = le::read_u32(&bytes[4..8]);
+    let stored = LittleEndian::read_u32(&bytes[0..4]);
+    let payload_len = LittleEndian::read_u32(&bytes[4..8]);
     if payload_len as usize > MAX_RECORD_PAYLOAD_BYTES {
         return Err(RecordDamage::BadLength(payload_len));
     }
@@ -295,7 +295,7 @@ pub fn parse_record(bytes: &[u8], seed: CrcSeed) -> Result<RawRecord<'_>, Record
         return Err(RecordDamage::BadChecksum { stored, computed });
     }
     Ok(RawRecord {
-        lsn: le::read_u64(&bytes[8..16]),
+        lsn: LittleEndian::read_u64(&bytes[8..16]),
         kind: bytes[16] & !GROUP_END_BIT,
         group_end: bytes[16] & GROUP_END_BIT != 0,
         payload: &bytes[RECORD_HEADER_BYTES..total_bytes],

@@ -18,13 +18,13 @@
 //! the log is truncated at the first bad point, later segments are moved
 //! aside, and the dropped bytes are saved under `wal/repair-<unix-secs>/`.
 
+use byteorder::{ByteOrder, LittleEndian};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::crypto::{Keyring, MAC_BYTES, tags_equal};
 use crate::data_dir::sync_dir;
 use crate::error::StoreError;
-use crate::le;
 use crate::mutation::{
     KIND_DEL, KIND_DETACH, KIND_LINK, KIND_NAMESPACE_ALTER, KIND_NAMESPACE_CREATE,
     KIND_NAMESPACE_DROP, KIND_PROGRAM_DEL, KIND_PROGRAM_PUT, KIND_PUT, KIND_TELEMETRY, KIND_UNLINK,
@@ -827,8 +827,8 @@ fn later_group_follows(bytes: &[u8], from: usize, min_lsn: u64, seed: CrcSeed) -
     let mut at = from;
     while at + RECORD_HEADER_BYTES <= bytes.len() {
         let h = &bytes[at..];
-        let len = le::read_u32(&h[4..8]) as usize;
-        let lsn = le::read_u64(&h[8..16]);
+        let len = LittleEndian::read_u32(&h[4..8]) as usize;
+        let lsn = LittleEndian::read_u64(&h[8..16]);
         let kind = h[16] & !GROUP_END_BIT & !SEALED_BIT;
         let plausible = [
             KIND_PUT,

@@ -41,12 +41,13 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
+use byteorder::{ByteOrder, LittleEndian};
+
 use super::chain::ChainState;
 use super::crc_seed::CrcSeed;
 use crate::crypto::{DIR_ID_BYTES, MAC_BYTES};
 use crate::data_dir::sync_dir;
 use crate::error::StoreError;
-use crate::le;
 use crate::storage::{OpenMode, Storage, StorageFile};
 
 /// The header this build writes (version 2).
@@ -96,15 +97,15 @@ pub fn encode_segment_header(
     } else {
         SEGMENT_VERSION
     };
-    h[8..12].copy_from_slice(&u32::to_le_bytes(version));
-    h[12..20].copy_from_slice(&u64::to_le_bytes(first_lsn));
-    h[20..24].copy_from_slice(&u32::to_le_bytes(crc_seed.to_u32()));
+    LittleEndian::write_u32(&mut h[8..12], version);
+    LittleEndian::write_u64(&mut h[12..20], first_lsn);
+    LittleEndian::write_u32(&mut h[20..24], crc_seed.to_u32());
     if let Some(chain) = chain {
         h[28..44].copy_from_slice(&chain.dir_id);
         h[44..76].copy_from_slice(&chain.prev);
     }
     let crc = crc32c::crc32c(&h[0..len - 4]);
-    h[len - 4..len].copy_from_slice(&u32::to_le_bytes(crc));
+    LittleEndian::write_u32(&mut h[len - 4..len], crc);
     h
 }
 
@@ -122,7 +123,7 @@ pub struct SegmentHeader {
 /// How many bytes the header at the start of `bytes` needs: a file shorter
 /// than that is a creation torn before its header was whole.
 pub fn header_bytes_needed(bytes: &[u8]) -> usize {
-    match bytes.get(8..12).map(le::read_u32) {
+    match bytes.get(8..12).map(LittleEndian::read_u32) {
         Some(1) => V1_SEGMENT_HEADER_BYTES,
         Some(SEGMENT_VERSION_CHAINED) => CHAINED_SEGMENT_HEADER_BYTES,
         _ => SEGMENT_HEADER_BYTES,
@@ -141,14 +142,14 @@ pub fn parse_segment_header(bytes: &[u8]) -> Result<SegmentHeader, String> {
     if &bytes[0..8] != SEGMENT_MAGIC {
         return Err("not a cube WAL segment (bad magic)".into());
     }
-    let version = le::read_u32(&bytes[8..12]);
+    let version = LittleEndian::read_u32(&bytes[8..12]);
     if version != 1 && version != SEGMENT_VERSION && version != SEGMENT_VERSION_CHAINED {
         return Err(format!(
             "segment format version {version} is not supported (this build reads 1 to {SEGMENT_VERSION_CHAINED}), or the header is damaged"
         ));
     }
     let crc_at = needed - 4;
-    let stored = le::read_u32(&bytes[crc_at..needed]);
+    let stored = LittleEndian::read_u32(&bytes[crc_at..needed]);
     let computed = crc32c::crc32c(&bytes[0..crc_at]);
     if stored != computed {
         return Err(format!(
@@ -158,8 +159,8 @@ pub fn parse_segment_header(bytes: &[u8]) -> Result<SegmentHeader, String> {
     let crc_seed = if version == 1 {
         CrcSeed::UNSEEDED
     } else {
-        let seed = CrcSeed::from_u32(le::read_u32(&bytes[20..24]));
-        if seed == CrcSeed::UNSEEDED || le::read_u32(&bytes[24..28]) != 0 {
+        let seed = CrcSeed::from_u32(LittleEndian::read_u32(&bytes[20..24]));
+        if seed == CrcSeed::UNSEEDED || LittleEndian::read_u32(&bytes[24..28]) != 0 {
             return Err(
                 "version-2 segment header with a zero seed or nonzero reserved bytes".into(),
             );
@@ -176,7 +177,7 @@ pub fn parse_segment_header(bytes: &[u8]) -> Result<SegmentHeader, String> {
         state
     });
     Ok(SegmentHeader {
-        first_lsn: le::read_u64(&bytes[12..20]),
+        first_lsn: LittleEndian::read_u64(&bytes[12..20]),
         crc_seed,
         header_bytes: needed,
         chain,
@@ -444,10 +445,10 @@ mod tests {
     fn version_1_headers_are_still_read_unseeded() {
         let mut h = [0u8; V1_SEGMENT_HEADER_BYTES];
         h[0..8].copy_from_slice(SEGMENT_MAGIC);
-        h[8..12].copy_from_slice(&u32::to_le_bytes(1));
-        h[12..20].copy_from_slice(&u64::to_le_bytes(5));
+        LittleEndian::write_u32(&mut h[8..12], 1);
+        LittleEndian::write_u64(&mut h[12..20], 5);
         let crc = crc32c::crc32c(&h[0..20]);
-        h[20..24].copy_from_slice(&u32::to_le_bytes(crc));
+        LittleEndian::write_u32(&mut h[20..24], crc);
         assert_eq!(header_bytes_needed(&h), V1_SEGMENT_HEADER_BYTES);
         assert_eq!(
             parse_segment_header(&h),
