@@ -74,6 +74,22 @@ impl From<ClientError> for ExportEnd {
     }
 }
 
+/// The next page's cursor, or `None` after the last page; a cursor that
+/// does not move forward is the daemon's error, and would loop for ever.
+fn advance_cursor<T: PartialOrd + std::fmt::Debug + std::fmt::Display + Copy>(
+    list: &str,
+    after: Option<T>,
+    resume_after: Option<T>,
+) -> Result<Option<T>, ExportEnd> {
+    match resume_after {
+        Some(next) if after.is_some_and(|previous| next <= previous) => Err(
+            ClientError::UnexpectedResponse(format!("{list} cursor went from {after:?} to {next}"))
+                .into(),
+        ),
+        next => Ok(next),
+    }
+}
+
 fn write_out(out: &mut impl Write, bytes: &[u8]) -> Result<(), ExportEnd> {
     out.write_all(bytes).map_err(|e| output_end(&e))
 }
@@ -193,15 +209,9 @@ fn export_into(
             }
             *edges += 1;
         }
-        match page.resume_after {
+        match advance_cursor("edge-list", after, page.resume_after)? {
             None => break,
-            Some(next) if after.is_some_and(|previous| next <= previous) => {
-                return Err(ClientError::UnexpectedResponse(format!(
-                    "edge-list cursor went from {after:?} to {next}"
-                ))
-                .into());
-            }
-            Some(next) => after = Some(next),
+            next => after = next,
         }
     }
     let mut after = None;
@@ -215,15 +225,9 @@ fn export_into(
             }
             *programs += 1;
         }
-        match page.resume_after {
+        match advance_cursor("prog-list", after, page.resume_after)? {
             None => break,
-            Some(next) if after.is_some_and(|previous| next <= previous) => {
-                return Err(ClientError::UnexpectedResponse(format!(
-                    "prog-list cursor went from {after:?} to {next}"
-                ))
-                .into());
-            }
-            Some(next) => after = Some(next),
+            next => after = next,
         }
     }
     Ok(())
