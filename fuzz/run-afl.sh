@@ -107,12 +107,15 @@ tree_cpu_seconds() {
 # Runs afl-fuzz in the background until it stops by itself (-V) or has used
 # $cpu_seconds of CPU; keeps the last CPU reading in $dir/cpu_seconds.
 fuzz_until_done() {
-    local dir=$1 pid used=0 status=0
+    local dir=$1 pid used=0 now status=0
     shift
     nice -n "$niceness" "$@" &
     pid=$!
     while kill -0 "$pid" 2>/dev/null; do
-        used=$(tree_cpu_seconds "$pid")
+        # The largest reading: as the run ends its processes exit one by one
+        # and a last reading would miss the ones already gone.
+        now=$(tree_cpu_seconds "$pid")
+        [ "$now" -gt "$used" ] && used=$now
         echo "$used" >"$dir/cpu_seconds"
         if [ -n "$cpu_seconds" ] && [ "$used" -ge "$cpu_seconds" ]; then
             # afl-fuzz stops cleanly on SIGINT: it writes its stats and exits 0.
