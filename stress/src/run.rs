@@ -57,6 +57,10 @@ pub struct RunConfig {
     pub hostile: usize,
     /// Progress lines on stderr.
     pub progress: bool,
+    /// The key space already holds version 1 of every key (`cube-stress
+    /// scale`'s data set): nothing is filled, and the ledgers start from
+    /// that version without a state per key.
+    pub preloaded: bool,
 }
 
 impl RunConfig {
@@ -117,6 +121,17 @@ impl RunConfig {
                 ));
             }
         }
+        if self.preloaded
+            && !matches!(
+                self.workload.kind,
+                WorkloadKind::Get | WorkloadKind::Mget | WorkloadKind::Mixed | WorkloadKind::Put
+            )
+        {
+            return Err(StressError::Usage(format!(
+                "the {} workload does not run on a preloaded key space (cells only)",
+                self.workload.name()
+            )));
+        }
         if let Some(every) = self.crash_every {
             if every.is_zero() {
                 return Err(StressError::Usage(
@@ -143,10 +158,18 @@ pub fn run(config: &RunConfig) -> Result<RunReport, StressError> {
     let mut target = RunningTarget::start(&config.target)?;
     say(config, target.detail.clone());
     let connector = target.connector.clone();
+    let baseline = u64::from(config.preloaded);
     let ledgers: Vec<Mutex<Ledger>> = (0..config.clients)
-        .map(|client| Mutex::new(Ledger::new(client, keys)))
+        .map(|client| Mutex::new(Ledger::with_baseline(client, keys, baseline)))
         .collect();
-    let prefilled = prefill_workload(config, connector.as_ref(), &ledgers, &keys)?;
+    let prefilled = if config.preloaded {
+        Prefilled {
+            seconds: None,
+            counter_baseline: Vec::new(),
+        }
+    } else {
+        prefill_workload(config, connector.as_ref(), &ledgers, &keys)?
+    };
     let hostile_socket = start_hostile(config, &target)?;
 
     let counter_ledger = CounterLedger::new(prefilled.counter_baseline);
@@ -1186,6 +1209,7 @@ mod tests {
             crash_every: None,
             hostile: 0,
             progress: false,
+            preloaded: false,
         };
         let keys = config.validate().unwrap();
         let ledgers = [Mutex::new(Ledger::new(0, keys))];
