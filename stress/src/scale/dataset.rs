@@ -239,6 +239,7 @@ pub fn import(
     let running = AtomicUsize::new(IMPORT_CONNECTIONS);
     let started = Instant::now();
     let mut watch = ImportWatch::new(started);
+    let mut out_of_memory = None;
     let failures: Vec<String> = thread::scope(|scope| {
         let workers: Vec<_> = (0..IMPORT_CONNECTIONS)
             .map(|_| {
@@ -262,6 +263,10 @@ pub fn import(
             .collect();
         while running.load(Ordering::Relaxed) > 0 {
             thread::sleep(Duration::from_millis(100));
+            if let Some(short) = memory_short() {
+                stop.store(true, Ordering::Relaxed);
+                out_of_memory = Some(short);
+            }
             let cells_done = done.load(Ordering::Relaxed);
             if let Some(line) = watch.tick(cells_done, cells, daemon.rss_bytes()) {
                 if progress {
@@ -278,6 +283,16 @@ pub fn import(
             })
             .collect()
     });
+    if let Some(short) = out_of_memory {
+        return Err(StressError::target(
+            "cube",
+            format!(
+                "the import stopped at {} of {cells} cells: {short}; this cubed does not fit \
+                 the data set in this machine's memory, so ask for fewer --cells",
+                done.load(Ordering::Relaxed)
+            ),
+        ));
+    }
     if let Some(first) = failures.first() {
         return Err(StressError::target(
             "cube",
@@ -290,6 +305,31 @@ pub fn import(
         cells_per_sec: cells as f64 / seconds.max(1e-9),
         slowest_interval_cells_per_sec: watch.slowest_interval(),
         peak_rss_bytes: daemon.peak_rss_bytes(),
+    })
+}
+
+/// The share of the machine's memory under which the import stops
+/// rather than push the machine into the OOM killer (a cubed that keeps
+/// every cell in RAM cannot hold 200 M of them).
+const MIN_AVAILABLE_SHARE: f64 = 0.10;
+
+/// Why the machine is short of memory, if it is: available memory under
+/// [`MIN_AVAILABLE_SHARE`] of the total (`/proc/meminfo`).
+fn memory_short() -> Option<String> {
+    let meminfo = fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        meminfo.lines().find_map(|line| {
+            let rest = line.strip_prefix(name)?.strip_prefix(':')?;
+            rest.trim().trim_end_matches("kB").trim().parse().ok()
+        })
+    };
+    let (total, available) = (field("MemTotal")?, field("MemAvailable")?);
+    (available as f64 <= total as f64 * MIN_AVAILABLE_SHARE).then(|| {
+        format!(
+            "the machine has only {} MiB of its {} MiB available",
+            available / 1024,
+            total / 1024
+        )
     })
 }
 
