@@ -54,7 +54,7 @@ impl ScaleDaemon {
             .create(true)
             .append(true)
             .open(&log)
-            .map_err(|e| StressError::io(&format!("cannot open {}", log.display()), e))?;
+            .map_err(|e| StressError::io(format!("cannot open {}", log.display()), e))?;
         let clone = log_file
             .try_clone()
             .map_err(|e| StressError::io("cannot share the daemon's log", e))?;
@@ -69,7 +69,7 @@ impl ScaleDaemon {
             .stdout(clone)
             .stderr(log_file)
             .spawn()
-            .map_err(|e| StressError::io(&format!("cannot start {}", binary.display()), e))?;
+            .map_err(|e| StressError::io(format!("cannot start {}", binary.display()), e))?;
         let mut daemon = ScaleDaemon {
             pid: child.id(),
             child: Some(child),

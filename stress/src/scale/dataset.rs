@@ -268,10 +268,9 @@ pub fn import(
                 out_of_memory = Some(short);
             }
             let cells_done = done.load(Ordering::Relaxed);
-            if let Some(line) = watch.tick(cells_done, cells, daemon.rss_bytes()) {
-                if progress {
-                    eprintln!("cube-stress: import: {line}");
-                }
+            let line = watch.tick(cells_done, cells, daemon.rss_bytes());
+            if let Some(line) = line.filter(|_| progress) {
+                eprintln!("cube-stress: import: {line}");
             }
         }
         workers

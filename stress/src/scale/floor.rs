@@ -109,7 +109,7 @@ fn read_blocks(file: &File, bytes: u64, seed: u64) -> std::io::Result<Floor> {
     let mut buffer = vec![0u8; 2 * BLOCK_BYTES as usize];
     let start = buffer.as_ptr().align_offset(BLOCK_BYTES as usize);
     let block = &mut buffer[start..start + BLOCK_BYTES as usize];
-    let mut rng = Rng::new(seed ^ 0xF100_12);
+    let mut rng = Rng::new(seed ^ 0x00F1_0012);
     let blocks = (bytes / BLOCK_BYTES).max(1);
     let mut histogram = new_histogram();
     let began = Instant::now();
