@@ -270,10 +270,7 @@ fn run_command(args: &RunArgs) -> Result<bool, StressError> {
     }
     let report = run(&config)?;
     println!("{}", report.to_table());
-    if let Some(path) = &args.json {
-        write_file(path, &json::pretty(&report.to_json()))?;
-        eprintln!("cube-stress: wrote {}", path.display());
-    }
+    write_json(args.json.as_deref(), &report.to_json())?;
     if let Some(path) = &args.plot {
         write_file(path, &plot(&report))?;
         eprintln!("cube-stress: wrote {}", path.display());
@@ -285,10 +282,7 @@ fn run_command(args: &RunArgs) -> Result<bool, StressError> {
 fn scale_command(args: &ScaleArgs) -> Result<bool, StressError> {
     let report = scale(args)?;
     println!("{}", report.to_table());
-    if let Some(path) = &args.json {
-        write_file(path, &json::pretty(&report.to_json()))?;
-        eprintln!("cube-stress: wrote {}", path.display());
-    }
+    write_json(args.json.as_deref(), &report.to_json())?;
     Ok(report.passed())
 }
 
@@ -331,10 +325,7 @@ fn hostile_command(args: &RunArgs, config: RunConfig) -> Result<bool, StressErro
         hostile: run(&config)?,
     };
     println!("{}", comparison.to_table());
-    if let Some(path) = &args.json {
-        write_file(path, &json::pretty(&comparison.to_json()))?;
-        eprintln!("cube-stress: wrote {}", path.display());
-    }
+    write_json(args.json.as_deref(), &comparison.to_json())?;
     if let Some(path) = &args.plot {
         write_file(path, &plot(&comparison.hostile))?;
         eprintln!("cube-stress: wrote {}", path.display());
@@ -373,10 +364,7 @@ pub fn plot(report: &RunReport) -> String {
 fn compare_command(args: &CompareArgs) -> Result<bool, StressError> {
     let comparison = compare(args)?;
     println!("{}", comparison.to_table());
-    if let Some(path) = &args.json {
-        write_file(path, &json::pretty(&comparison.to_json()))?;
-        eprintln!("cube-stress: wrote {}", path.display());
-    }
+    write_json(args.json.as_deref(), &comparison.to_json())?;
     Ok(comparison.passed())
 }
 
@@ -384,6 +372,15 @@ fn crash_command(args: &CrashArgs) -> Result<bool, StressError> {
     let report = torture(args)?;
     println!("{}", report.to_text());
     Ok(report.passed())
+}
+
+/// Writes `report` as JSON to `path`, when `--json` asked for it.
+fn write_json(path: Option<&Path>, report: &json::Json) -> Result<(), StressError> {
+    if let Some(path) = path {
+        write_file(path, &json::pretty(report))?;
+        eprintln!("cube-stress: wrote {}", path.display());
+    }
+    Ok(())
 }
 
 fn write_file(path: &Path, text: &str) -> Result<(), StressError> {
