@@ -1270,4 +1270,71 @@ mod tests {
             Ok(()) => panic!("wrong cells passed"),
         }
     }
+
+    #[test]
+    fn a_preloaded_run_checks_every_read_against_version_1() {
+        const SIZE: usize = 32;
+        let config = RunConfig {
+            target: TargetSpec::new(TargetKind::Cube),
+            workload: Workload::new(WorkloadKind::Get, 1.0).unwrap(),
+            clients: 1,
+            duration: Duration::from_secs(1),
+            warmup: Duration::ZERO,
+            value_size: SIZE,
+            keys: 1 << 40,
+            seed: 1,
+            rate: None,
+            verify: VerifyMode::None,
+            crash_every: None,
+            hostile: 0,
+            progress: false,
+            preloaded: true,
+        };
+        let keys = config.validate().unwrap();
+        // 2^40 keys: only a ledger without a state per key fits.
+        let ledgers = [Mutex::new(Ledger::with_baseline(0, keys, 1))];
+        let control = Control::new(1);
+        let counters = CounterLedger::new(Vec::new());
+        let shared = Shared {
+            connector: &NoConnector,
+            ledgers: &ledgers,
+            keys,
+            config: &config,
+            control: &control,
+            counters: &counters,
+        };
+        let mut fake = FakeConnection {
+            cells: Default::default(),
+        };
+        let mut value = Vec::new();
+        let key = (1 << 39) + 5;
+        encode_value(key, 1, SIZE, &mut value);
+        fake.put(coord_of(key), &value).unwrap();
+        let get = Op::Get { key };
+        assert!(execute(&shared, 0, &mut fake, get, &mut value).is_ok());
+        encode_value(key, 2, SIZE, &mut value);
+        fake.put(coord_of(key), &value).unwrap();
+        match execute(&shared, 0, &mut fake, get, &mut value) {
+            Err(Failure::Mismatch(problem)) => {
+                assert!(
+                    problem.contains("expected version 1, found version 2"),
+                    "{problem}"
+                );
+            }
+            _ => panic!("a version never written passed"),
+        }
+        match execute(&shared, 0, &mut fake, Op::Get { key: key + 1 }, &mut value) {
+            Err(Failure::Mismatch(problem)) => assert!(problem.contains("found nothing")),
+            _ => panic!("a missing key passed"),
+        }
+        assert!(!lock(&ledgers[0]).allocated());
+
+        let walk = RunConfig {
+            workload: Workload::new(WorkloadKind::Walk, 1.0).unwrap(),
+            keys: 64,
+            ..config
+        };
+        let refused = walk.validate().unwrap_err().to_string();
+        assert!(refused.contains("preloaded"), "{refused}");
+    }
 }
