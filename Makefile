@@ -10,7 +10,7 @@ WORKLOAD ?= seed
 ARGS ?=
 STRESS_DIR := target/stress
 
-.PHONY: build release run test test-tools test-python check fmt clippy lint codec-deep stress stress-short compare bench sim crash fuzz fuzz-setup clean-data
+.PHONY: build release run test test-tools test-python check fmt clippy lint codec-deep stress stress-short compare scale bench sim crash fuzz fuzz-setup clean-data
 
 build:
 	$(CARGO) build --workspace
@@ -93,6 +93,21 @@ stress-short:
 compare: release
 	@mkdir -p $(STRESS_DIR)
 	./target/release/cube-stress compare --json $(STRESS_DIR)/compare.json
+
+# Issue 32's scale benchmark: a data set of SCALE_CELLS cells (64-byte
+# values) built once in SCALE_DIR and reused by later runs (other cells
+# rebuild it), then measured with the release cubed: import rate, restart
+# time, hot and cold gets beside the pread floor, a 64 k-cell box, RSS
+# beside Redis's (docs/benchmarks.md, "Scale"). SCALE_ARGS adds flags:
+# SCALE_ARGS="--daemon-arg=--cache-bytes=2GiB --duration 30s".
+SCALE_CELLS ?= 200000000
+SCALE_DIR ?= target/scale
+SCALE_ARGS ?=
+scale:
+	$(CARGO) build --release -p cube-server -p cube-stress
+	@mkdir -p $(STRESS_DIR)
+	./target/release/cube-stress scale --cells $(SCALE_CELLS) --dir $(SCALE_DIR) \
+		--cubed ./target/release/cubed --json $(STRESS_DIR)/scale.json $(SCALE_ARGS)
 
 bench:
 	$(CARGO) bench --workspace

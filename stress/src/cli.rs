@@ -18,6 +18,7 @@ use crate::json;
 use crate::plot::{Series, latency_by_percentile};
 use crate::report::RunReport;
 use crate::run::{RunConfig, run};
+use crate::scale::{ScaleArgs, scale};
 use crate::target::ceiling_server::{self, CeilingServerArgs};
 use crate::target::{TargetKind, TargetSpec};
 use crate::verify::VerifyMode;
@@ -44,6 +45,7 @@ Examples:
   cube-stress --socket ./cube-data/cubed.sock     # a running daemon (keys 0..--keys get overwritten)
   cube-stress compare --json compare.json         # cube vs Redis and SQLite, put and get at 1/16/64 clients
   cube-stress crash --cycles 100 --seed 7         # crash torture: kill -9 mid-load and mid-checkpoint, check everything
+  cube-stress scale --cells 10000000              # a large data set, built once in target/scale, then measured
 
 Exit status: 0 when every request succeeded and every read-back matched,
 1 when a request failed or a value was lost or wrong (details printed),
@@ -79,6 +81,10 @@ pub enum CliCommand {
     /// checkpoints and compactions) under a mixed load, restart it, and
     /// check every acknowledged operation, for --cycles cycles.
     Crash(CrashArgs),
+    /// cube on a large data set (issue 32's targets): builds it once under
+    /// --dir and reuses it; import rate, restart time, hot and cold gets
+    /// beside the pread floor, a 64 k-cell box, RSS beside Redis's.
+    Scale(ScaleArgs),
     /// The server of the ceiling targets, started by the driver itself
     /// (target/ceiling.rs); not for people.
     #[command(hide = true)]
@@ -225,6 +231,7 @@ impl RunArgs {
                 .transpose()?,
             hostile: self.hostile,
             progress: !self.quiet,
+            preloaded: false,
         })
     }
 }
@@ -239,6 +246,7 @@ pub fn main_with_args(args: impl IntoIterator<Item = impl Into<OsString> + Clone
         None => run_command(&cli.run),
         Some(CliCommand::Compare(args)) => compare_command(args),
         Some(CliCommand::Crash(args)) => crash_command(args),
+        Some(CliCommand::Scale(args)) => scale_command(args),
         Some(CliCommand::CeilingServer(args)) => ceiling_server::serve(args).map(|()| true),
     };
     match outcome {
@@ -262,14 +270,19 @@ fn run_command(args: &RunArgs) -> Result<bool, StressError> {
     }
     let report = run(&config)?;
     println!("{}", report.to_table());
-    if let Some(path) = &args.json {
-        write_file(path, &json::pretty(&report.to_json()))?;
-        eprintln!("cube-stress: wrote {}", path.display());
-    }
+    write_json(args.json.as_deref(), &report.to_json())?;
     if let Some(path) = &args.plot {
         write_file(path, &plot(&report))?;
         eprintln!("cube-stress: wrote {}", path.display());
     }
+    Ok(report.passed())
+}
+
+/// `cube-stress scale`: the table on stdout, JSON if asked.
+fn scale_command(args: &ScaleArgs) -> Result<bool, StressError> {
+    let report = scale(args)?;
+    println!("{}", report.to_table());
+    write_json(args.json.as_deref(), &report.to_json())?;
     Ok(report.passed())
 }
 
@@ -312,10 +325,7 @@ fn hostile_command(args: &RunArgs, config: RunConfig) -> Result<bool, StressErro
         hostile: run(&config)?,
     };
     println!("{}", comparison.to_table());
-    if let Some(path) = &args.json {
-        write_file(path, &json::pretty(&comparison.to_json()))?;
-        eprintln!("cube-stress: wrote {}", path.display());
-    }
+    write_json(args.json.as_deref(), &comparison.to_json())?;
     if let Some(path) = &args.plot {
         write_file(path, &plot(&comparison.hostile))?;
         eprintln!("cube-stress: wrote {}", path.display());
@@ -354,10 +364,7 @@ pub fn plot(report: &RunReport) -> String {
 fn compare_command(args: &CompareArgs) -> Result<bool, StressError> {
     let comparison = compare(args)?;
     println!("{}", comparison.to_table());
-    if let Some(path) = &args.json {
-        write_file(path, &json::pretty(&comparison.to_json()))?;
-        eprintln!("cube-stress: wrote {}", path.display());
-    }
+    write_json(args.json.as_deref(), &comparison.to_json())?;
     Ok(comparison.passed())
 }
 
@@ -365,6 +372,15 @@ fn crash_command(args: &CrashArgs) -> Result<bool, StressError> {
     let report = torture(args)?;
     println!("{}", report.to_text());
     Ok(report.passed())
+}
+
+/// Writes `report` as JSON to `path`, when `--json` asked for it.
+fn write_json(path: Option<&Path>, report: &json::Json) -> Result<(), StressError> {
+    if let Some(path) = path {
+        write_file(path, &json::pretty(report))?;
+        eprintln!("cube-stress: wrote {}", path.display());
+    }
+    Ok(())
 }
 
 fn write_file(path: &Path, text: &str) -> Result<(), StressError> {

@@ -621,6 +621,7 @@ fn cell_config(
         crash_every: None,
         hostile: 0,
         progress: false,
+        preloaded: false,
     })
 }
 

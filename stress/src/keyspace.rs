@@ -91,6 +91,13 @@ pub fn coord_of(key: u64) -> Coord {
     )
 }
 
+/// The key stored at `coord`, `None` for a coordinate no key maps to.
+pub fn key_of(coord: Coord) -> Option<u64> {
+    let axis = |v: i32| u64::try_from(v).ok();
+    let (x, y, z) = (axis(coord.x)?, axis(coord.y)?, axis(coord.z)?);
+    (x < SIDE && y < SIDE).then_some(x + SIDE * (y + SIDE * z))
+}
+
 /// Fills `out` with the value version `version` of key `key` stores.
 pub fn encode_value(key: u64, version: u64, size: usize, out: &mut Vec<u8>) {
     out.clear();
@@ -166,6 +173,11 @@ mod tests {
         assert_eq!(a, Coord::new(5, 0, 0));
         assert_eq!(b, Coord::new(5, 1, 0));
         assert_eq!(c, Coord::new(5, 0, 1));
+        for key in [0, 5, 1023, 1024, 5 + 1024 * 1024, (1 << 40) - 1] {
+            assert_eq!(key_of(coord_of(key)), Some(key));
+        }
+        assert_eq!(key_of(Coord::new(1024, 0, 0)), None);
+        assert_eq!(key_of(Coord::new(0, -1, 0)), None);
     }
 
     #[test]

@@ -6,6 +6,12 @@
 //! daemon was SIGKILLed mid-request) may or may not have landed: until the
 //! next acknowledged write to that key, or the next check, either version
 //! is correct.
+//!
+//! A ledger starts from a baseline: every key absent (a fresh key space),
+//! or every key at one version (a data set written before the run, as
+//! `cube-stress scale` serves 200 M keys). The per-key states are allocated
+//! on the first write, so a read-only run over a huge key space costs no
+//! memory per key.
 
 use crate::keyspace::{KeySpace, StoredValue};
 
@@ -33,20 +39,40 @@ impl KeyState {
 pub struct Ledger {
     client: usize,
     keys: KeySpace,
+    /// The state of every key this run has not written.
+    baseline: KeyState,
+    /// One state per owned key, allocated (filled with `baseline`) by the
+    /// first write; empty until then.
     states: Vec<KeyState>,
     next_version: u64,
     acked_writes: u64,
 }
 
 impl Ledger {
+    /// Every key starts absent.
     pub fn new(client: usize, keys: KeySpace) -> Ledger {
+        Ledger::with_baseline(client, keys, 0)
+    }
+
+    /// Every key starts at `version` (0: absent), written before the run;
+    /// this client's writes store later versions.
+    pub fn with_baseline(client: usize, keys: KeySpace, version: u64) -> Ledger {
         Ledger {
             client,
             keys,
-            states: vec![KeyState::default(); keys.owned_count(client) as usize],
-            next_version: 1,
+            baseline: KeyState {
+                acked: version,
+                uncertain: 0,
+            },
+            states: Vec::new(),
+            next_version: version + 1,
             acked_writes: 0,
         }
+    }
+
+    /// Whether the per-key states are allocated (some key was written).
+    pub fn allocated(&self) -> bool {
+        !self.states.is_empty()
     }
 
     pub fn client(&self) -> usize {
@@ -89,18 +115,23 @@ impl Ledger {
     }
 
     pub fn state(&self, key: u64) -> KeyState {
-        self.states
-            .get(self.keys.owned_index(key))
-            .copied()
-            .unwrap_or_default()
+        let index = self.keys.owned_index(key);
+        if index as u64 >= self.keys.owned_count(self.client) {
+            return KeyState::default();
+        }
+        self.states.get(index).copied().unwrap_or(self.baseline)
     }
 
     /// This client's keys with their expected states.
     pub fn iter(&self) -> impl Iterator<Item = (u64, KeyState)> + '_ {
-        self.states
-            .iter()
-            .enumerate()
-            .map(|(index, state)| (self.keys.owned_key(self.client, index as u64), *state))
+        (0..self.keys.owned_count(self.client)).map(|index| {
+            let state = self
+                .states
+                .get(index as usize)
+                .copied()
+                .unwrap_or(self.baseline);
+            (self.keys.owned_key(self.client, index), state)
+        })
     }
 
     pub fn acked_writes(&self) -> u64 {
@@ -133,6 +164,13 @@ impl Ledger {
 
     fn state_mut(&mut self, key: u64) -> Option<&mut KeyState> {
         let index = self.keys.owned_index(key);
+        let owned = self.keys.owned_count(self.client) as usize;
+        if index >= owned {
+            return None;
+        }
+        if self.states.is_empty() {
+            self.states = vec![self.baseline; owned];
+        }
         self.states.get_mut(index)
     }
 }
@@ -188,5 +226,53 @@ mod tests {
         assert!(ledger.check_read(4, value(4, first)).is_err());
         let all: Vec<u64> = ledger.iter().map(|(k, _)| k).collect();
         assert_eq!(all, vec![0, 2, 4, 6, 8]);
+    }
+
+    #[test]
+    fn a_baseline_costs_nothing_until_a_write() {
+        // 2^40 keys: a state per key would be 16 TiB.
+        let keys = KeySpace::new(1 << 40, 16).unwrap();
+        let ledger = Ledger::with_baseline(3, keys, 1);
+        assert!(!ledger.allocated());
+        assert!(
+            ledger
+                .check_read(3 + 16 * 1000, value(3 + 16 * 1000, 1))
+                .is_ok()
+        );
+        let absent = ledger.check_read(19, None).unwrap_err();
+        assert!(
+            absent.contains("expected version 1, found absent"),
+            "{absent}"
+        );
+        assert!(ledger.check_read(19, value(19, 2)).is_err());
+        assert_eq!(ledger.uncertain_count(), 0);
+        assert_eq!(
+            ledger
+                .iter()
+                .take(2)
+                .map(|(k, s)| (k, s.acked))
+                .collect::<Vec<_>>(),
+            [(3, 1), (19, 1)]
+        );
+        assert!(!ledger.allocated());
+    }
+
+    #[test]
+    fn the_first_write_keeps_the_baseline_of_the_other_keys() {
+        let keys = KeySpace::new(10, 2).unwrap();
+        let mut ledger = Ledger::with_baseline(1, keys, 1);
+        let version = ledger.next_version();
+        assert_eq!(version, 2, "writes come after the baseline's version");
+        ledger.acked(5, version);
+        assert!(ledger.allocated());
+        assert!(ledger.check_read(5, value(5, 2)).is_ok());
+        assert!(ledger.check_read(5, value(5, 1)).is_err());
+        assert!(ledger.check_read(7, value(7, 1)).is_ok());
+        let states: Vec<(u64, u64)> = ledger.iter().map(|(k, s)| (k, s.acked)).collect();
+        assert_eq!(states, [(1, 1), (3, 1), (5, 2), (7, 1), (9, 1)]);
+        // A fresh ledger's keys start absent, allocated or not.
+        let fresh = Ledger::new(0, keys);
+        assert!(fresh.check_read(4, None).is_ok());
+        assert_eq!(fresh.iter().filter(|(_, s)| s.written()).count(), 0);
     }
 }

@@ -9,7 +9,9 @@
 //! and an SVG latency-by-percentile plot. `docs/benchmarks.md` documents
 //! the output and keeps the latest comparison. `cube-stress crash`
 //! ([`crash`], `make crash`) is the crash torture of `docs/robustness.md`;
-//! `--hostile N` ([`hostile`]) measures the clients beside hostile ones.
+//! `--hostile N` ([`hostile`]) measures the clients beside hostile ones;
+//! `cube-stress scale` ([`scale`], `make scale`) measures a data set too
+//! big for RAM.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod cli;
@@ -26,6 +28,7 @@ pub mod program_workload;
 pub mod report;
 pub mod rng;
 pub mod run;
+pub mod scale;
 pub mod scan_workload;
 pub mod target;
 pub mod verify;

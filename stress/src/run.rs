@@ -57,6 +57,10 @@ pub struct RunConfig {
     pub hostile: usize,
     /// Progress lines on stderr.
     pub progress: bool,
+    /// The key space already holds version 1 of every key (`cube-stress
+    /// scale`'s data set): nothing is filled, and the ledgers start from
+    /// that version without a state per key.
+    pub preloaded: bool,
 }
 
 impl RunConfig {
@@ -117,6 +121,17 @@ impl RunConfig {
                 ));
             }
         }
+        if self.preloaded
+            && !matches!(
+                self.workload.kind,
+                WorkloadKind::Get | WorkloadKind::Mget | WorkloadKind::Mixed | WorkloadKind::Put
+            )
+        {
+            return Err(StressError::Usage(format!(
+                "the {} workload does not run on a preloaded key space (cells only)",
+                self.workload.name()
+            )));
+        }
         if let Some(every) = self.crash_every {
             if every.is_zero() {
                 return Err(StressError::Usage(
@@ -143,10 +158,18 @@ pub fn run(config: &RunConfig) -> Result<RunReport, StressError> {
     let mut target = RunningTarget::start(&config.target)?;
     say(config, target.detail.clone());
     let connector = target.connector.clone();
+    let baseline = u64::from(config.preloaded);
     let ledgers: Vec<Mutex<Ledger>> = (0..config.clients)
-        .map(|client| Mutex::new(Ledger::new(client, keys)))
+        .map(|client| Mutex::new(Ledger::with_baseline(client, keys, baseline)))
         .collect();
-    let prefilled = prefill_workload(config, connector.as_ref(), &ledgers, &keys)?;
+    let prefilled = if config.preloaded {
+        Prefilled {
+            seconds: None,
+            counter_baseline: Vec::new(),
+        }
+    } else {
+        prefill_workload(config, connector.as_ref(), &ledgers, &keys)?
+    };
     let hostile_socket = start_hostile(config, &target)?;
 
     let counter_ledger = CounterLedger::new(prefilled.counter_baseline);
@@ -1186,6 +1209,7 @@ mod tests {
             crash_every: None,
             hostile: 0,
             progress: false,
+            preloaded: false,
         };
         let keys = config.validate().unwrap();
         let ledgers = [Mutex::new(Ledger::new(0, keys))];
@@ -1245,5 +1269,72 @@ mod tests {
             Err(_) => panic!("another failure than mismatches"),
             Ok(()) => panic!("wrong cells passed"),
         }
+    }
+
+    #[test]
+    fn a_preloaded_run_checks_every_read_against_version_1() {
+        const SIZE: usize = 32;
+        let config = RunConfig {
+            target: TargetSpec::new(TargetKind::Cube),
+            workload: Workload::new(WorkloadKind::Get, 1.0).unwrap(),
+            clients: 1,
+            duration: Duration::from_secs(1),
+            warmup: Duration::ZERO,
+            value_size: SIZE,
+            keys: 1 << 40,
+            seed: 1,
+            rate: None,
+            verify: VerifyMode::None,
+            crash_every: None,
+            hostile: 0,
+            progress: false,
+            preloaded: true,
+        };
+        let keys = config.validate().unwrap();
+        // 2^40 keys: only a ledger without a state per key fits.
+        let ledgers = [Mutex::new(Ledger::with_baseline(0, keys, 1))];
+        let control = Control::new(1);
+        let counters = CounterLedger::new(Vec::new());
+        let shared = Shared {
+            connector: &NoConnector,
+            ledgers: &ledgers,
+            keys,
+            config: &config,
+            control: &control,
+            counters: &counters,
+        };
+        let mut fake = FakeConnection {
+            cells: Default::default(),
+        };
+        let mut value = Vec::new();
+        let key = (1 << 39) + 5;
+        encode_value(key, 1, SIZE, &mut value);
+        fake.put(coord_of(key), &value).unwrap();
+        let get = Op::Get { key };
+        assert!(execute(&shared, 0, &mut fake, get, &mut value).is_ok());
+        encode_value(key, 2, SIZE, &mut value);
+        fake.put(coord_of(key), &value).unwrap();
+        match execute(&shared, 0, &mut fake, get, &mut value) {
+            Err(Failure::Mismatch(problem)) => {
+                assert!(
+                    problem.contains("expected version 1, found version 2"),
+                    "{problem}"
+                );
+            }
+            _ => panic!("a version never written passed"),
+        }
+        match execute(&shared, 0, &mut fake, Op::Get { key: key + 1 }, &mut value) {
+            Err(Failure::Mismatch(problem)) => assert!(problem.contains("found nothing")),
+            _ => panic!("a missing key passed"),
+        }
+        assert!(!lock(&ledgers[0]).allocated());
+
+        let walk = RunConfig {
+            workload: Workload::new(WorkloadKind::Walk, 1.0).unwrap(),
+            keys: 64,
+            ..config
+        };
+        let refused = walk.validate().unwrap_err().to_string();
+        assert!(refused.contains("preloaded"), "{refused}");
     }
 }

@@ -26,6 +26,7 @@ fn every_acknowledged_write_survives_each_kill() {
         crash_every: Some(Duration::from_secs(1)),
         hostile: 0,
         progress: false,
+        preloaded: false,
     };
     let report = run(&config).unwrap();
     let table = report.to_table();

@@ -123,6 +123,11 @@ impl RedisServer {
         }
     }
 
+    /// The server's process id (for its RSS), `None` once it is gone.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.pid()
+    }
+
     pub fn describe(&self) -> String {
         format!(
             "throwaway redis-server {} in {} ({})",

@@ -72,6 +72,11 @@ impl ServerProcess {
         }
     }
 
+    /// The process id, `None` once it has been reaped.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     pub fn log_text(&self) -> String {
         fs::read_to_string(&self.log)
             .unwrap_or_else(|e| format!("(cannot read {}: {e})", self.log.display()))

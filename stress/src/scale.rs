@@ -1,0 +1,674 @@
+//! `cube-stress scale` (`make scale`): cube on a data set too big to keep
+//! in RAM, measured against the targets of issue 32 ("Cells on disk").
+//!
+//! Builds the data set once (`scale/dataset.rs`: keys `0..--cells` of the
+//! stress key space, version 1 each, imported in batches) and reuses it on
+//! later runs; then restarts cubed on it and measures, in this order: the
+//! time to its first answer, a 64 k-cell box scanned cold, random gets
+//! over every cell (16 clients) beside the machine's `pread` floor
+//! (`scale/floor.rs`), the box again from the cache, gets of a hot key
+//! range (16 and 64 clients, warmed first), the daemon's memory, and Redis
+//! holding the hot keys. The get phases are `run::run` against the running
+//! daemon with a preloaded key space: every read is checked to be its
+//! key's version 1. `scale/report.rs` puts each figure beside its target.
+
+mod daemon;
+mod dataset;
+mod floor;
+mod report;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use cube_client::{CellBox, Client, LocalDaemon, StatsValue};
+use cube_protocol::Coord;
+
+use crate::error::StressError;
+use crate::json::{self, Json};
+use crate::keyspace::{KeySpace, MIN_VALUE_BYTES, coord_of, decode_value, encode_value, key_of};
+use crate::run::{RunConfig, run};
+use crate::target::redis::{Persistence, RedisServer};
+use crate::target::{Connector, TargetKind, TargetSpec};
+use crate::verify::VerifyMode;
+use crate::workload::{Workload, WorkloadKind};
+
+use daemon::{NAMESPACE, ScaleDaemon};
+use dataset::{DataSet, Description, Found, ImportFigures};
+pub use report::{Figure, ScaleReport};
+
+/// Issue 32's targets.
+const IMPORT_TARGET_CELLS_PER_SEC: f64 = 200_000.0;
+const RSS_TARGET_BYTES: u64 = 3 << 30;
+const RESTART_TARGET_MS: f64 = 1000.0;
+const COLD_GETS_TARGET_PER_SEC: f64 = 10_000.0;
+const BOX_COLD_TARGET_MS: f64 = 20.0;
+const BOX_CACHED_TARGET_MS: f64 = 1.0;
+/// The box: 40 × 40 × 40 cells.
+const BOX_SIDE: i32 = 40;
+const BOX_CELLS: u64 = 64_000;
+/// Keys per `mget` when warming the hot range, and per Redis pipeline.
+const WARM_BATCH: usize = 1024;
+
+#[derive(Args, Debug, Clone)]
+pub struct ScaleArgs {
+    /// Cells in the data set (keys 0..N, one 64-byte value each by default).
+    #[arg(long, value_name = "N", default_value_t = 200_000_000)]
+    pub cells: u64,
+
+    /// Where the data set lives (DIR/data, DIR/dataset.json); built there
+    /// once and reused by later runs with the same --cells and --value-size.
+    #[arg(long, value_name = "PATH", default_value = "target/scale")]
+    pub dir: PathBuf,
+
+    /// The cubed to run (default: $CUBED_BIN, else the one beside cube-stress).
+    #[arg(long, value_name = "PATH")]
+    pub cubed: Option<PathBuf>,
+
+    /// Extra flag for cubed (repeatable), e.g. --daemon-arg=--cache-bytes=2GiB.
+    #[arg(long = "daemon-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub daemon_args: Vec<String>,
+
+    /// Bytes per value (at least 16).
+    #[arg(long, value_name = "BYTES", default_value_t = 64)]
+    pub value_size: usize,
+
+    /// The hot range: keys 0..N, warmed before the hot gets and loaded
+    /// into Redis for the memory comparison (default: 1 000 000, or every
+    /// cell of a smaller data set).
+    #[arg(long, value_name = "N")]
+    pub hot_keys: Option<u64>,
+
+    /// Measured time of each get phase: seconds (10) or with units (10s).
+    #[arg(long, value_name = "DURATION", default_value_t = 10.0,
+          value_parser = cube_client::parse_seconds)]
+    pub duration: f64,
+
+    /// Unmeasured load before each get phase's measurement.
+    #[arg(long, value_name = "DURATION", default_value_t = 1.0,
+          value_parser = cube_client::parse_seconds)]
+    pub warmup: f64,
+
+    /// Build the data set again even if a matching one is there.
+    #[arg(long)]
+    pub rebuild: bool,
+
+    /// Write the report as JSON here (shape in docs/benchmarks.md).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+
+    /// No progress lines on stderr.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+impl ScaleArgs {
+    fn hot_keys(&self) -> u64 {
+        self.hot_keys.unwrap_or(1_000_000).min(self.cells)
+    }
+
+    fn check(&self) -> Result<(), StressError> {
+        let usage = |m: String| Err(StressError::Usage(m));
+        if self.cells < 64 {
+            return usage(format!(
+                "--cells {} is too few: at least 64 (one per client)",
+                self.cells
+            ));
+        }
+        KeySpace::new(self.cells, 64).map_err(StressError::Usage)?;
+        if self.value_size < MIN_VALUE_BYTES {
+            return usage(format!(
+                "--value-size {} is too small: values carry a {MIN_VALUE_BYTES}-byte header",
+                self.value_size
+            ));
+        }
+        if self.hot_keys() < 64 {
+            return usage("--hot-keys must be at least 64 (one per client)".to_owned());
+        }
+        for (flag, value) in [("duration", self.duration), ("warmup", self.warmup)] {
+            if !(value.is_finite() && value >= 0.0) {
+                return usage(format!("--{flag} {value} is not a number of seconds"));
+            }
+        }
+        if self.duration <= 0.0 {
+            return usage("--duration must be more than 0".to_owned());
+        }
+        Ok(())
+    }
+}
+
+/// The whole benchmark; `Err` when it could not run, a report with
+/// problems when requests failed or values were wrong.
+pub fn scale(args: &ScaleArgs) -> Result<ScaleReport, StressError> {
+    args.check()?;
+    let say = |text: String| {
+        if !args.quiet {
+            eprintln!("cube-stress: {text}");
+        }
+    };
+    let binary = match &args.cubed {
+        Some(path) => path.clone(),
+        None => LocalDaemon::find_binary()?,
+    };
+    let machine_before = report::machine_now();
+    let data = DataSet::new(&args.dir);
+    let (description, imported) = ensure_dataset(args, &binary, &data, &say)?;
+
+    let floor_bytes = floor::file_bytes_for(args.cells * args.value_size as u64);
+    say(format!(
+        "measuring the pread floor on a {} MiB file",
+        floor_bytes >> 20
+    ));
+    let floor = floor::measure(&args.dir.join("floor.bin"), floor_bytes, 1)?;
+
+    say(format!(
+        "restarting {} on {}",
+        binary.display(),
+        data.data_dir().display()
+    ));
+    let (daemon, restart) = ScaleDaemon::start(&binary, &args.dir, &args.daemon_args, true)?;
+    let serving = serve_phases(args, &daemon, &say)?;
+    let rss_after_hot = serving.rss_after_hot_bytes;
+    let serving_peak = daemon.peak_rss_bytes();
+    daemon.stop()?;
+    let redis = redis_rss(args.hot_keys(), args.value_size, &say);
+
+    let mut figures = import_figures(&description.import, imported);
+    figures.push(rss_figure(
+        "serving_peak_rss",
+        "cubed peak RSS, serving",
+        serving_peak,
+    ));
+    figures.push(restart_figure(restart));
+    figures.extend(serving.figures(&floor));
+    figures.push(in_cache_figure(args, rss_after_hot, &redis));
+    let dataset = json::object([
+        ("dir", Json::from(args.dir.display().to_string())),
+        ("cells", Json::from(description.cells)),
+        ("value_size_bytes", Json::from(description.value_size)),
+        ("key_layout", Json::from(description.key_layout.as_str())),
+        ("written_by", Json::from(description.writer.as_str())),
+        ("built_unix_s", Json::from(description.built_unix_s)),
+        ("imported", Json::Bool(imported)),
+        ("cubed", Json::from(binary.display().to_string())),
+        ("daemon_args", Json::from(args.daemon_args.clone())),
+        ("hot_keys", Json::from(args.hot_keys())),
+        ("duration_s", Json::from(args.duration)),
+    ]);
+    Ok(ScaleReport {
+        dataset,
+        machine: json::object([("before", machine_before), ("after", report::machine_now())]),
+        figures,
+        problems: serving.problems,
+    })
+}
+
+/// Reuses the data set if its description matches, else builds it:
+/// import into a fresh cubed, clean shutdown, description. Returns the
+/// description and whether this run imported.
+fn ensure_dataset(
+    args: &ScaleArgs,
+    binary: &Path,
+    data: &DataSet,
+    say: &dyn Fn(String),
+) -> Result<(Description, bool), StressError> {
+    let reason = match data.inspect(args.cells, args.value_size) {
+        Found::Reusable(description) if !args.rebuild => {
+            say(format!(
+                "reusing the data set in {}: {} cells of {} bytes, written by {}",
+                args.dir.display(),
+                description.cells,
+                description.value_size,
+                description.writer
+            ));
+            return Ok((description, false));
+        }
+        Found::Reusable(_) => "--rebuild asked for a new one".to_owned(),
+        Found::Rebuild(reason) => reason,
+    };
+    say(format!(
+        "building the data set: {reason}; importing {} cells of {} bytes",
+        args.cells, args.value_size
+    ));
+    data.prepare_empty()?;
+    let (daemon, _) = ScaleDaemon::start(binary, &args.dir, &args.daemon_args, false)?;
+    let writer = format!("{} ({})", binary.display(), daemon_version(daemon.socket()));
+    let figures = dataset::import(&daemon, args.cells, args.value_size, !args.quiet)?;
+    say(format!(
+        "imported {} cells in {:.1} s ({:.0} cells/s); stopping cubed cleanly",
+        args.cells, figures.seconds, figures.cells_per_sec
+    ));
+    daemon.stop()?;
+    let description = Description {
+        cells: args.cells,
+        value_size: args.value_size,
+        key_layout: dataset::KEY_LAYOUT.to_owned(),
+        writer,
+        import: figures,
+        built_unix_s: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    };
+    data.describe(&description)?;
+    Ok((description, true))
+}
+
+/// `cubed 0.1.0`, from the daemon's stats.
+fn daemon_version(socket: &Path) -> String {
+    Client::connect(socket)
+        .and_then(|mut c| c.stats())
+        .ok()
+        .and_then(|stats| {
+            stats.into_iter().find_map(|e| match e.value {
+                StatsValue::Text(t) if e.name == "server.version" => Some(format!("cubed {t}")),
+                _ => None,
+            })
+        })
+        .unwrap_or_else(|| "cubed, version unknown".to_owned())
+}
+
+/// What the serving phases measured.
+struct Serving {
+    box_shape: String,
+    box_cells: u64,
+    box_cold_ms: f64,
+    box_cached_ms: f64,
+    cold: GetFigures,
+    hot_16: GetFigures,
+    hot_64: GetFigures,
+    rss_after_hot_bytes: u64,
+    problems: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct GetFigures {
+    ops_per_sec: f64,
+    p50_us: u64,
+    p99_us: u64,
+}
+
+/// The phases against the restarted daemon, in the order that keeps
+/// "cold" cold: box cold, gets over every cell, box from the cache, the
+/// hot range warmed, hot gets at 16 and 64 clients.
+fn serve_phases(
+    args: &ScaleArgs,
+    daemon: &ScaleDaemon,
+    say: &dyn Fn(String),
+) -> Result<Serving, StressError> {
+    let mut problems = Vec::new();
+    let region = scan_box(args.cells).map_err(StressError::Usage)?;
+    let mut client = Client::connect(daemon.socket())?;
+    let (box_cold_ms, box_cells) = scan_once(&mut client, &region, args, &mut problems)?;
+    say(format!(
+        "box scanned cold: {box_cells} cells in {box_cold_ms:.2} ms"
+    ));
+    say(format!(
+        "cold gets: 16 clients over all {} cells",
+        args.cells
+    ));
+    let cold = get_phase(args, daemon, args.cells, 16, &mut problems)?;
+    let (box_cached_ms, _) = scan_once(&mut client, &region, args, &mut problems)?;
+    say(format!("box scanned from the cache: {box_cached_ms:.2} ms"));
+    say(format!(
+        "warming the hot range: keys 0..{}",
+        args.hot_keys()
+    ));
+    warm(&mut client, args, &mut problems)?;
+    let hot_16 = get_phase(args, daemon, args.hot_keys(), 16, &mut problems)?;
+    let hot_64 = get_phase(args, daemon, args.hot_keys(), 64, &mut problems)?;
+    Ok(Serving {
+        box_shape: format!("{} .. {}", region.lo(), region.hi()),
+        box_cells,
+        box_cold_ms,
+        box_cached_ms,
+        cold,
+        hot_16,
+        hot_64,
+        rss_after_hot_bytes: daemon.rss_bytes(),
+        problems,
+    })
+}
+
+/// The 40 × 40 × 40 box at the origin when the data set fills it; else
+/// 64 000 cells of plane z = 0 (160 × 400) when that is full; else the
+/// 40³ box, partly filled.
+fn scan_box(cells: u64) -> Result<CellBox, String> {
+    let side = BOX_SIDE - 1;
+    let full_planes = cells >> 20;
+    let hi = if full_planes >= BOX_SIDE as u64 || cells < 400 * 1024 {
+        Coord::new(side, side, side)
+    } else {
+        Coord::new(159, 399, 0)
+    };
+    CellBox::new(Coord::new(0, 0, 0), hi)
+}
+
+/// How many of the data set's cells lie in `region`.
+fn cells_in(region: &CellBox, cells: u64) -> u64 {
+    let (lo, hi) = (region.lo(), region.hi());
+    let mut count = 0;
+    for z in lo.z..=hi.z {
+        for y in lo.y..=hi.y {
+            count += (lo.x..=hi.x)
+                .filter(|&x| key_of(Coord::new(x, y, z)).is_some_and(|k| k < cells))
+                .count() as u64;
+        }
+    }
+    count
+}
+
+/// Scans `region` once, checking every value; returns the milliseconds
+/// and the cells.
+fn scan_once(
+    client: &mut Client,
+    region: &CellBox,
+    args: &ScaleArgs,
+    problems: &mut Vec<String>,
+) -> Result<(f64, u64), StressError> {
+    let started = Instant::now();
+    let cells: Vec<_> = client
+        .scan(NAMESPACE, *region, cube_client::MAX_SCAN_PAGE_CELLS)
+        .collect::<Result<_, _>>()?;
+    let ms = started.elapsed().as_secs_f64() * 1000.0;
+    let expected = cells_in(region, args.cells);
+    if cells.len() as u64 != expected {
+        problems.push(format!(
+            "scan of {} .. {} found {} cells, the data set has {expected} there",
+            region.lo(),
+            region.hi(),
+            cells.len()
+        ));
+    }
+    for cell in &cells {
+        if let Err(problem) = check_value(cell.coord, Some(&cell.value), args.value_size) {
+            problems.push(format!("scan: {problem}"));
+        }
+    }
+    Ok((ms, cells.len() as u64))
+}
+
+/// Whether the value at `coord` is its key's version 1.
+fn check_value(coord: Coord, found: Option<&[u8]>, value_size: usize) -> Result<(), String> {
+    let key = key_of(coord).ok_or_else(|| format!("{coord} is outside the key space"))?;
+    let bytes = found.ok_or_else(|| format!("key {key} at {coord} is missing"))?;
+    let stored = decode_value(bytes, value_size).map_err(|e| format!("key {key}: {e}"))?;
+    if (stored.key, stored.version) == (key, 1) {
+        Ok(())
+    } else {
+        Err(format!(
+            "key {key} at {coord} holds key {} version {}, not version 1 of key {key}",
+            stored.key, stored.version
+        ))
+    }
+}
+
+/// Reads every hot key once (mget), checked, so the hot range is cached.
+fn warm(
+    client: &mut Client,
+    args: &ScaleArgs,
+    problems: &mut Vec<String>,
+) -> Result<(), StressError> {
+    let keys: Vec<u64> = (0..args.hot_keys()).collect();
+    for chunk in keys.chunks(WARM_BATCH) {
+        let coords: Vec<Coord> = chunk.iter().map(|&k| coord_of(k)).collect();
+        let values = client.mget(NAMESPACE, &coords)?;
+        for (coord, value) in coords.iter().zip(&values) {
+            if let Err(problem) = check_value(*coord, value.as_deref(), args.value_size) {
+                problems.push(format!("warming: {problem}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Gets of keys `0..keys` at `clients` clients, with `run::run` against
+/// the running daemon (every read checked).
+fn get_phase(
+    args: &ScaleArgs,
+    daemon: &ScaleDaemon,
+    keys: u64,
+    clients: usize,
+    problems: &mut Vec<String>,
+) -> Result<GetFigures, StressError> {
+    let mut target = TargetSpec::new(TargetKind::Cube);
+    target.socket = Some(daemon.socket().to_owned());
+    let config = RunConfig {
+        target,
+        workload: Workload::new(WorkloadKind::Get, 1.0).map_err(StressError::Usage)?,
+        clients,
+        duration: Duration::from_secs_f64(args.duration),
+        warmup: Duration::from_secs_f64(args.warmup),
+        value_size: args.value_size,
+        keys,
+        seed: 1,
+        rate: None,
+        verify: VerifyMode::None,
+        crash_every: None,
+        hostile: 0,
+        progress: !args.quiet,
+        preloaded: true,
+    };
+    let report = run(&config)?;
+    let phase = format!("gets of keys 0..{keys}, {clients} clients");
+    problems.extend(report.error_samples.iter().map(|e| format!("{phase}: {e}")));
+    if report.errors > report.error_samples.len() as u64 {
+        problems.push(format!("{phase}: {} failed requests in all", report.errors));
+    }
+    let mismatches = &report.live_mismatches;
+    problems.extend(
+        mismatches
+            .mismatch_samples
+            .iter()
+            .map(|m| format!("{phase}: {m}")),
+    );
+    if mismatches.mismatches > mismatches.mismatch_samples.len() as u64 {
+        problems.push(format!(
+            "{phase}: {} wrong values read in all",
+            mismatches.mismatches
+        ));
+    }
+    let get = report
+        .summary("get")
+        .ok_or_else(|| StressError::target("cube", format!("{phase}: no get was measured")))?;
+    Ok(GetFigures {
+        ops_per_sec: get.ops_per_sec,
+        p50_us: get.p50_us,
+        p99_us: get.p99_us,
+    })
+}
+
+/// Redis (appendfsync always, as `--target redis`) holding keys
+/// `0..keys` with the same values: its RSS, or why there is none.
+fn redis_rss(keys: u64, value_size: usize, say: &dyn Fn(String)) -> Result<(u64, String), String> {
+    say(format!(
+        "loading keys 0..{keys} into redis-server for the memory comparison"
+    ));
+    let server = RedisServer::start(Persistence::Always).map_err(|e| e.to_string())?;
+    let connector = server.connector();
+    let mut connection = connector.connect().map_err(|e| e.to_string())?;
+    let mut value = Vec::with_capacity(value_size);
+    let all: Vec<u64> = (0..keys).collect();
+    for chunk in all.chunks(WARM_BATCH * 8) {
+        let items: Vec<_> = chunk
+            .iter()
+            .map(|&key| {
+                encode_value(key, 1, value_size, &mut value);
+                (coord_of(key), value.clone())
+            })
+            .collect();
+        connection.put_many(&items).map_err(|e| e.to_string())?;
+    }
+    let pid = server.pid().ok_or("redis-server exited")?;
+    let rss = daemon::proc_status_kib(pid, "VmRSS") * 1024;
+    Ok((rss, server.describe()))
+}
+
+fn import_figures(import: &ImportFigures, imported: bool) -> Vec<Figure> {
+    let when = if imported {
+        String::new()
+    } else {
+        "from the run that built the data set (this run reused it)".to_owned()
+    };
+    let overall_met = import.cells_per_sec >= IMPORT_TARGET_CELLS_PER_SEC;
+    let slowest = Figure::new(
+        "import_slowest_10s",
+        "import, slowest 10-s interval",
+        "cells/s",
+    );
+    let slowest = match import.slowest_interval_cells_per_sec {
+        Some(rate) => slowest
+            .value(rate)
+            .target(
+                ">= 200000 cells/s",
+                Some(rate >= IMPORT_TARGET_CELLS_PER_SEC),
+            )
+            .note(when.clone()),
+        None => slowest
+            .target(">= 200000 cells/s", None)
+            .note("the import took less than 10 s"),
+    };
+    vec![
+        Figure::new("import_rate", "import, start to end", "cells/s")
+            .value(import.cells_per_sec)
+            .detail("seconds", import.seconds)
+            .target(">= 200000 cells/s", Some(overall_met))
+            .note(when.clone()),
+        slowest,
+        rss_figure(
+            "import_peak_rss",
+            "cubed peak RSS, import",
+            import.peak_rss_bytes,
+        )
+        .note(when),
+    ]
+}
+
+fn rss_figure(name: &'static str, label: &str, bytes: u64) -> Figure {
+    Figure::new(name, label, "bytes")
+        .value(bytes as f64)
+        .target(
+            "<= 3 GiB (200 M cells, --cache-bytes 2GiB)",
+            Some(bytes <= RSS_TARGET_BYTES),
+        )
+}
+
+fn restart_figure(restart: Duration) -> Figure {
+    let ms = restart.as_secs_f64() * 1000.0;
+    Figure::new("restart_to_first_request", "restart to first answer", "ms")
+        .value(ms)
+        .target("<= 1000 ms", Some(ms <= RESTART_TARGET_MS))
+        .note("from spawning cubed on the cleanly shut down data set to its answer to a get")
+}
+
+impl Serving {
+    fn figures(&self, floor: &floor::Floor) -> Vec<Figure> {
+        let hot = |name, label: &str, g: GetFigures| {
+            Figure::new(name, label, "gets/s")
+                .value(g.ops_per_sec)
+                .detail("p50_us", g.p50_us)
+                .detail("p99_us", g.p99_us)
+                .target(">= 0.9x the build before, p99 <= 1.2x", None)
+                .note("a ratio to the build before: see the reference in docs/benchmarks.md")
+        };
+        // "Within one disk read": at most a cached get plus the floor.
+        let cold_p50_bound = self.hot_16.p50_us + floor.p50_us;
+        let cold_met =
+            self.cold.ops_per_sec >= COLD_GETS_TARGET_PER_SEC && self.cold.p50_us <= cold_p50_bound;
+        let full_box = self.box_cells == BOX_CELLS;
+        let box_figure = |(name, label), ms: f64, bound_ms: f64, note: String| {
+            Figure::new(name, label, "ms")
+                .value(ms)
+                .detail("cells", self.box_cells)
+                .target(
+                    format!("<= {bound_ms} ms"),
+                    full_box.then_some(ms <= bound_ms),
+                )
+                .note(note)
+        };
+        let box_note = if full_box {
+            format!("box {}", self.box_shape)
+        } else {
+            format!(
+                "box {} holds only {} cells of this data set: the target is for 64 000",
+                self.box_shape, self.box_cells
+            )
+        };
+        vec![
+            hot("hot_get_16", "hot gets, 16 clients", self.hot_16),
+            hot("hot_get_64", "hot gets, 64 clients", self.hot_64),
+            Figure::new("cold_get_16", "cold gets (all cells), 16 clients", "gets/s")
+                .value(self.cold.ops_per_sec)
+                .detail("p50_us", self.cold.p50_us)
+                .detail("p99_us", self.cold.p99_us)
+                .target(
+                    format!(">= 10000 gets/s, p50 <= {cold_p50_bound} µs (hot p50 + floor p50)"),
+                    Some(cold_met),
+                ),
+            Figure::new("pread_floor", "pread floor, one 4 KiB block", "reads/s")
+                .value(floor.reads_per_sec)
+                .detail("p50_us", floor.p50_us)
+                .detail("p99_us", floor.p99_us)
+                .detail("reads", floor.reads)
+                .detail("file_bytes", floor.file_bytes)
+                .detail("direct", floor.direct)
+                .target("the machine's floor (no target)", None)
+                .note(format!(
+                    "{} reads, one at a time, {}",
+                    floor.reads, floor.mode
+                )),
+            box_figure(
+                ("box_scan_cold", "64 k-cell box, cold scan"),
+                self.box_cold_ms,
+                BOX_COLD_TARGET_MS,
+                format!("right after the restart; {box_note}"),
+            ),
+            box_figure(
+                ("box_scan_cached", "64 k-cell box, from the cache"),
+                self.box_cached_ms,
+                BOX_CACHED_TARGET_MS,
+                box_note,
+            ),
+        ]
+    }
+}
+
+fn in_cache_figure(
+    args: &ScaleArgs,
+    cube_rss: u64,
+    redis: &Result<(u64, String), String>,
+) -> Figure {
+    let hot = args.hot_keys();
+    let figure = Figure::new(
+        "in_cache_rss",
+        format!("RSS, {hot} cells in cache"),
+        "bytes",
+    )
+    .value(cube_rss as f64);
+    match redis {
+        Ok((redis_rss, detail)) => {
+            let comparable = hot == args.cells;
+            let figure = figure.detail("redis_rss_bytes", *redis_rss).target(
+                format!(
+                    "<= Redis's {:.1} MiB",
+                    *redis_rss as f64 / (1024.0 * 1024.0)
+                ),
+                comparable.then_some(cube_rss <= *redis_rss),
+            );
+            if comparable {
+                figure.note(format!(
+                    "cubed after the hot gets beside {detail} holding the same cells"
+                ))
+            } else {
+                figure.note(format!(
+                    "cubed serves {} cells here, Redis holds {hot}: run with --cells {hot} \
+                     for the comparison ({detail})",
+                    args.cells
+                ))
+            }
+        }
+        Err(why) => figure
+            .detail("redis_rss_bytes", Json::Null)
+            .target("<= Redis's", None)
+            .note(format!("no Redis figure: {why}")),
+    }
+}
