@@ -234,26 +234,31 @@ impl ReadStack {
         }
     }
 
-    /// Applies the writer's mutation of `key` (`None` deletes) at `lsn`;
-    /// returns the length of the value it replaced, if there was one (the
-    /// namespace's usage counts it). A key new to the active generation is
-    /// looked up in the older layers first: a block read when its block is
-    /// not cached.
-    pub(crate) fn apply(
-        &mut self,
-        key: u128,
-        slot: Slot,
-        lsn: u64,
-    ) -> Result<Option<usize>, RunFileError> {
-        let previous = match self.active.cells.get(&key) {
-            Some(old) => old.as_ref().map(|v| v.len()),
-            None => self.older_slot(key)?.flatten().map(|v| v.len()),
-        };
+    /// The length of `key`'s current value, if it has one: what the writer
+    /// passes to [`ReadStack::apply`]. Asked under the read lock, so that
+    /// the block read it may need never holds the write lock (readers would
+    /// wait behind the disk); the answer cannot change before the write
+    /// lock is taken because the writer is the only thread that changes
+    /// what a key reads (flushes and merges swap layers that read alike).
+    pub(crate) fn current_len(&self, key: u128) -> Result<Option<usize>, RunFileError> {
+        Ok(self.get(key)?.map(|v| v.len()))
+    }
+
+    /// Applies the writer's mutation of `key` (`None` deletes) at `lsn`,
+    /// given `previous`, the length of the value it replaces
+    /// ([`ReadStack::current_len`]), for the live count. A delete always
+    /// leaves a tombstone: an older layer may hold the key, and finding
+    /// out would be a read.
+    pub(crate) fn apply(&mut self, key: u128, slot: Slot, lsn: u64, previous: Option<usize>) {
+        debug_assert!(
+            self.active
+                .cells
+                .get(&key)
+                .is_none_or(|old| old.as_ref().map(|v| v.len()) == previous),
+            "the writer's lookup of {key:#x} is stale"
+        );
         let new_bytes = entry_bytes(&slot);
         let is_value = slot.is_some();
-        // A tombstone hides an older layer's value; with none below, the
-        // entry itself is enough to drop (but a tombstone is always
-        // correct, and costs a lookup less to decide).
         if let Some(old) = self.active.cells.insert(key, slot) {
             self.active.bytes -= entry_bytes(&old);
         }
@@ -264,7 +269,6 @@ impl ReadStack {
             (true, false) => self.live -= 1,
             _ => {}
         }
-        Ok(previous)
     }
 
     /// Moves the active generation aside (read-only) so that it can be

@@ -109,7 +109,8 @@ impl Harness {
     fn apply(&mut self, key: u128, slot: Slot) -> Result<(), TestCaseError> {
         let lsn = self.log.len() as u64 + 1;
         self.log.push((lsn, key, slot.clone()));
-        let got = write(&self.stack).apply(key, slot.clone(), lsn).unwrap();
+        let got = read(&self.stack).current_len(key).unwrap();
+        write(&self.stack).apply(key, slot.clone(), lsn, got);
         let want = match slot {
             Some(v) => self.model.insert(key, v),
             None => self.model.remove(&key),
@@ -342,4 +343,189 @@ fn a_damaged_block_fails_only_its_reads() {
     // before the damaged block, so that key is not yielded either.
     assert_eq!(good + 1, (0..40u8).filter(|k| key(*k) < bad_first).count());
     assert!(range.last().unwrap().is_err());
+}
+
+/// A restart's stack: the runs opened through a disk whose reads fail
+/// (EIO), come back short, or flip a bit, under a cache of a few blocks.
+/// Every answer is the model's or an error naming the file; never other
+/// data, and the reads that fail fail alone.
+#[test]
+fn failing_block_reads_fail_their_requests_never_with_wrong_data() {
+    let mut h = Harness::new(true);
+    let mut state = 7u64;
+    for round in 0..6u8 {
+        for i in 0..40u8 {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            let k = ((state >> 33) % 48) as u8;
+            let slot = (i % 7 != 0).then(|| value(round.wrapping_mul(40).wrapping_add(i)));
+            h.apply(key(k), slot).unwrap();
+        }
+        drop(write(&h.stack).freeze());
+        h.persist(Turn::Flush, 0);
+    }
+    h.merge(3);
+    let paths: Vec<PathBuf> = read(&h.stack)
+        .runs()
+        .iter()
+        .map(|r| r.path().to_path_buf())
+        .collect();
+    let ids: Vec<(u64, Option<[u8; 32]>)> = read(&h.stack)
+        .runs()
+        .iter()
+        .map(|r| (r.file_id(), r.mac()))
+        .collect();
+    let faulty = h.disk.with_plan(FaultPlan {
+        seed: 5,
+        read_eio_ppm: 50_000,
+        read_short_ppm: 50_000,
+        read_flip_ppm: 50_000,
+        ..FaultPlan::default()
+    });
+    let cache = Arc::new(BlockCache::new(TINY_CACHE_BYTES));
+    // Opening reads the footer and the index only; a fault there fails
+    // the open, which a restart reports (tried again here until it opens).
+    let runs: Vec<Arc<RunReader>> = paths
+        .iter()
+        .zip(&ids)
+        .map(|(path, (id, mac))| {
+            let reader = (0..100)
+                .find_map(|_| {
+                    RunReader::open_storage(&faulty, path, &h.protection, Arc::clone(&cache)).ok()
+                })
+                .unwrap();
+            reader.expect(*id, NS_ID, mac.as_ref()).unwrap();
+            Arc::new(reader)
+        })
+        .collect();
+    let stack = ReadStack::new(runs, h.model.len());
+    let (mut good, mut failed) = (0, 0);
+    let mut tally = |answer: Result<Option<CellValue>, RunFileError>, k: &u128| match answer {
+        Ok(found) => {
+            assert_eq!(found, h.model.get(k).cloned());
+            good += 1;
+        }
+        Err(e) => {
+            assert!(e.to_string().contains("/runs/"), "{e}");
+            failed += 1;
+        }
+    };
+    for _ in 0..20 {
+        for k in 0..48u8 {
+            tally(stack.get(key(k)), &key(k));
+        }
+        let keys: Vec<u128> = (0..48u8).rev().map(key).collect();
+        for (k, answer) in keys.iter().zip(stack.get_many(&keys)) {
+            tally(answer, k);
+        }
+        // A range delivers a prefix of the model's, then maybe an error.
+        let got: Vec<_> = stack.range(0, u128::MAX).collect();
+        let ok: Vec<(u128, CellValue)> = got
+            .iter()
+            .filter_map(|r| r.as_ref().ok().cloned())
+            .collect();
+        let want: Vec<(u128, CellValue)> = h.model.iter().map(|(k, v)| (*k, v.clone())).collect();
+        assert_eq!(ok[..], want[..ok.len()]);
+        assert!(got.iter().take(ok.len()).all(Result::is_ok));
+    }
+    assert!(good > 100 && failed > 10, "good {good}, failed {failed}");
+}
+
+/// A writer, a background thread flushing and merging, and readers, all
+/// at once: the writer sets two keys to one value in one hold of the lock,
+/// and every reader sees them equal (in `get`, `get_many` and ranges)
+/// whatever swap happened between its reads; at the end the stack holds
+/// the writer's last values.
+#[test]
+fn swaps_under_concurrent_writes_and_reads_keep_one_state() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    const ROUNDS: u32 = 3000;
+    let h = Harness::new(false);
+    let done = AtomicBool::new(false);
+    // The writer goes on until the others have done this much alongside.
+    let (flushes, merges, reads) = (
+        AtomicUsize::new(0),
+        AtomicUsize::new(0),
+        AtomicUsize::new(0),
+    );
+    let pair = |i: u32| (key((i % 24) as u8), key((i % 24) as u8 + 24));
+    let last = std::thread::scope(|s| {
+        let writer = s.spawn(|| {
+            let mut i = 0u32;
+            while i < ROUNDS
+                || flushes.load(Ordering::Relaxed) < 20
+                || merges.load(Ordering::Relaxed) < 5
+                || reads.load(Ordering::Relaxed) < 100
+            {
+                i += 1;
+                let (a, b) = pair(i);
+                let v = CellValue::new(&i.to_le_bytes());
+                let before = {
+                    let stack = read(&h.stack);
+                    (stack.current_len(a).unwrap(), stack.current_len(b).unwrap())
+                };
+                let mut stack = write(&h.stack);
+                stack.apply(a, Some(v.clone()), u64::from(i), before.0);
+                stack.apply(b, Some(v), u64::from(i), before.1);
+                if i.is_multiple_of(97) {
+                    drop(stack.freeze());
+                }
+            }
+            done.store(true, Ordering::Release);
+            i
+        });
+        s.spawn(|| {
+            let mut file_id = 1u64;
+            let mut step = || {
+                file_id += 1;
+                let path = PathBuf::from(format!("/runs/{file_id:06}.run"));
+                let target = h.target(&path, file_id);
+                if file_id.is_multiple_of(4) {
+                    if let Some((old, _)) = merge_runs(&h.stack, 3, &target).unwrap() {
+                        merges.fetch_add(1, Ordering::Relaxed);
+                        for run in old {
+                            h.cache.forget_file(run.cache_id());
+                        }
+                    }
+                } else if flush_oldest(&h.stack, &target).unwrap().is_some() {
+                    flushes.fetch_add(1, Ordering::Relaxed);
+                }
+            };
+            while !done.load(Ordering::Acquire) {
+                step();
+            }
+            step();
+        });
+        for _ in 0..2 {
+            s.spawn(|| {
+                while !done.load(Ordering::Acquire) {
+                    let stack = read(&h.stack);
+                    for i in 0..24u32 {
+                        let (a, b) = pair(i);
+                        assert_eq!(stack.get(a).unwrap(), stack.get(b).unwrap());
+                        let both = stack.get_many(&[a, b]);
+                        assert_eq!(both[0].as_ref().unwrap(), both[1].as_ref().unwrap());
+                    }
+                    let cells: BTreeMap<u128, CellValue> =
+                        stack.range(0, u128::MAX).map(Result::unwrap).collect();
+                    for i in 0..24u32 {
+                        let (a, b) = pair(i);
+                        assert_eq!(cells.get(&a), cells.get(&b));
+                    }
+                    reads.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+        writer.join().unwrap()
+    });
+    let stack = read(&h.stack);
+    for i in last - 23..=last {
+        let (a, b) = pair(i);
+        let v = Some(CellValue::new(&i.to_le_bytes()));
+        assert_eq!(stack.get(a).unwrap(), v);
+        assert_eq!(stack.get(b).unwrap(), v);
+    }
+    assert_eq!(stack.len(), 48);
+    assert!(!stack.runs().is_empty());
 }
