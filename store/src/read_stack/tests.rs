@@ -529,3 +529,86 @@ fn swaps_under_concurrent_writes_and_reads_keep_one_state() {
     assert_eq!(stack.len(), 48);
     assert!(!stack.runs().is_empty());
 }
+
+/// Hot reads through the stack against today's in-memory `CellMap`, in
+/// one process: 256 Ki cells of 64 bytes, every block in the cache.
+/// Prints ns a point read and ms a 64 Ki-cell range for each; for the
+/// choice of how the daemon's hot reads are served (docs/storage-format.md,
+/// "Cells on disk: status"). Run with `--release`.
+#[test]
+#[ignore = "timing probe"]
+fn probe_hot_reads_against_the_cell_map() {
+    use std::time::Instant;
+
+    use crate::cells::{CellMap, Compactor};
+    use crate::storage::RealDisk;
+
+    const N: u128 = 256 * 1024;
+    const SCAN: usize = 64 * 1024;
+    let cells = || (0..N).map(|i| (i * 4, CellValue::new(&[i as u8; 64])));
+    let map = Arc::new(RwLock::new(CellMap::from_sorted(cells())));
+    let compactor = Compactor::start();
+    compactor.index_later(&map, |m| m);
+    drop(compactor); // joins: the index is built
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("probe.run");
+    let cache = Arc::new(BlockCache::new(256 << 20));
+    let target = RunTarget {
+        storage: &RealDisk,
+        path: &path,
+        file_id: 1,
+        ns_id: 1,
+        protection: &Protection::Plain,
+        cache: &cache,
+        block_bytes: None,
+    };
+    let (run, _) = target
+        .write(cells().map(|(k, v)| Ok((k, Some(v)))))
+        .unwrap();
+    let stack = ReadStack::new(vec![run], N as usize);
+    assert_eq!(stack.range(0, u128::MAX).count(), N as usize); // fills the cache
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let keys: Vec<u128> = (0..4096)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            u128::from(state % N as u64) * 4
+        })
+        .collect();
+    let rounds = 50;
+    for _ in 0..3 {
+        let mut sum = 0usize;
+        let t = Instant::now();
+        for _ in 0..rounds {
+            for key in &keys {
+                sum += read(&map).get(key).map_or(0, |v| v.len());
+            }
+        }
+        let map_get = t.elapsed().as_nanos() as f64 / (rounds * keys.len()) as f64;
+        let t = Instant::now();
+        for _ in 0..rounds {
+            for key in &keys {
+                sum += stack.get(*key).unwrap().map_or(0, |v| v.len());
+            }
+        }
+        let stack_get = t.elapsed().as_nanos() as f64 / (rounds * keys.len()) as f64;
+        let t = Instant::now();
+        for _ in 0..10 {
+            sum += read(&map).range(0).take(SCAN).map(|(_, v)| v.len()).sum::<usize>();
+        }
+        let map_scan = t.elapsed().as_secs_f64() * 1000.0 / 10.0;
+        let t = Instant::now();
+        for _ in 0..10 {
+            sum += stack
+                .range(0, (SCAN as u128 - 1) * 4)
+                .map(|r| r.unwrap().1.len())
+                .sum::<usize>();
+        }
+        let stack_scan = t.elapsed().as_secs_f64() * 1000.0 / 10.0;
+        println!(
+            "get: cell map {map_get:.0} ns, read stack from cache {stack_get:.0} ns; \
+             64 Ki-cell range: cell map {map_scan:.2} ms, read stack {stack_scan:.2} ms ({sum})"
+        );
+    }
+}
