@@ -234,6 +234,49 @@ impl ReadStack {
         }
     }
 
+    /// Calls `visit(key, value)` for each live cell with a key in
+    /// `lo..=hi`, in key order, until it returns false: what
+    /// [`ReadStack::range`] yields, but when a single layer holds keys in
+    /// the range (the common case: a region with no recent writes, under
+    /// one run) its blocks are walked directly, the values borrowed from
+    /// them, without a merge or a copy per cell.
+    pub(crate) fn visit_range(
+        &self,
+        lo: u128,
+        hi: u128,
+        mut visit: impl FnMut(u128, &[u8]) -> bool,
+    ) -> Result<(), RunFileError> {
+        if lo > hi {
+            return Ok(());
+        }
+        let memtable_has_keys = std::iter::once(&self.active)
+            .chain(self.frozen.iter().map(|g| &**g))
+            .any(|g| g.cells.range(lo..=hi).next().is_some());
+        let mut runs = self.runs.iter().filter(|run| {
+            run.key_range()
+                .is_some_and(|(first, last)| first <= hi && lo <= last)
+        });
+        if !memtable_has_keys {
+            match (runs.next(), runs.next()) {
+                (None, _) => return Ok(()),
+                // Alone in the range, its tombstones hide nothing.
+                (Some(run), None) => {
+                    return run
+                        .range(lo, hi)
+                        .visit(|key, value| value.is_none_or(|v| visit(key, v)));
+                }
+                _ => {}
+            }
+        }
+        for cell in self.range(lo, hi) {
+            let (key, value) = cell?;
+            if !visit(key, &value) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     /// The length of `key`'s current value, if it has one: what the writer
     /// passes to [`ReadStack::apply`]. Asked under the read lock, so that
     /// the block read it may need never holds the write lock (readers would

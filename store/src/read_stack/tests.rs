@@ -203,7 +203,24 @@ impl Harness {
         } else {
             Vec::new()
         };
-        prop_assert_eq!(got, want);
+        prop_assert_eq!(&got, &want);
+        let mut visited = Vec::new();
+        stack
+            .visit_range(lo, hi, |k, v| {
+                visited.push((k, CellValue::new(v)));
+                true
+            })
+            .unwrap();
+        prop_assert_eq!(&visited, &want);
+        // Stopped early, it has visited a prefix.
+        let mut first = Vec::new();
+        stack
+            .visit_range(lo, hi, |k, v| {
+                first.push((k, CellValue::new(v)));
+                first.len() < 2
+            })
+            .unwrap();
+        prop_assert_eq!(&first[..], &want[..want.len().min(2)]);
         Ok(())
     }
 
@@ -595,7 +612,11 @@ fn probe_hot_reads_against_the_cell_map() {
         let stack_get = t.elapsed().as_nanos() as f64 / (rounds * keys.len()) as f64;
         let t = Instant::now();
         for _ in 0..10 {
-            sum += read(&map).range(0).take(SCAN).map(|(_, v)| v.len()).sum::<usize>();
+            sum += read(&map)
+                .range(0)
+                .take(SCAN)
+                .map(|(_, v)| v.len())
+                .sum::<usize>();
         }
         let map_scan = t.elapsed().as_secs_f64() * 1000.0 / 10.0;
         let t = Instant::now();
@@ -606,9 +627,20 @@ fn probe_hot_reads_against_the_cell_map() {
                 .sum::<usize>();
         }
         let stack_scan = t.elapsed().as_secs_f64() * 1000.0 / 10.0;
+        let t = Instant::now();
+        for _ in 0..10 {
+            stack
+                .visit_range(0, (SCAN as u128 - 1) * 4, |_, v| {
+                    sum += v.len();
+                    true
+                })
+                .unwrap();
+        }
+        let stack_visit = t.elapsed().as_secs_f64() * 1000.0 / 10.0;
         println!(
             "get: cell map {map_get:.0} ns, read stack from cache {stack_get:.0} ns; \
-             64 Ki-cell range: cell map {map_scan:.2} ms, read stack {stack_scan:.2} ms ({sum})"
+             64 Ki-cell range: cell map {map_scan:.2} ms, read stack {stack_scan:.2} ms, \
+             visited {stack_visit:.2} ms ({sum})"
         );
     }
 }

@@ -567,6 +567,60 @@ impl RunRange<'_> {
     }
 }
 
+impl RunRange<'_> {
+    /// Calls `visit(key, value, or None for a tombstone)` for each entry
+    /// left, in key order, with the value borrowed from its block (no copy
+    /// and no allocation per entry, which the iterator pays for each
+    /// value it hands out); stops early when `visit` returns false. After
+    /// an error the range is over.
+    pub fn visit(
+        &mut self,
+        mut visit: impl FnMut(u128, Option<&[u8]>) -> bool,
+    ) -> Result<(), RunFileError> {
+        loop {
+            if self.done {
+                return Ok(());
+            }
+            if let Some((block, at)) = &mut self.current {
+                while *at < block.len() {
+                    let key = block.key(*at);
+                    if key > self.hi {
+                        self.done = true;
+                        return Ok(());
+                    }
+                    let i = *at;
+                    *at += 1;
+                    if !visit(key, block.value(i)) {
+                        return Ok(());
+                    }
+                }
+                self.current = None;
+            }
+            if self.window.is_empty() {
+                if self.next_block >= self.end_block {
+                    self.done = true;
+                    return Ok(());
+                }
+                self.fill_window();
+            }
+            match self.window.pop_front() {
+                Some(Ok(block)) => {
+                    let at = block.search(self.lo).unwrap_or_else(|i| i);
+                    self.current = Some((block, at));
+                }
+                Some(Err(e)) => {
+                    self.done = true;
+                    return Err(e);
+                }
+                None => {
+                    self.done = true;
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
 impl Iterator for RunRange<'_> {
     type Item = Result<(u128, Slot), RunFileError>;
 
