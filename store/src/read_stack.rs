@@ -277,6 +277,29 @@ impl ReadStack {
         Ok(())
     }
 
+    /// The smallest key above `after` that any layer holds: a live cell,
+    /// a tombstone, or a value a newer layer hides. Never past the next
+    /// live cell, so a region scan may jump straight to the curve run that
+    /// holds it (as `cells::Seeker::next_key_after` does for the base).
+    /// Reads at most one block per run, through the cache.
+    pub(crate) fn next_key_after(&self, after: u128) -> Result<Option<u128>, RunFileError> {
+        let Some(from) = after.checked_add(1) else {
+            return Ok(None);
+        };
+        let mut next = std::iter::once(&self.active)
+            .chain(self.frozen.iter().map(|g| &**g))
+            .filter_map(|g| g.cells.range(from..).next().map(|(k, _)| *k))
+            .min();
+        for run in &self.runs {
+            let upper = next.unwrap_or(u128::MAX);
+            if let Some(entry) = run.range(from, upper).next() {
+                let (key, _) = entry?;
+                next = Some(key);
+            }
+        }
+        Ok(next)
+    }
+
     /// The length of `key`'s current value, if it has one: what the writer
     /// passes to [`ReadStack::apply`]. Asked under the read lock, so that
     /// the block read it may need never holds the write lock (readers would

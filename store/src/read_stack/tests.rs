@@ -221,6 +221,21 @@ impl Harness {
             })
             .unwrap();
         prop_assert_eq!(&first[..], &want[..want.len().min(2)]);
+        // The next stored key is never past the next live cell, and no
+        // live cell lies before it.
+        let next = stack.next_key_after(lo).unwrap();
+        let live = lo
+            .checked_add(1)
+            .and_then(|from| self.model.range(from..).next().map(|(k, _)| *k));
+        match (next, live) {
+            (None, live) => prop_assert_eq!(live, None),
+            (Some(next), live) => {
+                prop_assert!(next > lo);
+                // Some write put it there.
+                prop_assert!(self.log.iter().any(|(_, k, _)| *k == next));
+                prop_assert!(live.is_none_or(|live| next <= live));
+            }
+        }
         Ok(())
     }
 
