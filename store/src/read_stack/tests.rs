@@ -599,15 +599,7 @@ fn probe_hot_reads_against_the_cell_map() {
         .unwrap();
     let stack = ReadStack::new(vec![run], N as usize);
     assert_eq!(stack.range(0, u128::MAX).count(), N as usize); // fills the cache
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let keys: Vec<u128> = (0..4096)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            u128::from(state % N as u64) * 4
-        })
-        .collect();
+    let keys = crate::cells::point_read_probe::random_probe_keys(N);
     let rounds = 50;
     for _ in 0..3 {
         let mut sum = 0usize;
