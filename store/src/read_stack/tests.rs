@@ -651,3 +651,68 @@ fn probe_hot_reads_against_the_cell_map() {
         );
     }
 }
+
+/// A run file's bytes, counting what is read of them.
+struct Counted(Vec<u8>, Arc<std::sync::atomic::AtomicU64>);
+
+impl crate::run_file::BlockSource for Counted {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.1
+            .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        self.0.read_exact_at(buf, offset)
+    }
+
+    fn len(&self) -> std::io::Result<u64> {
+        Ok(self.0.len() as u64)
+    }
+}
+
+/// What a restart pays per run: opening it reads its footer and block
+/// index, and nothing else, however many cells it holds (the index is 28
+/// bytes a block); the first read of a cell then reads its one block.
+#[test]
+fn opening_a_run_reads_only_its_footer_and_index() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    for cells in [1_000u32, 20_000] {
+        let h = Harness::new(false);
+        let path = PathBuf::from(format!("/runs/{cells}.run"));
+        let entries = (0..cells).map(|i| Ok((u128::from(i) * 3, Some(value(i as u8)))));
+        let target = RunTarget {
+            block_bytes: None,
+            ..h.target(&path, 1)
+        };
+        drop(target.write(entries).unwrap());
+        let bytes = h.disk.read_file(&path).unwrap();
+        let file_bytes = bytes.len() as u64;
+        let read = Arc::new(AtomicU64::new(0));
+        let run = RunReader::open_source(
+            Box::new(Counted(bytes, Arc::clone(&read))),
+            &path,
+            &h.protection,
+            Arc::clone(&h.cache),
+        )
+        .unwrap();
+        let footer = run.footer();
+        assert_eq!(
+            read.load(Ordering::Relaxed),
+            crate::run_file::FOOTER_BYTES as u64 + footer.index_len,
+            "{cells} cells"
+        );
+        assert!(
+            read.load(Ordering::Relaxed) * 50 < file_bytes,
+            "{cells} cells"
+        );
+        let stack = ReadStack::new(vec![Arc::new(run)], cells as usize);
+        read.store(0, Ordering::Relaxed);
+        let i = cells / 2;
+        assert_eq!(stack.get(u128::from(i) * 3).unwrap(), Some(value(i as u8)));
+        let block = stack.runs()[0]
+            .index()
+            .block_for(u128::from(i) * 3)
+            .unwrap();
+        assert_eq!(
+            read.load(Ordering::Relaxed),
+            u64::from(stack.runs()[0].index().lens[block])
+        );
+    }
+}
