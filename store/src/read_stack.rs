@@ -236,10 +236,11 @@ impl ReadStack {
 
     /// Calls `visit(key, value)` for each live cell with a key in
     /// `lo..=hi`, in key order, until it returns false: what
-    /// [`ReadStack::range`] yields, but when a single layer holds keys in
-    /// the range (the common case: a region with no recent writes, under
-    /// one run) its blocks are walked directly, the values borrowed from
-    /// them, without a merge or a copy per cell.
+    /// [`ReadStack::range`] yields, but when at most one run holds keys in
+    /// the range (the common case: a region under one run, with or without
+    /// recent writes in it) that run's blocks are walked directly, its
+    /// values borrowed from them, and the memtable's entries spliced in:
+    /// no merge heap and no copy per cell of the run.
     pub(crate) fn visit_range(
         &self,
         lo: u128,
@@ -249,29 +250,87 @@ impl ReadStack {
         if lo > hi {
             return Ok(());
         }
-        let memtable_has_keys = std::iter::once(&self.active)
-            .chain(self.frozen.iter().map(|g| &**g))
-            .any(|g| g.cells.range(lo..=hi).next().is_some());
         let mut runs = self.runs.iter().filter(|run| {
             run.key_range()
                 .is_some_and(|(first, last)| first <= hi && lo <= last)
         });
-        if !memtable_has_keys {
-            match (runs.next(), runs.next()) {
-                (None, _) => return Ok(()),
-                // Alone in the range, its tombstones hide nothing.
-                (Some(run), None) => {
-                    return run
-                        .range(lo, hi)
-                        .visit(|key, value| value.is_none_or(|v| visit(key, v)));
+        match (runs.next(), runs.next()) {
+            (run, None) => self.visit_over_one_run(run.map(|r| &**r), lo, hi, visit),
+            _ => {
+                for cell in self.range(lo, hi) {
+                    let (key, value) = cell?;
+                    if !visit(key, &value) {
+                        break;
+                    }
                 }
-                _ => {}
+                Ok(())
             }
         }
-        for cell in self.range(lo, hi) {
-            let (key, value) = cell?;
-            if !visit(key, &value) {
-                break;
+    }
+
+    /// [`ReadStack::visit_range`] where `run` (if any) is the only run with
+    /// keys in the range: the memtable's entries (newest generation winning,
+    /// tombstones kept, since they hide the run's cells) merged with the
+    /// run's as it streams. A tombstone in the run hides nothing there.
+    fn visit_over_one_run(
+        &self,
+        run: Option<&RunReader>,
+        lo: u128,
+        hi: u128,
+        mut visit: impl FnMut(u128, &[u8]) -> bool,
+    ) -> Result<(), RunFileError> {
+        let memtable_has_keys = std::iter::once(&self.active)
+            .chain(self.frozen.iter().map(|g| &**g))
+            .any(|g| g.cells.range(lo..=hi).next().is_some());
+        if let Some(run) = run
+            && !memtable_has_keys
+        {
+            // The run alone: no splicing at all.
+            return run
+                .range(lo, hi)
+                .visit(|key, value| value.is_none_or(|v| visit(key, v)));
+        }
+        let layers: Vec<Source<'_>> = std::iter::once(&self.active)
+            .chain(self.frozen.iter().map(|g| &**g))
+            .map(|g| g.range_source(lo, hi))
+            .collect();
+        // Memtable sources never fail.
+        let mut memtable = Merge::new(layers, false)?.flatten().peekable();
+        let mut go_on = true;
+        if let Some(run) = run {
+            // The memtable's next key, so that a run cell before it costs
+            // one compare (the memtable is touched only at its own keys).
+            let mut next_in_memtable = memtable.peek().map(|(k, _)| *k);
+            run.range(lo, hi).visit(|key, value| {
+                if next_in_memtable.is_none_or(|m| key < m) {
+                    go_on = value.is_none_or(|v| visit(key, v));
+                    return go_on;
+                }
+                while let Some((k, slot)) = memtable.next_if(|(k, _)| *k < key) {
+                    if let Some(v) = slot
+                        && !visit(k, &v)
+                    {
+                        go_on = false;
+                        return false;
+                    }
+                }
+                let newer = memtable.next_if(|(k, _)| *k == key);
+                next_in_memtable = memtable.peek().map(|(k, _)| *k);
+                go_on = match (newer, value) {
+                    (Some((_, slot)), _) => slot.is_none_or(|v| visit(key, &v)),
+                    (None, Some(v)) => visit(key, v),
+                    (None, None) => true,
+                };
+                go_on
+            })?;
+        }
+        if go_on {
+            for (k, slot) in memtable {
+                if let Some(v) = slot
+                    && !visit(k, &v)
+                {
+                    break;
+                }
             }
         }
         Ok(())

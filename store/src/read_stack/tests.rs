@@ -597,8 +597,14 @@ fn probe_hot_reads_against_the_cell_map() {
     let (run, _) = target
         .write(cells().map(|(k, v)| Ok((k, Some(v)))))
         .unwrap();
-    let stack = ReadStack::new(vec![run], N as usize);
+    let stack = ReadStack::new(vec![Arc::clone(&run)], N as usize);
     assert_eq!(stack.range(0, u128::MAX).count(), N as usize); // fills the cache
+    // The same run under 1 024 recent writes spread over the scanned range.
+    let mut written = ReadStack::new(vec![run], N as usize);
+    for i in 0..1024u128 {
+        let key = i * 64 * 4 + 2;
+        written.apply(key, Some(CellValue::new(&[7u8; 64])), 1 + i as u64, None);
+    }
     let keys = crate::cells::point_read_probe::random_probe_keys(N);
     let rounds = 50;
     for _ in 0..3 {
@@ -644,10 +650,20 @@ fn probe_hot_reads_against_the_cell_map() {
                 .unwrap();
         }
         let stack_visit = t.elapsed().as_secs_f64() * 1000.0 / 10.0;
+        let t = Instant::now();
+        for _ in 0..10 {
+            written
+                .visit_range(0, (SCAN as u128 - 1) * 4, |_, v| {
+                    sum += v.len();
+                    true
+                })
+                .unwrap();
+        }
+        let written_visit = t.elapsed().as_secs_f64() * 1000.0 / 10.0;
         println!(
             "get: cell map {map_get:.0} ns, read stack from cache {stack_get:.0} ns; \
              64 Ki-cell range: cell map {map_scan:.2} ms, read stack {stack_scan:.2} ms, \
-             visited {stack_visit:.2} ms ({sum})"
+             visited {stack_visit:.2} ms, visited under 1 Ki writes {written_visit:.2} ms ({sum})"
         );
     }
 }
