@@ -383,85 +383,105 @@ fn a_damaged_block_fails_only_its_reads() {
 /// data, and the reads that fail fail alone.
 #[test]
 fn failing_block_reads_fail_their_requests_never_with_wrong_data() {
-    let mut h = Harness::new(true);
-    let mut state = 7u64;
-    for round in 0..6u8 {
-        for i in 0..40u8 {
-            state = state
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1);
-            let k = ((state >> 33) % 48) as u8;
-            let slot = (i % 7 != 0).then(|| value(round.wrapping_mul(40).wrapping_add(i)));
-            h.apply(key(k), slot).unwrap();
+    for one_run in [false, true] {
+        let mut h = Harness::new(true);
+        let mut state = 7u64;
+        for round in 0..6u8 {
+            for i in 0..40u8 {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1);
+                let k = ((state >> 33) % 48) as u8;
+                let slot = (i % 7 != 0).then(|| value(round.wrapping_mul(40).wrapping_add(i)));
+                h.apply(key(k), slot).unwrap();
+            }
+            drop(write(&h.stack).freeze());
+            h.persist(Turn::Flush, 0);
         }
-        drop(write(&h.stack).freeze());
-        h.persist(Turn::Flush, 0);
-    }
-    h.merge(3);
-    let paths: Vec<PathBuf> = read(&h.stack)
-        .runs()
-        .iter()
-        .map(|r| r.path().to_path_buf())
-        .collect();
-    let ids: Vec<(u64, Option<[u8; 32]>)> = read(&h.stack)
-        .runs()
-        .iter()
-        .map(|r| (r.file_id(), r.mac()))
-        .collect();
-    let faulty = h.disk.with_plan(FaultPlan {
-        seed: 5,
-        read_eio_ppm: 50_000,
-        read_short_ppm: 50_000,
-        read_flip_ppm: 50_000,
-        ..FaultPlan::default()
-    });
-    let cache = Arc::new(BlockCache::new(TINY_CACHE_BYTES));
-    // Opening reads the footer and the index only; a fault there fails
-    // the open, which a restart reports (tried again here until it opens).
-    let runs: Vec<Arc<RunReader>> = paths
-        .iter()
-        .zip(&ids)
-        .map(|(path, (id, mac))| {
-            let reader = (0..100)
-                .find_map(|_| {
-                    RunReader::open_storage(&faulty, path, &h.protection, Arc::clone(&cache)).ok()
-                })
-                .unwrap();
-            reader.expect(*id, NS_ID, mac.as_ref()).unwrap();
-            Arc::new(reader)
-        })
-        .collect();
-    let stack = ReadStack::new(runs, h.model.len());
-    let (mut good, mut failed) = (0, 0);
-    let mut tally = |answer: Result<Option<CellValue>, RunFileError>, k: &u128| match answer {
-        Ok(found) => {
-            assert_eq!(found, h.model.get(k).cloned());
-            good += 1;
+        // Several runs first (ranges go through the merge), then one (ranges
+        // walk its blocks directly).
+        h.merge(3);
+        if one_run {
+            h.merge(usize::MAX);
         }
-        Err(e) => {
-            assert!(e.to_string().contains("/runs/"), "{e}");
-            failed += 1;
-        }
-    };
-    for _ in 0..20 {
-        for k in 0..48u8 {
-            tally(stack.get(key(k)), &key(k));
-        }
-        let keys: Vec<u128> = (0..48u8).rev().map(key).collect();
-        for (k, answer) in keys.iter().zip(stack.get_many(&keys)) {
-            tally(answer, k);
-        }
-        // A range delivers a prefix of the model's, then maybe an error.
-        let got: Vec<_> = stack.range(0, u128::MAX).collect();
-        let ok: Vec<(u128, CellValue)> = got
+        let paths: Vec<PathBuf> = read(&h.stack)
+            .runs()
             .iter()
-            .filter_map(|r| r.as_ref().ok().cloned())
+            .map(|r| r.path().to_path_buf())
             .collect();
-        let want: Vec<(u128, CellValue)> = h.model.iter().map(|(k, v)| (*k, v.clone())).collect();
-        assert_eq!(ok[..], want[..ok.len()]);
-        assert!(got.iter().take(ok.len()).all(Result::is_ok));
+        let ids: Vec<(u64, Option<[u8; 32]>)> = read(&h.stack)
+            .runs()
+            .iter()
+            .map(|r| (r.file_id(), r.mac()))
+            .collect();
+        let faulty = h.disk.with_plan(FaultPlan {
+            seed: 5,
+            read_eio_ppm: 50_000,
+            read_short_ppm: 50_000,
+            read_flip_ppm: 50_000,
+            ..FaultPlan::default()
+        });
+        let cache = Arc::new(BlockCache::new(TINY_CACHE_BYTES));
+        // Opening reads the footer and the index only; a fault there fails
+        // the open, which a restart reports (tried again here until it opens).
+        let runs: Vec<Arc<RunReader>> = paths
+            .iter()
+            .zip(&ids)
+            .map(|(path, (id, mac))| {
+                let reader = (0..100)
+                    .find_map(|_| {
+                        RunReader::open_storage(&faulty, path, &h.protection, Arc::clone(&cache))
+                            .ok()
+                    })
+                    .unwrap();
+                reader.expect(*id, NS_ID, mac.as_ref()).unwrap();
+                Arc::new(reader)
+            })
+            .collect();
+        let stack = ReadStack::new(runs, h.model.len());
+        let (mut good, mut failed) = (0, 0);
+        let mut tally = |answer: Result<Option<CellValue>, RunFileError>, k: &u128| match answer {
+            Ok(found) => {
+                assert_eq!(found, h.model.get(k).cloned());
+                good += 1;
+            }
+            Err(e) => {
+                assert!(e.to_string().contains("/runs/"), "{e}");
+                failed += 1;
+            }
+        };
+        for _ in 0..20 {
+            for k in 0..48u8 {
+                tally(stack.get(key(k)), &key(k));
+            }
+            let keys: Vec<u128> = (0..48u8).rev().map(key).collect();
+            for (k, answer) in keys.iter().zip(stack.get_many(&keys)) {
+                tally(answer, k);
+            }
+            // A range delivers a prefix of the model's, then maybe an error.
+            let got: Vec<_> = stack.range(0, u128::MAX).collect();
+            let ok: Vec<(u128, CellValue)> = got
+                .iter()
+                .filter_map(|r| r.as_ref().ok().cloned())
+                .collect();
+            let want: Vec<(u128, CellValue)> =
+                h.model.iter().map(|(k, v)| (*k, v.clone())).collect();
+            assert_eq!(ok[..], want[..ok.len()]);
+            assert!(got.iter().take(ok.len()).all(Result::is_ok));
+            // The same through the blocks directly: a prefix, then the error.
+            let mut visited = Vec::new();
+            let outcome = stack.visit_range(0, u128::MAX, |k, v| {
+                visited.push((k, CellValue::new(v)));
+                true
+            });
+            assert_eq!(visited[..], want[..visited.len()]);
+            match outcome {
+                Ok(()) => assert_eq!(visited.len(), want.len()),
+                Err(e) => assert!(e.to_string().contains("/runs/"), "{e}"),
+            }
+        }
+        assert!(good > 100 && failed > 10, "good {good}, failed {failed}");
     }
-    assert!(good > 100 && failed > 10, "good {good}, failed {failed}");
 }
 
 /// A writer, a background thread flushing and merging, and readers, all
