@@ -245,7 +245,7 @@ impl ReadStack {
         &self,
         lo: u128,
         hi: u128,
-        mut visit: impl FnMut(u128, &[u8]) -> bool,
+        visit: impl FnMut(u128, &[u8]) -> bool,
     ) -> Result<(), RunFileError> {
         if lo > hi {
             return Ok(());
@@ -256,14 +256,93 @@ impl ReadStack {
         });
         match (runs.next(), runs.next()) {
             (run, None) => self.visit_over_one_run(run.map(|r| &**r), lo, hi, visit),
-            _ => {
-                for cell in self.range(lo, hi) {
-                    let (key, value) = cell?;
-                    if !visit(key, &value) {
-                        break;
+            (Some(first), Some(second)) => {
+                let runs: Vec<&RunReader> = [first, second]
+                    .into_iter()
+                    .chain(runs)
+                    .map(|r| &**r)
+                    .collect();
+                self.visit_over_runs(&runs, lo, hi, visit)
+            }
+            (None, Some(_)) => Ok(()),
+        }
+    }
+
+    /// The memtable's entries in `lo..=hi`: newest generation winning,
+    /// tombstones kept (they hide runs' cells).
+    fn memtable_entries(
+        &self,
+        lo: u128,
+        hi: u128,
+    ) -> Result<std::iter::Peekable<impl Iterator<Item = (u128, Slot)> + '_>, RunFileError> {
+        let layers: Vec<Source<'_>> = std::iter::once(&self.active)
+            .chain(self.frozen.iter().map(|g| &**g))
+            .map(|g| g.range_source(lo, hi))
+            .collect();
+        // Memtable sources never fail.
+        Ok(Merge::new(layers, false)?.flatten().peekable())
+    }
+
+    /// [`ReadStack::visit_range`] over several runs (newest first): each
+    /// run's range stepped as a cursor, values borrowed from its blocks,
+    /// the smallest key taken from the newest layer that holds it. A
+    /// linear pass over the cursors per cell: a namespace keeps its runs
+    /// few.
+    fn visit_over_runs(
+        &self,
+        runs: &[&RunReader],
+        lo: u128,
+        hi: u128,
+        mut visit: impl FnMut(u128, &[u8]) -> bool,
+    ) -> Result<(), RunFileError> {
+        let mut memtable = self.memtable_entries(lo, hi)?;
+        let mut cursors = Vec::with_capacity(runs.len());
+        for run in runs {
+            let mut cursor = run.range(lo, hi);
+            if cursor.advance()? {
+                cursors.push(cursor);
+            }
+        }
+        loop {
+            let smallest = cursors
+                .iter()
+                .filter_map(|c| c.entry().map(|(k, _)| k))
+                .chain(memtable.peek().map(|(k, _)| *k))
+                .min();
+            let Some(key) = smallest else {
+                return Ok(());
+            };
+            let mut answered = false;
+            if let Some((_, slot)) = memtable.next_if(|(k, _)| *k == key) {
+                answered = true;
+                if let Some(v) = slot
+                    && !visit(key, &v)
+                {
+                    return Ok(());
+                }
+            }
+            // Newest first: the first cursor at `key` answers, the rest
+            // are hidden; each at `key` moves on.
+            let mut i = 0;
+            while i < cursors.len() {
+                let cursor = &mut cursors[i];
+                if let Some((k, value)) = cursor.entry()
+                    && k == key
+                {
+                    if !answered {
+                        answered = true;
+                        if let Some(v) = value
+                            && !visit(key, v)
+                        {
+                            return Ok(());
+                        }
+                    }
+                    if !cursor.advance()? {
+                        cursors.remove(i);
+                        continue;
                     }
                 }
-                Ok(())
+                i += 1;
             }
         }
     }
@@ -290,12 +369,7 @@ impl ReadStack {
                 .range(lo, hi)
                 .visit(|key, value| value.is_none_or(|v| visit(key, v)));
         }
-        let layers: Vec<Source<'_>> = std::iter::once(&self.active)
-            .chain(self.frozen.iter().map(|g| &**g))
-            .map(|g| g.range_source(lo, hi))
-            .collect();
-        // Memtable sources never fail.
-        let mut memtable = Merge::new(layers, false)?.flatten().peekable();
+        let mut memtable = self.memtable_entries(lo, hi)?;
         let mut go_on = true;
         if let Some(run) = run {
             // The memtable's next key, so that a run cell before it costs

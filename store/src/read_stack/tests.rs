@@ -619,6 +619,8 @@ fn probe_hot_reads_against_the_cell_map() {
         .unwrap();
     let stack = ReadStack::new(vec![Arc::clone(&run)], N as usize);
     assert_eq!(stack.range(0, u128::MAX).count(), N as usize); // fills the cache
+    // Three runs holding the same keys (the worst overlap), merged as read.
+    let three = ReadStack::new(vec![Arc::clone(&run); 3], N as usize);
     // The same run under 1 024 recent writes spread over the scanned range.
     let mut written = ReadStack::new(vec![run], N as usize);
     for i in 0..1024u128 {
@@ -680,10 +682,29 @@ fn probe_hot_reads_against_the_cell_map() {
                 .unwrap();
         }
         let written_visit = t.elapsed().as_secs_f64() * 1000.0 / 10.0;
+        let t = Instant::now();
+        for _ in 0..10 {
+            three
+                .visit_range(0, (SCAN as u128 - 1) * 4, |_, v| {
+                    sum += v.len();
+                    true
+                })
+                .unwrap();
+        }
+        let three_visit = t.elapsed().as_secs_f64() * 1000.0 / 10.0;
+        let t = Instant::now();
+        for _ in 0..10 {
+            sum += three
+                .range(0, (SCAN as u128 - 1) * 4)
+                .map(|r| r.unwrap().1.len())
+                .sum::<usize>();
+        }
+        let three_scan = t.elapsed().as_secs_f64() * 1000.0 / 10.0;
         println!(
             "get: cell map {map_get:.0} ns, read stack from cache {stack_get:.0} ns; \
              64 Ki-cell range: cell map {map_scan:.2} ms, read stack {stack_scan:.2} ms, \
-             visited {stack_visit:.2} ms, visited under 1 Ki writes {written_visit:.2} ms ({sum})"
+             visited {stack_visit:.2} ms, visited under 1 Ki writes {written_visit:.2} ms, \
+             three runs visited {three_visit:.2} ms, iterated {three_scan:.2} ms ({sum})"
         );
     }
 }
