@@ -645,61 +645,46 @@ fn probe_hot_reads_against_the_cell_map() {
             }
         }
         let stack_get = t.elapsed().as_nanos() as f64 / (rounds * keys.len()) as f64;
-        let t = Instant::now();
-        for _ in 0..10 {
-            sum += read(&map)
-                .range(0)
-                .take(SCAN)
-                .map(|(_, v)| v.len())
-                .sum::<usize>();
-        }
-        let map_scan = t.elapsed().as_secs_f64() * 1000.0 / 10.0;
-        let t = Instant::now();
-        for _ in 0..10 {
-            sum += stack
-                .range(0, (SCAN as u128 - 1) * 4)
-                .map(|r| r.unwrap().1.len())
-                .sum::<usize>();
-        }
-        let stack_scan = t.elapsed().as_secs_f64() * 1000.0 / 10.0;
-        let t = Instant::now();
-        for _ in 0..10 {
+        // Ten passes over the first SCAN cells; ms a pass.
+        let ms_a_pass = |pass: &mut dyn FnMut() -> usize| {
+            let t = Instant::now();
+            let bytes: usize = (0..10).map(|_| pass()).sum();
+            (t.elapsed().as_secs_f64() * 100.0, bytes)
+        };
+        let last = (SCAN as u128 - 1) * 4;
+        let iterate = |stack: &ReadStack| {
             stack
-                .visit_range(0, (SCAN as u128 - 1) * 4, |_, v| {
-                    sum += v.len();
-                    true
-                })
-                .unwrap();
-        }
-        let stack_visit = t.elapsed().as_secs_f64() * 1000.0 / 10.0;
-        let t = Instant::now();
-        for _ in 0..10 {
-            written
-                .visit_range(0, (SCAN as u128 - 1) * 4, |_, v| {
-                    sum += v.len();
-                    true
-                })
-                .unwrap();
-        }
-        let written_visit = t.elapsed().as_secs_f64() * 1000.0 / 10.0;
-        let t = Instant::now();
-        for _ in 0..10 {
-            three
-                .visit_range(0, (SCAN as u128 - 1) * 4, |_, v| {
-                    sum += v.len();
-                    true
-                })
-                .unwrap();
-        }
-        let three_visit = t.elapsed().as_secs_f64() * 1000.0 / 10.0;
-        let t = Instant::now();
-        for _ in 0..10 {
-            sum += three
-                .range(0, (SCAN as u128 - 1) * 4)
+                .range(0, last)
                 .map(|r| r.unwrap().1.len())
-                .sum::<usize>();
-        }
-        let three_scan = t.elapsed().as_secs_f64() * 1000.0 / 10.0;
+                .sum::<usize>()
+        };
+        let visit = |stack: &ReadStack| {
+            let mut bytes = 0;
+            stack
+                .visit_range(0, last, |_, v| {
+                    bytes += v.len();
+                    true
+                })
+                .unwrap();
+            bytes
+        };
+        let passes = [
+            ms_a_pass(&mut || read(&map).range(0).take(SCAN).map(|(_, v)| v.len()).sum()),
+            ms_a_pass(&mut || iterate(&stack)),
+            ms_a_pass(&mut || visit(&stack)),
+            ms_a_pass(&mut || visit(&written)),
+            ms_a_pass(&mut || visit(&three)),
+            ms_a_pass(&mut || iterate(&three)),
+        ];
+        sum += passes.iter().map(|(_, bytes)| bytes).sum::<usize>();
+        let [
+            map_scan,
+            stack_scan,
+            stack_visit,
+            written_visit,
+            three_visit,
+            three_scan,
+        ] = passes.map(|(ms, _)| ms);
         println!(
             "get: cell map {map_get:.0} ns, read stack from cache {stack_get:.0} ns; \
              64 Ki-cell range: cell map {map_scan:.2} ms, read stack {stack_scan:.2} ms, \
