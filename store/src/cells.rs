@@ -1394,9 +1394,23 @@ mod probe {
 }
 
 #[cfg(test)]
-mod point_read_probe {
+pub(crate) mod point_read_probe {
     use super::*;
     use std::time::Instant;
+
+    /// 4096 keys of cells `k * 4` for `k` below `n`, chosen by a fixed
+    /// xorshift: the same random reads for every timing probe.
+    pub(crate) fn random_probe_keys(n: u128) -> Vec<u128> {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        (0..4096)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                u128::from(state % n as u64) * 4
+            })
+            .collect()
+    }
 
     /// Where a single random get's time goes on 1 M cells (values behind
     /// their own allocations, as in the store): the same 4096 keys read
@@ -1411,15 +1425,7 @@ mod point_read_probe {
             (0..n).map(|k| (k * 4, Value::new(&k.to_le_bytes()[..8]))),
         ));
         read(&lock).base.build_index();
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let keys: Vec<u128> = (0..4096)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                u128::from(state % n as u64) * 4
-            })
-            .collect();
+        let keys = random_probe_keys(n);
         let rounds = 200;
         for _ in 0..3 {
             let mut sum = 0usize;

@@ -567,6 +567,106 @@ impl RunRange<'_> {
     }
 }
 
+impl RunRange<'_> {
+    /// Calls `visit(key, value, or None for a tombstone)` for each entry
+    /// left, in key order, with the value borrowed from its block (no copy
+    /// and no allocation per entry, which the iterator pays for each
+    /// value it hands out); stops early when `visit` returns false. After
+    /// an error the range is over.
+    pub fn visit(
+        &mut self,
+        mut visit: impl FnMut(u128, Option<&[u8]>) -> bool,
+    ) -> Result<(), RunFileError> {
+        loop {
+            if self.done {
+                return Ok(());
+            }
+            if let Some((block, at)) = &mut self.current {
+                while *at < block.len() {
+                    let key = block.key(*at);
+                    if key > self.hi {
+                        self.done = true;
+                        return Ok(());
+                    }
+                    let i = *at;
+                    *at += 1;
+                    if !visit(key, block.value(i)) {
+                        return Ok(());
+                    }
+                }
+                self.current = None;
+            }
+            if !self.enter_next_block()? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Steps a cursor over the range: moves to the next entry, which
+    /// [`RunRange::entry`] then shows (values borrowed from the block, as
+    /// in [`RunRange::visit`]); false at the end. For merging several
+    /// ranges without copying. After an error the range is over.
+    pub fn advance(&mut self) -> Result<bool, RunFileError> {
+        loop {
+            if self.done {
+                return Ok(false);
+            }
+            if let Some((block, at)) = &mut self.current {
+                if *at < block.len() {
+                    if block.key(*at) > self.hi {
+                        self.done = true;
+                        return Ok(false);
+                    }
+                    *at += 1;
+                    return Ok(true);
+                }
+                self.current = None;
+            }
+            if !self.enter_next_block()? {
+                return Ok(false);
+            }
+        }
+    }
+
+    /// The entry the last [`RunRange::advance`] that returned true moved
+    /// to; `None` before the first or after the end.
+    pub fn entry(&self) -> Option<(u128, Option<&[u8]>)> {
+        if self.done {
+            return None;
+        }
+        let (block, at) = self.current.as_ref()?;
+        let i = at.checked_sub(1)?;
+        Some((block.key(i), block.value(i)))
+    }
+
+    /// Enters the next block of the range (reading ahead as needed); false
+    /// when there is none.
+    fn enter_next_block(&mut self) -> Result<bool, RunFileError> {
+        if self.window.is_empty() {
+            if self.next_block >= self.end_block {
+                self.done = true;
+                return Ok(false);
+            }
+            self.fill_window();
+        }
+        match self.window.pop_front() {
+            Some(Ok(block)) => {
+                let at = block.search(self.lo).unwrap_or_else(|i| i);
+                self.current = Some((block, at));
+                Ok(true)
+            }
+            Some(Err(e)) => {
+                self.done = true;
+                Err(e)
+            }
+            None => {
+                self.done = true;
+                Ok(false)
+            }
+        }
+    }
+}
+
 impl Iterator for RunRange<'_> {
     type Item = Result<(u128, Slot), RunFileError>;
 
