@@ -585,14 +585,14 @@ pub fn run_file(data: &[u8]) {
 }
 
 fn read_run_file(bytes: Vec<u8>, protection: &cube_store::run_file::Protection) {
-    use cube_store::run_file::{BlockCache, RunReader};
+    use cube_store::run_file::{BlockCache, RunFileReader};
     let probes: Vec<u128> = bytes
         .chunks_exact(16)
         .take(16)
         .map(|c| u128::from_le_bytes(c.try_into().unwrap_or([0; 16])))
         .collect();
     let cache = Arc::new(BlockCache::new(16 * 1024));
-    let Ok(reader) = RunReader::open_source(
+    let Ok(reader) = RunFileReader::open_source(
         Box::new(bytes),
         Path::new("fuzz.run"),
         protection,

@@ -19,7 +19,7 @@ use std::time::Duration;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use cube_store::RealDisk;
 use cube_store::crypto::{Keyring, MasterKey};
-use cube_store::run_file::{BlockCache, Protection, RunReader, RunWriter};
+use cube_store::run_file::{BlockCache, Protection, RunFileReader, RunFileWriter};
 
 /// 256 Ki cells of 64 bytes: 21 MiB of file.
 const CELLS: u64 = 256 * 1024;
@@ -50,7 +50,7 @@ fn sealed() -> Protection {
 }
 
 fn write(path: &Path, block_bytes: usize, protection: &Protection) {
-    let mut w = RunWriter::create(&RealDisk, path, 1, 1, protection)
+    let mut w = RunFileWriter::create(&RealDisk, path, 1, 1, protection)
         .unwrap()
         .with_target_block_bytes(block_bytes);
     let value = [0x5au8; VALUE_BYTES];
@@ -75,9 +75,9 @@ fn point_reads(c: &mut Criterion) {
         let path = tmp.path().join(name.replace(' ', "-"));
         write(&path, block_bytes, &protection);
         let hot =
-            RunReader::open(&path, &protection, Arc::new(BlockCache::new(256 << 20))).unwrap();
+            RunFileReader::open(&path, &protection, Arc::new(BlockCache::new(256 << 20))).unwrap();
         // A budget of 0 keeps nothing: every read goes to the file.
-        let cold = RunReader::open(&path, &protection, Arc::new(BlockCache::new(0))).unwrap();
+        let cold = RunFileReader::open(&path, &protection, Arc::new(BlockCache::new(0))).unwrap();
         let mut rng = Rng(0x9e37_79b9);
         group.bench_function(format!("get from cache {name}"), |b| {
             b.iter(|| black_box(hot.get(key(rng.below(CELLS))).unwrap()))
@@ -121,7 +121,7 @@ fn point_reads(c: &mut Criterion) {
             )
         });
         group.throughput(Throughput::Elements(SCAN_CELLS));
-        let scan = |reader: &RunReader, rng: &mut Rng| {
+        let scan = |reader: &RunFileReader, rng: &mut Rng| {
             let from = rng.below(CELLS - SCAN_CELLS);
             let mut n = 0u64;
             for entry in reader.range(key(from), key(from + SCAN_CELLS - 1)) {

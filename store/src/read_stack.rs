@@ -6,7 +6,7 @@
 //!   active generation   BTreeMap, written by the writer        newest
 //!   frozen generations  BTreeMaps, read-only, each tagged with
 //!                       the last LSN it holds
-//!   run files           Arc<RunReader>, newest first             oldest
+//!   run files           Arc<RunFileReader>, newest first             oldest
 //! ```
 //!
 //! A read looks at the layers newest first and stops at the first that
@@ -38,8 +38,8 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::cell_value::CellValue;
 use crate::run_file::{
-    BlockCache, Merge, Protection, RunFileError, RunReader, RunSummary, RunWriter, Slot, Source,
-    write_all,
+    BlockCache, Merge, Protection, RunFileError, RunFileReader, RunFileWriter, RunSummary, Slot,
+    Source, write_all,
 };
 use crate::storage::Storage;
 
@@ -104,7 +104,7 @@ pub(crate) struct ReadStack {
     /// Newest first.
     frozen: Vec<Arc<Generation>>,
     /// Newest first.
-    runs: Vec<Arc<RunReader>>,
+    runs: Vec<Arc<RunFileReader>>,
     /// Live cells (tombstones and hidden values not counted).
     live: usize,
     /// The largest LSN installed runs hold every write up to
@@ -116,7 +116,7 @@ impl ReadStack {
     /// A stack over `runs` (newest first), as a restart finds them, which
     /// hold `live` live cells (the manifest records it: counting would
     /// read every block).
-    pub(crate) fn new(runs: Vec<Arc<RunReader>>, live: usize) -> ReadStack {
+    pub(crate) fn new(runs: Vec<Arc<RunFileReader>>, live: usize) -> ReadStack {
         ReadStack {
             active: Generation::new(),
             frozen: Vec::new(),
@@ -141,7 +141,7 @@ impl ReadStack {
     }
 
     /// The run files, newest first.
-    pub(crate) fn runs(&self) -> &[Arc<RunReader>] {
+    pub(crate) fn runs(&self) -> &[Arc<RunFileReader>] {
         &self.runs
     }
 
@@ -176,7 +176,7 @@ impl ReadStack {
 
     /// [`ReadStack::get`] of each of `keys`, in their order. The keys the
     /// memtable does not answer go to each run in one
-    /// [`RunReader::get_many`], newest run first, so that the block reads
+    /// [`RunFileReader::get_many`], newest run first, so that the block reads
     /// of a batch overlap; a failed block read fails only the keys it
     /// would have answered.
     pub(crate) fn get_many(&self, keys: &[u128]) -> Vec<Result<Option<CellValue>, RunFileError>> {
@@ -257,7 +257,7 @@ impl ReadStack {
         match (runs.next(), runs.next()) {
             (run, None) => self.visit_over_one_run(run.map(|r| &**r), lo, hi, visit),
             (Some(first), Some(second)) => {
-                let runs: Vec<&RunReader> = [first, second]
+                let runs: Vec<&RunFileReader> = [first, second]
                     .into_iter()
                     .chain(runs)
                     .map(|r| &**r)
@@ -290,7 +290,7 @@ impl ReadStack {
     /// few.
     fn visit_over_runs(
         &self,
-        runs: &[&RunReader],
+        runs: &[&RunFileReader],
         lo: u128,
         hi: u128,
         mut visit: impl FnMut(u128, &[u8]) -> bool,
@@ -353,7 +353,7 @@ impl ReadStack {
     /// run's as it streams. A tombstone in the run hides nothing there.
     fn visit_over_one_run(
         &self,
-        run: Option<&RunReader>,
+        run: Option<&RunFileReader>,
         lo: u128,
         hi: u128,
         mut visit: impl FnMut(u128, &[u8]) -> bool,
@@ -494,7 +494,7 @@ impl ReadStack {
     /// dropped generations, for the caller to free outside the lock.
     pub(crate) fn install_run(
         &mut self,
-        run: Arc<RunReader>,
+        run: Arc<RunFileReader>,
         through_lsn: u64,
     ) -> Vec<Arc<Generation>> {
         let keep = self
@@ -559,8 +559,8 @@ impl RunTarget<'_> {
     fn write(
         &self,
         entries: impl Iterator<Item = Result<(u128, Slot), RunFileError>>,
-    ) -> Result<(Arc<RunReader>, RunSummary), RunFileError> {
-        let mut writer = RunWriter::create(
+    ) -> Result<(Arc<RunFileReader>, RunSummary), RunFileError> {
+        let mut writer = RunFileWriter::create(
             self.storage,
             self.path,
             self.file_id,
@@ -571,7 +571,7 @@ impl RunTarget<'_> {
             writer = writer.with_target_block_bytes(bytes);
         }
         let summary = write_all(writer, entries)?;
-        let reader = RunReader::open_storage(
+        let reader = RunFileReader::open_storage(
             self.storage,
             self.path,
             self.protection,
@@ -612,7 +612,7 @@ pub(crate) fn flush_oldest(
 }
 
 /// What [`merge_runs`] replaced, and what it wrote in their place.
-pub(crate) type Merged = (Vec<Arc<RunReader>>, RunSummary);
+pub(crate) type Merged = (Vec<Arc<RunFileReader>>, RunSummary);
 
 /// Merges the `count` oldest runs of `stack` into one run file and swaps it
 /// in for them, holding the lock only to pick them and to swap. The oldest
@@ -624,7 +624,7 @@ pub(crate) fn merge_runs(
     count: usize,
     target: &RunTarget<'_>,
 ) -> Result<Option<Merged>, RunFileError> {
-    let inputs: Vec<Arc<RunReader>> = {
+    let inputs: Vec<Arc<RunFileReader>> = {
         let stack = read(stack);
         let count = count.min(stack.runs.len());
         if count < 2 {

@@ -49,7 +49,7 @@ fn main() -> Result<()> {
 /// hundred bytes hold several blocks.
 fn run_file_seeds(dir: &Path) -> Result<()> {
     use cube_store::crypto::{Keyring, MasterKey};
-    use cube_store::run_file::{Protection, RunWriter};
+    use cube_store::run_file::{Protection, RunFileWriter};
     let keyring = Arc::new(Keyring::new(
         Some(MasterKey::from_bytes(cube_fuzz::RUN_FILE_KEY)),
         1,
@@ -73,7 +73,7 @@ fn run_file_seeds(dir: &Path) -> Result<()> {
     disk.create_dir_all(runs)?;
     for (name, protection, entries) in kinds {
         let path = runs.join(name);
-        let mut w = RunWriter::create(&disk, &path, 3, 1, &protection)?.with_target_block_bytes(128);
+        let mut w = RunFileWriter::create(&disk, &path, 3, 1, &protection)?.with_target_block_bytes(128);
         for i in 0..entries {
             let value = format!("value {i}");
             // Every fifth entry a tombstone.

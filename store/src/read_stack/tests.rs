@@ -424,14 +424,19 @@ fn failing_block_reads_fail_their_requests_never_with_wrong_data() {
         let cache = Arc::new(BlockCache::new(TINY_CACHE_BYTES));
         // Opening reads the footer and the index only; a fault there fails
         // the open, which a restart reports (tried again here until it opens).
-        let runs: Vec<Arc<RunReader>> = paths
+        let runs: Vec<Arc<RunFileReader>> = paths
             .iter()
             .zip(&ids)
             .map(|(path, (id, mac))| {
                 let reader = (0..100)
                     .find_map(|_| {
-                        RunReader::open_storage(&faulty, path, &h.protection, Arc::clone(&cache))
-                            .ok()
+                        RunFileReader::open_storage(
+                            &faulty,
+                            path,
+                            &h.protection,
+                            Arc::clone(&cache),
+                        )
+                        .ok()
                     })
                     .unwrap();
                 reader.expect(*id, NS_ID, mac.as_ref()).unwrap();
@@ -727,7 +732,7 @@ fn opening_a_run_reads_only_its_footer_and_index() {
         let bytes = h.disk.read_file(&path).unwrap();
         let file_bytes = bytes.len() as u64;
         let read = Arc::new(AtomicU64::new(0));
-        let run = RunReader::open_source(
+        let run = RunFileReader::open_source(
             Box::new(Counted(bytes, Arc::clone(&read))),
             &path,
             &h.protection,

@@ -1,12 +1,12 @@
 //! [`Merge`]: entries of several sorted sources, newest first, as one
 //! sorted stream in which the newest source wins each key: what a fold (a
 //! memtable and the run files it goes over) and a merge of run files write
-//! through a [`RunWriter`](super::RunWriter).
+//! through a [`RunFileWriter`](super::RunFileWriter).
 //!
 //! Tombstones are kept unless the merge writes the oldest data there is
 //! (`drop_tombstones`): then nothing older can be hidden and a tombstone is
 //! only a cost. Memory: one pending entry per source; the sources stream
-//! (a [`RunRange`](super::RunRange) reads ahead a bounded window).
+//! (a [`RunFileRange`](super::RunFileRange) reads ahead a bounded window).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -108,7 +108,7 @@ impl Iterator for Merge<'_> {
 /// file. An error from a source or the writer leaves only the writer's
 /// `.tmp` file.
 pub fn write_all(
-    mut writer: super::RunWriter<'_>,
+    mut writer: super::RunFileWriter<'_>,
     entries: impl Iterator<Item = Result<Entry, RunFileError>>,
 ) -> Result<super::RunSummary, RunFileError> {
     for entry in entries {

@@ -8,9 +8,9 @@
 //! layout is specified byte by byte in `docs/storage-format.md`, "Run
 //! files"; [`format`] is its one implementation.
 //!
-//! - [`RunWriter`] streams sorted entries into a new file (under a
+//! - [`RunFileWriter`] streams sorted entries into a new file (under a
 //!   temporary name; synced, renamed into place, directory synced).
-//! - [`RunReader`] opens a file by reading only its footer and index; a
+//! - [`RunFileReader`] opens a file by reading only its footer and index; a
 //!   point read is one index probe and at most one block read (`pread`);
 //!   a range streams blocks in key order with a bounded read-ahead.
 //! - [`Merge`] merges sorted sources (a memtable, run files), the newest
@@ -41,8 +41,8 @@ pub use format::{
     TARGET_BLOCK_BYTES,
 };
 pub use merge::{Entry, Merge, Source, write_all};
-pub use reader::{BlockSource, RunRange, RunReader};
-pub use writer::{RunSummary, RunWriter};
+pub use reader::{BlockSource, RunFileRange, RunFileReader};
+pub use writer::{RunFileWriter, RunSummary};
 
 use crate::crypto::{DIR_ID_BYTES, Keyring};
 

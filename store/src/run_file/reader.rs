@@ -1,8 +1,8 @@
-//! [`RunReader`]: a run file opened by its footer and index alone, read
+//! [`RunFileReader`]: a run file opened by its footer and index alone, read
 //! block by block through the shared [`BlockCache`].
 //!
 //! A point read is one probe of the in-memory fence keys and at most one
-//! `pread` of one block. A range ([`RunRange`]) walks blocks in key order
+//! `pread` of one block. A range ([`RunFileRange`]) walks blocks in key order
 //! and reads ahead at most [`READ_AHEAD_BLOCKS`] blocks (and
 //! [`READ_AHEAD_BYTES`]) at a time, in one `pread` per run of blocks the
 //! cache lacks, so a scan of a large box never holds more than that window.
@@ -82,7 +82,7 @@ impl BlockSource for LockedFile {
 }
 
 /// One open run file. `Send + Sync`: share it behind an `Arc`.
-pub struct RunReader {
+pub struct RunFileReader {
     path: PathBuf,
     source: Box<dyn BlockSource>,
     footer: Footer,
@@ -93,23 +93,23 @@ pub struct RunReader {
     cache_id: u64,
 }
 
-impl std::fmt::Debug for RunReader {
+impl std::fmt::Debug for RunFileReader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RunReader")
+        f.debug_struct("RunFileReader")
             .field("path", &self.path)
             .field("footer", &self.footer)
             .finish()
     }
 }
 
-impl RunReader {
+impl RunFileReader {
     /// Opens a file of the real file system privately (no symbolic link
     /// followed, owned by the daemon's user).
     pub fn open(
         path: &Path,
         protection: &Protection,
         cache: Arc<BlockCache>,
-    ) -> Result<RunReader, RunFileError> {
+    ) -> Result<RunFileReader, RunFileError> {
         let file =
             crate::private_files::open_private_file(path, OpenOptions::new().read(true), false)
                 .map_err(|source| RunFileError::Io {
@@ -117,7 +117,7 @@ impl RunReader {
                     offset: 0,
                     source,
                 })?;
-        RunReader::open_source(Box::new(file), path, protection, cache)
+        RunFileReader::open_source(Box::new(file), path, protection, cache)
     }
 
     /// Opens a file through `storage` (the real disk, or a simulated one).
@@ -126,9 +126,9 @@ impl RunReader {
         path: &Path,
         protection: &Protection,
         cache: Arc<BlockCache>,
-    ) -> Result<RunReader, RunFileError> {
+    ) -> Result<RunFileReader, RunFileError> {
         if storage.is_real() {
-            return RunReader::open(path, protection, cache);
+            return RunFileReader::open(path, protection, cache);
         }
         let file = storage
             .open(path, OpenMode::ReadOnly)
@@ -138,7 +138,7 @@ impl RunReader {
                 source,
             })?;
         let source = LockedFile(Mutex::new(file));
-        RunReader::open_source(Box::new(source), path, protection, cache)
+        RunFileReader::open_source(Box::new(source), path, protection, cache)
     }
 
     /// Opens the run file `source` holds; `path` names it in errors. Reads
@@ -148,7 +148,7 @@ impl RunReader {
         path: &Path,
         protection: &Protection,
         cache: Arc<BlockCache>,
-    ) -> Result<RunReader, RunFileError> {
+    ) -> Result<RunFileReader, RunFileError> {
         let (mode, keyring, dir_id) = protection.parts();
         let io = |offset, source| RunFileError::Io {
             path: path.to_path_buf(),
@@ -201,7 +201,7 @@ impl RunReader {
             .map_err(|r| corrupt(footer.index_offset, format!("block index: {r}")))?;
         let index = BlockIndex::decode(&payload, &footer)
             .map_err(|r| corrupt(footer.index_offset, format!("block index: {r}")))?;
-        Ok(RunReader {
+        Ok(RunFileReader {
             path: path.to_path_buf(),
             source,
             footer,
@@ -292,7 +292,7 @@ impl RunReader {
 
     /// Memory this reader keeps while open (its index), besides the cache.
     pub fn resident_bytes(&self) -> usize {
-        std::mem::size_of::<RunReader>() + self.index.heap_bytes()
+        std::mem::size_of::<RunFileReader>() + self.index.heap_bytes()
     }
 
     /// The cache id of this file's blocks ([`BlockCache::forget_file`]).
@@ -314,7 +314,7 @@ impl RunReader {
     }
 
     /// What this file holds for each of `keys` (in their order), as
-    /// [`RunReader::get`] answers. The blocks the cache lacks are all asked
+    /// [`RunFileReader::get`] answers. The blocks the cache lacks are all asked
     /// of the kernel first ([`BlockSource::will_need`]), then read one by
     /// one, so that their device reads overlap instead of queueing behind
     /// each other; each block is read once however many keys it holds. A
@@ -367,7 +367,7 @@ impl RunReader {
     }
 
     /// The entries with keys in `lo..=hi`, in key order.
-    pub fn range(&self, lo: u128, hi: u128) -> RunRange<'_> {
+    pub fn range(&self, lo: u128, hi: u128) -> RunFileRange<'_> {
         let first = if lo > hi {
             self.index.len()
         } else {
@@ -381,7 +381,7 @@ impl RunReader {
         } else {
             self.index.first_keys.partition_point(|k| *k <= hi)
         };
-        RunRange {
+        RunFileRange {
             reader: self,
             lo,
             hi,
@@ -517,8 +517,8 @@ fn check_mode(path: &Path, found: Mode, wanted: Mode) -> Result<(), RunFileError
 
 /// The entries of a key range, in key order: `(key, value or tombstone)`.
 /// After an error it ends.
-pub struct RunRange<'r> {
-    reader: &'r RunReader,
+pub struct RunFileRange<'r> {
+    reader: &'r RunFileReader,
     lo: u128,
     hi: u128,
     next_block: usize,
@@ -530,7 +530,7 @@ pub struct RunRange<'r> {
     done: bool,
 }
 
-impl RunRange<'_> {
+impl RunFileRange<'_> {
     /// Fills the window with the next blocks: cached ones as they are,
     /// runs of the others in one read each.
     fn fill_window(&mut self) {
@@ -567,7 +567,7 @@ impl RunRange<'_> {
     }
 }
 
-impl RunRange<'_> {
+impl RunFileRange<'_> {
     /// Calls `visit(key, value, or None for a tombstone)` for each entry
     /// left, in key order, with the value borrowed from its block (no copy
     /// and no allocation per entry, which the iterator pays for each
@@ -603,8 +603,8 @@ impl RunRange<'_> {
     }
 
     /// Steps a cursor over the range: moves to the next entry, which
-    /// [`RunRange::entry`] then shows (values borrowed from the block, as
-    /// in [`RunRange::visit`]); false at the end. For merging several
+    /// [`RunFileRange::entry`] then shows (values borrowed from the block, as
+    /// in [`RunFileRange::visit`]); false at the end. For merging several
     /// ranges without copying. After an error the range is over.
     pub fn advance(&mut self) -> Result<bool, RunFileError> {
         loop {
@@ -628,7 +628,7 @@ impl RunRange<'_> {
         }
     }
 
-    /// The entry the last [`RunRange::advance`] that returned true moved
+    /// The entry the last [`RunFileRange::advance`] that returned true moved
     /// to; `None` before the first or after the end.
     pub fn entry(&self) -> Option<(u128, Option<&[u8]>)> {
         if self.done {
@@ -667,7 +667,7 @@ impl RunRange<'_> {
     }
 }
 
-impl Iterator for RunRange<'_> {
+impl Iterator for RunFileRange<'_> {
     type Item = Result<(u128, Slot), RunFileError>;
 
     fn next(&mut self) -> Option<Self::Item> {

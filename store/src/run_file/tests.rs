@@ -95,7 +95,7 @@ fn write(
     mode: Mode,
     block_bytes: usize,
 ) -> RunSummary {
-    let mut w = RunWriter::create(storage, path, 17, 5, &protection(mode))
+    let mut w = RunFileWriter::create(storage, path, 17, 5, &protection(mode))
         .unwrap()
         .with_target_block_bytes(block_bytes);
     for (k, v) in model {
@@ -108,7 +108,7 @@ fn slot(v: &Option<Vec<u8>>) -> Slot {
     v.as_deref().map(crate::CellValue::new)
 }
 
-fn collect(range: RunRange<'_>) -> Result<Entries, RunFileError> {
+fn collect(range: RunFileRange<'_>) -> Result<Entries, RunFileError> {
     range
         .map(|r| r.map(|(k, v)| (k, v.map(|v| v.to_vec()))))
         .collect()
@@ -124,7 +124,7 @@ fn model_range(model: &Model, lo: u128, hi: u128) -> Entries {
         .collect()
 }
 
-fn check_against_model(reader: &RunReader, model: &Model, rng: &mut Rng, what: &str) {
+fn check_against_model(reader: &RunFileReader, model: &Model, rng: &mut Rng, what: &str) {
     let keys: Vec<u128> = model.keys().copied().collect();
     for _ in 0..400 {
         let key = if !keys.is_empty() && rng.below(2) == 0 {
@@ -168,7 +168,8 @@ fn reads_match_a_model_through_a_tiny_cache() {
         assert_eq!(summary.entries, model.len() as u64);
         assert_eq!(summary.mac.is_some(), mode != Mode::Plain);
         let cache = Arc::new(BlockCache::new(3 * 700));
-        let reader = RunReader::open(&path, &read_protection(mode), Arc::clone(&cache)).unwrap();
+        let reader =
+            RunFileReader::open(&path, &read_protection(mode), Arc::clone(&cache)).unwrap();
         assert_eq!(reader.entry_count(), model.len() as u64);
         assert_eq!(reader.mac(), summary.mac);
         check_against_model(&reader, &model, &mut rng, &format!("seed {seed} {mode:?}"));
@@ -195,7 +196,7 @@ fn concurrent_readers_share_one_cache() {
     write(&RealDisk, &path, &model, Mode::Sealed, TARGET_BLOCK_BYTES);
     let cache = Arc::new(BlockCache::new(4 << 20));
     let reader = Arc::new(
-        RunReader::open(&path, &read_protection(Mode::Sealed), Arc::clone(&cache)).unwrap(),
+        RunFileReader::open(&path, &read_protection(Mode::Sealed), Arc::clone(&cache)).unwrap(),
     );
     let threads: Vec<_> = (0..4u64)
         .map(|t| {
@@ -250,9 +251,9 @@ fn small_file(mode: Mode) -> (Vec<u8>, Model) {
     (std::fs::read(&path).unwrap(), model)
 }
 
-fn open_bytes(bytes: Vec<u8>, mode: Mode) -> Result<RunReader, RunFileError> {
+fn open_bytes(bytes: Vec<u8>, mode: Mode) -> Result<RunFileReader, RunFileError> {
     let cache = Arc::new(BlockCache::new(2 * 400));
-    RunReader::open_source(
+    RunFileReader::open_source(
         Box::new(bytes),
         Path::new("damaged.run"),
         &read_protection(mode),
@@ -374,7 +375,7 @@ fn protection_must_match_and_the_key_must_be_right() {
     let (plain, _) = small_file(Mode::Plain);
     let (sealed, _) = small_file(Mode::Sealed);
     let refused = |bytes: &Vec<u8>, p: Protection| {
-        RunReader::open_source(
+        RunFileReader::open_source(
             Box::new(bytes.clone()),
             Path::new("f"),
             &p,
@@ -440,7 +441,7 @@ fn an_eio_fails_only_the_reads_of_its_block() {
         bytes,
         bad: bad_at..bad_at + 1,
     };
-    let reader = RunReader::open_source(
+    let reader = RunFileReader::open_source(
         Box::new(source),
         Path::new("eio.run"),
         &read_protection(Mode::Sealed),
@@ -498,7 +499,7 @@ fn the_simulated_disk_writes_and_reads_and_a_cut_file_is_refused() {
     // The file and its directory entry were synced: a power cut keeps it.
     let after_crash = disk.crash();
     let cache = Arc::new(BlockCache::new(4096));
-    let reader = RunReader::open_storage(
+    let reader = RunFileReader::open_storage(
         &after_crash,
         &path,
         &read_protection(Mode::Authenticated),
@@ -513,7 +514,7 @@ fn the_simulated_disk_writes_and_reads_and_a_cut_file_is_refused() {
     let len = file.len().unwrap();
     file.set_len(len - 10).unwrap();
     drop(file);
-    let e = RunReader::open_storage(
+    let e = RunFileReader::open_storage(
         &after_crash,
         &path,
         &read_protection(Mode::Authenticated),
@@ -532,7 +533,7 @@ fn the_writer_refuses_keys_out_of_order_and_makes_a_private_file() {
     use std::os::unix::fs::PermissionsExt;
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join("r");
-    let mut w = RunWriter::create(&RealDisk, &path, 1, 1, &Protection::Plain).unwrap();
+    let mut w = RunFileWriter::create(&RealDisk, &path, 1, 1, &Protection::Plain).unwrap();
     w.push(5, Some(b"a")).unwrap();
     for key in [5, 4] {
         let e = w.push(key, Some(b"b")).unwrap_err();
@@ -552,7 +553,7 @@ fn the_cache_keeps_its_budget_and_counts() {
     let path = tmp.path().join("r");
     write(&RealDisk, &path, &model, Mode::Plain, 1024);
     let cache = Arc::new(BlockCache::new(8 * 1024 * 1024));
-    let reader = RunReader::open(&path, &Protection::Plain, Arc::clone(&cache)).unwrap();
+    let reader = RunFileReader::open(&path, &Protection::Plain, Arc::clone(&cache)).unwrap();
     collect(reader.range(0, u128::MAX)).unwrap();
     let first = cache.stats();
     assert_eq!(first.misses, reader.block_count() as u64);
@@ -588,14 +589,15 @@ fn simulated_read_faults_never_yield_wrong_data() {
         });
         let cache = Arc::new(BlockCache::new(2 * 600));
         let what = format!("seed {seed} {mode:?}");
-        let reader = match RunReader::open_storage(&faulty, &path, &read_protection(mode), cache) {
-            Ok(reader) => reader,
-            Err(e) => {
-                assert!(e.to_string().contains("000002.run"), "{what}: {e}");
-                errors += 1;
-                continue;
-            }
-        };
+        let reader =
+            match RunFileReader::open_storage(&faulty, &path, &read_protection(mode), cache) {
+                Ok(reader) => reader,
+                Err(e) => {
+                    assert!(e.to_string().contains("000002.run"), "{what}: {e}");
+                    errors += 1;
+                    continue;
+                }
+            };
         for _ in 0..200 {
             let key = *model
                 .keys()
@@ -686,8 +688,9 @@ fn merging_a_memtable_and_runs_matches_the_layers() {
         for (i, m) in [&newer, &older].into_iter().enumerate() {
             let path = tmp.path().join(format!("in-{seed}-{i}"));
             write(&RealDisk, &path, m, mode, 256);
-            readers
-                .push(RunReader::open(&path, &read_protection(mode), Arc::clone(&cache)).unwrap());
+            readers.push(
+                RunFileReader::open(&path, &read_protection(mode), Arc::clone(&cache)).unwrap(),
+            );
         }
         for drop_tombstones in [false, true] {
             let sources: Vec<merge::Source<'_>> = vec![
@@ -697,7 +700,7 @@ fn merging_a_memtable_and_runs_matches_the_layers() {
             ];
             let merged = Merge::new(sources, drop_tombstones).unwrap();
             let out = tmp.path().join(format!("out-{seed}-{drop_tombstones}"));
-            let writer = RunWriter::create(&RealDisk, &out, 100 + seed, 5, &protection(mode))
+            let writer = RunFileWriter::create(&RealDisk, &out, 100 + seed, 5, &protection(mode))
                 .unwrap()
                 .with_target_block_bytes(256);
             let summary = write_all(writer, merged).unwrap();
@@ -706,7 +709,8 @@ fn merging_a_memtable_and_runs_matches_the_layers() {
                 drop_tombstones,
             );
             assert_eq!(summary.entries, want.len() as u64, "seed {seed}");
-            let reader = RunReader::open(&out, &read_protection(mode), Arc::clone(&cache)).unwrap();
+            let reader =
+                RunFileReader::open(&out, &read_protection(mode), Arc::clone(&cache)).unwrap();
             check_against_model(
                 &reader,
                 &want,
@@ -734,7 +738,7 @@ fn a_failing_source_ends_the_merge_and_writes_no_file() {
     );
     let merged = Merge::new(vec![failing], false).unwrap();
     let out = tmp.path().join("out");
-    let writer = RunWriter::create(&RealDisk, &out, 1, 1, &Protection::Plain).unwrap();
+    let writer = RunFileWriter::create(&RealDisk, &out, 1, 1, &Protection::Plain).unwrap();
     let e = write_all(writer, merged).unwrap_err();
     assert!(matches!(e, RunFileError::Io { offset: 4096, .. }), "{e}");
     assert!(!out.exists());
@@ -751,7 +755,7 @@ fn get_many_answers_like_get() {
     let keys: Vec<u128> = model.keys().copied().collect();
     let path = tmp.path().join("r");
     write(&RealDisk, &path, &model, Mode::Sealed, 256);
-    let reader = RunReader::open(
+    let reader = RunFileReader::open(
         &path,
         &read_protection(Mode::Sealed),
         Arc::new(BlockCache::new(3 * 700)),
@@ -774,7 +778,7 @@ fn get_many_answers_like_get() {
     let clean = open_bytes(bytes.clone(), Mode::Plain).unwrap();
     let bad_block = 2;
     let bad_at = clean.index().offsets[bad_block];
-    let failing = RunReader::open_source(
+    let failing = RunFileReader::open_source(
         Box::new(FailingAt {
             bytes,
             bad: bad_at..bad_at + 1,
@@ -808,7 +812,7 @@ fn a_power_cut_keeps_a_finished_file_and_never_a_partial_one() {
     let path = PathBuf::from("/sim/runs/000003.run");
     let mut rng = Rng(8);
     let model = random_model(&mut rng, 300);
-    let mut w = RunWriter::create(&disk, &path, 3, 5, &Protection::Plain)
+    let mut w = RunFileWriter::create(&disk, &path, 3, 5, &Protection::Plain)
         .unwrap()
         .with_target_block_bytes(256);
     for (k, v) in &model {
@@ -821,7 +825,7 @@ fn a_power_cut_keeps_a_finished_file_and_never_a_partial_one() {
     // The next attempt writes over the stale .tmp and finishes.
     write(&cut, &path, &model, Mode::Plain, 256);
     let after = cut.crash();
-    let reader = RunReader::open_storage(
+    let reader = RunFileReader::open_storage(
         &after,
         &path,
         &Protection::Plain,
@@ -850,7 +854,7 @@ fn expect_refuses_a_file_the_manifest_does_not_list() {
     changed.insert(first, Some(b"changed".to_vec()));
     let other = write(&RealDisk, &b, &changed, Mode::Authenticated, 256);
     let cache = Arc::new(BlockCache::new(1 << 16));
-    let reader = RunReader::open(&a, &read_protection(Mode::Authenticated), cache).unwrap();
+    let reader = RunFileReader::open(&a, &read_protection(Mode::Authenticated), cache).unwrap();
     reader.expect(17, 5, summary.mac.as_ref()).unwrap();
     for (file_id, ns_id, mac, words) in [
         (18, 5, summary.mac, "lists file 18"),

@@ -1,4 +1,4 @@
-//! [`RunWriter`]: streams entries, in strictly increasing key order, into
+//! [`RunFileWriter`]: streams entries, in strictly increasing key order, into
 //! a new run file.
 //!
 //! The file is written under `NAME.tmp` in pieces of [`IO_CHUNK_BYTES`],
@@ -36,7 +36,7 @@ pub struct RunSummary {
 }
 
 /// Writes one run file; see the module doc.
-pub struct RunWriter<'a> {
+pub struct RunFileWriter<'a> {
     storage: &'a dyn Storage,
     tmp_path: PathBuf,
     final_path: PathBuf,
@@ -58,7 +58,7 @@ pub struct RunWriter<'a> {
     tombstones: u64,
 }
 
-impl<'a> RunWriter<'a> {
+impl<'a> RunFileWriter<'a> {
     /// Creates `path.tmp` (emptying a stale one a crash left). `file_id`
     /// must be unique in the data dir and never reused: it is in every
     /// block's associated data.
@@ -68,7 +68,7 @@ impl<'a> RunWriter<'a> {
         file_id: u64,
         ns_id: u64,
         protection: &Protection,
-    ) -> Result<RunWriter<'a>, RunFileError> {
+    ) -> Result<RunFileWriter<'a>, RunFileError> {
         let (mode, keyring, dir_id) = protection.parts();
         let keyring = keyring.cloned();
         let mut tmp = path.as_os_str().to_owned();
@@ -83,7 +83,7 @@ impl<'a> RunWriter<'a> {
             })?;
         let mut payload = Vec::with_capacity(TARGET_BLOCK_BYTES * 2);
         start_payload(&mut payload);
-        Ok(RunWriter {
+        Ok(RunFileWriter {
             storage,
             tmp_path,
             final_path: path.to_path_buf(),
@@ -109,7 +109,7 @@ impl<'a> RunWriter<'a> {
     }
 
     /// Another block size target (tests and benchmarks; at least 64 bytes).
-    pub fn with_target_block_bytes(mut self, bytes: usize) -> RunWriter<'a> {
+    pub fn with_target_block_bytes(mut self, bytes: usize) -> RunFileWriter<'a> {
         self.target_block_bytes = bytes.max(64);
         self
     }
