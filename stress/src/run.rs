@@ -1187,6 +1187,46 @@ mod tests {
         }
     }
 
+    /// A one-client run of `workload` over `keys` keys, values of `size`
+    /// bytes, no read-back at the end.
+    fn one_client(workload: Workload, keys: u64, size: usize, preloaded: bool) -> RunConfig {
+        RunConfig {
+            target: TargetSpec::new(TargetKind::Cube),
+            workload,
+            clients: 1,
+            duration: Duration::from_secs(1),
+            warmup: Duration::ZERO,
+            value_size: size,
+            keys,
+            seed: 1,
+            rate: None,
+            verify: VerifyMode::None,
+            crash_every: None,
+            hostile: 0,
+            progress: false,
+            preloaded,
+        }
+    }
+
+    /// What `execute` shares among the clients of `config`, with no way
+    /// to connect: the tests hand it a `FakeConnection`.
+    fn one_client_shared<'a>(
+        config: &'a RunConfig,
+        ledgers: &'a [Mutex<Ledger>],
+        keys: KeySpace,
+        control: &'a Control,
+        counters: &'a CounterLedger,
+    ) -> Shared<'a> {
+        Shared {
+            connector: &NoConnector,
+            ledgers,
+            keys,
+            config,
+            control,
+            counters,
+        }
+    }
+
     #[test]
     fn every_wrong_cell_of_an_mget_is_a_mismatch_of_its_own() {
         const KEYS: u64 = 8;
@@ -1195,22 +1235,7 @@ mod tests {
             .unwrap()
             .with_batch(64)
             .unwrap();
-        let config = RunConfig {
-            target: TargetSpec::new(TargetKind::Cube),
-            workload,
-            clients: 1,
-            duration: Duration::from_secs(1),
-            warmup: Duration::ZERO,
-            value_size: SIZE,
-            keys: KEYS,
-            seed: 1,
-            rate: None,
-            verify: VerifyMode::None,
-            crash_every: None,
-            hostile: 0,
-            progress: false,
-            preloaded: false,
-        };
+        let config = one_client(workload, KEYS, SIZE, false);
         let keys = config.validate().unwrap();
         let ledgers = [Mutex::new(Ledger::new(0, keys))];
         let mut fake = FakeConnection {
@@ -1227,16 +1252,8 @@ mod tests {
                 ledger.acked(key, version);
             }
         }
-        let control = Control::new(1);
-        let counters = CounterLedger::new(Vec::new());
-        let shared = Shared {
-            connector: &NoConnector,
-            ledgers: &ledgers,
-            keys,
-            config: &config,
-            control: &control,
-            counters: &counters,
-        };
+        let (control, counters) = (Control::new(1), CounterLedger::new(Vec::new()));
+        let shared = one_client_shared(&config, &ledgers, keys, &control, &counters);
         let mut rng = Rng::new(9);
         let op = config.workload.next_op(&mut rng, &keys, 0);
         let Op::Mget { draw, batch } = op else {
@@ -1274,35 +1291,13 @@ mod tests {
     #[test]
     fn a_preloaded_run_checks_every_read_against_version_1() {
         const SIZE: usize = 32;
-        let config = RunConfig {
-            target: TargetSpec::new(TargetKind::Cube),
-            workload: Workload::new(WorkloadKind::Get, 1.0).unwrap(),
-            clients: 1,
-            duration: Duration::from_secs(1),
-            warmup: Duration::ZERO,
-            value_size: SIZE,
-            keys: 1 << 40,
-            seed: 1,
-            rate: None,
-            verify: VerifyMode::None,
-            crash_every: None,
-            hostile: 0,
-            progress: false,
-            preloaded: true,
-        };
+        let workload = Workload::new(WorkloadKind::Get, 1.0).unwrap();
+        let config = one_client(workload, 1 << 40, SIZE, true);
         let keys = config.validate().unwrap();
         // 2^40 keys: only a ledger without a state per key fits.
         let ledgers = [Mutex::new(Ledger::with_baseline(0, keys, 1))];
-        let control = Control::new(1);
-        let counters = CounterLedger::new(Vec::new());
-        let shared = Shared {
-            connector: &NoConnector,
-            ledgers: &ledgers,
-            keys,
-            config: &config,
-            control: &control,
-            counters: &counters,
-        };
+        let (control, counters) = (Control::new(1), CounterLedger::new(Vec::new()));
+        let shared = one_client_shared(&config, &ledgers, keys, &control, &counters);
         let mut fake = FakeConnection {
             cells: Default::default(),
         };
