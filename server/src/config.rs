@@ -19,12 +19,23 @@ use crate::log::Level;
 /// must stay well under that.
 pub const MAX_STORED_BYTES: u32 = 32 * 1024 * 1024;
 
+/// `cubed --version`: the version and the global allocator the binary was
+/// built with (cargo features of this crate; `src/main.rs` links it), so a
+/// build on another allocator than the measured one shows
+/// (docs/benchmarks.md, "Allocator"; `tests/allocator.rs`).
+#[cfg(feature = "jemalloc")]
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (allocator: jemalloc)");
+#[cfg(all(feature = "mimalloc", not(feature = "jemalloc")))]
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (allocator: mimalloc)");
+#[cfg(not(any(feature = "jemalloc", feature = "mimalloc")))]
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (allocator: system malloc)");
+
 /// cubed: the cube daemon. Stores values at 3-D integer coordinates, durably.
 ///
 /// Every write is appended to a write-ahead log and acknowledged only after
 /// fdatasync (group commit batches concurrent writers into one sync).
 #[derive(Parser, Debug, Clone)]
-#[command(name = "cubed", version, after_help = AFTER_HELP)]
+#[command(name = "cubed", version = VERSION, after_help = AFTER_HELP)]
 pub struct Args {
     /// Data directory (created if missing; locked while cubed runs).
     #[arg(long, value_name = "DIR", default_value = "./cube-data")]

@@ -2,6 +2,20 @@
 
 use clap::{CommandFactory, Parser};
 
+#[cfg(all(feature = "mimalloc", feature = "jemalloc"))]
+compile_error!(
+    "features `jemalloc` (the default) and `mimalloc` each pick cubed's allocator: \
+     build with `--no-default-features --features mimalloc`"
+);
+
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     cube_server::panic_policy::install();
     let args = cube_server::Args::parse();
