@@ -606,22 +606,16 @@ fn cell_config(
     if target == TargetKind::Cube {
         spec.daemon_args = args.daemon_args.clone();
     }
+    let workload =
+        Workload::new(workload, crate::workload::DEFAULT_READ_RATIO).map_err(StressError::Usage)?;
     Ok(RunConfig {
-        target: spec,
-        workload: Workload::new(workload, crate::workload::DEFAULT_READ_RATIO)
-            .map_err(StressError::Usage)?,
         clients,
         duration,
         warmup,
         value_size: args.value_size,
-        keys: args.keys.max(clients as u64),
         seed: args.seed,
-        rate: None,
         verify: VerifyMode::Sample,
-        crash_every: None,
-        hostile: 0,
-        progress: false,
-        preloaded: false,
+        ..RunConfig::new(spec, workload, args.keys.max(clients as u64))
     })
 }
 

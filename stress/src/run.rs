@@ -64,6 +64,30 @@ pub struct RunConfig {
 }
 
 impl RunConfig {
+    /// A closed-loop run of `workload` against `target` with every other
+    /// setting at its plainest: one client for a second, no warmup, 64-byte
+    /// values over `keys` keys, seed 1, no read-back, no crashes, no hostile
+    /// threads, no progress lines, nothing preloaded. Callers change what
+    /// they need with struct update syntax.
+    pub fn new(target: TargetSpec, workload: Workload, keys: u64) -> RunConfig {
+        RunConfig {
+            target,
+            workload,
+            clients: 1,
+            duration: Duration::from_secs(1),
+            warmup: Duration::ZERO,
+            value_size: 64,
+            keys,
+            seed: 1,
+            rate: None,
+            verify: VerifyMode::None,
+            crash_every: None,
+            hostile: 0,
+            progress: false,
+            preloaded: false,
+        }
+    }
+
     /// Checks what can be checked before anything starts.
     pub fn validate(&self) -> Result<KeySpace, StressError> {
         let keys = KeySpace::new(self.keys, self.clients).map_err(StressError::Usage)?;
@@ -1191,20 +1215,9 @@ mod tests {
     /// bytes, no read-back at the end.
     fn one_client(workload: Workload, keys: u64, size: usize, preloaded: bool) -> RunConfig {
         RunConfig {
-            target: TargetSpec::new(TargetKind::Cube),
-            workload,
-            clients: 1,
-            duration: Duration::from_secs(1),
-            warmup: Duration::ZERO,
             value_size: size,
-            keys,
-            seed: 1,
-            rate: None,
-            verify: VerifyMode::None,
-            crash_every: None,
-            hostile: 0,
-            progress: false,
             preloaded,
+            ..RunConfig::new(TargetSpec::new(TargetKind::Cube), workload, keys)
         }
     }
 

@@ -30,7 +30,6 @@ use crate::keyspace::{KeySpace, MIN_VALUE_BYTES, coord_of, decode_value, encode_
 use crate::run::{RunConfig, run};
 use crate::target::redis::{Persistence, RedisServer};
 use crate::target::{Connector, TargetKind, TargetSpec};
-use crate::verify::VerifyMode;
 use crate::workload::{Workload, WorkloadKind};
 
 use daemon::{NAMESPACE, ScaleDaemon};
@@ -432,21 +431,15 @@ fn get_phase(
 ) -> Result<GetFigures, StressError> {
     let mut target = TargetSpec::new(TargetKind::Cube);
     target.socket = Some(daemon.socket().to_owned());
+    let workload = Workload::new(WorkloadKind::Get, 1.0).map_err(StressError::Usage)?;
     let config = RunConfig {
-        target,
-        workload: Workload::new(WorkloadKind::Get, 1.0).map_err(StressError::Usage)?,
         clients,
         duration: Duration::from_secs_f64(args.duration),
         warmup: Duration::from_secs_f64(args.warmup),
         value_size: args.value_size,
-        keys,
-        seed: 1,
-        rate: None,
-        verify: VerifyMode::None,
-        crash_every: None,
-        hostile: 0,
         progress: !args.quiet,
         preloaded: true,
+        ..RunConfig::new(target, workload, keys)
     };
     let report = run(&config)?;
     let phase = format!("gets of keys 0..{keys}, {clients} clients");
