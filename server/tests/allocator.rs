@@ -1,8 +1,9 @@
 //! cubed runs on the allocator its build chose (docs/benchmarks.md,
-//! "Allocator"): glibc's malloc by default, jemalloc or mimalloc with
-//! cube-server's features of those names. Fails if `cubed --version`
-//! names another allocator than the one linked, or if jemalloc, when
-//! chosen, does not serve the process.
+//! "Allocator"): jemalloc by default (cube-server's default feature),
+//! glibc's malloc with `--no-default-features`, mimalloc with its feature.
+//! Fails if `cubed --version` names another allocator than the one linked,
+//! or if jemalloc, when chosen, does not serve the process or runs without
+//! the options it was measured with.
 
 #![allow(clippy::unwrap_used)]
 
@@ -40,11 +41,25 @@ fn cubed_allocates_through_jemalloc() {
         stderr.contains("Begin jemalloc statistics"),
         "jemalloc did not serve cubed's allocations (no statistics at exit): {stderr}"
     );
+    // The options .cargo/config.toml compiles in: without them freed pages
+    // stay in RSS for 10 s, until the arena is next used
+    // (tests/malformed_frames.rs, `a_big_frame_leaves_no_big_buffer_behind`).
+    for option in [
+        "opt.background_thread: true",
+        "opt.dirty_decay_ms: 1000",
+        "opt.muzzy_decay_ms: 0",
+    ] {
+        assert!(
+            stderr.contains(option),
+            "cubed's jemalloc was built without `{option}` (was it built outside the \
+             workspace, without .cargo/config.toml?): {stderr}"
+        );
+    }
 }
 
 #[test]
 #[cfg(not(any(feature = "jemalloc", feature = "mimalloc")))]
-fn the_default_build_allocates_through_glibc_malloc() {
+fn a_build_without_features_allocates_through_glibc_malloc() {
     // Had a jemalloc been linked, it would print its statistics here.
     let (stdout, stderr) = version(("_RJEM_MALLOC_CONF", "stats_print:true"));
     assert!(
@@ -53,6 +68,6 @@ fn the_default_build_allocates_through_glibc_malloc() {
     );
     assert!(
         !stderr.contains("jemalloc statistics"),
-        "a jemalloc served the default build: {stderr}"
+        "a jemalloc served a build without allocator features: {stderr}"
     );
 }
