@@ -246,3 +246,67 @@ fn every_crash_point_recovers_the_acknowledged_state() {
         assert!(run(&ops).contains(&point), "{point:?} never fired");
     }
 }
+
+fn run_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir.join("checkpoint"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "run")
+        })
+        .count()
+}
+
+/// A fold writes one run per namespace that has cells; a namespace's runs
+/// are deleted with it at the next fold; folds keep a namespace's runs
+/// few (merging when they grow) and a compaction merges them into one.
+#[test]
+fn runs_are_per_namespace_deleted_with_it_and_kept_few() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    let engine = Engine::open(config(&dir, None)).unwrap();
+    create_hilbert(&engine);
+    let put = |i: usize, k: i32, len: usize| {
+        engine
+            .session()
+            .unwrap()
+            .write(Mutation::Put {
+                ns: ns(i),
+                coord: coord(k),
+                value: vec![k as u8; len],
+            })
+            .unwrap();
+    };
+    for k in 0..KEYS {
+        put(0, k, 100);
+        put(1, k, 100);
+    }
+    engine.checkpoint().unwrap();
+    assert_eq!(run_files(&dir), 2, "one run per namespace");
+    engine
+        .session()
+        .unwrap()
+        .write(Mutation::NamespaceDrop { ns: ns(1) })
+        .unwrap();
+    put(0, 0, 10);
+    engine.checkpoint().unwrap();
+    assert_eq!(run_files(&dir), 2, "the default namespace's two runs");
+    for round in 0..12 {
+        put(0, round % KEYS, 10);
+        engine.checkpoint().unwrap();
+        let runs = run_files(&dir);
+        assert!(runs <= 5, "round {round}: {runs} runs");
+    }
+    engine.compact().unwrap();
+    assert_eq!(run_files(&dir), 1, "compacted to one run");
+    engine.shutdown().unwrap();
+    drop(engine);
+    let engine = Engine::open(config(&dir, None)).unwrap();
+    let usage = engine.memstore().namespace_usage(&ns(0)).unwrap();
+    assert_eq!(usage.cells, KEYS as u64);
+    assert!(engine.memstore().namespace_usage(&ns(1)).is_none());
+    engine.close_without_checkpoint();
+}

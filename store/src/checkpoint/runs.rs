@@ -47,6 +47,10 @@ pub(crate) const MERGE_AT_RUNS: usize = 4;
 /// runs, merges and loads stream them.
 pub(super) const RUN_CACHE_BYTES: usize = 8 * 1024 * 1024;
 
+/// Folded keys looked up in an older run at once: bounds the blocks a
+/// lookup holds (at most this many).
+const LOOKUP_SLICE_KEYS: usize = 256;
+
 /// A fold's cells of one namespace: Morton key and value (`None` deletes),
 /// in Morton order.
 pub(super) type FoldedCells = Vec<(u128, Option<Vec<u8>>)>;
@@ -92,6 +96,14 @@ impl CheckpointStore {
         self.dir.join(run_file_name(file_id))
     }
 
+    /// A run file's size (0 if it cannot be read: sizes only steer merges
+    /// and stats).
+    fn run_bytes(&self, run: &RunRef) -> u64 {
+        self.storage
+            .file_len(&self.run_path(run.file_id))
+            .unwrap_or(0)
+    }
+
     /// The protection of runs bound to `dir_id` (`None`: no master key).
     fn protection(
         &self,
@@ -116,6 +128,18 @@ impl CheckpointStore {
                 }
             ))),
         }
+    }
+
+    /// A new run's file id (taken from `next`), path and protection.
+    fn new_run(
+        &mut self,
+        next: &mut Manifest,
+        encrypted: bool,
+    ) -> Result<(u64, PathBuf, Protection), StoreError> {
+        let file_id = next.next_file_id;
+        next.next_file_id += 1;
+        let protection = self.write_protection(encrypted)?;
+        Ok((file_id, self.run_path(file_id), protection))
     }
 
     /// How new runs of a namespace are written now.
@@ -220,10 +244,7 @@ impl CheckpointStore {
                 next.set_namespace(entry);
                 continue;
             }
-            let file_id = next.next_file_id;
-            next.next_file_id += 1;
-            let protection = self.write_protection(encrypted)?;
-            let path = self.run_path(file_id);
+            let (file_id, path, protection) = self.new_run(next, encrypted)?;
             let mut writer =
                 RunFileWriter::create(self.storage.as_ref(), &path, file_id, ns_id, &protection)?;
             for (key, value) in &entries {
@@ -263,9 +284,12 @@ impl CheckpointStore {
             if pending.is_empty() {
                 break;
             }
-            let asked: Vec<u128> = pending.iter().map(|&i| keys[i]).collect();
-            for (i, found) in pending.into_iter().zip(reader.get_many(&asked)) {
-                older[i] = found?;
+            // In slices: `get_many` holds every block it reads at once.
+            for slice in pending.chunks(LOOKUP_SLICE_KEYS) {
+                let asked: Vec<u128> = slice.iter().map(|&i| keys[i]).collect();
+                for (&i, found) in slice.iter().zip(reader.get_many(&asked)) {
+                    older[i] = found?;
+                }
             }
         }
         for ((_, value), old) in entries.iter().zip(older) {
@@ -338,11 +362,7 @@ impl CheckpointStore {
 
     /// Whether namespace `entry` is due a merge after a fold.
     fn merge_due(&self, entry: &NamespaceRuns) -> bool {
-        let size = |run: &RunRef| {
-            self.storage
-                .file_len(&self.run_path(run.file_id))
-                .unwrap_or(0)
-        };
+        let size = |run: &RunRef| self.run_bytes(run);
         let Some((oldest, newer)) = entry.runs.split_last() else {
             return false;
         };
@@ -405,10 +425,7 @@ impl CheckpointStore {
         for run in &entry.runs {
             readers.push(self.run_reader(entry.ns_id, run, encrypted)?);
         }
-        let file_id = next.next_file_id;
-        next.next_file_id += 1;
-        let protection = self.write_protection(encrypted)?;
-        let path = self.run_path(file_id);
+        let (file_id, path, protection) = self.new_run(next, encrypted)?;
         let storage = Arc::clone(&self.storage);
         let mut writer =
             RunFileWriter::create(storage.as_ref(), &path, file_id, entry.ns_id, &protection)?;
@@ -458,10 +475,7 @@ impl CheckpointStore {
         if cells.is_empty() {
             return Ok(());
         }
-        let file_id = next.next_file_id;
-        next.next_file_id += 1;
-        let protection = self.write_protection(encrypted)?;
-        let path = self.run_path(file_id);
+        let (file_id, path, protection) = self.new_run(next, encrypted)?;
         let mut writer =
             RunFileWriter::create(self.storage.as_ref(), &path, file_id, ns_id, &protection)?;
         for (key, value) in cells {
@@ -496,11 +510,7 @@ impl CheckpointStore {
 
     /// Bytes of each namespace's oldest run, and of the newer ones.
     pub(super) fn run_sizes(&self) -> (u64, u64) {
-        let size = |run: &RunRef| {
-            self.storage
-                .file_len(&self.run_path(run.file_id))
-                .unwrap_or(0)
-        };
+        let size = |run: &RunRef| self.run_bytes(run);
         let mut sizes = (0, 0);
         for entry in &self.manifest.namespaces {
             if let Some((oldest, newer)) = entry.runs.split_last() {
