@@ -57,17 +57,26 @@ fn config(dir: &Path, crash_at: Option<CrashPoint>) -> EngineConfig {
     c.checkpoint.poll_interval = Duration::from_secs(3600);
     c.checkpoint.delta_compact_bytes = u64::MAX / 4;
     c.checkpoint.crash_at = crash_at;
+    // A keyed run (`run_keyed`) left its key beside the data dir.
+    let key = key_path(dir);
+    c.key_file = key.exists().then_some(key);
     c
+}
+
+fn key_path(dir: &Path) -> std::path::PathBuf {
+    dir.with_file_name("master.key")
 }
 
 fn ns(i: usize) -> NamespaceName {
     NamespaceName::new(["default", "hilbert"][i]).unwrap()
 }
 
-/// Creates the Hilbert namespace.
-fn create_hilbert(engine: &Engine) {
+/// Creates the Hilbert namespace (encrypted when the data dir has a key:
+/// its runs are sealed).
+fn create_hilbert(engine: &Engine, dir: &Path) {
     let mut meta = NamespaceMeta::implicit_default(1000);
     meta.curve = Curve::Hilbert;
+    meta.encrypted = key_path(dir).exists();
     engine
         .session()
         .unwrap()
@@ -95,12 +104,26 @@ fn assert_matches(engine: &Engine, model: &Model, context: &str) {
 
 /// Runs `ops`; returns the crash points that fired.
 fn run(ops: &[Op]) -> Vec<CrashPoint> {
-    let mut fired = Vec::new();
+    run_in(tempfile::tempdir().unwrap(), ops)
+}
+
+/// [`run`] with a master key: the Hilbert namespace is encrypted, its
+/// runs sealed, the others authenticated.
+fn run_keyed(ops: &[Op]) -> Vec<CrashPoint> {
+    use std::os::unix::fs::PermissionsExt;
     let tmp = tempfile::tempdir().unwrap();
+    let key = key_path(&tmp.path().join("data"));
+    std::fs::write(&key, "5a".repeat(32)).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    run_in(tmp, ops)
+}
+
+fn run_in(tmp: tempfile::TempDir, ops: &[Op]) -> Vec<CrashPoint> {
+    let mut fired = Vec::new();
     let dir = tmp.path().join("data");
     let mut model = Model::new();
     let mut engine = Engine::open(config(&dir, None)).unwrap();
-    create_hilbert(&engine);
+    create_hilbert(&engine, &dir);
     for (step, op) in ops.iter().enumerate() {
         let context = format!("step {step}: {op:?}");
         match op {
@@ -134,7 +157,7 @@ fn run(ops: &[Op]) -> Vec<CrashPoint> {
                     .unwrap()
                     .write(Mutation::NamespaceDrop { ns: ns(1) })
                     .unwrap();
-                create_hilbert(&engine);
+                create_hilbert(&engine, &dir);
                 model.retain(|(i, _), _| *i != 1);
             }
             Op::Checkpoint => {
@@ -197,8 +220,20 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+
+    /// With a master key: sealed runs (the Hilbert namespace is encrypted)
+    /// and authenticated ones, under the authenticated manifest.
+    #[test]
+    fn incremental_checkpoint_delta_model_keyed(ops in proptest::collection::vec(op(), 1..60)) {
+        run_keyed(&ops);
+    }
+}
+
 /// Every crash point, deterministically, after enough writes that both the
-/// fold and the compaction have several files and segments to work on.
+/// fold and the compaction have several files and segments to work on;
+/// without a master key and with one (sealed and authenticated runs).
 #[test]
 fn every_crash_point_recovers_the_acknowledged_state() {
     for point in 0..CrashPoint::ALL.len() {
@@ -244,6 +279,10 @@ fn every_crash_point_recovers_the_acknowledged_state() {
         ops.push(Op::Restart);
         let point = CrashPoint::ALL[point];
         assert!(run(&ops).contains(&point), "{point:?} never fired");
+        assert!(
+            run_keyed(&ops).contains(&point),
+            "keyed: {point:?} never fired"
+        );
     }
 }
 
@@ -268,7 +307,7 @@ fn runs_are_per_namespace_deleted_with_it_and_kept_few() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("data");
     let engine = Engine::open(config(&dir, None)).unwrap();
-    create_hilbert(&engine);
+    create_hilbert(&engine, &dir);
     let put = |i: usize, k: i32, len: usize| {
         engine
             .session()

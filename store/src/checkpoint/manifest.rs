@@ -659,6 +659,13 @@ mod tests {
         for (i, bytes) in bad.iter().enumerate() {
             assert!(Manifest::decode(bytes).is_err(), "encoding {i} was taken");
         }
+        // Every shorter body, CRC right: refused, never a panic.
+        for len in 0..good.len() - 4 {
+            let mut cut = good[..len].to_vec();
+            let crc = crc32c::crc32c(&cut);
+            cut.extend_from_slice(&crc.to_le_bytes());
+            assert!(Manifest::decode(&cut).is_err(), "a body of {len} bytes");
+        }
         let legacy = Manifest {
             legacy_cells: true,
             ..m
