@@ -534,3 +534,129 @@ fn run_ref(file_id: u64, summary: &RunSummary) -> RunRef {
         mac: summary.mac.unwrap_or([0; MAC_BYTES]),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::fs;
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    use std::path::Path;
+
+    use cube_protocol::{Coord, NamespaceName};
+
+    use crate::checkpoint::file::{CheckpointWriter, FileHeader, FileKind};
+    use crate::checkpoint::manifest::{MANIFEST_NAME, delta_file_name};
+    use crate::checkpoint::state_key::{StateUpdate, state_updates};
+    use crate::curve::Curve;
+    use crate::engine::{Engine, EngineConfig};
+    use crate::mutation::Mutation;
+    use crate::namespace::NamespaceMeta;
+    use crate::storage::RealDisk;
+
+    const HILBERT_ID: u64 = 7;
+    const LSN: u64 = 40;
+
+    fn coord(i: i32) -> Coord {
+        Coord::new(i * 3 - 20, i % 5, -i)
+    }
+
+    fn value(i: i32) -> Vec<u8> {
+        format!("cell {i}").into_bytes()
+    }
+
+    /// A data dir as the release before run files wrote it: a version-1
+    /// manifest naming one delta that holds a Hilbert namespace and its
+    /// cells (keyed by Morton key, as checkpoint files are).
+    fn write_version_1_dir(data: &Path) {
+        fs::DirBuilder::new().mode(0o700).create(data).unwrap();
+        let checkpoint = data.join("checkpoint");
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&checkpoint)
+            .unwrap();
+        let ns = NamespaceName::new("hilbert").unwrap();
+        let mut meta = NamespaceMeta::implicit_default(0);
+        meta.id = HILBERT_ID;
+        meta.curve = Curve::Hilbert;
+        let mut entries: Vec<StateUpdate> = Vec::new();
+        state_updates(
+            &Mutation::NamespaceCreate {
+                ns: ns.clone(),
+                meta,
+            },
+            HILBERT_ID,
+            &mut entries,
+        );
+        for i in 0..30 {
+            let put = Mutation::Put {
+                ns: ns.clone(),
+                coord: coord(i),
+                value: value(i),
+            };
+            state_updates(&put, HILBERT_ID, &mut entries);
+        }
+        entries.sort();
+        let header = FileHeader {
+            kind: FileKind::Delta,
+            file_id: 1,
+            lsn_from: 1,
+            lsn_to: LSN,
+            authenticated: false,
+        };
+        let path = checkpoint.join(delta_file_name(1));
+        let mut writer = CheckpointWriter::create(&RealDisk, &path, header, None, None).unwrap();
+        for (key, value) in &entries {
+            writer.add(key, value.as_deref()).unwrap();
+        }
+        writer.finish().unwrap();
+        let mut manifest = b"CUBEMANI".to_vec();
+        manifest.extend_from_slice(&1u32.to_le_bytes());
+        manifest.extend_from_slice(&LSN.to_le_bytes());
+        manifest.extend_from_slice(&2u64.to_le_bytes());
+        manifest.extend_from_slice(&0u64.to_le_bytes());
+        manifest.extend_from_slice(&1u32.to_le_bytes());
+        manifest.extend_from_slice(&1u64.to_le_bytes());
+        let crc = crc32c::crc32c(&manifest);
+        manifest.extend_from_slice(&crc.to_le_bytes());
+        let manifest_path = checkpoint.join(MANIFEST_NAME);
+        fs::write(&manifest_path, &manifest).unwrap();
+        fs::set_permissions(&manifest_path, fs::Permissions::from_mode(0o600)).unwrap();
+    }
+
+    fn assert_cells(engine: &Engine) {
+        let ns = NamespaceName::new("hilbert").unwrap();
+        for i in 0..30 {
+            let got = engine.get(&ns, coord(i)).unwrap().map(|v| v.to_vec());
+            assert_eq!(got, Some(value(i)), "cell {i}");
+        }
+        assert_eq!(engine.memstore().namespace_usage(&ns).unwrap().cells, 30);
+    }
+
+    /// A version-1 data dir's Hilbert namespace: its cells load from the
+    /// checkpoint file, and the next compaction writes them as one run in
+    /// Hilbert order (the writer refuses keys out of order) that a restart
+    /// loads back.
+    #[test]
+    fn a_version_1_hilbert_namespace_becomes_one_run_in_its_curve_order() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join("data");
+        write_version_1_dir(&data);
+        let engine = Engine::open(EngineConfig::new(&data)).unwrap();
+        assert_cells(&engine);
+        engine.compact().unwrap();
+        engine.shutdown().unwrap();
+        drop(engine);
+        let runs: Vec<_> = fs::read_dir(data.join("checkpoint"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name.ends_with(".run"))
+            .collect();
+        assert_eq!(runs.len(), 1, "{runs:?}");
+        let manifest = fs::read(data.join("checkpoint").join(MANIFEST_NAME)).unwrap();
+        assert_eq!(manifest[8..12], 3u32.to_le_bytes());
+        let engine = Engine::open(EngineConfig::new(&data)).unwrap();
+        assert_cells(&engine);
+        engine.close_without_checkpoint();
+    }
+}
