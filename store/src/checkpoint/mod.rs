@@ -29,7 +29,7 @@ mod runs;
 pub(crate) mod state_key;
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -43,7 +43,7 @@ use crate::error::StoreError;
 use crate::memstore::SortedCells;
 use crate::mutation::Mutation;
 use crate::namespace::{NamespaceCatalog, check_namespace_key};
-use crate::run_file::{BlockCache, RunFileReader};
+use crate::run_file::BlockCache;
 use crate::storage::Storage;
 use crate::wal::chain::ChainState;
 use crate::wal::recovery::ChainAnchor;
@@ -177,9 +177,8 @@ pub(crate) struct CheckpointStore {
     bad_tag: Option<String>,
     /// The id drawn for a data dir being authenticated for the first time.
     new_dir_id: Option<[u8; DIR_ID_BYTES]>,
-    /// The checkpointer's block cache and its open run files by id.
+    /// The checkpointer's block cache, for the runs it reads.
     run_cache: Arc<BlockCache>,
-    run_readers: HashMap<u64, Arc<RunFileReader>>,
 }
 
 impl CheckpointStore {
@@ -207,10 +206,8 @@ impl CheckpointStore {
         if trusted {
             manifest.remove_unreferenced(storage.as_ref(), dir)?;
         }
-        let (run_cache, run_readers) = CheckpointStore::new_run_state();
         Ok(CheckpointStore {
-            run_cache,
-            run_readers,
+            run_cache: CheckpointStore::new_run_cache(),
             storage,
             dir: dir.to_path_buf(),
             wal_dir: wal_dir.to_path_buf(),

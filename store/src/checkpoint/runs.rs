@@ -21,7 +21,7 @@
 //! master key authenticated (their footer MAC is in the manifest), others
 //! plain: `run_file::Protection`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -154,45 +154,38 @@ impl CheckpointStore {
         catalog.meta_of(ns_id).map(must_seal)
     }
 
-    /// The open reader of a run the manifest lists, checked against it
-    /// (file id, namespace, MAC in an authenticated manifest).
-    fn run_reader(
-        &mut self,
-        ns_id: u64,
-        run: &RunRef,
-        encrypted: bool,
-    ) -> Result<Arc<RunFileReader>, StoreError> {
-        if let Some(reader) = self.run_readers.get(&run.file_id) {
-            return Ok(Arc::clone(reader));
+    /// Opens the runs of namespace `entry`, newest first, each checked
+    /// against the manifest (file id, namespace, MAC in an authenticated
+    /// manifest). They stay open only while the result lives: a data dir
+    /// with many namespaces must not hold a descriptor per run.
+    fn open_runs(&self, entry: &NamespaceRuns, encrypted: bool) -> Result<OpenRuns, StoreError> {
+        let mut runs = OpenRuns {
+            readers: Vec::with_capacity(entry.runs.len()),
+            cache: Arc::clone(&self.run_cache),
+        };
+        if entry.runs.is_empty() {
+            // A namespace's first run: no protection to ask for yet (a
+            // data dir's first keyed fold has no authenticated manifest).
+            return Ok(runs);
         }
         let dir_id = self.manifest.auth.as_ref().map(|a| a.dir_id);
         let protection = self.protection(encrypted, dir_id)?;
-        let path = self.run_path(run.file_id);
-        let reader = RunFileReader::open_storage(
-            self.storage.as_ref(),
-            &path,
-            &protection,
-            Arc::clone(&self.run_cache),
-        )?;
-        reader.expect(run.file_id, ns_id, dir_id.map(|_| &run.mac))?;
-        let reader = Arc::new(reader);
-        self.run_readers.insert(run.file_id, Arc::clone(&reader));
-        Ok(reader)
-    }
-
-    /// Forgets the readers of runs the manifest no longer lists.
-    fn forget_readers(&mut self, file_ids: &[u64]) {
-        for id in file_ids {
-            if let Some(reader) = self.run_readers.remove(id) {
-                self.run_cache.forget_file(reader.cache_id());
-            }
+        for run in &entry.runs {
+            let reader = RunFileReader::open_storage(
+                self.storage.as_ref(),
+                &self.run_path(run.file_id),
+                &protection,
+                Arc::clone(&self.run_cache),
+            )?;
+            reader.expect(run.file_id, entry.ns_id, dir_id.map(|_| &run.mac))?;
+            runs.readers.push(reader);
         }
+        Ok(runs)
     }
 
     /// Removes run files no longer listed (after the manifest that drops
     /// them is durable) and syncs the directory.
     pub(super) fn remove_runs(&mut self, file_ids: &[u64]) -> Result<(), StoreError> {
-        self.forget_readers(file_ids);
         for (i, id) in file_ids.iter().enumerate() {
             if i == 1 {
                 self.crash_check(CrashPoint::OldRunsPartlyRemoved)?;
@@ -272,14 +265,11 @@ impl CheckpointStore {
         entries: &[(u128, Option<Vec<u8>>)],
         encrypted: bool,
     ) -> Result<(), StoreError> {
-        let mut readers = Vec::with_capacity(entry.runs.len());
-        for run in &entry.runs {
-            readers.push(self.run_reader(entry.ns_id, run, encrypted)?);
-        }
+        let runs = self.open_runs(entry, encrypted)?;
         let keys: Vec<u128> = entries.iter().map(|(key, _)| *key).collect();
         // Each key's newest slot in the older runs: `None` if none holds it.
         let mut older: Vec<Option<Option<CellValue>>> = vec![None; keys.len()];
-        for reader in &readers {
+        for reader in &runs.readers {
             let pending: Vec<usize> = (0..keys.len()).filter(|&i| older[i].is_none()).collect();
             if pending.is_empty() {
                 break;
@@ -321,16 +311,9 @@ impl CheckpointStore {
                 continue;
             };
             let encrypted = Self::encrypted(&self.catalog, entry.ns_id).unwrap_or(true);
-            let mut readers = Vec::with_capacity(entry.runs.len());
-            for run in &entry.runs {
-                readers.push(self.run_reader(entry.ns_id, run, encrypted)?);
-            }
-            let sources: Vec<Source<'_>> = readers
-                .iter()
-                .map(|r| Box::new(r.range(0, MAX_KEY)) as Source<'_>)
-                .collect();
+            let runs = self.open_runs(&entry, encrypted)?;
             let mut cells = SortedCells::default();
-            for item in Merge::new(sources, true)? {
+            for item in Merge::new(runs.sources(), true)? {
                 let (key, value) = item?;
                 if let Some(value) = value {
                     cells.value_bytes += value.len() as u64;
@@ -421,20 +404,13 @@ impl CheckpointStore {
         next: &mut Manifest,
         report: &mut CompactionReport,
     ) -> Result<NamespaceRuns, StoreError> {
-        let mut readers = Vec::with_capacity(entry.runs.len());
-        for run in &entry.runs {
-            readers.push(self.run_reader(entry.ns_id, run, encrypted)?);
-        }
+        let runs = self.open_runs(entry, encrypted)?;
         let (file_id, path, protection) = self.new_run(next, encrypted)?;
         let storage = Arc::clone(&self.storage);
         let mut writer =
             RunFileWriter::create(storage.as_ref(), &path, file_id, entry.ns_id, &protection)?;
-        let sources: Vec<Source<'_>> = readers
-            .iter()
-            .map(|r| Box::new(r.range(0, MAX_KEY)) as Source<'_>)
-            .collect();
         let mut value_bytes = 0u64;
-        for item in Merge::new(sources, true)? {
+        for item in Merge::new(runs.sources(), true)? {
             let (key, value) = item?;
             value_bytes += value.as_ref().map_or(0, |v| v.len() as u64);
             writer.push(key, value.as_deref())?;
@@ -521,10 +497,35 @@ impl CheckpointStore {
         sizes
     }
 
-    /// Open run readers by file id (the checkpointer's own, for folds,
-    /// merges and loads).
-    pub(super) fn new_run_state() -> (Arc<BlockCache>, HashMap<u64, Arc<RunFileReader>>) {
-        (Arc::new(BlockCache::new(RUN_CACHE_BYTES)), HashMap::new())
+    /// The checkpointer's block cache (for folds, merges and loads).
+    pub(super) fn new_run_cache() -> Arc<BlockCache> {
+        Arc::new(BlockCache::new(RUN_CACHE_BYTES))
+    }
+}
+
+/// A namespace's runs, open while this lives; their blocks leave the
+/// cache when it is dropped.
+struct OpenRuns {
+    /// Newest first.
+    readers: Vec<RunFileReader>,
+    cache: Arc<BlockCache>,
+}
+
+impl OpenRuns {
+    /// Each run's whole range, newest first: the sources of a [`Merge`].
+    fn sources(&self) -> Vec<Source<'_>> {
+        self.readers
+            .iter()
+            .map(|r| Box::new(r.range(0, MAX_KEY)) as Source<'_>)
+            .collect()
+    }
+}
+
+impl Drop for OpenRuns {
+    fn drop(&mut self) {
+        for reader in &self.readers {
+            self.cache.forget_file(reader.cache_id());
+        }
     }
 }
 
