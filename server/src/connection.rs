@@ -864,6 +864,7 @@ fn checkpoint_report(r: &cube_store::CheckpointReport) -> Vec<StatsEntry> {
     if let Some(c) = &r.compaction {
         entries.extend([
             count("compaction.files_merged", c.files_merged as u64),
+            count("compaction.runs_merged", c.runs_merged as u64),
             count("compaction.entries_written", c.entries_written),
             count("compaction.base_bytes", c.base_bytes),
             count("compaction.us", c.duration.as_micros() as u64),

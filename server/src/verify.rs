@@ -33,6 +33,10 @@ pub fn run(dir: &Path, key_file: Option<&Path>) -> i32 {
         report.checkpoint_files, report.checkpoint_entries, report.checkpoint_lsn
     );
     println!(
+        "runs        {} file(s), {} entries",
+        report.run_files, report.run_entries
+    );
+    println!(
         "wal         {} segment(s), {} records",
         report.wal_segments, report.wal_records
     );

@@ -122,17 +122,13 @@ fn a_clean_shutdown_checkpoints_everything_and_damaged_checkpoints_are_refused()
     assert!(daemon.terminate().unwrap().success());
 
     let dir = daemon.data_dir().join("checkpoint");
-    let delta = std::fs::read_dir(&dir)
+    // The cells are in the namespace's run file.
+    let run = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .find(|p| {
-            p.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with("delta-")
-        })
-        .expect("a delta file");
-    let good = std::fs::read(&delta).unwrap();
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("run-"))
+        .expect("a run file");
+    let good = std::fs::read(&run).unwrap();
     let start = |daemon: &LocalDaemon| {
         Command::new(LocalDaemon::find_binary().unwrap())
             .arg("--data")
@@ -145,23 +141,23 @@ fn a_clean_shutdown_checkpoints_everything_and_damaged_checkpoints_are_refused()
     // A flipped bit in a block.
     let mut bad = good.clone();
     bad[200] ^= 0x01;
-    std::fs::write(&delta, &bad).unwrap();
+    std::fs::write(&run, &bad).unwrap();
     let out = start(&daemon);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains(&delta.display().to_string()) && err.contains("offset"),
+        err.contains(&run.display().to_string()) && err.contains("offset"),
         "{err}"
     );
     assert!(err.contains("checksum"), "{err}");
     // A truncated file.
-    std::fs::write(&delta, &good[..good.len() - 10]).unwrap();
+    std::fs::write(&run, &good[..good.len() - 10]).unwrap();
     let out = start(&daemon);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("footer"), "{err}");
     // Restored, it starts again with everything.
-    std::fs::write(&delta, &good).unwrap();
+    std::fs::write(&run, &good).unwrap();
     daemon.restart().unwrap();
     let mut c = daemon.client().unwrap();
     assert_eq!(

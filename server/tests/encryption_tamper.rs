@@ -203,44 +203,26 @@ fn a_forged_alter_clearing_encrypted_is_refused() {
     }
 }
 
-const TAG_BYTES: usize = 16;
-/// A cell entry in a checkpoint block: key_len u16, key (tag, ns id,
-/// 12-byte curve key), op, value_len u32, value.
+/// Bytes of each cell value the tests write.
 const CELL_VALUE_BYTES: usize = 1000;
-const CELL_ENTRY_BYTES: usize = 2 + 21 + 1 + 4 + CELL_VALUE_BYTES;
 
-fn checkpoint_files(data: &Path) -> Vec<PathBuf> {
+/// The run files (cells), oldest first.
+fn run_files(data: &Path) -> Vec<PathBuf> {
+    files_ending(data, "run")
+}
+
+fn files_ending(data: &Path, extension: &str) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = fs::read_dir(data.join("checkpoint"))
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "ckpt"))
+        .filter(|p| p.extension().is_some_and(|x| x == extension))
         .collect();
     files.sort();
     files
 }
 
-/// Recomputes the footer (entry count less `entries_removed`, block
-/// bytes, the CRC chain of the blocks, its own CRC) as if the file had
-/// been written this way: all a writer without the key can do.
-fn fix_footer(bytes: &mut [u8], entries_removed: u64) {
-    let mut chain = 0u32;
-    for (at, len, _) in blocks(bytes) {
-        let crc = crc32c::crc32c(&bytes[at + 8..at + 8 + len]);
-        bytes[at + 4..at + 8].copy_from_slice(&crc.to_le_bytes());
-        chain = crc32c::crc32c_append(chain, &crc.to_le_bytes());
-    }
-    let footer = bytes.len() - CKPT_FOOTER_BYTES;
-    let entries = u64::from_le_bytes(bytes[footer + 8..footer + 16].try_into().unwrap());
-    bytes[footer + 8..footer + 16].copy_from_slice(&(entries - entries_removed).to_le_bytes());
-    let blocks_bytes = (footer - CKPT_HEADER_BYTES) as u64;
-    bytes[footer + 24..footer + 32].copy_from_slice(&blocks_bytes.to_le_bytes());
-    bytes[footer + 32..footer + 36].copy_from_slice(&chain.to_le_bytes());
-    let crc = crc32c::crc32c(&bytes[footer..footer + 36]);
-    bytes[footer + 36..footer + 40].copy_from_slice(&crc.to_le_bytes());
-}
-
 /// A stopped daemon whose encrypted namespace holds 300 cells of 1000
-/// bytes, folded into one checkpoint file by a clean stop.
+/// bytes, folded into one run file by a clean stop.
 fn folded_secret(setup: &Setup) -> LocalDaemon {
     let mut daemon = setup.start();
     let mut c = daemon.client().unwrap();
@@ -261,31 +243,50 @@ fn cell_count(daemon: &mut LocalDaemon) -> usize {
         .count()
 }
 
-/// Issue 36, attack 2: a sealed checkpoint block replaced by an empty
-/// unsealed one, with the CRC-only footer recomputed (its entry count
-/// too: a sealed block's length gives its entries away). Before, 60-odd of
-/// the 300 cells were gone and `--verify --key-file` said OK; now the file
-/// no longer matches the MAC the authenticated manifest holds for it.
+/// Issue 36, attack 2, on run files: the encrypted namespace's run
+/// replaced by a plain one that someone without the key wrote (the same
+/// file id and namespace, a third of the cells, every checksum right).
+/// Before run files, a sealed checkpoint block replaced by an empty plain
+/// one lost 60-odd of the 300 cells while `--verify --key-file` said OK;
+/// the run is refused, since its namespace's runs must be sealed, and the
+/// manifest's MAC for it would not match either.
 #[test]
-fn a_sealed_checkpoint_block_replaced_by_an_empty_plain_one_is_refused() {
+fn a_sealed_run_replaced_by_a_plain_one_is_refused() {
+    use cube_store::run_file::format::Footer;
+    use cube_store::run_file::{FOOTER_BYTES, Protection, RunFileWriter};
     let setup = Setup::new();
     let mut daemon = folded_secret(&setup);
-    let files = checkpoint_files(&setup.data());
+    let files = run_files(&setup.data());
     assert_eq!(files.len(), 1, "{files:?}");
     let file = &files[0];
     let good = fs::read(file).unwrap();
-    let sealed: Vec<(usize, usize, bool)> = blocks(&good).into_iter().filter(|b| b.2).collect();
-    assert!(sealed.len() >= 3, "{sealed:?}");
-    let (at, len, _) = sealed[1];
-    let entries = ((len - SEALED_BLOCK_PREFIX - TAG_BYTES) / CELL_ENTRY_BYTES) as u64;
-    assert!(entries > 0);
-    let mut bad = good[..at].to_vec();
-    bad.extend_from_slice(&[0u8; 8]);
-    bad.extend_from_slice(&good[at + 8 + len..]);
-    fix_footer(&mut bad, entries);
-    fs::write(file, &bad).unwrap();
+    let footer = Footer::decode(&good[good.len() - FOOTER_BYTES..], good.len() as u64).unwrap();
+    let mut forged = RunFileWriter::create(
+        &cube_store::RealDisk,
+        file,
+        footer.file_id,
+        footer.ns_id,
+        &Protection::Plain,
+    )
+    .unwrap();
+    for i in 0..100u128 {
+        forged.push(i, Some(&[b's'; CELL_VALUE_BYTES])).unwrap();
+    }
+    forged.finish().unwrap();
 
-    refused_and_reported(&setup, file, "does not match the MAC");
+    let text = refused(&setup);
+    let why = "refusing a file that may have been put in place of the protected one";
+    assert!(
+        text.contains(&file.display().to_string()) && text.contains(why),
+        "start: {text}"
+    );
+    let (code, text) = verify(&setup);
+    assert_eq!(code, Some(1), "--verify fails: {text}");
+    assert!(
+        text.contains(&format!("PROBLEM     {}", file.display()))
+            && text.contains("Plain run file named by a manifest that is authenticated"),
+        "{text}"
+    );
     // Control: the untouched file opens with every cell.
     fs::write(file, &good).unwrap();
     daemon.restart().unwrap();
@@ -293,7 +294,8 @@ fn a_sealed_checkpoint_block_replaced_by_an_empty_plain_one_is_refused() {
 }
 
 /// The manifest was CRC-only: dropping the newest delta from it (CRC
-/// recomputed) rolled the namespace back silently. Its tag now fails.
+/// recomputed) rolled the namespace back silently. Its tag now fails; so
+/// it does for the newest run dropped from a version-3 manifest.
 #[test]
 fn a_manifest_rewritten_without_the_key_is_refused() {
     let setup = Setup::new();
@@ -306,19 +308,18 @@ fn a_manifest_rewritten_without_the_key_is_refused() {
     assert!(daemon.terminate().unwrap().success());
     let path = setup.data().join("checkpoint").join("MANIFEST");
     let good = fs::read(&path).unwrap();
-    // Version 2: 40 bytes, delta ids, then 16 + 32 + 32 per file + 32.
-    let count = u32::from_le_bytes(good[36..40].try_into().unwrap()) as usize;
-    assert_eq!(u32::from_le_bytes(good[8..12].try_into().unwrap()), 2);
-    assert!(count >= 2, "{count} deltas");
-    let mut bad = good[..40 + 8 * (count - 1)].to_vec();
-    bad[36..40].copy_from_slice(&((count - 1) as u32).to_le_bytes());
-    // The checkpoint LSN of the older delta, so the files agree with it.
-    let older = &checkpoint_files(&setup.data())[count - 2];
-    let header = fs::read(older).unwrap();
-    bad[12..20].copy_from_slice(&header[32..40]);
-    let auth_at = 40 + 8 * count;
-    bad.extend_from_slice(&good[auth_at..auth_at + 48 + 32 * (count - 1)]);
-    bad.extend_from_slice(&good[good.len() - 36..good.len() - 4]);
+    // Version 3: 48 bytes, delta ids, then the namespace entries (the
+    // secret namespace's alone: 28 bytes, then 40 per run, newest first).
+    assert_eq!(u32::from_le_bytes(good[8..12].try_into().unwrap()), 3);
+    let deltas = u32::from_le_bytes(good[40..44].try_into().unwrap()) as usize;
+    assert_eq!(u32::from_le_bytes(good[44..48].try_into().unwrap()), 1);
+    let entry = 48 + 8 * deltas;
+    let runs = u32::from_le_bytes(good[entry + 24..entry + 28].try_into().unwrap());
+    assert!(runs >= 2, "{runs} runs");
+    // Forget the newest run: the second write is rolled back.
+    let mut bad = good[..entry + 28].to_vec();
+    bad[entry + 24..entry + 28].copy_from_slice(&(runs - 1).to_le_bytes());
+    bad.extend_from_slice(&good[entry + 28 + 40..good.len() - 4]);
     let crc = crc32c::crc32c(&bad);
     bad.extend_from_slice(&crc.to_le_bytes());
     fs::write(&path, &bad).unwrap();
@@ -365,15 +366,17 @@ fn a_checkpoint_file_from_another_copy_of_the_data_dir_is_refused() {
         drop(c);
         assert!(run.terminate().unwrap().success());
     }
-    let ours = checkpoint_files(&setup.data());
-    let theirs = checkpoint_files(&copy);
+    // The cells are in run files: the newest one of each copy has the
+    // same file id, and its blocks verify in either (same data dir id).
+    let ours = run_files(&setup.data());
+    let theirs = run_files(&copy);
     let newest = ours.last().unwrap().clone();
     let spliced = theirs.last().unwrap();
     assert_eq!(newest.file_name(), spliced.file_name(), "same file id");
     let good = fs::read(&newest).unwrap();
     fs::copy(spliced, &newest).unwrap();
 
-    refused_and_reported(&setup, &newest, "does not match the MAC");
+    refused_and_reported(&setup, &newest, "MAC is not the one the manifest lists");
     fs::write(&newest, &good).unwrap();
     daemon.restart().unwrap();
     let mut c = daemon.client().unwrap();
@@ -623,8 +626,8 @@ fn a_group_spliced_from_another_copy_of_the_data_dir_is_refused() {
     );
 }
 
-/// A data dir written without a key (unchained segments, a version-1
-/// manifest and version-2 checkpoint files) opens with a key, goes on in a
+/// A data dir written without a key (unchained segments, an
+/// unauthenticated manifest, version-2 checkpoint files and plain runs) opens with a key, goes on in a
 /// chained segment, and is authenticated at its next fold, keeping every
 /// value; from then on it does not start without the key.
 #[test]
@@ -640,7 +643,8 @@ fn a_data_dir_from_before_is_upgraded_by_the_first_keyed_start_and_fold() {
     drop(c);
     assert!(old.terminate().unwrap().success());
     let manifest = setup.data().join("checkpoint").join("MANIFEST");
-    assert_eq!(fs::read(&manifest).unwrap()[8], 1, "a version-1 manifest");
+    let bytes = fs::read(&manifest).unwrap();
+    assert_eq!((bytes[8], bytes[12]), (3, 0), "an unauthenticated manifest");
 
     let mut daemon = setup.start();
     let mut c = daemon.client().unwrap();
@@ -656,9 +660,9 @@ fn a_data_dir_from_before_is_upgraded_by_the_first_keyed_start_and_fold() {
     daemon.restart().unwrap();
     assert!(daemon.terminate().unwrap().success());
     assert_eq!(
-        fs::read(&manifest).unwrap()[8],
-        2,
-        "authenticated by the fold"
+        fs::read(&manifest).unwrap()[12],
+        1,
+        "authenticated by the fold (its plain runs rewritten with MACs)"
     );
 
     daemon.restart().unwrap();

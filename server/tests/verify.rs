@@ -1,5 +1,5 @@
 //! Guards `cubed --verify`: a clean data dir passes with the right cell
-//! count, planted corruption in the log or in a checkpoint file is reported
+//! count, planted corruption in the log or in a run file is reported
 //! with file and offset and a non-zero exit, and a live daemon's data dir
 //! is not verified behind its back.
 #![allow(clippy::unwrap_used)]
@@ -80,15 +80,16 @@ fn verify_passes_clean_dirs_and_reports_planted_corruption() {
     bytes[header.header_bytes + 40 * 50] ^= 0x20;
     std::fs::write(&segment, &bytes).unwrap();
 
+    // The cells are in a run file: a byte of its first block (offset 0).
     let checkpoint = daemon.data_dir().join("checkpoint");
-    let delta = std::fs::read_dir(&checkpoint)
+    let run = std::fs::read_dir(&checkpoint)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .find(|p| p.to_string_lossy().ends_with(".ckpt"))
+        .find(|p| p.to_string_lossy().ends_with(".run"))
         .unwrap();
-    let mut bytes = std::fs::read(&delta).unwrap();
+    let mut bytes = std::fs::read(&run).unwrap();
     bytes[100] ^= 0x01;
-    std::fs::write(&delta, &bytes).unwrap();
+    std::fs::write(&run, &bytes).unwrap();
 
     let out = verify(daemon.data_dir());
     let report = text(&out);
@@ -98,7 +99,7 @@ fn verify_passes_clean_dirs_and_reports_planted_corruption() {
         "{report}"
     );
     assert!(
-        report.contains(&format!("PROBLEM     {}", delta.display())),
+        report.contains(&format!("PROBLEM     {} at offset 0", run.display())),
         "{report}"
     );
     assert!(report.contains("FAILED: 2 problem(s)"), "{report}");

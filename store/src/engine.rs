@@ -247,6 +247,10 @@ impl Engine {
             },
         )?;
         applier.flush();
+        let entries = entries
+            + checkpoints.load_runs(|ns, cells| {
+                mem.load_curve_cells(ns, cells);
+            })?;
         let (base_bytes, delta_bytes) = checkpoints.sizes();
         let checkpoint_load = CheckpointLoad {
             entries,

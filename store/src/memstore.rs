@@ -154,6 +154,8 @@ impl NamespaceCells {
 /// and their value bytes counted on the way.
 #[derive(Default)]
 pub(crate) struct SortedCells {
+    /// Morton keys from a checkpoint file (`load_sorted_cells`), the
+    /// namespace's curve keys from its runs (`load_curve_cells`).
     pub morton_keys: Vec<u128>,
     pub values: Vec<CellValue>,
     pub value_bytes: u64,
@@ -400,6 +402,33 @@ impl MemStore {
                 let coord = crate::curve::morton_decode(morton);
                 cells.insert(space.curve.key(coord), value);
             }
+        }
+        true
+    }
+
+    /// Loads a namespace's cells from its run files, given in the
+    /// namespace's own curve key order (each key once, no deletes): into
+    /// an empty namespace as one sorted run, otherwise merged over what it
+    /// holds. Only for startup, before any reader. Returns `false` if the
+    /// namespace does not exist.
+    pub(crate) fn load_curve_cells(&self, ns: &NamespaceName, sorted: SortedCells) -> bool {
+        let Some(space) = self.namespace(ns) else {
+            return false;
+        };
+        let mut cells = write(&space.cells);
+        if cells.len() == 0 {
+            space
+                .value_bytes
+                .fetch_add(sorted.value_bytes, Ordering::Relaxed);
+            *cells = Cells::from_sorted_columns(sorted.morton_keys, sorted.values);
+        } else {
+            let batch = sorted
+                .morton_keys
+                .into_iter()
+                .zip(sorted.values.into_iter().map(Some))
+                .collect();
+            let bytes = cells.apply_sorted(batch);
+            space.add_value_bytes(bytes);
         }
         true
     }

@@ -10,13 +10,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::checkpoint::file::{CheckpointReader, ReadAuth};
-use crate::checkpoint::manifest::{MANIFEST_NAME, Manifest};
+use crate::checkpoint::manifest::{MANIFEST_NAME, Manifest, RunRef};
 use crate::checkpoint::{CheckpointConfig, CheckpointStore};
 use crate::crypto::{Keyring, MAC_BYTES};
 use crate::data_dir::lock_data_dir;
 use crate::error::StoreError;
 use crate::memstore::MemStore;
 use crate::mutation::Mutation;
+use crate::run_file::format::{Footer, Mode};
+use crate::run_file::{BlockCache, FOOTER_BYTES, Protection, RunFileReader};
 use crate::storage::{OpenMode, RealDisk, Storage, StorageFile};
 use crate::wal::chain::ChainState;
 use crate::wal::recovery::{
@@ -37,6 +39,10 @@ pub struct Problem {
 pub struct VerifyReport {
     pub checkpoint_files: usize,
     pub checkpoint_entries: u64,
+    /// Run files (a namespace's cells) checked, and their entries
+    /// (tombstones included).
+    pub run_files: usize,
+    pub run_entries: u64,
     pub checkpoint_lsn: u64,
     pub wal_segments: usize,
     pub wal_records: u64,
@@ -160,6 +166,20 @@ pub fn verify_data_dir_with_key(
             Err(e) => report.problems.push(problem(e)),
         }
     }
+    let dir_id = manifest.auth.as_ref().map(|auth| auth.dir_id);
+    for entry in &manifest.namespaces {
+        for run in &entry.runs {
+            let path = checkpoint_dir.join(crate::checkpoint::manifest::run_file_name(run.file_id));
+            verify_run(
+                &mut report,
+                &path,
+                entry.ns_id,
+                run,
+                dir_id,
+                keyring.as_ref(),
+            );
+        }
+    }
 
     let segments = if wal_dir.is_dir() {
         list_segments(&disk, &wal_dir, false)?
@@ -274,6 +294,88 @@ pub fn verify_data_dir_with_key(
     Ok(report)
 }
 
+/// Checks every block of a run file the manifest lists, and that it is
+/// the file the manifest lists (id, namespace, MAC).
+fn verify_run(
+    report: &mut VerifyReport,
+    path: &Path,
+    ns_id: u64,
+    run: &RunRef,
+    dir_id: Option<[u8; crate::crypto::DIR_ID_BYTES]>,
+    keyring: Option<&Arc<Keyring>>,
+) {
+    report.run_files += 1;
+    let mode = match run_mode(path) {
+        Ok(mode) => mode,
+        Err(p) => return report.problems.push(p),
+    };
+    let keyring = keyring.filter(|k| k.has_key()).cloned();
+    let protection = match (mode, dir_id, keyring) {
+        (Mode::Plain, None, _) => Protection::Plain,
+        (_, Some(_), None) => {
+            return report.notes.push(format!(
+                "{}: a run file of an authenticated data dir; without --key-file its blocks \
+                 were not checked",
+                path.display()
+            ));
+        }
+        (Mode::Authenticated, Some(dir_id), Some(keyring)) => {
+            Protection::Authenticated { keyring, dir_id }
+        }
+        (Mode::Sealed, Some(dir_id), Some(keyring)) => Protection::Sealed { keyring, dir_id },
+        (found, _, _) => {
+            return report.problems.push(Problem {
+                path: path.to_path_buf(),
+                offset: 0,
+                reason: format!(
+                    "a {found:?} run file named by a manifest that is {}authenticated",
+                    if dir_id.is_some() { "" } else { "not " }
+                ),
+            });
+        }
+    };
+    let cache = Arc::new(BlockCache::new(1024 * 1024));
+    let opened = RunFileReader::open(path, &protection, cache).and_then(|reader| {
+        reader.expect(run.file_id, ns_id, dir_id.map(|_| &run.mac))?;
+        Ok(reader)
+    });
+    match opened {
+        Ok(reader) => {
+            let problems = reader.verify();
+            if problems.is_empty() {
+                report.run_entries += reader.entry_count();
+            }
+            report
+                .problems
+                .extend(problems.into_iter().map(|e| problem(e.into())));
+        }
+        Err(e) => match StoreError::from(e) {
+            StoreError::Key(reason) => report.notes.push(reason),
+            e => report.problems.push(problem(e)),
+        },
+    }
+}
+
+/// The protection a run file's footer says it has.
+fn run_mode(path: &Path) -> Result<Mode, Problem> {
+    let failed = |offset: u64, reason: String| Problem {
+        path: path.to_path_buf(),
+        offset,
+        reason,
+    };
+    let file = RealDisk
+        .open(path, OpenMode::ReadOnly)
+        .map_err(|e| failed(0, e.to_string()))?;
+    let len = file.len().map_err(|e| failed(0, e.to_string()))?;
+    let at = len.saturating_sub(FOOTER_BYTES as u64);
+    let mut footer = vec![0u8; (len - at) as usize];
+    file.read_exact_at(&mut footer, at)
+        .map_err(|e| failed(at, e.to_string()))?;
+    Footer::decode(&footer, len)
+        .map(|footer| footer.mode)
+        .map_err(|reason| failed(at, reason))
+}
+
 /// Loads the whole data dir into memory exactly as a start would, without
 /// changing a byte, and counts the cells.
 fn count_cells(root: &Path, keyring: Option<Arc<Keyring>>) -> Result<u64, StoreError> {
@@ -293,6 +395,9 @@ fn count_cells(root: &Path, keyring: Option<Arc<Keyring>>) -> Result<u64, StoreE
             mem.load_sorted_cells(ns, cells);
         },
     )?;
+    checkpoints.load_runs(|ns, cells| {
+        mem.load_curve_cells(ns, cells);
+    })?;
     let apply = |_lsn: u64, m: Mutation| mem.apply_group(&[&m], &mut Vec::new());
     // As a start does: the log is judged against the checkpoint's namespaces.
     let mut rule = SealingRule::new(mem.namespace_list());

@@ -1,7 +1,9 @@
 //! Guards the checkpoint protocol: random puts, deletes, checkpoints,
 //! compactions, clean restarts and crashes — including a crash injected at
-//! every step of the checkpoint and compaction protocols — always recover
-//! to exactly the state a `BTreeMap` model holds.
+//! every step of the checkpoint and compaction protocols, run files and
+//! their merges included — always recover to exactly the state a
+//! `BTreeMap` model holds, in a Morton namespace and in a Hilbert one that
+//! is dropped and created again (its runs deleted), with exact cell counts.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
@@ -9,15 +11,21 @@ use std::path::Path;
 use std::time::Duration;
 
 use cube_protocol::{Coord, NamespaceName};
+use cube_store::curve::Curve;
+use cube_store::namespace::NamespaceMeta;
 use cube_store::{CrashPoint, Engine, EngineConfig, Mutation, StoreError};
 use proptest::prelude::*;
 
 const KEYS: i32 = 24;
+/// `default` (Morton) and a Hilbert namespace.
+const NAMESPACES: usize = 2;
 
 #[derive(Clone, Debug)]
 enum Op {
-    Put(i32, u8, usize),
-    Del(i32),
+    Put(usize, i32, u8, usize),
+    Del(usize, i32),
+    /// Drops the Hilbert namespace and creates it again, empty.
+    Recreate,
     Checkpoint,
     Compact,
     Restart,
@@ -28,8 +36,10 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        8 => (0..KEYS, any::<u8>(), 0usize..200).prop_map(|(k, b, n)| Op::Put(k, b, n)),
-        3 => (0..KEYS).prop_map(Op::Del),
+        8 => (0..NAMESPACES, 0..KEYS, any::<u8>(), 0usize..200)
+            .prop_map(|(ns, k, b, n)| Op::Put(ns, k, b, n)),
+        3 => (0..NAMESPACES, 0..KEYS).prop_map(|(ns, k)| Op::Del(ns, k)),
+        1 => Just(Op::Recreate),
         2 => Just(Op::Checkpoint),
         1 => Just(Op::Compact),
         1 => Just(Op::Restart),
@@ -47,55 +57,108 @@ fn config(dir: &Path, crash_at: Option<CrashPoint>) -> EngineConfig {
     c.checkpoint.poll_interval = Duration::from_secs(3600);
     c.checkpoint.delta_compact_bytes = u64::MAX / 4;
     c.checkpoint.crash_at = crash_at;
+    // A keyed run (`run_keyed`) left its key beside the data dir.
+    let key = key_path(dir);
+    c.key_file = key.exists().then_some(key);
     c
 }
 
-fn ns() -> NamespaceName {
-    NamespaceName::new("default").unwrap()
+fn key_path(dir: &Path) -> std::path::PathBuf {
+    dir.with_file_name("master.key")
 }
+
+fn ns(i: usize) -> NamespaceName {
+    NamespaceName::new(["default", "hilbert"][i]).unwrap()
+}
+
+/// Creates the Hilbert namespace (encrypted when the data dir has a key:
+/// its runs are sealed).
+fn create_hilbert(engine: &Engine, dir: &Path) {
+    let mut meta = NamespaceMeta::implicit_default(1000);
+    meta.curve = Curve::Hilbert;
+    meta.encrypted = key_path(dir).exists();
+    engine
+        .session()
+        .unwrap()
+        .write(Mutation::NamespaceCreate { ns: ns(1), meta })
+        .unwrap();
+}
+
+type Model = BTreeMap<(usize, i32), Vec<u8>>;
 
 fn coord(k: i32) -> Coord {
     Coord::new(k - 12, k * 7, -k)
 }
 
-fn assert_matches(engine: &Engine, model: &BTreeMap<i32, Vec<u8>>, context: &str) {
-    for k in 0..KEYS {
-        let got = engine.get(&ns(), coord(k)).unwrap().map(|v| v.to_vec());
-        assert_eq!(got.as_ref(), model.get(&k), "key {k} after {context}");
+fn assert_matches(engine: &Engine, model: &Model, context: &str) {
+    for i in 0..NAMESPACES {
+        for k in 0..KEYS {
+            let got = engine.get(&ns(i), coord(k)).unwrap().map(|v| v.to_vec());
+            assert_eq!(got.as_ref(), model.get(&(i, k)), "{i}:{k} after {context}");
+        }
+        let usage = engine.memstore().namespace_usage(&ns(i)).unwrap();
+        let cells = model.keys().filter(|(at, _)| *at == i).count() as u64;
+        assert_eq!(usage.cells, cells, "namespace {i}'s count after {context}");
     }
 }
 
-fn run(ops: &[Op]) {
+/// Runs `ops`; returns the crash points that fired.
+fn run(ops: &[Op]) -> Vec<CrashPoint> {
+    run_in(tempfile::tempdir().unwrap(), ops)
+}
+
+/// [`run`] with a master key: the Hilbert namespace is encrypted, its
+/// runs sealed, the others authenticated.
+fn run_keyed(ops: &[Op]) -> Vec<CrashPoint> {
+    use std::os::unix::fs::PermissionsExt;
     let tmp = tempfile::tempdir().unwrap();
+    let key = key_path(&tmp.path().join("data"));
+    std::fs::write(&key, "5a".repeat(32)).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    run_in(tmp, ops)
+}
+
+fn run_in(tmp: tempfile::TempDir, ops: &[Op]) -> Vec<CrashPoint> {
+    let mut fired = Vec::new();
     let dir = tmp.path().join("data");
-    let mut model: BTreeMap<i32, Vec<u8>> = BTreeMap::new();
+    let mut model = Model::new();
     let mut engine = Engine::open(config(&dir, None)).unwrap();
+    create_hilbert(&engine, &dir);
     for (step, op) in ops.iter().enumerate() {
         let context = format!("step {step}: {op:?}");
         match op {
-            Op::Put(k, byte, len) => {
+            Op::Put(i, k, byte, len) => {
                 let value = vec![*byte; *len];
                 engine
                     .session()
                     .unwrap()
                     .write(Mutation::Put {
-                        ns: ns(),
+                        ns: ns(*i),
                         coord: coord(*k),
                         value: value.clone(),
                     })
                     .unwrap();
-                model.insert(*k, value);
+                model.insert((*i, *k), value);
             }
-            Op::Del(k) => {
+            Op::Del(i, k) => {
                 let ack = engine
                     .session()
                     .unwrap()
                     .write(Mutation::Del {
-                        ns: ns(),
+                        ns: ns(*i),
                         coord: coord(*k),
                     })
                     .unwrap();
-                assert_eq!(ack.existed, model.remove(k).is_some(), "{context}");
+                assert_eq!(ack.existed, model.remove(&(*i, *k)).is_some(), "{context}");
+            }
+            Op::Recreate => {
+                engine
+                    .session()
+                    .unwrap()
+                    .write(Mutation::NamespaceDrop { ns: ns(1) })
+                    .unwrap();
+                create_hilbert(&engine, &dir);
+                model.retain(|(i, _), _| *i != 1);
             }
             Op::Checkpoint => {
                 engine.checkpoint().unwrap();
@@ -129,7 +192,8 @@ fn run(ops: &[Op]) {
                     crashing.compact().map(|_| ())
                 };
                 match result {
-                    Ok(()) | Err(StoreError::SimulatedCrash(_)) => {}
+                    Ok(()) => {}
+                    Err(StoreError::SimulatedCrash(_)) => fired.push(point),
                     Err(e) => panic!("{context}: {e}"),
                 }
                 crashing.close_without_checkpoint();
@@ -144,6 +208,7 @@ fn run(ops: &[Op]) {
     let engine = Engine::open(config(&dir, None)).unwrap();
     assert_matches(&engine, &model, "the final restart");
     engine.close_without_checkpoint();
+    fired
 }
 
 proptest! {
@@ -155,26 +220,132 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+
+    /// With a master key: sealed runs (the Hilbert namespace is encrypted)
+    /// and authenticated ones, under the authenticated manifest.
+    #[test]
+    fn incremental_checkpoint_delta_model_keyed(ops in proptest::collection::vec(op(), 1..60)) {
+        run_keyed(&ops);
+    }
+}
+
 /// Every crash point, deterministically, after enough writes that both the
-/// fold and the compaction have several files and segments to work on.
+/// fold and the compaction have several files and segments to work on;
+/// without a master key and with one (sealed and authenticated runs).
 #[test]
 fn every_crash_point_recovers_the_acknowledged_state() {
     for point in 0..CrashPoint::ALL.len() {
         let mut ops = Vec::new();
         for round in 0..3u8 {
-            for k in 0..KEYS {
-                ops.push(Op::Put(k, round.wrapping_mul(31).wrapping_add(k as u8), 40));
+            for i in 0..NAMESPACES {
+                for k in 0..KEYS {
+                    let byte = round.wrapping_mul(31).wrapping_add(k as u8);
+                    ops.push(Op::Put(i, k, byte, 40));
+                }
+                ops.push(Op::Del(i, round as i32));
             }
-            ops.push(Op::Del(round as i32));
             ops.push(Op::Checkpoint);
         }
-        ops.push(Op::Put(1, 9, 10));
+        // Small runs over a large one: no merge is due at the checkpoint,
+        // and the compaction merges (several runs each).
+        for i in 0..NAMESPACES {
+            ops.push(Op::Put(i, 1, 9, 10));
+            ops.push(Op::Del(i, 5));
+        }
         ops.push(Op::CheckpointCrashingAt(point));
-        ops.push(Op::Put(2, 8, 10));
+        for i in 0..NAMESPACES {
+            ops.push(Op::Put(i, 2, 8, 10));
+            ops.push(Op::Del(i, 6));
+        }
         ops.push(Op::Checkpoint);
         ops.push(Op::CompactCrashingAt(point));
-        ops.push(Op::Put(3, 7, 10));
+        ops.push(Op::Put(0, 3, 7, 10));
         ops.push(Op::Restart);
-        run(&ops);
+        // A fold that drops a namespace with runs, and one whose runs are
+        // merged because they grew: both remove several run files.
+        ops.push(Op::Recreate);
+        ops.push(Op::Put(1, 4, 1, 10));
+        ops.push(Op::CheckpointCrashingAt(point));
+        for k in 0..KEYS {
+            ops.push(Op::Put(1, k, 2, 60));
+        }
+        ops.push(Op::Checkpoint);
+        for k in 0..KEYS {
+            ops.push(Op::Put(1, k, 3, 60));
+        }
+        ops.push(Op::CheckpointCrashingAt(point));
+        ops.push(Op::Restart);
+        let point = CrashPoint::ALL[point];
+        assert!(run(&ops).contains(&point), "{point:?} never fired");
+        assert!(
+            run_keyed(&ops).contains(&point),
+            "keyed: {point:?} never fired"
+        );
     }
+}
+
+fn run_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir.join("checkpoint"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "run")
+        })
+        .count()
+}
+
+/// A fold writes one run per namespace that has cells; a namespace's runs
+/// are deleted with it at the next fold; folds keep a namespace's runs
+/// few (merging when they grow) and a compaction merges them into one.
+#[test]
+fn runs_are_per_namespace_deleted_with_it_and_kept_few() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    let engine = Engine::open(config(&dir, None)).unwrap();
+    create_hilbert(&engine, &dir);
+    let put = |i: usize, k: i32, len: usize| {
+        engine
+            .session()
+            .unwrap()
+            .write(Mutation::Put {
+                ns: ns(i),
+                coord: coord(k),
+                value: vec![k as u8; len],
+            })
+            .unwrap();
+    };
+    for k in 0..KEYS {
+        put(0, k, 100);
+        put(1, k, 100);
+    }
+    engine.checkpoint().unwrap();
+    assert_eq!(run_files(&dir), 2, "one run per namespace");
+    engine
+        .session()
+        .unwrap()
+        .write(Mutation::NamespaceDrop { ns: ns(1) })
+        .unwrap();
+    put(0, 0, 10);
+    engine.checkpoint().unwrap();
+    assert_eq!(run_files(&dir), 2, "the default namespace's two runs");
+    for round in 0..12 {
+        put(0, round % KEYS, 10);
+        engine.checkpoint().unwrap();
+        let runs = run_files(&dir);
+        assert!(runs <= 5, "round {round}: {runs} runs");
+    }
+    engine.compact().unwrap();
+    assert_eq!(run_files(&dir), 1, "compacted to one run");
+    engine.shutdown().unwrap();
+    drop(engine);
+    let engine = Engine::open(config(&dir, None)).unwrap();
+    let usage = engine.memstore().namespace_usage(&ns(0)).unwrap();
+    assert_eq!(usage.cells, KEYS as u64);
+    assert!(engine.memstore().namespace_usage(&ns(1)).is_none());
+    engine.close_without_checkpoint();
 }

@@ -43,17 +43,22 @@ fn expected(ns: &str, x: i32, y: i32, z: i32) -> Option<Vec<u8>> {
     Some(if x == 3 { one.repeat(8) } else { one }.into_bytes())
 }
 
-#[test]
-fn the_v1_fixture_opens_with_every_cell() {
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
+/// A private copy of the fixture and its key, and how to open it.
+fn fixture(tmp: &Path) -> EngineConfig {
+    let data = tmp.join("data");
     copy_private(Path::new(FIXTURE), &data);
-    let key = tmp.path().join("master.key");
+    let key = tmp.join("master.key");
     fs::copy(KEY, &key).unwrap();
     fs::set_permissions(&key, fs::Permissions::from_mode(0o600)).unwrap();
     let mut config = EngineConfig::new(&data);
     config.key_file = Some(key);
-    let engine = Engine::open(config).unwrap();
+    config
+}
+
+#[test]
+fn the_v1_fixture_opens_with_every_cell() {
+    let tmp = tempfile::tempdir().unwrap();
+    let engine = Engine::open(fixture(tmp.path())).unwrap();
     assert!(
         engine.recovery_report().records_replayed > 0,
         "the fixture's log tail was replayed: {:?}",
@@ -63,6 +68,60 @@ fn the_v1_fixture_opens_with_every_cell() {
         engine.checkpoint_load().entries > 0,
         "the fixture's checkpoint files were loaded"
     );
+    assert_every_cell(&engine);
+    engine.close_without_checkpoint();
+}
+
+/// Its next compaction moves its cells out of the checkpoint files into
+/// one run file per namespace (the encrypted one's sealed) under a
+/// version-3 manifest, and a restart reads the same cells back.
+#[test]
+fn the_v1_fixture_is_upgraded_to_run_files_by_its_next_compaction() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = fixture(tmp.path());
+    let checkpoint = config.data_dir.join("checkpoint");
+    let engine = Engine::open(config.clone()).unwrap();
+    let report = engine.compact().unwrap();
+    assert!(report.compaction.is_some(), "{report:?}");
+    assert_every_cell(&engine);
+    engine.shutdown().unwrap();
+    drop(engine);
+    let manifest = fs::read(checkpoint.join("MANIFEST")).unwrap();
+    assert_eq!(manifest[8..12], 3u32.to_le_bytes(), "a version-3 manifest");
+    let runs: Vec<Vec<u8>> = fs::read_dir(&checkpoint)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "run"))
+        .map(|p| fs::read(p).unwrap())
+        .collect();
+    assert_eq!(runs.len(), 2, "one run per namespace");
+    let shows = |word: &[u8]| {
+        runs.iter()
+            .filter(|run| run.windows(word.len()).any(|w| w == word))
+            .count()
+    };
+    assert_eq!(
+        shows(b"default "),
+        1,
+        "the plain namespace's run is readable"
+    );
+    assert_eq!(
+        shows(b"vault "),
+        0,
+        "the encrypted namespace's run is sealed"
+    );
+    let engine = Engine::open(config).unwrap();
+    assert_eq!(
+        engine.recovery_report().records_replayed,
+        0,
+        "a clean restart replays nothing"
+    );
+    assert_every_cell(&engine);
+    engine.close_without_checkpoint();
+}
+
+/// Every cell the fixture holds, and no other, in both namespaces.
+fn assert_every_cell(engine: &Engine) {
     for name in ["default", "vault"] {
         let ns = NamespaceName::new(name).unwrap();
         let mut cells = 0;
@@ -87,5 +146,4 @@ fn the_v1_fixture_opens_with_every_cell() {
         engine.memstore().sealed_id(&vault).is_some(),
         "vault is encrypted"
     );
-    engine.close_without_checkpoint();
 }

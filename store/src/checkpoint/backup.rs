@@ -93,7 +93,7 @@ impl CheckpointStore {
         if storage.file_len(&manifest_path).is_ok() {
             copy(&manifest_path, &dest_checkpoint, false)?;
         }
-        for file in self.manifest.files(&self.dir) {
+        for file in self.manifest.all_files(&self.dir) {
             copy(&file, &dest_checkpoint, true)?;
         }
         for (first, path) in list_segments(storage, &self.wal_dir, false)? {

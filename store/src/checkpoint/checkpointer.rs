@@ -66,10 +66,10 @@ impl Checkpointer {
                                     })
                                 })
                                 .and_then(|mut report| {
-                                    if compact
-                                        && report.compaction.is_none()
-                                        && store.delta_count() > 0
-                                    {
+                                    // A fold may have compacted as due; one
+                                    // asked for also merges every
+                                    // namespace's runs into one.
+                                    if compact {
                                         report.compaction = Some(store.compact()?);
                                     }
                                     Ok(report)

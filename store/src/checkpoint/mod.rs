@@ -1,15 +1,19 @@
-//! Checkpoints: base + delta files, so that a restart loads sorted state at
-//! disk speed and replays only the WAL tail, and so that the log does not
-//! grow forever.
+//! Checkpoints: base + delta files for the non-cell state and run files for
+//! each namespace's cells, so that a restart loads sorted state at disk
+//! speed and replays only the WAL tail, and so that the log does not grow
+//! forever.
 //!
 //! - **fold**: closed WAL segments (the writer has moved past them and
 //!   synced them) are read from disk, folded last-write-wins into a sorted
-//!   **delta** file, the manifest is switched to include it, and the
-//!   segments are removed. The writer is never blocked and the live store
-//!   is never snapshotted: only what is already durable is read.
+//!   **delta** file (namespaces, edges, programs, telemetry) and one new
+//!   **run** per namespace for its cells ([`runs`]), the manifest is
+//!   switched to include them, and the segments are removed. The writer is
+//!   never blocked and the live store is never snapshotted: only what is
+//!   already durable is read.
 //! - **compact**: when the deltas outgrow `delta_compact_bytes` (or half
 //!   the base, whichever is larger), base + deltas are merged into a new
-//!   **base**, dropping tombstones.
+//!   **base**, dropping tombstones; a namespace's runs are merged into one
+//!   when they grow many ([`runs`]).
 //!
 //! Every step is crash-safe because nothing is removed until the manifest
 //! that no longer needs it is durable; recovery deletes files the manifest
@@ -21,10 +25,11 @@ pub(crate) mod checkpointer;
 pub(crate) mod file;
 mod fold;
 pub(crate) mod manifest;
+mod runs;
 pub(crate) mod state_key;
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,11 +37,13 @@ use std::time::{Duration, Instant};
 use crate::cell_value::CellValue;
 use crate::crypto::Keyring;
 use crate::crypto::{DIR_ID_BYTES, MAC_BYTES, new_dir_id};
+use crate::curve::{Curve, morton_decode};
 use crate::data_dir::sync_dir;
 use crate::error::StoreError;
 use crate::memstore::SortedCells;
 use crate::mutation::Mutation;
 use crate::namespace::{NamespaceCatalog, check_namespace_key};
+use crate::run_file::BlockCache;
 use crate::storage::Storage;
 use crate::wal::chain::ChainState;
 use crate::wal::recovery::ChainAnchor;
@@ -49,6 +56,7 @@ use file::{
 };
 use fold::Fold;
 use manifest::{MAX_DELTAS, Manifest, ManifestAuth, base_file_name, delta_file_name};
+use runs::{FoldedCells, MergeWhen};
 use state_key::{TAG_NAMESPACE, cell_key_parts, entry_ns_id, entry_to_mutation, namespace_key};
 
 #[derive(Clone, Debug)]
@@ -77,9 +85,14 @@ impl Default for CheckpointConfig {
 }
 
 /// The steps of the checkpoint and compaction protocols at which a crash is
-/// simulated by the model test.
+/// simulated by the model test. A fold writes its runs (`Run*`), then its
+/// delta (`Delta*`, whose manifest switch lists both); a compaction writes
+/// a base (`Base*`), then merges runs (`Merge*`, `OldRunsPartlyRemoved`,
+/// which a fold that drops a namespace's runs also passes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CrashPoint {
+    RunTempWritten,
+    RunRenamed,
     DeltaTempWritten,
     DeltaRenamed,
     DeltaManifestSwitched,
@@ -88,10 +101,16 @@ pub enum CrashPoint {
     BaseRenamed,
     BaseManifestSwitched,
     OldFilesPartlyRemoved,
+    MergeTempWritten,
+    MergeRenamed,
+    MergeManifestSwitched,
+    OldRunsPartlyRemoved,
 }
 
 impl CrashPoint {
-    pub const ALL: [CrashPoint; 8] = [
+    pub const ALL: [CrashPoint; 14] = [
+        CrashPoint::RunTempWritten,
+        CrashPoint::RunRenamed,
         CrashPoint::DeltaTempWritten,
         CrashPoint::DeltaRenamed,
         CrashPoint::DeltaManifestSwitched,
@@ -100,6 +119,10 @@ impl CrashPoint {
         CrashPoint::BaseRenamed,
         CrashPoint::BaseManifestSwitched,
         CrashPoint::OldFilesPartlyRemoved,
+        CrashPoint::MergeTempWritten,
+        CrashPoint::MergeRenamed,
+        CrashPoint::MergeManifestSwitched,
+        CrashPoint::OldRunsPartlyRemoved,
     ];
 }
 
@@ -116,7 +139,10 @@ pub struct CheckpointReport {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CompactionReport {
+    /// Checkpoint files merged into a new base.
     pub files_merged: usize,
+    /// Run files merged (each namespace's into one).
+    pub runs_merged: usize,
     pub entries_written: u64,
     pub base_bytes: u64,
     pub duration: Duration,
@@ -124,6 +150,10 @@ pub struct CompactionReport {
 
 /// One namespace's base cells, in Morton order, on their way to the store.
 type NamespaceRun = (u64, NamespaceName, SortedCells);
+
+/// A version-1/2 data dir's cells, met in Morton order while compacting its
+/// checkpoint files: the namespace, and its cells by curve key.
+type LegacyCells = Option<(u64, Vec<(u128, Vec<u8>)>)>;
 
 /// The checkpoint files of one data dir and the protocol that changes them.
 pub(crate) struct CheckpointStore {
@@ -147,6 +177,8 @@ pub(crate) struct CheckpointStore {
     bad_tag: Option<String>,
     /// The id drawn for a data dir being authenticated for the first time.
     new_dir_id: Option<[u8; DIR_ID_BYTES]>,
+    /// The checkpointer's block cache, for the runs it reads.
+    run_cache: Arc<BlockCache>,
 }
 
 impl CheckpointStore {
@@ -175,6 +207,7 @@ impl CheckpointStore {
             manifest.remove_unreferenced(storage.as_ref(), dir)?;
         }
         Ok(CheckpointStore {
+            run_cache: CheckpointStore::new_run_cache(),
             storage,
             dir: dir.to_path_buf(),
             wal_dir: wal_dir.to_path_buf(),
@@ -312,8 +345,16 @@ impl CheckpointStore {
         self.manifest.checkpoint_lsn
     }
 
-    /// Bytes of the base and of all deltas.
+    /// Bytes of the base and of all deltas, each namespace's oldest run
+    /// counted with the base and its newer runs with the deltas.
     pub(crate) fn sizes(&self) -> (u64, u64) {
+        let (files_base, files_deltas) = self.file_sizes();
+        let (runs_base, runs_deltas) = self.run_sizes();
+        (files_base + runs_base, files_deltas + runs_deltas)
+    }
+
+    /// Bytes of the base checkpoint file and of the delta files.
+    fn file_sizes(&self) -> (u64, u64) {
         let size = |path: &Path| self.storage.file_len(path).unwrap_or(0);
         let base = self
             .manifest
@@ -396,6 +437,7 @@ impl CheckpointStore {
             let mut run: Option<NamespaceRun> = None;
             let mut failure: Option<StoreError> = None;
             let is_base = expected_kind == FileKind::Base;
+            let legacy_cells = self.manifest.legacy_cells;
             let read = reader.for_each_entry(|key, value, sealed| {
                 if failure.is_some() {
                     return;
@@ -427,6 +469,14 @@ impl CheckpointStore {
                                 .unwrap_or_default()
                         )
                     }));
+                    return;
+                }
+                if !legacy_cells && cell_key_parts(key).is_some() {
+                    failure = Some(bad_entry(
+                        "a cell entry in a checkpoint file of a version-3 manifest, whose \
+                         cells are in run files"
+                            .into(),
+                    ));
                     return;
                 }
                 if is_base
@@ -552,6 +602,14 @@ impl CheckpointStore {
         if closed.is_empty() {
             return Ok(None);
         }
+        // Cells still in checkpoint files (a version-1/2 data dir), or
+        // plain runs in a data dir now given a key, are rewritten first:
+        // a version-3 manifest lists neither.
+        let rewritten = if self.needs_rewrite() {
+            Some(self.compact()?)
+        } else {
+            None
+        };
         let from_lsn = self.manifest.checkpoint_lsn + 1;
         let mut fold = Fold::new(from_lsn, &self.catalog);
         let keyring = self.keyring.clone();
@@ -574,13 +632,14 @@ impl CheckpointStore {
             self.write_delta(fold, from_lsn, keyring.as_deref(), &mut report)?;
         }
         self.remove_folded(&closed)?;
-        report.compaction = self.compact_if_needed()?;
+        report.compaction = self.compact_if_needed()?.or(rewritten);
         report.duration = started.elapsed();
         Ok(Some(report))
     }
 
-    /// Writes what `fold` gathered (records `from_lsn` on) as the next
-    /// delta file and switches the manifest to it.
+    /// Writes what `fold` gathered (records `from_lsn` on) as new runs
+    /// (its cells) and the next delta file (the rest), and switches the
+    /// manifest to them.
     fn write_delta(
         &mut self,
         fold: Fold,
@@ -589,7 +648,27 @@ impl CheckpointStore {
         report: &mut CheckpointReport,
     ) -> Result<(), StoreError> {
         let lsn_to = fold.last_lsn();
-        let id = self.manifest.next_file_id;
+        let Fold {
+            folded,
+            catalog,
+            encrypted_ids,
+            chain,
+            ..
+        } = fold;
+        let mut cells: BTreeMap<u64, FoldedCells> = BTreeMap::new();
+        let mut state = Vec::new();
+        for (key, value) in folded {
+            match cell_key_parts(&key) {
+                Some((ns_id, morton)) => cells.entry(ns_id).or_default().push((morton, value)),
+                None => state.push((key, value)),
+            }
+        }
+        let mut next = self.manifest.clone();
+        next.checkpoint_lsn = lsn_to;
+        report.entries_written = self.write_fold_runs(&catalog, cells, &mut next)?;
+        let id = next.next_file_id;
+        next.next_file_id = id + 1;
+        next.delta_file_ids.push(id);
         let path = self.dir.join(delta_file_name(id));
         let header = FileHeader {
             kind: FileKind::Delta,
@@ -598,17 +677,17 @@ impl CheckpointStore {
             lsn_to,
             authenticated: false,
         };
-        let sealer = Self::sealer(keyring, &fold.catalog, fold.encrypted_ids);
+        let sealer = Self::sealer(keyring, &catalog, encrypted_ids);
         let dir_id = self.writing_dir_id()?;
         let auth = keyring
             .zip(dir_id)
             .map(|(keyring, dir_id)| FileAuth { keyring, dir_id });
         let mut writer =
             CheckpointWriter::create(self.storage.as_ref(), &path, header, sealer.as_ref(), auth)?;
-        for (key, value) in &fold.folded {
+        for (key, value) in &state {
             writer.add(key, value.as_deref())?;
         }
-        report.entries_written = fold.folded.len() as u64;
+        report.entries_written += state.len() as u64;
         if self.config.crash_at == Some(CrashPoint::DeltaTempWritten) {
             // The temp file stays behind, as after a real crash.
             drop(writer);
@@ -617,17 +696,16 @@ impl CheckpointStore {
         let (bytes, mac) = writer.finish()?;
         report.delta_bytes = bytes;
         self.crash_check(CrashPoint::DeltaRenamed)?;
-        let mut next = self.manifest.clone();
-        next.checkpoint_lsn = lsn_to;
-        next.next_file_id = id + 1;
-        next.delta_file_ids.push(id);
+        // A namespace dropped during the fold: its runs go with it.
+        let gone = Self::drop_gone_namespaces(&catalog, &mut next);
         let mut next = self.authenticate(next, mac.map(|mac| (id, mac)))?;
-        if let (Some(auth), Some(chain)) = (next.auth.as_mut(), fold.chain) {
+        if let (Some(auth), Some(chain)) = (next.auth.as_mut(), chain) {
             auth.chain = chain;
         }
         self.switch_manifest(next)?;
-        self.catalog = fold.catalog;
-        self.crash_check(CrashPoint::DeltaManifestSwitched)
+        self.catalog = catalog;
+        self.crash_check(CrashPoint::DeltaManifestSwitched)?;
+        self.remove_runs(&gone)
     }
 
     /// Removes the folded segments (the manifest no longer needs them).
@@ -643,21 +721,76 @@ impl CheckpointStore {
         sync_dir(self.storage.as_ref(), &self.wal_dir)
     }
 
-    /// Compacts when the deltas have grown past their allowance.
+    /// Whether the files must be rewritten before a fold stores a
+    /// version-3 manifest: cells in checkpoint files (a version-1/2 data
+    /// dir), or plain runs in a data dir being authenticated for the first
+    /// time (its runs must carry a MAC).
+    fn needs_rewrite(&self) -> bool {
+        let authenticating =
+            self.manifest.auth.is_none() && self.keyring.as_ref().is_some_and(|k| k.has_key());
+        self.manifest.legacy_cells || (authenticating && !self.manifest.namespaces.is_empty())
+    }
+
+    /// Compacts when the deltas have grown past their allowance, and
+    /// merges the runs of namespaces that have many.
     pub(crate) fn compact_if_needed(&mut self) -> Result<Option<CompactionReport>, StoreError> {
-        let (base, deltas) = self.sizes();
+        let started = Instant::now();
+        let (base, deltas) = self.file_sizes();
         let allowance = self.config.delta_compact_bytes.max(base / 2);
-        if self.manifest.delta_file_ids.is_empty()
+        let mut report = if self.manifest.delta_file_ids.is_empty()
             || (deltas <= allowance && self.manifest.delta_file_ids.len() < MAX_DELTAS)
         {
-            return Ok(None);
+            None
+        } else {
+            Some(self.compact_files()?)
+        };
+        let mut merged = CompactionReport::default();
+        self.merge_runs(MergeWhen::Due, &mut merged)?;
+        if merged.runs_merged > 0 {
+            let total = report.get_or_insert_with(CompactionReport::default);
+            total.runs_merged += merged.runs_merged;
+            total.entries_written += merged.entries_written;
+            total.base_bytes += merged.base_bytes;
         }
-        self.compact().map(Some)
+        if let Some(report) = report.as_mut() {
+            report.duration = started.elapsed();
+        }
+        Ok(report)
+    }
+
+    /// A full compaction: base + deltas into a new base (cells of a
+    /// version-1/2 data dir into one run per namespace), then each
+    /// namespace's runs into one.
+    pub(crate) fn compact(&mut self) -> Result<CompactionReport, StoreError> {
+        self.check_usable()?;
+        let started = Instant::now();
+        let mut report = CompactionReport::default();
+        // Plain runs in a data dir being authenticated are rewritten with
+        // MACs first, in the switch that authenticates the manifest: a
+        // manifest switched by the base's compaction first would be
+        // authenticated while listing plain runs, which no start reads.
+        let rewrite_runs = self.needs_rewrite() && !self.manifest.legacy_cells;
+        if rewrite_runs {
+            self.merge_runs(MergeWhen::All, &mut report)?;
+        }
+        if !self.manifest.delta_file_ids.is_empty() || self.manifest.legacy_cells {
+            let files = self.compact_files()?;
+            report.files_merged = files.files_merged;
+            report.entries_written += files.entries_written;
+            report.base_bytes += files.base_bytes;
+        }
+        if !rewrite_runs {
+            self.merge_runs(MergeWhen::ManyRuns, &mut report)?;
+        }
+        report.duration = started.elapsed();
+        Ok(report)
     }
 
     /// Merges base + deltas into a new base (newest entry per key wins;
     /// tombstones are dropped because nothing older remains under them).
-    pub(crate) fn compact(&mut self) -> Result<CompactionReport, StoreError> {
+    /// A version-1/2 data dir's cells are written as one run per
+    /// namespace instead.
+    fn compact_files(&mut self) -> Result<CompactionReport, StoreError> {
         self.check_usable()?;
         let started = Instant::now();
         let inputs = self.manifest.files(&self.dir);
@@ -707,10 +840,21 @@ impl CheckpointStore {
             writer.add(key, Some(value))?;
             entries += 1;
         }
+        let catalog = self.catalog.clone();
         let live = |key: &[u8]| {
             key.first() != Some(&TAG_NAMESPACE)
-                && entry_ns_id(key).is_some_and(|id| self.catalog.meta_of(id).is_some())
+                && entry_ns_id(key).is_some_and(|id| catalog.meta_of(id).is_some())
         };
+        let mut next = Manifest {
+            checkpoint_lsn: self.manifest.checkpoint_lsn,
+            next_file_id: id + 1,
+            base_file_id: Some(id),
+            delta_file_ids: Vec::new(),
+            auth: self.manifest.auth.clone(),
+            namespaces: self.manifest.namespaces.clone(),
+            legacy_cells: false,
+        };
+        let mut legacy: LegacyCells = None;
         // Min-heap on key; among equal keys the newest input (highest index) wins.
         let mut heap: BinaryHeap<Reverse<(Vec<u8>, Reverse<usize>)>> = BinaryHeap::new();
         let mut current: Vec<Option<Option<Vec<u8>>>> = vec![None; readers.len()];
@@ -735,7 +879,19 @@ impl CheckpointStore {
             if let Some(value) = winner.take()
                 && live(&key)
             {
-                writer.add(&key, Some(&value))?;
+                if let Some((ns_id, morton)) = cell_key_parts(&key) {
+                    // Only a version-1/2 data dir's files hold cells.
+                    if legacy.as_ref().is_none_or(|(id, _)| *id != ns_id) {
+                        self.flush_legacy_cells(legacy.take(), &mut next)?;
+                        legacy = Some((ns_id, Vec::new()));
+                    }
+                    if let Some((_, cells)) = legacy.as_mut() {
+                        let curve = catalog.meta_of(ns_id).map_or(Curve::DEFAULT, |m| m.curve);
+                        cells.push((curve.key(morton_decode(morton)), value));
+                    }
+                } else {
+                    writer.add(&key, Some(&value))?;
+                }
                 entries += 1;
             }
             for i in advance {
@@ -745,22 +901,18 @@ impl CheckpointStore {
                 }
             }
         }
+        self.flush_legacy_cells(legacy.take(), &mut next)?;
         if self.config.crash_at == Some(CrashPoint::BaseTempWritten) {
             drop(writer);
             return Err(StoreError::SimulatedCrash("BaseTempWritten".into()));
         }
         let (base_bytes, mac) = writer.finish()?;
         self.crash_check(CrashPoint::BaseRenamed)?;
-        let next = Manifest {
-            checkpoint_lsn: self.manifest.checkpoint_lsn,
-            next_file_id: id + 1,
-            base_file_id: Some(id),
-            delta_file_ids: Vec::new(),
-            auth: self.manifest.auth.clone(),
-        };
+        let gone = Self::drop_gone_namespaces(&catalog, &mut next);
         let next = self.authenticate(next, mac.map(|mac| (id, mac)))?;
         self.switch_manifest(next)?;
         self.crash_check(CrashPoint::BaseManifestSwitched)?;
+        self.remove_runs(&gone)?;
         for (i, old) in inputs.iter().enumerate() {
             if i == 1 {
                 self.crash_check(CrashPoint::OldFilesPartlyRemoved)?;
@@ -772,9 +924,24 @@ impl CheckpointStore {
         sync_dir(storage.as_ref(), &self.dir)?;
         Ok(CompactionReport {
             files_merged: inputs.len(),
+            runs_merged: 0,
             entries_written: entries,
             base_bytes,
             duration: started.elapsed(),
         })
+    }
+
+    /// Writes one namespace's cells met in a version-1/2 checkpoint file
+    /// as its base run (sorted by its curve key first).
+    fn flush_legacy_cells(
+        &mut self,
+        legacy: LegacyCells,
+        next: &mut Manifest,
+    ) -> Result<(), StoreError> {
+        let Some((ns_id, mut cells)) = legacy else {
+            return Ok(());
+        };
+        cells.sort_unstable_by_key(|(key, _)| *key);
+        self.write_base_run(ns_id, &cells, next)
     }
 }

@@ -1,0 +1,663 @@
+//! Cells on disk (issue 32, increment b): each namespace's cells are run
+//! files (`crate::run_file`) that the manifest lists newest first, with
+//! the namespace's live cell count and value bytes.
+//!
+//! - A fold writes the cells it gathered as one new run per namespace
+//!   ([`CheckpointStore::write_fold_runs`]), keyed by the namespace's curve
+//!   key so that a Hilbert namespace's blocks are in scan order. Deletes
+//!   stay as tombstones while an older run may hold the cell; the counts
+//!   stay exact by looking each folded key up in the older runs (through
+//!   the checkpointer's small block cache).
+//! - A restart loads each namespace's runs into memory through a [`Merge`]
+//!   of their ranges, tombstones dropped ([`CheckpointStore::load_runs`]),
+//!   and checks the result against the manifest's counts.
+//! - A merge ([`CheckpointStore::merge_runs`]) streams a namespace's runs
+//!   into one (tombstones dropped: it covers the oldest run), when the
+//!   namespace has more than [`MERGE_AT_RUNS`] runs or its newer runs
+//!   outgrow half its oldest; a compaction asked for merges each namespace
+//!   to one run.
+//!
+//! Runs of an encrypted namespace are sealed, those of a data dir with a
+//! master key authenticated (their footer MAC is in the manifest), others
+//! plain: `run_file::Protection`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cube_protocol::NamespaceName;
+
+use super::manifest::{Manifest, NamespaceRuns, RunRef, run_file_name};
+use super::{CheckpointStore, CompactionReport, CrashPoint, SortedCells};
+use crate::cell_value::CellValue;
+use crate::crypto::{DIR_ID_BYTES, MAC_BYTES};
+use crate::curve::{Curve, MAX_KEY, morton_decode};
+use crate::data_dir::sync_dir;
+use crate::error::StoreError;
+use crate::namespace::NamespaceCatalog;
+use crate::run_file::{
+    BlockCache, Merge, Protection, RunFileError, RunFileReader, RunFileWriter, RunSummary, Source,
+};
+use crate::wal::sealing_rule::must_seal;
+
+/// A namespace with more runs than this is merged at the next fold.
+pub(crate) const MERGE_AT_RUNS: usize = 4;
+
+/// The checkpointer's block cache: folds look folded keys up in older
+/// runs, merges and loads stream them.
+pub(super) const RUN_CACHE_BYTES: usize = 8 * 1024 * 1024;
+
+/// Folded keys looked up in an older run at once: bounds the blocks a
+/// lookup holds (at most this many).
+const LOOKUP_SLICE_KEYS: usize = 256;
+
+/// A fold's cells of one namespace: Morton key and value (`None` deletes),
+/// in Morton order.
+pub(super) type FoldedCells = Vec<(u128, Option<Vec<u8>>)>;
+
+impl From<RunFileError> for StoreError {
+    fn from(e: RunFileError) -> StoreError {
+        match e {
+            RunFileError::Corrupt {
+                path,
+                offset,
+                reason,
+            } => StoreError::Corruption {
+                path,
+                offset,
+                reason,
+            },
+            RunFileError::Io { path, source, .. } => StoreError::Io { path, source },
+            RunFileError::Key { .. } => StoreError::Key(e.to_string()),
+            RunFileError::Refused { path, reason } => StoreError::Corruption {
+                path,
+                offset: 0,
+                reason: format!("refused by the run file writer: {reason}"),
+            },
+        }
+    }
+}
+
+/// Which namespaces' runs a merge rewrites.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum MergeWhen {
+    /// Those past [`MERGE_AT_RUNS`] runs or whose newer runs outgrow half
+    /// their oldest (after a fold).
+    Due,
+    /// Every namespace with more than one run (a compaction asked for).
+    ManyRuns,
+    /// Every namespace (their protection changes: a data dir being
+    /// authenticated for the first time).
+    All,
+}
+
+impl CheckpointStore {
+    pub(super) fn run_path(&self, file_id: u64) -> PathBuf {
+        self.dir.join(run_file_name(file_id))
+    }
+
+    /// A run file's size (0 if it cannot be read: sizes only steer merges
+    /// and stats).
+    fn run_bytes(&self, run: &RunRef) -> u64 {
+        self.storage
+            .file_len(&self.run_path(run.file_id))
+            .unwrap_or(0)
+    }
+
+    /// The protection of runs bound to `dir_id` (`None`: no master key).
+    fn protection(
+        &self,
+        encrypted: bool,
+        dir_id: Option<[u8; DIR_ID_BYTES]>,
+    ) -> Result<Protection, StoreError> {
+        let keyring = self.keyring.clone().filter(|k| k.has_key());
+        match (dir_id, keyring) {
+            (Some(dir_id), Some(keyring)) if encrypted => {
+                Ok(Protection::Sealed { keyring, dir_id })
+            }
+            (Some(dir_id), Some(keyring)) => Ok(Protection::Authenticated { keyring, dir_id }),
+            (None, _) if !encrypted => Ok(Protection::Plain),
+            _ => Err(StoreError::Key(format!(
+                "{}: the run files of an {} namespace need the master key; start cubed with \
+                 --key-file",
+                self.dir.display(),
+                if encrypted {
+                    "encrypted"
+                } else {
+                    "authenticated data dir's"
+                }
+            ))),
+        }
+    }
+
+    /// A new run's file id (taken from `next`), path and protection.
+    fn new_run(
+        &mut self,
+        next: &mut Manifest,
+        encrypted: bool,
+    ) -> Result<(u64, PathBuf, Protection), StoreError> {
+        let file_id = next.next_file_id;
+        next.next_file_id += 1;
+        let protection = self.write_protection(encrypted)?;
+        Ok((file_id, self.run_path(file_id), protection))
+    }
+
+    /// How new runs of a namespace are written now.
+    fn write_protection(&mut self, encrypted: bool) -> Result<Protection, StoreError> {
+        let dir_id = self.writing_dir_id()?;
+        self.protection(encrypted, dir_id)
+    }
+
+    /// Whether namespace `ns_id` of the catalog is encrypted; `None` when
+    /// it is not live.
+    fn encrypted(catalog: &NamespaceCatalog, ns_id: u64) -> Option<bool> {
+        catalog.meta_of(ns_id).map(must_seal)
+    }
+
+    /// Opens the runs of namespace `entry`, newest first, each checked
+    /// against the manifest (file id, namespace, MAC in an authenticated
+    /// manifest). They stay open only while the result lives: a data dir
+    /// with many namespaces must not hold a descriptor per run.
+    fn open_runs(&self, entry: &NamespaceRuns, encrypted: bool) -> Result<OpenRuns, StoreError> {
+        let mut runs = OpenRuns {
+            readers: Vec::with_capacity(entry.runs.len()),
+            cache: Arc::clone(&self.run_cache),
+        };
+        if entry.runs.is_empty() {
+            // A namespace's first run: no protection to ask for yet (a
+            // data dir's first keyed fold has no authenticated manifest).
+            return Ok(runs);
+        }
+        let dir_id = self.manifest.auth.as_ref().map(|a| a.dir_id);
+        let protection = self.protection(encrypted, dir_id)?;
+        for run in &entry.runs {
+            let reader = RunFileReader::open_storage(
+                self.storage.as_ref(),
+                &self.run_path(run.file_id),
+                &protection,
+                Arc::clone(&self.run_cache),
+            )?;
+            reader.expect(run.file_id, entry.ns_id, dir_id.map(|_| &run.mac))?;
+            runs.readers.push(reader);
+        }
+        Ok(runs)
+    }
+
+    /// Removes run files no longer listed (after the manifest that drops
+    /// them is durable) and syncs the directory.
+    pub(super) fn remove_runs(&mut self, file_ids: &[u64]) -> Result<(), StoreError> {
+        for (i, id) in file_ids.iter().enumerate() {
+            if i == 1 {
+                self.crash_check(CrashPoint::OldRunsPartlyRemoved)?;
+            }
+            let path = self.run_path(*id);
+            self.storage
+                .remove_file(&path)
+                .map_err(|e| StoreError::io(&path, e))?;
+        }
+        if !file_ids.is_empty() {
+            sync_dir(self.storage.as_ref(), &self.dir)?;
+        }
+        Ok(())
+    }
+
+    /// Writes each namespace's folded cells as its newest run, and sets
+    /// `next`'s entries (runs, exact counts). `catalog`: the namespaces at
+    /// the fold's end (cells of others are not written). Returns the
+    /// entries written.
+    pub(super) fn write_fold_runs(
+        &mut self,
+        catalog: &NamespaceCatalog,
+        cells: BTreeMap<u64, FoldedCells>,
+        next: &mut Manifest,
+    ) -> Result<u64, StoreError> {
+        let mut written = 0;
+        for (ns_id, folded) in cells {
+            let Some(meta) = catalog.meta_of(ns_id) else {
+                continue;
+            };
+            let (curve, encrypted) = (meta.curve, must_seal(meta));
+            let mut entries: Vec<(u128, Option<Vec<u8>>)> = folded
+                .into_iter()
+                .map(|(morton, value)| (curve.key(morton_decode(morton)), value))
+                .collect();
+            if curve != Curve::Morton {
+                entries.sort_unstable_by_key(|(key, _)| *key);
+            }
+            let mut entry = next.namespace(ns_id).cloned().unwrap_or(NamespaceRuns {
+                ns_id,
+                ..NamespaceRuns::default()
+            });
+            self.count_over_older(&mut entry, &entries, encrypted)?;
+            // With no older run, a delete hides nothing.
+            if entry.runs.is_empty() {
+                entries.retain(|(_, value)| value.is_some());
+            }
+            if entries.is_empty() {
+                next.set_namespace(entry);
+                continue;
+            }
+            let (file_id, path, protection) = self.new_run(next, encrypted)?;
+            let mut writer =
+                RunFileWriter::create(self.storage.as_ref(), &path, file_id, ns_id, &protection)?;
+            for (key, value) in &entries {
+                writer.push(*key, value.as_deref())?;
+            }
+            if self.config.crash_at == Some(CrashPoint::RunTempWritten) {
+                // The temp file stays behind, as after a real crash.
+                drop(writer);
+                return Err(StoreError::SimulatedCrash("RunTempWritten".into()));
+            }
+            let summary = writer.finish()?;
+            written += summary.entries;
+            entry.runs.insert(0, run_ref(file_id, &summary));
+            next.set_namespace(entry);
+        }
+        self.crash_check(CrashPoint::RunRenamed)?;
+        Ok(written)
+    }
+
+    /// Moves `entry`'s counts from the state of its runs to that state
+    /// with `entries` (curve key order) written over it.
+    fn count_over_older(
+        &mut self,
+        entry: &mut NamespaceRuns,
+        entries: &[(u128, Option<Vec<u8>>)],
+        encrypted: bool,
+    ) -> Result<(), StoreError> {
+        let runs = self.open_runs(entry, encrypted)?;
+        let keys: Vec<u128> = entries.iter().map(|(key, _)| *key).collect();
+        // Each key's newest slot in the older runs: `None` if none holds it.
+        let mut older: Vec<Option<Option<CellValue>>> = vec![None; keys.len()];
+        for reader in &runs.readers {
+            let pending: Vec<usize> = (0..keys.len()).filter(|&i| older[i].is_none()).collect();
+            if pending.is_empty() {
+                break;
+            }
+            // In slices: `get_many` holds every block it reads at once.
+            for slice in pending.chunks(LOOKUP_SLICE_KEYS) {
+                let asked: Vec<u128> = slice.iter().map(|&i| keys[i]).collect();
+                for (&i, found) in slice.iter().zip(reader.get_many(&asked)) {
+                    older[i] = found?;
+                }
+            }
+        }
+        for ((_, value), old) in entries.iter().zip(older) {
+            // Saturating: counts that are already wrong are refused at the
+            // next load, which recounts them.
+            if let Some(old) = old.flatten() {
+                entry.live_cells = entry.live_cells.saturating_sub(1);
+                entry.value_bytes = entry.value_bytes.saturating_sub(old.len() as u64);
+            }
+            if let Some(value) = value {
+                entry.live_cells += 1;
+                entry.value_bytes += value.len() as u64;
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands each live namespace's cells on disk to `bulk`, keys in the
+    /// namespace's curve order: its runs merged, newest winning, deletes
+    /// dropped. Checks them against the manifest's counts. Returns the
+    /// cells loaded.
+    pub(crate) fn load_runs(
+        &mut self,
+        mut bulk: impl FnMut(&NamespaceName, SortedCells),
+    ) -> Result<u64, StoreError> {
+        let mut loaded = 0;
+        for entry in self.manifest.namespaces.clone() {
+            let Some(ns) = self.catalog.name_of(entry.ns_id) else {
+                continue;
+            };
+            let encrypted = Self::encrypted(&self.catalog, entry.ns_id).unwrap_or(true);
+            let runs = self.open_runs(&entry, encrypted)?;
+            let mut cells = SortedCells::default();
+            for item in Merge::new(runs.sources(), true)? {
+                let (key, value) = item?;
+                if let Some(value) = value {
+                    cells.value_bytes += value.len() as u64;
+                    cells.morton_keys.push(key);
+                    cells.values.push(value);
+                }
+            }
+            let counted = (cells.values.len() as u64, cells.value_bytes);
+            if counted != (entry.live_cells, entry.value_bytes) {
+                return Err(self.count_mismatch(&entry, counted));
+            }
+            loaded += counted.0;
+            bulk(&ns, cells);
+        }
+        Ok(loaded)
+    }
+
+    fn count_mismatch(&self, entry: &NamespaceRuns, counted: (u64, u64)) -> StoreError {
+        StoreError::Corruption {
+            path: self.dir.join(super::manifest::MANIFEST_NAME),
+            offset: 0,
+            reason: format!(
+                "the manifest counts {} cells ({} value bytes) in namespace id {}, its runs \
+                 hold {} ({})",
+                entry.live_cells, entry.value_bytes, entry.ns_id, counted.0, counted.1
+            ),
+        }
+    }
+
+    /// Whether namespace `entry` is due a merge after a fold.
+    fn merge_due(&self, entry: &NamespaceRuns) -> bool {
+        let size = |run: &RunRef| self.run_bytes(run);
+        let Some((oldest, newer)) = entry.runs.split_last() else {
+            return false;
+        };
+        entry.runs.len() > MERGE_AT_RUNS || newer.iter().map(size).sum::<u64>() > size(oldest) / 2
+    }
+
+    /// Merges the runs of the namespaces `when` picks, each into one run,
+    /// then switches the manifest once and removes the old runs.
+    pub(super) fn merge_runs(
+        &mut self,
+        when: MergeWhen,
+        report: &mut CompactionReport,
+    ) -> Result<(), StoreError> {
+        let picked: Vec<NamespaceRuns> = self
+            .manifest
+            .namespaces
+            .iter()
+            .filter(|entry| match when {
+                MergeWhen::Due => entry.runs.len() > 1 && self.merge_due(entry),
+                MergeWhen::ManyRuns => entry.runs.len() > 1,
+                MergeWhen::All => true,
+            })
+            .cloned()
+            .collect();
+        if picked.is_empty() {
+            return Ok(());
+        }
+        let mut next = self.manifest.clone();
+        let mut old = Vec::new();
+        for entry in picked {
+            let Some(encrypted) = Self::encrypted(&self.catalog, entry.ns_id) else {
+                continue;
+            };
+            let merged = self.merge_namespace(&entry, encrypted, &mut next, report)?;
+            old.extend(entry.runs.iter().map(|run| run.file_id));
+            if merged.runs.is_empty() {
+                // Every cell was deleted: the merged run holds nothing and
+                // is listed by no one.
+                old.push(next.next_file_id - 1);
+            }
+            next.set_namespace(merged);
+        }
+        self.crash_check(CrashPoint::MergeRenamed)?;
+        let next = self.authenticate(next, None)?;
+        self.switch_manifest(next)?;
+        self.crash_check(CrashPoint::MergeManifestSwitched)?;
+        self.remove_runs(&old)
+    }
+
+    /// Writes namespace `entry`'s runs merged into one new run (its id
+    /// taken from `next`); returns the namespace's entry listing it.
+    fn merge_namespace(
+        &mut self,
+        entry: &NamespaceRuns,
+        encrypted: bool,
+        next: &mut Manifest,
+        report: &mut CompactionReport,
+    ) -> Result<NamespaceRuns, StoreError> {
+        let runs = self.open_runs(entry, encrypted)?;
+        let (file_id, path, protection) = self.new_run(next, encrypted)?;
+        let storage = Arc::clone(&self.storage);
+        let mut writer =
+            RunFileWriter::create(storage.as_ref(), &path, file_id, entry.ns_id, &protection)?;
+        let mut value_bytes = 0u64;
+        for item in Merge::new(runs.sources(), true)? {
+            let (key, value) = item?;
+            value_bytes += value.as_ref().map_or(0, |v| v.len() as u64);
+            writer.push(key, value.as_deref())?;
+        }
+        if self.config.crash_at == Some(CrashPoint::MergeTempWritten) {
+            drop(writer);
+            return Err(StoreError::SimulatedCrash("MergeTempWritten".into()));
+        }
+        let summary = writer.finish()?;
+        if (summary.entries, value_bytes) != (entry.live_cells, entry.value_bytes) {
+            return Err(self.count_mismatch(entry, (summary.entries, value_bytes)));
+        }
+        report.runs_merged += entry.runs.len();
+        report.entries_written += summary.entries;
+        report.base_bytes += summary.file_bytes;
+        Ok(NamespaceRuns {
+            runs: if summary.entries == 0 {
+                Vec::new()
+            } else {
+                vec![run_ref(file_id, &summary)]
+            },
+            ..entry.clone()
+        })
+    }
+
+    /// Writes one namespace's cells (curve key order, no deletes) as its
+    /// only run: a compaction moving a version-1/2 data dir's cells out
+    /// of its checkpoint files.
+    pub(super) fn write_base_run(
+        &mut self,
+        ns_id: u64,
+        cells: &[(u128, Vec<u8>)],
+        next: &mut Manifest,
+    ) -> Result<(), StoreError> {
+        let Some(encrypted) = Self::encrypted(&self.catalog, ns_id) else {
+            return Ok(());
+        };
+        if cells.is_empty() {
+            return Ok(());
+        }
+        let (file_id, path, protection) = self.new_run(next, encrypted)?;
+        let mut writer =
+            RunFileWriter::create(self.storage.as_ref(), &path, file_id, ns_id, &protection)?;
+        for (key, value) in cells {
+            writer.push(*key, Some(value))?;
+        }
+        let summary = writer.finish()?;
+        next.set_namespace(NamespaceRuns {
+            ns_id,
+            live_cells: summary.entries,
+            value_bytes: cells.iter().map(|(_, v)| v.len() as u64).sum(),
+            runs: vec![run_ref(file_id, &summary)],
+        });
+        Ok(())
+    }
+
+    /// Drops from `next` the namespaces `catalog` no longer holds; returns
+    /// their runs' file ids (to remove once `next` is durable).
+    pub(super) fn drop_gone_namespaces(
+        catalog: &NamespaceCatalog,
+        next: &mut Manifest,
+    ) -> Vec<u64> {
+        let mut gone = Vec::new();
+        next.namespaces.retain(|entry| {
+            let live = catalog.meta_of(entry.ns_id).is_some();
+            if !live {
+                gone.extend(entry.runs.iter().map(|r| r.file_id));
+            }
+            live
+        });
+        gone
+    }
+
+    /// Bytes of each namespace's oldest run, and of the newer ones.
+    pub(super) fn run_sizes(&self) -> (u64, u64) {
+        let size = |run: &RunRef| self.run_bytes(run);
+        let mut sizes = (0, 0);
+        for entry in &self.manifest.namespaces {
+            if let Some((oldest, newer)) = entry.runs.split_last() {
+                sizes.0 += size(oldest);
+                sizes.1 += newer.iter().map(size).sum::<u64>();
+            }
+        }
+        sizes
+    }
+
+    /// The checkpointer's block cache (for folds, merges and loads).
+    pub(super) fn new_run_cache() -> Arc<BlockCache> {
+        Arc::new(BlockCache::new(RUN_CACHE_BYTES))
+    }
+}
+
+/// A namespace's runs, open while this lives; their blocks leave the
+/// cache when it is dropped.
+struct OpenRuns {
+    /// Newest first.
+    readers: Vec<RunFileReader>,
+    cache: Arc<BlockCache>,
+}
+
+impl OpenRuns {
+    /// Each run's whole range, newest first: the sources of a [`Merge`].
+    fn sources(&self) -> Vec<Source<'_>> {
+        self.readers
+            .iter()
+            .map(|r| Box::new(r.range(0, MAX_KEY)) as Source<'_>)
+            .collect()
+    }
+}
+
+impl Drop for OpenRuns {
+    fn drop(&mut self) {
+        for reader in &self.readers {
+            self.cache.forget_file(reader.cache_id());
+        }
+    }
+}
+
+fn run_ref(file_id: u64, summary: &RunSummary) -> RunRef {
+    RunRef {
+        file_id,
+        mac: summary.mac.unwrap_or([0; MAC_BYTES]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::fs;
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    use std::path::Path;
+
+    use cube_protocol::{Coord, NamespaceName};
+
+    use crate::checkpoint::file::{CheckpointWriter, FileHeader, FileKind};
+    use crate::checkpoint::manifest::{MANIFEST_NAME, delta_file_name};
+    use crate::checkpoint::state_key::{StateUpdate, state_updates};
+    use crate::curve::Curve;
+    use crate::engine::{Engine, EngineConfig};
+    use crate::mutation::Mutation;
+    use crate::namespace::NamespaceMeta;
+    use crate::storage::RealDisk;
+
+    const HILBERT_ID: u64 = 7;
+    const LSN: u64 = 40;
+
+    fn coord(i: i32) -> Coord {
+        Coord::new(i * 3 - 20, i % 5, -i)
+    }
+
+    fn value(i: i32) -> Vec<u8> {
+        format!("cell {i}").into_bytes()
+    }
+
+    /// A data dir as the release before run files wrote it: a version-1
+    /// manifest naming one delta that holds a Hilbert namespace and its
+    /// cells (keyed by Morton key, as checkpoint files are).
+    fn write_version_1_dir(data: &Path) {
+        fs::DirBuilder::new().mode(0o700).create(data).unwrap();
+        let checkpoint = data.join("checkpoint");
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&checkpoint)
+            .unwrap();
+        let ns = NamespaceName::new("hilbert").unwrap();
+        let mut meta = NamespaceMeta::implicit_default(0);
+        meta.id = HILBERT_ID;
+        meta.curve = Curve::Hilbert;
+        let mut entries: Vec<StateUpdate> = Vec::new();
+        state_updates(
+            &Mutation::NamespaceCreate {
+                ns: ns.clone(),
+                meta,
+            },
+            HILBERT_ID,
+            &mut entries,
+        );
+        for i in 0..30 {
+            let put = Mutation::Put {
+                ns: ns.clone(),
+                coord: coord(i),
+                value: value(i),
+            };
+            state_updates(&put, HILBERT_ID, &mut entries);
+        }
+        entries.sort();
+        let header = FileHeader {
+            kind: FileKind::Delta,
+            file_id: 1,
+            lsn_from: 1,
+            lsn_to: LSN,
+            authenticated: false,
+        };
+        let path = checkpoint.join(delta_file_name(1));
+        let mut writer = CheckpointWriter::create(&RealDisk, &path, header, None, None).unwrap();
+        for (key, value) in &entries {
+            writer.add(key, value.as_deref()).unwrap();
+        }
+        writer.finish().unwrap();
+        let mut manifest = b"CUBEMANI".to_vec();
+        manifest.extend_from_slice(&1u32.to_le_bytes());
+        manifest.extend_from_slice(&LSN.to_le_bytes());
+        manifest.extend_from_slice(&2u64.to_le_bytes());
+        manifest.extend_from_slice(&0u64.to_le_bytes());
+        manifest.extend_from_slice(&1u32.to_le_bytes());
+        manifest.extend_from_slice(&1u64.to_le_bytes());
+        let crc = crc32c::crc32c(&manifest);
+        manifest.extend_from_slice(&crc.to_le_bytes());
+        let manifest_path = checkpoint.join(MANIFEST_NAME);
+        fs::write(&manifest_path, &manifest).unwrap();
+        fs::set_permissions(&manifest_path, fs::Permissions::from_mode(0o600)).unwrap();
+    }
+
+    fn assert_cells(engine: &Engine) {
+        let ns = NamespaceName::new("hilbert").unwrap();
+        for i in 0..30 {
+            let got = engine.get(&ns, coord(i)).unwrap().map(|v| v.to_vec());
+            assert_eq!(got, Some(value(i)), "cell {i}");
+        }
+        assert_eq!(engine.memstore().namespace_usage(&ns).unwrap().cells, 30);
+    }
+
+    /// A version-1 data dir's Hilbert namespace: its cells load from the
+    /// checkpoint file, and the next compaction writes them as one run in
+    /// Hilbert order (the writer refuses keys out of order) that a restart
+    /// loads back.
+    #[test]
+    fn a_version_1_hilbert_namespace_becomes_one_run_in_its_curve_order() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join("data");
+        write_version_1_dir(&data);
+        let engine = Engine::open(EngineConfig::new(&data)).unwrap();
+        assert_cells(&engine);
+        engine.compact().unwrap();
+        engine.shutdown().unwrap();
+        drop(engine);
+        let runs: Vec<_> = fs::read_dir(data.join("checkpoint"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name.ends_with(".run"))
+            .collect();
+        assert_eq!(runs.len(), 1, "{runs:?}");
+        let manifest = fs::read(data.join("checkpoint").join(MANIFEST_NAME)).unwrap();
+        assert_eq!(manifest[8..12], 3u32.to_le_bytes());
+        let engine = Engine::open(EngineConfig::new(&data)).unwrap();
+        assert_cells(&engine);
+        engine.close_without_checkpoint();
+    }
+}
