@@ -67,6 +67,7 @@ check:
 	$(MAKE) test-python PYTEST_MARK=slow
 	$(MAKE) crash CYCLES=20
 	$(MAKE) sim SEEDS=100
+	$(CARGO) test --manifest-path fuzz/Cargo.toml --no-default-features
 	$(MAKE) fuzz FUZZ_SECONDS=20
 	$(MAKE) stress-short
 

@@ -409,14 +409,61 @@ pub fn fix_segment(segment: &[u8]) -> Vec<u8> {
 /// The input as the one checkpoint file of a data dir, with a manifest that
 /// names it as its header says (base or delta, id, `lsn_to`), so that the
 /// reader gets past the manifest checks into the blocks and entries. An
-/// input that starts with the manifest magic is the manifest itself (its
-/// files then missing). `Engine::open` must open or refuse, never panic.
+/// input that starts with the manifest magic is the manifest itself, over
+/// the checkpoint directory of `fuzz/fixtures/checkpoint/` (a base, a
+/// delta and run files a real engine wrote), so that a version-3 manifest
+/// that decodes gets its runs opened, checked against it and loaded.
+/// `Engine::open` must open or refuse, never panic.
 pub fn checkpoint_file(data: &[u8]) {
     let data = cap(data);
     open_with_checkpoint(data);
-    if !data.starts_with(MANIFEST_MAGIC) {
+    if data.starts_with(MANIFEST_MAGIC) {
+        open_with_checkpoint(&fix_crc_at_end(data));
+    } else {
         open_with_checkpoint(&fix_checkpoint(data));
     }
+}
+
+/// The checkpoint directory `cube-fuzz-seeds` wrote from a real engine
+/// (`fuzz/fixtures/checkpoint/`, its MANIFEST left out: the input is the
+/// manifest), read once per process.
+fn checkpoint_fixture() -> &'static [(String, Vec<u8>)] {
+    static FIXTURE: std::sync::OnceLock<Vec<(String, Vec<u8>)>> = std::sync::OnceLock::new();
+    FIXTURE.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/checkpoint");
+        let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
+            .map(|entries| {
+                entries
+                    .filter_map(Result::ok)
+                    .filter_map(|e| {
+                        let name = e.file_name().into_string().ok()?;
+                        let bytes = std::fs::read(e.path()).ok()?;
+                        (name != "MANIFEST").then_some((name, bytes))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        // Without its files the manifest mode tests only the decoder:
+        // say so rather than fuzz less than it claims.
+        assert!(
+            !files.is_empty(),
+            "no checkpoint fixture in {}: run cube-fuzz-seeds",
+            dir.display()
+        );
+        files.sort();
+        files
+    })
+}
+
+/// `bytes` with its last 4 bytes set to the CRC32C of the ones before
+/// them (a manifest's trailer).
+fn fix_crc_at_end(bytes: &[u8]) -> Vec<u8> {
+    let mut out = bytes.to_vec();
+    if let Some(body) = out.len().checked_sub(4) {
+        let crc = crc32c::crc32c(&out[..body]);
+        put_u32(&mut out, body, crc);
+    }
+    out
 }
 
 fn open_with_checkpoint(file: &[u8]) {
@@ -427,7 +474,10 @@ fn open_with_checkpoint(file: &[u8]) {
         return;
     }
     let written = if file.starts_with(MANIFEST_MAGIC) {
-        write_file(&disk, &dir.join("MANIFEST"), file)
+        checkpoint_fixture()
+            .iter()
+            .try_for_each(|(name, bytes)| write_file(&disk, &dir.join(name), bytes))
+            .and_then(|()| write_file(&disk, &dir.join("MANIFEST"), file))
     } else {
         // An id the header claims, kept small enough that next_file_id
         // cannot overflow.
@@ -784,6 +834,36 @@ mod tests {
             seeds += 1;
         }
         assert!(seeds >= 10, "{seeds} seeds");
+    }
+
+    /// The manifest seed names the fixture's files, so the manifest mode
+    /// of `checkpoint_file` starts from a data dir that opens and loads
+    /// its runs (a fixture out of step with the seed would fuzz only the
+    /// refusals): `cube-fuzz-seeds` writes both.
+    #[test]
+    fn the_manifest_seed_opens_over_the_checkpoint_fixture() {
+        let seed = Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds/checkpoint_file/manifest");
+        let manifest = std::fs::read(seed).expect("seeds/checkpoint_file/manifest");
+        assert_eq!(u32_at(&manifest, 8), Some(3), "a version-3 manifest");
+        let disk = SimDisk::new(FaultPlan::default());
+        let root = Path::new("/fuzz/data");
+        let dir = root.join("checkpoint");
+        disk.create_dir_all(&dir).expect("dir");
+        disk.create_dir_all(&root.join("wal")).expect("wal");
+        for (name, bytes) in checkpoint_fixture() {
+            write_file(&disk, &dir.join(name), bytes).expect("fixture file");
+        }
+        write_file(&disk, &dir.join("MANIFEST"), &manifest).expect("manifest");
+        disk.sync_dir(&dir).expect("sync");
+        let mut config = EngineConfig::new(root);
+        config.storage = Arc::new(disk);
+        config.checkpoint.poll_interval = Duration::from_secs(3600);
+        let engine = Engine::open(config).expect("the seed data dir opens");
+        assert!(
+            engine.memstore().cell_count() > 0,
+            "the fixture's runs were loaded"
+        );
+        engine.close_without_checkpoint();
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //!   same three in segment format version 1, written by the build before
 //!   the checksum seeds; they are kept by hand, since no writer makes them.
 //! - `checkpoint_file/`: a delta and a base written by a fold and a
-//!   compaction, and a manifest.
+//!   compaction, and a manifest (version 3) naming the checkpoint and run
+//!   files of `fuzz/fixtures/checkpoint/`, written here too.
 //! - `run_file/`: run files, plain, authenticated and sealed (with
 //!   `cube_fuzz::RUN_FILE_KEY`, so the target's reader opens them), and an
 //!   empty one.
@@ -506,6 +507,21 @@ fn store_seeds(wal_dir: &Path, ckpt_dir: &Path) -> Result<()> {
     write_all(&engine, mutations()?.into_iter().rev().collect())?;
     engine.compact()?;
     copy_named(&disk, ckpt, "base-", ckpt_dir, "base")?;
+    // One more fold, so the directory holds a base, a delta and the
+    // namespace's run: the fixture the manifest inputs are read over
+    // (`cube_fuzz::checkpoint_file`), and the manifest naming them.
+    write_all(&engine, mutations()?)?;
+    engine.checkpoint()?;
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/checkpoint");
+    if fixture.exists() {
+        fs::remove_dir_all(&fixture)?;
+    }
+    fs::create_dir_all(&fixture)?;
+    for name in disk.list_dir(ckpt)? {
+        if name.ends_with(".ckpt") || name.ends_with(".run") {
+            write(&fixture, &name, &disk.read_file(&ckpt.join(&name))?)?;
+        }
+    }
     write(
         ckpt_dir,
         "manifest",
