@@ -154,9 +154,10 @@ impl NamespaceCells {
 /// and their value bytes counted on the way.
 #[derive(Default)]
 pub(crate) struct SortedCells {
-    /// Morton keys from a checkpoint file (`load_sorted_cells`), the
-    /// namespace's curve keys from its runs (`load_curve_cells`).
-    pub morton_keys: Vec<u128>,
+    /// Sorted keys, one per value: Morton keys from a checkpoint file (for
+    /// `load_sorted_cells`), the namespace's curve keys from its runs (for
+    /// `load_curve_cells`).
+    pub keys: Vec<u128>,
     pub values: Vec<CellValue>,
     pub value_bytes: u64,
 }
@@ -396,9 +397,9 @@ impl MemStore {
             .value_bytes
             .fetch_add(sorted.value_bytes, Ordering::Relaxed);
         if space.curve == Curve::Morton && cells.len() == 0 {
-            *cells = Cells::from_sorted_columns(sorted.morton_keys, sorted.values);
+            *cells = Cells::from_sorted_columns(sorted.keys, sorted.values);
         } else {
-            for (morton, value) in sorted.morton_keys.into_iter().zip(sorted.values) {
+            for (morton, value) in sorted.keys.into_iter().zip(sorted.values) {
                 let coord = crate::curve::morton_decode(morton);
                 cells.insert(space.curve.key(coord), value);
             }
@@ -420,10 +421,10 @@ impl MemStore {
             space
                 .value_bytes
                 .fetch_add(sorted.value_bytes, Ordering::Relaxed);
-            *cells = Cells::from_sorted_columns(sorted.morton_keys, sorted.values);
+            *cells = Cells::from_sorted_columns(sorted.keys, sorted.values);
         } else {
             let batch = sorted
-                .morton_keys
+                .keys
                 .into_iter()
                 .zip(sorted.values.into_iter().map(Some))
                 .collect();
@@ -935,7 +936,7 @@ mod tests {
         assert!(store.load_sorted_cells(
             ns,
             SortedCells {
-                morton_keys,
+                keys: morton_keys,
                 values,
                 value_bytes,
             },
@@ -1174,7 +1175,7 @@ mod point_read_probe {
         restored.load_sorted_cells(
             &ns,
             SortedCells {
-                morton_keys,
+                keys: morton_keys,
                 values,
                 value_bytes: 0,
             },
@@ -1245,7 +1246,7 @@ mod point_read_probe {
             store.load_sorted_cells(
                 &ns,
                 SortedCells {
-                    morton_keys,
+                    keys: morton_keys,
                     values,
                     value_bytes: 0,
                 },

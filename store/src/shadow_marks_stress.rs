@@ -279,7 +279,7 @@ fn point_reads_never_see_a_stale_cell_while_marks_change() {
     assert!(store.load_sorted_cells(
         &ns,
         SortedCells {
-            morton_keys,
+            keys: morton_keys,
             values,
             value_bytes: 0,
         },

@@ -493,7 +493,7 @@ impl CheckpointStore {
                     if let Some((id, _, cells)) = run.as_mut()
                         && *id == ns_id
                     {
-                        cells.morton_keys.push(morton);
+                        cells.keys.push(morton);
                         cells.values.push(CellValue::from(value));
                         cells.value_bytes += value.len() as u64;
                     }

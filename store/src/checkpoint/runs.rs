@@ -317,7 +317,7 @@ impl CheckpointStore {
                 let (key, value) = item?;
                 if let Some(value) = value {
                     cells.value_bytes += value.len() as u64;
-                    cells.morton_keys.push(key);
+                    cells.keys.push(key);
                     cells.values.push(value);
                 }
             }
