@@ -53,7 +53,22 @@ struct ReadFaultTally {
     starts_refused_io: u64,
     starts_refused_corruption: u64,
     checkpoints_done: u64,
-    checkpoints_failed: u64,
+    /// Run files merged by the compactions that succeeded under read faults.
+    runs_merged: u64,
+    /// Checkpoints failed by a read fault (not a write fault)...
+    checkpoints_failed_on_read: u64,
+    /// ... and later ones of the same engine that succeeded: a fold or
+    /// merge that met a bad read is retried, not given up.
+    checkpoints_retried: u64,
+}
+
+/// Whether a checkpoint's error comes from a failed read: an injected
+/// EIO, a short read, or a flipped bit caught as corruption.
+fn read_fault_error(e: &StoreError) -> bool {
+    let message = e.to_string();
+    matches!(e, StoreError::Corruption { .. })
+        || message.contains("simulated EIO on read")
+        || message.contains("unexpected end of file")
 }
 
 struct Rng(u64);
@@ -227,6 +242,8 @@ fn simulate(seed: u64, tally: &mut ReadFaultTally) {
         assert!(engine.memstore().sealed_id(&ns(seed)).is_some());
     }
     let mut latched = false;
+    // A checkpoint of this engine failed on a read fault, not yet retried.
+    let mut fold_to_retry = false;
     for step in 0..STEPS {
         let roll = rng.below(100);
         if roll < 70 && !latched {
@@ -279,8 +296,24 @@ fn simulate(seed: u64, tally: &mut ReadFaultTally) {
             // A checkpoint may fail on an injected fault; that must not lose
             // anything, and a later one retries what it did not fold.
             let reads_fail = disk.plan().read_eio_ppm > 0;
-            let done = engine.checkpoint();
-            tally.checkpoints_done += u64::from(reads_fail && done.is_ok());
+            // Seeds with read faults also compact (merging every namespace's
+            // runs), on odd steps: no roll of `rng`, so other seeds replay.
+            let done = if read_faults_on(seed) && step % 2 == 1 {
+                engine.compact()
+            } else {
+                engine.checkpoint()
+            };
+            if done.is_ok() && fold_to_retry {
+                tally.checkpoints_retried += 1;
+                fold_to_retry = false;
+            }
+            if reads_fail && let Ok(report) = &done {
+                tally.checkpoints_done += 1;
+                tally.runs_merged += report
+                    .compaction
+                    .as_ref()
+                    .map_or(0, |c| c.runs_merged as u64);
+            }
             if let Err(e) = done {
                 assert!(
                     match e {
@@ -291,7 +324,10 @@ fn simulate(seed: u64, tally: &mut ReadFaultTally) {
                     },
                     "seed {seed} step {step}: unexpected checkpoint error {e}"
                 );
-                tally.checkpoints_failed += u64::from(reads_fail);
+                if reads_fail && read_fault_error(&e) {
+                    tally.checkpoints_failed_on_read += 1;
+                    fold_to_retry = true;
+                }
             }
         } else {
             // Power loss at this moment (also the only way out of a latched writer).
@@ -307,6 +343,7 @@ fn simulate(seed: u64, tally: &mut ReadFaultTally) {
             engine = open(&mut disk, &key, seed, step, tally);
             verify(&engine, &mut model, seed, step);
             latched = false;
+            fold_to_retry = false;
         }
     }
     let crashed = disk.crash();
@@ -346,7 +383,10 @@ fn random_operations_faults_and_power_loss_never_lose_acknowledged_writes() {
     eprintln!("{} seeds; read faults: {tally:?}", seeds.len());
     if tally.seeds >= 4 {
         assert!(
-            tally.seeds_fired * 4 >= tally.seeds * 3 && tally.flip > 0,
+            tally.seeds_fired * 4 >= tally.seeds * 3
+                && tally.flip > 0
+                && tally.starts_refused_corruption > 0
+                && tally.checkpoints_retried > 0,
             "read faults fired in too few seeds to test anything: {tally:?}"
         );
     }
