@@ -121,13 +121,8 @@ fn a_clean_shutdown_checkpoints_everything_and_damaged_checkpoints_are_refused()
     drop(c);
     assert!(daemon.terminate().unwrap().success());
 
-    let dir = daemon.data_dir().join("checkpoint");
     // The cells are in the namespace's run file.
-    let run = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("run-"))
-        .expect("a run file");
+    let run = run_file(&daemon.data_dir().join("checkpoint"));
     let good = std::fs::read(&run).unwrap();
     let start = |daemon: &LocalDaemon| {
         Command::new(LocalDaemon::find_binary().unwrap())
@@ -166,6 +161,27 @@ fn a_clean_shutdown_checkpoints_everything_and_damaged_checkpoints_are_refused()
     );
 }
 
+/// The (first listed) run file in checkpoint dir `dir`.
+fn run_file(dir: &std::path::Path) -> std::path::PathBuf {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("run-"))
+        .expect("a run file")
+}
+
+/// Puts 300 cells of row y = 1, each `"{what} {i}"`.
+fn put_row(c: &mut cube_client::Client, what: &str) {
+    for i in 0..300 {
+        c.put(
+            "default",
+            Coord::new(i, 1, 0),
+            format!("{what} {i}").as_bytes(),
+        )
+        .unwrap();
+    }
+}
+
 /// Issue 32: a bad block in a run file, met by a fold while cubed runs
 /// (the fold looks its keys up in the older run to keep the manifest's
 /// counts exact), fails that checkpoint request with an error naming the
@@ -175,34 +191,15 @@ fn a_clean_shutdown_checkpoints_everything_and_damaged_checkpoints_are_refused()
 fn a_bad_block_met_by_a_fold_fails_that_checkpoint_not_the_daemon() {
     let mut daemon = LocalDaemon::start_fresh(&[]).unwrap();
     let mut c = daemon.client().unwrap();
-    for i in 0..300 {
-        c.put(
-            "default",
-            Coord::new(i, 1, 0),
-            format!("old {i}").as_bytes(),
-        )
-        .unwrap();
-    }
+    put_row(&mut c, "old");
     c.checkpoint(false).unwrap();
-    let dir = daemon.data_dir().join("checkpoint");
-    let run = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("run-"))
-        .expect("the fold wrote a run file");
+    let run = run_file(&daemon.data_dir().join("checkpoint"));
     let good = std::fs::read(&run).unwrap();
     let mut bad = good.clone();
     bad[200] ^= 0x01; // in block 0
     std::fs::write(&run, &bad).unwrap();
     // The same keys again: the next fold looks them up in the damaged run.
-    for i in 0..300 {
-        c.put(
-            "default",
-            Coord::new(i, 1, 0),
-            format!("new {i}").as_bytes(),
-        )
-        .unwrap();
-    }
+    put_row(&mut c, "new");
     let err = c.checkpoint(false).unwrap_err().to_string();
     assert!(
         err.contains(&run.display().to_string()) && err.contains("at offset 0"),
