@@ -18,7 +18,8 @@ pub enum StoreError {
     )]
     Locked { path: PathBuf, holder: String },
     #[error(
-        "corruption in {path} at offset {offset}: {reason}; refusing to start. \
+        "corruption in {path} at offset {offset}: {reason}; nothing read from there was used \
+         (a start refuses; a checkpoint or compaction stops, and is retried later). \
          For a WAL segment, `cubed --repair` truncates the log at this point (what is dropped is reported and saved); \
          a damaged checkpoint file needs a backup (`cubed --verify DIR` lists every problem)"
     )]
@@ -95,5 +96,31 @@ impl WriteError {
             kind,
             message: message.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StoreError;
+
+    /// A fold or merge meets a bad block while cubed runs: its message
+    /// must not say that cubed refuses to start (it goes on serving).
+    #[test]
+    fn a_corruption_message_fits_a_checkpoint_as_well_as_a_start() {
+        let message = StoreError::Corruption {
+            path: "/data/checkpoint/run-9.run".into(),
+            offset: 8192,
+            reason: "block 2: checksum mismatch".into(),
+        }
+        .to_string();
+        assert!(
+            message.contains("/data/checkpoint/run-9.run at offset 8192"),
+            "{message}"
+        );
+        assert!(!message.contains("refusing to start"), "{message}");
+        assert!(
+            message.contains("a checkpoint or compaction stops"),
+            "{message}"
+        );
     }
 }

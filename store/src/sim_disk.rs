@@ -30,6 +30,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::storage::{OpenMode, Storage, StorageFile};
@@ -110,6 +111,26 @@ struct SimState {
 struct Shared {
     state: Mutex<SimState>,
     plan: FaultPlan,
+    /// Shared by every image of this disk (across crashes and plans), so
+    /// that a test can tell its read faults actually fired.
+    read_faults: Arc<ReadFaultCounts>,
+}
+
+/// How many read faults a disk (and the images after its crashes) has
+/// injected, by kind.
+#[derive(Debug, Default)]
+struct ReadFaultCounts {
+    eio: AtomicU64,
+    short: AtomicU64,
+    flip: AtomicU64,
+}
+
+/// A snapshot of [`SimDisk::read_faults`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadFaults {
+    pub eio: u64,
+    pub short: u64,
+    pub flip: u64,
 }
 
 /// A simulated disk. Clone it to share it (it is a handle).
@@ -144,6 +165,7 @@ impl SimDisk {
             shared: Arc::new(Shared {
                 state: Mutex::new(SimState::default()),
                 plan,
+                read_faults: Arc::default(),
             }),
         }
     }
@@ -155,8 +177,20 @@ impl SimDisk {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn plan(&self) -> FaultPlan {
+    /// The fault plan this image runs under.
+    pub fn plan(&self) -> FaultPlan {
         self.shared.plan
+    }
+
+    /// The read faults injected so far by this disk and every image it
+    /// was crashed or re-planned from.
+    pub fn read_faults(&self) -> ReadFaults {
+        let c = &self.shared.read_faults;
+        ReadFaults {
+            eio: c.eio.load(Ordering::Relaxed),
+            short: c.short.load(Ordering::Relaxed),
+            flip: c.flip.load(Ordering::Relaxed),
+        }
     }
 
     /// Power loss: returns the disk as it comes back, and kills this one
@@ -241,6 +275,7 @@ impl SimDisk {
             shared: Arc::new(Shared {
                 state: Mutex::new(image),
                 plan: self.plan(),
+                read_faults: Arc::clone(&self.shared.read_faults),
             }),
         }
     }
@@ -255,6 +290,7 @@ impl SimDisk {
             shared: Arc::new(Shared {
                 state: Mutex::new(image),
                 plan,
+                read_faults: Arc::clone(&self.shared.read_faults),
             }),
         }
     }
@@ -495,7 +531,9 @@ impl StorageFile for SimFile {
         } else {
             u64::MAX
         };
+        let counts = &self.disk.shared.read_faults;
         if roll < eio_ppm {
+            counts.eio.fetch_add(1, Ordering::Relaxed);
             return Err(eio("read"));
         }
         let node = state
@@ -503,13 +541,18 @@ impl StorageFile for SimFile {
             .get(&self.inode)
             .ok_or_else(|| eio("read of a vanished file"))?;
         let end = offset as usize + bytes.len();
-        if end > node.current.len() || roll < eio_ppm + short_ppm {
+        if end > node.current.len() {
+            return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+        }
+        if roll < eio_ppm + short_ppm {
+            counts.short.fetch_add(1, Ordering::Relaxed);
             return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
         }
         bytes.copy_from_slice(&node.current[offset as usize..end]);
         if roll < eio_ppm + short_ppm + flip_ppm && !bytes.is_empty() {
             let bit = decide(plan.seed, &[offset, node.ops, 7]) % (bytes.len() as u64 * 8);
             bytes[(bit / 8) as usize] ^= 1 << (bit % 8);
+            counts.flip.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
     }

@@ -6,6 +6,13 @@
 //! write into an encrypted namespace, so sealed records and sealed
 //! checkpoint blocks go through the same faults.
 //!
+//! Every third seed also fails reads (EIO, short reads, flipped bits; the
+//! stored bytes stay intact): a fold or merge that meets one fails and is
+//! retried at a later checkpoint, never recording wrong cells or counts;
+//! a start that meets one comes up with exactly the acknowledged state or
+//! refuses with an I/O error or a corruption naming file and offset, and
+//! the start after it, with reads clean, recovers everything.
+//!
 //! CI runs a fixed set of seeds. `CUBE_SIM_SEEDS=N` runs N seeds
 //! (`make sim SEEDS=N`); `CUBE_SIM_SEED=S` replays one seed.
 #![allow(clippy::unwrap_used)]
@@ -22,6 +29,47 @@ use cube_store::{Engine, EngineConfig, Mutation, StoreError, WriteErrorKind};
 const KEYS: u64 = 40;
 const STEPS: usize = 300;
 const CI_SEEDS: u64 = 24;
+/// Read fault rates of the seeds that have them, per read: high, as a
+/// small data dir reads few blocks.
+const READ_EIO_PPM: u32 = 5_000;
+const READ_SHORT_PPM: u32 = 3_000;
+const READ_FLIP_PPM: u32 = 8_000;
+
+/// Seeds whose disk also fails reads.
+fn read_faults_on(seed: u64) -> bool {
+    seed.is_multiple_of(3)
+}
+
+/// What the read faults did, over the seeds run (printed, and checked so
+/// that the test cannot pass by never injecting them).
+#[derive(Debug, Default)]
+struct ReadFaultTally {
+    seeds: u64,
+    seeds_fired: u64,
+    eio: u64,
+    short: u64,
+    flip: u64,
+    starts_served: u64,
+    starts_refused_io: u64,
+    starts_refused_corruption: u64,
+    checkpoints_done: u64,
+    /// Run files merged by the compactions that succeeded under read faults.
+    runs_merged: u64,
+    /// Checkpoints failed by a read fault (not a write fault)...
+    checkpoints_failed_on_read: u64,
+    /// ... and later ones of the same engine that succeeded: a fold or
+    /// merge that met a bad read is retried, not given up.
+    checkpoints_retried: u64,
+}
+
+/// Whether a checkpoint's error comes from a failed read: an injected
+/// EIO, a short read, or a flipped bit caught as corruption.
+fn read_fault_error(e: &StoreError) -> bool {
+    let message = e.to_string();
+    matches!(e, StoreError::Corruption { .. })
+        || message.contains("simulated EIO on read")
+        || message.contains("unexpected end of file")
+}
 
 struct Rng(u64);
 
@@ -76,14 +124,47 @@ struct Model {
 }
 
 /// Opens the engine, retrying when an injected fault hits recovery itself
-/// (an I/O error is a fine answer; garbage or a panic is not).
-fn open(disk: &mut SimDisk, key: &Path, seed: u64, step: usize) -> Engine {
+/// (an I/O error is a fine answer; garbage or a panic is not). A start
+/// that meets a read fault may also refuse with a corruption naming the
+/// file and offset: then the next start reads cleanly (the bytes on disk
+/// are intact) and must recover everything.
+fn open(
+    disk: &mut SimDisk,
+    key: &Path,
+    seed: u64,
+    step: usize,
+    tally: &mut ReadFaultTally,
+) -> Engine {
     for attempt in 0..50 {
+        let reads_fail = disk.plan().read_eio_ppm > 0;
         match Engine::open(config(disk, key)) {
-            Ok(engine) => return engine,
+            Ok(engine) => {
+                tally.starts_served += u64::from(reads_fail);
+                return engine;
+            }
             Err(StoreError::Io { .. }) => {
+                tally.starts_refused_io += u64::from(reads_fail);
                 // The failed attempt may have written; power-cycle and retry.
                 *disk = disk.crash();
+            }
+            Err(e @ StoreError::Corruption { .. }) if reads_fail => {
+                let StoreError::Corruption { path, offset, .. } = &e else {
+                    unreachable!()
+                };
+                let message = e.to_string();
+                assert!(
+                    message.contains(&path.display().to_string())
+                        && message.contains(&format!("offset {offset}"))
+                        && path.starts_with("/sim/data"),
+                    "seed {seed} step {step}: a refusal that does not name file and offset: {message}"
+                );
+                tally.starts_refused_corruption += 1;
+                *disk = disk.with_plan(FaultPlan {
+                    read_eio_ppm: 0,
+                    read_short_ppm: 0,
+                    read_flip_ppm: 0,
+                    ..disk.plan()
+                });
             }
             Err(e) => panic!("seed {seed} step {step} attempt {attempt}: recovery refused: {e}"),
         }
@@ -116,8 +197,8 @@ fn verify(engine: &Engine, model: &mut Model, seed: u64, step: usize) {
     model.maybe.clear();
 }
 
-fn simulate(seed: u64) {
-    let plan = FaultPlan {
+fn simulate(seed: u64, tally: &mut ReadFaultTally) {
+    let mut plan = FaultPlan {
         seed,
         write_eio_ppm: 2_000,
         write_enospc_ppm: 1_000,
@@ -125,11 +206,16 @@ fn simulate(seed: u64) {
         dir_sync_eio_ppm: 2_000,
         ..FaultPlan::default()
     };
+    if read_faults_on(seed) {
+        plan.read_eio_ppm = READ_EIO_PPM;
+        plan.read_short_ppm = READ_SHORT_PPM;
+        plan.read_flip_ppm = READ_FLIP_PPM;
+    }
     let mut disk = SimDisk::new(plan);
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let mut model = Model::default();
     let (_key_dir, key) = key_file();
-    let mut engine = open(&mut disk, &key, seed, 0);
+    let mut engine = open(&mut disk, &key, seed, 0, tally);
     if seed % 2 == 1 {
         // Create the encrypted namespace, through faults if need be.
         let mut meta = cube_store::namespace::NamespaceMeta::implicit_default(0);
@@ -147,7 +233,7 @@ fn simulate(seed: u64) {
                     engine.close_without_checkpoint();
                     drop(engine);
                     disk = crashed;
-                    engine = open(&mut disk, &key, seed, 0);
+                    engine = open(&mut disk, &key, seed, 0, tally);
                 }
             }
         }
@@ -156,6 +242,8 @@ fn simulate(seed: u64) {
         assert!(engine.memstore().sealed_id(&ns(seed)).is_some());
     }
     let mut latched = false;
+    // A checkpoint of this engine failed on a read fault, not yet retried.
+    let mut fold_to_retry = false;
     for step in 0..STEPS {
         let roll = rng.below(100);
         if roll < 70 && !latched {
@@ -205,17 +293,57 @@ fn simulate(seed: u64) {
                 }
             }
         } else if roll < 80 && !latched {
-            // A checkpoint may fail on an injected fault; that must not lose anything.
-            let _ = engine.checkpoint();
+            // A checkpoint may fail on an injected fault; that must not lose
+            // anything, and a later one retries what it did not fold.
+            let reads_fail = disk.plan().read_eio_ppm > 0;
+            // Seeds with read faults also compact (merging every namespace's
+            // runs), on odd steps: no roll of `rng`, so other seeds replay.
+            let done = if read_faults_on(seed) && step % 2 == 1 {
+                engine.compact()
+            } else {
+                engine.checkpoint()
+            };
+            if done.is_ok() && fold_to_retry {
+                tally.checkpoints_retried += 1;
+                fold_to_retry = false;
+            }
+            if reads_fail && let Ok(report) = &done {
+                tally.checkpoints_done += 1;
+                tally.runs_merged += report
+                    .compaction
+                    .as_ref()
+                    .map_or(0, |c| c.runs_merged as u64);
+            }
+            if let Err(e) = done {
+                assert!(
+                    match e {
+                        StoreError::Io { .. } | StoreError::WritesDisabled(_) => true,
+                        // Only a flipped bit read back may look corrupt.
+                        StoreError::Corruption { .. } => reads_fail,
+                        _ => false,
+                    },
+                    "seed {seed} step {step}: unexpected checkpoint error {e}"
+                );
+                if reads_fail && read_fault_error(&e) {
+                    tally.checkpoints_failed_on_read += 1;
+                    fold_to_retry = true;
+                }
+            }
         } else {
             // Power loss at this moment (also the only way out of a latched writer).
             let crashed = disk.crash();
             engine.close_without_checkpoint();
             drop(engine);
-            disk = crashed;
-            engine = open(&mut disk, &key, seed, step);
+            // Read faults back on if a refused start turned them off.
+            disk = if crashed.plan() == plan {
+                crashed
+            } else {
+                crashed.with_plan(plan)
+            };
+            engine = open(&mut disk, &key, seed, step, tally);
             verify(&engine, &mut model, seed, step);
             latched = false;
+            fold_to_retry = false;
         }
     }
     let crashed = disk.crash();
@@ -225,9 +353,17 @@ fn simulate(seed: u64) {
         seed,
         ..FaultPlan::default()
     });
-    let engine = open(&mut disk, &key, seed, STEPS);
+    let engine = open(&mut disk, &key, seed, STEPS, tally);
     verify(&engine, &mut model, seed, STEPS);
     engine.close_without_checkpoint();
+    if read_faults_on(seed) {
+        let fired = disk.read_faults();
+        tally.seeds += 1;
+        tally.seeds_fired += u64::from(fired.eio + fired.short + fired.flip > 0);
+        tally.eio += fired.eio;
+        tally.short += fired.short;
+        tally.flip += fired.flip;
+    }
 }
 
 #[test]
@@ -240,7 +376,18 @@ fn random_operations_faults_and_power_loss_never_lose_acknowledged_writes() {
         (_, Ok(n)) => (1..=n.parse::<u64>().unwrap()).collect(),
         _ => (1..=CI_SEEDS).collect(),
     };
-    for seed in seeds {
-        simulate(seed);
+    let mut tally = ReadFaultTally::default();
+    for seed in &seeds {
+        simulate(*seed, &mut tally);
+    }
+    eprintln!("{} seeds; read faults: {tally:?}", seeds.len());
+    if tally.seeds >= 4 {
+        assert!(
+            tally.seeds_fired * 4 >= tally.seeds * 3
+                && tally.flip > 0
+                && tally.starts_refused_corruption > 0
+                && tally.checkpoints_retried > 0,
+            "read faults fired in too few seeds to test anything: {tally:?}"
+        );
     }
 }

@@ -67,7 +67,19 @@ impl From<RunFileError> for StoreError {
                 offset,
                 reason,
             },
-            RunFileError::Io { path, source, .. } => StoreError::Io { path, source },
+            // The offset goes into the message, so that an I/O error names
+            // where in the file it struck, as a corruption does.
+            RunFileError::Io {
+                path,
+                offset,
+                source,
+            } => StoreError::Io {
+                path,
+                source: std::io::Error::new(
+                    source.kind(),
+                    format!("reading or writing at offset {offset} failed: {source}"),
+                ),
+            },
             RunFileError::Key { .. } => StoreError::Key(e.to_string()),
             RunFileError::Refused { path, reason } => StoreError::Corruption {
                 path,
@@ -557,6 +569,26 @@ mod tests {
 
     const HILBERT_ID: u64 = 7;
     const LSN: u64 = 40;
+
+    /// A run file's read error keeps its offset and kind as a store error
+    /// (the message a refused start or a failed fold reports).
+    #[test]
+    fn a_run_file_io_error_names_its_file_and_offset() {
+        let e = crate::StoreError::from(crate::run_file::RunFileError::Io {
+            path: Path::new("/data/checkpoint/run-7").to_path_buf(),
+            offset: 4096,
+            source: std::io::Error::from(std::io::ErrorKind::UnexpectedEof),
+        });
+        let crate::StoreError::Io { source, .. } = &e else {
+            panic!("not an I/O error: {e}");
+        };
+        assert_eq!(source.kind(), std::io::ErrorKind::UnexpectedEof);
+        let message = e.to_string();
+        assert!(
+            message.contains("/data/checkpoint/run-7") && message.contains("offset 4096"),
+            "{message}"
+        );
+    }
 
     fn coord(i: i32) -> Coord {
         Coord::new(i * 3 - 20, i % 5, -i)
