@@ -367,6 +367,14 @@ fn send_now(stream: &UnixStream, frame: &[u8]) -> Result<usize, io::ErrorKind> {
     Ok(sent)
 }
 
+/// Stack of a slow-reply thread: it only writes and frees buffers, but its
+/// first allocation sets up the allocator's state for the thread (with
+/// jemalloc, a thread cache and maybe an arena), which overflowed 64 KiB in
+/// debug builds and aborted cubed (`tests/tenancy.rs`,
+/// `unread_run_answers_are_held_within_the_client_memory_budget`). The
+/// connection threads' size; only the pages touched are resident.
+const SLOW_REPLY_STACK_BYTES: usize = 256 * 1024;
+
 /// Hands the rest of the `answers` answers now being sent, and then every
 /// parked answer whose turn comes, to a helper thread that writes them
 /// blocking. The slot is marked `slow` until the helper has caught up.
@@ -379,7 +387,7 @@ fn finish_slowly(
     let (thread_stream, thread_pending) = (Arc::clone(stream), Arc::clone(pending));
     let spawned = thread::Builder::new()
         .name("cube-slow-reply".into())
-        .stack_size(64 * 1024)
+        .stack_size(SLOW_REPLY_STACK_BYTES)
         .spawn(move || {
             let (mut bytes, mut answers) = (rest, answers);
             loop {
