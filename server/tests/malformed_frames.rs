@@ -220,11 +220,11 @@ fn a_big_frame_leaves_no_big_buffer_behind() {
         ping_works(&mut s);
         held.push(s);
     }
-    // glibc's malloc unmaps such a buffer at the free; jemalloc (`--features
-    // jemalloc`) hands it back from its background thread after its decay
-    // time (1 s, .cargo/config.toml). Either way it must go back while the
-    // connections stay open: wait for that, printing what was still held
-    // if it never happens.
+    // glibc's malloc (`--no-default-features`) unmaps such a buffer at the
+    // free; jemalloc, the default, hands it back from its background thread
+    // after its decay time (1 s, .cargo/config.toml). Either way it must go
+    // back while the connections stay open: wait for that, printing what
+    // was still held if it never happens.
     let mut grown_mib = 0;
     let gave_back = (0..6000).any(|_| {
         grown_mib = rss_kib(daemon.pid()).saturating_sub(before) / 1024;
