@@ -373,6 +373,41 @@ impl CheckpointStore {
         self.manifest.delta_file_ids.len()
     }
 
+    /// The kind of file the manifest expects as its `i`-th (a base first
+    /// if it names one), checked against the file's header; the last file
+    /// must also reach the manifest's `checkpoint_lsn`.
+    fn check_file_header(
+        &self,
+        path: &Path,
+        header: &FileHeader,
+        i: usize,
+        is_last: bool,
+    ) -> Result<FileKind, StoreError> {
+        let expected_kind = if i == 0 && self.manifest.base_file_id.is_some() {
+            FileKind::Base
+        } else {
+            FileKind::Delta
+        };
+        let lsn = self.manifest.checkpoint_lsn;
+        if header.kind != expected_kind || (is_last && header.lsn_to != lsn) {
+            return Err(StoreError::Corruption {
+                path: path.to_path_buf(),
+                offset: 0,
+                reason: format!(
+                    "file is a {:?} reaching LSN {}, but the manifest expects a {expected_kind:?}{}",
+                    header.kind,
+                    header.lsn_to,
+                    if is_last {
+                        format!(" reaching LSN {lsn}")
+                    } else {
+                        String::new()
+                    }
+                ),
+            });
+        }
+        Ok(expected_kind)
+    }
+
     /// Streams base then deltas into the store: the base's cells, already in
     /// Morton order per namespace, go to `bulk_cells` a namespace at a time
     /// (no per-cell decode into a `Mutation`); everything else goes to
@@ -407,28 +442,7 @@ impl CheckpointStore {
                 keyring,
                 self.read_auth(ids[i]),
             )?;
-            let expected_kind = if i == 0 && self.manifest.base_file_id.is_some() {
-                FileKind::Base
-            } else {
-                FileKind::Delta
-            };
-            let h = reader.header;
-            if h.kind != expected_kind || (i == last && h.lsn_to != self.manifest.checkpoint_lsn) {
-                return Err(StoreError::Corruption {
-                    path: path.clone(),
-                    offset: 0,
-                    reason: format!(
-                        "file is a {:?} reaching LSN {}, but the manifest expects a {expected_kind:?}{}",
-                        h.kind,
-                        h.lsn_to,
-                        if i == last {
-                            format!(" reaching LSN {}", self.manifest.checkpoint_lsn)
-                        } else {
-                            String::new()
-                        }
-                    ),
-                });
-            }
+            let expected_kind = self.check_file_header(path, &reader.header, i, i == last)?;
             let bad_entry = |reason: String| StoreError::Corruption {
                 path: path.to_path_buf(),
                 offset: 0,
@@ -443,32 +457,8 @@ impl CheckpointStore {
                     return;
                 }
                 entries += 1;
-                // Sealed exactly when its namespace is encrypted (the
-                // namespace entries, tag 0x01, come first and are plain).
-                if let Some(ns_id) = entry_ns_id(key)
-                    && key.first() != Some(&TAG_NAMESPACE)
-                    && let Some(meta) = catalog.meta_of(ns_id)
-                    && must_seal(meta) != sealed
-                {
-                    failure = Some(bad_entry(if sealed {
-                        format!(
-                            "a sealed block of namespace {:?}, whose metadata says it is not \
-                             encrypted: the metadata was altered",
-                            catalog
-                                .name_of(ns_id)
-                                .map(|n| n.as_str().to_owned())
-                                .unwrap_or_default()
-                        )
-                    } else {
-                        format!(
-                            "an unsealed entry of encrypted namespace {:?}: cubed seals every \
-                             block of it, so this one was written by something else",
-                            catalog
-                                .name_of(ns_id)
-                                .map(|n| n.as_str().to_owned())
-                                .unwrap_or_default()
-                        )
-                    }));
+                if let Some(reason) = seal_mismatch(&catalog, key, sealed) {
+                    failure = Some(bad_entry(reason));
                     return;
                 }
                 if !legacy_cells && cell_key_parts(key).is_some() {
@@ -825,21 +815,7 @@ impl CheckpointStore {
         // write it first (namespace keys sort first), then keep only
         // entries of those namespaces' ids. That drops what dropped and
         // replaced namespaces left behind, and writes `default` explicitly.
-        let mut namespace_entries: Vec<(Vec<u8>, Vec<u8>)> = self
-            .catalog
-            .iter()
-            .map(|(ns, meta)| {
-                let mut value = Vec::with_capacity(meta.encoded_len());
-                meta.encode(&mut value);
-                (namespace_key(ns), value)
-            })
-            .collect();
-        namespace_entries.sort();
-        let mut entries = 0u64;
-        for (key, value) in &namespace_entries {
-            writer.add(key, Some(value))?;
-            entries += 1;
-        }
+        let mut entries = self.write_catalog(&mut writer)?;
         let catalog = self.catalog.clone();
         let live = |key: &[u8]| {
             key.first() != Some(&TAG_NAMESPACE)
@@ -910,18 +886,7 @@ impl CheckpointStore {
         self.crash_check(CrashPoint::BaseRenamed)?;
         let gone = Self::drop_gone_namespaces(&catalog, &mut next);
         let next = self.authenticate(next, mac.map(|mac| (id, mac)))?;
-        self.switch_manifest(next)?;
-        self.crash_check(CrashPoint::BaseManifestSwitched)?;
-        self.remove_runs(&gone)?;
-        for (i, old) in inputs.iter().enumerate() {
-            if i == 1 {
-                self.crash_check(CrashPoint::OldFilesPartlyRemoved)?;
-            }
-            storage
-                .remove_file(old)
-                .map_err(|e| StoreError::io(old, e))?;
-        }
-        sync_dir(storage.as_ref(), &self.dir)?;
+        self.install_base(next, &gone, &inputs)?;
         Ok(CompactionReport {
             files_merged: inputs.len(),
             runs_merged: 0,
@@ -929,6 +894,48 @@ impl CheckpointStore {
             base_bytes,
             duration: started.elapsed(),
         })
+    }
+
+    /// Writes the catalog's namespace entries, in key order, to a new
+    /// base; returns how many.
+    fn write_catalog(&self, writer: &mut CheckpointWriter<'_>) -> Result<u64, StoreError> {
+        let mut namespace_entries: Vec<(Vec<u8>, Vec<u8>)> = self
+            .catalog
+            .iter()
+            .map(|(ns, meta)| {
+                let mut value = Vec::with_capacity(meta.encoded_len());
+                meta.encode(&mut value);
+                (namespace_key(ns), value)
+            })
+            .collect();
+        namespace_entries.sort();
+        for (key, value) in &namespace_entries {
+            writer.add(key, Some(value))?;
+        }
+        Ok(namespace_entries.len() as u64)
+    }
+
+    /// Makes a compaction's base current: switches to `next` (which names
+    /// it), then removes the runs of dropped namespaces (`gone`) and the
+    /// checkpoint files it replaced (`inputs`), and syncs the directory.
+    fn install_base(
+        &mut self,
+        next: Manifest,
+        gone: &[u64],
+        inputs: &[PathBuf],
+    ) -> Result<(), StoreError> {
+        self.switch_manifest(next)?;
+        self.crash_check(CrashPoint::BaseManifestSwitched)?;
+        self.remove_runs(gone)?;
+        for (i, old) in inputs.iter().enumerate() {
+            if i == 1 {
+                self.crash_check(CrashPoint::OldFilesPartlyRemoved)?;
+            }
+            self.storage
+                .remove_file(old)
+                .map_err(|e| StoreError::io(old, e))?;
+        }
+        sync_dir(self.storage.as_ref(), &self.dir)
     }
 
     /// Writes one namespace's cells met in a version-1/2 checkpoint file
@@ -944,4 +951,30 @@ impl CheckpointStore {
         cells.sort_unstable_by_key(|(key, _)| *key);
         self.write_base_run(ns_id, &cells, next)
     }
+}
+
+/// Why a checkpoint entry's sealing disagrees with its namespace's
+/// metadata, if it does: an entry is sealed exactly when its namespace is
+/// encrypted (the namespace entries, tag 0x01, come first and are plain).
+fn seal_mismatch(catalog: &NamespaceCatalog, key: &[u8], sealed: bool) -> Option<String> {
+    let ns_id = entry_ns_id(key)?;
+    let meta = catalog.meta_of(ns_id)?;
+    if key.first() == Some(&TAG_NAMESPACE) || must_seal(meta) == sealed {
+        return None;
+    }
+    let name = catalog
+        .name_of(ns_id)
+        .map(|n| n.as_str().to_owned())
+        .unwrap_or_default();
+    Some(if sealed {
+        format!(
+            "a sealed block of namespace {name:?}, whose metadata says it is not encrypted: \
+             the metadata was altered"
+        )
+    } else {
+        format!(
+            "an unsealed entry of encrypted namespace {name:?}: cubed seals every block of it, \
+             so this one was written by something else"
+        )
+    })
 }
