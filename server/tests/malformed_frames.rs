@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::rss_kib;
+use common::{rss_kib, wait_for};
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -223,18 +223,9 @@ fn a_big_frame_leaves_no_big_buffer_behind() {
     // glibc's malloc (`--no-default-features`) unmaps such a buffer at the
     // free; jemalloc, the default, hands it back from its background thread
     // after its decay time (1 s, .cargo/config.toml). Either way it must go
-    // back while the connections stay open: wait for that, printing what
-    // was still held if it never happens.
-    let mut grown_mib = 0;
-    let gave_back = (0..6000).any(|_| {
-        grown_mib = rss_kib(daemon.pid()).saturating_sub(before) / 1024;
-        grown_mib < 64 || {
-            thread::sleep(Duration::from_millis(10));
-            false
-        }
-    });
-    assert!(
-        gave_back,
-        "24 connections that each sent one 8 MiB frame still hold {grown_mib} MiB after 60 s"
+    // back while the connections stay open.
+    wait_for(
+        "24 connections that each sent one 8 MiB frame to hold under 64 MiB",
+        || rss_kib(daemon.pid()).saturating_sub(before) / 1024 < 64,
     );
 }
