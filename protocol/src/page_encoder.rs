@@ -78,6 +78,12 @@ impl<'a> ScanPageEncoder<'a> {
         put_optional_coord(self.out, resume_after);
         self.frame.seal(self.out, self.cells, Opcode::Scan);
     }
+
+    /// Drops the partial frame, leaving `out` as it was before
+    /// [`Self::begin`] (a page that failed part way: an error goes instead).
+    pub fn abandon(self) {
+        self.out.truncate(self.frame.start);
+    }
 }
 
 /// A successful response frame encoded in place at the end of a buffer

@@ -119,6 +119,20 @@ pub struct Args {
           value_parser = ranged::<u64>(CHECKPOINT_BYTES_RANGE))]
     pub checkpoint_wal_bytes: u64,
 
+    /// Memory for cells, in bytes: half keeps namespaces in memory (the
+    /// largest moves to its run files past it), half is the block cache of
+    /// those on disk. Default: a quarter of the machine's RAM (printed at
+    /// start).
+    #[arg(long, value_name = "BYTES", value_parser = ranged::<u64>(CACHE_BYTES_RANGE))]
+    pub cache_bytes: Option<u64>,
+
+    /// Memory for the recent writes of namespaces on disk, in bytes: past
+    /// half of it a checkpoint folds them into run files; past all of it
+    /// writes slow down (a pause per group growing with the excess).
+    #[arg(long, value_name = "BYTES", default_value_t = 256 * 1024 * 1024,
+          value_parser = ranged::<u64>(MEMTABLE_BYTES_RANGE))]
+    pub memtable_bytes: u64,
+
     /// Merge deltas into a new base once they exceed this many bytes (or
     /// half the base, whichever is larger).
     #[arg(long, value_name = "BYTES", default_value_t = 64 * 1024 * 1024,
@@ -352,6 +366,10 @@ pub const MAX_GROUP_RECORDS_RANGE: RangeInclusive<u64> = 1..=65_536;
 /// `--checkpoint-wal-bytes`, `--delta-compact-bytes`: 64 KiB to 16 GiB
 /// (past it, a restart replays or loads for minutes).
 pub const CHECKPOINT_BYTES_RANGE: RangeInclusive<u64> = 65_536..=16 << 30;
+/// `--cache-bytes`: 16 MiB (a few namespaces' blocks) to 1 TiB.
+pub const CACHE_BYTES_RANGE: RangeInclusive<u64> = 16 << 20..=1 << 40;
+/// `--memtable-bytes`: 4 MiB (a fold every few thousand writes) to 64 GiB.
+pub const MEMTABLE_BYTES_RANGE: RangeInclusive<u64> = 4 << 20..=64 << 30;
 /// `--max-walk-depth`, `--max-walk-nodes`: a walk deeper than the nodes
 /// it may return finds nothing more.
 pub const MAX_WALK_NODES_RANGE: RangeInclusive<u64> = 1..=MAX_WALK_NODES as u64;
@@ -387,6 +405,8 @@ pub const FLAG_RANGES: &[(&str, RangeInclusive<u64>)] = &[
     ("--max-group-records", MAX_GROUP_RECORDS_RANGE),
     ("--checkpoint-wal-bytes", CHECKPOINT_BYTES_RANGE),
     ("--delta-compact-bytes", CHECKPOINT_BYTES_RANGE),
+    ("--cache-bytes", CACHE_BYTES_RANGE),
+    ("--memtable-bytes", MEMTABLE_BYTES_RANGE),
     ("--max-walk-depth", MAX_WALK_NODES_RANGE),
     ("--max-walk-nodes", MAX_WALK_NODES_RANGE),
     ("--max-walk-work", MAX_WALK_WORK_RANGE),
@@ -464,6 +484,15 @@ impl Args {
     /// A frame must carry the largest value with room for the fixed parts
     /// of any answer around it (a scan page, a walk node, a `get`), or a
     /// stored value could never be read back whole.
+    /// `--cache-bytes`, or its default: a quarter of the machine's RAM
+    /// (1 GiB if /proc/meminfo cannot say), within its range.
+    pub fn cache_bytes(&self) -> u64 {
+        self.cache_bytes.unwrap_or_else(|| {
+            let ram = machine_ram_bytes().unwrap_or(4 << 30);
+            (ram / 4).clamp(*CACHE_BYTES_RANGE.start(), *CACHE_BYTES_RANGE.end())
+        })
+    }
+
     pub fn check(&self) -> Result<(), String> {
         if let SyncPolicy::Interval { every, .. } = self.sync {
             let ms = every.as_millis() as u64;
@@ -507,6 +536,14 @@ pub const MIN_FRAME_BYTES: u32 = 4096;
 /// Room an answer needs around one value: frame header, status, counts,
 /// coordinates, lengths, a scan cursor, a walk node's fields.
 pub const ANSWER_OVERHEAD_BYTES: u32 = 1024;
+
+/// The machine's RAM, from /proc/meminfo's MemTotal.
+fn machine_ram_bytes() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
 
 #[cfg(test)]
 mod tests {

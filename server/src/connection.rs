@@ -599,7 +599,8 @@ impl Connection {
             Request::Backup { dest } => backup(engine, dest),
             Request::Get { ns, coord } => {
                 match engine.get_copy(&mut self.namespace_memo, &ns, coord) {
-                    Some(value) => Ok(Response::Get(value)),
+                    Some(Ok(value)) => Ok(Response::Get(value)),
+                    Some(Err(e)) => Err(read_failed(&e)),
                     None => Err(no_such_namespace(&ns)),
                 }
             }
@@ -691,7 +692,8 @@ impl Connection {
             };
             let outcome = mem
                 .count(ns, &region, after, limits)
-                .ok_or_else(|| no_such_namespace(ns))?;
+                .ok_or_else(|| no_such_namespace(ns))?
+                .map_err(|e| read_failed(&e))?;
             Response::Scan {
                 result: ScanResult::Count(outcome.cells),
                 resume_after: outcome.resume_after,
@@ -717,9 +719,13 @@ impl Connection {
             Visit::Take
         });
         match outcome {
-            Some(outcome) => {
+            Some(Ok(outcome)) => {
                 page.finish(outcome.resume_after);
                 Ok(())
+            }
+            Some(Err(e)) => {
+                page.abandon();
+                Err(read_failed(&e))
             }
             None => Err(no_such_namespace(ns)),
         }
@@ -805,6 +811,18 @@ pub(crate) fn no_such_namespace(ns: &cube_protocol::NamespaceName) -> ServerErro
         format!(
             "no such namespace {:?}; `cubec ns list` shows the ones you may use, `cubec ns create NAME` makes one",
             ns.as_str()
+        ),
+    )
+}
+
+/// A read of a namespace on disk that met a block it could not read (an
+/// I/O error, or damage: the message names the run file and offset). That
+/// request fails; nothing wrong is answered, and the daemon serves on.
+pub(crate) fn read_failed(e: &cube_store::StoreError) -> ServerError {
+    ServerError::new(
+        ErrorCode::StorageIo,
+        format!(
+            "{e}; this request failed, nothing was answered from the damaged data, and other reads go on; run `cubed --verify` on the data dir to list every damaged block"
         ),
     )
 }

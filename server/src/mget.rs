@@ -42,9 +42,16 @@ pub(crate) fn answer(
             fits = false;
         }
     });
-    if found.is_none() {
-        encoder.abandon();
-        return Err(no_such_namespace(ns));
+    match found {
+        None => {
+            encoder.abandon();
+            return Err(no_such_namespace(ns));
+        }
+        Some(Err(e)) => {
+            encoder.abandon();
+            return Err(crate::connection::read_failed(&e));
+        }
+        Some(Ok(())) => {}
     }
     if !fits {
         encoder.abandon();

@@ -16,6 +16,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use cube_protocol::{ErrorCode, Response, ServerError, StatsEntry, StatsValue};
+use cube_store::disk_tier::TierConfig;
 use cube_store::{
     CheckpointConfig, Engine, EngineConfig, GroupCommitConfig, RealDisk, RecoveryOptions,
     StoreError, StoreStatsSnapshot, SyncPolicy,
@@ -185,6 +186,7 @@ fn open_engine(
             ..CheckpointConfig::default()
         },
         key_file: args.key_file.clone(),
+        tiers: TierConfig::from_cache_bytes(args.cache_bytes(), args.memtable_bytes),
     })?)
 }
 
@@ -371,6 +373,18 @@ fn log_recovery(engine: &Engine) {
         r.segments,
         r.duration.as_millis(),
         r.next_lsn
+    );
+    let tiers = engine.memstore().tier_stats();
+    info!(
+        "cells: {} namespace(s) in memory ({} of {} bytes), {} on disk (block cache {} bytes, \
+         run indexes {} bytes); memtables up to {} bytes (--cache-bytes, --memtable-bytes)",
+        tiers.namespaces_in_memory,
+        tiers.resident_bytes,
+        tiers.resident_limit_bytes,
+        tiers.namespaces_on_disk,
+        tiers.cache.budget_bytes,
+        tiers.run_index_bytes,
+        tiers.memtable_limit_bytes
     );
 }
 
@@ -705,6 +719,7 @@ impl Shared {
         entries.extend(self.stats.entries());
         entries.extend(wal_entries(&s));
         entries.extend(checkpoint_entries(&s));
+        entries.extend(cell_storage_entries(&s, &self.engine.memstore().tier_stats()));
         entries.extend(self.recovery_entries());
         entries.extend(self.programs.stats_entries(self.engine.memstore()));
         entries.extend(self.watch.stats_entries());
@@ -814,6 +829,44 @@ fn checkpoint_entries(s: &StoreStatsSnapshot) -> Vec<StatsEntry> {
                 .clone()
                 .unwrap_or_else(|| "none".into()),
         ),
+    ]
+}
+
+/// Where the cells are kept (`cube_store::disk_tier`): bytes on disk,
+/// memory in use against its budgets, the block cache, work in flight.
+fn cell_storage_entries(
+    s: &StoreStatsSnapshot,
+    tiers: &cube_store::disk_tier::TierStats,
+) -> Vec<StatsEntry> {
+    let lookups = tiers.cache.hits + tiers.cache.misses;
+    let hit_rate = if lookups == 0 {
+        0.0
+    } else {
+        tiers.cache.hits as f64 / lookups as f64
+    };
+    vec![
+        count(
+            "storage.disk_bytes",
+            s.wal_disk_bytes + s.base_bytes + s.delta_bytes,
+        ),
+        count("storage.namespaces_in_memory", tiers.namespaces_in_memory),
+        count("storage.namespaces_migrating", tiers.namespaces_migrating),
+        count("storage.namespaces_on_disk", tiers.namespaces_on_disk),
+        count("storage.resident_bytes", tiers.resident_bytes),
+        count("storage.resident_limit_bytes", tiers.resident_limit_bytes),
+        count("storage.cache_bytes", tiers.cache.bytes),
+        count("storage.cache_limit_bytes", tiers.cache.budget_bytes),
+        count("storage.cache_hits", tiers.cache.hits),
+        count("storage.cache_misses", tiers.cache.misses),
+        float("storage.cache_hit_rate", hit_rate),
+        count("storage.run_index_bytes", tiers.run_index_bytes),
+        count("storage.memtable_bytes", tiers.memtable_bytes),
+        count("storage.memtable_limit_bytes", tiers.memtable_limit_bytes),
+        count("storage.write_pause_us", s.write_pause_us),
+        count("storage.folds_in_flight", s.folds_in_flight),
+        count("storage.merges_in_flight", s.merges_in_flight),
+        count("storage.migrations", tiers.migrations),
+        count("storage.lookup_failures", tiers.lookup_failures),
     ]
 }
 

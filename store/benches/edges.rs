@@ -52,7 +52,7 @@ fn lattice() -> MemStore {
     let mut batch: Vec<Mutation> = Vec::with_capacity(4096);
     let mut flush = |batch: &mut Vec<Mutation>| {
         let refs: Vec<&Mutation> = batch.iter().collect();
-        store.apply_group(&refs, &mut existed);
+        store.apply_group(&refs, 0, &mut existed);
         batch.clear();
     };
     let mut edges = 0u64;

@@ -47,7 +47,7 @@ fn load(store: &MemStore, curve: Curve, coords: impl Iterator<Item = Coord>) {
     let mut batch = Vec::with_capacity(4096);
     let mut flush = |batch: &mut Vec<Mutation>| {
         let refs: Vec<&Mutation> = batch.iter().collect();
-        store.apply_group(&refs, &mut existed);
+        store.apply_group(&refs, 0, &mut existed);
         batch.clear();
     };
     for c in coords {
@@ -124,6 +124,7 @@ fn scan_box(store: &MemStore, curve: Curve, region: &CellBox) -> u64 {
             bytes += v.len() + c.x as usize;
             Visit::Take
         })
+        .unwrap()
         .unwrap();
     black_box(bytes);
     outcome.cells
@@ -181,7 +182,11 @@ fn point_ops(c: &mut Criterion<CpuTime>) {
             b.iter(|| {
                 let mut found = 0usize;
                 for c in &local {
-                    found += store.get(&name, *c).unwrap().map_or(0, |v| v.len());
+                    found += store
+                        .get(&name, *c)
+                        .unwrap()
+                        .unwrap()
+                        .map_or(0, |v| v.len());
                 }
                 found
             })
@@ -190,7 +195,11 @@ fn point_ops(c: &mut Criterion<CpuTime>) {
             b.iter(|| {
                 let mut found = 0usize;
                 for c in &probes {
-                    found += store.get(&name, *c).unwrap().map_or(0, |v| v.len());
+                    found += store
+                        .get(&name, *c)
+                        .unwrap()
+                        .unwrap()
+                        .map_or(0, |v| v.len());
                 }
                 found
             })
@@ -203,6 +212,7 @@ fn point_ops(c: &mut Criterion<CpuTime>) {
                 for c in &probes {
                     found += store
                         .read_cell(&name, *c, |v| v.map_or(0, |v| v.len() + usize::from(v[0])))
+                        .unwrap()
                         .unwrap();
                 }
                 found
@@ -220,6 +230,7 @@ fn point_ops(c: &mut Criterion<CpuTime>) {
                         .read_cell_memo(&mut memo, &name, *c, |v| {
                             v.map_or(0, |v| v.len() + usize::from(v[0]))
                         })
+                        .unwrap()
                         .unwrap();
                 }
                 found
@@ -235,6 +246,7 @@ fn point_ops(c: &mut Criterion<CpuTime>) {
                 for c in &probes {
                     found += store
                         .read_cell_memo(&mut memo, &name, *c, |v| v.map_or(0, |v| v.len()))
+                        .unwrap()
                         .unwrap();
                 }
                 found
@@ -249,6 +261,7 @@ fn point_ops(c: &mut Criterion<CpuTime>) {
                 for c in &absent {
                     found += store
                         .read_cell_memo(&mut memo, &name, *c, |v| v.map_or(1, |v| v.len()))
+                        .unwrap()
                         .unwrap();
                 }
                 found
@@ -264,6 +277,7 @@ fn point_ops(c: &mut Criterion<CpuTime>) {
                         .read_cells(&name, batch, |_, v| {
                             found += v.map_or(0, |v| v.len() + usize::from(v[0]));
                         })
+                        .unwrap()
                         .unwrap();
                 }
                 found
@@ -277,6 +291,7 @@ fn point_ops(c: &mut Criterion<CpuTime>) {
                         .read_cells(&name, batch, |_, v| {
                             found += v.map_or(0, |v| v.len() + usize::from(v[0]));
                         })
+                        .unwrap()
                         .unwrap();
                 }
                 found
@@ -297,7 +312,7 @@ fn point_ops(c: &mut Criterion<CpuTime>) {
             let mut existed = Vec::with_capacity(64);
             b.iter(|| {
                 for g in &groups {
-                    store.apply_group(g, &mut existed);
+                    store.apply_group(g, 0, &mut existed);
                 }
             })
         });
@@ -335,6 +350,7 @@ fn dense_scans(c: &mut Criterion<CpuTime>) {
                         out.extend_from_slice(v);
                         Visit::Take
                     })
+                    .unwrap()
                     .unwrap();
                 black_box(out.len())
             })
@@ -343,6 +359,7 @@ fn dense_scans(c: &mut Criterion<CpuTime>) {
             b.iter(|| {
                 store
                     .count(&ns(curve), &full, None, unlimited())
+                    .unwrap()
                     .unwrap()
                     .cells
             })

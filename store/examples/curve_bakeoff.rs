@@ -188,7 +188,7 @@ fn data_set(name: &'static str, extent: i32, cells: &[Coord]) -> DataSet {
                 })
                 .collect();
             let refs: Vec<&Mutation> = group.iter().collect();
-            store.apply_group(&refs, &mut existed);
+            store.apply_group(&refs, 0, &mut existed);
         }
     }
     // Let the background merges finish so both curves are measured on a
@@ -300,6 +300,7 @@ fn region_reads(sets: &[DataSet]) {
                     let o = set
                         .store
                         .scan(&ns(curve), b, None, limits, |_, _| Visit::Take)
+                        .unwrap()
                         .unwrap();
                     cells += o.cells;
                     visited += o.visited;
@@ -312,6 +313,7 @@ fn region_reads(sets: &[DataSet]) {
                                 sum += v.len() ^ c.x as usize;
                                 Visit::Take
                             })
+                            .unwrap()
                             .unwrap();
                         black_box(sum);
                     }

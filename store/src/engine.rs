@@ -17,6 +17,7 @@ use crate::crypto::{Keyring, load_key_file};
 use crate::curve::Curve;
 use crate::data_dir::DataDir;
 use crate::data_dir::sync_dir;
+use crate::disk_tier::TierConfig;
 use crate::error::StoreError;
 use crate::group_commit::{GroupCommit, GroupCommitConfig, WriteSession};
 use crate::memstore::{MemStore, NamespaceMemo};
@@ -38,6 +39,9 @@ pub struct EngineConfig {
     pub checkpoint: CheckpointConfig,
     /// The master key for encrypted namespaces (`cubed --key-file`).
     pub key_file: Option<PathBuf>,
+    /// Memory for cells: in memory, in the block cache, in memtables
+    /// (`cubed --cache-bytes`, `--memtable-bytes`; `crate::disk_tier`).
+    pub tiers: TierConfig,
 }
 
 impl EngineConfig {
@@ -49,6 +53,7 @@ impl EngineConfig {
             recovery: RecoveryOptions::default(),
             checkpoint: CheckpointConfig::default(),
             key_file: None,
+            tiers: TierConfig::all_in_memory(),
         }
     }
 }
@@ -97,6 +102,9 @@ struct BatchApplier<'a> {
     mem: &'a MemStore,
     batch: Vec<Mutation>,
     existed: Vec<bool>,
+    /// The LSN of the last record pushed (0 for a checkpoint's records,
+    /// which the runs hold): what buffered writes are tagged with.
+    lsn: u64,
     /// Per namespace: its curve and the buffered writes in log order.
     cells: Vec<(NamespaceName, Curve, CellWrites)>,
     /// Where each namespace is in `cells`, and the last one written.
@@ -118,6 +126,7 @@ impl<'a> BatchApplier<'a> {
             mem,
             batch: Vec::with_capacity(RECOVERY_BATCH_RECORDS),
             existed: Vec::with_capacity(RECOVERY_BATCH_RECORDS),
+            lsn: 0,
             cells: Vec::new(),
             index: HashMap::new(),
             last: None,
@@ -125,7 +134,8 @@ impl<'a> BatchApplier<'a> {
         }
     }
 
-    fn push(&mut self, mutation: Mutation) {
+    fn push(&mut self, lsn: u64, mutation: Mutation) {
+        self.lsn = self.lsn.max(lsn);
         match mutation {
             Mutation::Put { ns, coord, value } => {
                 self.buffer(ns, coord, Some(CellValue::from(value)))
@@ -193,14 +203,14 @@ impl<'a> BatchApplier<'a> {
                     _ => last_wins.push(write),
                 }
             }
-            self.mem.apply_sorted_cells(&ns, last_wins);
+            self.mem.apply_sorted_cells(&ns, last_wins, self.lsn);
         }
         self.buffered = 0;
     }
 
     fn flush_batch(&mut self) {
         let refs: Vec<&Mutation> = self.batch.iter().collect();
-        self.mem.apply_group(&refs, &mut self.existed);
+        self.mem.apply_group(&refs, self.lsn, &mut self.existed);
         self.batch.clear();
     }
 
@@ -229,7 +239,7 @@ impl Engine {
             }
             None => None,
         };
-        let mem = Arc::new(MemStore::new());
+        let mem = Arc::new(MemStore::with_tiers(config.tiers.clone()));
         let mut applier = BatchApplier::new(&mem);
 
         let load_started = Instant::now();
@@ -241,16 +251,13 @@ impl Engine {
             keyring.clone(),
         )?;
         let entries = checkpoints.load(
-            |mutation| applier.push(mutation),
+            |mutation| applier.push(0, mutation),
             |ns, cells| {
                 mem.load_sorted_cells(ns, cells);
             },
         )?;
         applier.flush();
-        let entries = entries
-            + checkpoints.load_runs(|ns, cells| {
-                mem.load_curve_cells(ns, cells);
-            })?;
+        let entries = entries + checkpoints.load_runs(&mem)?;
         let (base_bytes, delta_bytes) = checkpoints.sizes();
         let checkpoint_load = CheckpointLoad {
             entries,
@@ -272,7 +279,7 @@ impl Engine {
             keyring.as_deref(),
             &mut sealing,
             checkpoints.chain_anchor(),
-            |_lsn, mutation| applier.push(mutation),
+            |lsn, mutation| applier.push(lsn, mutation),
         )?;
         applier.flush();
         mem.index_after_recovery();
@@ -355,6 +362,7 @@ impl Engine {
         let roller = writer.roller().ok_or_else(|| {
             StoreError::WritesDisabled("the writer stopped while starting".into())
         })?;
+        checkpoints.serve(Arc::clone(&mem));
         let checkpointer =
             Checkpointer::start(checkpoints, roller, wal_dir.clone(), Arc::clone(&stats))
                 .map_err(|e| StoreError::io(&wal_dir, e))?;
@@ -406,8 +414,13 @@ impl Engine {
         self.data_dir.root()
     }
 
-    /// Reads never wait on the writer. `None` means no such namespace.
-    pub fn get(&self, ns: &NamespaceName, coord: Coord) -> Option<Option<CellValue>> {
+    /// Reads never wait on the writer. `None` means no such namespace; an
+    /// error, a block of a namespace on disk that could not be read.
+    pub fn get(
+        &self,
+        ns: &NamespaceName,
+        coord: Coord,
+    ) -> Option<Result<Option<CellValue>, StoreError>> {
         self.mem.get(ns, coord)
     }
 
@@ -419,7 +432,7 @@ impl Engine {
         memo: &mut NamespaceMemo,
         ns: &NamespaceName,
         coord: Coord,
-    ) -> Option<Option<Vec<u8>>> {
+    ) -> Option<Result<Option<Vec<u8>>, StoreError>> {
         self.mem
             .read_cell_memo(memo, ns, coord, |value| value.map(|v| v.to_vec()))
     }

@@ -25,6 +25,8 @@ pub mod crypto;
 pub mod curve;
 mod data_dir;
 mod delta_filter;
+mod disk_cells;
+pub mod disk_tier;
 mod edges;
 mod error;
 mod group_commit;
@@ -38,8 +40,9 @@ mod prefetch;
 pub mod private_files;
 pub mod programs;
 pub mod run_file;
-// Not yet used by `MemStore` (issue 32, phase 2 in increments): its tests
-// are its only users until the daemon's cells move onto it.
+// Flushing generations (`flush_oldest`) and merging runs in the stack
+// (`merge_runs`, `install_run`) are tested but unused by the daemon, whose
+// runs come from checkpoint folds (`crate::disk_cells`).
 #[cfg_attr(not(test), allow(dead_code))]
 mod read_stack;
 mod scan;

@@ -24,9 +24,15 @@ use crate::cell_value::CellValue;
 use crate::cells::{BaseRead, BaseReader, CellMap, Compactor};
 use crate::coord_hash::CoordHashBuilder;
 use crate::curve::Curve;
+use crate::disk_cells::cell_write;
+use crate::disk_tier::{
+    NamespaceTier, TIER_DISK, TIER_MEMORY, TierConfig, Tiering, resident_cost_bytes,
+};
 use crate::edges::EdgeGraph;
+use crate::error::StoreError;
 use crate::mutation::Mutation;
 use crate::namespace::{NamespaceMeta, Quota, Usage};
+use crate::read_stack::ReadStack;
 use crate::scan::{ChunkEnd, Decoder, ScanLimits, ScanOutcome, ScanState, Visit, start_key};
 
 /// The writer applies at most this many mutations per hold of a
@@ -37,6 +43,10 @@ pub const APPLY_SLICE_RECORDS: usize = 256;
 /// A scan examines at most this many stored keys per hold of a read lock,
 /// then lets a waiting writer in and carries on from where it was.
 pub const SCAN_SLICE_STEPS: u64 = 4096;
+
+/// [`SCAN_SLICE_STEPS`] for a namespace on disk, whose slice may wait for
+/// block reads while it holds the read lock.
+pub const DISK_SCAN_SLICE_STEPS: u64 = 1024;
 
 type Cells = CellMap;
 
@@ -50,7 +60,16 @@ pub(crate) struct NamespaceCells {
     pub(crate) encrypted: bool,
     /// Owner, grants, quotas. Only the writer (and recovery) changes it.
     pub(crate) meta: RwLock<NamespaceMeta>,
+    /// The cells while the namespace is in memory or migrating
+    /// (`crate::disk_tier`); empty once it is on disk.
     pub(crate) cells: RwLock<Cells>,
+    /// The cells once the namespace is on disk (memtable over its runs);
+    /// while migrating, the writes since `tier.migrating_since_lsn`; else
+    /// empty. Lock order: `cells`, then `disk`.
+    pub(crate) disk: RwLock<ReadStack>,
+    /// Which of the two serves reads. Changed only under the `cells`
+    /// write lock, and only forward.
+    pub(crate) tier: NamespaceTier,
     /// Bytes of all cell values, for `max-bytes` quotas and `ns info`.
     /// Changed only under the `cells` write lock.
     pub(crate) value_bytes: AtomicU64,
@@ -80,6 +99,8 @@ impl NamespaceCells {
             encrypted: meta.encrypted,
             meta: RwLock::new(meta),
             cells: RwLock::default(),
+            disk: RwLock::new(ReadStack::new(Vec::new(), 0)),
+            tier: NamespaceTier::new(),
             value_bytes: AtomicU64::new(0),
             program_bytes: AtomicU64::new(0),
             edges: RwLock::default(),
@@ -92,19 +113,50 @@ impl NamespaceCells {
     /// progress) would otherwise keep in memory. Runs on the writer,
     /// which applies the drop; the memory is freed after the locks are
     /// released, so readers do not wait for it.
-    fn retire(&self) {
+    fn retire(&self, tiering: &Tiering) {
         // Both locks (in their order) while the flag is set, so a reader
         // holding either one sees the flag whenever it sees the emptied
         // maps.
-        let (edges, cells) = {
+        let (edges, cells, stack) = {
             let mut edges = write(&self.edges);
             let mut cells = write(&self.cells);
+            let mut stack = write(&self.disk);
             self.dropped.store(true, Ordering::Relaxed);
+            if self.tier.get() == TIER_MEMORY {
+                let cost = resident_cost_bytes(
+                    cells.len() as u64,
+                    self.value_bytes.load(Ordering::Relaxed),
+                );
+                tiering.add_resident(-(cost as i64));
+            }
+            tiering.add_memtable(-(stack.memtable_bytes() as i64));
             self.value_bytes.store(0, Ordering::Relaxed);
             self.program_bytes.store(0, Ordering::Relaxed);
-            (std::mem::take(&mut *edges), cells.take_retired())
+            (
+                std::mem::take(&mut *edges),
+                cells.take_retired(),
+                std::mem::replace(&mut *stack, ReadStack::new(Vec::new(), 0)),
+            )
         };
-        drop((edges, cells));
+        for run in stack.runs() {
+            tiering.cache.forget_file(run.cache_id());
+        }
+        drop((edges, cells, stack));
+    }
+
+    /// What the namespace's cells cost in memory, by the estimate the
+    /// resident budget counts (`crate::disk_tier`). Under the `cells` lock.
+    pub(crate) fn resident_cost(&self) -> u64 {
+        resident_cost_bytes(
+            read(&self.cells).len() as u64,
+            self.value_bytes.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Whether reads go to `disk`. Meaningful under the `cells` lock; once
+    /// true it stays true.
+    pub(crate) fn on_disk(&self) -> bool {
+        self.tier.get() == TIER_DISK
     }
 
     /// Whether the namespace was dropped (or replaced). Meaningful under
@@ -116,7 +168,7 @@ impl NamespaceCells {
     /// Adds `delta` to the value byte count. Callers hold the `cells`
     /// write lock, so no other thread changes the count meanwhile and a
     /// plain load and store do (no locked read-modify-write).
-    fn add_value_bytes(&self, delta: i64) {
+    pub(crate) fn add_value_bytes(&self, delta: i64) {
         let total = self.value_bytes.load(Ordering::Relaxed) as i64 + delta;
         debug_assert!(total >= 0, "value bytes went negative: {total}");
         self.value_bytes
@@ -124,7 +176,7 @@ impl NamespaceCells {
     }
 
     /// Adds `delta` to the programs' charge (see `add_value_bytes`).
-    fn add_program_bytes(&self, delta: i64) {
+    pub(crate) fn add_program_bytes(&self, delta: i64) {
         if delta == 0 {
             return;
         }
@@ -134,13 +186,23 @@ impl NamespaceCells {
             .store(total.max(0) as u64, Ordering::Relaxed);
     }
 
+    /// Live cells, from whichever tier serves them.
+    pub(crate) fn cell_count(&self) -> u64 {
+        let cells = read(&self.cells);
+        if self.on_disk() {
+            drop(cells);
+            return read(&self.disk).len() as u64;
+        }
+        cells.len() as u64
+    }
+
     pub(crate) fn usage(&self) -> Usage {
         // One lock at a time, each released at the end of its statement: in
         // one struct literal the cells guard lived on while the edges lock
         // was taken, against the lock order, and deadlocked the writer
         // (which holds `edges` and then wants `cells`).
         let edges = read(&self.edges).edge_count();
-        let cells = read(&self.cells).len() as u64;
+        let cells = self.cell_count();
         Usage {
             cells,
             bytes: self.value_bytes.load(Ordering::Relaxed),
@@ -207,6 +269,8 @@ pub struct MemStore {
     compactor: Compactor,
     /// Cell programs and their run telemetry (`crate::programs`).
     pub(crate) programs: crate::programs::ProgramTable,
+    /// Which namespaces are in memory and which on disk.
+    pub(crate) tiering: Tiering,
 }
 
 /// A poisoned lock means a thread panicked while holding it; the data under
@@ -216,7 +280,7 @@ pub(crate) fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
     lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+pub(crate) fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     lock.write()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
@@ -224,10 +288,16 @@ fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 impl MemStore {
     /// A store holding only the empty `default` namespace.
     pub fn new() -> MemStore {
+        MemStore::with_tiers(TierConfig::all_in_memory())
+    }
+
+    /// A store whose cells move to their run files past `config`'s budget.
+    pub fn with_tiers(config: TierConfig) -> MemStore {
         let store = MemStore {
             namespaces: RwLock::new(HashMap::default()),
             compactor: Compactor::start(),
             programs: Default::default(),
+            tiering: Tiering::new(config),
         };
         if let Ok(default) = NamespaceName::new("default") {
             write(&store.namespaces).insert(
@@ -314,7 +384,7 @@ impl MemStore {
                 let replaced = namespaces.get(ns).cloned();
                 drop(namespaces);
                 if let Some(old) = &replaced {
-                    old.retire();
+                    old.retire(&self.tiering);
                     self.programs.drop_namespace(ns);
                 }
                 write(&self.namespaces)
@@ -339,7 +409,7 @@ impl MemStore {
                 // so the namespace found is the one removed.
                 let dropped = self.namespace(ns);
                 if let Some(old) = &dropped {
-                    old.retire();
+                    old.retire(&self.tiering);
                     let removed = write(&self.namespaces).remove(ns);
                     assert!(
                         removed.is_some_and(|removed| Arc::ptr_eq(&removed, old)),
@@ -450,13 +520,44 @@ impl MemStore {
         &self,
         ns: &NamespaceName,
         batch: Vec<(u128, Option<CellValue>)>,
+        lsn: u64,
     ) -> bool {
         let Some(space) = self.namespace(ns) else {
             return false;
         };
         let mut cells = write(&space.cells);
+        if space.on_disk() {
+            // Each write goes to the memtable, counted against what the
+            // runs hold.
+            drop(cells);
+            self.apply_sorted_on_disk(&space, batch, lsn);
+            self.tiering.set_applied(lsn);
+            return true;
+        }
+        if space.tier.get() != TIER_MEMORY {
+            // Migrating: the memtable gets the writes too.
+            let mut stack = write(&space.disk);
+            let memtable_before = stack.memtable_bytes();
+            for (key, slot) in &batch {
+                let previous = cells.get(key).map(|v| v.len());
+                stack.apply(*key, slot.clone(), lsn, previous);
+            }
+            self.tiering
+                .add_memtable(stack.memtable_bytes() as i64 - memtable_before as i64);
+        }
+        let len_before = cells.len();
         let bytes = cells.apply_sorted(batch);
         space.add_value_bytes(bytes);
+        let cells_delta = cells.len() as i64 - len_before as i64;
+        let in_memory = space.tier.get() == TIER_MEMORY;
+        drop(cells);
+        if in_memory {
+            self.tiering.add_resident(
+                cells_delta * crate::disk_tier::RESIDENT_CELL_OVERHEAD_BYTES as i64 + bytes,
+            );
+        }
+        self.tiering.set_applied(lsn);
+        self.after_group(lsn);
         true
     }
 
@@ -482,7 +583,7 @@ impl MemStore {
         after: Option<Coord>,
         limits: ScanLimits,
         mut visit: impl FnMut(Coord, &[u8]) -> Visit,
-    ) -> Option<ScanOutcome> {
+    ) -> Option<Result<ScanOutcome, StoreError>> {
         let space = self.namespace(ns)?;
         let mut decoder = Decoder::new(space.curve);
         Some(scan_space(
@@ -490,7 +591,7 @@ impl MemStore {
             region,
             after,
             limits,
-            &mut |key, value: &CellValue| visit(decoder.decode(key), value),
+            &mut |key, value: &[u8]| visit(decoder.decode(key), value),
         ))
     }
 
@@ -503,15 +604,21 @@ impl MemStore {
         region: &CellBox,
         after: Option<Coord>,
         limits: ScanLimits,
-    ) -> Option<ScanOutcome> {
+    ) -> Option<Result<ScanOutcome, StoreError>> {
         let space = self.namespace(ns)?;
         Some(scan_space(&space, region, after, limits, &mut |_, _| {
             Visit::Take
         }))
     }
 
-    /// `None` for a missing namespace, `Some(None)` for a missing cell.
-    pub fn get(&self, ns: &NamespaceName, coord: Coord) -> Option<Option<CellValue>> {
+    /// `None` for a missing namespace, `Some(Ok(None))` for a missing
+    /// cell, `Some(Err)` for a run file that could not be read (a namespace
+    /// on disk: the error names the file and offset).
+    pub fn get(
+        &self,
+        ns: &NamespaceName,
+        coord: Coord,
+    ) -> Option<Result<Option<CellValue>, StoreError>> {
         self.read_cell(ns, coord, |value| value.cloned())
     }
 
@@ -527,7 +634,7 @@ impl MemStore {
         ns: &NamespaceName,
         coord: Coord,
         read_value: impl FnOnce(Option<&CellValue>) -> R,
-    ) -> Option<R> {
+    ) -> Option<Result<R, StoreError>> {
         // The namespace is borrowed under the map's read lock rather than
         // its `Arc` cloned (`MemStore::namespace`): that is two fewer
         // locked read-modify-writes. Lock order `namespaces` then `cells`,
@@ -540,7 +647,14 @@ impl MemStore {
         if space.is_dropped() {
             return None;
         }
-        Some(read_value(cells.get(&space.curve.key(coord))))
+        if space.on_disk() {
+            // The disk read is done holding neither lock.
+            let space = Arc::clone(space);
+            drop(cells);
+            drop(namespaces);
+            return space.read_disk(space.curve.key(coord), read_value);
+        }
+        Some(Ok(read_value(cells.get(&space.curve.key(coord)))))
     }
 
     /// [`MemStore::read_cell`] for a reader that reads many cells one at a
@@ -553,17 +667,21 @@ impl MemStore {
         ns: &NamespaceName,
         coord: Coord,
         read_value: impl FnOnce(Option<&CellValue>) -> R,
-    ) -> Option<R> {
+    ) -> Option<Result<R, StoreError>> {
         if let Some(MemoEntry { name, space, base }) = &mut memo.last
             && name == ns
         {
             let key = space.curve.key(coord);
             let not_in_run = match base.get(key) {
-                BaseRead::Current(value) => return Some(read_value(Some(value))),
+                BaseRead::Current(value) => return Some(Ok(read_value(Some(value)))),
                 BaseRead::NotInBase => true,
                 BaseRead::AskTheMap => false,
             };
             let cells = read(&space.cells);
+            if !space.is_dropped() && space.on_disk() {
+                drop(cells);
+                return space.read_disk(key, read_value);
+            }
             if !space.is_dropped() {
                 let value = if not_in_run {
                     cells.get_beyond(key, base)
@@ -574,7 +692,7 @@ impl MemStore {
                 if !base.is_current() {
                     *base = cells.base_reader();
                 }
-                return Some(answer);
+                return Some(Ok(answer));
             }
         }
         memo.last = None;
@@ -585,8 +703,21 @@ impl MemStore {
             if space.is_dropped() {
                 return None;
             }
+            if space.on_disk() {
+                drop(cells);
+                let found = space.read_disk(space.curve.key(coord), read_value);
+                // The memo's base reader is the emptied map's: it answers
+                // nothing, and the next read finds the tier again.
+                let base = read(&space.cells).base_reader();
+                memo.last = Some(MemoEntry {
+                    name: ns.clone(),
+                    space,
+                    base,
+                });
+                return found;
+            }
             (
-                read_value(cells.get(&space.curve.key(coord))),
+                Ok(read_value(cells.get(&space.curve.key(coord)))),
                 cells.base_reader(),
             )
         };
@@ -612,7 +743,7 @@ impl MemStore {
         ns: &NamespaceName,
         coords: &[Coord],
         visit: impl FnMut(usize, Option<&CellValue>),
-    ) -> Option<()> {
+    ) -> Option<Result<(), StoreError>> {
         let namespaces = read(&self.namespaces);
         let space = namespaces.get(ns)?;
         let mut keys = vec![0u128; coords.len()];
@@ -622,8 +753,14 @@ impl MemStore {
         if space.is_dropped() {
             return None;
         }
+        if space.on_disk() {
+            let space = Arc::clone(space);
+            drop(cells);
+            drop(namespaces);
+            return space.read_disk_many(&keys, visit);
+        }
         cells.get_many(&keys, visit);
-        Some(())
+        Some(Ok(()))
     }
 
     /// Applies a durable group in order; `existed` gets, per mutation,
@@ -634,7 +771,11 @@ impl MemStore {
     /// a whole group. The run holds the namespace's graph write lock
     /// throughout, so a walk (which holds its read lock) sees either none
     /// or all of the run.
-    pub fn apply_group(&self, group: &[&Mutation], existed: &mut Vec<bool>) {
+    ///
+    /// `lsn` is the group's last LSN: writes to a namespace on disk (or
+    /// migrating) are tagged with it, and runs holding it are installed
+    /// only once it is applied (`crate::disk_tier`).
+    pub fn apply_group(&self, group: &[&Mutation], lsn: u64, existed: &mut Vec<bool>) {
         existed.clear();
         let mut start = 0;
         while start < group.len() {
@@ -653,33 +794,20 @@ impl MemStore {
                 Some(space) => {
                     let mut edges = write(&space.edges);
                     for slice in group[start..end].chunks(APPLY_SLICE_RECORDS) {
-                        let mut cells = write(&space.cells);
-                        let mut value_bytes = 0i64;
-                        let mut program_bytes = 0i64;
-                        for mutation in slice {
-                            existed.push(match mutation {
-                                Mutation::ProgramPut { .. }
-                                | Mutation::ProgramDel { .. }
-                                | Mutation::Telemetry { .. } => {
-                                    self.programs.apply(mutation, &mut program_bytes)
-                                }
-                                _ => apply_one(
-                                    &mut cells,
-                                    &mut edges,
-                                    &space,
-                                    mutation,
-                                    &mut value_bytes,
-                                ),
-                            });
+                        let cells = write(&space.cells);
+                        if space.on_disk() {
+                            drop(cells);
+                            self.apply_slice_on_disk(&space, &mut edges, slice, lsn, existed);
+                        } else {
+                            self.apply_slice_in_memory(
+                                &space, cells, &mut edges, slice, lsn, existed,
+                            );
                         }
-                        // Value bytes change only here, under the cells
-                        // write lock: one atomic per slice, not two per put.
-                        space.add_value_bytes(value_bytes);
-                        space.add_program_bytes(program_bytes);
-                        drop(cells);
                     }
                     drop(edges);
-                    self.compactor.after_write(&space, |space| &space.cells);
+                    if !space.on_disk() {
+                        self.compactor.after_write(&space, |space| &space.cells);
+                    }
                 }
                 // The writer checks namespaces before logging; recovery only
                 // sees records that passed that check.
@@ -688,11 +816,60 @@ impl MemStore {
             start = end;
         }
         debug_assert_eq!(existed.len(), group.len());
+        self.tiering.set_applied(lsn);
+        self.after_group(lsn);
+    }
+
+    /// One slice of a namespace in memory (or migrating: its memtable
+    /// gets the cell writes too), under its `cells` write lock.
+    fn apply_slice_in_memory(
+        &self,
+        space: &NamespaceCells,
+        mut cells: RwLockWriteGuard<'_, Cells>,
+        edges: &mut EdgeGraph,
+        slice: &[&Mutation],
+        lsn: u64,
+        existed: &mut Vec<bool>,
+    ) {
+        let migrating = space.tier.get() != TIER_MEMORY;
+        let mut stack = migrating.then(|| write(&space.disk));
+        let memtable_before = stack.as_ref().map_or(0, |s| s.memtable_bytes());
+        let cells_before = cells.len();
+        let mut value_bytes = 0i64;
+        let mut program_bytes = 0i64;
+        for mutation in slice {
+            if let Some(stack) = stack.as_mut()
+                && let Some((key, slot)) = cell_write(space.curve, mutation)
+            {
+                let previous = cells.get(&key).map(|v| v.len());
+                stack.apply(key, slot, lsn, previous);
+            }
+            existed.push(match mutation {
+                Mutation::ProgramPut { .. }
+                | Mutation::ProgramDel { .. }
+                | Mutation::Telemetry { .. } => self.programs.apply(mutation, &mut program_bytes),
+                _ => apply_one(&mut cells, edges, space, mutation, &mut value_bytes),
+            });
+        }
+        // Value bytes change only here, under the cells write lock: one
+        // atomic per slice, not two per put.
+        space.add_value_bytes(value_bytes);
+        space.add_program_bytes(program_bytes);
+        if migrating {
+            let after = stack.as_ref().map_or(0, |s| s.memtable_bytes());
+            self.tiering
+                .add_memtable(after as i64 - memtable_before as i64);
+        } else {
+            let cells_delta = cells.len() as i64 - cells_before as i64;
+            self.tiering.add_resident(
+                cells_delta * crate::disk_tier::RESIDENT_CELL_OVERHEAD_BYTES as i64 + value_bytes,
+            );
+        }
     }
 
     pub fn apply(&self, mutation: &Mutation) -> bool {
         let mut existed = Vec::with_capacity(1);
-        self.apply_group(&[mutation], &mut existed);
+        self.apply_group(&[mutation], 0, &mut existed);
         existed.first().copied().unwrap_or(false)
     }
 
@@ -700,7 +877,7 @@ impl MemStore {
     pub fn cell_count(&self) -> u64 {
         read(&self.namespaces)
             .values()
-            .map(|space| read(&space.cells).len() as u64)
+            .map(|space| space.cell_count())
             .sum()
     }
 }
@@ -765,28 +942,40 @@ fn scan_space(
     region: &CellBox,
     after: Option<Coord>,
     limits: ScanLimits,
-    visit: &mut impl FnMut(u128, &CellValue) -> Visit,
-) -> ScanOutcome {
+    visit: &mut impl FnMut(u128, &[u8]) -> Visit,
+) -> Result<ScanOutcome, StoreError> {
     let Some(from) = start_key(space.curve, after) else {
-        return ScanOutcome::default();
+        return Ok(ScanOutcome::default());
     };
     let max_steps = limits.max_steps.max(1);
+    let max_cells = limits.max_cells.max(1);
     let mut state = ScanState::new(space.curve, region, from);
     loop {
         let steps = (max_steps - state.outcome.visited).min(SCAN_SLICE_STEPS);
         let end = {
             let cells = read(&space.cells);
-            state.chunk(&cells, steps, limits.max_cells.max(1), visit)
+            if space.on_disk() {
+                drop(cells);
+                // Block reads may happen under this lock (the writer waits
+                // for the slice), so a slice on disk is shorter.
+                let steps = steps.min(DISK_SCAN_SLICE_STEPS);
+                let stack = read(&space.disk);
+                state.chunk_stack(&stack, steps, max_cells, visit)?
+            } else {
+                state.chunk(&cells, steps, max_cells, &mut |key, value: &CellValue| {
+                    visit(key, value)
+                })
+            }
         };
         let resume_after = match end {
-            ChunkEnd::Done => return state.outcome,
+            ChunkEnd::Done => return Ok(state.outcome),
             ChunkEnd::Stopped(key) => key,
             ChunkEnd::Paused(key) if state.outcome.visited >= max_steps => key,
             ChunkEnd::Paused(_) => continue,
         };
         let mut outcome = state.outcome;
         outcome.resume_after = Some(space.curve.decode(resume_after));
-        return outcome;
+        return Ok(outcome);
     }
 }
 
@@ -799,7 +988,7 @@ mod tests {
         let store = MemStore::new();
         let ns = NamespaceName::new("default").unwrap();
         let c = Coord::new(1, -1, 0);
-        assert_eq!(store.get(&ns, c), Some(None));
+        assert_eq!(store.get(&ns, c).map(Result::unwrap), Some(None));
         let put = Mutation::Put {
             ns: ns.clone(),
             coord: c,
@@ -807,13 +996,18 @@ mod tests {
         };
         assert!(!store.apply(&put));
         assert!(store.apply(&put));
-        assert_eq!(store.get(&ns, c).unwrap().unwrap().as_ref(), b"v");
+        assert_eq!(store.get(&ns, c).unwrap().unwrap().unwrap().as_ref(), b"v");
         assert!(store.apply(&Mutation::Del {
             ns: ns.clone(),
             coord: c
         }));
-        assert_eq!(store.get(&ns, c), Some(None));
-        assert_eq!(store.get(&NamespaceName::new("other").unwrap(), c), None);
+        assert_eq!(store.get(&ns, c).map(Result::unwrap), Some(None));
+        assert_eq!(
+            store
+                .get(&NamespaceName::new("other").unwrap(), c)
+                .map(Result::unwrap),
+            None
+        );
     }
 
     fn put(ns: &NamespaceName, c: Coord, value: &[u8]) -> Mutation {
@@ -839,7 +1033,9 @@ mod tests {
         ns: &NamespaceName,
         c: Coord,
     ) -> Option<Option<Vec<u8>>> {
-        store.read_cell_memo(memo, ns, c, |v| v.map(|v| v.to_vec()))
+        store
+            .read_cell_memo(memo, ns, c, |v| v.map(|v| v.to_vec()))
+            .map(Result::unwrap)
     }
 
     #[test]
@@ -892,7 +1088,7 @@ mod tests {
             memo_read(&store, &mut memo, &ns, c),
             Some(Some(old.to_vec()))
         );
-        let value = store.get(&ns, c).unwrap().unwrap();
+        let value = store.get(&ns, c).unwrap().unwrap().unwrap();
         assert_eq!(value.shared_count(), Some(2), "the store and this test");
 
         store.apply(&Mutation::NamespaceDrop { ns: ns.clone() });
@@ -911,7 +1107,7 @@ mod tests {
         );
 
         // A create under another id replaces the namespace, as a drop would.
-        let value = store.get(&ns, c).unwrap().unwrap();
+        let value = store.get(&ns, c).unwrap().unwrap().unwrap();
         store.apply(&create(&ns, 22));
         assert_eq!(memo_read(&store, &mut memo, &ns, c), Some(None));
         assert_eq!(value.shared_count(), Some(1));
@@ -990,7 +1186,7 @@ mod tests {
         // After a drop the memo still holds the old run (the value's only
         // other holder) but never answers from it; its next read finds the
         // namespace gone and lets go.
-        let held = store.get(&ns, coords[0]).unwrap().unwrap();
+        let held = store.get(&ns, coords[0]).unwrap().unwrap().unwrap();
         assert_eq!(held.shared_count(), Some(2), "the base run and this test");
         store.apply(&Mutation::NamespaceDrop { ns: ns.clone() });
         assert_eq!(held.shared_count(), Some(2), "the memo's run");
@@ -1033,13 +1229,19 @@ mod tests {
             // Long enough for the writer to reach the graph's lock.
             std::thread::sleep(std::time::Duration::from_millis(200));
             assert!(!writer.is_finished(), "the drop waits for the walk");
-            let table = store.get(&ns, c).map(|v| v.map(|v| v.as_ref().to_vec()));
+            let table = store
+                .get(&ns, c)
+                .map(Result::unwrap)
+                .map(|v| v.map(|v| v.as_ref().to_vec()));
             assert_eq!(table, old, "replace {replace}: a table read mid-drop");
             assert_eq!(memo_read(&store, &mut memo, &ns, c), old);
             drop(walk);
             assert!(writer.join().unwrap());
             let gone = if replace { Some(None) } else { None };
-            let table = store.get(&ns, c).map(|v| v.map(|v| v.as_ref().to_vec()));
+            let table = store
+                .get(&ns, c)
+                .map(Result::unwrap)
+                .map(|v| v.map(|v| v.as_ref().to_vec()));
             assert_eq!(table, gone);
             assert_eq!(memo_read(&store, &mut memo, &ns, c), gone);
         }
@@ -1085,7 +1287,7 @@ mod tests {
                 .map(|i| put(&ns, Coord::new(i as i32, round, 9), b"v"))
                 .collect();
             let refs: Vec<&Mutation> = group.iter().collect();
-            store.apply_group(&refs, &mut existed);
+            store.apply_group(&refs, 0, &mut existed);
         }
         wait_for_marks(&store, &ns);
         let mut memo = NamespaceMemo::default();
@@ -1093,7 +1295,7 @@ mod tests {
             memo_read(&store, &mut memo, &ns, c),
             Some(Some(vec![b'x'; 40]))
         );
-        let held = store.get(&ns, c).unwrap().unwrap();
+        let held = store.get(&ns, c).unwrap().unwrap().unwrap();
         assert_eq!(held.shared_count(), Some(2), "the base run and this test");
         // Another merge replaces the run the memo holds.
         for round in 4..8 {
@@ -1101,7 +1303,7 @@ mod tests {
                 .map(|i| put(&ns, Coord::new(i as i32, round, 9), b"v"))
                 .collect();
             let refs: Vec<&Mutation> = group.iter().collect();
-            store.apply_group(&refs, &mut existed);
+            store.apply_group(&refs, 0, &mut existed);
         }
         wait_for_marks(&store, &ns);
         // The replaced run shares the value with the new one; the memo's
@@ -1163,7 +1365,7 @@ mod point_read_probe {
             .collect();
         for group in puts.chunks(4096) {
             let refs: Vec<&Mutation> = group.iter().collect();
-            live.apply_group(&refs, &mut existed);
+            live.apply_group(&refs, 0, &mut existed);
         }
         let restored = MemStore::new();
         restored.create_namespace(&ns, Curve::Morton);
@@ -1206,6 +1408,7 @@ mod point_read_probe {
                             .read_cell_memo(&mut memo, &ns, *c, |v| {
                                 v.map_or(0, |v| v.len() + usize::from(v[0]))
                             })
+                            .unwrap()
                             .unwrap();
                     }
                 }
@@ -1285,6 +1488,7 @@ mod point_read_probe {
                             sum += if way % 2 == 0 {
                                 store
                                     .read_cell_memo(&mut memo, &ns, *c, read_value)
+                                    .unwrap()
                                     .unwrap()
                             } else {
                                 let cells = read(&space.cells);

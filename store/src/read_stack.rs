@@ -166,6 +166,20 @@ impl ReadStack {
         Ok(None)
     }
 
+    /// What the memtable holds for `key` (newest generation first):
+    /// `None` if nothing, `Some(None)` for a tombstone. For readers that
+    /// then read the runs holding no lock ([`ReadStack::runs`], cloned).
+    pub(crate) fn memtable_slot(&self, key: u128) -> Option<&Slot> {
+        std::iter::once(&self.active)
+            .chain(self.frozen.iter().map(|g| &**g))
+            .find_map(|g| g.cells.get(&key))
+    }
+
+    /// What the active generation holds for `key`.
+    pub(crate) fn active_slot(&self, key: u128) -> Option<&Slot> {
+        self.active.cells.get(&key)
+    }
+
     /// The current value of `key`, if it has one.
     pub(crate) fn get(&self, key: u128) -> Result<Option<CellValue>, RunFileError> {
         if let Some(slot) = self.active.cells.get(&key) {
@@ -484,6 +498,45 @@ impl ReadStack {
         }
         self.frozen.insert(0, Arc::new(generation));
         None
+    }
+
+    /// Replaces the runs with `runs` (newest first), which the manifest now
+    /// lists for the namespace and which hold every write up to and
+    /// including `through_lsn` (a fold's or a merge's result, or the
+    /// runs a namespace leaving memory starts reading): the generations
+    /// wholly at or below it are dropped, the active one first frozen so
+    /// that its writes after `through_lsn` stay. Returns the dropped
+    /// generations and the runs no longer listed, for the caller to free
+    /// outside the lock. The caller makes sure the writer has applied
+    /// every write up to `through_lsn`: a run ahead of the memtable would
+    /// make the writer's next lookup of a key it holds stale.
+    pub(crate) fn set_runs(
+        &mut self,
+        runs: Vec<Arc<RunFileReader>>,
+        through_lsn: u64,
+    ) -> (Vec<Arc<Generation>>, Vec<Arc<RunFileReader>>) {
+        self.persisted_lsn = self.persisted_lsn.max(through_lsn);
+        let mut dropped = Vec::new();
+        if let Some(generation) = self.freeze() {
+            dropped.push(Arc::new(generation));
+        }
+        let keep = self
+            .frozen
+            .iter()
+            .position(|g| g.last_lsn <= self.persisted_lsn)
+            .unwrap_or(self.frozen.len());
+        dropped.extend(self.frozen.split_off(keep));
+        let old = std::mem::replace(&mut self.runs, runs);
+        let unlisted = old
+            .into_iter()
+            .filter(|run| !self.runs.iter().any(|r| Arc::ptr_eq(r, run)))
+            .collect();
+        (dropped, unlisted)
+    }
+
+    /// Sets the live count: a namespace leaving memory takes its map's.
+    pub(crate) fn set_len(&mut self, live: usize) {
+        self.live = live;
     }
 
     /// Installs `run`, which a checkpoint fold wrote from the log up to

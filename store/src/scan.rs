@@ -22,6 +22,8 @@ use cube_protocol::{CellBox, Coord};
 use crate::cells::{CellMap, Span, Value};
 use crate::curve::region::{KeyRange, Runs};
 use crate::curve::{Curve, MAX_KEY, hilbert};
+use crate::read_stack::ReadStack;
+use crate::run_file::RunFileError;
 
 /// What one scan call may do before it hands back a cursor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -189,21 +191,82 @@ impl ScanState {
         }
     }
 
+    /// [`ScanState::chunk`] over a namespace on disk: each curve run of the
+    /// box is one [`ReadStack::visit_range`] (values borrowed from the
+    /// blocks, streamed in key order), and between runs the stack's next
+    /// stored key picks the next run, as the seeker's does in memory. A
+    /// block that cannot be read ends the scan with its error.
+    pub(crate) fn chunk_stack<V>(
+        &mut self,
+        stack: &ReadStack,
+        steps: u64,
+        max_cells: u64,
+        visit: &mut V,
+    ) -> Result<ChunkEnd, RunFileError>
+    where
+        V: FnMut(u128, &[u8]) -> Visit,
+    {
+        let mut budget = steps.max(1);
+        self.outcome.seeks += 1;
+        loop {
+            let run = match self.run {
+                Some(run) if run.end >= self.next_key => run,
+                _ => match self.runs.next_run_from(self.next_key) {
+                    Some(run) => run,
+                    None => return Ok(ChunkEnd::Done),
+                },
+            };
+            self.run = Some(run);
+            let start = run.start.max(self.next_key);
+            let mut end = None;
+            stack.visit_range(start, run.end, |key, value| {
+                end = self.take(key, &value, &mut budget, max_cells, &mut |k, v: &&[u8]| {
+                    visit(k, v)
+                });
+                end.is_none()
+            })?;
+            if let Some(end) = end {
+                return Ok(end);
+            }
+            if run.end >= MAX_KEY {
+                return Ok(ChunkEnd::Done);
+            }
+            self.next_key = run.end + 1;
+            if budget == 0 {
+                return Ok(self.pause());
+            }
+            let Some(key) = stack.next_key_after(run.end)? else {
+                return Ok(ChunkEnd::Done);
+            };
+            let Some(next) = self.runs.next_run_from(key) else {
+                return Ok(ChunkEnd::Done);
+            };
+            self.run = Some(next);
+            if key < next.start {
+                self.outcome.visited += 1;
+                budget -= 1;
+                self.next_key = next.start;
+            } else {
+                self.next_key = key;
+            }
+        }
+    }
+
     /// Stored cells inside the box, all of them unless the budget, the
     /// page or the visitor says stop (then `Some`, as [`Self::take`] would
     /// end). The loop keeps its counters in registers and settles them
     /// once: this is the hot loop of a dense scan.
     #[inline(always)]
-    fn take_slice<V>(
+    fn take_slice<T, V>(
         &mut self,
         keys: &[u128],
-        values: &[Value],
+        values: &[T],
         budget: &mut u64,
         max_cells: u64,
         visit: &mut V,
     ) -> Option<ChunkEnd>
     where
-        V: FnMut(u128, &Value) -> Visit,
+        V: FnMut(u128, &T) -> Visit,
     {
         debug_assert_eq!(keys.len(), values.len());
         debug_assert!(self.outcome.cells <= max_cells);
@@ -243,16 +306,16 @@ impl ScanState {
     /// One stored cell inside the box: `Some` ends the chunk. A slice of
     /// one, so the merged path and the slice path stop for the same reasons.
     #[inline(always)]
-    fn take<V>(
+    fn take<T, V>(
         &mut self,
         key: u128,
-        value: &Value,
+        value: &T,
         budget: &mut u64,
         max_cells: u64,
         visit: &mut V,
     ) -> Option<ChunkEnd>
     where
-        V: FnMut(u128, &Value) -> Visit,
+        V: FnMut(u128, &T) -> Visit,
     {
         self.take_slice(
             std::slice::from_ref(&key),

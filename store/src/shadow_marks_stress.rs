@@ -191,7 +191,7 @@ fn write_groups(store: &MemStore, ns: &NamespaceName, published: &Published) -> 
             published.begun[id].store(version, Ordering::Release);
         }
         let refs: Vec<&Mutation> = group.iter().collect();
-        store.apply_group(&refs, &mut existed);
+        store.apply_group(&refs, 0, &mut existed);
         for &(id, version) in &touched {
             published.finished[id].store(version, Ordering::Release);
         }
@@ -241,6 +241,7 @@ fn read_keys(
             let mut got = vec![None; BATCH];
             store
                 .read_cells(ns, &coords, |i, v| got[i] = copy(v))
+                .unwrap()
                 .unwrap();
             for (i, &id) in ids.iter().enumerate() {
                 let begun = published.begun[id].load(Ordering::Acquire);
@@ -252,9 +253,11 @@ fn read_keys(
         let id = rng.below(KEYS);
         let finished = published.finished[id].load(Ordering::Acquire);
         let got = if batched {
-            store.read_cell(ns, coord(id), copy)
+            store.read_cell(ns, coord(id), copy).map(Result::unwrap)
         } else {
-            store.read_cell_memo(&mut memo, ns, coord(id), copy)
+            store
+                .read_cell_memo(&mut memo, ns, coord(id), copy)
+                .map(Result::unwrap)
         };
         let begun = published.begun[id].load(Ordering::Acquire);
         check(id, finished, begun, got.unwrap().as_deref());
@@ -317,7 +320,7 @@ fn point_reads_never_see_a_stale_cell_while_marks_change() {
     assert!(reads.iter().all(|&r| r > 0), "reads {reads:?}");
     // At rest, every key reads exactly as last written.
     for (id, &version) in versions.iter().enumerate() {
-        let got = store.get(&ns, coord(id)).unwrap();
+        let got = store.get(&ns, coord(id)).unwrap().unwrap();
         check(id, version, version, got.as_ref().map(CellValue::as_bytes));
     }
 }

@@ -48,6 +48,12 @@ pub struct StoreStats {
     pub(crate) delta_files: AtomicU64,
     pub(crate) checkpoint_lsn: AtomicU64,
     pub(crate) checkpoint_failure: Mutex<Option<String>>,
+    /// Microseconds the writer paused for memtables over their budget.
+    pub(crate) write_pause_us: AtomicU64,
+    /// 1 while the checkpointer folds (or compacts), else 0.
+    pub(crate) folds_in_flight: AtomicU64,
+    /// 1 while the checkpointer merges a namespace's runs, else 0.
+    pub(crate) merges_in_flight: AtomicU64,
 }
 
 /// A consistent-enough copy of the counters (each read is atomic; the set
@@ -84,6 +90,9 @@ pub struct StoreStatsSnapshot {
     pub group_records_p99: u64,
     pub fsync_us_p50: u64,
     pub fsync_us_p99: u64,
+    pub write_pause_us: u64,
+    pub folds_in_flight: u64,
+    pub merges_in_flight: u64,
 }
 
 impl StoreStats {
@@ -176,6 +185,9 @@ impl StoreStats {
             group_records_p99,
             fsync_us_p50,
             fsync_us_p99,
+            write_pause_us: self.write_pause_us.load(Relaxed),
+            folds_in_flight: self.folds_in_flight.load(Relaxed),
+            merges_in_flight: self.merges_in_flight.load(Relaxed),
         }
     }
 }

@@ -23,7 +23,7 @@ use cube_protocol::{CellBox, Coord, NamespaceName};
 use crate::cell_value::CellValue;
 use crate::coord_hash::CoordHashBuilder;
 use crate::edges::{EdgeKey, EdgeUndo, PendingEdges};
-use crate::error::WriteError;
+use crate::error::{StoreError, WriteError, WriteErrorKind};
 use crate::group_commit::quota_check;
 use crate::memstore::MemStore;
 use crate::mutation::Mutation;
@@ -60,26 +60,55 @@ impl Overlay {
         self.metas.clear();
     }
 
-    /// A cell's value as of this point in the group.
-    fn cell_now(&self, mem: &MemStore, ns: &NamespaceName, coord: Coord) -> Option<CellValue> {
+    /// A cell's value as of this point in the group; an error when its
+    /// namespace is on disk and the block holding it could not be read.
+    fn cell_now(
+        &self,
+        mem: &MemStore,
+        ns: &NamespaceName,
+        coord: Coord,
+    ) -> Result<Option<CellValue>, StoreError> {
         if !self.cells.is_empty()
             && let Some(pending) = self.cells.get(&(ns.clone(), coord))
         {
-            return pending.clone();
+            return Ok(pending.clone());
         }
-        mem.get(ns, coord).flatten()
+        Ok(mem.get(ns, coord).transpose()?.flatten())
     }
 
     /// What `mutation` would change in its namespace's usage, as of this
-    /// point in the group (before it is recorded).
-    pub(crate) fn usage_change(&self, mem: &MemStore, mutation: &Mutation) -> UsageDelta {
-        let removed = |ns: &NamespaceName, coord: Coord| match self.cell_now(mem, ns, coord) {
-            Some(old) => UsageDelta {
+    /// point in the group (before it is recorded); an error when the cell
+    /// it replaces could not be read.
+    pub(crate) fn usage_change(
+        &self,
+        mem: &MemStore,
+        mutation: &Mutation,
+    ) -> Result<UsageDelta, StoreError> {
+        let mut failure = None;
+        let delta = self.usage_change_or(mem, mutation, &mut failure);
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(delta),
+        }
+    }
+
+    fn usage_change_or(
+        &self,
+        mem: &MemStore,
+        mutation: &Mutation,
+        failure: &mut Option<StoreError>,
+    ) -> UsageDelta {
+        let mut removed = |ns: &NamespaceName, coord: Coord| match self.cell_now(mem, ns, coord) {
+            Ok(Some(old)) => UsageDelta {
                 cells: -1,
                 bytes: -(old.len() as i64),
                 edges: 0,
             },
-            None => UsageDelta::default(),
+            Ok(None) => UsageDelta::default(),
+            Err(e) => {
+                failure.get_or_insert(e);
+                UsageDelta::default()
+            }
         };
         match mutation {
             Mutation::Put { ns, coord, value } => {
@@ -231,6 +260,10 @@ impl Place<'_> {
 /// What a transaction did so far, to commit or undo.
 #[derive(Default)]
 struct TxnLog {
+    /// The first read that failed (a block of a namespace on disk): the
+    /// writer refuses the transaction with it, since what it did may rest
+    /// on a value it could not see.
+    read_failure: std::sync::Mutex<Option<String>>,
     mutations: Vec<Mutation>,
     /// Mutations refused for being past [`crate::MAX_TXN_MUTATIONS`].
     overflowed: usize,
@@ -350,10 +383,17 @@ impl<'a> TxnView<'a> {
         if !limited {
             return;
         }
-        let delta = self
+        let delta = match self
             .place
             .overlay()
-            .usage_change(self.place.mem(), mutation);
+            .usage_change(self.place.mem(), mutation)
+        {
+            Ok(delta) => delta,
+            Err(e) => {
+                self.note_read_failure(&e);
+                UsageDelta::default()
+            }
+        };
         match self.log.usage.iter_mut().find(|(n, _)| n == ns) {
             Some((_, total)) => total.add(delta),
             None => self.log.usage.push((ns.clone(), delta)),
@@ -364,7 +404,10 @@ impl<'a> TxnView<'a> {
         self.place.mem().has_namespace(ns)
     }
 
-    /// The cell's value as of this point in the log, or `None`.
+    /// The cell's value as of this point in the log, or `None`. A read
+    /// that fails (a namespace on disk) answers `None` and is kept: the
+    /// writer then refuses the whole transaction with it
+    /// ([`TxnView::read_refusal`]).
     pub fn get(&self, ns: &NamespaceName, coord: Coord) -> Option<CellValue> {
         // Skipping an empty overlay saves the key's clone on the hot path
         // of programs that read many cells.
@@ -373,7 +416,38 @@ impl<'a> TxnView<'a> {
         {
             return pending.clone();
         }
-        self.place.mem().get(ns, coord).flatten()
+        match self.place.mem().get(ns, coord)? {
+            Ok(value) => value,
+            Err(e) => {
+                self.note_read_failure(&e);
+                None
+            }
+        }
+    }
+
+    fn note_read_failure(&self, e: &StoreError) {
+        let mut failure = self
+            .log
+            .read_failure
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        failure.get_or_insert_with(|| e.to_string());
+    }
+
+    /// The refusal for a transaction one of whose reads failed: nothing it
+    /// wrote may be applied.
+    pub fn read_refusal(&self) -> Option<WriteError> {
+        let failure = self
+            .log
+            .read_failure
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        failure.as_ref().map(|reason| {
+            WriteError::new(
+                WriteErrorKind::StorageIo,
+                format!("a cell the transaction read could not be read, so nothing it wrote was applied: {reason}"),
+            )
+        })
     }
 
     /// Writes a cell (seen by this transaction's later reads and by later
@@ -684,6 +758,14 @@ impl<'a> TxnView<'a> {
                     Visit::Take
                 },
             )?;
+            let outcome = match outcome {
+                Ok(outcome) => outcome,
+                Err(e) => {
+                    // Kept for the writer's refusal; the page ends here.
+                    self.note_read_failure(&e);
+                    break;
+                }
+            };
             match outcome.resume_after {
                 Some(next) if taken > 0 || outcome.visited > 0 => after = Some(next),
                 _ => break,

@@ -390,15 +390,13 @@ fn count_cells(root: &Path, keyring: Option<Arc<Keyring>>) -> Result<u64, StoreE
         keyring.clone(),
     )?;
     checkpoints.load(
-        |m| mem.apply_group(&[&m], &mut existed),
+        |m| mem.apply_group(&[&m], 0, &mut existed),
         |ns, cells| {
             mem.load_sorted_cells(ns, cells);
         },
     )?;
-    checkpoints.load_runs(|ns, cells| {
-        mem.load_curve_cells(ns, cells);
-    })?;
-    let apply = |_lsn: u64, m: Mutation| mem.apply_group(&[&m], &mut Vec::new());
+    checkpoints.load_runs(&mem)?;
+    let apply = |lsn: u64, m: Mutation| mem.apply_group(&[&m], lsn, &mut Vec::new());
     // As a start does: the log is judged against the checkpoint's namespaces.
     let mut rule = SealingRule::new(mem.namespace_list());
     recover_with(

@@ -526,7 +526,7 @@ fn assert_check_engine(engine: &Engine, model: &Model) {
     check(store, model);
     for a in 0..6u8 {
         assert_eq!(
-            engine.get(&ns(), point(a)).unwrap().is_some(),
+            engine.get(&ns(), point(a)).unwrap().unwrap().is_some(),
             model.cells.contains(&point(a))
         );
     }

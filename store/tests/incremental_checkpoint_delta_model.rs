@@ -4,16 +4,22 @@
 //! their merges included — always recover to exactly the state a
 //! `BTreeMap` model holds, in a Morton namespace and in a Hilbert one that
 //! is dropped and created again (its runs deleted), with exact cell counts.
+//! Each is run twice: with every namespace in memory, and with none (a
+//! resident budget of 0 bytes and a block cache of three blocks), so that
+//! namespaces move to disk as they are written (`cube_store::disk_tier`),
+//! restarts open their runs' indexes only, and every read, scan and
+//! `mget` goes through the block cache's eviction.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use cube_protocol::{Coord, NamespaceName};
+use cube_protocol::{CellBox, Coord, NamespaceName};
 use cube_store::curve::Curve;
+use cube_store::disk_tier::TierConfig;
 use cube_store::namespace::NamespaceMeta;
-use cube_store::{CrashPoint, Engine, EngineConfig, Mutation, StoreError};
+use cube_store::{CrashPoint, Engine, EngineConfig, Mutation, ScanLimits, StoreError, Visit};
 use proptest::prelude::*;
 
 const KEYS: i32 = 24;
@@ -49,8 +55,23 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn config(dir: &Path, crash_at: Option<CrashPoint>) -> EngineConfig {
+/// Where the cells are served from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tiers {
+    Memory,
+    /// No resident budget, a three-block cache.
+    Disk,
+}
+
+fn config(dir: &Path, crash_at: Option<CrashPoint>, tiers: Tiers) -> EngineConfig {
     let mut c = EngineConfig::new(dir);
+    if tiers == Tiers::Disk {
+        c.tiers = TierConfig {
+            resident_limit_bytes: 0,
+            block_cache_bytes: 3 * 4096,
+            memtable_limit_bytes: 1 << 20,
+        };
+    }
     // Small segments: folds span several of them, and rolls happen often.
     c.group_commit.segment_bytes = 600;
     // No background folds: the test decides when checkpoints happen.
@@ -91,11 +112,62 @@ fn coord(k: i32) -> Coord {
 }
 
 fn assert_matches(engine: &Engine, model: &Model, context: &str) {
+    let mem = engine.memstore();
     for i in 0..NAMESPACES {
         for k in 0..KEYS {
-            let got = engine.get(&ns(i), coord(k)).unwrap().map(|v| v.to_vec());
+            let got = engine
+                .get(&ns(i), coord(k))
+                .unwrap()
+                .unwrap()
+                .map(|v| v.to_vec());
             assert_eq!(got.as_ref(), model.get(&(i, k)), "{i}:{k} after {context}");
         }
+        // One batched read of every key, and a scan of a box holding them
+        // all, in pages of 5 (a page ends inside the runs' blocks).
+        let coords: Vec<Coord> = (0..KEYS).map(coord).collect();
+        let mut batch = vec![None; coords.len()];
+        mem.read_cells(&ns(i), &coords, |at, v| batch[at] = v.map(|v| v.to_vec()))
+            .unwrap()
+            .unwrap();
+        for (k, got) in batch.iter().enumerate() {
+            assert_eq!(
+                got.as_ref(),
+                model.get(&(i, k as i32)),
+                "mget {i}:{k} after {context}"
+            );
+        }
+        let region = CellBox::new(Coord::new(-20, 0, -30), Coord::new(20, 200, 0)).unwrap();
+        let mut scanned: BTreeMap<(i32, i32, i32), Vec<u8>> = BTreeMap::new();
+        let mut after = None;
+        loop {
+            let limits = ScanLimits {
+                max_cells: 5,
+                max_steps: ScanLimits::MAX_STEPS,
+            };
+            let outcome = mem
+                .scan(&ns(i), &region, after, limits, |c, v| {
+                    assert!(
+                        scanned.insert((c.x, c.y, c.z), v.to_vec()).is_none(),
+                        "{c:?} scanned twice after {context}"
+                    );
+                    Visit::Take
+                })
+                .unwrap()
+                .unwrap();
+            match outcome.resume_after {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        let want: BTreeMap<(i32, i32, i32), Vec<u8>> = model
+            .iter()
+            .filter(|((at, _), _)| *at == i)
+            .map(|((_, k), v)| {
+                let c = coord(*k);
+                ((c.x, c.y, c.z), v.clone())
+            })
+            .collect();
+        assert_eq!(scanned, want, "scan of namespace {i} after {context}");
         let usage = engine.memstore().namespace_usage(&ns(i)).unwrap();
         let cells = model.keys().filter(|(at, _)| *at == i).count() as u64;
         assert_eq!(usage.cells, cells, "namespace {i}'s count after {context}");
@@ -103,26 +175,26 @@ fn assert_matches(engine: &Engine, model: &Model, context: &str) {
 }
 
 /// Runs `ops`; returns the crash points that fired.
-fn run(ops: &[Op]) -> Vec<CrashPoint> {
-    run_in(tempfile::tempdir().unwrap(), ops)
+fn run(ops: &[Op], tiers: Tiers) -> Vec<CrashPoint> {
+    run_in(tempfile::tempdir().unwrap(), ops, tiers)
 }
 
 /// [`run`] with a master key: the Hilbert namespace is encrypted, its
 /// runs sealed, the others authenticated.
-fn run_keyed(ops: &[Op]) -> Vec<CrashPoint> {
+fn run_keyed(ops: &[Op], tiers: Tiers) -> Vec<CrashPoint> {
     use std::os::unix::fs::PermissionsExt;
     let tmp = tempfile::tempdir().unwrap();
     let key = key_path(&tmp.path().join("data"));
     std::fs::write(&key, "5a".repeat(32)).unwrap();
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-    run_in(tmp, ops)
+    run_in(tmp, ops, tiers)
 }
 
-fn run_in(tmp: tempfile::TempDir, ops: &[Op]) -> Vec<CrashPoint> {
+fn run_in(tmp: tempfile::TempDir, ops: &[Op], tiers: Tiers) -> Vec<CrashPoint> {
     let mut fired = Vec::new();
     let dir = tmp.path().join("data");
     let mut model = Model::new();
-    let mut engine = Engine::open(config(&dir, None)).unwrap();
+    let mut engine = Engine::open(config(&dir, None, tiers)).unwrap();
     create_hilbert(&engine, &dir);
     for (step, op) in ops.iter().enumerate() {
         let context = format!("step {step}: {op:?}");
@@ -162,6 +234,17 @@ fn run_in(tmp: tempfile::TempDir, ops: &[Op]) -> Vec<CrashPoint> {
             }
             Op::Checkpoint => {
                 engine.checkpoint().unwrap();
+                if tiers == Tiers::Disk {
+                    // Over a budget of 0, a written namespace starts
+                    // leaving memory after its write, and the fold moves
+                    // it onto its runs.
+                    for i in 0..NAMESPACES {
+                        if model.keys().any(|(at, _)| *at == i) {
+                            let tier = engine.memstore().namespace_tier(&ns(i));
+                            assert_eq!(tier, Some("disk"), "namespace {i} at {context}");
+                        }
+                    }
+                }
             }
             Op::Compact => {
                 engine.compact().unwrap();
@@ -169,7 +252,7 @@ fn run_in(tmp: tempfile::TempDir, ops: &[Op]) -> Vec<CrashPoint> {
             Op::Restart => {
                 engine.shutdown().unwrap();
                 drop(engine);
-                engine = Engine::open(config(&dir, None)).unwrap();
+                engine = Engine::open(config(&dir, None, tiers)).unwrap();
                 assert_eq!(
                     engine.recovery_report().records_replayed,
                     0,
@@ -179,13 +262,13 @@ fn run_in(tmp: tempfile::TempDir, ops: &[Op]) -> Vec<CrashPoint> {
             Op::Crash => {
                 engine.close_without_checkpoint();
                 drop(engine);
-                engine = Engine::open(config(&dir, None)).unwrap();
+                engine = Engine::open(config(&dir, None, tiers)).unwrap();
             }
             Op::CheckpointCrashingAt(i) | Op::CompactCrashingAt(i) => {
                 let point = CrashPoint::ALL[*i];
                 engine.close_without_checkpoint();
                 drop(engine);
-                let crashing = Engine::open(config(&dir, Some(point))).unwrap();
+                let crashing = Engine::open(config(&dir, Some(point), tiers)).unwrap();
                 let result = if matches!(op, Op::CheckpointCrashingAt(_)) {
                     crashing.checkpoint().map(|_| ())
                 } else {
@@ -198,15 +281,28 @@ fn run_in(tmp: tempfile::TempDir, ops: &[Op]) -> Vec<CrashPoint> {
                 }
                 crashing.close_without_checkpoint();
                 drop(crashing);
-                engine = Engine::open(config(&dir, None)).unwrap();
+                engine = Engine::open(config(&dir, None, tiers)).unwrap();
             }
         }
         assert_matches(&engine, &model, &context);
     }
     engine.shutdown().unwrap();
     drop(engine);
-    let engine = Engine::open(config(&dir, None)).unwrap();
+    let engine = Engine::open(config(&dir, None, tiers)).unwrap();
     assert_matches(&engine, &model, "the final restart");
+    if tiers == Tiers::Disk {
+        // Restarted with no resident budget: a namespace holding cells
+        // reads its runs (an empty one costs nothing in memory).
+        for i in 0..NAMESPACES {
+            if model.keys().any(|(at, _)| *at == i) {
+                assert_eq!(
+                    engine.memstore().namespace_tier(&ns(i)),
+                    Some("disk"),
+                    "{i}"
+                );
+            }
+        }
+    }
     engine.close_without_checkpoint();
     fired
 }
@@ -216,7 +312,13 @@ proptest! {
 
     #[test]
     fn incremental_checkpoint_delta_model(ops in proptest::collection::vec(op(), 1..60)) {
-        run(&ops);
+        run(&ops, Tiers::Memory);
+    }
+
+    /// Namespaces served from their runs through a three-block cache.
+    #[test]
+    fn incremental_checkpoint_delta_model_on_disk(ops in proptest::collection::vec(op(), 1..60)) {
+        run(&ops, Tiers::Disk);
     }
 }
 
@@ -227,7 +329,14 @@ proptest! {
     /// and authenticated ones, under the authenticated manifest.
     #[test]
     fn incremental_checkpoint_delta_model_keyed(ops in proptest::collection::vec(op(), 1..60)) {
-        run_keyed(&ops);
+        run_keyed(&ops, Tiers::Memory);
+    }
+
+    /// Keyed and on disk: the encrypted namespace's sealed runs decrypted
+    /// only into a three-block cache.
+    #[test]
+    fn incremental_checkpoint_delta_model_keyed_on_disk(ops in proptest::collection::vec(op(), 1..60)) {
+        run_keyed(&ops, Tiers::Disk);
     }
 }
 
@@ -278,11 +387,16 @@ fn every_crash_point_recovers_the_acknowledged_state() {
         ops.push(Op::CheckpointCrashingAt(point));
         ops.push(Op::Restart);
         let point = CrashPoint::ALL[point];
-        assert!(run(&ops).contains(&point), "{point:?} never fired");
-        assert!(
-            run_keyed(&ops).contains(&point),
-            "keyed: {point:?} never fired"
-        );
+        for tiers in [Tiers::Memory, Tiers::Disk] {
+            assert!(
+                run(&ops, tiers).contains(&point),
+                "{tiers:?}: {point:?} never fired"
+            );
+            assert!(
+                run_keyed(&ops, tiers).contains(&point),
+                "{tiers:?}, keyed: {point:?} never fired"
+            );
+        }
     }
 }
 
@@ -306,7 +420,7 @@ fn run_files(dir: &Path) -> usize {
 fn runs_are_per_namespace_deleted_with_it_and_kept_few() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("data");
-    let engine = Engine::open(config(&dir, None)).unwrap();
+    let engine = Engine::open(config(&dir, None, Tiers::Memory)).unwrap();
     create_hilbert(&engine, &dir);
     let put = |i: usize, k: i32, len: usize| {
         engine
@@ -343,7 +457,7 @@ fn runs_are_per_namespace_deleted_with_it_and_kept_few() {
     assert_eq!(run_files(&dir), 1, "compacted to one run");
     engine.shutdown().unwrap();
     drop(engine);
-    let engine = Engine::open(config(&dir, None)).unwrap();
+    let engine = Engine::open(config(&dir, None, Tiers::Memory)).unwrap();
     let usage = engine.memstore().namespace_usage(&ns(0)).unwrap();
     assert_eq!(usage.cells, KEYS as u64);
     assert!(engine.memstore().namespace_usage(&ns(1)).is_none());

@@ -65,7 +65,9 @@ fn a_latched_writer_shuts_down_without_folding_the_log() {
         let engine = Engine::open(config(&disk)).unwrap();
         let ns = NamespaceName::new("default").unwrap();
         assert_eq!(
-            engine.get(&ns, Coord::new(refused, 0, 0)),
+            engine
+                .get(&ns, Coord::new(refused, 0, 0))
+                .map(Result::unwrap),
             Some(None),
             "seed {seed}: put {refused} was refused, and nothing synced it since"
         );

@@ -76,7 +76,7 @@ fn a_failed_manifest_store_stops_checkpoints_and_loses_nothing() {
         let engine = Engine::open(config(&disk))
             .unwrap_or_else(|e| panic!("seed {seed}: the next start refused: {e}"));
         for (i, value) in &acked {
-            let got = engine.get(&ns, Coord::new(*i, 0, 0)).unwrap();
+            let got = engine.get(&ns, Coord::new(*i, 0, 0)).unwrap().unwrap();
             assert_eq!(
                 got.as_deref(),
                 Some(value.as_slice()),

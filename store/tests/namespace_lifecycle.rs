@@ -50,6 +50,7 @@ fn put(engine: &Engine, ns: &str, x: i32, value: &[u8]) -> Result<u64, WriteErro
 fn get(engine: &Engine, ns: &str, x: i32) -> Option<Option<Vec<u8>>> {
     engine
         .get(&name(ns), Coord::new(x, 0, 0))
+        .map(Result::unwrap)
         .map(|v| v.map(|v| v.to_vec()))
 }
 

@@ -130,6 +130,7 @@ fn assert_every_cell(engine: &Engine) {
                 for z in -1..=0 {
                     let got = engine
                         .get(&ns, Coord::new(x, y, z))
+                        .map(Result::unwrap)
                         .unwrap_or_else(|| panic!("namespace {name} is missing"))
                         .map(|v| v.to_vec());
                     let want = expected(name, x, y, z);

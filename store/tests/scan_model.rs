@@ -53,6 +53,7 @@ fn scan_all(
                     Visit::Take
                 },
             )
+            .unwrap()
             .unwrap();
         assert_eq!(outcome.cells, cells.len() as u64);
         assert!(outcome.cells <= page);
@@ -101,6 +102,7 @@ fn count_all(store: &MemStore, curve: Curve, region: &CellBox, steps: u64) -> u6
                     max_steps: steps,
                 },
             )
+            .unwrap()
             .unwrap();
         total += outcome.cells;
         match outcome.resume_after {
@@ -225,6 +227,7 @@ fn extremes_and_the_whole_space() {
                     max_steps: u64::MAX,
                 },
             )
+            .unwrap()
             .unwrap();
         assert_eq!(outcome.cells, cells.len() as u64);
         assert_eq!(
@@ -271,6 +274,7 @@ fn missing_namespace_and_a_cursor_at_the_last_key() {
     assert!(
         store
             .scan(&nope, &region, None, limits, |_, _| Visit::Take)
+            .map(Result::unwrap)
             .is_none()
     );
     let default = NamespaceName::new("default").unwrap();
@@ -284,6 +288,7 @@ fn missing_namespace_and_a_cursor_at_the_last_key() {
             limits,
             |_, _| Visit::Take,
         )
+        .unwrap()
         .unwrap();
     assert_eq!((outcome.cells, outcome.resume_after), (0, None));
     assert!(
@@ -326,6 +331,7 @@ fn a_visitor_stop_resumes_at_the_refused_cell() {
                         Visit::Take
                     },
                 )
+                .unwrap()
                 .unwrap();
             assert_eq!(outcome.cells, page.len() as u64);
             got.extend(page);
@@ -382,7 +388,7 @@ fn scans_beside_the_writer_see_whole_values() {
                         .collect();
                     for part in group.chunks(4096) {
                         let refs: Vec<&Mutation> = part.iter().collect();
-                        store.apply_group(&refs, &mut existed);
+                        store.apply_group(&refs, 0, &mut existed);
                     }
                 }
                 done.store(true, Ordering::SeqCst);
@@ -433,6 +439,7 @@ fn scans_beside_the_writer_see_whole_values() {
                                         Visit::Take
                                     },
                                 )
+                                .unwrap()
                                 .unwrap();
                             match outcome.resume_after {
                                 Some(c) => after = Some(c),

@@ -176,6 +176,7 @@ fn verify(engine: &Engine, model: &mut Model, seed: u64, step: usize) {
     for k in 0..KEYS {
         let got = engine
             .get(&ns(seed), coord(k))
+            .map(Result::unwrap)
             .unwrap_or_else(|| {
                 panic!("seed {seed} step {step}: the acknowledged namespace is gone")
             })

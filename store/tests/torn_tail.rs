@@ -130,7 +130,7 @@ fn every_cut_in_the_last_records_recovers_the_acknowledged_prefix() {
         // The state is exactly the first `whole` writes.
         for i in 0..RECORDS {
             let expect_present = i < whole && i % 4 != 3 && !(i % 4 == 2 && i + 1 < whole);
-            let got = engine.get(&ns(), Coord::new(i, 0, 0)).unwrap();
+            let got = engine.get(&ns(), Coord::new(i, 0, 0)).unwrap().unwrap();
             assert_eq!(got.is_some(), expect_present, "cut at {cut}, cell {i}");
         }
         // And the log continues at the next LSN.
@@ -265,9 +265,27 @@ fn a_value_holding_forged_records_is_still_dropped_as_a_torn_tail() {
     let report = engine.recovery_report();
     assert_eq!((report.records_replayed, report.next_lsn), (3, 4));
     assert_eq!(report.torn_tail.as_ref().unwrap().offset, ends[2]);
-    assert!(engine.get(&ns(), Coord::new(2, 0, 0)).unwrap().is_some());
-    assert!(engine.get(&ns(), Coord::new(9, 0, 0)).unwrap().is_none());
-    assert!(engine.get(&ns(), Coord::new(50, 0, 0)).unwrap().is_none());
+    assert!(
+        engine
+            .get(&ns(), Coord::new(2, 0, 0))
+            .unwrap()
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        engine
+            .get(&ns(), Coord::new(9, 0, 0))
+            .unwrap()
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        engine
+            .get(&ns(), Coord::new(50, 0, 0))
+            .unwrap()
+            .unwrap()
+            .is_none()
+    );
     engine.close_without_checkpoint();
 }
 
@@ -317,7 +335,11 @@ fn a_version_1_segment_is_read_and_the_log_goes_on_in_version_2() {
         assert_eq!(report.records_replayed, 2 + round);
         assert!(report.torn_tail.is_none());
         assert_eq!(
-            engine.get(&ns(), Coord::new(2, 0, 0)).unwrap().as_deref(),
+            engine
+                .get(&ns(), Coord::new(2, 0, 0))
+                .unwrap()
+                .unwrap()
+                .as_deref(),
             Some(&b"old"[..])
         );
         if round == 0 {
@@ -333,7 +355,11 @@ fn a_version_1_segment_is_read_and_the_log_goes_on_in_version_2() {
             assert_eq!(ack.lsn, 3);
         } else {
             assert_eq!(
-                engine.get(&ns(), Coord::new(3, 0, 0)).unwrap().as_deref(),
+                engine
+                    .get(&ns(), Coord::new(3, 0, 0))
+                    .unwrap()
+                    .unwrap()
+                    .as_deref(),
                 Some(&b"new"[..])
             );
         }
@@ -373,7 +399,13 @@ fn an_empty_version_1_tail_is_replaced_by_a_version_2_segment() {
             };
             assert_eq!(engine.session().unwrap().write(put).unwrap().lsn, 1);
         } else {
-            assert!(engine.get(&ns(), Coord::new(1, 0, 0)).unwrap().is_some());
+            assert!(
+                engine
+                    .get(&ns(), Coord::new(1, 0, 0))
+                    .unwrap()
+                    .unwrap()
+                    .is_some()
+            );
         }
         engine.close_without_checkpoint();
     }

@@ -52,7 +52,7 @@ fn concurrent_increments_are_never_lost() {
     for w in workers {
         w.join().unwrap();
     }
-    assert_eq!(number(engine.get(&ns(), counter).unwrap()), 1600);
+    assert_eq!(number(engine.get(&ns(), counter).unwrap().unwrap()), 1600);
     engine.close_without_checkpoint();
 }
 
@@ -86,8 +86,20 @@ fn a_transaction_sees_earlier_writes_and_a_rollback_applies_nothing() {
         "reads see the store and the transaction's own writes"
     );
     assert_eq!(first_lsn, 2);
-    assert!(engine.get(&ns(), Coord::new(9, 0, 0)).unwrap().is_some());
-    assert!(engine.get(&ns(), Coord::new(3, 0, 0)).unwrap().is_none());
+    assert!(
+        engine
+            .get(&ns(), Coord::new(9, 0, 0))
+            .unwrap()
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        engine
+            .get(&ns(), Coord::new(3, 0, 0))
+            .unwrap()
+            .unwrap()
+            .is_none()
+    );
 
     let (emitted, lsn) = session
         .transact(|view| {
@@ -97,7 +109,13 @@ fn a_transaction_sees_earlier_writes_and_a_rollback_applies_nothing() {
         })
         .unwrap();
     assert_eq!((emitted, lsn), (0, 0));
-    assert!(engine.get(&ns(), Coord::new(100, 0, 0)).unwrap().is_none());
+    assert!(
+        engine
+            .get(&ns(), Coord::new(100, 0, 0))
+            .unwrap()
+            .unwrap()
+            .is_none()
+    );
     let err = session
         .transact(|view| {
             view.put(
@@ -116,7 +134,11 @@ fn a_transaction_sees_earlier_writes_and_a_rollback_applies_nothing() {
     let engine = Engine::open(EngineConfig::new(tmp.path())).unwrap();
     for i in 0..10 {
         assert_eq!(
-            engine.get(&ns(), Coord::new(i, 0, 0)).unwrap().is_some(),
+            engine
+                .get(&ns(), Coord::new(i, 0, 0))
+                .unwrap()
+                .unwrap()
+                .is_some(),
             i != 3,
             "cell {i}"
         );

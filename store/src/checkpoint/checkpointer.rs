@@ -40,6 +40,7 @@ impl Checkpointer {
     ) -> std::io::Result<Checkpointer> {
         let (tx, rx) = bounded::<Request>(16);
         let poll = store.config.poll_interval;
+        store.merges_in_flight = Some(Arc::clone(&stats));
         let thread = thread::Builder::new()
             .name("cube-checkpoint".into())
             .spawn(move || {
@@ -58,7 +59,12 @@ impl Checkpointer {
                             let result = roller
                                 .roll()
                                 .map_err(|e| StoreError::WritesDisabled(e.message))
-                                .and_then(|boundary| store.fold(boundary))
+                                .and_then(|boundary| {
+                                    stats.folds_in_flight.store(1, Relaxed);
+                                    let folded = store.fold(boundary);
+                                    stats.folds_in_flight.store(0, Relaxed);
+                                    folded
+                                })
                                 .map(|report| {
                                     report.unwrap_or_else(|| CheckpointReport {
                                         checkpoint_lsn: store.checkpoint_lsn(),
@@ -84,17 +90,30 @@ impl Checkpointer {
                             if store.check_usable().is_err() || !retry.due() {
                                 continue;
                             }
+                            // Memory waiting on a fold (namespaces on disk):
+                            // the current segment is closed and folded now.
+                            let pressure = store.wants_fold();
                             // Closed segments are all but the newest: the
                             // writer syncs a segment before starting the next.
-                            let boundary = match list_segments(store.storage(), &wal_dir, false) {
-                                Ok(segments) => segments.last().map_or(0, |(first, _)| *first),
-                                Err(_) => continue,
+                            let boundary = if pressure {
+                                match roller.roll() {
+                                    Ok(boundary) => boundary,
+                                    Err(_) => continue,
+                                }
+                            } else {
+                                match list_segments(store.storage(), &wal_dir, false) {
+                                    Ok(segments) => segments.last().map_or(0, |(first, _)| *first),
+                                    Err(_) => continue,
+                                }
                             };
-                            let due = store
-                                .closed_wal_bytes(boundary)
-                                .is_ok_and(|bytes| bytes >= store.config.checkpoint_wal_bytes);
+                            let due = pressure
+                                || store
+                                    .closed_wal_bytes(boundary)
+                                    .is_ok_and(|bytes| bytes >= store.config.checkpoint_wal_bytes);
                             if due {
+                                stats.folds_in_flight.store(1, Relaxed);
                                 let result = store.fold(boundary).map(Option::unwrap_or_default);
+                                stats.folds_in_flight.store(0, Relaxed);
                                 record(&stats, &store, &result);
                                 retry.after(&store, &result, false);
                             }

@@ -179,6 +179,12 @@ pub(crate) struct CheckpointStore {
     new_dir_id: Option<[u8; DIR_ID_BYTES]>,
     /// The checkpointer's block cache, for the runs it reads.
     run_cache: Arc<BlockCache>,
+    /// The daemon's cells, whose namespaces on disk read the runs each
+    /// manifest switch lists (`CheckpointStore::publish_runs`); `None`
+    /// offline and in model tests.
+    serving: Option<Arc<crate::memstore::MemStore>>,
+    /// Where merges in flight are counted (the daemon's stats).
+    pub(crate) merges_in_flight: Option<Arc<crate::stats::StoreStats>>,
 }
 
 impl CheckpointStore {
@@ -218,6 +224,8 @@ impl CheckpointStore {
             manifest_failure: None,
             bad_tag,
             new_dir_id: None,
+            serving: None,
+            merges_in_flight: None,
         })
     }
 
@@ -694,6 +702,7 @@ impl CheckpointStore {
         }
         self.switch_manifest(next)?;
         self.catalog = catalog;
+        self.publish_runs();
         self.crash_check(CrashPoint::DeltaManifestSwitched)?;
         self.remove_runs(&gone)
     }
@@ -925,6 +934,7 @@ impl CheckpointStore {
         inputs: &[PathBuf],
     ) -> Result<(), StoreError> {
         self.switch_manifest(next)?;
+        self.publish_runs();
         self.crash_check(CrashPoint::BaseManifestSwitched)?;
         self.remove_runs(gone)?;
         for (i, old) in inputs.iter().enumerate() {

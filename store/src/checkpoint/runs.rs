@@ -33,7 +33,9 @@ use crate::cell_value::CellValue;
 use crate::crypto::{DIR_ID_BYTES, MAC_BYTES};
 use crate::curve::{Curve, MAX_KEY, morton_decode};
 use crate::data_dir::sync_dir;
+use crate::disk_tier::resident_cost_bytes;
 use crate::error::StoreError;
+use crate::memstore::MemStore;
 use crate::namespace::NamespaceCatalog;
 use crate::run_file::{
     BlockCache, Merge, Protection, RunFileError, RunFileReader, RunFileWriter, RunSummary, Source,
@@ -309,20 +311,31 @@ impl CheckpointStore {
         Ok(())
     }
 
-    /// Hands each live namespace's cells on disk to `bulk`, keys in the
-    /// namespace's curve order: its runs merged, newest winning, deletes
-    /// dropped. Checks them against the manifest's counts. Returns the
-    /// cells loaded.
-    pub(crate) fn load_runs(
-        &mut self,
-        mut bulk: impl FnMut(&NamespaceName, SortedCells),
-    ) -> Result<u64, StoreError> {
+    /// Loads each live namespace's cells: smallest first, into memory
+    /// while they fit `mem`'s resident budget (their runs merged, newest
+    /// winning, deletes dropped, and checked against the manifest's
+    /// counts), the rest served from their runs, of which only the
+    /// indexes are read (`crate::disk_tier`). Returns the cells loaded
+    /// or opened.
+    pub(crate) fn load_runs(&mut self, mem: &MemStore) -> Result<u64, StoreError> {
         let mut loaded = 0;
-        for entry in self.manifest.namespaces.clone() {
-            let Some(ns) = self.catalog.name_of(entry.ns_id) else {
-                continue;
-            };
+        let mut entries: Vec<(NamespaceName, NamespaceRuns)> = self
+            .manifest
+            .namespaces
+            .iter()
+            .filter_map(|entry| Some((self.catalog.name_of(entry.ns_id)?, entry.clone())))
+            .collect();
+        let cost = |entry: &NamespaceRuns| resident_cost_bytes(entry.live_cells, entry.value_bytes);
+        entries.sort_by_key(|(_, entry)| cost(entry));
+        for (ns, entry) in entries {
             let encrypted = Self::encrypted(&self.catalog, entry.ns_id).unwrap_or(true);
+            if !mem.place_in_memory(cost(&entry)) {
+                let runs = self.open_serving_runs(&entry, encrypted, &[], &mem.tiering.cache)?;
+                let lsn = self.checkpoint_lsn();
+                mem.serve_from_disk(&ns, runs, entry.live_cells, entry.value_bytes, lsn);
+                loaded += entry.live_cells;
+                continue;
+            }
             let runs = self.open_runs(&entry, encrypted)?;
             let mut cells = SortedCells::default();
             for item in Merge::new(runs.sources(), true)? {
@@ -338,9 +351,90 @@ impl CheckpointStore {
                 return Err(self.count_mismatch(&entry, counted));
             }
             loaded += counted.0;
-            bulk(&ns, cells);
+            mem.load_curve_cells(&ns, cells);
         }
         Ok(loaded)
+    }
+
+    /// Opens namespace `entry`'s runs for serving, newest first, each
+    /// checked against the manifest, reading through the daemon's `cache`;
+    /// a run already open in `held` (by file id) is reused.
+    fn open_serving_runs(
+        &self,
+        entry: &NamespaceRuns,
+        encrypted: bool,
+        held: &[Arc<RunFileReader>],
+        cache: &Arc<BlockCache>,
+    ) -> Result<Vec<Arc<RunFileReader>>, StoreError> {
+        if entry.runs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let dir_id = self.manifest.auth.as_ref().map(|a| a.dir_id);
+        let protection = self.protection(encrypted, dir_id)?;
+        let mut runs = Vec::with_capacity(entry.runs.len());
+        for run in &entry.runs {
+            if let Some(open) = held.iter().find(|r| r.file_id() == run.file_id) {
+                runs.push(Arc::clone(open));
+                continue;
+            }
+            let reader = RunFileReader::open_storage(
+                self.storage.as_ref(),
+                &self.run_path(run.file_id),
+                &protection,
+                Arc::clone(cache),
+            )?;
+            reader.expect(run.file_id, entry.ns_id, dir_id.map(|_| &run.mac))?;
+            runs.push(Arc::new(reader));
+        }
+        Ok(runs)
+    }
+
+    /// After a manifest switch: hands every namespace that reads its runs
+    /// (on disk, or migrating there) the runs the manifest now lists,
+    /// which hold every write up to its checkpoint LSN. A namespace whose
+    /// new runs cannot be opened keeps its earlier ones, which with its
+    /// memtable still read right: it only holds more memory until a later
+    /// switch succeeds.
+    pub(super) fn publish_runs(&self) {
+        let Some(mem) = &self.serving else {
+            return;
+        };
+        let lsn = self.checkpoint_lsn();
+        for ns_id in mem.serving_namespace_ids() {
+            let Some(held) = mem.serving_runs(ns_id) else {
+                continue;
+            };
+            let Some(encrypted) = Self::encrypted(&self.catalog, ns_id) else {
+                continue;
+            };
+            let entry = self
+                .manifest
+                .namespace(ns_id)
+                .cloned()
+                .unwrap_or(NamespaceRuns {
+                    ns_id,
+                    ..NamespaceRuns::default()
+                });
+            match self.open_serving_runs(&entry, encrypted, &held, &mem.tiering.cache) {
+                Ok(runs) => mem.install_runs(ns_id, runs, lsn),
+                Err(e) => eprintln!(
+                    "cubed: namespace id {ns_id} goes on reading its earlier run files, since \
+                     opening the ones checkpoint LSN {lsn} lists failed: {e}"
+                ),
+            }
+        }
+        mem.runs_published(lsn);
+    }
+
+    /// Whether the daemon's memory waits on a fold (`MemStore::wants_fold`).
+    pub(crate) fn wants_fold(&self) -> bool {
+        self.serving.as_ref().is_some_and(|mem| mem.wants_fold())
+    }
+
+    /// Lets each manifest switch hand its runs to `mem`'s namespaces on
+    /// disk.
+    pub(crate) fn serve(&mut self, mem: Arc<MemStore>) {
+        self.serving = Some(mem);
     }
 
     fn count_mismatch(&self, entry: &NamespaceRuns, counted: (u64, u64)) -> StoreError {
@@ -385,6 +479,7 @@ impl CheckpointStore {
         if picked.is_empty() {
             return Ok(());
         }
+        let _in_flight = self.merges_in_flight.clone().map(MergeInFlight::start);
         let mut next = self.manifest.clone();
         let mut old = Vec::new();
         for entry in picked {
@@ -403,6 +498,7 @@ impl CheckpointStore {
         self.crash_check(CrashPoint::MergeRenamed)?;
         let next = self.authenticate(next, None)?;
         self.switch_manifest(next)?;
+        self.publish_runs();
         self.crash_check(CrashPoint::MergeManifestSwitched)?;
         self.remove_runs(&old)
     }
@@ -512,6 +608,26 @@ impl CheckpointStore {
     /// The checkpointer's block cache (for folds, merges and loads).
     pub(super) fn new_run_cache() -> Arc<BlockCache> {
         Arc::new(BlockCache::new(RUN_CACHE_BYTES))
+    }
+}
+
+/// Counts a merge in the stats while it lives (an error path included).
+struct MergeInFlight(Arc<crate::stats::StoreStats>);
+
+impl MergeInFlight {
+    fn start(stats: Arc<crate::stats::StoreStats>) -> MergeInFlight {
+        stats
+            .merges_in_flight
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        MergeInFlight(stats)
+    }
+}
+
+impl Drop for MergeInFlight {
+    fn drop(&mut self) {
+        self.0
+            .merges_in_flight
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -660,7 +776,11 @@ mod tests {
     fn assert_cells(engine: &Engine) {
         let ns = NamespaceName::new("hilbert").unwrap();
         for i in 0..30 {
-            let got = engine.get(&ns, coord(i)).unwrap().map(|v| v.to_vec());
+            let got = engine
+                .get(&ns, coord(i))
+                .unwrap()
+                .unwrap()
+                .map(|v| v.to_vec());
             assert_eq!(got, Some(value(i)), "cell {i}");
         }
         assert_eq!(engine.memstore().namespace_usage(&ns).unwrap().cells, 30);

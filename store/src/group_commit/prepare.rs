@@ -162,7 +162,19 @@ impl Writer {
                         overlay_live = true;
                     }
                     if overlay_live && self.namespace_limited(ns) {
-                        let delta = self.overlay.usage_change(&self.mem, &mutation);
+                        let delta = match self.overlay.usage_change(&self.mem, &mutation) {
+                            Ok(delta) => delta,
+                            Err(e) => {
+                                reply.answer(Err(WriteError::new(
+                                    WriteErrorKind::StorageIo,
+                                    format!(
+                                        "the cell this write replaces could not be read to \
+                                         check the namespace's quota; nothing was written: {e}"
+                                    ),
+                                )));
+                                continue;
+                            }
+                        };
                         if let Err(error) = self.check_quota(ns, delta) {
                             reply.answer(Err(error));
                             continue;
@@ -205,6 +217,7 @@ impl Writer {
                     } else {
                         None
                     };
+                    let refusal = refusal.or_else(|| view.read_refusal());
                     let refusal = refusal.or_else(|| {
                         view.pending_namespaces()
                             .find(|ns| !self.mem.has_namespace(ns))

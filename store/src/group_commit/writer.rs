@@ -464,12 +464,22 @@ impl Writer {
 
         let mutations: Vec<&Mutation> = prepared.iter().flat_map(|p| p.mutations()).collect();
         let mut existed = Vec::with_capacity(records);
-        self.mem.apply_group(&mutations, &mut existed);
+        self.mem.apply_group(&mutations, last_lsn, &mut existed);
         drop(mutations);
         if let Some(listener) = &self.config.commit_listener {
             listener.applied(first_lsn, last_lsn, &mut || take_mutations(&mut prepared));
         }
         self.answer(prepared, &existed);
+        // Memtables of namespaces on disk past their budget: a pause that
+        // grows with the excess slows writers smoothly until a fold frees
+        // memory (never a wait for it; `crate::disk_tier`).
+        let pause_us = self.mem.write_pause_us();
+        if pause_us > 0 {
+            self.stats
+                .write_pause_us
+                .fetch_add(pause_us, std::sync::atomic::Ordering::Relaxed);
+            std::thread::sleep(std::time::Duration::from_micros(pause_us));
+        }
     }
 
     /// In a chained log, appends the chain record that ends the group in
