@@ -1,0 +1,228 @@
+//! Issue 32: a real `cubed` whose namespace outgrows its memory share
+//! (`--cache-bytes`) serves it from its run files: writes go on, the next
+//! checkpoint moves it onto its runs, reads (get, mget, scan, count) stay
+//! exact through `kill -9` and restarts (which open the runs' indexes
+//! only), and a damaged block fails the requests that need it, with its
+//! file and offset, while every other read and write goes on.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+use cube_client::{BatchOp, CellBox, Client, Coord, LocalDaemon};
+
+/// The smallest cache: 8 MiB for cells in memory, 8 MiB of blocks.
+const CACHE_BYTES: &str = "16777216";
+/// 36 000 cells of 200 bytes: about 10 MiB by the resident estimate
+/// (88 bytes a cell beside its value), past the 8 MiB share.
+const CELLS: i32 = 36_000;
+const SIDE: i32 = 60;
+
+fn coord(i: i32) -> Coord {
+    Coord::new(i % SIDE, (i / SIDE) % SIDE, i / (SIDE * SIDE))
+}
+
+fn value(i: i32, round: u32) -> Vec<u8> {
+    let mut v = format!("cell {i} round {round} ").into_bytes();
+    v.resize(200, b'.');
+    v
+}
+
+fn import(c: &mut Client, round: u32) {
+    for chunk in (0..CELLS).collect::<Vec<_>>().chunks(2000) {
+        let mut ops: Vec<BatchOp> = chunk
+            .iter()
+            .map(|&i| BatchOp::Put {
+                coord: coord(i),
+                value: value(i, round),
+            })
+            .collect();
+        c.batch("default", &mut ops).unwrap();
+    }
+}
+
+fn stat(c: &mut Client, name: &str) -> u64 {
+    common::stat(c, name)
+}
+
+fn whole_box() -> CellBox {
+    CellBox::new(Coord::new(0, 0, 0), Coord::new(SIDE, SIDE, SIDE)).unwrap()
+}
+
+/// Every cell against `model`, by get (a sample), mget (all) and scan (all).
+fn assert_cells(c: &mut Client, model: &BTreeMap<i32, Vec<u8>>, context: &str) {
+    for i in (0..CELLS).step_by(997) {
+        assert_eq!(
+            c.get("default", coord(i)).unwrap().as_ref(),
+            model.get(&i),
+            "get {i} {context}"
+        );
+    }
+    let all: Vec<i32> = (0..CELLS).collect();
+    for chunk in all.chunks(1000) {
+        let coords: Vec<Coord> = chunk.iter().map(|&i| coord(i)).collect();
+        let got = c.mget("default", &coords).unwrap();
+        for (&i, got) in chunk.iter().zip(got) {
+            assert_eq!(got.as_ref(), model.get(&i), "mget {i} {context}");
+        }
+    }
+    let mut scanned = 0usize;
+    for cell in c.scan("default", whole_box(), 4096) {
+        let cell = cell.unwrap();
+        let c = cell.coord;
+        let i = c.x + c.y * SIDE + c.z * SIDE * SIDE;
+        assert_eq!(Some(&cell.value), model.get(&i), "scan {i} {context}");
+        scanned += 1;
+    }
+    assert_eq!(scanned, model.len(), "cells scanned {context}");
+    assert_eq!(
+        c.scan_count("default", &whole_box()).unwrap(),
+        model.len() as u64,
+        "count {context}"
+    );
+}
+
+#[test]
+fn a_namespace_past_its_memory_share_is_served_from_its_runs_across_kill_9() {
+    let mut daemon = LocalDaemon::start_fresh(&["--cache-bytes", CACHE_BYTES]).unwrap();
+    let _dump = common::DumpOnFailure(&daemon);
+    let mut c = daemon.client().unwrap();
+    assert_eq!(stat(&mut c, "storage.resident_limit_bytes"), 8 << 20);
+    let mut model: BTreeMap<i32, Vec<u8>> = BTreeMap::new();
+    import(&mut c, 1);
+    model.extend((0..CELLS).map(|i| (i, value(i, 1))));
+    // Past its share, the namespace is on its way out of memory; the
+    // checkpoint hands it its runs.
+    assert_eq!(stat(&mut c, "storage.namespaces_migrating"), 1);
+    c.checkpoint(false).unwrap();
+    assert_eq!(stat(&mut c, "storage.namespaces_on_disk"), 1);
+    assert_eq!(stat(&mut c, "storage.namespaces_migrating"), 0);
+    assert_eq!(stat(&mut c, "storage.migrations"), 1);
+    assert_eq!(stat(&mut c, "store.cells"), CELLS as u64);
+    assert_cells(&mut c, &model, "after the move to disk");
+    assert!(stat(&mut c, "storage.cache_misses") > 0);
+
+    // Writes to it now go to its memtable: overwrite some, delete some,
+    // add some; the counts stay exact.
+    for i in (0..CELLS).step_by(7) {
+        c.put("default", coord(i), &value(i, 2)).unwrap();
+        model.insert(i, value(i, 2));
+    }
+    for i in (3..CELLS).step_by(11) {
+        let existed = c.del("default", coord(i)).unwrap();
+        assert_eq!(existed, model.remove(&i).is_some(), "del {i}");
+    }
+    assert_eq!(stat(&mut c, "store.cells"), model.len() as u64);
+    assert!(stat(&mut c, "storage.memtable_bytes") > 0);
+    assert_cells(&mut c, &model, "with writes in the memtable");
+
+    // kill -9 with those writes only in the log: the restart opens the
+    // runs' indexes and replays the log into the memtable.
+    drop(c);
+    daemon.kill9().unwrap();
+    daemon.restart().unwrap();
+    let mut c = daemon.client().unwrap();
+    assert_eq!(stat(&mut c, "storage.namespaces_on_disk"), 1);
+    assert_eq!(stat(&mut c, "store.cells"), model.len() as u64);
+    assert_cells(&mut c, &model, "after kill -9");
+    assert!(
+        daemon.log_text().contains("1 on disk"),
+        "{}",
+        daemon.log_text()
+    );
+
+    // A fold and a compaction while it is served from disk.
+    c.checkpoint(true).unwrap();
+    assert_eq!(stat(&mut c, "storage.memtable_bytes"), 0);
+    assert_cells(&mut c, &model, "after a compaction");
+    drop(c);
+    assert!(daemon.terminate().unwrap().success());
+    daemon.restart().unwrap();
+    let mut c = daemon.client().unwrap();
+    assert_cells(&mut c, &model, "after a clean restart");
+}
+
+/// The run file of the data dir (one, after a compaction).
+fn only_run_file(dir: &std::path::Path) -> std::path::PathBuf {
+    let runs: Vec<_> = std::fs::read_dir(dir.join("checkpoint"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "run"))
+        .collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    runs.into_iter().next().unwrap()
+}
+
+#[test]
+fn a_damaged_block_fails_the_reads_that_need_it_and_nothing_else() {
+    let mut daemon = LocalDaemon::start_fresh(&["--cache-bytes", CACHE_BYTES]).unwrap();
+    let _dump = common::DumpOnFailure(&daemon);
+    let mut c = daemon.client().unwrap();
+    import(&mut c, 1);
+    c.checkpoint(true).unwrap();
+    assert_eq!(stat(&mut c, "storage.namespaces_on_disk"), 1);
+    drop(c);
+    assert!(daemon.terminate().unwrap().success());
+
+    // One flipped bit in the middle of the run's blocks.
+    let run = only_run_file(daemon.data_dir());
+    let mut bytes = std::fs::read(&run).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x10;
+    std::fs::write(&run, &bytes).unwrap();
+
+    daemon.restart().unwrap();
+    let mut c = daemon.client().unwrap();
+    assert_eq!(stat(&mut c, "storage.namespaces_on_disk"), 1);
+    let path = run.display().to_string();
+    let mut failed = Vec::new();
+    for i in 0..CELLS {
+        match c.get("default", coord(i)) {
+            Ok(got) => assert_eq!(got, Some(value(i, 1)), "get {i}"),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(e.contains(&path) && e.contains("offset"), "{e}");
+                assert!(e.contains("--verify"), "{e}");
+                failed.push(i);
+            }
+        }
+    }
+    // The cells of the one damaged block (a block holds about 4 KiB).
+    assert!(
+        !failed.is_empty() && failed.len() <= 20,
+        "{} cells failed",
+        failed.len()
+    );
+    // A batch or a scan needing that block fails whole; others answer.
+    let bad = coord(failed[0]);
+    assert!(c.mget("default", &[coord(0), bad]).is_err());
+    let scan_err = c
+        .scan("default", whole_box(), 4096)
+        .find_map(Result::err)
+        .expect("the scan meets the damaged block");
+    assert!(scan_err.to_string().contains(&path), "{scan_err}");
+    // Writes go on, even to the damaged block's cells (the new value hides
+    // the unreadable one).
+    c.put("default", bad, b"rewritten").unwrap();
+    assert_eq!(c.get("default", bad).unwrap().unwrap(), b"rewritten");
+    c.put("default", coord(CELLS + 5), b"new").unwrap();
+    assert_eq!(c.get("default", coord(CELLS + 5)).unwrap().unwrap(), b"new");
+    drop(c);
+    daemon.kill9().unwrap();
+
+    // --verify lists the block.
+    let out = Command::new(LocalDaemon::find_binary().unwrap())
+        .arg("--verify")
+        .arg(daemon.data_dir())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_ne!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains(&path), "{text}");
+}
