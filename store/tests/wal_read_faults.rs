@@ -1,0 +1,222 @@
+//! Guards WAL recovery against faults of its own reads, on the simulated
+//! disk: a read of a segment that fails (EIO), stops short, or returns a
+//! bit flipped (the file on disk intact) makes the start refuse with an
+//! I/O error naming the segment and an offset; the segment is left exactly
+//! as it was; and the next start, reading cleanly, serves every
+//! acknowledged write. A flip in the last commit group used to be taken
+//! for a torn tail and zeroed, destroying acknowledged writes.
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cube_protocol::{Coord, NamespaceName};
+use cube_store::sim_disk::{FaultPlan, ReadFaultKind, SimDisk};
+use cube_store::{Engine, EngineConfig, Mutation, StoreError};
+
+const DATA: &str = "/sim/data";
+
+fn config(disk: &SimDisk, segment_bytes: u64) -> EngineConfig {
+    let mut c = EngineConfig::new(Path::new(DATA));
+    c.storage = Arc::new(disk.clone());
+    c.group_commit.segment_bytes = segment_bytes;
+    c.checkpoint.poll_interval = Duration::from_secs(3600);
+    c
+}
+
+fn ns() -> NamespaceName {
+    NamespaceName::new("default").unwrap()
+}
+
+fn value(k: i32) -> Vec<u8> {
+    vec![k as u8; 100]
+}
+
+/// A power-cycled disk whose log holds `puts` acknowledged puts, each its
+/// own commit group, in segments of `segment_bytes`.
+fn disk_with_puts(puts: i32, segment_bytes: u64) -> SimDisk {
+    let disk = SimDisk::new(FaultPlan {
+        seed: 1,
+        ..FaultPlan::default()
+    });
+    let engine = Engine::open(config(&disk, segment_bytes)).unwrap();
+    for k in 0..puts {
+        engine
+            .session()
+            .unwrap()
+            .write(Mutation::Put {
+                ns: ns(),
+                coord: Coord::new(k, 0, 0),
+                value: value(k),
+            })
+            .unwrap();
+    }
+    engine.close_without_checkpoint();
+    drop(engine);
+    disk.crash()
+}
+
+/// The log's segments with records, oldest first.
+fn segments(disk: &SimDisk) -> Vec<PathBuf> {
+    let wal = Path::new(DATA).join("wal");
+    let mut names: Vec<String> = cube_store::storage::Storage::list_dir(disk, &wal)
+        .unwrap()
+        .into_iter()
+        .filter(|n| n.ends_with(".wal"))
+        .collect();
+    names.sort();
+    names
+        .into_iter()
+        .map(|n| wal.join(n))
+        .filter(|p| !record_ends(disk, p).is_empty())
+        .collect()
+}
+
+fn read(disk: &SimDisk, path: &Path) -> Vec<u8> {
+    cube_store::storage::Storage::read_file(disk, path).unwrap()
+}
+
+/// Where each record of a segment ends.
+fn record_ends(disk: &SimDisk, path: &Path) -> Vec<u64> {
+    let bytes = read(disk, path);
+    let header = cube_store::wal::segment::parse_segment_header(&bytes).unwrap();
+    let mut ends = Vec::new();
+    let mut at = header.header_bytes;
+    while let Ok(record) = cube_store::wal::record::parse_record(&bytes[at..], header.crc_seed) {
+        at += record.total_bytes;
+        ends.push(at as u64);
+    }
+    ends
+}
+
+/// On a fresh disk of `puts` (the same layout each time), aims `kind` at
+/// `offset` of the next read of segment `index`, starts (with `--repair`
+/// if `repair`), and checks the refusal, the segment left as it was, and a
+/// clean start after it serving all `puts`.
+fn refused_then_recovered(
+    puts: i32,
+    segment_bytes: u64,
+    index: usize,
+    (kind, offset): (ReadFaultKind, u64),
+    repair: bool,
+) {
+    let disk = &disk_with_puts(puts, segment_bytes);
+    let segment = &segments(disk)[index];
+    let case = format!("{kind:?} at offset {offset} of {}", segment.display());
+    let before = read(disk, segment);
+    let faults_before = disk.read_fault_log().len();
+    disk.fault_next_read_file(segment, kind, offset);
+    let mut first_start = config(disk, segment_bytes);
+    first_start.recovery.repair = repair;
+    match Engine::open(first_start) {
+        Err(e @ StoreError::Io { .. }) => {
+            let message = e.to_string();
+            let StoreError::Io { path, .. } = &e else {
+                unreachable!()
+            };
+            assert_eq!(
+                path, segment,
+                "{case}: the refusal names another file: {message}"
+            );
+            assert!(
+                message.contains("offset"),
+                "{case}: the refusal names no offset: {message}"
+            );
+        }
+        Err(e) => panic!("{case}: refused, but not with an I/O error: {e}"),
+        Ok(engine) => {
+            assert_all_puts(&engine, puts, &format!("{case}, the start that misread"));
+            panic!("{case}: served a start from a read the disk got wrong")
+        }
+    }
+    let fired = &disk.read_fault_log()[faults_before..];
+    assert!(
+        fired.iter().any(|f| f.whole_file && f.kind == kind),
+        "{case}: the fault never fired: {fired:?}"
+    );
+    assert_eq!(
+        read(disk, segment),
+        before,
+        "{case}: a read fault changed the segment on disk"
+    );
+    // The refused start may have written (unsynced); power-cycle, read cleanly.
+    let clean = disk.crash();
+    assert_eq!(read(&clean, segment), before, "{case}: after power loss");
+    let engine = Engine::open(config(&clean, segment_bytes)).unwrap();
+    assert_all_puts(&engine, puts, &format!("{case}, the clean start after"));
+    engine.close_without_checkpoint();
+}
+
+fn assert_all_puts(engine: &Engine, puts: i32, case: &str) {
+    for k in 0..puts {
+        let got = engine.get(&ns(), Coord::new(k, 0, 0)).unwrap();
+        assert_eq!(
+            got.map(|v| v.to_vec()),
+            Some(value(k)),
+            "{case}: acknowledged put {k} lost"
+        );
+    }
+}
+
+#[test]
+fn a_bit_flipped_in_reading_the_last_group_is_not_taken_for_a_torn_tail() {
+    const PUTS: i32 = 10;
+    // One segment: every group is in the last one, where torn tails are.
+    const SEGMENT_BYTES: u64 = 64 * 1024;
+    let disk = disk_with_puts(PUTS, SEGMENT_BYTES);
+    let segments = segments(&disk);
+    assert_eq!(segments.len(), 1);
+    let last = &segments[0];
+    let ends = record_ends(&disk, last);
+    assert_eq!(ends.len(), PUTS as usize);
+    let last_record_start = ends[ends.len() - 2];
+    let records_end = ends[ends.len() - 1];
+    for offset in [
+        last_record_start,    // the last group's first byte
+        records_end - 1,      // its last byte
+        ends[ends.len() - 3], // the group before it (one valid group follows)
+        records_end + 100,    // the preallocated zeros after the records
+        ends[0] + 5,          // the second group, later groups follow
+        2,                    // the segment header
+    ] {
+        // `--repair` cuts only damage that is on disk, never a misread.
+        for repair in [false, true] {
+            refused_then_recovered(
+                PUTS,
+                SEGMENT_BYTES,
+                0,
+                (ReadFaultKind::Flip, offset),
+                repair,
+            );
+        }
+    }
+}
+
+#[test]
+fn eio_or_a_short_read_of_a_segment_refuses_naming_file_and_offset() {
+    const PUTS: i32 = 10;
+    const SEGMENT_BYTES: u64 = 64 * 1024;
+    let disk = disk_with_puts(PUTS, SEGMENT_BYTES);
+    let last = segments(&disk).len() - 1;
+    for kind in [ReadFaultKind::Eio, ReadFaultKind::Short] {
+        refused_then_recovered(PUTS, SEGMENT_BYTES, last, (kind, 700), false);
+    }
+}
+
+#[test]
+fn a_bit_flipped_in_reading_an_earlier_segment_refuses_and_changes_nothing() {
+    const PUTS: i32 = 40;
+    // Small segments: the log spans several.
+    const SEGMENT_BYTES: u64 = 1024;
+    let disk = disk_with_puts(PUTS, SEGMENT_BYTES);
+    let segments = segments(&disk);
+    assert!(segments.len() >= 3, "{segments:?}");
+    let first = &segments[0];
+    let ends = record_ends(&disk, first);
+    for offset in [ends[0] - 1, *ends.last().unwrap() - 1] {
+        refused_then_recovered(PUTS, SEGMENT_BYTES, 0, (ReadFaultKind::Flip, offset), false);
+        // `--repair` cuts only damage that is on disk, never a misread.
+        refused_then_recovered(PUTS, SEGMENT_BYTES, 0, (ReadFaultKind::Flip, offset), true);
+    }
+}
