@@ -7,9 +7,9 @@
 //! for a torn tail and zeroed, destroying acknowledged writes.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
 
 use cube_protocol::{Coord, NamespaceName};
 use cube_store::sim_disk::{FaultPlan, ReadFaultKind, SimDisk};
@@ -18,10 +18,8 @@ use cube_store::{Engine, EngineConfig, Mutation, StoreError};
 const DATA: &str = "/sim/data";
 
 fn config(disk: &SimDisk, segment_bytes: u64) -> EngineConfig {
-    let mut c = EngineConfig::new(Path::new(DATA));
-    c.storage = Arc::new(disk.clone());
+    let mut c = common::sim_config(disk);
     c.group_commit.segment_bytes = segment_bytes;
-    c.checkpoint.poll_interval = Duration::from_secs(3600);
     c
 }
 
@@ -79,15 +77,7 @@ fn read(disk: &SimDisk, path: &Path) -> Vec<u8> {
 
 /// Where each record of a segment ends.
 fn record_ends(disk: &SimDisk, path: &Path) -> Vec<u64> {
-    let bytes = read(disk, path);
-    let header = cube_store::wal::segment::parse_segment_header(&bytes).unwrap();
-    let mut ends = Vec::new();
-    let mut at = header.header_bytes;
-    while let Ok(record) = cube_store::wal::record::parse_record(&bytes[at..], header.crc_seed) {
-        at += record.total_bytes;
-        ends.push(at as u64);
-    }
-    ends
+    common::record_ends(&read(disk, path))
 }
 
 /// On a fresh disk of `puts` (the same layout each time), aims `kind` at
