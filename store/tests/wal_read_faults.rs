@@ -4,7 +4,8 @@
 //! I/O error naming the segment and an offset; the segment is left exactly
 //! as it was; and the next start, reading cleanly, serves every
 //! acknowledged write. A flip in the last commit group used to be taken
-//! for a torn tail and zeroed, destroying acknowledged writes.
+//! for a torn tail and zeroed, destroying acknowledged writes. Damage
+//! that is on disk still meets the rules, `--repair` included.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -209,4 +210,78 @@ fn a_bit_flipped_in_reading_an_earlier_segment_refuses_and_changes_nothing() {
         // `--repair` cuts only damage that is on disk, never a misread.
         refused_then_recovered(PUTS, SEGMENT_BYTES, 0, (ReadFaultKind::Flip, offset), true);
     }
+}
+
+/// Damage on disk, not a misread: a later segment's header broken for
+/// good. `--repair` sets that segment and the ones after it aside, and the
+/// log goes on at the end of the segment before it (recovery's replay of
+/// that segment says where; it is not read a third time): what the
+/// repaired start served, and what it acknowledged after, survive the
+/// next start. On a real temp dir: the simulated disk does not move files
+/// between directories, as the repair does.
+#[test]
+fn repair_of_a_damaged_later_segment_goes_on_where_the_one_before_ends() {
+    const PUTS: i32 = 40;
+    let dir = tempfile::tempdir().unwrap();
+    let config = || {
+        let mut c = EngineConfig::new(dir.path());
+        c.group_commit.segment_bytes = 1024;
+        c.checkpoint.poll_interval = std::time::Duration::from_secs(3600);
+        c
+    };
+    let put = |engine: &Engine, k: i32| {
+        engine
+            .session()
+            .unwrap()
+            .write(Mutation::Put {
+                ns: ns(),
+                coord: Coord::new(k, 0, 0),
+                value: value(k),
+            })
+            .unwrap();
+    };
+    let engine = Engine::open(config()).unwrap();
+    (0..PUTS).for_each(|k| put(&engine, k));
+    engine.close_without_checkpoint();
+    drop(engine);
+    let mut with_records: Vec<PathBuf> = std::fs::read_dir(dir.path().join("wal"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "wal"))
+        .filter(|p| !common::record_ends(&std::fs::read(p).unwrap()).is_empty())
+        .collect();
+    with_records.sort();
+    assert!(with_records.len() >= 3, "{with_records:?}");
+    let mut bytes = std::fs::read(&with_records[1]).unwrap();
+    bytes[0] ^= 1; // the magic
+    std::fs::write(&with_records[1], &bytes).unwrap();
+
+    let mut repairing = config();
+    repairing.recovery.repair = true;
+    let engine = Engine::open(repairing).unwrap();
+    let kept: Vec<i32> = (0..PUTS)
+        .filter(|k| engine.get(&ns(), Coord::new(*k, 0, 0)).unwrap().is_some())
+        .collect();
+    assert!(
+        !kept.is_empty()
+            && kept.len() < PUTS as usize
+            && kept == (0..kept.len() as i32).collect::<Vec<_>>(),
+        "the repair keeps the first segment's puts, in order: {kept:?}"
+    );
+    (PUTS..PUTS + 5).for_each(|k| put(&engine, k));
+    engine.close_without_checkpoint();
+    drop(engine);
+
+    let engine = Engine::open(config()).unwrap();
+    for k in kept.iter().copied().chain(PUTS..PUTS + 5) {
+        assert_eq!(
+            engine
+                .get(&ns(), Coord::new(k, 0, 0))
+                .unwrap()
+                .map(|v| v.to_vec()),
+            Some(value(k)),
+            "put {k}, served or acknowledged after the repair, is lost"
+        );
+    }
+    engine.close_without_checkpoint();
 }
