@@ -14,7 +14,12 @@
 //!   tests without them replay as before): a positioned read fails with
 //!   EIO, comes back short (`UnexpectedEof`, as `read_exact_at` reports a
 //!   short read), or returns its bytes with one bit flipped (a corruption
-//!   the drive did not report). The file itself is not changed.
+//!   the drive did not report). Whole-file reads (`read_file`: WAL
+//!   segments at recovery and at folds, the manifest) meet the same faults
+//!   at the same rates, once per read: EIO or a short read at a seeded
+//!   offset (named in the error), or one bit flipped anywhere in the file.
+//!   The file itself is not changed. A test can also aim one fault at the
+//!   next whole-file read of a path ([`SimDisk::fault_next_read_file`]).
 //! - **fsyncgate**: a failed `fdatasync` marks the dirty data clean without
 //!   writing it, so a retried sync "succeeds" while the data is lost.
 //!
@@ -30,7 +35,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::storage::{OpenMode, Storage, StorageFile};
@@ -105,6 +109,9 @@ struct SimState {
     /// Set once this disk image has crashed: every later operation fails.
     dead: bool,
     crashes: u64,
+    /// Faults aimed by a test at the next whole-file read of a path (this
+    /// image only).
+    aimed_reads: HashMap<PathBuf, (ReadFaultKind, u64)>,
 }
 
 #[derive(Debug)]
@@ -112,25 +119,44 @@ struct Shared {
     state: Mutex<SimState>,
     plan: FaultPlan,
     /// Shared by every image of this disk (across crashes and plans), so
-    /// that a test can tell its read faults actually fired.
-    read_faults: Arc<ReadFaultCounts>,
+    /// that a test can tell its read faults actually fired, and where.
+    read_faults: Arc<Mutex<Vec<InjectedReadFault>>>,
 }
 
-/// How many read faults a disk (and the images after its crashes) has
-/// injected, by kind.
-#[derive(Debug, Default)]
-struct ReadFaultCounts {
-    eio: AtomicU64,
-    short: AtomicU64,
-    flip: AtomicU64,
+/// What a read fault did to the read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadFaultKind {
+    /// The read failed with EIO.
+    Eio,
+    /// The read ended early (`UnexpectedEof`).
+    Short,
+    /// The read returned its bytes with one bit flipped.
+    Flip,
 }
 
-/// A snapshot of [`SimDisk::read_faults`].
+/// One read fault a disk injected.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InjectedReadFault {
+    /// The file's name (not its path).
+    pub file: String,
+    pub kind: ReadFaultKind,
+    /// A whole-file read ([`Storage::read_file`]) rather than a positioned one.
+    pub whole_file: bool,
+    /// A positioned read: its offset. A whole-file read: where the EIO or
+    /// the short read stopped it, or the byte whose bit was flipped.
+    pub offset: u64,
+}
+
+/// A snapshot of [`SimDisk::read_faults`]: positioned reads' faults by
+/// kind, then whole-file reads'.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReadFaults {
     pub eio: u64,
     pub short: u64,
     pub flip: u64,
+    pub whole_file_eio: u64,
+    pub whole_file_short: u64,
+    pub whole_file_flip: u64,
 }
 
 /// A simulated disk. Clone it to share it (it is a handle).
@@ -185,12 +211,41 @@ impl SimDisk {
     /// The read faults injected so far by this disk and every image it
     /// was crashed or re-planned from.
     pub fn read_faults(&self) -> ReadFaults {
-        let c = &self.shared.read_faults;
-        ReadFaults {
-            eio: c.eio.load(Ordering::Relaxed),
-            short: c.short.load(Ordering::Relaxed),
-            flip: c.flip.load(Ordering::Relaxed),
+        let mut counts = ReadFaults::default();
+        for fault in self.read_fault_log() {
+            let count = match (fault.whole_file, fault.kind) {
+                (false, ReadFaultKind::Eio) => &mut counts.eio,
+                (false, ReadFaultKind::Short) => &mut counts.short,
+                (false, ReadFaultKind::Flip) => &mut counts.flip,
+                (true, ReadFaultKind::Eio) => &mut counts.whole_file_eio,
+                (true, ReadFaultKind::Short) => &mut counts.whole_file_short,
+                (true, ReadFaultKind::Flip) => &mut counts.whole_file_flip,
+            };
+            *count += 1;
         }
+        counts
+    }
+
+    /// Every read fault injected so far (as [`SimDisk::read_faults`]
+    /// counts them), oldest first.
+    pub fn read_fault_log(&self) -> Vec<InjectedReadFault> {
+        self.fault_log().clone()
+    }
+
+    fn fault_log(&self) -> MutexGuard<'_, Vec<InjectedReadFault>> {
+        self.shared
+            .read_faults
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The next whole-file read of `path` (on this image) meets `kind` at
+    /// byte `offset`: EIO or a short read stopping there, or bit 0 of that
+    /// byte flipped. For focused tests; it fires whatever the plan's rates.
+    pub fn fault_next_read_file(&self, path: &Path, kind: ReadFaultKind, offset: u64) {
+        self.state()
+            .aimed_reads
+            .insert(path.to_path_buf(), (kind, offset));
     }
 
     /// Power loss: returns the disk as it comes back, and kills this one
@@ -303,6 +358,50 @@ fn alive(state: &SimState) -> io::Result<()> {
     Ok(())
 }
 
+/// The inode `path` names.
+fn lookup(state: &SimState, path: &Path) -> io::Result<u64> {
+    let (dir_path, name) = split(path)?;
+    state
+        .dirs
+        .get(&dir_path)
+        .and_then(|d| d.current.get(&name))
+        .copied()
+        .ok_or_else(|| not_found(path))
+}
+
+/// Counts an operation on file `inode` (named `name`) and rolls the dice
+/// for a fault: a number below 1 000 000.
+fn roll_file(state: &mut SimState, seed: u64, inode: u64, name: &str, salt: u64) -> u64 {
+    let crashes = state.crashes;
+    let node = state.inodes.entry(inode).or_default();
+    node.ops += 1;
+    // With the crash count, as for directories: a restart that
+    // recreates a file must not meet the same fault at the same step.
+    decide(seed, &[hash_str(name), node.ops, crashes, salt]) % 1_000_000
+}
+
+/// Whether `plan` fails reads at all. Reads roll only then: a roll counts
+/// an operation, which would move every later fault of older seeds.
+fn read_faults_planned(plan: &FaultPlan) -> bool {
+    plan.read_eio_ppm > 0 || plan.read_short_ppm > 0 || plan.read_flip_ppm > 0
+}
+
+/// The read fault a roll means under `plan`, if any.
+fn read_fault_of(plan: &FaultPlan, roll: u64) -> Option<ReadFaultKind> {
+    let eio = u64::from(plan.read_eio_ppm);
+    let short = eio + u64::from(plan.read_short_ppm);
+    let flip = short + u64::from(plan.read_flip_ppm);
+    if roll < eio {
+        Some(ReadFaultKind::Eio)
+    } else if roll < short {
+        Some(ReadFaultKind::Short)
+    } else if roll < flip {
+        Some(ReadFaultKind::Flip)
+    } else {
+        None
+    }
+}
+
 impl Storage for SimDisk {
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>> {
         let (dir_path, name) = split(path)?;
@@ -353,23 +452,73 @@ impl Storage for SimDisk {
     }
 
     fn read_file(&self, path: &Path) -> io::Result<Vec<u8>> {
-        let (dir_path, name) = split(path)?;
-        let state = self.state();
-        alive(&state)?;
-        let inode = state
-            .dirs
-            .get(&dir_path)
-            .and_then(|d| d.current.get(&name))
-            .ok_or_else(|| not_found(path))?;
-        Ok(state
+        let (_, name) = split(path)?;
+        let plan = self.plan();
+        let mut guard = self.state();
+        let state = &mut *guard;
+        alive(state)?;
+        let inode = lookup(state, path)?;
+        let mut bytes = state
             .inodes
-            .get(inode)
+            .get(&inode)
             .map(|n| n.current.clone())
-            .unwrap_or_default())
+            .unwrap_or_default();
+        // (kind, byte, bit): where the fault strikes.
+        let fault = match state.aimed_reads.remove(path) {
+            Some((kind, at)) => Some((kind, at, 0)),
+            None if read_faults_planned(&plan) => {
+                let roll = roll_file(state, plan.seed, inode, &name, 8);
+                read_fault_of(&plan, roll).map(|kind| {
+                    let ops = state.inodes.get(&inode).map_or(0, |n| n.ops);
+                    let pick = decide(plan.seed, &[hash_str(&name), ops, state.crashes, 9]);
+                    (kind, pick % (bytes.len() as u64).max(1), (pick >> 32) % 8)
+                })
+            }
+            None => None,
+        };
+        let Some((kind, at, bit)) = fault else {
+            return Ok(bytes);
+        };
+        let len = bytes.len() as u64;
+        if kind == ReadFaultKind::Flip && bytes.is_empty() {
+            return Ok(bytes); // nothing to flip
+        }
+        let at = if kind == ReadFaultKind::Flip {
+            at.min(len - 1)
+        } else {
+            at
+        };
+        self.fault_log().push(InjectedReadFault {
+            file: name,
+            kind,
+            whole_file: true,
+            offset: at,
+        });
+        match kind {
+            ReadFaultKind::Eio => Err(io::Error::other(format!(
+                "simulated EIO on read of the whole file, at offset {at}"
+            ))),
+            ReadFaultKind::Short => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "unexpected end of file: a short read (simulated) stopped at offset {at} of {len} bytes"
+                ),
+            )),
+            ReadFaultKind::Flip => {
+                bytes[at as usize] ^= 1 << bit;
+                Ok(bytes)
+            }
+        }
     }
 
     fn file_len(&self, path: &Path) -> io::Result<u64> {
-        self.read_file(path).map(|b| b.len() as u64)
+        let state = self.state();
+        alive(&state)?;
+        let inode = lookup(&state, path)?;
+        Ok(state
+            .inodes
+            .get(&inode)
+            .map_or(0, |n| n.current.len() as u64))
     }
 
     fn list_dir(&self, dir: &Path) -> io::Result<Vec<String>> {
@@ -478,13 +627,17 @@ impl fmt::Debug for SimFile {
 impl SimFile {
     /// Counts an operation on this file and rolls the dice for a fault.
     fn roll(&self, state: &mut SimState, salt: u64) -> u64 {
-        let seed = self.disk.plan().seed;
-        let crashes = state.crashes;
-        let node = state.inodes.entry(self.inode).or_default();
-        node.ops += 1;
-        // With the crash count, as for directories: a restart that
-        // recreates a file must not meet the same fault at the same step.
-        decide(seed, &[hash_str(&self.name), node.ops, crashes, salt]) % 1_000_000
+        roll_file(state, self.disk.plan().seed, self.inode, &self.name, salt)
+    }
+
+    /// Logs a fault this file's positioned read at `offset` met.
+    fn log_fault(&self, kind: ReadFaultKind, offset: u64) {
+        self.disk.fault_log().push(InjectedReadFault {
+            file: self.name.clone(),
+            kind,
+            whole_file: false,
+            offset,
+        });
     }
 }
 
@@ -519,21 +672,13 @@ impl StorageFile for SimFile {
         let plan = self.disk.plan();
         let mut state = self.disk.state();
         alive(&state)?;
-        let (eio_ppm, short_ppm, flip_ppm) = (
-            u64::from(plan.read_eio_ppm),
-            u64::from(plan.read_short_ppm),
-            u64::from(plan.read_flip_ppm),
-        );
-        // Rolled only when read faults are planned: a roll counts an
-        // operation, which would move every later fault of older seeds.
-        let roll = if eio_ppm + short_ppm + flip_ppm > 0 {
-            self.roll(&mut state, 6)
+        let fault = if read_faults_planned(&plan) {
+            read_fault_of(&plan, self.roll(&mut state, 6))
         } else {
-            u64::MAX
+            None
         };
-        let counts = &self.disk.shared.read_faults;
-        if roll < eio_ppm {
-            counts.eio.fetch_add(1, Ordering::Relaxed);
+        if fault == Some(ReadFaultKind::Eio) {
+            self.log_fault(ReadFaultKind::Eio, offset);
             return Err(eio("read"));
         }
         let node = state
@@ -544,15 +689,15 @@ impl StorageFile for SimFile {
         if end > node.current.len() {
             return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
         }
-        if roll < eio_ppm + short_ppm {
-            counts.short.fetch_add(1, Ordering::Relaxed);
+        if fault == Some(ReadFaultKind::Short) {
+            self.log_fault(ReadFaultKind::Short, offset);
             return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
         }
         bytes.copy_from_slice(&node.current[offset as usize..end]);
-        if roll < eio_ppm + short_ppm + flip_ppm && !bytes.is_empty() {
+        if fault == Some(ReadFaultKind::Flip) && !bytes.is_empty() {
             let bit = decide(plan.seed, &[offset, node.ops, 7]) % (bytes.len() as u64 * 8);
             bytes[(bit / 8) as usize] ^= 1 << (bit % 8);
-            counts.flip.fetch_add(1, Ordering::Relaxed);
+            self.log_fault(ReadFaultKind::Flip, offset);
         }
         Ok(())
     }

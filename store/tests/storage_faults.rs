@@ -13,6 +13,12 @@
 //! refuses with an I/O error or a corruption naming file and offset, and
 //! the start after it, with reads clean, recovers everything.
 //!
+//! The same seeds fail whole-file reads too, WAL recovery's reads of
+//! segments among them: a start whose segment read fails, stops short or
+//! returns a flipped bit refuses with an I/O error (or a corruption) that
+//! names that segment and an offset, and changes nothing; the start after
+//! it, with reads clean, recovers everything.
+//!
 //! CI runs a fixed set of seeds. `CUBE_SIM_SEEDS=N` runs N seeds
 //! (`make sim SEEDS=N`); `CUBE_SIM_SEED=S` replays one seed.
 #![allow(clippy::unwrap_used)]
@@ -23,7 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cube_protocol::{Coord, NamespaceName};
-use cube_store::sim_disk::{FaultPlan, SimDisk};
+use cube_store::sim_disk::{FaultPlan, InjectedReadFault, ReadFaultKind, SimDisk};
 use cube_store::{Engine, EngineConfig, Mutation, StoreError, WriteErrorKind};
 
 const KEYS: u64 = 40;
@@ -60,6 +66,43 @@ struct ReadFaultTally {
     /// ... and later ones of the same engine that succeeded: a fold or
     /// merge that met a bad read is retried, not given up.
     checkpoints_retried: u64,
+    /// Faults of whole-file reads of WAL segments (at starts and folds).
+    wal_eio: u64,
+    wal_short: u64,
+    wal_flip: u64,
+    /// Starts whose last read fault was in reading a WAL segment: refused
+    /// with an I/O error naming the segment and an offset...
+    wal_starts_refused_io: u64,
+    /// ... or with a corruption naming them...
+    wal_starts_refused_corruption: u64,
+    /// ... never served: recovery reads a segment again before it acts on
+    /// damage, and two reads that differ refuse the start.
+    wal_starts_served: u64,
+}
+
+/// The last read fault injected since the log held `before` entries, if
+/// it was in a whole-file read of a WAL segment.
+fn last_wal_read_fault(disk: &SimDisk, before: usize) -> Option<InjectedReadFault> {
+    disk.read_fault_log()
+        .get(before..)
+        .and_then(|new| new.last().cloned())
+        .filter(|f| f.whole_file && f.file.ends_with(".wal"))
+}
+
+/// Checks that a start refused after a read fault in WAL segment `fault`
+/// names that segment and an offset.
+fn assert_names_segment(e: &StoreError, fault: &InjectedReadFault, seed: u64, step: usize) {
+    let (StoreError::Io { path, .. } | StoreError::Corruption { path, .. }) = e else {
+        panic!("seed {seed} step {step}: a WAL read fault ({fault:?}) refused the start with {e}")
+    };
+    let message = e.to_string();
+    assert!(
+        path.starts_with("/sim/data/wal")
+            && path.file_name().is_some_and(|n| *n == *fault.file)
+            && message.contains("offset"),
+        "seed {seed} step {step}: a refusal after a WAL read fault ({fault:?}) that does not \
+         name the segment and an offset: {message}"
+    );
 }
 
 /// Whether a checkpoint's error comes from a failed read: an injected
@@ -137,10 +180,37 @@ fn open(
 ) -> Engine {
     for attempt in 0..50 {
         let reads_fail = disk.plan().read_eio_ppm > 0;
-        match Engine::open(config(disk, key)) {
+        let faults_before = disk.read_fault_log().len();
+        let started = Engine::open(config(disk, key));
+        let wal_fault = last_wal_read_fault(disk, faults_before);
+        if let (Err(e), Some(fault)) = (&started, &wal_fault) {
+            assert_names_segment(e, fault, seed, step);
+        }
+        match started {
             Ok(engine) => {
                 tally.starts_served += u64::from(reads_fail);
+                tally.wal_starts_served += u64::from(wal_fault.is_some());
+                // Every misread of a segment looks like damage (CRCs, the
+                // zeros after the records); served, recovery acted on it,
+                // e.g. zeroed acknowledged groups as a "torn tail".
+                assert!(
+                    wal_fault.is_none(),
+                    "seed {seed} step {step}: a start served after its read of a WAL segment \
+                     went wrong ({wal_fault:?}): recovery acted on bytes it read once"
+                );
                 return engine;
+            }
+            Err(StoreError::Io { .. }) if wal_fault.is_some() => {
+                tally.starts_refused_io += 1;
+                tally.wal_starts_refused_io += 1;
+                // The segment is intact: the next start reads it cleanly
+                // and must recover everything.
+                *disk = disk.with_plan(FaultPlan {
+                    read_eio_ppm: 0,
+                    read_short_ppm: 0,
+                    read_flip_ppm: 0,
+                    ..disk.plan()
+                });
             }
             Err(StoreError::Io { .. }) => {
                 tally.starts_refused_io += u64::from(reads_fail);
@@ -159,6 +229,7 @@ fn open(
                     "seed {seed} step {step}: a refusal that does not name file and offset: {message}"
                 );
                 tally.starts_refused_corruption += 1;
+                tally.wal_starts_refused_corruption += u64::from(wal_fault.is_some());
                 *disk = disk.with_plan(FaultPlan {
                     read_eio_ppm: 0,
                     read_short_ppm: 0,
@@ -364,6 +435,15 @@ fn simulate(seed: u64, tally: &mut ReadFaultTally) {
         tally.eio += fired.eio;
         tally.short += fired.short;
         tally.flip += fired.flip;
+        for fault in disk.read_fault_log() {
+            if fault.whole_file && fault.file.ends_with(".wal") {
+                *match fault.kind {
+                    ReadFaultKind::Eio => &mut tally.wal_eio,
+                    ReadFaultKind::Short => &mut tally.wal_short,
+                    ReadFaultKind::Flip => &mut tally.wal_flip,
+                } += 1;
+            }
+        }
     }
 }
 
@@ -389,6 +469,14 @@ fn random_operations_faults_and_power_loss_never_lose_acknowledged_writes() {
                 && tally.starts_refused_corruption > 0
                 && tally.checkpoints_retried > 0,
             "read faults fired in too few seeds to test anything: {tally:?}"
+        );
+    }
+    if tally.seeds >= 8 {
+        assert!(
+            tally.wal_eio + tally.wal_short > 0
+                && tally.wal_flip > 0
+                && tally.wal_starts_refused_io > 0,
+            "read faults met WAL recovery's segment reads too rarely to test them: {tally:?}"
         );
     }
 }

@@ -4,9 +4,12 @@
 //! well-formed records cannot turn a torn tail into a refusal to start.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::fs;
 use std::path::Path;
 
+use common::record_ends;
 use cube_protocol::{Coord, NamespaceName};
 use cube_store::{Engine, EngineConfig, Mutation};
 
@@ -17,18 +20,6 @@ fn config(dir: &Path) -> EngineConfig {
     let mut config = EngineConfig::new(dir);
     config.group_commit.segment_bytes = SEGMENT_BYTES;
     config
-}
-
-/// End offset of each record in a segment's bytes.
-fn record_ends(bytes: &[u8]) -> Vec<u64> {
-    let header = cube_store::wal::segment::parse_segment_header(bytes).unwrap();
-    let mut ends = Vec::new();
-    let mut at = header.header_bytes;
-    while let Ok(record) = cube_store::wal::record::parse_record(&bytes[at..], header.crc_seed) {
-        at += record.total_bytes;
-        ends.push(at as u64);
-    }
-    ends
 }
 
 fn nonzero_len(bytes: &[u8]) -> u64 {

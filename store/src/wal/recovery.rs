@@ -14,6 +14,14 @@
 //! - A last segment shorter than its header: a segment whose creation was
 //!   torn; it holds no records, so it is removed.
 //!
+//! A read can be wrong without the file being so (a bit flipped between
+//! the platter and memory, a read cut short). So before recovery acts on
+//! damage (zeroes a torn tail, removes a torn creation, cuts under
+//! `--repair`, or names a corruption) it reads the segment again: if the
+//! two reads differ, it refuses with an I/O error naming the file and the
+//! first offset where they differ, and changes nothing. Zeroing a "torn
+//! tail" that was only misread would destroy acknowledged commit groups.
+//!
 //! With [`RecoveryOptions::repair`], corruption is cut instead of refused:
 //! the log is truncated at the first bad point, later segments are moved
 //! aside, and the dropped bytes are saved under `wal/repair-<unix-secs>/`.
@@ -405,6 +413,7 @@ impl LogReplay<'_> {
             // Creation was torn before the header reached the disk: the
             // writer only appends after the header is synced, so no record
             // can have been acknowledged from this file.
+            confirm_read(self.storage, &path, &bytes)?;
             self.storage
                 .remove_file(&path)
                 .map_err(|e| StoreError::io(&path, e))?;
@@ -414,6 +423,12 @@ impl LogReplay<'_> {
             return Ok(Next::Stop);
         }
         let outcome = self.replay(&bytes, index, first_lsn, is_last, apply);
+        if matches!(
+            outcome,
+            Ok(SegmentEnd::TornAt { .. }) | Err(ReplayStop::Damage(..))
+        ) {
+            confirm_read(self.storage, &path, &bytes)?;
+        }
         // Replay succeeds, or repair keeps part of it, only past a valid header.
         let header = parse_segment_header(&bytes).ok();
         match outcome {
@@ -440,7 +455,7 @@ impl LogReplay<'_> {
                     reason,
                     cut,
                 };
-                self.cut_at(segments, path, header, bad, bytes.len() as u64)?;
+                self.cut_at(segments, path, header, bad, &bytes)?;
                 return Ok(Next::Stop);
             }
         }
@@ -492,15 +507,16 @@ impl LogReplay<'_> {
         )
     }
 
-    /// Damage at `bad`: refused, or under `--repair` the log is cut there
-    /// and the segments after it are set aside.
+    /// Damage at `bad` (in `bad_segment`, the segment's bytes as read,
+    /// twice): refused, or under `--repair` the log is cut there and the
+    /// segments after it are set aside.
     fn cut_at(
         &mut self,
         segments: &mut Vec<(u64, PathBuf)>,
         path: PathBuf,
         header: Option<SegmentHeader>,
         bad: BadPoint,
-        bad_segment_len: u64,
+        bad_segment: &[u8],
     ) -> Result<(), StoreError> {
         if !self.options.repair {
             return Err(StoreError::Corruption {
@@ -509,7 +525,7 @@ impl LogReplay<'_> {
                 reason: bad.reason,
             });
         }
-        let repair = repair_at(self.storage, self.wal_dir, segments, &bad, bad_segment_len)?;
+        let repair = repair_at(self.storage, self.wal_dir, segments, &bad, bad_segment)?;
         segments.truncate(if bad.cut.offset == 0 {
             bad.segment
         } else {
@@ -519,13 +535,12 @@ impl LogReplay<'_> {
         if bad.cut.offset > 0 {
             self.report.wal_bytes += bad.cut.offset;
             self.records_end(header, bad.cut.next_lsn, bad.cut.offset);
-        } else if let Some((_, previous)) = segments.last() {
-            // The damaged segment is gone; the previous one is now
-            // the tail and ends where its records end.
-            let (previous_header, end) = end_of_records(self.storage, previous)?;
-            self.tail_header = Some(previous_header);
-            self.tail_end = end;
         }
+        // Otherwise the damaged segment is gone, and the previous one (if
+        // any) is the tail again: its replay ended clean on a whole group,
+        // and `records_end` kept its header and end. (Reading it again to
+        // find its end would trust a read that may be wrong: an end found
+        // too early would have the writer overwrite acknowledged records.)
         Ok(())
     }
 
@@ -792,25 +807,37 @@ fn nonzero_len(bytes: &[u8]) -> usize {
     bytes.iter().rposition(|b| *b != 0).map_or(0, |i| i + 1)
 }
 
-/// The header of a segment already verified, and where its records end.
-fn end_of_records(storage: &dyn Storage, path: &Path) -> Result<(SegmentHeader, u64), StoreError> {
-    let bytes = storage
+/// Reads `path` again and checks that it holds `first`, the bytes recovery
+/// is about to act on. A read fault is transient (the file on disk is
+/// fine), so two reads that differ mean one of them was wrong: recovery
+/// then refuses with an I/O error and changes nothing, and the next start
+/// reads again.
+fn confirm_read(storage: &dyn Storage, path: &Path, first: &[u8]) -> Result<(), StoreError> {
+    let second = storage
         .read_file(path)
         .map_err(|e| StoreError::io(path, e))?;
-    let header = parse_segment_header(&bytes).map_err(|reason| StoreError::Corruption {
-        path: path.to_path_buf(),
-        offset: 0,
-        reason,
-    })?;
-    let mut offset = header.header_bytes;
-    let mut committed = offset;
-    while let Ok(record) = parse_record(&bytes[offset.min(bytes.len())..], header.crc_seed) {
-        offset += record.total_bytes;
-        if record.group_end {
-            committed = offset;
-        }
+    if second == first {
+        return Ok(());
     }
-    Ok((header, committed as u64))
+    let at = first
+        .iter()
+        .zip(&second)
+        .position(|(a, b)| a != b)
+        .unwrap_or(first.len().min(second.len()));
+    Err(StoreError::io(
+        path,
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "two reads of this WAL segment differ from offset {at} ({} bytes, then {}): \
+                 the disk returned wrong bytes once (a read fault), so recovery changed nothing \
+                 and refuses this start. Start cubed again; if this repeats, check the disk \
+                 (dmesg, smartctl) and copy the data dir off it",
+                first.len(),
+                second.len()
+            ),
+        ),
+    ))
 }
 
 /// Whether, after damage at `from - 1`, a *later* commit group follows:
@@ -914,13 +941,14 @@ fn truncate_durably(storage: &dyn Storage, path: &Path, len: u64) -> Result<(), 
 /// of that group before the damage were never acknowledged either: a
 /// group is written and synced whole): saves the dropped tail and moves
 /// later segments into a repair folder, then truncates (or removes) the
-/// damaged segment.
+/// damaged segment. `bytes` is the damaged segment as recovery read it
+/// (twice, the same): what is saved is what was checked.
 fn repair_at(
     storage: &dyn Storage,
     wal_dir: &Path,
     segments: &[(u64, PathBuf)],
     bad: &BadPoint,
-    bad_segment_len: u64,
+    bytes: &[u8],
 ) -> Result<RepairReport, StoreError> {
     let secs = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -934,9 +962,6 @@ fn repair_at(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let bytes = storage
-        .read_file(bad_path)
-        .map_err(|e| StoreError::io(bad_path, e))?;
     let at = bad.cut.offset;
     let cut = (at as usize).min(bytes.len());
     let tail_path = saved_to.join(format!("{file_name}.from-{at}"));
@@ -947,7 +972,7 @@ fn repair_at(
             f.sync_data()
         })
         .map_err(|e| StoreError::io(&tail_path, e))?;
-    let mut bytes_dropped = bad_segment_len.saturating_sub(at);
+    let mut bytes_dropped = (bytes.len() as u64).saturating_sub(at);
     let mut segments_dropped = 0;
     for (_, later) in &segments[bad.segment + 1..] {
         bytes_dropped += storage
