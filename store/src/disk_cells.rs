@@ -254,6 +254,11 @@ impl MemStore {
         }
     }
 
+    /// After recovery: every record up to `lsn` is applied.
+    pub(crate) fn recovered_through(&self, lsn: u64) {
+        self.tiering.set_applied(lsn);
+    }
+
     /// Moves the largest namespace in memory to the migrating tier: its
     /// writes after `lsn` (the last applied) go to its memtable too, and
     /// the first fold through `lsn` completes the move.
@@ -269,6 +274,9 @@ impl MemStore {
             return;
         }
         let cost = resident_cost_bytes(cells.len() as u64, space.value_bytes.load(Relaxed));
+        // The memtable's live count follows the map's from here (each
+        // write's previous value comes from the map).
+        write(&space.disk).set_len(cells.len());
         space.tier.migrating_since_lsn.store(lsn, Relaxed);
         space.tier.set(TIER_MIGRATING);
         drop(cells);

@@ -282,6 +282,10 @@ impl Engine {
             |lsn, mutation| applier.push(lsn, mutation),
         )?;
         applier.flush();
+        // Every record up to here is applied, the chain records after the
+        // last mutation included (they change nothing): runs a fold writes
+        // through them may be installed.
+        mem.recovered_through(recovery.next_lsn.saturating_sub(1));
         mem.index_after_recovery();
 
         // Secret per start: a client's value can never hold a record that
