@@ -7,6 +7,10 @@
 //! bytes are durable, and a crash leaves at most a `.tmp` to remove). A
 //! sealed file's plaintext never reaches the file: each block is sealed
 //! in memory before it is queued.
+//!
+//! The Bloom filter is built at [`RunFileWriter::finish`], when the entry
+//! count that sizes it is known: until then the writer keeps one 64-bit
+//! hash per entry ([`key_hash`], 8 bytes an entry), not the keys.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,9 +18,10 @@ use std::sync::Arc;
 use crate::crypto::{Keyring, MAC_BYTES};
 use crate::storage::{OpenMode, Storage, StorageFile};
 
+use super::bloom::{BloomFilter, key_hash};
 use super::format::{
-    BlockIndex, Footer, Identity, IndexEntry, MAX_VALUE_BYTES, Mode, Piece, Pieces, finish_payload,
-    push_entry, start_payload,
+    BlockIndex, FORMAT_VERSION, Footer, Identity, IndexEntry, MAX_VALUE_BYTES, Mode, Piece, Pieces,
+    finish_payload, push_entry, start_payload,
 };
 use super::{Protection, RunFileError, TARGET_BLOCK_BYTES};
 
@@ -53,6 +58,8 @@ pub struct RunFileWriter<'a> {
     pending: Vec<u8>,
     written: u64,
     index: Vec<IndexEntry>,
+    /// Each entry's [`key_hash`], for the filter.
+    hashes: Vec<u64>,
     last_key: Option<u128>,
     entries: u64,
     tombstones: u64,
@@ -102,6 +109,7 @@ impl<'a> RunFileWriter<'a> {
             pending: Vec::with_capacity(IO_CHUNK_BYTES + TARGET_BLOCK_BYTES * 2),
             written: 0,
             index: Vec::new(),
+            hashes: Vec::new(),
             last_key: None,
             entries: 0,
             tombstones: 0,
@@ -130,6 +138,7 @@ impl<'a> RunFileWriter<'a> {
             self.payload_first = key;
         }
         push_entry(&mut self.payload, key, value);
+        self.hashes.push(key_hash(key));
         self.payload_entries += 1;
         self.entries += 1;
         self.tombstones += u64::from(value.is_none());
@@ -200,7 +209,7 @@ impl<'a> RunFileWriter<'a> {
         }
     }
 
-    /// Writes the index and footer, syncs, renames into place and syncs
+    /// Writes the index, the filter and the footer, syncs, renames into place and syncs
     /// the directory. A failure leaves only the `.tmp` file (removed by
     /// whoever cleans up after a failed fold); a failed sync is never
     /// retried.
@@ -209,7 +218,11 @@ impl<'a> RunFileWriter<'a> {
         let index_offset = self.written + self.pending.len() as u64;
         let payload = BlockIndex::encode(&self.index, self.last_key.unwrap_or(0));
         let index_stored = self.store(Piece::Index, index_offset, payload)?;
+        let filter_offset = index_offset + index_stored.len() as u64;
+        let filter = BloomFilter::build(&std::mem::take(&mut self.hashes));
+        let filter_stored = self.store(Piece::Filter, filter_offset, filter.encode())?;
         let mut footer = Footer {
+            version: FORMAT_VERSION,
             mode: self.mode,
             file_id: self.id.file_id,
             ns_id: self.id.ns_id,
@@ -223,17 +236,24 @@ impl<'a> RunFileWriter<'a> {
         let mac = match self.keyring.as_deref().filter(|_| self.mode != Mode::Plain) {
             Some(k) => {
                 let fields = footer.encode_fields();
-                let mac = super::format::file_mac(k, &self.id.dir_id, &index_stored, &fields)
-                    .map_err(|reason| RunFileError::Key {
-                        path: self.final_path.clone(),
-                        reason,
-                    })?;
+                let mac = super::format::file_mac(
+                    k,
+                    &self.id.dir_id,
+                    &index_stored,
+                    &filter_stored,
+                    &fields,
+                )
+                .map_err(|reason| RunFileError::Key {
+                    path: self.final_path.clone(),
+                    reason,
+                })?;
                 footer.mac = mac;
                 Some(mac)
             }
             None => None,
         };
         self.pending.extend_from_slice(&index_stored);
+        self.pending.extend_from_slice(&filter_stored);
         self.pending.extend_from_slice(&footer.encode());
         self.write_pending()?;
         let io = |path: &Path, source| RunFileError::Io {
