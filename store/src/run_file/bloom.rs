@@ -11,6 +11,12 @@
 //! ([`filter_bytes`]), so a reader knows it from the footer and accepts
 //! exactly one length.
 //!
+//! The payload begins with the CRC32C that ends the file's stored index,
+//! which binds the filter to its own file even in a plain file (whose
+//! pieces carry no position): a filter taken from another file with as
+//! many entries would otherwise be accepted, and hide cells that file
+//! lacks.
+//!
 //! The hash of a key is two 64-bit halves mixed by the MurmurHash3
 //! finalizer ([`fmix64`]); its probes are by double hashing (Kirsch and
 //! Mitzenmacher): probe i is `h1 + i * h2`, mapped onto the filter's bits by
@@ -25,10 +31,19 @@ const SEED_HIGH: u64 = 0x9e37_79b9_7f4a_7c15;
 /// Mixed into h1 to make h2.
 const SEED_STEP: u64 = 0xc2b2_ae3d_27d4_eb4f;
 
-/// The filter's payload length for a file of `entries` entries:
+/// The index CRC in front of the bits.
+pub const FILTER_HEADER_BYTES: usize = 4;
+
+/// The filter's bit array length for a file of `entries` entries:
 /// ceil(entries x [`BITS_PER_KEY`] / 8) bytes; `None` on overflow.
-pub fn filter_bytes(entries: u64) -> Option<u64> {
+fn bit_bytes(entries: u64) -> Option<u64> {
     Some(entries.checked_mul(BITS_PER_KEY)?.div_ceil(8))
+}
+
+/// The filter's payload length for a file of `entries` entries: the
+/// index CRC and the bits; `None` on overflow.
+pub fn filter_bytes(entries: u64) -> Option<u64> {
+    bit_bytes(entries)?.checked_add(FILTER_HEADER_BYTES as u64)
 }
 
 /// The MurmurHash3 64-bit finalizer: every input bit moves every output
@@ -67,7 +82,7 @@ pub struct BloomFilter {
 impl BloomFilter {
     /// The filter of the keys whose [`key_hash`]es are `hashes`.
     pub fn build(hashes: &[u64]) -> BloomFilter {
-        let len = filter_bytes(hashes.len() as u64).unwrap_or(0) as usize;
+        let len = bit_bytes(hashes.len() as u64).unwrap_or(0) as usize;
         let mut bytes = vec![0u8; len];
         let bits = len as u64 * 8;
         if bits > 0 {
@@ -80,10 +95,16 @@ impl BloomFilter {
         BloomFilter { bytes }
     }
 
-    /// A filter read back, for a file of `entries` entries: its length
-    /// must be exactly [`filter_bytes`] (any bits are a valid filter; the
-    /// CRC, MAC or tag around it said whether they are the ones written).
-    pub fn decode(payload: Vec<u8>, entries: u64) -> Result<BloomFilter, String> {
+    /// A filter read back, for a file of `entries` entries whose stored
+    /// index ends with `index_crc`: its length must be exactly
+    /// [`filter_bytes`] and it must name that index (any bits are a valid
+    /// filter; the CRC, MAC or tag around it said whether they are the
+    /// ones written).
+    pub fn decode(
+        mut payload: Vec<u8>,
+        entries: u64,
+        index_crc: u32,
+    ) -> Result<BloomFilter, String> {
         let want = filter_bytes(entries);
         if want != Some(payload.len() as u64) {
             return Err(format!(
@@ -92,12 +113,24 @@ impl BloomFilter {
                 want.map_or_else(|| "an overflow".to_string(), |w| w.to_string())
             ));
         }
-        Ok(BloomFilter { bytes: payload })
+        let bytes = payload.split_off(FILTER_HEADER_BYTES);
+        let named = u32::from_le_bytes([payload[0], payload[1], payload[2], payload[3]]);
+        if named != index_crc {
+            return Err(format!(
+                "the filter is of an index with CRC {named:#010x}, this file's has \
+                 {index_crc:#010x}: a filter of another file"
+            ));
+        }
+        Ok(BloomFilter { bytes })
     }
 
-    /// The payload as stored.
-    pub fn encode(self) -> Vec<u8> {
-        self.bytes
+    /// The payload to store in a file whose stored index ends with
+    /// `index_crc`.
+    pub fn encode(self, index_crc: u32) -> Vec<u8> {
+        let mut out = Vec::with_capacity(FILTER_HEADER_BYTES + self.bytes.len());
+        out.extend_from_slice(&index_crc.to_le_bytes());
+        out.extend_from_slice(&self.bytes);
+        out
     }
 
     /// False only if `key` is certainly not among the keys it was built

@@ -13,8 +13,9 @@
 //!   block_count x (first_key u128 | offset u64 | len u32) | last_key u128
 //!   (empty, with no last_key, when the file holds no block)
 //! filter (version 2 only; at index_offset + index_len), stored like a
-//!   block, of the payload: the Bloom filter's bits, exactly
-//!   filter_bytes(entry_count) bytes (`bloom`)
+//!   block, of the payload: index_crc u32 (the crc32c ending the stored
+//!   index) | the Bloom filter's bits, ceil(entry_count x 10 / 8) bytes
+//!   (`bloom`)
 //! footer (FOOTER_BYTES, the last bytes of the file)
 //!   0   8  magic "CUBERUNF"
 //!   8   4  version: 2 (1: a file written before filters, still read)
@@ -443,6 +444,15 @@ impl BlockIndex {
     pub fn heap_bytes(&self) -> usize {
         self.first_keys.capacity() * 16 + self.offsets.capacity() * 8 + self.lens.capacity() * 4
     }
+}
+
+/// The CRC32C that ends a stored piece (0 for fewer than 4 bytes, which
+/// no stored piece is).
+pub fn stored_crc(stored: &[u8]) -> u32 {
+    stored
+        .len()
+        .checked_sub(CRC_BYTES)
+        .map_or(0, |at| LittleEndian::read_u32(&stored[at..]))
 }
 
 fn read_u128(b: &[u8]) -> u128 {

@@ -184,6 +184,7 @@ impl RunFileReader {
             .read_exact_at(&mut stored, footer.index_offset)
             .map_err(|e| io(footer.index_offset, e))?;
         let filter_stored = stored.split_off(footer.index_len as usize);
+        let index_crc = super::format::stored_crc(&stored);
         if let Some(k) = keyring {
             let fields = footer.encode_fields();
             let mac = file_mac(k, &dir_id, &stored, &filter_stored, &fields)
@@ -207,7 +208,7 @@ impl RunFileReader {
             .map_err(|r| corrupt(footer.index_offset, format!("block index: {r}")))?;
         let index = BlockIndex::decode(&payload, &footer)
             .map_err(|r| corrupt(footer.index_offset, format!("block index: {r}")))?;
-        let filter = open_filter(&pieces, &footer, filter_stored)
+        let filter = open_filter(&pieces, &footer, filter_stored, index_crc)
             .map_err(|r| corrupt(footer.filter_offset(), format!("Bloom filter: {r}")))?;
         Ok(RunFileReader {
             path: path.to_path_buf(),
@@ -424,10 +425,14 @@ impl RunFileReader {
     }
 
     /// Reads and checks every block, bypassing the cache (`--verify`):
-    /// every problem found, and whether the counts match the footer.
+    /// every problem found, whether the counts match the footer, and
+    /// whether the filter holds every key (a filter that lacks one would
+    /// hide that cell from lookups; the filter's checksum or MAC makes
+    /// that damage, not chance).
     pub fn verify(&self) -> Vec<RunFileError> {
         let mut problems = Vec::new();
         let (mut entries, mut tombstones) = (0u64, 0u64);
+        let mut unfiltered = None;
         for i in 0..self.index.len() {
             match self.read_block(i) {
                 Ok(block) => {
@@ -435,9 +440,24 @@ impl RunFileReader {
                     tombstones += (0..block.len())
                         .filter(|&j| block.value(j).is_none())
                         .count() as u64;
+                    unfiltered = unfiltered.or_else(|| {
+                        (0..block.len())
+                            .map(|j| block.key(j))
+                            .find(|k| !self.may_contain(*k))
+                    });
                 }
                 Err(e) => problems.push(e),
             }
+        }
+        if let Some(key) = unfiltered {
+            problems.push(RunFileError::Corrupt {
+                path: self.path.clone(),
+                offset: self.footer.filter_offset(),
+                reason: format!(
+                    "the Bloom filter lacks key {key:#x}, which the blocks hold: lookups of \
+                     it would miss it"
+                ),
+            });
         }
         let counted = (entries, tombstones);
         let footer = (self.footer.entry_count, self.footer.tombstone_count);
@@ -527,12 +547,13 @@ fn open_filter(
     pieces: &Pieces<'_>,
     footer: &Footer,
     stored: Vec<u8>,
+    index_crc: u32,
 ) -> Result<Option<BloomFilter>, String> {
     if footer.version == super::format::FORMAT_VERSION_NO_FILTER {
         return Ok(None);
     }
     let payload = pieces.open(Piece::Filter, footer.filter_offset(), stored)?;
-    BloomFilter::decode(payload, footer.entry_count).map(Some)
+    BloomFilter::decode(payload, footer.entry_count, index_crc).map(Some)
 }
 
 fn key_error(path: &Path, reason: String) -> RunFileError {

@@ -13,6 +13,8 @@ use crate::crypto::{Keyring, MasterKey};
 use crate::sim_disk::{FaultPlan, SimDisk};
 use crate::storage::{RealDisk, Storage};
 
+mod filter;
+
 type Model = BTreeMap<u128, Option<Vec<u8>>>;
 type Entries = Vec<(u128, Option<Vec<u8>>)>;
 

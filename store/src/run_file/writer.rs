@@ -220,7 +220,9 @@ impl<'a> RunFileWriter<'a> {
         let index_stored = self.store(Piece::Index, index_offset, payload)?;
         let filter_offset = index_offset + index_stored.len() as u64;
         let filter = BloomFilter::build(&std::mem::take(&mut self.hashes));
-        let filter_stored = self.store(Piece::Filter, filter_offset, filter.encode())?;
+        let index_crc = super::format::stored_crc(&index_stored);
+        let filter_stored =
+            self.store(Piece::Filter, filter_offset, filter.encode(index_crc))?;
         let mut footer = Footer {
             version: FORMAT_VERSION,
             mode: self.mode,
