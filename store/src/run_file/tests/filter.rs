@@ -363,3 +363,45 @@ fn resident_bytes_count_the_filter() {
         reader.resident_bytes()
     );
 }
+
+/// The filter as docs/storage-format.md ("Bloom filter") specifies it,
+/// computed here from that text alone over a plain file's bytes: every
+/// key's 7 bits are set, and the payload starts with the index's CRC. So
+/// the spec is enough for another implementation to check a key.
+#[test]
+fn the_stored_filter_is_the_one_the_spec_describes() {
+    fn fmix64(mut x: u64) -> u64 {
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xff51afd7ed558ccd);
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xc4ceb9fe1a85ec53);
+        x ^= x >> 33;
+        x
+    }
+    let (bytes, model) = small_file(Mode::Plain);
+    let footer = &bytes[bytes.len() - FOOTER_BYTES..];
+    let u64_at = |at: usize| u64::from_le_bytes(footer[at..at + 8].try_into().unwrap());
+    let (entries, index_at, index_len) = (u64_at(32), u64_at(56), u64_at(64));
+    assert_eq!(entries, model.len() as u64);
+    let filter_at = (index_at + index_len) as usize;
+    let stored = &bytes[filter_at..bytes.len() - FOOTER_BYTES];
+    let (payload, crc) = stored.split_at(stored.len() - 4);
+    assert_eq!(crc, crc32c::crc32c(payload).to_le_bytes());
+    assert_eq!(payload[..4], bytes[filter_at - 4..filter_at]);
+    let bits = &payload[4..];
+    assert_eq!(bits.len() as u64, (entries * 10).div_ceil(8));
+    let m = bits.len() as u128 * 8;
+    let set = |b: u64| bits[(b / 8) as usize] & (1 << (b % 8)) != 0;
+    let probes = |key: u128| {
+        let h1 = fmix64(key as u64 ^ fmix64((key >> 64) as u64 ^ 0x9e3779b97f4a7c15));
+        let h2 = fmix64(h1 ^ 0xc2b2ae3d27d4eb4f);
+        (0..7u64).map(move |i| ((u128::from(h1.wrapping_add(i.wrapping_mul(h2))) * m) >> 64) as u64)
+    };
+    for key in model.keys() {
+        assert!(probes(*key).all(set), "key {key}");
+    }
+    let reader = open_bytes(bytes.clone(), Mode::Plain).unwrap();
+    for key in (0..50_000u128).filter(|k| !model.contains_key(k)) {
+        assert_eq!(reader.may_contain(key), probes(key).all(set), "key {key}");
+    }
+}
