@@ -20,7 +20,7 @@ use crate::storage::{OpenMode, Storage, StorageFile};
 
 use super::bloom::{BloomFilter, key_hash};
 use super::format::{
-    BlockIndex, FORMAT_VERSION, Footer, Identity, IndexEntry, MAX_VALUE_BYTES, Mode, Piece, Pieces,
+    BlockIndex, FORMAT_VERSION, FORMAT_VERSION_NO_FILTER, Footer, Identity, IndexEntry, MAX_VALUE_BYTES, Mode, Piece, Pieces,
     finish_payload, push_entry, start_payload,
 };
 use super::{Protection, RunFileError, TARGET_BLOCK_BYTES};
@@ -60,6 +60,8 @@ pub struct RunFileWriter<'a> {
     index: Vec<IndexEntry>,
     /// Each entry's [`key_hash`], for the filter.
     hashes: Vec<u64>,
+    /// [`FORMAT_VERSION`], or [`FORMAT_VERSION_NO_FILTER`] (no filter).
+    version: u32,
     last_key: Option<u128>,
     entries: u64,
     tombstones: u64,
@@ -110,6 +112,7 @@ impl<'a> RunFileWriter<'a> {
             written: 0,
             index: Vec::new(),
             hashes: Vec::new(),
+            version: FORMAT_VERSION,
             last_key: None,
             entries: 0,
             tombstones: 0,
@@ -119,6 +122,15 @@ impl<'a> RunFileWriter<'a> {
     /// Another block size target (tests and benchmarks; at least 64 bytes).
     pub fn with_target_block_bytes(mut self, bytes: usize) -> RunFileWriter<'a> {
         self.target_block_bytes = bytes.max(64);
+        self
+    }
+
+    /// Writes format version 1, without a Bloom filter, as the build
+    /// before filters did: for benchmarks that measure what the filter
+    /// saves, and tests of how such files read. Never for the store's own
+    /// files.
+    pub fn without_filter(mut self) -> RunFileWriter<'a> {
+        self.version = FORMAT_VERSION_NO_FILTER;
         self
     }
 
@@ -138,7 +150,9 @@ impl<'a> RunFileWriter<'a> {
             self.payload_first = key;
         }
         push_entry(&mut self.payload, key, value);
-        self.hashes.push(key_hash(key));
+        if self.version != FORMAT_VERSION_NO_FILTER {
+            self.hashes.push(key_hash(key));
+        }
         self.payload_entries += 1;
         self.entries += 1;
         self.tombstones += u64::from(value.is_none());
@@ -209,6 +223,21 @@ impl<'a> RunFileWriter<'a> {
         }
     }
 
+    /// The filter, as stored after `index_stored` (nothing in version 1).
+    fn filter_stored(
+        &mut self,
+        index_offset: u64,
+        index_stored: &[u8],
+    ) -> Result<Vec<u8>, RunFileError> {
+        if self.version == FORMAT_VERSION_NO_FILTER {
+            return Ok(Vec::new());
+        }
+        let filter_offset = index_offset + index_stored.len() as u64;
+        let filter = BloomFilter::build(&std::mem::take(&mut self.hashes));
+        let index_crc = super::format::stored_crc(index_stored);
+        self.store(Piece::Filter, filter_offset, filter.encode(index_crc))
+    }
+
     /// Writes the index, the filter and the footer, syncs, renames into place and syncs
     /// the directory. A failure leaves only the `.tmp` file (removed by
     /// whoever cleans up after a failed fold); a failed sync is never
@@ -218,13 +247,9 @@ impl<'a> RunFileWriter<'a> {
         let index_offset = self.written + self.pending.len() as u64;
         let payload = BlockIndex::encode(&self.index, self.last_key.unwrap_or(0));
         let index_stored = self.store(Piece::Index, index_offset, payload)?;
-        let filter_offset = index_offset + index_stored.len() as u64;
-        let filter = BloomFilter::build(&std::mem::take(&mut self.hashes));
-        let index_crc = super::format::stored_crc(&index_stored);
-        let filter_stored =
-            self.store(Piece::Filter, filter_offset, filter.encode(index_crc))?;
+        let filter_stored = self.filter_stored(index_offset, &index_stored)?;
         let mut footer = Footer {
-            version: FORMAT_VERSION,
+            version: self.version,
             mode: self.mode,
             file_id: self.id.file_id,
             ns_id: self.id.ns_id,

@@ -405,3 +405,21 @@ fn the_stored_filter_is_the_one_the_spec_describes() {
         assert_eq!(reader.may_contain(key), probes(key).all(set), "key {key}");
     }
 }
+
+/// `without_filter` writes what the build before filters wrote: byte for
+/// byte the stored plain version-1 fixture (plain files are
+/// deterministic), so the benchmark's "before" is that build's file.
+#[test]
+fn without_filter_writes_the_version_1_format() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("v1");
+    let mut w = RunFileWriter::create(&RealDisk, &path, 17, 5, &Protection::Plain)
+        .unwrap()
+        .with_target_block_bytes(512)
+        .without_filter();
+    for (k, v) in &v1_fixture_model() {
+        w.push(*k, v.as_deref()).unwrap();
+    }
+    w.finish().unwrap();
+    assert!(std::fs::read(&path).unwrap() == v1_fixture(V1_FIXTURES[0].1));
+}
