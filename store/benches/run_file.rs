@@ -171,7 +171,9 @@ fn absent_reads(c: &mut Criterion) {
     group.warm_up_time(Duration::from_secs(1));
     for (name, protection) in [("4K", Protection::Plain), ("4K sealed", sealed())] {
         for (version, filter) in [("v1 no filter", false), ("v2 filter", true)] {
-            let path = tmp.path().join(format!("{name}-{version}").replace(' ', "-"));
+            let path = tmp
+                .path()
+                .join(format!("{name}-{version}").replace(' ', "-"));
             write_version(&path, 4096, &protection, filter);
             let cold =
                 RunFileReader::open(&path, &protection, Arc::new(BlockCache::new(0))).unwrap();

@@ -1,11 +1,11 @@
-//! [`RunFileReader`]: a run file opened by its footer and index alone, read
-//! block by block through the shared [`BlockCache`].
+//! [`RunFileReader`]: a run file opened by its footer, index and Bloom
+//! filter alone, read block by block through the shared [`BlockCache`].
 //!
 //! A point read is one probe of the in-memory fence keys, one of the
 //! in-memory Bloom filter (version-2 files) and at most one `pread` of one
-//! block: none when the filter says the file lacks the key. A range ([`RunFileRange`]) walks blocks in key order
-//! and reads ahead at most [`READ_AHEAD_BLOCKS`] blocks (and
-//! [`READ_AHEAD_BYTES`]) at a time, in one `pread` per run of blocks the
+//! block: none when the filter says the file lacks the key. A range
+//! ([`RunFileRange`]) walks blocks in key order and reads ahead at most
+//! [`READ_AHEAD_BLOCKS`] blocks (and [`READ_AHEAD_BYTES`]) at a time, in one `pread` per run of blocks the
 //! cache lacks, so a scan of a large box never holds more than that window.
 //! Every block read from the file is checked (CRC32C, then its MAC or
 //! AES-GCM tag, then its structure) before any of it is used.
@@ -318,9 +318,7 @@ impl RunFileReader {
     /// The block that may hold `key`: none if the key is outside the
     /// file's key range or the filter rules it out.
     fn block_for_lookup(&self, key: u128) -> Option<usize> {
-        self.index
-            .block_for(key)
-            .filter(|_| self.may_contain(key))
+        self.index.block_for(key).filter(|_| self.may_contain(key))
     }
 
     /// The cache id of this file's blocks ([`BlockCache::forget_file`]).

@@ -292,7 +292,11 @@ fn every_flipped_bit_is_an_error_naming_its_place_never_wrong_data() {
                     } else {
                         assert!(pos >= index_at, "{what}: a block flip failed the open");
                         // The file MAC (at the footer) is checked first.
-                        let piece_at = if pos >= filter_at { filter_at } else { index_at };
+                        let piece_at = if pos >= filter_at {
+                            filter_at
+                        } else {
+                            index_at
+                        };
                         assert!(
                             offset == piece_at || (mode != Mode::Plain && offset == footer_at),
                             "{what}: {offset}"
@@ -880,4 +884,3 @@ fn v1_fixture_model() -> Model {
     let mut rng = Rng(0x5eed_0001);
     random_model(&mut rng, 200)
 }
-

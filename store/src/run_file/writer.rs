@@ -20,8 +20,8 @@ use crate::storage::{OpenMode, Storage, StorageFile};
 
 use super::bloom::{BloomFilter, key_hash};
 use super::format::{
-    BlockIndex, FORMAT_VERSION, FORMAT_VERSION_NO_FILTER, Footer, Identity, IndexEntry, MAX_VALUE_BYTES, Mode, Piece, Pieces,
-    finish_payload, push_entry, start_payload,
+    BlockIndex, FORMAT_VERSION, FORMAT_VERSION_NO_FILTER, Footer, Identity, IndexEntry,
+    MAX_VALUE_BYTES, Mode, Piece, Pieces, finish_payload, push_entry, start_payload,
 };
 use super::{Protection, RunFileError, TARGET_BLOCK_BYTES};
 

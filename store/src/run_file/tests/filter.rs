@@ -152,8 +152,16 @@ fn a_lookup_of_an_absent_key_reads_no_block() {
             assert_eq!(reader.get(*key).unwrap(), None, "{mode:?}");
         }
         let reads = block_lookups(&cache);
-        assert!(reads < 220, "{mode:?}: {reads} block reads for 20,000 absent keys");
-        assert!(reader.get_many(&absent).iter().all(|r| matches!(r, Ok(None))));
+        assert!(
+            reads < 220,
+            "{mode:?}: {reads} block reads for 20,000 absent keys"
+        );
+        assert!(
+            reader
+                .get_many(&absent)
+                .iter()
+                .all(|r| matches!(r, Ok(None)))
+        );
         let batched = block_lookups(&cache) - reads;
         assert!(batched < 220, "{mode:?}: get_many read {batched} blocks");
         // A present key still reads its block.
@@ -171,7 +179,10 @@ fn a_lookup_of_an_absent_key_reads_no_block() {
     .unwrap();
     let (lo, hi) = reader.key_range().unwrap();
     let model = v1_fixture_model();
-    let inside: Vec<u128> = (lo..hi).filter(|k| !model.contains_key(k)).take(50).collect();
+    let inside: Vec<u128> = (lo..hi)
+        .filter(|k| !model.contains_key(k))
+        .take(50)
+        .collect();
     for key in &inside {
         assert_eq!(reader.get(*key).unwrap(), None);
     }
@@ -188,7 +199,10 @@ fn version_1_files_open_and_read() {
         let footer = Footer::decode(&bytes[bytes.len() - FOOTER_BYTES..], bytes.len() as u64);
         assert_eq!(footer.unwrap().version, FORMAT_VERSION_NO_FILTER, "{name}");
         let reader = open_bytes(bytes, mode).unwrap();
-        assert!(reader.may_contain(1) && reader.may_contain(u128::MAX), "{name}");
+        assert!(
+            reader.may_contain(1) && reader.may_contain(u128::MAX),
+            "{name}"
+        );
         let mut rng = Rng(41);
         check_against_model(&reader, &model, &mut rng, name);
         assert!(reader.verify().is_empty(), "{name}");
