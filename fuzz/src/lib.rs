@@ -919,17 +919,23 @@ mod tests {
     }
 
     /// The run file seeds are of the current format (with a filter, which
-    /// the target then reads), and the fixer leaves the plain ones as
-    /// they are: the repaired inputs start from files that open.
+    /// the target then reads) but `v1-plain` (no filter), and the fixer
+    /// leaves the plain ones as they are: the repaired inputs start from
+    /// files that open.
     #[test]
     fn run_file_seeds_are_current_and_the_fixer_keeps_them() {
         use cube_store::run_file::{BlockCache, FORMAT_VERSION, Protection, RunFileReader};
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds/run_file");
-        for name in ["plain", "empty", "authenticated", "sealed"] {
+        for name in ["plain", "v1-plain", "empty", "authenticated", "sealed"] {
             let seed = std::fs::read(dir.join(name)).expect("seed");
             let version_at = seed.len() - RUN_FOOTER_BYTES + 8;
-            assert_eq!(u32_at(&seed, version_at), Some(FORMAT_VERSION), "{name}");
-            if name == "plain" || name == "empty" {
+            let version = if name.starts_with("v1-") {
+                RUN_VERSION_NO_FILTER
+            } else {
+                FORMAT_VERSION
+            };
+            assert_eq!(u32_at(&seed, version_at), Some(version), "{name}");
+            if name.ends_with("plain") || name == "empty" {
                 assert!(fix_run_file(&seed) == seed, "{name}: the fixer changed it");
                 let reader = RunFileReader::open_source(
                     Box::new(seed),
