@@ -147,3 +147,33 @@ impl BloomFilter {
         self.bytes.capacity()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The worked example of docs/storage-format.md, "Bloom filter".
+    #[test]
+    fn the_documented_example_probes() {
+        let cases: [(u128, u64, u64, [u64; 7]); 2] = [
+            (
+                0,
+                0x6393_d51c_06c6_18dc,
+                0xd42d_681c_3cbb_1165,
+                [31, 17, 3, 70, 56, 42, 28],
+            ),
+            (
+                0x0123_4567_89ab_cdef_fedc_ba98_7654_3210,
+                0xd9c0_47bf_5379_42c1,
+                0x3d41_3f59_9e89_c646,
+                [68, 7, 26, 45, 64, 3, 22],
+            ),
+        ];
+        for (key, h1, h2, bits) in cases {
+            assert_eq!(key_hash(key), h1, "{key:#x}");
+            assert_eq!(fmix64(h1 ^ SEED_STEP), h2, "{key:#x}");
+            assert_eq!(probes(h1, 80).collect::<Vec<_>>(), bits, "{key:#x}");
+        }
+        assert_eq!(filter_bytes(8), Some(4 + 10));
+    }
+}
