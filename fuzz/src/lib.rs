@@ -603,6 +603,10 @@ fn count_entries(payload: &[u8]) -> u64 {
 pub const RUN_FILE_KEY: [u8; 32] = [0x3c; 32];
 pub const RUN_FILE_DIR_ID: [u8; 16] = [0x5d; 16];
 const RUN_FOOTER_BYTES: usize = cube_store::run_file::FOOTER_BYTES;
+const RUN_VERSION_NO_FILTER: u32 = cube_store::run_file::FORMAT_VERSION_NO_FILTER;
+/// The smallest entry a block holds (a tombstone's key and kind): what
+/// bounds the entry count, and so the filter, by the file's size.
+const RUN_MIN_ENTRY_BYTES: u64 = 17;
 const RUN_INDEX_ENTRY_BYTES: usize = cube_store::run_file::format::INDEX_ENTRY_BYTES;
 
 /// The input as a run file, opened as each kind (plain, authenticated,
@@ -666,10 +670,18 @@ fn read_run_file(bytes: Vec<u8>, protection: &cube_store::run_file::Protection) 
         }
     }
     let mut last = None;
+    let mut filtered_out = None;
     for entry in reader.range(0, u128::MAX) {
         let Ok((key, value)) = entry else { break };
         assert!(last < Some(key), "keys out of order: {last:?} then {key}");
         last = Some(key);
+        // A filter that lacks a key of the file (a plain file's filter
+        // changed and its checksum repaired) hides it from point reads;
+        // `verify` must then say so.
+        if !reader.may_contain(key) {
+            filtered_out = Some(key);
+            continue;
+        }
         if let Ok(got) = reader.get(key) {
             assert_eq!(
                 got.map(|v| v.map(|v| v.to_vec())),
@@ -678,13 +690,21 @@ fn read_run_file(bytes: Vec<u8>, protection: &cube_store::run_file::Protection) 
             );
         }
     }
-    let _ = reader.verify();
+    let problems = reader.verify();
+    if let Some(key) = filtered_out {
+        assert!(
+            !problems.is_empty(),
+            "key {key}: the filter lacks it and verify found nothing"
+        );
+    }
 }
 
 /// Makes the input a plain run file as far as it can: footer magic,
-/// version and flags, an index placed before the footer as its fields
-/// allow, every block's checksum where the index puts it, and the index's
-/// and footer's checksums.
+/// version (1 stays 1, anything else becomes the current version) and
+/// flags, an index and (version 2) a Bloom filter placed before the footer
+/// as its fields allow, every block's checksum where the index puts it,
+/// the filter's index CRC, and the index's, filter's and footer's
+/// checksums. A plain file this build wrote comes out unchanged.
 pub fn fix_run_file(file: &[u8]) -> Vec<u8> {
     let mut out = file.to_vec();
     if out.len() < RUN_FOOTER_BYTES {
@@ -692,17 +712,31 @@ pub fn fix_run_file(file: &[u8]) -> Vec<u8> {
     }
     let footer = out.len() - RUN_FOOTER_BYTES;
     out[footer..footer + 8].copy_from_slice(b"CUBERUNF");
-    put_u32(&mut out, footer + 8, 1);
+    let version = match u32_at(&out, footer + 8) {
+        Some(RUN_VERSION_NO_FILTER) => RUN_VERSION_NO_FILTER,
+        _ => cube_store::run_file::FORMAT_VERSION,
+    };
+    put_u32(&mut out, footer + 8, version);
     put_u32(&mut out, footer + 12, 0);
     out[footer + 72..footer + 104].fill(0);
-    // The index fills what is before the footer, from where it says.
+    // The index fills what is before the filter, from where it says.
     let blocks = u64_at(&out, footer + 48).unwrap_or(0) % 4096;
     let index_len = if blocks == 0 {
         4
     } else {
         blocks as usize * RUN_INDEX_ENTRY_BYTES + 16 + 4
     };
-    let Some(index_at) = footer.checked_sub(index_len) else {
+    // The filter, sized by an entry count the file's bytes can hold.
+    let filter_len = if version == RUN_VERSION_NO_FILTER {
+        0
+    } else {
+        let entries =
+            u64_at(&out, footer + 32).unwrap_or(0) % (footer as u64 / RUN_MIN_ENTRY_BYTES + 1);
+        put_u64(&mut out, footer + 32, entries);
+        let bytes = cube_store::run_file::bloom::filter_bytes(entries).unwrap_or(0);
+        bytes as usize + 4
+    };
+    let Some(index_at) = footer.checked_sub(index_len + filter_len) else {
         return out;
     };
     put_u64(&mut out, footer + 48, blocks);
@@ -719,8 +753,14 @@ pub fn fix_run_file(file: &[u8]) -> Vec<u8> {
             put_u32(&mut out, at + len - 4, crc);
         }
     }
-    let crc = crc32c::crc32c(&out[index_at..footer - 4]);
-    put_u32(&mut out, footer - 4, crc);
+    let filter_at = index_at + index_len;
+    let index_crc = crc32c::crc32c(&out[index_at..filter_at - 4]);
+    put_u32(&mut out, filter_at - 4, index_crc);
+    if filter_len > 0 {
+        put_u32(&mut out, filter_at, index_crc);
+        let crc = crc32c::crc32c(&out[filter_at..footer - 4]);
+        put_u32(&mut out, footer - 4, crc);
+    }
     let crc = crc32c::crc32c(&out[footer..footer + 104]);
     put_u32(&mut out, footer + 104, crc);
     out
@@ -874,6 +914,38 @@ mod tests {
             let _ = fix_segment(&data);
             let _ = fix_checkpoint(&data);
             let _ = split_segments(&data);
+            let _ = fix_run_file(&data);
+        }
+    }
+
+    /// The run file seeds are of the current format (with a filter, which
+    /// the target then reads) but `v1-plain` (no filter), and the fixer
+    /// leaves the plain ones as they are: the repaired inputs start from
+    /// files that open.
+    #[test]
+    fn run_file_seeds_are_current_and_the_fixer_keeps_them() {
+        use cube_store::run_file::{BlockCache, FORMAT_VERSION, Protection, RunFileReader};
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds/run_file");
+        for name in ["plain", "v1-plain", "empty", "authenticated", "sealed"] {
+            let seed = std::fs::read(dir.join(name)).expect("seed");
+            let version_at = seed.len() - RUN_FOOTER_BYTES + 8;
+            let version = if name.starts_with("v1-") {
+                RUN_VERSION_NO_FILTER
+            } else {
+                FORMAT_VERSION
+            };
+            assert_eq!(u32_at(&seed, version_at), Some(version), "{name}");
+            if name.ends_with("plain") || name == "empty" {
+                assert!(fix_run_file(&seed) == seed, "{name}: the fixer changed it");
+                let reader = RunFileReader::open_source(
+                    Box::new(seed),
+                    Path::new(name),
+                    &Protection::Plain,
+                    Arc::new(BlockCache::new(1 << 16)),
+                )
+                .expect("the seed opens");
+                assert!(reader.verify().is_empty(), "{name}");
+            }
         }
     }
 }

@@ -8,6 +8,13 @@
 //! a read the kernel answers from memory; a cold read from the device adds
 //! the device's latency. `get_many` of 64 keys against 64 `get`s: mget's
 //! batched read. Figures go to docs/benchmarks.md, "Run files".
+//!
+//! `absent`: a point read of a key inside the file's key range that the
+//! file lacks (every put of a new cell asks each run), with the Bloom
+//! filter (format version 2) and from the same cells written as version 1
+//! (`RunFileWriter::without_filter`, the build before filters: every such
+//! read reads its block). Figures in docs/benchmarks.md, "Run file Bloom
+//! filter".
 #![allow(clippy::unwrap_used)]
 
 use std::hint::black_box;
@@ -50,9 +57,17 @@ fn sealed() -> Protection {
 }
 
 fn write(path: &Path, block_bytes: usize, protection: &Protection) {
+    write_version(path, block_bytes, protection, true);
+}
+
+/// `filter: false` writes format version 1 (no Bloom filter).
+fn write_version(path: &Path, block_bytes: usize, protection: &Protection, filter: bool) {
     let mut w = RunFileWriter::create(&RealDisk, path, 1, 1, protection)
         .unwrap()
         .with_target_block_bytes(block_bytes);
+    if !filter {
+        w = w.without_filter();
+    }
     let value = [0x5au8; VALUE_BYTES];
     for i in 0..CELLS {
         w.push(key(i), Some(&value)).unwrap();
@@ -146,5 +161,47 @@ fn point_reads(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, point_reads);
+/// A point read of an absent key (between two of the file's keys), from
+/// the file (a budget-0 cache), with the filter and without (version 1);
+/// and a batch of 64 such keys.
+fn absent_reads(c: &mut Criterion) {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut group = c.benchmark_group("run_file absent");
+    group.measurement_time(Duration::from_secs(3));
+    group.warm_up_time(Duration::from_secs(1));
+    for (name, protection) in [("4K", Protection::Plain), ("4K sealed", sealed())] {
+        for (version, filter) in [("v1 no filter", false), ("v2 filter", true)] {
+            let path = tmp
+                .path()
+                .join(format!("{name}-{version}").replace(' ', "-"));
+            write_version(&path, 4096, &protection, filter);
+            let cold =
+                RunFileReader::open(&path, &protection, Arc::new(BlockCache::new(0))).unwrap();
+            let mut rng = Rng(0x51ed_270b);
+            group.bench_function(format!("get absent from file {name} {version}"), |b| {
+                b.iter(|| black_box(cold.get(key(rng.below(CELLS)) + 3).unwrap()))
+            });
+            group.bench_function(
+                format!("get_many 64 absent from file {name} {version}"),
+                |b| {
+                    b.iter_batched(
+                        || -> Vec<u128> { (0..64).map(|_| key(rng.below(CELLS)) + 3).collect() },
+                        |keys| black_box(cold.get_many(&keys)),
+                        criterion::BatchSize::SmallInput,
+                    )
+                },
+            );
+            group.bench_function(format!("get present from file {name} {version}"), |b| {
+                b.iter(|| black_box(cold.get(key(rng.below(CELLS))).unwrap()))
+            });
+            eprintln!(
+                "{name} {version}: resident {} KiB (index and filter)",
+                cold.resident_bytes() / 1024
+            );
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, point_reads, absent_reads);
 criterion_main!(benches);

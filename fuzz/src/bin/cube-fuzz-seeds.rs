@@ -15,7 +15,9 @@
 //!   files of `fuzz/fixtures/checkpoint/`, written here too.
 //! - `run_file/`: run files, plain, authenticated and sealed (with
 //!   `cube_fuzz::RUN_FILE_KEY`, so the target's reader opens them), and an
-//!   empty one.
+//!   empty one, in the current format (version 2, with a Bloom filter);
+//!   `v1-plain` in version 1 (no filter), as data dirs written before
+//!   filters hold them.
 //!
 //! `program_source/` holds hand-written Lua (from `docs/programs.md`);
 //! `program_run/` the same examples with their arguments after NUL bytes,
@@ -58,6 +60,7 @@ fn run_file_seeds(dir: &Path) -> Result<()> {
     let dir_id = cube_fuzz::RUN_FILE_DIR_ID;
     let kinds = [
         ("plain", Protection::Plain, 24u32),
+        ("v1-plain", Protection::Plain, 24u32),
         ("empty", Protection::Plain, 0),
         (
             "authenticated",
@@ -74,7 +77,11 @@ fn run_file_seeds(dir: &Path) -> Result<()> {
     disk.create_dir_all(runs)?;
     for (name, protection, entries) in kinds {
         let path = runs.join(name);
-        let mut w = RunFileWriter::create(&disk, &path, 3, 1, &protection)?.with_target_block_bytes(128);
+        let mut w =
+            RunFileWriter::create(&disk, &path, 3, 1, &protection)?.with_target_block_bytes(128);
+        if name.starts_with("v1-") {
+            w = w.without_filter();
+        }
         for i in 0..entries {
             let value = format!("value {i}");
             // Every fifth entry a tombstone.

@@ -12,9 +12,13 @@
 //! index (at index_offset), stored like a block, of the payload
 //!   block_count x (first_key u128 | offset u64 | len u32) | last_key u128
 //!   (empty, with no last_key, when the file holds no block)
+//! filter (version 2 only; at index_offset + index_len), stored like a
+//!   block, of the payload: index_crc u32 (the crc32c ending the stored
+//!   index) | the Bloom filter's bits, ceil(entry_count x 10 / 8) bytes
+//!   (`bloom`)
 //! footer (FOOTER_BYTES, the last bytes of the file)
 //!   0   8  magic "CUBERUNF"
-//!   8   4  version = 1
+//!   8   4  version: 2 (1: a file written before filters, still read)
 //!   12  4  flags: 0 plain, 2 authenticated, 3 sealed (and authenticated)
 //!   16  8  file_id
 //!   24  8  ns_id
@@ -24,7 +28,8 @@
 //!   56  8  index_offset
 //!   64  8  index_len (as stored)
 //!   72  32 mac: HMAC-SHA256(integrity key, "cube run file v1" | dir_id |
-//!           index as stored | footer bytes 0..72); zeros when plain
+//!           index as stored | filter as stored (none in version 1) |
+//!           footer bytes 0..72); zeros when plain
 //!   104 4  crc32c of footer bytes 0..104
 //! ```
 //! Integers are little-endian. The crc32c of a block or of the index
@@ -36,11 +41,15 @@
 
 use byteorder::{ByteOrder, LittleEndian};
 
+use super::bloom::filter_bytes;
 use crate::crypto::{DIR_ID_BYTES, Keyring, MAC_BYTES, TAG_BYTES, tags_equal};
 
 pub const MAGIC: &[u8; 8] = b"CUBERUNF";
-/// Bumped on any change to this layout.
-pub const FORMAT_VERSION: u32 = 1;
+/// Bumped on any change to this layout. What this build writes.
+pub const FORMAT_VERSION: u32 = 2;
+/// The version of files written before Bloom filters: no filter piece;
+/// still read (every lookup reads its block).
+pub const FORMAT_VERSION_NO_FILTER: u32 = 1;
 pub const FOOTER_BYTES: usize = 108;
 /// Blocks are closed once their payload reaches this size. Chosen by
 /// measurement (`store/benches/run_file.rs`, docs/benchmarks.md "Run
@@ -63,8 +72,10 @@ pub const INDEX_ENTRY_BYTES: usize = 28;
 const KEY_BYTES: usize = 16;
 /// count u32 of a block payload.
 const BLOCK_HEADER_BYTES: usize = 4;
+/// The smallest entry: a tombstone's key and kind.
+const MIN_ENTRY_BYTES: usize = KEY_BYTES + 1;
 /// The smallest block payload: a count and one tombstone.
-const MIN_PAYLOAD_BYTES: usize = BLOCK_HEADER_BYTES + KEY_BYTES + 1;
+const MIN_PAYLOAD_BYTES: usize = BLOCK_HEADER_BYTES + MIN_ENTRY_BYTES;
 const KIND_TOMBSTONE: u8 = 0;
 const KIND_VALUE: u8 = 1;
 /// The MAC label of a run file's index and footer.
@@ -110,12 +121,13 @@ impl Mode {
     }
 }
 
-/// What a stored piece is: part of its position, so a block cannot pass
-/// as the index.
+/// What a stored piece is: part of its position, so that no piece can
+/// pass as another (a block as the index, the index as the filter).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Piece {
     Block = 1,
     Index = 2,
+    Filter = 3,
 }
 
 /// Who a file is: in every position and in the footer.
@@ -144,6 +156,8 @@ pub fn position(id: &Identity, piece: Piece, offset: u64) -> [u8; POSITION_BYTES
 /// The footer's fields.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Footer {
+    /// [`FORMAT_VERSION`], or [`FORMAT_VERSION_NO_FILTER`] for an older file.
+    pub version: u32,
     pub mode: Mode,
     pub file_id: u64,
     pub ns_id: u64,
@@ -160,7 +174,7 @@ impl Footer {
     pub fn encode_fields(&self) -> [u8; 72] {
         let mut f = [0u8; 72];
         f[0..8].copy_from_slice(MAGIC);
-        LittleEndian::write_u32(&mut f[8..12], FORMAT_VERSION);
+        LittleEndian::write_u32(&mut f[8..12], self.version);
         LittleEndian::write_u32(&mut f[12..16], self.mode.flags());
         LittleEndian::write_u64(&mut f[16..24], self.file_id);
         LittleEndian::write_u64(&mut f[24..32], self.ns_id);
@@ -195,9 +209,10 @@ impl Footer {
             return Err("footer checksum mismatch".into());
         }
         let version = LittleEndian::read_u32(&f[8..12]);
-        if version != FORMAT_VERSION {
+        if version != FORMAT_VERSION && version != FORMAT_VERSION_NO_FILTER {
             return Err(format!(
-                "run file format version {version} is not supported (this build reads {FORMAT_VERSION})"
+                "run file format version {version} is not supported (this build reads \
+                 {FORMAT_VERSION_NO_FILTER} and {FORMAT_VERSION})"
             ));
         }
         let flags = LittleEndian::read_u32(&f[12..16]);
@@ -205,6 +220,7 @@ impl Footer {
         let mut mac = [0u8; MAC_BYTES];
         mac.copy_from_slice(&f[72..104]);
         let footer = Footer {
+            version,
             mode,
             file_id: LittleEndian::read_u64(&f[16..24]),
             ns_id: LittleEndian::read_u64(&f[24..32]),
@@ -223,14 +239,30 @@ impl Footer {
         if self.mode == Mode::Plain && self.mac != [0u8; MAC_BYTES] {
             return Err("a plain run file with a nonzero MAC field".into());
         }
+        // Every entry takes at least its smallest size in a block: this
+        // bounds the filter a reader allocates by the file's own size.
+        if self.entry_count > self.index_offset / MIN_ENTRY_BYTES as u64 {
+            return Err(format!(
+                "{} entries cannot fit in {} bytes of blocks",
+                self.entry_count, self.index_offset
+            ));
+        }
+        let filter_len = self.filter_len().ok_or_else(|| {
+            format!(
+                "a filter for {} entries overflows the file",
+                self.entry_count
+            )
+        })?;
         let end = self
             .index_offset
             .checked_add(self.index_len)
+            .and_then(|e| e.checked_add(filter_len))
             .and_then(|e| e.checked_add(FOOTER_BYTES as u64));
         if end != Some(file_len) {
             return Err(format!(
-                "index at {} of {} bytes and the footer do not end the {file_len}-byte file",
-                self.index_offset, self.index_len
+                "index at {} of {} bytes, a filter of {filter_len} bytes (for {} entries) and \
+                 the footer do not end the {file_len}-byte file",
+                self.index_offset, self.index_len, self.entry_count
             ));
         }
         let expected = index_stored_len(self.mode, self.block_count);
@@ -259,6 +291,20 @@ impl Footer {
             return Err("an empty run file with entries or blocks".into());
         }
         Ok(())
+    }
+
+    /// Where the filter starts: right after the index.
+    pub fn filter_offset(&self) -> u64 {
+        self.index_offset.saturating_add(self.index_len)
+    }
+
+    /// The filter's stored length (0 in a version-1 file, which has
+    /// none); `None` on overflow. Follows from the entry count alone.
+    pub fn filter_len(&self) -> Option<u64> {
+        if self.version == FORMAT_VERSION_NO_FILTER {
+            return Some(0);
+        }
+        filter_bytes(self.entry_count)?.checked_add(self.mode.overhead_bytes() as u64)
     }
 }
 
@@ -398,6 +444,15 @@ impl BlockIndex {
     pub fn heap_bytes(&self) -> usize {
         self.first_keys.capacity() * 16 + self.offsets.capacity() * 8 + self.lens.capacity() * 4
     }
+}
+
+/// The CRC32C that ends a stored piece (0 for fewer than 4 bytes, which
+/// no stored piece is).
+pub fn stored_crc(stored: &[u8]) -> u32 {
+    stored
+        .len()
+        .checked_sub(CRC_BYTES)
+        .map_or(0, |at| LittleEndian::read_u32(&stored[at..]))
 }
 
 fn read_u128(b: &[u8]) -> u128 {
@@ -648,14 +703,19 @@ impl Pieces<'_> {
     }
 }
 
-/// The MAC of a file's index and footer fields.
+/// The MAC of a file's index, filter (empty in a version-1 file) and
+/// footer fields.
 pub fn file_mac(
     keyring: &Keyring,
     dir_id: &[u8; DIR_ID_BYTES],
     index_stored: &[u8],
+    filter_stored: &[u8],
     footer_fields: &[u8; 72],
 ) -> Result<[u8; MAC_BYTES], String> {
     keyring
-        .mac(FILE_MAC_LABEL, &[dir_id, index_stored, footer_fields])
+        .mac(
+            FILE_MAC_LABEL,
+            &[dir_id, index_stored, filter_stored, footer_fields],
+        )
         .map_err(|e| e.to_string())
 }

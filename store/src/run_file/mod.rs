@@ -4,14 +4,17 @@
 //! A run file holds cells (u128 curve key -> value bytes, or a tombstone)
 //! in strictly increasing key order, packed into blocks of about
 //! [`TARGET_BLOCK_BYTES`]. After the blocks come a block index (the first
-//! key of each block, its offset and length) and a fixed-size footer. The
+//! key of each block, its offset and length), a Bloom filter of the keys
+//! ([`bloom`]; files of format version 1 have none) and a fixed-size
+//! footer. The
 //! layout is specified byte by byte in `docs/storage-format.md`, "Run
 //! files"; [`format`] is its one implementation.
 //!
 //! - [`RunFileWriter`] streams sorted entries into a new file (under a
 //!   temporary name; synced, renamed into place, directory synced).
-//! - [`RunFileReader`] opens a file by reading only its footer and index; a
-//!   point read is one index probe and at most one block read (`pread`);
+//! - [`RunFileReader`] opens a file by reading only its footer, index and
+//!   filter; a point read is one index probe, one filter probe and at most
+//!   one block read (`pread`), none when the filter rules the key out;
 //!   a range streams blocks in key order with a bounded read-ahead.
 //! - [`Merge`] merges sorted sources (a memtable, run files), the newest
 //!   winning each key, for a fold or a merge to write with [`write_all`].
@@ -25,6 +28,7 @@
 //! that read only.
 
 mod block_cache;
+pub mod bloom;
 pub mod format;
 mod merge;
 mod reader;
@@ -37,8 +41,8 @@ use std::sync::Arc;
 
 pub use block_cache::{BlockCache, CacheStats};
 pub use format::{
-    DecodedBlock, FOOTER_BYTES, FORMAT_VERSION, MAX_BLOCK_BYTES, MAX_VALUE_BYTES,
-    TARGET_BLOCK_BYTES,
+    DecodedBlock, FOOTER_BYTES, FORMAT_VERSION, FORMAT_VERSION_NO_FILTER, MAX_BLOCK_BYTES,
+    MAX_VALUE_BYTES, TARGET_BLOCK_BYTES,
 };
 pub use merge::{Entry, Merge, Source, write_all};
 pub use reader::{BlockSource, RunFileRange, RunFileReader};

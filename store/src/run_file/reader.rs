@@ -1,10 +1,11 @@
-//! [`RunFileReader`]: a run file opened by its footer and index alone, read
-//! block by block through the shared [`BlockCache`].
+//! [`RunFileReader`]: a run file opened by its footer, index and Bloom
+//! filter alone, read block by block through the shared [`BlockCache`].
 //!
-//! A point read is one probe of the in-memory fence keys and at most one
-//! `pread` of one block. A range ([`RunFileRange`]) walks blocks in key order
-//! and reads ahead at most [`READ_AHEAD_BLOCKS`] blocks (and
-//! [`READ_AHEAD_BYTES`]) at a time, in one `pread` per run of blocks the
+//! A point read is one probe of the in-memory fence keys, one of the
+//! in-memory Bloom filter (version-2 files) and at most one `pread` of one
+//! block: none when the filter says the file lacks the key. A range
+//! ([`RunFileRange`]) walks blocks in key order and reads ahead at most
+//! [`READ_AHEAD_BLOCKS`] blocks (and [`READ_AHEAD_BYTES`]) at a time, in one `pread` per run of blocks the
 //! cache lacks, so a scan of a large box never holds more than that window.
 //! Every block read from the file is checked (CRC32C, then its MAC or
 //! AES-GCM tag, then its structure) before any of it is used.
@@ -21,6 +22,7 @@ use crate::crypto::{Keyring, MAC_BYTES, tags_equal};
 use crate::storage::{OpenMode, Storage, StorageFile};
 
 use super::block_cache::{BlockCache, next_cache_id};
+use super::bloom::BloomFilter;
 use super::format::{
     BlockIndex, DecodedBlock, FOOTER_BYTES, Footer, Identity, Mode, Piece, Pieces, file_mac,
 };
@@ -87,6 +89,8 @@ pub struct RunFileReader {
     source: Box<dyn BlockSource>,
     footer: Footer,
     index: BlockIndex,
+    /// `None` for a version-1 file: every key may be in it.
+    filter: Option<BloomFilter>,
     id: Identity,
     keyring: Option<Arc<Keyring>>,
     cache: Arc<BlockCache>,
@@ -142,7 +146,7 @@ impl RunFileReader {
     }
 
     /// Opens the run file `source` holds; `path` names it in errors. Reads
-    /// the footer and the index only.
+    /// the footer, then the index and filter (one read), only.
     pub fn open_source(
         source: Box<dyn BlockSource>,
         path: &Path,
@@ -173,20 +177,23 @@ impl RunFileReader {
             ns_id: footer.ns_id,
             dir_id,
         };
-        // The footer bounded the index by the file's size.
-        let mut stored = vec![0u8; footer.index_len as usize];
+        // The footer bounded the index and the filter, which it checked
+        // end where it starts, by the file's size.
+        let mut stored = vec![0u8; (footer_at - footer.index_offset) as usize];
         source
             .read_exact_at(&mut stored, footer.index_offset)
             .map_err(|e| io(footer.index_offset, e))?;
+        let filter_stored = stored.split_off(footer.index_len as usize);
+        let index_crc = super::format::stored_crc(&stored);
         if let Some(k) = keyring {
             let fields = footer.encode_fields();
-            let mac =
-                file_mac(k, &dir_id, &stored, &fields).map_err(|reason| key_error(path, reason))?;
+            let mac = file_mac(k, &dir_id, &stored, &filter_stored, &fields)
+                .map_err(|reason| key_error(path, reason))?;
             if !tags_equal(&mac, &footer.mac) {
                 return Err(corrupt(
                     footer_at,
-                    "the index and footer do not match their MAC: changed, or not of this \
-                     data dir"
+                    "the index, filter and footer do not match their MAC: changed, or not of \
+                     this data dir"
                         .into(),
                 ));
             }
@@ -201,11 +208,14 @@ impl RunFileReader {
             .map_err(|r| corrupt(footer.index_offset, format!("block index: {r}")))?;
         let index = BlockIndex::decode(&payload, &footer)
             .map_err(|r| corrupt(footer.index_offset, format!("block index: {r}")))?;
+        let filter = open_filter(&pieces, &footer, filter_stored, index_crc)
+            .map_err(|r| corrupt(footer.filter_offset(), format!("Bloom filter: {r}")))?;
         Ok(RunFileReader {
             path: path.to_path_buf(),
             source,
             footer,
             index,
+            filter,
             id,
             keyring: keyring.cloned(),
             cache,
@@ -290,9 +300,25 @@ impl RunFileReader {
         Some((first, self.index.last_key))
     }
 
-    /// Memory this reader keeps while open (its index), besides the cache.
+    /// Memory this reader keeps while open (its index and filter), besides
+    /// the cache.
     pub fn resident_bytes(&self) -> usize {
-        std::mem::size_of::<RunFileReader>() + self.index.heap_bytes()
+        std::mem::size_of::<RunFileReader>()
+            + self.index.heap_bytes()
+            + self.filter.as_ref().map_or(0, BloomFilter::heap_bytes)
+    }
+
+    /// False only if the file certainly does not hold `key` (its Bloom
+    /// filter rules it out); always true for a version-1 file, which has
+    /// no filter. Costs no read.
+    pub fn may_contain(&self, key: u128) -> bool {
+        self.filter.as_ref().is_none_or(|f| f.may_contain(key))
+    }
+
+    /// The block that may hold `key`: none if the key is outside the
+    /// file's key range or the filter rules it out.
+    fn block_for_lookup(&self, key: u128) -> Option<usize> {
+        self.index.block_for(key).filter(|_| self.may_contain(key))
     }
 
     /// The cache id of this file's blocks ([`BlockCache::forget_file`]).
@@ -301,9 +327,10 @@ impl RunFileReader {
     }
 
     /// What this file holds for `key`: `None` if nothing, `Some(None)` for
-    /// a tombstone. One index probe, at most one block read.
+    /// a tombstone. One index probe, one filter probe, at most one block
+    /// read (none if the filter rules the key out).
     pub fn get(&self, key: u128) -> Result<Option<Slot>, RunFileError> {
-        let Some(i) = self.index.block_for(key) else {
+        let Some(i) = self.block_for_lookup(key) else {
             return Ok(None);
         };
         let block = self.block(i)?;
@@ -317,10 +344,11 @@ impl RunFileReader {
     /// [`RunFileReader::get`] answers. The blocks the cache lacks are all asked
     /// of the kernel first ([`BlockSource::will_need`]), then read one by
     /// one, so that their device reads overlap instead of queueing behind
-    /// each other; each block is read once however many keys it holds. A
-    /// bad block fails the keys it holds, and only those.
+    /// each other; each block is read once however many keys it holds, and
+    /// none is read for keys the filter rules out. A bad block fails the
+    /// keys it holds, and only those.
     pub fn get_many(&self, keys: &[u128]) -> Vec<Result<Option<Slot>, RunFileError>> {
-        let places: Vec<Option<usize>> = keys.iter().map(|k| self.index.block_for(*k)).collect();
+        let places: Vec<Option<usize>> = keys.iter().map(|k| self.block_for_lookup(*k)).collect();
         let mut wanted: Vec<usize> = places.iter().flatten().copied().collect();
         wanted.sort_unstable();
         wanted.dedup();
@@ -366,7 +394,8 @@ impl RunFileReader {
             .collect()
     }
 
-    /// The entries with keys in `lo..=hi`, in key order.
+    /// The entries with keys in `lo..=hi`, in key order. (Not filtered:
+    /// a Bloom filter answers for single keys only.)
     pub fn range(&self, lo: u128, hi: u128) -> RunFileRange<'_> {
         let first = if lo > hi {
             self.index.len()
@@ -394,10 +423,14 @@ impl RunFileReader {
     }
 
     /// Reads and checks every block, bypassing the cache (`--verify`):
-    /// every problem found, and whether the counts match the footer.
+    /// every problem found, whether the counts match the footer, and
+    /// whether the filter holds every key (a filter that lacks one would
+    /// hide that cell from lookups; the filter's checksum or MAC makes
+    /// that damage, not chance).
     pub fn verify(&self) -> Vec<RunFileError> {
         let mut problems = Vec::new();
         let (mut entries, mut tombstones) = (0u64, 0u64);
+        let mut unfiltered = None;
         for i in 0..self.index.len() {
             match self.read_block(i) {
                 Ok(block) => {
@@ -405,9 +438,24 @@ impl RunFileReader {
                     tombstones += (0..block.len())
                         .filter(|&j| block.value(j).is_none())
                         .count() as u64;
+                    unfiltered = unfiltered.or_else(|| {
+                        (0..block.len())
+                            .map(|j| block.key(j))
+                            .find(|k| !self.may_contain(*k))
+                    });
                 }
                 Err(e) => problems.push(e),
             }
+        }
+        if let Some(key) = unfiltered {
+            problems.push(RunFileError::Corrupt {
+                path: self.path.clone(),
+                offset: self.footer.filter_offset(),
+                reason: format!(
+                    "the Bloom filter lacks key {key:#x}, which the blocks hold: lookups of \
+                     it would miss it"
+                ),
+            });
         }
         let counted = (entries, tombstones);
         let footer = (self.footer.entry_count, self.footer.tombstone_count);
@@ -489,6 +537,21 @@ impl RunFileReader {
             })
             .collect()
     }
+}
+
+/// Checks and decodes the filter a version-2 file stores after its index;
+/// `None` for a version-1 file (whose footer said its filter is empty).
+fn open_filter(
+    pieces: &Pieces<'_>,
+    footer: &Footer,
+    stored: Vec<u8>,
+    index_crc: u32,
+) -> Result<Option<BloomFilter>, String> {
+    if footer.version == super::format::FORMAT_VERSION_NO_FILTER {
+        return Ok(None);
+    }
+    let payload = pieces.open(Piece::Filter, footer.filter_offset(), stored)?;
+    BloomFilter::decode(payload, footer.entry_count, index_crc).map(Some)
 }
 
 fn key_error(path: &Path, reason: String) -> RunFileError {

@@ -7,6 +7,10 @@
 //! bytes are durable, and a crash leaves at most a `.tmp` to remove). A
 //! sealed file's plaintext never reaches the file: each block is sealed
 //! in memory before it is queued.
+//!
+//! The Bloom filter is built at [`RunFileWriter::finish`], when the entry
+//! count that sizes it is known: until then the writer keeps one 64-bit
+//! hash per entry ([`key_hash`], 8 bytes an entry), not the keys.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,9 +18,10 @@ use std::sync::Arc;
 use crate::crypto::{Keyring, MAC_BYTES};
 use crate::storage::{OpenMode, Storage, StorageFile};
 
+use super::bloom::{BloomFilter, key_hash};
 use super::format::{
-    BlockIndex, Footer, Identity, IndexEntry, MAX_VALUE_BYTES, Mode, Piece, Pieces, finish_payload,
-    push_entry, start_payload,
+    BlockIndex, FORMAT_VERSION, FORMAT_VERSION_NO_FILTER, Footer, Identity, IndexEntry,
+    MAX_VALUE_BYTES, Mode, Piece, Pieces, finish_payload, push_entry, start_payload,
 };
 use super::{Protection, RunFileError, TARGET_BLOCK_BYTES};
 
@@ -53,6 +58,10 @@ pub struct RunFileWriter<'a> {
     pending: Vec<u8>,
     written: u64,
     index: Vec<IndexEntry>,
+    /// Each entry's [`key_hash`], for the filter.
+    hashes: Vec<u64>,
+    /// [`FORMAT_VERSION`], or [`FORMAT_VERSION_NO_FILTER`] (no filter).
+    version: u32,
     last_key: Option<u128>,
     entries: u64,
     tombstones: u64,
@@ -102,6 +111,8 @@ impl<'a> RunFileWriter<'a> {
             pending: Vec::with_capacity(IO_CHUNK_BYTES + TARGET_BLOCK_BYTES * 2),
             written: 0,
             index: Vec::new(),
+            hashes: Vec::new(),
+            version: FORMAT_VERSION,
             last_key: None,
             entries: 0,
             tombstones: 0,
@@ -111,6 +122,15 @@ impl<'a> RunFileWriter<'a> {
     /// Another block size target (tests and benchmarks; at least 64 bytes).
     pub fn with_target_block_bytes(mut self, bytes: usize) -> RunFileWriter<'a> {
         self.target_block_bytes = bytes.max(64);
+        self
+    }
+
+    /// Writes format version 1, without a Bloom filter, as the build
+    /// before filters did: for benchmarks that measure what the filter
+    /// saves, and tests of how such files read. Never for the store's own
+    /// files.
+    pub fn without_filter(mut self) -> RunFileWriter<'a> {
+        self.version = FORMAT_VERSION_NO_FILTER;
         self
     }
 
@@ -130,6 +150,9 @@ impl<'a> RunFileWriter<'a> {
             self.payload_first = key;
         }
         push_entry(&mut self.payload, key, value);
+        if self.version != FORMAT_VERSION_NO_FILTER {
+            self.hashes.push(key_hash(key));
+        }
         self.payload_entries += 1;
         self.entries += 1;
         self.tombstones += u64::from(value.is_none());
@@ -200,7 +223,22 @@ impl<'a> RunFileWriter<'a> {
         }
     }
 
-    /// Writes the index and footer, syncs, renames into place and syncs
+    /// The filter, as stored after `index_stored` (nothing in version 1).
+    fn filter_stored(
+        &mut self,
+        index_offset: u64,
+        index_stored: &[u8],
+    ) -> Result<Vec<u8>, RunFileError> {
+        if self.version == FORMAT_VERSION_NO_FILTER {
+            return Ok(Vec::new());
+        }
+        let filter_offset = index_offset + index_stored.len() as u64;
+        let filter = BloomFilter::build(&std::mem::take(&mut self.hashes));
+        let index_crc = super::format::stored_crc(index_stored);
+        self.store(Piece::Filter, filter_offset, filter.encode(index_crc))
+    }
+
+    /// Writes the index, the filter and the footer, syncs, renames into place and syncs
     /// the directory. A failure leaves only the `.tmp` file (removed by
     /// whoever cleans up after a failed fold); a failed sync is never
     /// retried.
@@ -209,7 +247,9 @@ impl<'a> RunFileWriter<'a> {
         let index_offset = self.written + self.pending.len() as u64;
         let payload = BlockIndex::encode(&self.index, self.last_key.unwrap_or(0));
         let index_stored = self.store(Piece::Index, index_offset, payload)?;
+        let filter_stored = self.filter_stored(index_offset, &index_stored)?;
         let mut footer = Footer {
+            version: self.version,
             mode: self.mode,
             file_id: self.id.file_id,
             ns_id: self.id.ns_id,
@@ -223,17 +263,24 @@ impl<'a> RunFileWriter<'a> {
         let mac = match self.keyring.as_deref().filter(|_| self.mode != Mode::Plain) {
             Some(k) => {
                 let fields = footer.encode_fields();
-                let mac = super::format::file_mac(k, &self.id.dir_id, &index_stored, &fields)
-                    .map_err(|reason| RunFileError::Key {
-                        path: self.final_path.clone(),
-                        reason,
-                    })?;
+                let mac = super::format::file_mac(
+                    k,
+                    &self.id.dir_id,
+                    &index_stored,
+                    &filter_stored,
+                    &fields,
+                )
+                .map_err(|reason| RunFileError::Key {
+                    path: self.final_path.clone(),
+                    reason,
+                })?;
                 footer.mac = mac;
                 Some(mac)
             }
             None => None,
         };
         self.pending.extend_from_slice(&index_stored);
+        self.pending.extend_from_slice(&filter_stored);
         self.pending.extend_from_slice(&footer.encode());
         self.write_pending()?;
         let io = |path: &Path, source| RunFileError::Io {
