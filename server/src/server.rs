@@ -719,7 +719,10 @@ impl Shared {
         entries.extend(self.stats.entries());
         entries.extend(wal_entries(&s));
         entries.extend(checkpoint_entries(&s));
-        entries.extend(cell_storage_entries(&s, &self.engine.memstore().tier_stats()));
+        entries.extend(cell_storage_entries(
+            &s,
+            &self.engine.memstore().tier_stats(),
+        ));
         entries.extend(self.recovery_entries());
         entries.extend(self.programs.stats_entries(self.engine.memstore()));
         entries.extend(self.watch.stats_entries());

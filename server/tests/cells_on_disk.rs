@@ -87,7 +87,6 @@ fn assert_cells(c: &mut Client, model: &BTreeMap<i32, Vec<u8>>, context: &str) {
 #[test]
 fn a_namespace_past_its_memory_share_is_served_from_its_runs_across_kill_9() {
     let mut daemon = LocalDaemon::start_fresh(&["--cache-bytes", CACHE_BYTES]).unwrap();
-    let _dump = common::DumpOnFailure(&daemon);
     let mut c = daemon.client().unwrap();
     assert_eq!(stat(&mut c, "storage.resident_limit_bytes"), 8 << 20);
     let mut model: BTreeMap<i32, Vec<u8>> = BTreeMap::new();
@@ -158,7 +157,6 @@ fn only_run_file(dir: &std::path::Path) -> std::path::PathBuf {
 #[test]
 fn a_damaged_block_fails_the_reads_that_need_it_and_nothing_else() {
     let mut daemon = LocalDaemon::start_fresh(&["--cache-bytes", CACHE_BYTES]).unwrap();
-    let _dump = common::DumpOnFailure(&daemon);
     let mut c = daemon.client().unwrap();
     import(&mut c, 1);
     c.checkpoint(true).unwrap();

@@ -141,7 +141,7 @@ fn refused_then_recovered(
 
 fn assert_all_puts(engine: &Engine, puts: i32, case: &str) {
     for k in 0..puts {
-        let got = engine.get(&ns(), Coord::new(k, 0, 0)).unwrap();
+        let got = engine.get(&ns(), Coord::new(k, 0, 0)).unwrap().unwrap();
         assert_eq!(
             got.map(|v| v.to_vec()),
             Some(value(k)),
@@ -260,7 +260,13 @@ fn repair_of_a_damaged_later_segment_goes_on_where_the_one_before_ends() {
     repairing.recovery.repair = true;
     let engine = Engine::open(repairing).unwrap();
     let kept: Vec<i32> = (0..PUTS)
-        .filter(|k| engine.get(&ns(), Coord::new(*k, 0, 0)).unwrap().is_some())
+        .filter(|k| {
+            engine
+                .get(&ns(), Coord::new(*k, 0, 0))
+                .unwrap()
+                .unwrap()
+                .is_some()
+        })
         .collect();
     assert!(
         !kept.is_empty()
@@ -277,6 +283,7 @@ fn repair_of_a_damaged_later_segment_goes_on_where_the_one_before_ends() {
         assert_eq!(
             engine
                 .get(&ns(), Coord::new(k, 0, 0))
+                .unwrap()
                 .unwrap()
                 .map(|v| v.to_vec()),
             Some(value(k)),
