@@ -405,9 +405,10 @@ impl MemStore {
         fits
     }
 
-    /// How long the writer should pause after a group (`Tiering::throttle_us`).
-    pub fn write_pause_us(&self) -> u64 {
-        self.tiering.throttle_us()
+    /// How long the writer should pause after a group of `records`
+    /// writes (`Tiering::throttle_us`).
+    pub fn write_pause_us(&self, records: usize) -> u64 {
+        self.tiering.throttle_us(records)
     }
 
     /// Whether a fold now would free memory (`Tiering::wants_fold`).

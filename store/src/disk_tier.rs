@@ -195,25 +195,37 @@ impl Tiering {
         pressure && self.applied_lsn() > self.installed_lsn.load(Relaxed)
     }
 
-    /// How long the writer pauses after a group, growing with how far the
-    /// memtables are past their budget: nothing below it, then 1 ms per
-    /// 1/16 of the budget beyond, at most [`MAX_THROTTLE_US`]. Never a
-    /// wait for a fold to finish: writes slow down smoothly.
-    pub(crate) fn throttle_us(&self) -> u64 {
+    /// How long the writer pauses after a group of `records` writes,
+    /// growing with how far the memtables are past their budget: nothing
+    /// below it, then 1 µs a record per 1/16 of the budget beyond (at
+    /// twice the budget, 16 µs a record: about 60 000 writes a second),
+    /// at most [`MAX_THROTTLE_US`] a group. Never a wait for a fold to
+    /// finish: writes slow down smoothly while memory stays near its
+    /// budget.
+    pub(crate) fn throttle_us(&self, records: usize) -> u64 {
         let limit = self.config.memtable_limit_bytes;
         let used = self.memtable_bytes();
         if used <= limit {
             return 0;
         }
         let step = (limit / 16).max(1);
-        ((used - limit) / step + 1)
-            .saturating_mul(1000)
+        let per_record_us = (used - limit) / step + 1;
+        per_record_us
+            .saturating_mul(records as u64)
             .min(MAX_THROTTLE_US)
     }
 
     pub(crate) fn park(&self, install: PendingInstall) {
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        pending.retain(|p| p.ns_id != install.ns_id || p.through_lsn > install.through_lsn);
+        // One per namespace, the newest: it lists the runs that replaced
+        // an older install's.
+        if pending
+            .iter()
+            .any(|p| p.ns_id == install.ns_id && p.through_lsn >= install.through_lsn)
+        {
+            return;
+        }
+        pending.retain(|p| p.ns_id != install.ns_id);
         pending.push(install);
         self.has_pending.store(true, Relaxed);
     }
@@ -238,8 +250,8 @@ impl Tiering {
 }
 
 /// The longest pause the writer takes after a group for memtables over
-/// their budget.
-pub(crate) const MAX_THROTTLE_US: u64 = 20_000;
+/// their budget: a quarter of a second, so no write waits seconds.
+pub(crate) const MAX_THROTTLE_US: u64 = 250_000;
 
 /// What `cubec stats` shows of the tiers.
 #[derive(Clone, Debug, Default)]
@@ -291,5 +303,77 @@ impl NamespaceTier {
     pub(crate) fn set(&self, tier: u8) {
         debug_assert!(tier >= self.get(), "a tier only moves forward");
         self.tier.store(tier, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiering(memtable_limit_bytes: u64) -> Tiering {
+        Tiering::new(TierConfig {
+            resident_limit_bytes: 0,
+            block_cache_bytes: 1 << 20,
+            memtable_limit_bytes,
+        })
+    }
+
+    #[test]
+    fn the_writer_slows_smoothly_with_the_memtables_excess_and_never_for_seconds() {
+        let t = tiering(1600);
+        t.add_memtable(1600);
+        assert_eq!(t.throttle_us(1000), 0, "within budget: no pause");
+        t.add_memtable(1);
+        assert_eq!(t.throttle_us(1000), 1000, "just over: 1 µs a write");
+        t.add_memtable(799);
+        assert_eq!(t.throttle_us(1000), 9000, "half over: 9 µs a write");
+        let mut last = 0;
+        for _ in 0..64 {
+            t.add_memtable(100);
+            let pause = t.throttle_us(4096);
+            assert!(pause >= last, "the pause never shrinks as the excess grows");
+            assert!(pause <= MAX_THROTTLE_US);
+            last = pause;
+        }
+        assert_eq!(last, MAX_THROTTLE_US);
+    }
+
+    #[test]
+    fn a_fold_is_wanted_only_for_writes_the_installed_runs_lack() {
+        let t = tiering(1000);
+        t.migration_started();
+        assert!(!t.wants_fold(), "nothing applied yet");
+        t.set_applied(10);
+        assert!(t.wants_fold());
+        t.set_installed(10);
+        assert!(!t.wants_fold(), "the runs hold every write");
+        t.migration_done();
+        t.set_applied(11);
+        assert!(!t.wants_fold(), "no pressure");
+        t.add_memtable(501);
+        assert!(t.wants_fold(), "memtables past half their budget");
+    }
+
+    #[test]
+    fn parked_installs_wait_for_the_writes_they_hold() {
+        let t = tiering(1000);
+        t.set_applied(5);
+        for through_lsn in [6, 8, 7] {
+            t.park(PendingInstall {
+                ns_id: 1,
+                runs: Vec::new(),
+                through_lsn,
+            });
+        }
+        t.set_applied(7);
+        assert!(
+            t.take_ready().is_empty(),
+            "the newest install (through 8) replaced the others and waits"
+        );
+        t.set_applied(8);
+        let ready = t.take_ready();
+        assert_eq!(ready.len(), 1);
+        assert_eq!(ready[0].through_lsn, 8);
+        assert!(t.take_ready().is_empty());
     }
 }

@@ -473,7 +473,7 @@ impl Writer {
         // Memtables of namespaces on disk past their budget: a pause that
         // grows with the excess slows writers smoothly until a fold frees
         // memory (never a wait for it; `crate::disk_tier`).
-        let pause_us = self.mem.write_pause_us();
+        let pause_us = self.mem.write_pause_us(records);
         if pause_us > 0 {
             self.stats
                 .write_pause_us
