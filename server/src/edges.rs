@@ -66,7 +66,8 @@ pub(crate) fn handle(
             let limits = requested_limits(args, max_depth, max_nodes)?;
             let walk = mem
                 .walk(&ns, from, direction, label.as_ref(), with_values, limits)
-                .ok_or_else(|| no_such_namespace(&ns))?;
+                .ok_or_else(|| no_such_namespace(&ns))?
+                .map_err(|e| crate::connection::read_failed(&e))?;
             Ok(Response::Walk(walk))
         }
         Request::Path {

@@ -84,6 +84,56 @@ fn assert_cells(c: &mut Client, model: &BTreeMap<i32, Vec<u8>>, context: &str) {
     );
 }
 
+/// A cell program's reads (`cube.get`, `cube.count`, `cube.sum` over a
+/// box) and a walk with values see the cells on disk.
+fn assert_programs_and_walks_read_the_disk(c: &mut Client, model: &BTreeMap<i32, Vec<u8>>) {
+    let home = coord(CELLS + 100);
+    let source = format!(
+        "local v = cube.get({x}, {y}, {z}) or 'nil'\n\
+         return v .. '|' .. cube.count(0, 0, 0, 9, 9, 0)",
+        x = coord(12).x,
+        y = coord(12).y,
+        z = coord(12).z
+    );
+    c.prog("default", home, source.as_bytes()).unwrap();
+    let reply = c.run("default", home, &[]).unwrap();
+    let in_box = (0..CELLS)
+        .filter(|&i| {
+            let p = coord(i);
+            p.x <= 9 && p.y <= 9 && p.z == 0 && model.contains_key(&i)
+        })
+        .count();
+    let mut want = model.get(&12).cloned().unwrap_or_else(|| b"nil".to_vec());
+    want.extend_from_slice(format!("|{in_box}").as_bytes());
+    assert_eq!(
+        reply.value,
+        cube_client::ProgramValue::Bytes(want),
+        "the program's reads"
+    );
+    c.link("default", coord(1), coord(2), "", 1.0).unwrap();
+    c.link("default", coord(2), coord(4), "", 1.0).unwrap();
+    let walk = c
+        .walk(
+            "default",
+            coord(1),
+            &cube_client::WalkOptions {
+                with_values: true,
+                ..cube_client::WalkOptions::default()
+            },
+        )
+        .unwrap();
+    let got: Vec<(Coord, Option<Vec<u8>>)> =
+        walk.nodes.into_iter().map(|n| (n.coord, n.value)).collect();
+    assert_eq!(
+        got,
+        vec![
+            (coord(2), model.get(&2).cloned()),
+            (coord(4), model.get(&4).cloned())
+        ],
+        "a walk's values"
+    );
+}
+
 #[test]
 fn a_namespace_past_its_memory_share_is_served_from_its_runs_across_kill_9() {
     let mut daemon = LocalDaemon::start_fresh(&["--cache-bytes", CACHE_BYTES]).unwrap();
@@ -116,6 +166,8 @@ fn a_namespace_past_its_memory_share_is_served_from_its_runs_across_kill_9() {
     assert_eq!(stat(&mut c, "store.cells"), model.len() as u64);
     assert!(stat(&mut c, "storage.memtable_bytes") > 0);
     assert_cells(&mut c, &model, "with writes in the memtable");
+
+    assert_programs_and_walks_read_the_disk(&mut c, &model);
 
     // kill -9 with those writes only in the log: the restart opens the
     // runs' indexes and replays the log into the memtable.

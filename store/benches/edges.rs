@@ -149,6 +149,7 @@ fn walks_and_paths(c: &mut Criterion<CpuTime>) {
         for start in &from[..64] {
             let probe = store
                 .walk(&ns(), *start, Direction::Out, None, values, limits)
+                .unwrap()
                 .unwrap();
             nodes += probe.nodes.len();
             examined += probe.edges_examined;
@@ -172,6 +173,7 @@ fn walks_and_paths(c: &mut Criterion<CpuTime>) {
                 for _ in 0..64 {
                     let walk = store
                         .walk(&ns(), from[at], Direction::Out, None, values, limits)
+                        .unwrap()
                         .unwrap();
                     at = (at + 1) % from.len();
                     reached += walk.nodes.len();

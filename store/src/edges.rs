@@ -25,6 +25,7 @@ use cube_protocol::{
 };
 
 use crate::coord_hash::CoordHashBuilder;
+use crate::error::StoreError;
 use crate::memstore::{MemStore, NamespaceCells, read};
 use crate::mutation::Mutation;
 
@@ -1045,16 +1046,19 @@ impl MemStore {
         label: Option<&EdgeLabel>,
         with_values: bool,
         limits: WalkLimits,
-    ) -> Option<WalkResult> {
-        self.with_graph(ns, |space, graph| {
-            let (stop, edges_examined, nodes) = if with_values {
-                let cells = read(&space.cells);
+    ) -> Option<Result<WalkResult, StoreError>> {
+        let mut values_from_disk = false;
+        let mut result = self.with_graph(ns, |space, graph| {
+            let cells = read(&space.cells);
+            values_from_disk = with_values && space.on_disk();
+            let (stop, edges_examined, nodes) = if with_values && !values_from_disk {
                 graph.walk(from, direction, label, limits, |coord| {
                     cells
                         .get(&space.curve.key(coord))
                         .map(|value| value.to_vec())
                 })
             } else {
+                drop(cells);
                 graph.walk(from, direction, label, limits, |_| None)
             };
             WalkResult {
@@ -1063,7 +1067,26 @@ impl MemStore {
                 with_values,
                 nodes,
             }
-        })
+        })?;
+        if values_from_disk {
+            // A namespace on disk: the values are read after the walk, in
+            // batches, without the graph's lock (block reads must not hold
+            // the writer, which takes that lock for every group).
+            let coords: Vec<Coord> = result.nodes.iter().map(|node| node.coord).collect();
+            for (nodes, coords) in result
+                .nodes
+                .chunks_mut(cube_protocol::MAX_MGET_CELLS as usize)
+                .zip(coords.chunks(cube_protocol::MAX_MGET_CELLS as usize))
+            {
+                match self.read_cells(ns, coords, |i, value| {
+                    nodes[i].value = value.map(|v| v.to_vec());
+                })? {
+                    Ok(()) => {}
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+        }
+        Some(Ok(result))
     }
 
     /// The cheapest path `from -> to` along outgoing edges. `None` means no

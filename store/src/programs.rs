@@ -25,6 +25,7 @@ use cube_protocol::{
 };
 
 use crate::coord_hash::{CoordHashBuilder, bucket_order};
+use crate::error::StoreError;
 use crate::memstore::MemStore;
 use crate::mutation::Mutation;
 
@@ -326,20 +327,26 @@ impl MemStore {
     /// Calls `visit` with each of `coords` and its stored value (if any),
     /// under one hold of the namespace's read lock: a program reading its
     /// neighbourhood pays for one lock, not one per cell. `visit` runs
-    /// under the lock, so it must be quick. `false`: no such namespace.
+    /// under the lock, so it must be quick. `None`: no such namespace; an
+    /// error: a namespace on disk whose block could not be read (nothing
+    /// was visited).
     pub fn get_each(
         &self,
         ns: &NamespaceName,
         coords: &[Coord],
         mut visit: impl FnMut(Coord, Option<&[u8]>),
-    ) -> bool {
-        let Some(space) = self.namespace(ns) else {
-            return false;
-        };
+    ) -> Option<Result<(), StoreError>> {
+        let space = self.namespace(ns)?;
         let cells = read(&space.cells);
         // Retired but not yet out of the table: already gone.
         if space.is_dropped() {
-            return false;
+            return None;
+        }
+        if space.on_disk() {
+            drop(cells);
+            return self.read_cells(ns, coords, |i, value| {
+                visit(coords[i], value.map(|v| v.as_ref()));
+            });
         }
         for &coord in coords {
             visit(
@@ -347,7 +354,7 @@ impl MemStore {
                 cells.get(&space.curve.key(coord)).map(|v| v.as_ref()),
             );
         }
-        true
+        Some(Ok(()))
     }
 
     /// The source of the program stored at a cell, if any.

@@ -795,7 +795,7 @@ impl<'a> TxnView<'a> {
     ) {
         let pending = !self.place.overlay().cells.is_empty();
         let mut key = (ns.clone(), Coord::new(0, 0, 0));
-        self.place.mem().get_each(ns, coords, |coord, stored| {
+        let read = self.place.mem().get_each(ns, coords, |coord, stored| {
             if pending {
                 key.1 = coord;
                 if let Some(value) = self.place.overlay().cells.get(&key) {
@@ -809,6 +809,10 @@ impl<'a> TxnView<'a> {
                 visit(coord, value);
             }
         });
+        if let Some(Err(e)) = read {
+            // Kept for the writer's refusal of the transaction.
+            self.note_read_failure(&e);
+        }
     }
 
     /// The store underneath, for reads the overlay does not model.

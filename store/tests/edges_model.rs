@@ -268,6 +268,7 @@ fn check(store: &MemStore, model: &Model) {
                             true,
                             limits(depth, 1000),
                         )
+                        .unwrap()
                         .unwrap();
                     assert_eq!(walk.stop, WalkStop::Complete);
                     let want = model_walk(model, c, direction, filter, depth);
@@ -291,6 +292,7 @@ fn check(store: &MemStore, model: &Model) {
                     if want.len() > 1 {
                         let cut = store
                             .walk(&ns(), c, direction, label.as_ref(), false, limits(depth, 1))
+                            .unwrap()
                             .unwrap();
                         assert_eq!(cut.stop, WalkStop::MaxNodes);
                         assert_eq!(cut.nodes.len(), 1);
@@ -398,6 +400,7 @@ fn work_limits_stop_walks_and_paths() {
     tight.max_work = 3;
     let walk = store
         .walk(&ns(), point(0), Direction::Out, None, false, tight)
+        .unwrap()
         .unwrap();
     assert_eq!((walk.stop, walk.edges_examined), (WalkStop::MaxWork, 3));
     assert_eq!(walk.nodes.len(), 3);
@@ -417,6 +420,7 @@ fn work_limits_stop_walks_and_paths() {
     small.max_answer_bytes = 250;
     let walk = store
         .walk(&ns(), point(0), Direction::Out, None, true, small)
+        .unwrap()
         .unwrap();
     assert_eq!(walk.stop, WalkStop::FrameFull);
     assert_eq!(walk.nodes.len(), 2);

@@ -982,7 +982,8 @@ impl RunContext<'_> {
             max_nodes: self.walk_limits.max_nodes.min(MAX_PROGRAM_EDGES as u32),
             ..self.walk_limits
         };
-        let Some(walk) = self.view.read().store().walk(
+        // Without values a walk reads no cell, so it cannot fail a read.
+        let Some(Ok(walk)) = self.view.read().store().walk(
             self.ns,
             self.here,
             direction,
