@@ -466,6 +466,10 @@ impl MemStore {
         space
             .value_bytes
             .fetch_add(sorted.value_bytes, Ordering::Relaxed);
+        // A version-1/2 checkpoint's cells are always loaded into memory
+        // (its next compaction writes them as runs).
+        self.tiering
+            .add_resident(resident_cost_bytes(sorted.keys.len() as u64, sorted.value_bytes) as i64);
         if space.curve == Curve::Morton && cells.len() == 0 {
             *cells = Cells::from_sorted_columns(sorted.keys, sorted.values);
         } else {

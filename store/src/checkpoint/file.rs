@@ -179,15 +179,25 @@ pub(crate) struct ReadAuth<'k> {
 
 /// The MAC of a whole file as it is on disk: for files written before the
 /// data dir was authenticated, which the first authenticated manifest
-/// binds as they are.
+/// binds as they are. The file is read twice and the reads must agree: a
+/// bit flipped in one read would otherwise be bound into the manifest,
+/// and the file would fail its MAC at every start after.
 pub(crate) fn file_mac(
     storage: &dyn Storage,
     path: &Path,
     auth: &FileAuth<'_>,
 ) -> Result<[u8; MAC_BYTES], StoreError> {
-    let bytes = storage
-        .read_file(path)
-        .map_err(|e| StoreError::io(path, e))?;
+    let read = || storage.read_file(path).map_err(|e| StoreError::io(path, e));
+    let bytes = read()?;
+    if read()? != bytes {
+        return Err(StoreError::io(
+            path,
+            std::io::Error::other(
+                "two reads of the file differ, so it was not bound to the data dir's key; \
+                 the checkpoint is retried (check the disk if this repeats)",
+            ),
+        ));
+    }
     let mut mac = auth.start_mac()?;
     mac.update(&bytes);
     Ok(mac.finish())
@@ -769,6 +779,34 @@ mod tests {
     use super::*;
     use crate::storage::RealDisk;
     use std::fs;
+
+    /// A bit flipped in one read of a file being bound to the data dir's
+    /// key is caught by the second read, instead of a wrong MAC going
+    /// into the manifest.
+    #[test]
+    fn a_file_is_bound_to_the_key_only_from_two_reads_that_agree() {
+        use crate::crypto::{Keyring, MasterKey};
+        use crate::sim_disk::{FaultPlan, ReadFaultKind, SimDisk};
+        use crate::storage::OpenMode;
+        let disk = SimDisk::new(FaultPlan::default());
+        let dir = Path::new("/sim/checkpoint");
+        disk.create_dir_all(dir).unwrap();
+        let path = dir.join("base-1.ckpt");
+        let mut file = disk.open(&path, OpenMode::CreateNew).unwrap();
+        file.write_all_at(&[0x5a; 4096], 0).unwrap();
+        file.sync_data().unwrap();
+        drop(file);
+        let keyring = Keyring::new(Some(MasterKey::from_bytes([3; 32])), 1);
+        let auth = FileAuth {
+            keyring: &keyring,
+            dir_id: [9; DIR_ID_BYTES],
+        };
+        let good = file_mac(&disk, &path, &auth).unwrap();
+        disk.fault_next_read_file(&path, ReadFaultKind::Flip, 100);
+        let err = file_mac(&disk, &path, &auth).unwrap_err().to_string();
+        assert!(err.contains("two reads of the file differ"), "{err}");
+        assert_eq!(file_mac(&disk, &path, &auth).unwrap(), good);
+    }
 
     fn write_sample(path: &Path, n: u32) -> u64 {
         let header = FileHeader {
