@@ -452,8 +452,9 @@ impl MemStore {
     }
 }
 
-/// The tier of namespace `ns`, by name (`ns info`, tests).
 impl MemStore {
+    /// Where namespace `ns` is served from: `"memory"`, `"migrating"` or
+    /// `"disk"` (`crate::disk_tier`); `None` if there is no such namespace.
     pub fn namespace_tier(&self, ns: &cube_protocol::NamespaceName) -> Option<&'static str> {
         let space = self.namespace(ns)?;
         let tier = {
@@ -463,6 +464,3 @@ impl MemStore {
         Some(crate::disk_tier::tier_name(tier))
     }
 }
-
-#[allow(dead_code)]
-const _: () = assert!(TIER_DISK > TIER_MIGRATING && TIER_MIGRATING > TIER_MEMORY);
