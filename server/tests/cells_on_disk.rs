@@ -13,10 +13,10 @@ use std::process::Command;
 
 use cube_client::{BatchOp, CellBox, Client, Coord, LocalDaemon};
 
-/// The smallest cache: 8 MiB for cells in memory, 8 MiB of blocks.
+/// The smallest cache: 4 MiB for cells in memory, 12 MiB of blocks.
 const CACHE_BYTES: &str = "16777216";
 /// 36 000 cells of 200 bytes: about 10 MiB by the resident estimate
-/// (88 bytes a cell beside its value), past the 8 MiB share.
+/// (88 bytes a cell beside its value), past the 4 MiB share.
 const CELLS: i32 = 36_000;
 const SIDE: i32 = 60;
 
@@ -138,7 +138,7 @@ fn assert_programs_and_walks_read_the_disk(c: &mut Client, model: &BTreeMap<i32,
 fn a_namespace_past_its_memory_share_is_served_from_its_runs_across_kill_9() {
     let mut daemon = LocalDaemon::start_fresh(&["--cache-bytes", CACHE_BYTES]).unwrap();
     let mut c = daemon.client().unwrap();
-    assert_eq!(stat(&mut c, "storage.resident_limit_bytes"), 8 << 20);
+    assert_eq!(stat(&mut c, "storage.resident_limit_bytes"), 4 << 20);
     let mut model: BTreeMap<i32, Vec<u8>> = BTreeMap::new();
     import(&mut c, 1);
     model.extend((0..CELLS).map(|i| (i, value(i, 1))));

@@ -89,17 +89,32 @@ impl NamespaceCells {
         )
     }
 
-    /// [`crate::MemStore::read_cell`] of a namespace on disk.
+    /// [`crate::MemStore::read_cell`] of a namespace on disk: the hot
+    /// path of a `get`, so one key's lookup with nothing allocated beside
+    /// the runs' list and the value (`disk_slots` is for batches).
     pub(crate) fn read_disk<R>(
         &self,
         key: u128,
         read_value: impl FnOnce(Option<&CellValue>) -> R,
     ) -> Option<Result<R, StoreError>> {
-        let slot = self.disk_slots(&[key])?.pop()?;
-        Some(match slot {
-            Ok(value) => Ok(read_value(value.as_ref())),
-            Err(e) => Err(e.into()),
-        })
+        let runs = {
+            let stack = read(&self.disk);
+            if self.is_dropped() {
+                return None;
+            }
+            if let Some(slot) = stack.memtable_slot(key) {
+                return Some(Ok(read_value(slot.as_ref())));
+            }
+            stack.runs().to_vec()
+        };
+        for run in &runs {
+            match run.get(key) {
+                Ok(Some(slot)) => return Some(Ok(read_value(slot.as_ref()))),
+                Ok(None) => {}
+                Err(e) => return Some(Err(e.into())),
+            }
+        }
+        Some(Ok(read_value(None)))
     }
 
     /// [`crate::MemStore::read_cells`] of a namespace on disk: all or

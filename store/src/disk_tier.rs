@@ -50,7 +50,8 @@ pub(crate) const TIER_DISK: u8 = 2;
 #[derive(Clone, Debug)]
 pub struct TierConfig {
     /// Estimated bytes of cells kept in memory (the `CellMap` tier) before
-    /// the largest namespace moves to its run files.
+    /// the largest namespace moves to its run files (a quarter of
+    /// `--cache-bytes`).
     pub resident_limit_bytes: u64,
     /// The block cache's budget, for namespaces served from disk.
     pub block_cache_bytes: u64,
@@ -69,12 +70,16 @@ impl TierConfig {
         }
     }
 
-    /// `cubed --cache-bytes`: half for cells in memory, half for the block
-    /// cache of those on disk.
+    /// `cubed --cache-bytes`: a quarter for cells in memory, the rest for
+    /// the block cache of those on disk. A quarter, because the estimate
+    /// counts cells at rest: measured at 20 M cells with 2 GiB, a namespace
+    /// leaving memory at half (1 GiB of cells) took the import's RSS to
+    /// 3.1 GiB, with the compactor's merge of its base (two copies at
+    /// once) and its memtable until the fold (docs/benchmarks.md, "Scale").
     pub fn from_cache_bytes(cache_bytes: u64, memtable_limit_bytes: u64) -> TierConfig {
         TierConfig {
-            resident_limit_bytes: cache_bytes / 2,
-            block_cache_bytes: cache_bytes - cache_bytes / 2,
+            resident_limit_bytes: cache_bytes / 4,
+            block_cache_bytes: cache_bytes - cache_bytes / 4,
             memtable_limit_bytes,
         }
     }

@@ -439,9 +439,10 @@ impl ReadStack {
             .min();
         for run in &self.runs {
             let upper = next.unwrap_or(u128::MAX);
-            if let Some(entry) = run.range(from, upper).next() {
-                let (key, _) = entry?;
-                next = Some(key);
+            // A cursor: the key alone, no copy of its value.
+            let mut range = run.range(from, upper);
+            if range.advance()? {
+                next = range.entry().map(|(key, _)| key);
             }
         }
         Ok(next)

@@ -6,7 +6,9 @@
 //! block: none when the filter says the file lacks the key. A range
 //! ([`RunFileRange`]) walks blocks in key order and reads ahead at most
 //! [`READ_AHEAD_BLOCKS`] blocks (and [`READ_AHEAD_BYTES`]) at a time, in one `pread` per run of blocks the
-//! cache lacks, so a scan of a large box never holds more than that window.
+//! cache lacks, so a scan of a large box never holds more than that window;
+//! the window starts at one block and doubles with each fill, so a short
+//! range reads only what it needs.
 //! Every block read from the file is checked (CRC32C, then its MAC or
 //! AES-GCM tag, then its structure) before any of it is used.
 
@@ -417,6 +419,7 @@ impl RunFileReader {
             next_block: first,
             end_block: end,
             window: VecDeque::new(),
+            ahead_blocks: 1,
             current: None,
             done: false,
         }
@@ -588,6 +591,11 @@ pub struct RunFileRange<'r> {
     end_block: usize,
     /// Blocks read ahead, in order, not yet entered.
     window: VecDeque<Result<Arc<DecodedBlock>, RunFileError>>,
+    /// Blocks the next fill reads ahead: 1 at first, doubling with each
+    /// fill up to [`READ_AHEAD_BLOCKS`]. A short range (a scan's curve
+    /// run, a `next_key_after`) reads or looks up one block, not eight;
+    /// a long one soon reads eight at a time.
+    ahead_blocks: usize,
     /// The block being walked and the next entry in it.
     current: Option<(Arc<DecodedBlock>, usize)>,
     done: bool,
@@ -601,7 +609,7 @@ impl RunFileRange<'_> {
         let from = self.next_block;
         let mut to = from;
         let mut bytes = 0usize;
-        while to < self.end_block && to - from < READ_AHEAD_BLOCKS {
+        while to < self.end_block && to - from < self.ahead_blocks {
             let len = r.index.lens[to] as usize;
             if to > from && bytes + len > READ_AHEAD_BYTES {
                 break;
@@ -627,6 +635,7 @@ impl RunFileRange<'_> {
             i = j;
         }
         self.next_block = to;
+        self.ahead_blocks = (self.ahead_blocks * 2).min(READ_AHEAD_BLOCKS);
     }
 }
 
