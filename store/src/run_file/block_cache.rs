@@ -155,6 +155,25 @@ impl BlockCache {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The block, if cached; counts a hit, but nothing when it is not
+    /// there: for a point read that checks the cache before the Bloom
+    /// filter, whose miss (if the filter lets the key through) is counted
+    /// by the [`BlockCache::get`] that follows.
+    pub fn get_if_cached(&self, cache_id: u64, offset: u64) -> Option<Arc<DecodedBlock>> {
+        let key = (cache_id, offset);
+        let mut shard = self.shard(key);
+        let found = shard.map.get(&key).copied().map(|i| {
+            let entry = &mut shard.entries[i];
+            entry.referenced = true;
+            Arc::clone(&entry.block)
+        });
+        drop(shard);
+        if found.is_some() {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+        }
+        found
+    }
+
     /// The block, if cached; counts a hit or a miss.
     pub fn get(&self, cache_id: u64, offset: u64) -> Option<Arc<DecodedBlock>> {
         let key = (cache_id, offset);
