@@ -321,7 +321,7 @@ fn recover_all(
             |lsn, mutation: Mutation| {
                 assert_eq!(lsn, expected, "recovery handed out LSNs out of order");
                 expected += 1;
-                mem.apply_group(&[&mutation], &mut existed);
+                mem.apply_group(&[&mutation], lsn, &mut existed);
             },
         )
     })

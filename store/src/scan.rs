@@ -170,25 +170,36 @@ impl ScanState {
             if budget == 0 {
                 return self.pause();
             }
-            let Some(key) = seeker.next_key_after(run.end) else {
+            if !self.jump_to_run_of(seeker.next_key_after(run.end), &mut budget) {
                 return ChunkEnd::Done;
-            };
-            let Some(next) = self.runs.next_run_from(key) else {
-                return ChunkEnd::Done;
-            };
-            self.run = Some(next);
-            if key < next.start {
-                // Outside the box, before the next run: examined, and the
-                // scan goes on from that run.
-                self.outcome.visited += 1;
-                budget -= 1;
-                self.next_key = next.start;
-            } else {
-                // Nothing is stored between the runs; `key` is taken (and
-                // counted) with its run.
-                self.next_key = key;
             }
         }
+    }
+
+    /// Between curve runs: moves to the run that holds `next_stored` (the
+    /// next stored key after the last run, `None` if there is none), or
+    /// to the run after it when that key is outside the box. False when
+    /// the box has nothing more.
+    fn jump_to_run_of(&mut self, next_stored: Option<u128>, budget: &mut u64) -> bool {
+        let Some(key) = next_stored else {
+            return false;
+        };
+        let Some(next) = self.runs.next_run_from(key) else {
+            return false;
+        };
+        self.run = Some(next);
+        if key < next.start {
+            // Outside the box, before the next run: examined, and the
+            // scan goes on from that run.
+            self.outcome.visited += 1;
+            *budget -= 1;
+            self.next_key = next.start;
+        } else {
+            // Nothing is stored between the runs; `key` is taken (and
+            // counted) with its run.
+            self.next_key = key;
+        }
+        true
     }
 
     /// [`ScanState::chunk`] over a namespace on disk: each curve run of the
@@ -235,19 +246,8 @@ impl ScanState {
             if budget == 0 {
                 return Ok(self.pause());
             }
-            let Some(key) = stack.next_key_after(run.end)? else {
+            if !self.jump_to_run_of(stack.next_key_after(run.end)?, &mut budget) {
                 return Ok(ChunkEnd::Done);
-            };
-            let Some(next) = self.runs.next_run_from(key) else {
-                return Ok(ChunkEnd::Done);
-            };
-            self.run = Some(next);
-            if key < next.start {
-                self.outcome.visited += 1;
-                budget -= 1;
-                self.next_key = next.start;
-            } else {
-                self.next_key = key;
             }
         }
     }

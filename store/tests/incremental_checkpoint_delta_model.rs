@@ -400,6 +400,15 @@ fn every_crash_point_recovers_the_acknowledged_state() {
     }
 }
 
+fn largest_run_file(dir: &Path) -> std::path::PathBuf {
+    std::fs::read_dir(dir.join("checkpoint"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "run"))
+        .max_by_key(|p| std::fs::metadata(p).unwrap().len())
+        .unwrap()
+}
+
 fn run_files(dir: &Path) -> usize {
     std::fs::read_dir(dir.join("checkpoint"))
         .unwrap()
@@ -447,11 +456,15 @@ fn runs_are_per_namespace_deleted_with_it_and_kept_few() {
     put(0, 0, 10);
     engine.checkpoint().unwrap();
     assert_eq!(run_files(&dir), 2, "the default namespace's two runs");
+    let base = largest_run_file(&dir);
     for round in 0..12 {
         put(0, round % KEYS, 10);
         engine.checkpoint().unwrap();
         let runs = run_files(&dir);
         assert!(runs <= 5, "round {round}: {runs} runs");
+        // Small runs over a large one: only the small ones are merged;
+        // the large one is not rewritten.
+        assert!(base.exists(), "round {round}: the oldest run was rewritten");
     }
     engine.compact().unwrap();
     assert_eq!(run_files(&dir), 1, "compacted to one run");

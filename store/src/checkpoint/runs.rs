@@ -12,10 +12,11 @@
 //!   of their ranges, tombstones dropped ([`CheckpointStore::load_runs`]),
 //!   and checks the result against the manifest's counts.
 //! - A merge ([`CheckpointStore::merge_runs`]) streams a namespace's runs
-//!   into one (tombstones dropped: it covers the oldest run), when the
-//!   namespace has more than [`MERGE_AT_RUNS`] runs or its newer runs
-//!   outgrow half its oldest; a compaction asked for merges each namespace
-//!   to one run.
+//!   into one: all of them (tombstones dropped: it covers the oldest run)
+//!   when its newer runs outgrow half its oldest, else only the newer ones
+//!   (tombstones kept) when it has more than [`MERGE_AT_RUNS`] runs, so a
+//!   namespace is rewritten whole only as often as it grows by half; a
+//!   compaction asked for merges each namespace to one run.
 //!
 //! Runs of an encrypted namespace are sealed, those of a data dir with a
 //! master key authenticated (their footer MAC is in the manifest), others
@@ -90,6 +91,16 @@ impl From<RunFileError> for StoreError {
             },
         }
     }
+}
+
+/// What a merge of one namespace's runs rewrites.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum MergeScope {
+    /// Its runs but the oldest, into one that keeps tombstones (the oldest
+    /// may hold what they hide).
+    Newer,
+    /// All its runs, into one without tombstones.
+    All,
 }
 
 /// Which namespaces' runs a merge rewrites.
@@ -449,13 +460,23 @@ impl CheckpointStore {
         }
     }
 
-    /// Whether namespace `entry` is due a merge after a fold.
-    fn merge_due(&self, entry: &NamespaceRuns) -> bool {
+    /// What merge namespace `entry` is due after a fold: all its runs
+    /// once the newer ones outgrow half its oldest (the namespace
+    /// rewritten, as rarely as its growth allows), else its newer runs
+    /// alone once it has more than [`MERGE_AT_RUNS`] (the cost of the
+    /// recent writes, not of the namespace: at 63 M cells, merging all of
+    /// them every fifth fold took 37 s a time and stalled the import;
+    /// docs/benchmarks.md, "Scale").
+    fn merge_due(&self, entry: &NamespaceRuns) -> Option<MergeScope> {
         let size = |run: &RunRef| self.run_bytes(run);
-        let Some((oldest, newer)) = entry.runs.split_last() else {
-            return false;
-        };
-        entry.runs.len() > MERGE_AT_RUNS || newer.iter().map(size).sum::<u64>() > size(oldest) / 2
+        let (oldest, newer) = entry.runs.split_last()?;
+        if newer.is_empty() {
+            return None;
+        }
+        if newer.iter().map(size).sum::<u64>() > size(oldest) / 2 {
+            return Some(MergeScope::All);
+        }
+        (entry.runs.len() > MERGE_AT_RUNS).then_some(MergeScope::Newer)
     }
 
     /// Merges the runs of the namespaces `when` picks, each into one run,
@@ -465,16 +486,18 @@ impl CheckpointStore {
         when: MergeWhen,
         report: &mut CompactionReport,
     ) -> Result<(), StoreError> {
-        let picked: Vec<NamespaceRuns> = self
+        let picked: Vec<(NamespaceRuns, MergeScope)> = self
             .manifest
             .namespaces
             .iter()
-            .filter(|entry| match when {
-                MergeWhen::Due => entry.runs.len() > 1 && self.merge_due(entry),
-                MergeWhen::ManyRuns => entry.runs.len() > 1,
-                MergeWhen::All => true,
+            .filter_map(|entry| {
+                let scope = match when {
+                    MergeWhen::Due => self.merge_due(entry)?,
+                    MergeWhen::ManyRuns => (entry.runs.len() > 1).then_some(MergeScope::All)?,
+                    MergeWhen::All => MergeScope::All,
+                };
+                Some((entry.clone(), scope))
             })
-            .cloned()
             .collect();
         if picked.is_empty() {
             return Ok(());
@@ -482,17 +505,19 @@ impl CheckpointStore {
         let _in_flight = self.merges_in_flight.clone().map(MergeInFlight::start);
         let mut next = self.manifest.clone();
         let mut old = Vec::new();
-        for entry in picked {
+        for (entry, scope) in picked {
             let Some(encrypted) = Self::encrypted(&self.catalog, entry.ns_id) else {
                 continue;
             };
-            let merged = self.merge_namespace(&entry, encrypted, &mut next, report)?;
-            old.extend(entry.runs.iter().map(|run| run.file_id));
-            if merged.runs.is_empty() {
-                // Every cell was deleted: the merged run holds nothing and
-                // is listed by no one.
-                old.push(next.next_file_id - 1);
-            }
+            let (merged, unlisted) =
+                self.merge_namespace(&entry, encrypted, scope, &mut next, report)?;
+            let replaced = match scope {
+                MergeScope::All => &entry.runs[..],
+                MergeScope::Newer => &entry.runs[..entry.runs.len() - 1],
+            };
+            old.extend(replaced.iter().map(|run| run.file_id));
+            // A merged run that holds nothing is listed by no one.
+            old.extend(unlisted);
             next.set_namespace(merged);
         }
         self.crash_check(CrashPoint::MergeRenamed)?;
@@ -503,22 +528,30 @@ impl CheckpointStore {
         self.remove_runs(&old)
     }
 
-    /// Writes namespace `entry`'s runs merged into one new run (its id
-    /// taken from `next`); returns the namespace's entry listing it.
+    /// Writes namespace `entry`'s runs (`scope`: all, or all but the
+    /// oldest) merged into one new run (its id taken from `next`); returns
+    /// the namespace's entry listing it in their place, and the new run's
+    /// id when it holds nothing (every cell deleted) and so is not listed.
     fn merge_namespace(
         &mut self,
         entry: &NamespaceRuns,
         encrypted: bool,
+        scope: MergeScope,
         next: &mut Manifest,
         report: &mut CompactionReport,
-    ) -> Result<NamespaceRuns, StoreError> {
+    ) -> Result<(NamespaceRuns, Option<u64>), StoreError> {
         let runs = self.open_runs(entry, encrypted)?;
         let (file_id, path, protection) = self.new_run(next, encrypted)?;
         let storage = Arc::clone(&self.storage);
         let mut writer =
             RunFileWriter::create(storage.as_ref(), &path, file_id, entry.ns_id, &protection)?;
         let mut value_bytes = 0u64;
-        for item in Merge::new(runs.sources(), true)? {
+        let mut sources = runs.sources();
+        if scope == MergeScope::Newer {
+            // The oldest stays; tombstones stay too, for what it holds.
+            sources.pop();
+        }
+        for item in Merge::new(sources, scope == MergeScope::All)? {
             let (key, value) = item?;
             value_bytes += value.as_ref().map_or(0, |v| v.len() as u64);
             writer.push(key, value.as_deref())?;
@@ -528,20 +561,34 @@ impl CheckpointStore {
             return Err(StoreError::SimulatedCrash("MergeTempWritten".into()));
         }
         let summary = writer.finish()?;
-        if (summary.entries, value_bytes) != (entry.live_cells, entry.value_bytes) {
-            return Err(self.count_mismatch(entry, (summary.entries, value_bytes)));
-        }
-        report.runs_merged += entry.runs.len();
+        let merged_runs = match scope {
+            MergeScope::All => {
+                if (summary.entries, value_bytes) != (entry.live_cells, entry.value_bytes) {
+                    return Err(self.count_mismatch(entry, (summary.entries, value_bytes)));
+                }
+                entry.runs.len()
+            }
+            // Tombstones and hidden values included: no live count to check.
+            MergeScope::Newer => entry.runs.len() - 1,
+        };
+        report.runs_merged += merged_runs;
         report.entries_written += summary.entries;
         report.base_bytes += summary.file_bytes;
-        Ok(NamespaceRuns {
-            runs: if summary.entries == 0 {
-                Vec::new()
-            } else {
-                vec![run_ref(file_id, &summary)]
+        let (mut runs, unlisted) = if summary.entries == 0 {
+            (Vec::new(), Some(file_id))
+        } else {
+            (vec![run_ref(file_id, &summary)], None)
+        };
+        if scope == MergeScope::Newer {
+            runs.extend(entry.runs.last().cloned());
+        }
+        Ok((
+            NamespaceRuns {
+                runs,
+                ..entry.clone()
             },
-            ..entry.clone()
-        })
+            unlisted,
+        ))
     }
 
     /// Writes one namespace's cells (curve key order, no deletes) as its

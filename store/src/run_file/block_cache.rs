@@ -160,14 +160,7 @@ impl BlockCache {
     /// filter, whose miss (if the filter lets the key through) is counted
     /// by the [`BlockCache::get`] that follows.
     pub fn get_if_cached(&self, cache_id: u64, offset: u64) -> Option<Arc<DecodedBlock>> {
-        let key = (cache_id, offset);
-        let mut shard = self.shard(key);
-        let found = shard.map.get(&key).copied().map(|i| {
-            let entry = &mut shard.entries[i];
-            entry.referenced = true;
-            Arc::clone(&entry.block)
-        });
-        drop(shard);
+        let found = self.lookup(cache_id, offset);
         if found.is_some() {
             self.hits.fetch_add(1, Ordering::Relaxed);
         }
@@ -176,14 +169,7 @@ impl BlockCache {
 
     /// The block, if cached; counts a hit or a miss.
     pub fn get(&self, cache_id: u64, offset: u64) -> Option<Arc<DecodedBlock>> {
-        let key = (cache_id, offset);
-        let mut shard = self.shard(key);
-        let found = shard.map.get(&key).copied().map(|i| {
-            let entry = &mut shard.entries[i];
-            entry.referenced = true;
-            Arc::clone(&entry.block)
-        });
-        drop(shard);
+        let found = self.lookup(cache_id, offset);
         let counter = if found.is_some() {
             &self.hits
         } else {
@@ -191,6 +177,17 @@ impl BlockCache {
         };
         counter.fetch_add(1, Ordering::Relaxed);
         found
+    }
+
+    /// The block, if cached, marked referenced (for CLOCK); counts nothing.
+    fn lookup(&self, cache_id: u64, offset: u64) -> Option<Arc<DecodedBlock>> {
+        let key = (cache_id, offset);
+        let mut shard = self.shard(key);
+        shard.map.get(&key).copied().map(|i| {
+            let entry = &mut shard.entries[i];
+            entry.referenced = true;
+            Arc::clone(&entry.block)
+        })
     }
 
     /// Keeps `block`, evicting others as needed. A block already there

@@ -340,7 +340,10 @@ impl RunFileReader {
         // filter's seven probes of a large bit array (the hot path of a
         // `get`, measured: docs/benchmarks.md, "Scale"). The filter guards
         // only reads.
-        if let Some(block) = self.cache.get_if_cached(self.cache_id, self.index.offsets[i]) {
+        if let Some(block) = self
+            .cache
+            .get_if_cached(self.cache_id, self.index.offsets[i])
+        {
             return Ok(block
                 .search(key)
                 .ok()
