@@ -114,7 +114,9 @@ pub enum ErrorCode {
     TooManyConnections = 11,
     /// A bug or unexpected condition inside the server.
     Internal = 12,
-    /// Writing or syncing the log failed for this request.
+    /// Writing or syncing the log failed for this request, or reading
+    /// the cells it needs did (a namespace on disk: a damaged block or an
+    /// I/O error, named with its file and offset).
     StorageIo = 13,
     /// The disk is full; this write was not stored.
     DiskFull = 14,

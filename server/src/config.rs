@@ -119,16 +119,16 @@ pub struct Args {
           value_parser = ranged::<u64>(CHECKPOINT_BYTES_RANGE))]
     pub checkpoint_wal_bytes: u64,
 
-    /// Memory for cells, in bytes: half keeps namespaces in memory (the
-    /// largest moves to its run files past it), half is the block cache of
-    /// those on disk. Default: a quarter of the machine's RAM (printed at
-    /// start).
+    /// Memory for cells, in bytes: a quarter keeps namespaces in memory
+    /// (the largest moves to its run files past it), the rest is the block
+    /// cache of those on disk. Default: a quarter of the machine's RAM
+    /// (printed at start).
     #[arg(long, value_name = "BYTES", value_parser = ranged::<u64>(CACHE_BYTES_RANGE))]
     pub cache_bytes: Option<u64>,
 
     /// Memory for the recent writes of namespaces on disk, in bytes: past
     /// half of it a checkpoint folds them into run files; past all of it
-    /// writes slow down (a pause per group growing with the excess).
+    /// writes slow down (a pause per write growing with the excess).
     #[arg(long, value_name = "BYTES", default_value_t = 256 * 1024 * 1024,
           value_parser = ranged::<u64>(MEMTABLE_BYTES_RANGE))]
     pub memtable_bytes: u64,
