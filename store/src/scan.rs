@@ -136,14 +136,9 @@ impl ScanState {
         let mut seeker = cells.seeker(self.next_key);
         self.outcome.seeks += 1;
         loop {
-            let run = match self.run {
-                Some(run) if run.end >= self.next_key => run,
-                _ => match self.runs.next_run_from(self.next_key) {
-                    Some(run) => run,
-                    None => return ChunkEnd::Done,
-                },
+            let Some(run) = self.current_run() else {
+                return ChunkEnd::Done;
             };
-            self.run = Some(run);
             let start = run.start.max(self.next_key);
             match seeker.span(start, run.end) {
                 Span::Base { keys, values } => {
@@ -174,6 +169,17 @@ impl ScanState {
                 return ChunkEnd::Done;
             }
         }
+    }
+
+    /// The curve run the scan is in or goes on to from `next_key`, kept
+    /// as the current one; `None` when the box has no more.
+    fn current_run(&mut self) -> Option<KeyRange> {
+        let run = match self.run {
+            Some(run) if run.end >= self.next_key => run,
+            _ => self.runs.next_run_from(self.next_key)?,
+        };
+        self.run = Some(run);
+        Some(run)
     }
 
     /// Between curve runs: moves to the run that holds `next_stored` (the
@@ -220,14 +226,9 @@ impl ScanState {
         let mut budget = steps.max(1);
         self.outcome.seeks += 1;
         loop {
-            let run = match self.run {
-                Some(run) if run.end >= self.next_key => run,
-                _ => match self.runs.next_run_from(self.next_key) {
-                    Some(run) => run,
-                    None => return Ok(ChunkEnd::Done),
-                },
+            let Some(run) = self.current_run() else {
+                return Ok(ChunkEnd::Done);
             };
-            self.run = Some(run);
             let start = run.start.max(self.next_key);
             let mut end = None;
             stack.visit_range(start, run.end, |key, value| {
