@@ -155,18 +155,6 @@ impl BlockCache {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The block, if cached; counts a hit, but nothing when it is not
-    /// there: for a point read that checks the cache before the Bloom
-    /// filter, whose miss (if the filter lets the key through) is counted
-    /// by the [`BlockCache::get`] that follows.
-    pub fn get_if_cached(&self, cache_id: u64, offset: u64) -> Option<Arc<DecodedBlock>> {
-        let found = self.lookup(cache_id, offset);
-        if found.is_some() {
-            self.hits.fetch_add(1, Ordering::Relaxed);
-        }
-        found
-    }
-
     /// The block, if cached; counts a hit or a miss.
     pub fn get(&self, cache_id: u64, offset: u64) -> Option<Arc<DecodedBlock>> {
         let found = self.lookup(cache_id, offset);

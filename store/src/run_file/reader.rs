@@ -329,29 +329,14 @@ impl RunFileReader {
     }
 
     /// What this file holds for `key`: `None` if nothing, `Some(None)` for
-    /// a tombstone. One index probe; then the block if it is cached, else
-    /// one filter probe and at most one block read (none if the filter
-    /// rules the key out).
+    /// a tombstone. One index probe, one filter probe, at most one block
+    /// read (none if the filter rules the key out). The filter comes first
+    /// even for a cached block, so that `get` and `get_many` answer alike
+    /// (the fuzz target checks it) whatever the cache holds.
     pub fn get(&self, key: u128) -> Result<Option<Slot>, RunFileError> {
-        let Some(i) = self.index.block_for(key) else {
+        let Some(i) = self.block_for_lookup(key) else {
             return Ok(None);
         };
-        // A cached block answers at once: searching it costs less than the
-        // filter's seven probes of a large bit array (the hot path of a
-        // `get`, measured: docs/benchmarks.md, "Scale"). The filter guards
-        // only reads.
-        if let Some(block) = self
-            .cache
-            .get_if_cached(self.cache_id, self.index.offsets[i])
-        {
-            return Ok(block
-                .search(key)
-                .ok()
-                .map(|j| block.value(j).map(CellValue::new)));
-        }
-        if !self.may_contain(key) {
-            return Ok(None);
-        }
         let block = self.block(i)?;
         Ok(block
             .search(key)
