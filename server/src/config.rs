@@ -120,9 +120,10 @@ pub struct Args {
     pub checkpoint_wal_bytes: u64,
 
     /// Memory for cells, in bytes: a quarter keeps namespaces in memory
-    /// (the largest moves to its run files past it), the rest is the block
-    /// cache of those on disk. Default: a quarter of the machine's RAM
-    /// (printed at start).
+    /// (the largest moves to its run files past it); for those on disk a
+    /// quarter is the row cache (values point reads read) and half the
+    /// block cache. Default: a quarter of the machine's RAM (printed at
+    /// start).
     #[arg(long, value_name = "BYTES", value_parser = ranged::<u64>(CACHE_BYTES_RANGE))]
     pub cache_bytes: Option<u64>,
 

@@ -376,12 +376,13 @@ fn log_recovery(engine: &Engine) {
     );
     let tiers = engine.memstore().tier_stats();
     info!(
-        "cells: {} namespace(s) in memory ({} of {} bytes), {} on disk (block cache {} bytes, \
-         run indexes {} bytes); memtables up to {} bytes (--cache-bytes, --memtable-bytes)",
+        "cells: {} namespace(s) in memory ({} of {} bytes), {} on disk (row cache {} bytes, \
+         block cache {} bytes, run indexes {} bytes); memtables up to {} bytes (--cache-bytes, --memtable-bytes)",
         tiers.namespaces_in_memory,
         tiers.resident_bytes,
         tiers.resident_limit_bytes,
         tiers.namespaces_on_disk,
+        tiers.rows.budget_bytes,
         tiers.cache.budget_bytes,
         tiers.run_index_bytes,
         tiers.memtable_limit_bytes
@@ -841,11 +842,12 @@ fn cell_storage_entries(
     s: &StoreStatsSnapshot,
     tiers: &cube_store::disk_tier::TierStats,
 ) -> Vec<StatsEntry> {
-    let lookups = tiers.cache.hits + tiers.cache.misses;
-    let hit_rate = if lookups == 0 {
-        0.0
-    } else {
-        tiers.cache.hits as f64 / lookups as f64
+    let hit_rate = |hits: u64, misses: u64| {
+        if hits + misses == 0 {
+            0.0
+        } else {
+            hits as f64 / (hits + misses) as f64
+        }
     };
     vec![
         count(
@@ -861,7 +863,19 @@ fn cell_storage_entries(
         count("storage.cache_limit_bytes", tiers.cache.budget_bytes),
         count("storage.cache_hits", tiers.cache.hits),
         count("storage.cache_misses", tiers.cache.misses),
-        float("storage.cache_hit_rate", hit_rate),
+        float(
+            "storage.cache_hit_rate",
+            hit_rate(tiers.cache.hits, tiers.cache.misses),
+        ),
+        count("storage.row_cache_bytes", tiers.rows.bytes),
+        count("storage.row_cache_limit_bytes", tiers.rows.budget_bytes),
+        count("storage.row_cache_rows", tiers.rows.entries),
+        count("storage.row_cache_hits", tiers.rows.hits),
+        count("storage.row_cache_misses", tiers.rows.misses),
+        float(
+            "storage.row_cache_hit_rate",
+            hit_rate(tiers.rows.hits, tiers.rows.misses),
+        ),
         count("storage.run_index_bytes", tiers.run_index_bytes),
         count("storage.memtable_bytes", tiers.memtable_bytes),
         count("storage.memtable_limit_bytes", tiers.memtable_limit_bytes),

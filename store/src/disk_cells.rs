@@ -66,21 +66,45 @@ fn read_runs(
 }
 
 impl NamespaceCells {
-    /// Each key's current slot: the memtable under the lock, the runs
-    /// without it. `None` if the namespace was dropped.
-    fn disk_slots(&self, keys: &[u128]) -> Option<Vec<Result<Slot, RunFileError>>> {
-        let (mut answers, runs) = {
+    /// Each key's current slot: the memtable and the row cache under the
+    /// lock, the runs without it; the values found in the runs are then
+    /// kept in the row cache if `keep_rows` (not for the writer's lookups:
+    /// it is about to write those keys). `None` if the namespace was
+    /// dropped.
+    fn disk_slots(
+        &self,
+        keys: &[u128],
+        keep_rows: bool,
+    ) -> Option<Vec<Result<Slot, RunFileError>>> {
+        let (mut answers, runs, runs_version) = {
             let stack = read(&self.disk);
             if self.is_dropped() {
                 return None;
             }
             let answers: Vec<Option<Result<Slot, RunFileError>>> = keys
                 .iter()
-                .map(|&key| stack.memtable_slot(key).cloned().map(Ok))
+                .map(|&key| {
+                    stack
+                        .memtable_slot(key)
+                        .cloned()
+                        .or_else(|| stack.cached_row(key).map(Some))
+                        .map(Ok)
+                })
                 .collect();
-            (answers, stack.runs().to_vec())
+            (answers, stack.runs().to_vec(), stack.runs_version())
         };
+        let asked: Vec<bool> = answers.iter().map(Option::is_none).collect();
         read_runs(&runs, keys, &mut answers);
+        if !keep_rows {
+            return Some(answers.into_iter().map(|a| a.unwrap_or(Ok(None))).collect());
+        }
+        let stack = read(&self.disk);
+        for ((&key, answer), asked) in keys.iter().zip(&answers).zip(asked) {
+            if let (true, Some(Ok(Some(value)))) = (asked, answer) {
+                stack.remember_row(key, value, runs_version);
+            }
+        }
+        drop(stack);
         Some(
             answers
                 .into_iter()
@@ -90,14 +114,15 @@ impl NamespaceCells {
     }
 
     /// [`crate::MemStore::read_cell`] of a namespace on disk: the hot
-    /// path of a `get`, so one key's lookup with nothing allocated beside
-    /// the runs' list and the value (`disk_slots` is for batches).
+    /// path of a `get`, so one key's lookup with nothing allocated on a
+    /// hit (memtable or row cache); a miss clones the runs' list, reads
+    /// them holding no lock, and keeps the value found in the row cache.
     pub(crate) fn read_disk<R>(
         &self,
         key: u128,
         read_value: impl FnOnce(Option<&CellValue>) -> R,
     ) -> Option<Result<R, StoreError>> {
-        let runs = {
+        let (runs, runs_version) = {
             let stack = read(&self.disk);
             if self.is_dropped() {
                 return None;
@@ -105,11 +130,20 @@ impl NamespaceCells {
             if let Some(slot) = stack.memtable_slot(key) {
                 return Some(Ok(read_value(slot.as_ref())));
             }
-            stack.runs().to_vec()
+            if let Some(value) = stack.cached_row(key) {
+                drop(stack);
+                return Some(Ok(read_value(Some(&value))));
+            }
+            (stack.runs().to_vec(), stack.runs_version())
         };
         for run in &runs {
             match run.get(key) {
-                Ok(Some(slot)) => return Some(Ok(read_value(slot.as_ref()))),
+                Ok(Some(slot)) => {
+                    if let Some(value) = &slot {
+                        read(&self.disk).remember_row(key, value, runs_version);
+                    }
+                    return Some(Ok(read_value(slot.as_ref())));
+                }
                 Ok(None) => {}
                 Err(e) => return Some(Err(e.into())),
             }
@@ -124,7 +158,7 @@ impl NamespaceCells {
         keys: &[u128],
         mut visit: impl FnMut(usize, Option<&CellValue>),
     ) -> Option<Result<(), StoreError>> {
-        let slots = self.disk_slots(keys)?;
+        let slots = self.disk_slots(keys, true)?;
         if let Some(e) = slots.iter().find_map(|slot| slot.as_ref().err()) {
             return Some(Err(e.again().into()));
         }
@@ -144,7 +178,7 @@ impl NamespaceCells {
         keys: &[u128],
         failures: &std::sync::atomic::AtomicU64,
     ) -> Vec<Option<usize>> {
-        let Some(slots) = self.disk_slots(keys) else {
+        let Some(slots) = self.disk_slots(keys, false) else {
             return vec![None; keys.len()];
         };
         slots
@@ -366,6 +400,7 @@ impl MemStore {
         let memtable_before = stack.memtable_bytes();
         let (generations, unlisted) = stack.set_runs(runs, through_lsn);
         let retired = (tier == TIER_MIGRATING).then(|| {
+            stack.attach_rows(Arc::clone(&self.tiering.rows));
             stack.set_len(cells.len());
             space.tier.set(TIER_DISK);
             cells.take_retired()
@@ -401,6 +436,7 @@ impl MemStore {
         let cells = write(&space.cells);
         let mut stack = write(&space.disk);
         *stack = ReadStack::new(Vec::new(), 0);
+        stack.attach_rows(Arc::clone(&self.tiering.rows));
         let _ = stack.set_runs(runs, through_lsn);
         stack.set_len(usize::try_from(live).unwrap_or(usize::MAX));
         space.value_bytes.store(value_bytes, Relaxed);
@@ -445,6 +481,7 @@ impl MemStore {
             memtable_bytes: self.tiering.memtable_bytes(),
             memtable_limit_bytes: self.tiering.config.memtable_limit_bytes,
             cache: self.tiering.cache_stats(),
+            rows: self.tiering.rows.stats(),
             migrations: self.tiering.migrations.load(Relaxed),
             lookup_failures: self.tiering.lookup_failures.load(Relaxed),
             ..TierStats::default()

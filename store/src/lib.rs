@@ -20,6 +20,7 @@
 mod cell_value;
 mod cells;
 pub mod checkpoint;
+mod clock_cache;
 mod coord_hash;
 pub mod crypto;
 pub mod curve;
@@ -45,6 +46,7 @@ pub mod run_file;
 // runs come from checkpoint folds (`crate::disk_cells`).
 #[cfg_attr(not(test), allow(dead_code))]
 mod read_stack;
+mod row_cache;
 mod scan;
 #[cfg(test)]
 mod shadow_marks_stress;
@@ -58,6 +60,7 @@ pub mod verify;
 pub mod wal;
 
 pub use cell_value::{CellValue, INLINE_VALUE_BYTES};
+pub use clock_cache::ClockStats;
 pub use curve::{
     Curve, hilbert_decode, hilbert_decode_many, hilbert_key, hilbert_keys, morton_decode,
     morton_key,

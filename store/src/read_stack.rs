@@ -37,6 +37,7 @@ use std::path::Path;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::cell_value::CellValue;
+use crate::row_cache::{RowCache, next_row_id};
 use crate::run_file::{
     BlockCache, Merge, Protection, RunFileError, RunFileReader, RunFileWriter, RunSummary, Slot,
     Source, write_all,
@@ -110,6 +111,13 @@ pub(crate) struct ReadStack {
     /// The largest LSN installed runs hold every write up to
     /// ([`ReadStack::install_run`]).
     persisted_lsn: u64,
+    /// Where the values read from the runs are kept, once the namespace
+    /// is on disk (`crate::row_cache`), and this stack's key in it.
+    rows: Option<Arc<RowCache>>,
+    row_id: u64,
+    /// Counts changes of `runs`: a value read from one list is kept only
+    /// while it is still the list ([`ReadStack::remember_row`]).
+    runs_version: u64,
 }
 
 impl ReadStack {
@@ -123,6 +131,39 @@ impl ReadStack {
             runs,
             live,
             persisted_lsn: 0,
+            rows: None,
+            row_id: next_row_id(),
+            runs_version: 0,
+        }
+    }
+
+    /// From now on, values read from the runs may be kept in `rows`, and
+    /// every write drops its key's (the namespace is on disk).
+    pub(crate) fn attach_rows(&mut self, rows: Arc<RowCache>) {
+        self.rows = Some(rows);
+    }
+
+    /// The value the runs hold for `key`, if the row cache kept it. The
+    /// caller has looked in the memtable first.
+    pub(crate) fn cached_row(&self, key: u128) -> Option<CellValue> {
+        self.rows.as_ref()?.get(self.row_id, key)
+    }
+
+    /// Which list of runs `runs()` is ([`ReadStack::remember_row`]).
+    pub(crate) fn runs_version(&self) -> u64 {
+        self.runs_version
+    }
+
+    /// Keeps `value`, read for `key` from the runs when they were at
+    /// `runs_version`, in the row cache, unless a write of `key` was
+    /// applied since (the memtable has it) or the runs changed (a fold
+    /// may hold one). Called under the `disk` read lock, which the writer
+    /// needs to apply a write: so no write slips between the check and the
+    /// insert, and any later one drops the entry (`ReadStack::apply`).
+    pub(crate) fn remember_row(&self, key: u128, value: &CellValue, runs_version: u64) {
+        let Some(rows) = &self.rows else { return };
+        if runs_version == self.runs_version && self.memtable_slot(key).is_none() {
+            rows.insert(self.row_id, key, value.clone());
         }
     }
 
@@ -471,6 +512,9 @@ impl ReadStack {
                 .is_none_or(|old| old.as_ref().map(|v| v.len()) == previous),
             "the writer's lookup of {key:#x} is stale"
         );
+        if let Some(rows) = &self.rows {
+            rows.forget(self.row_id, key);
+        }
         let new_bytes = entry_bytes(&slot);
         let is_value = slot.is_some();
         if let Some(old) = self.active.cells.insert(key, slot) {
@@ -528,6 +572,7 @@ impl ReadStack {
             .unwrap_or(self.frozen.len());
         dropped.extend(self.frozen.split_off(keep));
         let old = std::mem::replace(&mut self.runs, runs);
+        self.runs_version += 1;
         let unlisted = old
             .into_iter()
             .filter(|run| !self.runs.iter().any(|r| Arc::ptr_eq(r, run)))
@@ -558,6 +603,7 @@ impl ReadStack {
             .unwrap_or(self.frozen.len());
         let dropped = self.frozen.split_off(keep);
         self.runs.insert(0, run);
+        self.runs_version += 1;
         self.persisted_lsn = self.persisted_lsn.max(through_lsn);
         dropped
     }
@@ -659,6 +705,7 @@ pub(crate) fn flush_oldest(
         );
         // Above every run (all older), below every remaining generation.
         stack.runs.insert(0, run);
+        stack.runs_version += 1;
         oldest
     };
     drop((dropped, generation));
@@ -703,6 +750,7 @@ pub(crate) fn merge_runs(
     );
     stack.runs.truncate(at);
     stack.runs.push(run);
+    stack.runs_version += 1;
     Ok(Some((inputs, summary)))
 }
 

@@ -59,7 +59,8 @@ fn op() -> impl Strategy<Value = Op> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Tiers {
     Memory,
-    /// No resident budget, a three-block cache.
+    /// No resident budget, a three-block cache, a row cache of a few
+    /// hundred values (kept across folds: a stale one would be read).
     Disk,
 }
 
@@ -69,6 +70,7 @@ fn config(dir: &Path, crash_at: Option<CrashPoint>, tiers: Tiers) -> EngineConfi
         c.tiers = TierConfig {
             resident_limit_bytes: 0,
             block_cache_bytes: 3 * 4096,
+            row_cache_bytes: 64 * 1024,
             memtable_limit_bytes: 1 << 20,
         };
     }

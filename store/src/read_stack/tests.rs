@@ -764,3 +764,43 @@ fn opening_a_run_reads_only_its_footer_and_index() {
         );
     }
 }
+
+#[test]
+fn a_kept_row_never_outlives_a_write_of_its_key() {
+    let mut h = Harness::new(false);
+    let rows = Arc::new(crate::row_cache::RowCache::new(1 << 20));
+    write(&h.stack).attach_rows(Arc::clone(&rows));
+    let cached = |h: &Harness| read(&h.stack).cached_row(key(1));
+    h.apply(key(1), Some(value(1))).unwrap();
+    let _ = write(&h.stack).freeze();
+    h.persist(Turn::Fold, 255);
+    // A reader reads the runs holding no lock, then keeps what it read.
+    let (old, version) = {
+        let stack = read(&h.stack);
+        let slot = stack.runs()[0].get(key(1)).unwrap().unwrap();
+        (slot.unwrap(), stack.runs_version())
+    };
+    read(&h.stack).remember_row(key(1), &old, version);
+    assert_eq!(cached(&h), Some(value(1)));
+    // A write drops the key's row.
+    h.apply(key(1), Some(value(2))).unwrap();
+    assert_eq!(cached(&h), None);
+    // A read that began before the write is not kept: the memtable has it...
+    read(&h.stack).remember_row(key(1), &old, version);
+    assert_eq!(cached(&h), None);
+    // ...nor once the write is folded and the memtable lacks it: the runs
+    // are not the ones that read was of.
+    let _ = write(&h.stack).freeze();
+    h.persist(Turn::Fold, 255);
+    read(&h.stack).remember_row(key(1), &old, version);
+    assert_eq!(cached(&h), None);
+    // A read of the runs as they are now is kept.
+    let version = read(&h.stack).runs_version();
+    read(&h.stack).remember_row(key(1), &value(2), version);
+    assert_eq!(cached(&h), Some(value(2)));
+    assert_eq!(rows.stats().entries, 1);
+    // A stack without a row cache keeps nothing.
+    let bare = ReadStack::new(Vec::new(), 0);
+    bare.remember_row(key(1), &value(2), bare.runs_version());
+    assert_eq!(bare.cached_row(key(1)), None);
+}
