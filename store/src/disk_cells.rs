@@ -21,7 +21,7 @@ use crate::edges::EdgeGraph;
 use crate::error::StoreError;
 use crate::memstore::{MemStore, NamespaceCells, read, write};
 use crate::mutation::Mutation;
-use crate::read_stack::ReadStack;
+use crate::read_stack::{ReadStack, read_runs};
 use crate::run_file::{RunFileError, RunFileReader, Slot};
 
 /// The cell a mutation writes, by curve key: `Some(value)` for a put,
@@ -36,32 +36,6 @@ pub(crate) fn cell_write(curve: Curve, mutation: &Mutation) -> Option<(u128, Slo
             Some((curve.key(*coord), None))
         }
         _ => None,
-    }
-}
-
-/// Each key's newest slot in `runs` (newest first) for the keys whose
-/// `answers` entry is `None`, in one `get_many` per run so that a batch's
-/// block reads overlap. A failed block read fails the keys it holds.
-fn read_runs(
-    runs: &[Arc<RunFileReader>],
-    keys: &[u128],
-    answers: &mut [Option<Result<Slot, RunFileError>>],
-) {
-    let mut pending: Vec<usize> = (0..keys.len()).filter(|&i| answers[i].is_none()).collect();
-    for run in runs {
-        if pending.is_empty() {
-            return;
-        }
-        let batch: Vec<u128> = pending.iter().map(|&i| keys[i]).collect();
-        let mut still = Vec::with_capacity(pending.len());
-        for (&i, found) in pending.iter().zip(run.get_many(&batch)) {
-            match found {
-                Ok(None) => still.push(i),
-                Ok(Some(slot)) => answers[i] = Some(Ok(slot)),
-                Err(e) => answers[i] = Some(Err(e)),
-            }
-        }
-        pending = still;
     }
 }
 

@@ -235,37 +235,11 @@ impl ReadStack {
     /// of a batch overlap; a failed block read fails only the keys it
     /// would have answered.
     pub(crate) fn get_many(&self, keys: &[u128]) -> Vec<Result<Option<CellValue>, RunFileError>> {
-        let mut answers: Vec<Option<Result<Option<CellValue>, RunFileError>>> =
-            Vec::with_capacity(keys.len());
-        let mut pending: Vec<usize> = Vec::new();
-        for (i, &key) in keys.iter().enumerate() {
-            let memtable = std::iter::once(&self.active)
-                .chain(self.frozen.iter().map(|g| &**g))
-                .find_map(|g| g.cells.get(&key));
-            match memtable {
-                Some(slot) => answers.push(Some(Ok(slot.clone()))),
-                None => {
-                    answers.push(None);
-                    pending.push(i);
-                }
-            }
-        }
-        for run in &self.runs {
-            if pending.is_empty() {
-                break;
-            }
-            let batch: Vec<u128> = pending.iter().map(|&i| keys[i]).collect();
-            let found = run.get_many(&batch);
-            let mut still = Vec::with_capacity(pending.len());
-            for (&i, answer) in pending.iter().zip(found) {
-                match answer {
-                    Ok(None) => still.push(i),
-                    Ok(Some(slot)) => answers[i] = Some(Ok(slot)),
-                    Err(e) => answers[i] = Some(Err(e)),
-                }
-            }
-            pending = still;
-        }
+        let mut answers: Vec<Option<Result<Slot, RunFileError>>> = keys
+            .iter()
+            .map(|&key| self.memtable_slot(key).cloned().map(Ok))
+            .collect();
+        read_runs(&self.runs, keys, &mut answers);
         answers
             .into_iter()
             .map(|answer| answer.unwrap_or(Ok(None)))
@@ -679,6 +653,34 @@ impl RunTarget<'_> {
         )?;
         reader.expect(self.file_id, self.ns_id, summary.mac.as_ref())?;
         Ok((Arc::new(reader), summary))
+    }
+}
+
+/// Each key's newest slot in `runs` (newest first) for the keys whose
+/// `answers` entry is `None`, in one [`RunFileReader::get_many`] per run so
+/// that a batch's block reads overlap. A failed block read fails the keys
+/// it would have answered, and only those. Readers call it holding no lock
+/// (on runs they cloned) or under the stack's.
+pub(crate) fn read_runs(
+    runs: &[Arc<RunFileReader>],
+    keys: &[u128],
+    answers: &mut [Option<Result<Slot, RunFileError>>],
+) {
+    let mut pending: Vec<usize> = (0..keys.len()).filter(|&i| answers[i].is_none()).collect();
+    for run in runs {
+        if pending.is_empty() {
+            return;
+        }
+        let batch: Vec<u128> = pending.iter().map(|&i| keys[i]).collect();
+        let mut still = Vec::with_capacity(pending.len());
+        for (&i, found) in pending.iter().zip(run.get_many(&batch)) {
+            match found {
+                Ok(None) => still.push(i),
+                Ok(Some(slot)) => answers[i] = Some(Ok(slot)),
+                Err(e) => answers[i] = Some(Err(e)),
+            }
+        }
+        pending = still;
     }
 }
 
