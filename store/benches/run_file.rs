@@ -62,7 +62,7 @@ fn write(path: &Path, block_bytes: usize, protection: &Protection) {
 
 /// `filter: false` writes format version 1 (no Bloom filter).
 fn write_version(path: &Path, block_bytes: usize, protection: &Protection, filter: bool) {
-    let mut w = RunFileWriter::create(&RealDisk, path, 1, 1, protection)
+    let mut w = RunFileWriter::create(&RealDisk, path, 1, 1, protection, CELLS)
         .unwrap()
         .with_target_block_bytes(block_bytes);
     if !filter {
