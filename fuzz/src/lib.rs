@@ -764,7 +764,7 @@ pub fn fix_run_file(file: &[u8]) -> Vec<u8> {
         let entries = u64_at(&out, footer + 32).unwrap_or(0);
         let bits = cube_store::run_file::bloom::min_bits(entries).unwrap_or(0);
         put_u64(&mut out, filter_at + 4, bits);
-        if bits % 8 != 0 {
+        if !bits.is_multiple_of(8) {
             // The last byte's bits past the filter's are zero.
             out[footer - 5] &= (1u8 << (bits % 8)) - 1;
         }

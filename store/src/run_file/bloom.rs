@@ -159,8 +159,8 @@ impl BloomFilter {
             set.flat_map(|(i, _)| (i as u64 * 8..(i as u64 + 1) * 8).filter(|&b| self.is_set(b)));
         for b in set {
             // The probe values g with floor(g x from / 2^64) == b.
-            let lo = ((u128::from(b) << 64) + from - 1) / from;
-            let hi = ((u128::from(b + 1) << 64) + from - 1) / from - 1;
+            let lo = (u128::from(b) << 64).div_ceil(from);
+            let hi = (u128::from(b + 1) << 64).div_ceil(from) - 1;
             let first = ((lo * to) >> 64) as u64;
             let last = ((hi * to) >> 64) as u64;
             for nb in first..=last {
