@@ -43,6 +43,10 @@ const SEED_STEP: u64 = 0xc2b2_ae3d_27d4_eb4f;
 pub const FILTER_HEADER_BYTES: usize = 4;
 /// The index CRC and the bit count in front of a version-3 filter's bits.
 pub const FILTER_V3_HEADER_BYTES: usize = 12;
+/// Room a new filter keeps after its bits for its header and what storing
+/// it adds (a MAC and a CRC), so that encoding and storing it move it in
+/// place instead of copying it (a quarter of a gigabyte at 200 M cells).
+const STORE_SPARE_BYTES: usize = FILTER_V3_HEADER_BYTES + 64;
 
 /// The version-2 filter's bit array length for a file of `entries`
 /// entries: ceil(entries x [`BITS_PER_KEY`] / 8) bytes; `None` on overflow.
@@ -113,10 +117,9 @@ impl BloomFilter {
     /// An empty filter of `bits` bits, allocated at once.
     pub fn with_bits(bits: u64) -> BloomFilter {
         let len = usize::try_from(bits.div_ceil(8)).unwrap_or(usize::MAX);
-        BloomFilter {
-            bytes: vec![0u8; len],
-            bits,
-        }
+        let mut bytes = Vec::with_capacity(len.saturating_add(STORE_SPARE_BYTES));
+        bytes.resize(len, 0);
+        BloomFilter { bytes, bits }
     }
 
     /// Adds the key whose [`key_hash`] is `hash`.
@@ -237,11 +240,14 @@ impl BloomFilter {
 
     /// The version-3 payload to store in a file whose stored index ends
     /// with `index_crc`.
+    /// The bits move up in their own buffer (no copy of them is made).
     pub fn encode(self, index_crc: u32) -> Vec<u8> {
-        let mut out = Vec::with_capacity(FILTER_V3_HEADER_BYTES + self.bytes.len());
-        out.extend_from_slice(&index_crc.to_le_bytes());
-        out.extend_from_slice(&self.bits.to_le_bytes());
-        out.extend_from_slice(&self.bytes);
+        let mut out = self.bytes;
+        let len = out.len();
+        out.extend_from_slice(&[0u8; FILTER_V3_HEADER_BYTES]);
+        out.copy_within(0..len, FILTER_V3_HEADER_BYTES);
+        out[0..4].copy_from_slice(&index_crc.to_le_bytes());
+        out[4..12].copy_from_slice(&self.bits.to_le_bytes());
         out
     }
 

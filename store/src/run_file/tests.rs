@@ -15,6 +15,7 @@ use crate::storage::{RealDisk, Storage};
 
 mod filter;
 mod lazy;
+mod writer_memory;
 
 type Model = BTreeMap<u128, Option<Vec<u8>>>;
 type Entries = Vec<(u128, Option<Vec<u8>>)>;

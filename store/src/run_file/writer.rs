@@ -311,8 +311,12 @@ impl<'a> RunFileWriter<'a> {
             None => None,
         };
         self.pending.extend_from_slice(&index_stored);
-        self.pending.extend_from_slice(&filter_stored);
-        self.pending.extend_from_slice(&footer.encode());
+        self.write_pending()?;
+        // The filter from its own buffer: a copy into `pending` would hold
+        // it twice.
+        self.pending = filter_stored;
+        self.write_pending()?;
+        self.pending = footer.encode().to_vec();
         self.write_pending()?;
         let io = |path: &Path, source| RunFileError::Io {
             path: path.to_path_buf(),
