@@ -217,8 +217,9 @@ fn only_run_file(dir: &std::path::Path) -> std::path::PathBuf {
     runs.into_iter().next().unwrap()
 }
 
-#[test]
-fn a_damaged_block_fails_the_reads_that_need_it_and_nothing_else() {
+/// A daemon whose one namespace was imported and compacted onto one run
+/// file, stopped cleanly.
+fn stopped_on_disk() -> LocalDaemon {
     let mut daemon = LocalDaemon::start_fresh(&["--cache-bytes", CACHE_BYTES]).unwrap();
     let mut c = daemon.client().unwrap();
     import(&mut c, 1);
@@ -226,6 +227,29 @@ fn a_damaged_block_fails_the_reads_that_need_it_and_nothing_else() {
     assert_eq!(stat(&mut c, "storage.namespaces_on_disk"), 1);
     drop(c);
     assert!(daemon.terminate().unwrap().success());
+    daemon
+}
+
+/// What `cubed --verify` says of the daemon's data dir, which it must
+/// find damaged.
+fn failed_verify(daemon: &LocalDaemon) -> String {
+    let out = Command::new(LocalDaemon::find_binary().unwrap())
+        .arg("--verify")
+        .arg(daemon.data_dir())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_ne!(out.status.code(), Some(0), "{text}");
+    text
+}
+
+#[test]
+fn a_damaged_block_fails_the_reads_that_need_it_and_nothing_else() {
+    let mut daemon = stopped_on_disk();
 
     // One flipped bit in the middle of the run's blocks.
     let run = only_run_file(daemon.data_dir());
@@ -274,17 +298,7 @@ fn a_damaged_block_fails_the_reads_that_need_it_and_nothing_else() {
     daemon.kill9().unwrap();
 
     // --verify lists the block.
-    let out = Command::new(LocalDaemon::find_binary().unwrap())
-        .arg("--verify")
-        .arg(daemon.data_dir())
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_ne!(out.status.code(), Some(0), "{text}");
+    let text = failed_verify(&daemon);
     assert!(text.contains(&path), "{text}");
 }
 
@@ -297,13 +311,7 @@ fn a_damaged_block_fails_the_reads_that_need_it_and_nothing_else() {
 fn a_damaged_filter_is_served_without_and_reported() {
     use cube_store::run_file::FOOTER_BYTES;
     use cube_store::run_file::format::Footer;
-    let mut daemon = LocalDaemon::start_fresh(&["--cache-bytes", CACHE_BYTES]).unwrap();
-    let mut c = daemon.client().unwrap();
-    import(&mut c, 1);
-    c.checkpoint(true).unwrap();
-    assert_eq!(stat(&mut c, "storage.namespaces_on_disk"), 1);
-    drop(c);
-    assert!(daemon.terminate().unwrap().success());
+    let mut daemon = stopped_on_disk();
 
     // One flipped bit in the middle of the run's filter.
     let run = only_run_file(daemon.data_dir());
@@ -337,17 +345,7 @@ fn a_damaged_filter_is_served_without_and_reported() {
     drop(c);
     assert!(daemon.terminate().unwrap().success());
 
-    let out = Command::new(LocalDaemon::find_binary().unwrap())
-        .arg("--verify")
-        .arg(daemon.data_dir())
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_ne!(out.status.code(), Some(0), "{text}");
+    let text = failed_verify(&daemon);
     assert!(
         text.contains(&path) && text.contains("Bloom filter"),
         "{text}"

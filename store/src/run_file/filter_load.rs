@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use super::RunFileError;
 use super::bloom::BloomFilter;
 use super::format::{FORMAT_VERSION_FIXED_FILTER, Footer, Identity, Piece, Pieces};
-use super::reader::BlockSource;
+use super::reader::{BlockSource, read_piece};
 use crate::crypto::Keyring;
 
 /// One file's filter: what reading it needs, and what reading it gave.
@@ -63,16 +63,8 @@ impl FilterSlot {
     /// the outcome of the one read either way.
     pub(super) fn load(&self, source: &dyn BlockSource) -> Result<(), RunFileError> {
         let outcome = self.state.get_or_init(|| {
-            let offset = self.footer.filter_offset();
-            let mut stored = vec![0u8; self.footer.filter_stored_len as usize];
-            source
-                .read_exact_at(&mut stored, offset)
-                .map_err(|source| RunFileError::Io {
-                    path: self.path.clone(),
-                    offset,
-                    source,
-                })?;
-            self.decode(stored)
+            let (offset, len) = (self.footer.filter_offset(), self.footer.filter_stored_len);
+            self.decode(read_piece(source, &self.path, offset, len as usize)?)
         });
         outcome.as_ref().map(|_| ()).map_err(RunFileError::again)
     }

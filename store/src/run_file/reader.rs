@@ -128,13 +128,7 @@ impl RunFileReader {
         protection: &Protection,
         cache: Arc<BlockCache>,
     ) -> Result<RunFileReader, RunFileError> {
-        let file =
-            crate::private_files::open_private_file(path, OpenOptions::new().read(true), false)
-                .map_err(|source| RunFileError::Io {
-                    path: path.to_path_buf(),
-                    offset: 0,
-                    source,
-                })?;
+        let file = open_private(path)?;
         RunFileReader::open_source(Box::new(file), path, protection, cache)
     }
 
@@ -174,13 +168,7 @@ impl RunFileReader {
         if !storage.is_real() {
             return RunFileReader::open_storage(storage, path, protection, cache);
         }
-        let file =
-            crate::private_files::open_private_file(path, OpenOptions::new().read(true), false)
-                .map_err(|source| RunFileError::Io {
-                    path: path.to_path_buf(),
-                    offset: 0,
-                    source,
-                })?;
+        let file = open_private(path)?;
         let reader = RunFileReader::open_source_lazy(Box::new(file), path, protection, cache)?;
         if let Some(slot) = &reader.filter {
             queue_filter_load(slot, &reader.source);
@@ -615,15 +603,8 @@ impl RunFileReader {
     }
 
     fn read_block(&self, i: usize) -> Result<DecodedBlock, RunFileError> {
-        let offset = self.index.offsets[i];
-        let mut stored = vec![0u8; self.index.lens[i] as usize];
-        self.source
-            .read_exact_at(&mut stored, offset)
-            .map_err(|source| RunFileError::Io {
-                path: self.path.clone(),
-                offset,
-                source,
-            })?;
+        let (offset, len) = (self.index.offsets[i], self.index.lens[i] as usize);
+        let stored = read_piece(self.source.as_ref(), &self.path, offset, len)?;
         self.decode_block(i, stored)
     }
 
@@ -668,6 +649,37 @@ impl RunFileReader {
             })
             .collect()
     }
+}
+
+/// The `len` bytes of `source` at `offset` (a block, a filter); an I/O
+/// error names `path` and the offset.
+pub(super) fn read_piece(
+    source: &dyn BlockSource,
+    path: &Path,
+    offset: u64,
+    len: usize,
+) -> Result<Vec<u8>, RunFileError> {
+    let mut stored = vec![0u8; len];
+    source
+        .read_exact_at(&mut stored, offset)
+        .map_err(|source| RunFileError::Io {
+            path: path.to_path_buf(),
+            offset,
+            source,
+        })?;
+    Ok(stored)
+}
+
+/// Opens a file of the real file system for reading, privately (no
+/// symbolic link followed, owned by the daemon's user).
+fn open_private(path: &Path) -> Result<File, RunFileError> {
+    crate::private_files::open_private_file(path, OpenOptions::new().read(true), false).map_err(
+        |source| RunFileError::Io {
+            path: path.to_path_buf(),
+            offset: 0,
+            source,
+        },
+    )
 }
 
 fn key_error(path: &Path, reason: String) -> RunFileError {
