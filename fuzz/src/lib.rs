@@ -645,6 +645,7 @@ fn read_run_file(bytes: Vec<u8>, protection: &cube_store::run_file::Protection) 
         .take(16)
         .map(|c| u128::from_le_bytes(c.try_into().unwrap_or([0; 16])))
         .collect();
+    read_run_file_lazily(bytes.clone(), protection);
     let cache = Arc::new(BlockCache::new(16 * 1024));
     let Ok(reader) = RunFileReader::open_source(
         Box::new(bytes),
@@ -699,12 +700,46 @@ fn read_run_file(bytes: Vec<u8>, protection: &cube_store::run_file::Protection) 
     }
 }
 
+/// The file opened as the daemon opens the runs it serves, without its
+/// Bloom filter: a point read of a key the range yields yields the same
+/// (no filter rules anything out yet); then the filter is loaded (or
+/// refused, and the reader goes on without it), and every read still
+/// answers or errs.
+fn read_run_file_lazily(bytes: Vec<u8>, protection: &cube_store::run_file::Protection) {
+    use cube_store::run_file::{BlockCache, RunFileReader};
+    let cache = Arc::new(BlockCache::new(16 * 1024));
+    let Ok(reader) =
+        RunFileReader::open_source_lazy(Box::new(bytes), Path::new("fuzz.run"), protection, cache)
+    else {
+        return;
+    };
+    let mut keys = Vec::new();
+    for entry in reader.range(0, u128::MAX).take(64) {
+        let Ok((key, value)) = entry else { break };
+        keys.push(key);
+        if let Ok(got) = reader.get(key) {
+            assert_eq!(
+                got.map(|v| v.map(|v| v.to_vec())),
+                Some(value.map(|v| v.to_vec())),
+                "key {key}: a point read before the filter loads disagrees with the range"
+            );
+        }
+    }
+    if reader.load_filter().is_err() {
+        assert!(!reader.filter_loaded(), "a filter that failed is in use");
+        assert!(keys.iter().all(|k| reader.may_contain(*k)));
+    }
+    let _ = reader.get_many(&keys);
+}
+
 /// Makes the input a plain run file as far as it can: footer magic,
 /// version (1 stays 1, anything else becomes the current version) and
-/// flags, an index and (version 2) a Bloom filter placed before the footer
-/// as its fields allow, every block's checksum where the index puts it,
-/// the filter's index CRC, and the index's, filter's and footer's
-/// checksums. A plain file this build wrote comes out unchanged.
+/// flags, an index and (version 3) a Bloom filter of 10 bits an entry
+/// placed before the footer as its fields allow, every block's checksum
+/// where the index puts it, the filter's index CRC, bit count and unused
+/// bits, and the index's, filter's and footer's checksums. A plain file
+/// this build wrote for as many entries as it expected comes out
+/// unchanged.
 pub fn fix_run_file(file: &[u8]) -> Vec<u8> {
     let mut out = file.to_vec();
     if out.len() < RUN_FOOTER_BYTES {
@@ -733,8 +768,9 @@ pub fn fix_run_file(file: &[u8]) -> Vec<u8> {
         let entries =
             u64_at(&out, footer + 32).unwrap_or(0) % (footer as u64 / RUN_MIN_ENTRY_BYTES + 1);
         put_u64(&mut out, footer + 32, entries);
-        let bytes = cube_store::run_file::bloom::filter_bytes(entries).unwrap_or(0);
-        bytes as usize + 4
+        let bits = cube_store::run_file::bloom::min_bits(entries).unwrap_or(0);
+        let payload = cube_store::run_file::bloom::v3_payload_bytes(bits).unwrap_or(0);
+        payload as usize + 4
     };
     let Some(index_at) = footer.checked_sub(index_len + filter_len) else {
         return out;
@@ -758,6 +794,13 @@ pub fn fix_run_file(file: &[u8]) -> Vec<u8> {
     put_u32(&mut out, filter_at - 4, index_crc);
     if filter_len > 0 {
         put_u32(&mut out, filter_at, index_crc);
+        let entries = u64_at(&out, footer + 32).unwrap_or(0);
+        let bits = cube_store::run_file::bloom::min_bits(entries).unwrap_or(0);
+        put_u64(&mut out, filter_at + 4, bits);
+        if !bits.is_multiple_of(8) {
+            // The last byte's bits past the filter's are zero.
+            out[footer - 5] &= (1u8 << (bits % 8)) - 1;
+        }
         let crc = crc32c::crc32c(&out[filter_at..footer - 4]);
         put_u32(&mut out, footer - 4, crc);
     }

@@ -217,8 +217,9 @@ fn only_run_file(dir: &std::path::Path) -> std::path::PathBuf {
     runs.into_iter().next().unwrap()
 }
 
-#[test]
-fn a_damaged_block_fails_the_reads_that_need_it_and_nothing_else() {
+/// A daemon whose one namespace was imported and compacted onto one run
+/// file, stopped cleanly.
+fn stopped_on_disk() -> LocalDaemon {
     let mut daemon = LocalDaemon::start_fresh(&["--cache-bytes", CACHE_BYTES]).unwrap();
     let mut c = daemon.client().unwrap();
     import(&mut c, 1);
@@ -226,6 +227,29 @@ fn a_damaged_block_fails_the_reads_that_need_it_and_nothing_else() {
     assert_eq!(stat(&mut c, "storage.namespaces_on_disk"), 1);
     drop(c);
     assert!(daemon.terminate().unwrap().success());
+    daemon
+}
+
+/// What `cubed --verify` says of the daemon's data dir, which it must
+/// find damaged.
+fn failed_verify(daemon: &LocalDaemon) -> String {
+    let out = Command::new(LocalDaemon::find_binary().unwrap())
+        .arg("--verify")
+        .arg(daemon.data_dir())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_ne!(out.status.code(), Some(0), "{text}");
+    text
+}
+
+#[test]
+fn a_damaged_block_fails_the_reads_that_need_it_and_nothing_else() {
+    let mut daemon = stopped_on_disk();
 
     // One flipped bit in the middle of the run's blocks.
     let run = only_run_file(daemon.data_dir());
@@ -274,16 +298,56 @@ fn a_damaged_block_fails_the_reads_that_need_it_and_nothing_else() {
     daemon.kill9().unwrap();
 
     // --verify lists the block.
-    let out = Command::new(LocalDaemon::find_binary().unwrap())
-        .arg("--verify")
-        .arg(daemon.data_dir())
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_ne!(out.status.code(), Some(0), "{text}");
+    let text = failed_verify(&daemon);
     assert!(text.contains(&path), "{text}");
+}
+
+/// A restart opens the runs it serves without their Bloom filters and
+/// loads them afterwards: a filter damaged on disk is then not used (every
+/// read answers right, reading blocks), `cubed` says so once on stderr
+/// with the file, the offset and `--verify`, and `--verify` reports it.
+/// (When filters were read at the open, the damage failed the restart.)
+#[test]
+fn a_damaged_filter_is_served_without_and_reported() {
+    use cube_store::run_file::FOOTER_BYTES;
+    use cube_store::run_file::format::Footer;
+    let mut daemon = stopped_on_disk();
+
+    // One flipped bit in the middle of the run's filter.
+    let run = only_run_file(daemon.data_dir());
+    let mut bytes = std::fs::read(&run).unwrap();
+    let footer_at = bytes.len() - FOOTER_BYTES;
+    let footer = Footer::decode(&bytes[footer_at..], bytes.len() as u64).unwrap();
+    let filter_at = footer.filter_offset() as usize;
+    bytes[(filter_at + footer_at) / 2] ^= 0x10;
+    std::fs::write(&run, &bytes).unwrap();
+
+    daemon.restart().unwrap();
+    let mut c = daemon.client().unwrap();
+    let model: BTreeMap<i32, Vec<u8>> = (0..CELLS).map(|i| (i, value(i, 1))).collect();
+    assert_cells(&mut c, &model, "with a damaged filter");
+    for i in (0..CELLS).step_by(13) {
+        assert_eq!(
+            c.get("default", coord(i + CELLS)).unwrap(),
+            None,
+            "absent {i}"
+        );
+    }
+    let path = run.display().to_string();
+    let said = |log: &str| log.contains("without its Bloom filter") && log.contains(&path);
+    common::wait_for("the damaged filter reported", || said(&daemon.log_text()));
+    let log = daemon.log_text();
+    assert!(
+        log.contains(&format!("offset {filter_at}")) && log.contains("--verify"),
+        "{log}"
+    );
+    assert_eq!(log.matches("without its Bloom filter").count(), 1, "{log}");
+    drop(c);
+    assert!(daemon.terminate().unwrap().success());
+
+    let text = failed_verify(&daemon);
+    assert!(
+        text.contains(&path) && text.contains("Bloom filter"),
+        "{text}"
+    );
 }

@@ -267,6 +267,7 @@ fn a_sealed_run_replaced_by_a_plain_one_is_refused() {
         footer.file_id,
         footer.ns_id,
         &Protection::Plain,
+        100,
     )
     .unwrap();
     for i in 0..100u128 {

@@ -15,6 +15,11 @@
 //! (`RunFileWriter::without_filter`, the build before filters: every such
 //! read reads its block). Figures in docs/benchmarks.md, "Run file Bloom
 //! filter".
+//!
+//! `open`: opening a file of 256 Ki cells with its filter read and checked
+//! (`RunFileReader::open`: `--verify`, merges) and without
+//! (`open_source_lazy`, what the daemon's restart does before a background
+//! thread loads the filter): the restart's cost per cell of its runs.
 #![allow(clippy::unwrap_used)]
 
 use std::hint::black_box;
@@ -62,7 +67,7 @@ fn write(path: &Path, block_bytes: usize, protection: &Protection) {
 
 /// `filter: false` writes format version 1 (no Bloom filter).
 fn write_version(path: &Path, block_bytes: usize, protection: &Protection, filter: bool) {
-    let mut w = RunFileWriter::create(&RealDisk, path, 1, 1, protection)
+    let mut w = RunFileWriter::create(&RealDisk, path, 1, 1, protection, CELLS)
         .unwrap()
         .with_target_block_bytes(block_bytes);
     if !filter {
@@ -170,7 +175,7 @@ fn absent_reads(c: &mut Criterion) {
     group.measurement_time(Duration::from_secs(3));
     group.warm_up_time(Duration::from_secs(1));
     for (name, protection) in [("4K", Protection::Plain), ("4K sealed", sealed())] {
-        for (version, filter) in [("v1 no filter", false), ("v2 filter", true)] {
+        for (version, filter) in [("v1 no filter", false), ("v3 filter", true)] {
             let path = tmp
                 .path()
                 .join(format!("{name}-{version}").replace(' ', "-"));
@@ -203,5 +208,36 @@ fn absent_reads(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, point_reads, absent_reads);
+/// Opening a file with its filter and without, plain and sealed.
+fn opens(c: &mut Criterion) {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut group = c.benchmark_group("run_file open");
+    group.measurement_time(Duration::from_secs(3));
+    group.warm_up_time(Duration::from_secs(1));
+    for (name, protection) in [("4K", Protection::Plain), ("4K sealed", sealed())] {
+        let path = tmp.path().join(name.replace(' ', "-"));
+        write(&path, 4096, &protection);
+        let cache = Arc::new(BlockCache::new(0));
+        group.bench_function(format!("open with filter {name}"), |b| {
+            b.iter(|| {
+                black_box(RunFileReader::open(&path, &protection, Arc::clone(&cache)).unwrap())
+            })
+        });
+        group.bench_function(format!("open without filter {name}"), |b| {
+            b.iter(|| {
+                let file = std::fs::File::open(&path).unwrap();
+                let reader = RunFileReader::open_source_lazy(
+                    Box::new(file),
+                    &path,
+                    &protection,
+                    Arc::clone(&cache),
+                );
+                black_box(reader.unwrap())
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, point_reads, absent_reads, opens);
 criterion_main!(benches);

@@ -633,6 +633,7 @@ impl RunTarget<'_> {
     fn write(
         &self,
         entries: impl Iterator<Item = Result<(u128, Slot), RunFileError>>,
+        expected_entries: u64,
     ) -> Result<(Arc<RunFileReader>, RunSummary), RunFileError> {
         let mut writer = RunFileWriter::create(
             self.storage,
@@ -640,6 +641,7 @@ impl RunTarget<'_> {
             self.file_id,
             self.ns_id,
             self.protection,
+            expected_entries,
         )?;
         if let Some(bytes) = self.block_bytes {
             writer = writer.with_target_block_bytes(bytes);
@@ -695,7 +697,7 @@ pub(crate) fn flush_oldest(
     let Some(generation) = read(stack).frozen.last().cloned() else {
         return Ok(None);
     };
-    let (run, summary) = target.write(generation.source())?;
+    let (run, summary) = target.write(generation.source(), generation.len() as u64)?;
     let dropped = {
         let mut stack = write(stack);
         // Only this thread removes frozen generations, and the writer only
@@ -739,7 +741,8 @@ pub(crate) fn merge_runs(
         .iter()
         .map(|run| Box::new(run.range(0, u128::MAX)) as Source<'_>)
         .collect();
-    let (run, summary) = target.write(Merge::new(sources, true)?)?;
+    let expected = inputs.iter().map(|run| run.entry_count()).sum();
+    let (run, summary) = target.write(Merge::new(sources, true)?, expected)?;
     let mut stack = write(stack);
     let at = stack.runs.len() - inputs.len();
     // Only this thread removes runs, and flushes add them at the front.

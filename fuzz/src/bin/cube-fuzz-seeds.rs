@@ -15,7 +15,7 @@
 //!   files of `fuzz/fixtures/checkpoint/`, written here too.
 //! - `run_file/`: run files, plain, authenticated and sealed (with
 //!   `cube_fuzz::RUN_FILE_KEY`, so the target's reader opens them), and an
-//!   empty one, in the current format (version 2, with a Bloom filter);
+//!   empty one, in the current format (version 3, with a Bloom filter);
 //!   `v1-plain` in version 1 (no filter), as data dirs written before
 //!   filters hold them.
 //!
@@ -78,7 +78,7 @@ fn run_file_seeds(dir: &Path) -> Result<()> {
     for (name, protection, entries) in kinds {
         let path = runs.join(name);
         let mut w =
-            RunFileWriter::create(&disk, &path, 3, 1, &protection)?.with_target_block_bytes(128);
+            RunFileWriter::create(&disk, &path, 3, 1, &protection, u64::from(entries))?.with_target_block_bytes(128);
         if name.starts_with("v1-") {
             w = w.without_filter();
         }

@@ -263,8 +263,14 @@ impl CheckpointStore {
                 continue;
             }
             let (file_id, path, protection) = self.new_run(next, encrypted)?;
-            let mut writer =
-                RunFileWriter::create(self.storage.as_ref(), &path, file_id, ns_id, &protection)?;
+            let mut writer = RunFileWriter::create(
+                self.storage.as_ref(),
+                &path,
+                file_id,
+                ns_id,
+                &protection,
+                entries.len() as u64,
+            )?;
             for (key, value) in &entries {
                 writer.push(*key, value.as_deref())?;
             }
@@ -388,7 +394,7 @@ impl CheckpointStore {
                 runs.push(Arc::clone(open));
                 continue;
             }
-            let reader = RunFileReader::open_storage(
+            let reader = RunFileReader::open_serving(
                 self.storage.as_ref(),
                 &self.run_path(run.file_id),
                 &protection,
@@ -543,8 +549,14 @@ impl CheckpointStore {
         let runs = self.open_runs(entry, encrypted)?;
         let (file_id, path, protection) = self.new_run(next, encrypted)?;
         let storage = Arc::clone(&self.storage);
-        let mut writer =
-            RunFileWriter::create(storage.as_ref(), &path, file_id, entry.ns_id, &protection)?;
+        let mut writer = RunFileWriter::create(
+            storage.as_ref(),
+            &path,
+            file_id,
+            entry.ns_id,
+            &protection,
+            runs.readers.iter().map(|r| r.entry_count()).sum(),
+        )?;
         let mut value_bytes = 0u64;
         let mut sources = runs.sources();
         if scope == MergeScope::Newer {
@@ -607,8 +619,14 @@ impl CheckpointStore {
             return Ok(());
         }
         let (file_id, path, protection) = self.new_run(next, encrypted)?;
-        let mut writer =
-            RunFileWriter::create(self.storage.as_ref(), &path, file_id, ns_id, &protection)?;
+        let mut writer = RunFileWriter::create(
+            self.storage.as_ref(),
+            &path,
+            file_id,
+            ns_id,
+            &protection,
+            cells.len() as u64,
+        )?;
         for (key, value) in cells {
             writer.push(*key, Some(value))?;
         }

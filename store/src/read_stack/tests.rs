@@ -156,8 +156,9 @@ impl Harness {
                 for (_, key, slot) in &self.log[self.folded_lsn as usize..through as usize] {
                     folded.insert(*key, slot.clone());
                 }
+                let count = folded.len() as u64;
                 let entries = folded.into_iter().map(Ok::<Entry, RunFileError>);
-                let (run, _) = self.target(&path, id).write(entries).unwrap();
+                let (run, _) = self.target(&path, id).write(entries, count).unwrap();
                 drop(write(&self.stack).install_run(run, through));
                 self.folded_lsn = through;
             }
@@ -620,7 +621,7 @@ fn probe_hot_reads_against_the_cell_map() {
         block_bytes: None,
     };
     let (run, _) = target
-        .write(cells().map(|(k, v)| Ok((k, Some(v)))))
+        .write(cells().map(|(k, v)| Ok((k, Some(v)))), N as u64)
         .unwrap();
     let stack = ReadStack::new(vec![Arc::clone(&run)], N as usize);
     assert_eq!(stack.range(0, u128::MAX).count(), N as usize); // fills the cache
@@ -729,7 +730,7 @@ fn opening_a_run_reads_only_its_footer_and_index() {
             block_bytes: None,
             ..h.target(&path, 1)
         };
-        drop(target.write(entries).unwrap());
+        drop(target.write(entries, u64::from(cells)).unwrap());
         let bytes = h.disk.read_file(&path).unwrap();
         let file_bytes = bytes.len() as u64;
         let read = Arc::new(AtomicU64::new(0));

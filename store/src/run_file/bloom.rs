@@ -1,15 +1,21 @@
-//! A run file's Bloom filter (format version 2): whether a key may be in
-//! the file, answered from memory, so that a lookup of a key the file does
-//! not hold reads no block (`docs/storage-format.md`, "Run files", "Bloom
-//! filter").
+//! A run file's Bloom filter: whether a key may be in the file, answered
+//! from memory, so that a lookup of a key the file does not hold reads no
+//! block (`docs/storage-format.md`, "Run files", "Bloom filter").
 //!
 //! [`BITS_PER_KEY`] bits per entry (tombstones too) and [`PROBES`] probes:
 //! a false positive rate of about 0.8% (measured by
 //! `run_file::tests::the_filter_has_no_false_negatives_and_few_false_positives`),
-//! where 10 bits and 7 probes are the optimum (k = ln 2 x bits per key). The
-//! filter's size follows from the file's entry count alone
-//! ([`filter_bytes`]), so a reader knows it from the footer and accepts
-//! exactly one length.
+//! where 10 bits and 7 probes are the optimum (k = ln 2 x bits per key).
+//!
+//! Format version 2 sized the filter by the file's entry count alone
+//! ([`filter_bytes`]), which its writer knew only at the end, so it kept
+//! every entry's hash until then. Version 3 records the filter's bit
+//! count in the filter's own header: its writer sizes the filter from an
+//! expected entry count (an upper bound) when it starts and sets bits as
+//! entries stream in. A reader accepts [`min_bits`] to [`max_bits`] bits
+//! for the file's entry count: fewer would raise the false positive rate
+//! silently, more than [`MAX_OVERSIZE`] times is refused as nonsense (the
+//! writer folds a filter that oversized, [`BloomFilter::fold`]).
 //!
 //! The payload begins with the CRC32C that ends the file's stored index,
 //! which binds the filter to its own file even in a plain file (whose
@@ -26,24 +32,49 @@
 pub const BITS_PER_KEY: u64 = 10;
 /// Bits set, and tested, per key.
 pub const PROBES: u64 = 7;
+/// A version-3 filter is at most this many times [`min_bits`].
+pub const MAX_OVERSIZE: u64 = 4;
 /// Mixed into the high half of a key before the low half.
 const SEED_HIGH: u64 = 0x9e37_79b9_7f4a_7c15;
 /// Mixed into h1 to make h2.
 const SEED_STEP: u64 = 0xc2b2_ae3d_27d4_eb4f;
 
-/// The index CRC in front of the bits.
+/// The index CRC in front of a version-2 filter's bits.
 pub const FILTER_HEADER_BYTES: usize = 4;
+/// The index CRC and the bit count in front of a version-3 filter's bits.
+pub const FILTER_V3_HEADER_BYTES: usize = 12;
+/// Room a new filter keeps after its bits for its header and what storing
+/// it adds (a MAC and a CRC), so that encoding and storing it move it in
+/// place instead of copying it (a quarter of a gigabyte at 200 M cells).
+const STORE_SPARE_BYTES: usize = FILTER_V3_HEADER_BYTES + 64;
 
-/// The filter's bit array length for a file of `entries` entries:
-/// ceil(entries x [`BITS_PER_KEY`] / 8) bytes; `None` on overflow.
+/// The version-2 filter's bit array length for a file of `entries`
+/// entries: ceil(entries x [`BITS_PER_KEY`] / 8) bytes; `None` on overflow.
 fn bit_bytes(entries: u64) -> Option<u64> {
-    Some(entries.checked_mul(BITS_PER_KEY)?.div_ceil(8))
+    Some(min_bits(entries)?.div_ceil(8))
 }
 
-/// The filter's payload length for a file of `entries` entries: the
-/// index CRC and the bits; `None` on overflow.
+/// The version-2 filter's payload length for a file of `entries`
+/// entries: the index CRC and the bits; `None` on overflow.
 pub fn filter_bytes(entries: u64) -> Option<u64> {
     bit_bytes(entries)?.checked_add(FILTER_HEADER_BYTES as u64)
+}
+
+/// The fewest bits a version-3 filter of `entries` entries has:
+/// [`BITS_PER_KEY`] a key; `None` on overflow.
+pub fn min_bits(entries: u64) -> Option<u64> {
+    entries.checked_mul(BITS_PER_KEY)
+}
+
+/// The most bits a version-3 filter of `entries` entries has:
+/// [`MAX_OVERSIZE`] x [`min_bits`]; `None` on overflow.
+pub fn max_bits(entries: u64) -> Option<u64> {
+    min_bits(entries)?.checked_mul(MAX_OVERSIZE)
+}
+
+/// The version-3 filter's payload length for a filter of `bits` bits.
+pub fn v3_payload_bytes(bits: u64) -> Option<u64> {
+    bits.div_ceil(8).checked_add(FILTER_V3_HEADER_BYTES as u64)
 }
 
 /// The MurmurHash3 64-bit finalizer: every input bit moves every output
@@ -57,50 +88,97 @@ pub fn fmix64(mut x: u64) -> u64 {
     x
 }
 
-/// The 64-bit hash a filter keeps of a key while the file is written.
+/// The 64-bit hash of a key that its probes derive from.
 pub fn key_hash(key: u128) -> u64 {
     let (low, high) = (key as u64, (key >> 64) as u64);
     fmix64(low ^ fmix64(high ^ SEED_HIGH))
 }
 
+/// The bit a probe value `g` maps to in a filter of `bits` bits.
+fn bit_of(g: u64, bits: u64) -> u64 {
+    ((u128::from(g) * u128::from(bits)) >> 64) as u64
+}
+
 /// The bits of `hash` in a filter of `bits` bits (`bits` > 0).
 fn probes(hash: u64, bits: u64) -> impl Iterator<Item = u64> {
     let step = fmix64(hash ^ SEED_STEP);
-    (0..PROBES).map(move |i| {
-        let g = hash.wrapping_add(i.wrapping_mul(step));
-        ((u128::from(g) * u128::from(bits)) >> 64) as u64
-    })
+    (0..PROBES).map(move |i| bit_of(hash.wrapping_add(i.wrapping_mul(step)), bits))
 }
 
-/// A filter in memory: its payload as stored, bit b in byte b / 8 at
-/// mask 1 << (b % 8).
+/// A filter in memory: `bits` bits, bit b in byte b / 8 at mask
+/// 1 << (b % 8); the bits of the last byte past `bits` are zero.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct BloomFilter {
     bytes: Vec<u8>,
+    bits: u64,
 }
 
 impl BloomFilter {
-    /// The filter of the keys whose [`key_hash`]es are `hashes`.
-    pub fn build(hashes: &[u64]) -> BloomFilter {
-        let len = bit_bytes(hashes.len() as u64).unwrap_or(0) as usize;
-        let mut bytes = vec![0u8; len];
-        let bits = len as u64 * 8;
-        if bits > 0 {
-            for &h in hashes {
-                for b in probes(h, bits) {
-                    bytes[(b / 8) as usize] |= 1 << (b % 8);
-                }
-            }
-        }
-        BloomFilter { bytes }
+    /// An empty filter of `bits` bits, allocated at once.
+    pub fn with_bits(bits: u64) -> BloomFilter {
+        let len = usize::try_from(bits.div_ceil(8)).unwrap_or(usize::MAX);
+        let mut bytes = Vec::with_capacity(len.saturating_add(STORE_SPARE_BYTES));
+        bytes.resize(len, 0);
+        BloomFilter { bytes, bits }
     }
 
-    /// A filter read back, for a file of `entries` entries whose stored
-    /// index ends with `index_crc`: its length must be exactly
+    /// Adds the key whose [`key_hash`] is `hash`.
+    pub fn insert(&mut self, hash: u64) {
+        if self.bits == 0 {
+            return;
+        }
+        for b in probes(hash, self.bits) {
+            self.bytes[(b / 8) as usize] |= 1 << (b % 8);
+        }
+    }
+
+    pub fn bits(&self) -> u64 {
+        self.bits
+    }
+
+    fn is_set(&self, b: u64) -> bool {
+        self.bytes[(b / 8) as usize] & (1 << (b % 8)) != 0
+    }
+
+    /// This filter as a filter of `bits` bits (fewer than it has), holding
+    /// every key it holds: a probe value that lands on bit b here lands,
+    /// with `bits` bits, on one of the bits that b's range of probe values
+    /// covers there, and each of those is set. When `bits` divides this
+    /// filter's size, that is one bit, and the result is the filter built
+    /// with `bits` bits directly; otherwise a bit on a boundary sets two,
+    /// a few more false positives and never a false negative.
+    pub fn fold(&self, bits: u64) -> BloomFilter {
+        let mut out = BloomFilter::with_bits(bits.min(self.bits));
+        if out.bits == 0 {
+            return out;
+        }
+        let (from, to) = (u128::from(self.bits), u128::from(out.bits));
+        let set = self
+            .bytes
+            .iter()
+            .enumerate()
+            .filter(|(_, byte)| **byte != 0);
+        let set =
+            set.flat_map(|(i, _)| (i as u64 * 8..(i as u64 + 1) * 8).filter(|&b| self.is_set(b)));
+        for b in set {
+            // The probe values g with floor(g x from / 2^64) == b.
+            let lo = (u128::from(b) << 64).div_ceil(from);
+            let hi = (u128::from(b + 1) << 64).div_ceil(from) - 1;
+            let first = ((lo * to) >> 64) as u64;
+            let last = ((hi * to) >> 64) as u64;
+            for nb in first..=last {
+                out.bytes[(nb / 8) as usize] |= 1 << (nb % 8);
+            }
+        }
+        out
+    }
+
+    /// A version-2 filter read back, for a file of `entries` entries whose
+    /// stored index ends with `index_crc`: its length must be exactly
     /// [`filter_bytes`] and it must name that index (any bits are a valid
     /// filter; the CRC, MAC or tag around it said whether they are the
     /// ones written).
-    pub fn decode(
+    pub fn decode_v2(
         mut payload: Vec<u8>,
         entries: u64,
         index_crc: u32,
@@ -114,38 +192,87 @@ impl BloomFilter {
             ));
         }
         let bytes = payload.split_off(FILTER_HEADER_BYTES);
-        let named = u32::from_le_bytes([payload[0], payload[1], payload[2], payload[3]]);
-        if named != index_crc {
-            return Err(format!(
-                "the filter is of an index with CRC {named:#010x}, this file's has \
-                 {index_crc:#010x}: a filter of another file"
-            ));
-        }
-        Ok(BloomFilter { bytes })
+        check_index_crc(&payload, index_crc)?;
+        let bits = bytes.len() as u64 * 8;
+        Ok(BloomFilter { bytes, bits })
     }
 
-    /// The payload to store in a file whose stored index ends with
-    /// `index_crc`.
+    /// A version-3 filter read back (`index_crc u32 | bits u64 | bit
+    /// array`), for a file of `entries` entries whose stored index ends
+    /// with `index_crc`: [`min_bits`] to [`max_bits`] bits, exactly
+    /// ceil(bits / 8) bytes of them, the unused bits of the last byte zero,
+    /// and naming that index.
+    pub fn decode_v3(
+        mut payload: Vec<u8>,
+        entries: u64,
+        index_crc: u32,
+    ) -> Result<BloomFilter, String> {
+        if payload.len() < FILTER_V3_HEADER_BYTES {
+            return Err(format!("a filter of {} bytes", payload.len()));
+        }
+        let bytes = payload.split_off(FILTER_V3_HEADER_BYTES);
+        let mut count = [0u8; 8];
+        count.copy_from_slice(&payload[4..12]);
+        let bits = u64::from_le_bytes(count);
+        let (min, max) = (min_bits(entries), max_bits(entries));
+        if min.is_none_or(|m| bits < m) || max.is_none_or(|m| bits > m) {
+            return Err(format!(
+                "a filter of {bits} bits for {entries} entries (this build accepts {} to {} \
+                 bits: {BITS_PER_KEY} to {} a key)",
+                min.unwrap_or(u64::MAX),
+                max.unwrap_or(u64::MAX),
+                BITS_PER_KEY * MAX_OVERSIZE
+            ));
+        }
+        if bytes.len() as u64 != bits.div_ceil(8) {
+            return Err(format!(
+                "a filter of {bits} bits in {} bytes (expected {})",
+                bytes.len(),
+                bits.div_ceil(8)
+            ));
+        }
+        if bits % 8 != 0 && bytes.last().is_some_and(|b| b >> (bits % 8) != 0) {
+            return Err(format!("bits set past the filter's {bits} bits"));
+        }
+        check_index_crc(&payload, index_crc)?;
+        Ok(BloomFilter { bytes, bits })
+    }
+
+    /// The version-3 payload to store in a file whose stored index ends
+    /// with `index_crc`.
+    /// The bits move up in their own buffer (no copy of them is made).
     pub fn encode(self, index_crc: u32) -> Vec<u8> {
-        let mut out = Vec::with_capacity(FILTER_HEADER_BYTES + self.bytes.len());
-        out.extend_from_slice(&index_crc.to_le_bytes());
-        out.extend_from_slice(&self.bytes);
+        let mut out = self.bytes;
+        let len = out.len();
+        out.extend_from_slice(&[0u8; FILTER_V3_HEADER_BYTES]);
+        out.copy_within(0..len, FILTER_V3_HEADER_BYTES);
+        out[0..4].copy_from_slice(&index_crc.to_le_bytes());
+        out[4..12].copy_from_slice(&self.bits.to_le_bytes());
         out
     }
 
     /// False only if `key` is certainly not among the keys it was built
     /// of; an empty filter holds no key.
     pub fn may_contain(&self, key: u128) -> bool {
-        let bits = self.bytes.len() as u64 * 8;
-        bits > 0
-            && probes(key_hash(key), bits)
-                .all(|b| self.bytes[(b / 8) as usize] & (1 << (b % 8)) != 0)
+        self.bits > 0 && probes(key_hash(key), self.bits).all(|b| self.is_set(b))
     }
 
     /// Memory the filter takes.
     pub fn heap_bytes(&self) -> usize {
         self.bytes.capacity()
     }
+}
+
+/// Checks that a filter header's first 4 bytes name `index_crc`.
+fn check_index_crc(header: &[u8], index_crc: u32) -> Result<(), String> {
+    let named = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+    if named != index_crc {
+        return Err(format!(
+            "the filter is of an index with CRC {named:#010x}, this file's has \
+             {index_crc:#010x}: a filter of another file"
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -12,13 +12,16 @@
 //! index (at index_offset), stored like a block, of the payload
 //!   block_count x (first_key u128 | offset u64 | len u32) | last_key u128
 //!   (empty, with no last_key, when the file holds no block)
-//! filter (version 2 only; at index_offset + index_len), stored like a
-//!   block, of the payload: index_crc u32 (the crc32c ending the stored
-//!   index) | the Bloom filter's bits, ceil(entry_count x 10 / 8) bytes
-//!   (`bloom`)
+//! filter (versions 2 and 3; at index_offset + index_len, up to the
+//!   footer), stored like a block, of the payload (`bloom`):
+//!   version 3: index_crc u32 (the crc32c ending the stored index) |
+//!     bits u64 (entry_count x 10 to entry_count x 40) | ceil(bits / 8)
+//!     bytes of the Bloom filter's bits, unused high bits of the last zero
+//!   version 2: index_crc u32 | ceil(entry_count x 10 / 8) bytes of bits
 //! footer (FOOTER_BYTES, the last bytes of the file)
 //!   0   8  magic "CUBERUNF"
-//!   8   4  version: 2 (1: a file written before filters, still read)
+//!   8   4  version: 3 (1: a file written before filters, 2: a filter
+//!           sized by entry_count; both still read)
 //!   12  4  flags: 0 plain, 2 authenticated, 3 sealed (and authenticated)
 //!   16  8  file_id
 //!   24  8  ns_id
@@ -28,8 +31,10 @@
 //!   56  8  index_offset
 //!   64  8  index_len (as stored)
 //!   72  32 mac: HMAC-SHA256(integrity key, "cube run file v1" | dir_id |
-//!           index as stored | filter as stored (none in version 1) |
-//!           footer bytes 0..72); zeros when plain
+//!           index as stored | the filter's part (version 1: none;
+//!           version 2: the filter as stored; version 3: the filter's
+//!           stored trailer, its MAC or tag and CRC, [`filter_trailer_bytes`])
+//!           | footer bytes 0..72); zeros when plain
 //!   104 4  crc32c of footer bytes 0..104
 //! ```
 //! Integers are little-endian. The crc32c of a block or of the index
@@ -41,12 +46,18 @@
 
 use byteorder::{ByteOrder, LittleEndian};
 
-use super::bloom::filter_bytes;
+use super::bloom::{
+    BITS_PER_KEY, MAX_OVERSIZE, filter_bytes, max_bits, min_bits, v3_payload_bytes,
+};
 use crate::crypto::{DIR_ID_BYTES, Keyring, MAC_BYTES, TAG_BYTES, tags_equal};
 
 pub const MAGIC: &[u8; 8] = b"CUBERUNF";
-/// Bumped on any change to this layout. What this build writes.
-pub const FORMAT_VERSION: u32 = 2;
+/// Bumped on any change to this layout. What this build writes: a filter
+/// whose size its header records (sized before the entries are known).
+pub const FORMAT_VERSION: u32 = 3;
+/// The version of files whose filter's size follows from the entry count
+/// alone; still read.
+pub const FORMAT_VERSION_FIXED_FILTER: u32 = 2;
 /// The version of files written before Bloom filters: no filter piece;
 /// still read (every lookup reads its block).
 pub const FORMAT_VERSION_NO_FILTER: u32 = 1;
@@ -167,6 +178,10 @@ pub struct Footer {
     pub index_offset: u64,
     pub index_len: u64,
     pub mac: [u8; MAC_BYTES],
+    /// Not a field of the footer: the bytes between the index and the
+    /// footer, the filter as stored, which [`Footer::decode`] checked
+    /// against the version and the entry count.
+    pub filter_stored_len: u64,
 }
 
 impl Footer {
@@ -209,17 +224,17 @@ impl Footer {
             return Err("footer checksum mismatch".into());
         }
         let version = LittleEndian::read_u32(&f[8..12]);
-        if version != FORMAT_VERSION && version != FORMAT_VERSION_NO_FILTER {
+        if !(FORMAT_VERSION_NO_FILTER..=FORMAT_VERSION).contains(&version) {
             return Err(format!(
                 "run file format version {version} is not supported (this build reads \
-                 {FORMAT_VERSION_NO_FILTER} and {FORMAT_VERSION})"
+                 {FORMAT_VERSION_NO_FILTER} to {FORMAT_VERSION})"
             ));
         }
         let flags = LittleEndian::read_u32(&f[12..16]);
         let mode = Mode::from_flags(flags).ok_or_else(|| format!("unknown flags {flags:#x}"))?;
         let mut mac = [0u8; MAC_BYTES];
         mac.copy_from_slice(&f[72..104]);
-        let footer = Footer {
+        let mut footer = Footer {
             version,
             mode,
             file_id: LittleEndian::read_u64(&f[16..24]),
@@ -230,12 +245,13 @@ impl Footer {
             index_offset: LittleEndian::read_u64(&f[56..64]),
             index_len: LittleEndian::read_u64(&f[64..72]),
             mac,
+            filter_stored_len: 0,
         };
         footer.check(file_len)?;
         Ok(footer)
     }
 
-    fn check(&self, file_len: u64) -> Result<(), String> {
+    fn check(&mut self, file_len: u64) -> Result<(), String> {
         if self.mode == Mode::Plain && self.mac != [0u8; MAC_BYTES] {
             return Err("a plain run file with a nonzero MAC field".into());
         }
@@ -247,24 +263,19 @@ impl Footer {
                 self.entry_count, self.index_offset
             ));
         }
-        let filter_len = self.filter_len().ok_or_else(|| {
-            format!(
-                "a filter for {} entries overflows the file",
-                self.entry_count
-            )
-        })?;
-        let end = self
+        let gap = self
             .index_offset
             .checked_add(self.index_len)
-            .and_then(|e| e.checked_add(filter_len))
-            .and_then(|e| e.checked_add(FOOTER_BYTES as u64));
-        if end != Some(file_len) {
+            .and_then(|e| e.checked_add(FOOTER_BYTES as u64))
+            .and_then(|e| file_len.checked_sub(e));
+        let Some(gap) = gap else {
             return Err(format!(
-                "index at {} of {} bytes, a filter of {filter_len} bytes (for {} entries) and \
-                 the footer do not end the {file_len}-byte file",
-                self.index_offset, self.index_len, self.entry_count
+                "index at {} of {} bytes and the footer do not fit in the {file_len}-byte file",
+                self.index_offset, self.index_len
             ));
-        }
+        };
+        self.check_filter_len(gap)?;
+        self.filter_stored_len = gap;
         let expected = index_stored_len(self.mode, self.block_count);
         if expected != Some(self.index_len) {
             return Err(format!(
@@ -299,12 +310,82 @@ impl Footer {
     }
 
     /// The filter's stored length (0 in a version-1 file, which has
-    /// none); `None` on overflow. Follows from the entry count alone.
+    /// none).
     pub fn filter_len(&self) -> Option<u64> {
-        if self.version == FORMAT_VERSION_NO_FILTER {
-            return Some(0);
+        Some(self.filter_stored_len)
+    }
+
+    /// Checks that `gap` bytes between the index and the footer are a
+    /// filter this version stores for this many entries: none (version 1),
+    /// exactly [`filter_bytes`] (version 2), or from [`min_bits`] to
+    /// [`max_bits`] bits and its header (version 3; the header's own bit
+    /// count is checked against its length when the filter is read).
+    fn check_filter_len(&self, gap: u64) -> Result<(), String> {
+        let overhead = self.mode.overhead_bytes() as u64;
+        let stored = |payload: Option<u64>| payload.and_then(|p| p.checked_add(overhead));
+        let (lo, hi) = match self.version {
+            FORMAT_VERSION_NO_FILTER => (Some(0), Some(0)),
+            FORMAT_VERSION_FIXED_FILTER => {
+                let want = stored(filter_bytes(self.entry_count));
+                (want, want)
+            }
+            _ => (
+                stored(min_bits(self.entry_count).and_then(v3_payload_bytes)),
+                stored(max_bits(self.entry_count).and_then(v3_payload_bytes)),
+            ),
+        };
+        let (Some(lo), Some(hi)) = (lo, hi) else {
+            return Err(format!(
+                "a filter for {} entries overflows the file",
+                self.entry_count
+            ));
+        };
+        if (lo..=hi).contains(&gap) {
+            return Ok(());
         }
-        filter_bytes(self.entry_count)?.checked_add(self.mode.overhead_bytes() as u64)
+        let want = if lo == hi {
+            format!("{lo}")
+        } else {
+            format!(
+                "{lo} to {hi}: {BITS_PER_KEY} to {} bits a key",
+                BITS_PER_KEY * MAX_OVERSIZE
+            )
+        };
+        Err(format!(
+            "a filter of {gap} bytes between the index (at {} of {} bytes) and the footer, \
+             for {} entries in format version {} (expected {want})",
+            self.index_offset, self.index_len, self.entry_count, self.version
+        ))
+    }
+
+    /// What of the stored filter the file MAC covers: all of it in a
+    /// version-2 file; in a version-3 file its trailer alone (the MAC or
+    /// tag that covers its payload, and its CRC), so that a reader checks
+    /// the file MAC without reading the filter, and the filter, read later,
+    /// must end with that trailer.
+    pub fn mac_filter_part<'f>(&self, filter_stored: &'f [u8]) -> &'f [u8] {
+        if self.version == FORMAT_VERSION_FIXED_FILTER {
+            return filter_stored;
+        }
+        let trailer = filter_trailer_bytes(self.mode).min(filter_stored.len());
+        &filter_stored[filter_stored.len() - trailer..]
+    }
+
+    /// True if the open checks (the file MAC) need the whole filter: a
+    /// protected version-2 file. Otherwise the filter can be read later.
+    pub fn mac_needs_filter(&self) -> bool {
+        self.version == FORMAT_VERSION_FIXED_FILTER && self.mode != Mode::Plain
+    }
+}
+
+/// The last bytes of a stored version-3 filter that the file MAC covers:
+/// what stands for its payload (the piece's MAC, or its AES-GCM tag) and
+/// its CRC; the CRC alone in a plain file, which has no file MAC.
+pub fn filter_trailer_bytes(mode: Mode) -> usize {
+    match mode {
+        Mode::Plain => CRC_BYTES,
+        Mode::Authenticated => MAC_BYTES + CRC_BYTES,
+        Mode::Sealed => TAG_BYTES + CRC_BYTES,
     }
 }
 
@@ -703,8 +784,9 @@ impl Pieces<'_> {
     }
 }
 
-/// The MAC of a file's index, filter (empty in a version-1 file) and
-/// footer fields.
+/// The MAC of a file's index, the part of its filter the MAC covers
+/// ([`Footer::mac_filter_part`]; empty in a version-1 file) and its footer
+/// fields.
 pub fn file_mac(
     keyring: &Keyring,
     dir_id: &[u8; DIR_ID_BYTES],

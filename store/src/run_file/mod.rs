@@ -13,7 +13,8 @@
 //! - [`RunFileWriter`] streams sorted entries into a new file (under a
 //!   temporary name; synced, renamed into place, directory synced).
 //! - [`RunFileReader`] opens a file by reading only its footer, index and
-//!   filter; a point read is one index probe, one filter probe and at most
+//!   filter (the daemon's open leaves the filter to a background thread,
+//!   [`filter_load`]); a point read is one index probe, one filter probe and at most
 //!   one block read (`pread`), none when the filter rules the key out;
 //!   a range streams blocks in key order with a bounded read-ahead.
 //! - [`Merge`] merges sorted sources (a memtable, run files), the newest
@@ -29,6 +30,7 @@
 
 mod block_cache;
 pub mod bloom;
+mod filter_load;
 pub mod format;
 mod merge;
 mod reader;
@@ -41,8 +43,8 @@ use std::sync::Arc;
 
 pub use block_cache::{BlockCache, CacheStats};
 pub use format::{
-    DecodedBlock, FOOTER_BYTES, FORMAT_VERSION, FORMAT_VERSION_NO_FILTER, MAX_BLOCK_BYTES,
-    MAX_VALUE_BYTES, TARGET_BLOCK_BYTES,
+    DecodedBlock, FOOTER_BYTES, FORMAT_VERSION, FORMAT_VERSION_FIXED_FILTER,
+    FORMAT_VERSION_NO_FILTER, MAX_BLOCK_BYTES, MAX_VALUE_BYTES, TARGET_BLOCK_BYTES,
 };
 pub use merge::{Entry, Merge, Source, write_all};
 pub use reader::{BlockSource, RunFileRange, RunFileReader};

@@ -2,8 +2,17 @@
 //! filter alone, read block by block through the shared [`BlockCache`].
 //!
 //! A point read is one probe of the in-memory fence keys, one of the
-//! in-memory Bloom filter (version-2 files) and at most one `pread` of one
-//! block: none when the filter says the file lacks the key. A range
+//! in-memory Bloom filter (version 2 and 3 files) and at most one `pread`
+//! of one block: none when the filter says the file lacks the key.
+//!
+//! [`RunFileReader::open`] reads and checks the filter before it returns.
+//! [`RunFileReader::open_serving`], the daemon's, reads only the footer
+//! and the index (and, in a protected version-3 file, the filter's few
+//! trailing bytes that the file MAC covers), and leaves the filter to a
+//! background thread ([`filter_load`]): until it is loaded, lookups read
+//! as in a file without a filter (right answers, a block read for an
+//! absent key). A filter that fails its checks then is not used, and said
+//! once on stderr; `verify` reports it. A range
 //! ([`RunFileRange`]) walks blocks in key order and reads ahead at most
 //! [`READ_AHEAD_BLOCKS`] blocks (and [`READ_AHEAD_BYTES`]) at a time, in one `pread` per run of blocks the
 //! cache lacks, so a scan of a large box never holds more than that window;
@@ -25,8 +34,10 @@ use crate::storage::{OpenMode, Storage, StorageFile};
 
 use super::block_cache::{BlockCache, next_cache_id};
 use super::bloom::BloomFilter;
+use super::filter_load::{FilterSlot, queue_filter_load};
 use super::format::{
-    BlockIndex, DecodedBlock, FOOTER_BYTES, Footer, Identity, Mode, Piece, Pieces, file_mac,
+    BlockIndex, DecodedBlock, FOOTER_BYTES, FORMAT_VERSION_NO_FILTER, Footer, Identity, Mode,
+    Piece, Pieces, file_mac, filter_trailer_bytes,
 };
 use super::{Protection, RunFileError, Slot};
 
@@ -88,11 +99,12 @@ impl BlockSource for LockedFile {
 /// One open run file. `Send + Sync`: share it behind an `Arc`.
 pub struct RunFileReader {
     path: PathBuf,
-    source: Box<dyn BlockSource>,
+    source: Arc<dyn BlockSource>,
     footer: Footer,
     index: BlockIndex,
-    /// `None` for a version-1 file: every key may be in it.
-    filter: Option<BloomFilter>,
+    /// `None` for a version-1 file: every key may be in it. Shared with
+    /// the background loader of a file opened for serving.
+    filter: Option<Arc<FilterSlot>>,
     id: Identity,
     keyring: Option<Arc<Keyring>>,
     cache: Arc<BlockCache>,
@@ -116,13 +128,7 @@ impl RunFileReader {
         protection: &Protection,
         cache: Arc<BlockCache>,
     ) -> Result<RunFileReader, RunFileError> {
-        let file =
-            crate::private_files::open_private_file(path, OpenOptions::new().read(true), false)
-                .map_err(|source| RunFileError::Io {
-                    path: path.to_path_buf(),
-                    offset: 0,
-                    source,
-                })?;
+        let file = open_private(path)?;
         RunFileReader::open_source(Box::new(file), path, protection, cache)
     }
 
@@ -147,6 +153,29 @@ impl RunFileReader {
         RunFileReader::open_source(Box::new(source), path, protection, cache)
     }
 
+    /// Opens a file through `storage` for the daemon to serve from: as
+    /// [`RunFileReader::open_storage`], but the Bloom filter is read by a
+    /// background thread afterwards (see the module doc), so that a
+    /// restart serves without waiting for every filter. A simulated disk's
+    /// file is opened as [`RunFileReader::open_storage`] does (its faults
+    /// and order stay those of the test's thread).
+    pub fn open_serving(
+        storage: &dyn Storage,
+        path: &Path,
+        protection: &Protection,
+        cache: Arc<BlockCache>,
+    ) -> Result<RunFileReader, RunFileError> {
+        if !storage.is_real() {
+            return RunFileReader::open_storage(storage, path, protection, cache);
+        }
+        let file = open_private(path)?;
+        let reader = RunFileReader::open_source_lazy(Box::new(file), path, protection, cache)?;
+        if let Some(slot) = &reader.filter {
+            queue_filter_load(slot, &reader.source);
+        }
+        Ok(reader)
+    }
+
     /// Opens the run file `source` holds; `path` names it in errors. Reads
     /// the footer, then the index and filter (one read), only.
     pub fn open_source(
@@ -154,6 +183,31 @@ impl RunFileReader {
         path: &Path,
         protection: &Protection,
         cache: Arc<BlockCache>,
+    ) -> Result<RunFileReader, RunFileError> {
+        RunFileReader::open_with(source.into(), path, protection, cache, true)
+    }
+
+    /// Opens the run file `source` holds without its Bloom filter, which
+    /// [`RunFileReader::load_filter`] reads later (a protected version-2
+    /// file's is read now: its file MAC covers it). Until then every
+    /// lookup reads its block.
+    pub fn open_source_lazy(
+        source: Box<dyn BlockSource>,
+        path: &Path,
+        protection: &Protection,
+        cache: Arc<BlockCache>,
+    ) -> Result<RunFileReader, RunFileError> {
+        RunFileReader::open_with(source.into(), path, protection, cache, false)
+    }
+
+    /// Reads and checks the footer and the index, and with `eager_filter`
+    /// (or when the file MAC needs it) the filter.
+    fn open_with(
+        source: Arc<dyn BlockSource>,
+        path: &Path,
+        protection: &Protection,
+        cache: Arc<BlockCache>,
+        eager_filter: bool,
     ) -> Result<RunFileReader, RunFileError> {
         let (mode, keyring, dir_id) = protection.parts();
         let io = |offset, source| RunFileError::Io {
@@ -181,15 +235,35 @@ impl RunFileReader {
         };
         // The footer bounded the index and the filter, which it checked
         // end where it starts, by the file's size.
-        let mut stored = vec![0u8; (footer_at - footer.index_offset) as usize];
+        let eager_filter = eager_filter || footer.mac_needs_filter();
+        let read_end = if eager_filter {
+            footer_at
+        } else {
+            footer.filter_offset()
+        };
+        let mut stored = vec![0u8; (read_end - footer.index_offset) as usize];
         source
             .read_exact_at(&mut stored, footer.index_offset)
             .map_err(|e| io(footer.index_offset, e))?;
         let filter_stored = stored.split_off(footer.index_len as usize);
         let index_crc = super::format::stored_crc(&stored);
+        // What of the filter the file MAC covers, read now if the filter
+        // is not (a version-3 file's trailer, a few bytes before the footer).
+        let mut trailer = None;
+        if keyring.is_some() && !eager_filter {
+            let len = filter_trailer_bytes(footer.mode).min(footer.filter_stored_len as usize);
+            let mut tail = vec![0u8; len];
+            let at = footer_at - len as u64;
+            source.read_exact_at(&mut tail, at).map_err(|e| io(at, e))?;
+            trailer = Some(tail);
+        }
         if let Some(k) = keyring {
             let fields = footer.encode_fields();
-            let mac = file_mac(k, &dir_id, &stored, &filter_stored, &fields)
+            let covered = match &trailer {
+                Some(tail) => tail.as_slice(),
+                None => footer.mac_filter_part(&filter_stored),
+            };
+            let mac = file_mac(k, &dir_id, &stored, covered, &fields)
                 .map_err(|reason| key_error(path, reason))?;
             if !tags_equal(&mac, &footer.mac) {
                 return Err(corrupt(
@@ -210,8 +284,19 @@ impl RunFileReader {
             .map_err(|r| corrupt(footer.index_offset, format!("block index: {r}")))?;
         let index = BlockIndex::decode(&payload, &footer)
             .map_err(|r| corrupt(footer.index_offset, format!("block index: {r}")))?;
-        let filter = open_filter(&pieces, &footer, filter_stored, index_crc)
-            .map_err(|r| corrupt(footer.filter_offset(), format!("Bloom filter: {r}")))?;
+        let filter = (footer.version != FORMAT_VERSION_NO_FILTER).then(|| {
+            Arc::new(FilterSlot::new(
+                path,
+                footer,
+                id,
+                keyring.cloned(),
+                index_crc,
+                trailer,
+            ))
+        });
+        if let Some(slot) = filter.as_ref().filter(|_| eager_filter) {
+            slot.load_stored(filter_stored)?;
+        }
         Ok(RunFileReader {
             path: path.to_path_buf(),
             source,
@@ -302,19 +387,45 @@ impl RunFileReader {
         Some((first, self.index.last_key))
     }
 
-    /// Memory this reader keeps while open (its index and filter), besides
-    /// the cache.
+    /// Memory this reader keeps while open (its index and filter, once
+    /// loaded), besides the cache.
     pub fn resident_bytes(&self) -> usize {
         std::mem::size_of::<RunFileReader>()
             + self.index.heap_bytes()
-            + self.filter.as_ref().map_or(0, BloomFilter::heap_bytes)
+            + self
+                .filter
+                .as_ref()
+                .and_then(|slot| slot.loaded())
+                .map_or(0, BloomFilter::heap_bytes)
     }
 
     /// False only if the file certainly does not hold `key` (its Bloom
     /// filter rules it out); always true for a version-1 file, which has
-    /// no filter. Costs no read.
+    /// no filter, and for a file whose filter is not loaded (yet, or at
+    /// all: it failed its checks). Costs no read.
     pub fn may_contain(&self, key: u128) -> bool {
-        self.filter.as_ref().is_none_or(|f| f.may_contain(key))
+        self.filter
+            .as_ref()
+            .and_then(|slot| slot.loaded())
+            .is_none_or(|f| f.may_contain(key))
+    }
+
+    /// Reads and checks the Bloom filter now, if no one has (a file opened
+    /// for serving loads it in the background). Its error, the same each
+    /// call, if it fails its checks: the file is then read without it.
+    pub fn load_filter(&self) -> Result<(), RunFileError> {
+        match &self.filter {
+            Some(slot) => slot.load(self.source.as_ref()),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the filter is in use: loaded and checked (or the file has
+    /// none to load).
+    pub fn filter_loaded(&self) -> bool {
+        self.filter
+            .as_ref()
+            .is_none_or(|slot| slot.loaded().is_some())
     }
 
     /// The block that may hold `key`: none if the key is outside the
@@ -434,6 +545,9 @@ impl RunFileReader {
     /// that damage, not chance).
     pub fn verify(&self) -> Vec<RunFileError> {
         let mut problems = Vec::new();
+        if let Err(e) = self.load_filter() {
+            problems.push(e);
+        }
         let (mut entries, mut tombstones) = (0u64, 0u64);
         let mut unfiltered = None;
         for i in 0..self.index.len() {
@@ -489,15 +603,8 @@ impl RunFileReader {
     }
 
     fn read_block(&self, i: usize) -> Result<DecodedBlock, RunFileError> {
-        let offset = self.index.offsets[i];
-        let mut stored = vec![0u8; self.index.lens[i] as usize];
-        self.source
-            .read_exact_at(&mut stored, offset)
-            .map_err(|source| RunFileError::Io {
-                path: self.path.clone(),
-                offset,
-                source,
-            })?;
+        let (offset, len) = (self.index.offsets[i], self.index.lens[i] as usize);
+        let stored = read_piece(self.source.as_ref(), &self.path, offset, len)?;
         self.decode_block(i, stored)
     }
 
@@ -544,19 +651,35 @@ impl RunFileReader {
     }
 }
 
-/// Checks and decodes the filter a version-2 file stores after its index;
-/// `None` for a version-1 file (whose footer said its filter is empty).
-fn open_filter(
-    pieces: &Pieces<'_>,
-    footer: &Footer,
-    stored: Vec<u8>,
-    index_crc: u32,
-) -> Result<Option<BloomFilter>, String> {
-    if footer.version == super::format::FORMAT_VERSION_NO_FILTER {
-        return Ok(None);
-    }
-    let payload = pieces.open(Piece::Filter, footer.filter_offset(), stored)?;
-    BloomFilter::decode(payload, footer.entry_count, index_crc).map(Some)
+/// The `len` bytes of `source` at `offset` (a block, a filter); an I/O
+/// error names `path` and the offset.
+pub(super) fn read_piece(
+    source: &dyn BlockSource,
+    path: &Path,
+    offset: u64,
+    len: usize,
+) -> Result<Vec<u8>, RunFileError> {
+    let mut stored = vec![0u8; len];
+    source
+        .read_exact_at(&mut stored, offset)
+        .map_err(|source| RunFileError::Io {
+            path: path.to_path_buf(),
+            offset,
+            source,
+        })?;
+    Ok(stored)
+}
+
+/// Opens a file of the real file system for reading, privately (no
+/// symbolic link followed, owned by the daemon's user).
+fn open_private(path: &Path) -> Result<File, RunFileError> {
+    crate::private_files::open_private_file(path, OpenOptions::new().read(true), false).map_err(
+        |source| RunFileError::Io {
+            path: path.to_path_buf(),
+            offset: 0,
+            source,
+        },
+    )
 }
 
 fn key_error(path: &Path, reason: String) -> RunFileError {

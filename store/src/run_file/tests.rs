@@ -14,6 +14,8 @@ use crate::sim_disk::{FaultPlan, SimDisk};
 use crate::storage::{RealDisk, Storage};
 
 mod filter;
+mod lazy;
+mod writer_memory;
 
 type Model = BTreeMap<u128, Option<Vec<u8>>>;
 type Entries = Vec<(u128, Option<Vec<u8>>)>;
@@ -97,7 +99,7 @@ fn write(
     mode: Mode,
     block_bytes: usize,
 ) -> RunSummary {
-    let mut w = RunFileWriter::create(storage, path, 17, 5, &protection(mode))
+    let mut w = RunFileWriter::create(storage, path, 17, 5, &protection(mode), model.len() as u64)
         .unwrap()
         .with_target_block_bytes(block_bytes);
     for (k, v) in model {
@@ -541,7 +543,7 @@ fn the_writer_refuses_keys_out_of_order_and_makes_a_private_file() {
     use std::os::unix::fs::PermissionsExt;
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join("r");
-    let mut w = RunFileWriter::create(&RealDisk, &path, 1, 1, &Protection::Plain).unwrap();
+    let mut w = RunFileWriter::create(&RealDisk, &path, 1, 1, &Protection::Plain, 3).unwrap();
     w.push(5, Some(b"a")).unwrap();
     for key in [5, 4] {
         let e = w.push(key, Some(b"b")).unwrap_err();
@@ -708,9 +710,11 @@ fn merging_a_memtable_and_runs_matches_the_layers() {
             ];
             let merged = Merge::new(sources, drop_tombstones).unwrap();
             let out = tmp.path().join(format!("out-{seed}-{drop_tombstones}"));
-            let writer = RunFileWriter::create(&RealDisk, &out, 100 + seed, 5, &protection(mode))
-                .unwrap()
-                .with_target_block_bytes(256);
+            let expected = (memtable.len() + newer.len() + older.len()) as u64;
+            let writer =
+                RunFileWriter::create(&RealDisk, &out, 100 + seed, 5, &protection(mode), expected)
+                    .unwrap()
+                    .with_target_block_bytes(256);
             let summary = write_all(writer, merged).unwrap();
             let want = layered(
                 &[memtable.clone(), newer.clone(), older.clone()],
@@ -746,7 +750,7 @@ fn a_failing_source_ends_the_merge_and_writes_no_file() {
     );
     let merged = Merge::new(vec![failing], false).unwrap();
     let out = tmp.path().join("out");
-    let writer = RunFileWriter::create(&RealDisk, &out, 1, 1, &Protection::Plain).unwrap();
+    let writer = RunFileWriter::create(&RealDisk, &out, 1, 1, &Protection::Plain, 1 << 20).unwrap();
     let e = write_all(writer, merged).unwrap_err();
     assert!(matches!(e, RunFileError::Io { offset: 4096, .. }), "{e}");
     assert!(!out.exists());
@@ -820,7 +824,7 @@ fn a_power_cut_keeps_a_finished_file_and_never_a_partial_one() {
     let path = PathBuf::from("/sim/runs/000003.run");
     let mut rng = Rng(8);
     let model = random_model(&mut rng, 300);
-    let mut w = RunFileWriter::create(&disk, &path, 3, 5, &Protection::Plain)
+    let mut w = RunFileWriter::create(&disk, &path, 3, 5, &Protection::Plain, 300)
         .unwrap()
         .with_target_block_bytes(256);
     for (k, v) in &model {

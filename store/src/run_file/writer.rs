@@ -8,9 +8,15 @@
 //! sealed file's plaintext never reaches the file: each block is sealed
 //! in memory before it is queued.
 //!
-//! The Bloom filter is built at [`RunFileWriter::finish`], when the entry
-//! count that sizes it is known: until then the writer keeps one 64-bit
-//! hash per entry ([`key_hash`], 8 bytes an entry), not the keys.
+//! The Bloom filter (format version 3) is sized when the writer is
+//! created, from the entry count its caller expects (an upper bound: a
+//! fold knows its count, a merge the sum of its inputs'), and filled as
+//! entries are pushed: the writer holds [`BITS_PER_KEY`] bits (1.25 bytes)
+//! per expected entry and nothing per entry besides, where version 2's
+//! writer kept each entry's 8-byte hash until the end. More entries than
+//! expected are refused (the filter would have fewer bits a key than a
+//! reader accepts); far fewer, and [`RunFileWriter::finish`] folds the
+//! filter to a size a reader accepts ([`BloomFilter::fold`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,7 +24,7 @@ use std::sync::Arc;
 use crate::crypto::{Keyring, MAC_BYTES};
 use crate::storage::{OpenMode, Storage, StorageFile};
 
-use super::bloom::{BloomFilter, key_hash};
+use super::bloom::{BITS_PER_KEY, BloomFilter, MAX_OVERSIZE, key_hash, max_bits, min_bits};
 use super::format::{
     BlockIndex, FORMAT_VERSION, FORMAT_VERSION_NO_FILTER, Footer, Identity, IndexEntry,
     MAX_VALUE_BYTES, Mode, Piece, Pieces, finish_payload, push_entry, start_payload,
@@ -58,8 +64,11 @@ pub struct RunFileWriter<'a> {
     pending: Vec<u8>,
     written: u64,
     index: Vec<IndexEntry>,
-    /// Each entry's [`key_hash`], for the filter.
-    hashes: Vec<u64>,
+    /// The filter, sized for `expected_entries` and filled by `push`;
+    /// `None` when writing version 1.
+    filter: Option<BloomFilter>,
+    /// At most this many entries are pushed (the filter is sized for them).
+    expected_entries: u64,
     /// [`FORMAT_VERSION`], or [`FORMAT_VERSION_NO_FILTER`] (no filter).
     version: u32,
     last_key: Option<u128>,
@@ -68,16 +77,22 @@ pub struct RunFileWriter<'a> {
 }
 
 impl<'a> RunFileWriter<'a> {
-    /// Creates `path.tmp` (emptying a stale one a crash left). `file_id`
-    /// must be unique in the data dir and never reused: it is in every
-    /// block's associated data.
+    /// Creates `path.tmp` (emptying a stale one a crash left) for at most
+    /// `expected_entries` entries (tombstones too), which size the Bloom
+    /// filter now. `file_id` must be unique in the data dir and never
+    /// reused: it is in every block's associated data.
     pub fn create(
         storage: &'a dyn Storage,
         path: &Path,
         file_id: u64,
         ns_id: u64,
         protection: &Protection,
+        expected_entries: u64,
     ) -> Result<RunFileWriter<'a>, RunFileError> {
+        let bits = min_bits(expected_entries).ok_or_else(|| RunFileError::Refused {
+            path: path.to_path_buf(),
+            reason: format!("a filter for {expected_entries} entries overflows"),
+        })?;
         let (mode, keyring, dir_id) = protection.parts();
         let keyring = keyring.cloned();
         let mut tmp = path.as_os_str().to_owned();
@@ -111,7 +126,8 @@ impl<'a> RunFileWriter<'a> {
             pending: Vec::with_capacity(IO_CHUNK_BYTES + TARGET_BLOCK_BYTES * 2),
             written: 0,
             index: Vec::new(),
-            hashes: Vec::new(),
+            filter: Some(BloomFilter::with_bits(bits)),
+            expected_entries,
             version: FORMAT_VERSION,
             last_key: None,
             entries: 0,
@@ -131,6 +147,7 @@ impl<'a> RunFileWriter<'a> {
     /// files.
     pub fn without_filter(mut self) -> RunFileWriter<'a> {
         self.version = FORMAT_VERSION_NO_FILTER;
+        self.filter = None;
         self
     }
 
@@ -139,6 +156,13 @@ impl<'a> RunFileWriter<'a> {
     pub fn push(&mut self, key: u128, value: Option<&[u8]>) -> Result<(), RunFileError> {
         if self.last_key.is_some_and(|last| last >= key) {
             return Err(self.refused(format!("key {key:#x} is not above the previous key")));
+        }
+        if self.entries == self.expected_entries {
+            return Err(self.refused(format!(
+                "more entries than the {} the writer was created for (its Bloom filter is \
+                 sized for them: a bug in the caller's count)",
+                self.expected_entries
+            )));
         }
         if let Some(v) = value.filter(|v| v.len() > MAX_VALUE_BYTES) {
             return Err(self.refused(format!(
@@ -150,8 +174,8 @@ impl<'a> RunFileWriter<'a> {
             self.payload_first = key;
         }
         push_entry(&mut self.payload, key, value);
-        if self.version != FORMAT_VERSION_NO_FILTER {
-            self.hashes.push(key_hash(key));
+        if let Some(filter) = &mut self.filter {
+            filter.insert(key_hash(key));
         }
         self.payload_entries += 1;
         self.entries += 1;
@@ -229,11 +253,17 @@ impl<'a> RunFileWriter<'a> {
         index_offset: u64,
         index_stored: &[u8],
     ) -> Result<Vec<u8>, RunFileError> {
-        if self.version == FORMAT_VERSION_NO_FILTER {
+        let Some(mut filter) = self.filter.take() else {
             return Ok(Vec::new());
+        };
+        // Far fewer entries than expected (a merge that dropped most of
+        // its tombstones): fold the filter to twice what they need, within
+        // what a reader accepts.
+        if max_bits(self.entries).is_some_and(|max| filter.bits() > max) {
+            let bits = self.entries * BITS_PER_KEY * (MAX_OVERSIZE / 2);
+            filter = filter.fold(bits);
         }
         let filter_offset = index_offset + index_stored.len() as u64;
-        let filter = BloomFilter::build(&std::mem::take(&mut self.hashes));
         let index_crc = super::format::stored_crc(index_stored);
         self.store(Piece::Filter, filter_offset, filter.encode(index_crc))
     }
@@ -259,6 +289,7 @@ impl<'a> RunFileWriter<'a> {
             index_offset,
             index_len: index_stored.len() as u64,
             mac: [0u8; MAC_BYTES],
+            filter_stored_len: filter_stored.len() as u64,
         };
         let mac = match self.keyring.as_deref().filter(|_| self.mode != Mode::Plain) {
             Some(k) => {
@@ -267,7 +298,7 @@ impl<'a> RunFileWriter<'a> {
                     k,
                     &self.id.dir_id,
                     &index_stored,
-                    &filter_stored,
+                    footer.mac_filter_part(&filter_stored),
                     &fields,
                 )
                 .map_err(|reason| RunFileError::Key {
@@ -280,8 +311,12 @@ impl<'a> RunFileWriter<'a> {
             None => None,
         };
         self.pending.extend_from_slice(&index_stored);
-        self.pending.extend_from_slice(&filter_stored);
-        self.pending.extend_from_slice(&footer.encode());
+        self.write_pending()?;
+        // The filter from its own buffer: a copy into `pending` would hold
+        // it twice.
+        self.pending = filter_stored;
+        self.write_pending()?;
+        self.pending = footer.encode().to_vec();
         self.write_pending()?;
         let io = |path: &Path, source| RunFileError::Io {
             path: path.to_path_buf(),

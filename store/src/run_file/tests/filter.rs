@@ -6,7 +6,9 @@
 use proptest::prelude::*;
 
 use super::super::bloom::{BloomFilter, key_hash};
-use super::super::format::{CRC_BYTES, FORMAT_VERSION_NO_FILTER, Footer};
+use super::super::format::{
+    CRC_BYTES, FORMAT_VERSION_FIXED_FILTER, FORMAT_VERSION_NO_FILTER, Footer, filter_trailer_bytes,
+};
 use super::*;
 
 /// The version-1 files under `testdata/`, written by the writer of the
@@ -32,10 +34,18 @@ fn block_lookups(cache: &BlockCache) -> u64 {
     stats.hits + stats.misses
 }
 
+/// The filter of `keys` at 10 bits a key.
+fn build(keys: &[u128]) -> BloomFilter {
+    let mut filter = BloomFilter::with_bits(keys.len() as u64 * 10);
+    for k in keys {
+        filter.insert(key_hash(*k));
+    }
+    filter
+}
+
 /// False positives among `absent` keys of a filter of `present` keys.
 fn false_positives(present: &[u128], absent: impl Iterator<Item = u128>) -> usize {
-    let hashes: Vec<u64> = present.iter().map(|k| key_hash(*k)).collect();
-    let filter = BloomFilter::build(&hashes);
+    let filter = build(present);
     absent.filter(|k| filter.may_contain(*k)).count()
 }
 
@@ -80,8 +90,7 @@ fn the_filter_has_no_false_negatives_and_few_false_positives() {
         assert!((500..1_110).contains(&fp), "{what}: {fp} false positives");
     }
     for keys in [&in_a_row, &random, &clustered] {
-        let hashes: Vec<u64> = keys.iter().map(|k| key_hash(*k)).collect();
-        let filter = BloomFilter::build(&hashes);
+        let filter = build(keys);
         assert!(keys.iter().all(|k| filter.may_contain(*k)));
     }
 }
@@ -210,6 +219,53 @@ fn version_1_files_open_and_read() {
     }
 }
 
+/// The version-2 files under `testdata/` (a filter sized by the entry
+/// count alone), written by the writer of the build before version 3 as
+/// the version-1 ones were: they open, eagerly and lazily, and answer
+/// every read, their filters in use.
+const V2_FIXTURES: [(Mode, &str); 3] = [
+    (Mode::Plain, "v2_plain.run"),
+    (Mode::Authenticated, "v2_authenticated.run"),
+    (Mode::Sealed, "v2_sealed.run"),
+];
+
+#[test]
+fn version_2_files_open_and_read() {
+    let model = v1_fixture_model();
+    for (mode, name) in V2_FIXTURES {
+        let bytes = v1_fixture(name);
+        let footer = Footer::decode(&bytes[bytes.len() - FOOTER_BYTES..], bytes.len() as u64);
+        assert_eq!(
+            footer.unwrap().version,
+            FORMAT_VERSION_FIXED_FILTER,
+            "{name}"
+        );
+        for lazy in [false, true] {
+            let what = format!("{name} lazy {lazy}");
+            let cache = Arc::new(BlockCache::new(2 * 400));
+            let (source, path) = (Box::new(bytes.clone()), Path::new(name));
+            let reader = if lazy {
+                RunFileReader::open_source_lazy(source, path, &read_protection(mode), cache)
+            } else {
+                RunFileReader::open_source(source, path, &read_protection(mode), cache)
+            }
+            .unwrap();
+            // A protected version-2 file's MAC covers its filter: read at open.
+            assert_eq!(
+                reader.filter_loaded(),
+                !lazy || mode != Mode::Plain,
+                "{what}"
+            );
+            reader.load_filter().unwrap();
+            assert!(model.keys().all(|k| reader.may_contain(*k)), "{what}");
+            assert!((0..1000u128).any(|k| !reader.may_contain(k)), "{what}");
+            let mut rng = Rng(41);
+            check_against_model(&reader, &model, &mut rng, &what);
+            assert!(reader.verify().is_empty(), "{what}");
+        }
+    }
+}
+
 /// Where a file's filter is, stored: `(offset, end)`.
 fn filter_span(bytes: &[u8], mode: Mode) -> (usize, usize) {
     let reader = open_bytes(bytes.to_vec(), mode).unwrap();
@@ -217,9 +273,10 @@ fn filter_span(bytes: &[u8], mode: Mode) -> (usize, usize) {
     (at, bytes.len() - FOOTER_BYTES)
 }
 
-/// A flipped bit anywhere in the filter fails the open (its checksum; in
-/// a protected file the file MAC first), naming the filter's offset or
-/// the footer's, and the file: a damaged filter would hide cells.
+/// A flipped bit anywhere in the filter fails the open (its checksum, MAC
+/// or tag; in its trailer of a protected file, which the file MAC covers,
+/// the file MAC first), naming the filter's offset or the footer's, and
+/// the file: a damaged filter would hide cells.
 #[test]
 fn a_flipped_bit_in_the_filter_is_refused_at_open() {
     for mode in [Mode::Plain, Mode::Authenticated, Mode::Sealed] {
@@ -234,7 +291,8 @@ fn a_flipped_bit_in_the_filter_is_refused_at_open() {
                 match open_bytes(bad, mode) {
                     Err(RunFileError::Corrupt { path, offset, .. }) => {
                         assert_eq!(path, Path::new("damaged.run"), "{what}");
-                        let want = if mode == Mode::Plain {
+                        let trailer = filter_trailer_bytes(mode);
+                        let want = if mode == Mode::Plain || pos < footer_at - trailer {
                             filter_at
                         } else {
                             footer_at
@@ -258,36 +316,82 @@ fn refooter(bytes: &mut [u8], change: impl FnOnce(&mut Footer)) {
     bytes[at..].copy_from_slice(&footer.encode());
 }
 
-/// A filter longer or shorter than the entry count justifies, or an
-/// entry count the blocks cannot hold (which would size a huge filter),
-/// is refused before anything is allocated for it, naming the file and
-/// the footer's offset.
+/// A plain file with its filter's payload replaced by `change`'s (the
+/// filter's checksum repaired; the footer stays, the filter's length
+/// follows from where the footer is).
+fn refilter(good: &[u8], change: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+    let (filter_at, footer_at) = filter_span(good, Mode::Plain);
+    let mut payload = good[filter_at..footer_at - CRC_BYTES].to_vec();
+    change(&mut payload);
+    let mut out = good[..filter_at].to_vec();
+    out.extend_from_slice(&payload);
+    out.extend_from_slice(&crc32c::crc32c(&payload).to_le_bytes());
+    out.extend_from_slice(&good[footer_at..]);
+    out
+}
+
+/// Sets a version-3 filter payload's bit count.
+fn set_bits(payload: &mut [u8], bits: u64) {
+    payload[4..12].copy_from_slice(&bits.to_le_bytes());
+}
+
+/// A filter of fewer bits than 10 a key (which would raise the false
+/// positive rate silently), of more than 40 a key, of a length its bit
+/// count does not give, with bits set past its bit count, or an entry
+/// count the blocks cannot hold (which would size a huge filter), is
+/// refused, before anything is allocated for it when the footer shows it,
+/// naming the file and the offset (the footer's, or the filter's).
 #[test]
 fn a_filter_of_the_wrong_size_is_refused() {
-    let (good, _) = small_file(Mode::Plain);
-    let (filter_at, footer_at) = filter_span(&good, Mode::Plain);
-    // Eight bytes more in the filter, its checksum repaired.
-    let mut longer = good[..footer_at - CRC_BYTES].to_vec();
-    longer.extend_from_slice(&[0xff; 8]);
-    let crc = crc32c::crc32c(&longer[filter_at..]);
-    longer.extend_from_slice(&crc.to_le_bytes());
-    longer.extend_from_slice(&good[footer_at..]);
+    let (good, model) = small_file(Mode::Plain);
+    let entries = model.len() as u64;
+    let (filter_at, _) = filter_span(&good, Mode::Plain);
+    let footer_of = |bytes: &[u8]| (bytes.len() - FOOTER_BYTES) as u64;
+    let longer = refilter(&good, |p| p.extend_from_slice(&[0xff; 8]));
+    let fewer_bits = refilter(&good, |p| set_bits(p, entries * 10 - 1));
+    // 42 bits a key: a longer filter with a bit count to match.
+    let oversized = refilter(&good, |p| {
+        p.resize(12 + (entries * 42).div_ceil(8) as usize, 0);
+        set_bits(p, entries * 42);
+    });
+    let past_the_end = refilter(&good, |p| {
+        set_bits(p, entries * 10 + 3);
+        p.push(1 << 3);
+    });
     let mut more_entries = good.clone();
     refooter(&mut more_entries, |f| f.entry_count += 1);
     let mut huge = good.clone();
     refooter(&mut huge, |f| f.entry_count = u64::MAX / 2);
-    for (what, bytes, reason) in [
-        ("longer", longer, "a filter of"),
-        ("more entries", more_entries, "a filter of"),
-        ("huge", huge, "entries cannot fit"),
+    let at_filter = filter_at as u64;
+    for (what, bytes, offset, reason) in [
+        ("longer", longer, at_filter, "bits in"),
+        (
+            "fewer bits",
+            fewer_bits,
+            at_filter,
+            "accepts 400 to 1600 bits",
+        ),
+        (
+            "oversized",
+            oversized.clone(),
+            footer_of(&oversized),
+            "a filter of",
+        ),
+        ("past the end", past_the_end, at_filter, "bits set past"),
+        (
+            "more entries",
+            more_entries,
+            footer_of(&good),
+            "a filter of",
+        ),
+        ("huge", huge, footer_of(&good), "entries cannot fit"),
     ] {
-        let at = (bytes.len() - FOOTER_BYTES) as u64;
         match open_bytes(bytes, Mode::Plain) {
             Err(e @ RunFileError::Corrupt { .. }) => {
                 let text = e.to_string();
                 assert!(
                     text.contains("damaged.run")
-                        && text.contains(&format!("offset {at}"))
+                        && text.contains(&format!("offset {offset}"))
                         && text.contains(reason),
                     "{what}: {text}"
                 );
@@ -347,8 +451,9 @@ fn verify_reports_a_filter_that_lacks_a_key() {
     let (good, _) = small_file(Mode::Plain);
     let (filter_at, footer_at) = filter_span(&good, Mode::Plain);
     let mut bad = good.clone();
-    // Clear every bit (the index CRC in front kept), then repair the CRC.
-    bad[filter_at + 4..footer_at - CRC_BYTES].fill(0);
+    // Clear every bit (the index CRC and bit count in front kept), then
+    // repair the CRC.
+    bad[filter_at + 12..footer_at - CRC_BYTES].fill(0);
     let crc = crc32c::crc32c(&bad[filter_at..footer_at - CRC_BYTES]);
     bad[footer_at - CRC_BYTES..footer_at].copy_from_slice(&crc.to_le_bytes());
     let reader = open_bytes(bad, Mode::Plain).unwrap();
@@ -402,9 +507,11 @@ fn the_stored_filter_is_the_one_the_spec_describes() {
     let (payload, crc) = stored.split_at(stored.len() - 4);
     assert_eq!(crc, crc32c::crc32c(payload).to_le_bytes());
     assert_eq!(payload[..4], bytes[filter_at - 4..filter_at]);
-    let bits = &payload[4..];
-    assert_eq!(bits.len() as u64, (entries * 10).div_ceil(8));
-    let m = bits.len() as u128 * 8;
+    let m = u64::from_le_bytes(payload[4..12].try_into().unwrap());
+    assert_eq!(m, entries * 10, "sized for as many entries as written");
+    let bits = &payload[12..];
+    assert_eq!(bits.len() as u64, m.div_ceil(8));
+    let m = u128::from(m);
     let set = |b: u64| bits[(b / 8) as usize] & (1 << (b % 8)) != 0;
     let probes = |key: u128| {
         let h1 = fmix64(key as u64 ^ fmix64((key >> 64) as u64 ^ 0x9e3779b97f4a7c15));
@@ -427,7 +534,7 @@ fn the_stored_filter_is_the_one_the_spec_describes() {
 fn without_filter_writes_the_version_1_format() {
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join("v1");
-    let mut w = RunFileWriter::create(&RealDisk, &path, 17, 5, &Protection::Plain)
+    let mut w = RunFileWriter::create(&RealDisk, &path, 17, 5, &Protection::Plain, 200)
         .unwrap()
         .with_target_block_bytes(512)
         .without_filter();
