@@ -210,9 +210,13 @@ impl ScanState {
 
     /// [`ScanState::chunk`] over a namespace on disk: each curve run of the
     /// box is one [`ReadStack::visit_range`] (values borrowed from the
-    /// blocks, streamed in key order), and between runs the stack's next
-    /// stored key picks the next run, as the seeker's does in memory. A
-    /// block that cannot be read ends the scan with its error.
+    /// blocks, streamed in key order). After a run that held cells the
+    /// next run is visited straight away (a dense box: it most likely holds
+    /// cells too, and a visit costs what a look for the next stored key
+    /// would); after an empty one the stack's next stored key picks the
+    /// next run, as the seeker's does in memory, so a sparse box skips its
+    /// empty runs. A block that cannot be read ends the scan with its
+    /// error.
     pub(crate) fn chunk_stack<V>(
         &mut self,
         stack: &ReadStack,
@@ -231,7 +235,9 @@ impl ScanState {
             };
             let start = run.start.max(self.next_key);
             let mut end = None;
+            let mut held_cells = false;
             stack.visit_range(start, run.end, |key, value| {
+                held_cells = true;
                 end = self.take(key, &value, &mut budget, max_cells, &mut |k, v: &&[u8]| {
                     visit(k, v)
                 });
@@ -246,6 +252,9 @@ impl ScanState {
             self.next_key = run.end + 1;
             if budget == 0 {
                 return Ok(self.pause());
+            }
+            if held_cells {
+                continue;
             }
             if !self.jump_to_run_of(stack.next_key_after(run.end)?, &mut budget) {
                 return Ok(ChunkEnd::Done);
