@@ -39,8 +39,8 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use crate::cell_value::CellValue;
 use crate::row_cache::{RowCache, next_row_id};
 use crate::run_file::{
-    BlockCache, Merge, Protection, RunFileError, RunFileReader, RunFileWriter, RunSummary, Slot,
-    Source, write_all,
+    BlockCache, Merge, Protection, RunFileError, RunFileRange, RunFileReader, RunFileWriter,
+    RunSummary, Slot, Source, write_all,
 };
 use crate::storage::Storage;
 
@@ -276,6 +276,22 @@ impl ReadStack {
         hi: u128,
         visit: impl FnMut(u128, &[u8]) -> bool,
     ) -> Result<(), RunFileError> {
+        self.visit_range_seeking(&mut None, lo, hi, visit)
+    }
+
+    /// [`ReadStack::visit_range`] for a caller that visits ranges in
+    /// increasing key order (a scan's curve runs): where one run alone
+    /// answers, `cursor` keeps that run's range between calls and seeks it
+    /// forward ([`RunFileRange::seek_forward`]), so curve runs that share
+    /// a block look it up once. Each `lo` must be above every key an
+    /// earlier call's range reached.
+    pub(crate) fn visit_range_seeking<'s>(
+        &'s self,
+        cursor: &mut Option<RunFileRange<'s>>,
+        lo: u128,
+        hi: u128,
+        visit: impl FnMut(u128, &[u8]) -> bool,
+    ) -> Result<(), RunFileError> {
         if lo > hi {
             return Ok(());
         }
@@ -284,7 +300,7 @@ impl ReadStack {
                 .is_some_and(|(first, last)| first <= hi && lo <= last)
         });
         match (runs.next(), runs.next()) {
-            (run, None) => self.visit_over_one_run(run.map(|r| &**r), lo, hi, visit),
+            (run, None) => self.visit_over_one_run(cursor, run.map(|r| &**r), lo, hi, visit),
             (Some(first), Some(second)) => {
                 let runs: Vec<&RunFileReader> = [first, second]
                     .into_iter()
@@ -380,9 +396,10 @@ impl ReadStack {
     /// keys in the range: the memtable's entries (newest generation winning,
     /// tombstones kept, since they hide the run's cells) merged with the
     /// run's as it streams. A tombstone in the run hides nothing there.
-    fn visit_over_one_run(
-        &self,
-        run: Option<&RunFileReader>,
+    fn visit_over_one_run<'s>(
+        &'s self,
+        cursor: &mut Option<RunFileRange<'s>>,
+        run: Option<&'s RunFileReader>,
         lo: u128,
         hi: u128,
         mut visit: impl FnMut(u128, &[u8]) -> bool,
@@ -394,9 +411,14 @@ impl ReadStack {
             && !memtable_has_keys
         {
             // The run alone: no splicing at all.
-            return run
-                .range(lo, hi)
-                .visit(|key, value| value.is_none_or(|v| visit(key, v)));
+            let range = match cursor {
+                Some(range) if range.reads(run) => {
+                    range.seek_forward(lo, hi);
+                    range
+                }
+                _ => cursor.insert(run.range(lo, hi)),
+            };
+            return range.visit(|key, value| value.is_none_or(|v| visit(key, v)));
         }
         let mut memtable = self.memtable_entries(lo, hi)?;
         let mut go_on = true;

@@ -229,6 +229,7 @@ impl ScanState {
     {
         let mut budget = steps.max(1);
         self.outcome.seeks += 1;
+        let mut cursor = None;
         loop {
             let Some(run) = self.current_run() else {
                 return Ok(ChunkEnd::Done);
@@ -236,7 +237,7 @@ impl ScanState {
             let start = run.start.max(self.next_key);
             let mut end = None;
             let mut held_cells = false;
-            stack.visit_range(start, run.end, |key, value| {
+            stack.visit_range_seeking(&mut cursor, start, run.end, |key, value| {
                 held_cells = true;
                 end = self.take(key, &value, &mut budget, max_cells, &mut |k, v: &&[u8]| {
                     visit(k, v)

@@ -534,8 +534,27 @@ impl RunFileReader {
             window: VecDeque::new(),
             ahead_blocks: 1,
             current: None,
+            current_block: 0,
             done: false,
         }
+    }
+
+    /// The first block at or after `from` whose keys may reach past
+    /// `key`'s block: the index of the block that would hold `key`, found
+    /// by galloping forward from `from` (a scan's next curve run is mostly
+    /// a block or two on), not by a search of the whole index.
+    fn block_from(&self, from: usize, key: u128) -> usize {
+        let fences = &self.index.first_keys;
+        let mut step = 1;
+        let mut hi = from;
+        while hi < fences.len() && fences[hi] <= key {
+            hi = from + step;
+            step *= 2;
+        }
+        let lo = from + step / 4;
+        let hi = hi.min(fences.len());
+        let lo = lo.min(hi);
+        (lo + fences[lo..hi].partition_point(|k| *k <= key)).saturating_sub(1)
     }
 
     /// Reads and checks every block, bypassing the cache (`--verify`):
@@ -723,6 +742,8 @@ pub struct RunFileRange<'r> {
     ahead_blocks: usize,
     /// The block being walked and the next entry in it.
     current: Option<(Arc<DecodedBlock>, usize)>,
+    /// The index of `current`'s block.
+    current_block: usize,
     done: bool,
 }
 
@@ -765,6 +786,55 @@ impl RunFileRange<'_> {
 }
 
 impl RunFileRange<'_> {
+    /// Whether this is a range of `run`.
+    pub fn reads(&self, run: &RunFileReader) -> bool {
+        std::ptr::eq(self.reader, run)
+    }
+
+    /// Makes this range `lo..=hi`, which must not start before any key it
+    /// has already passed (a scan's next curve run): the block it is in
+    /// and the blocks it read ahead are kept, so a run of curve runs that
+    /// share a block costs one block lookup, not one each, and the index is
+    /// searched forward from where the range is.
+    pub fn seek_forward(&mut self, lo: u128, hi: u128) {
+        let r = self.reader;
+        if lo > hi || r.index.is_empty() || lo > r.index.last_key {
+            self.lo = lo;
+            self.hi = hi;
+            self.done = true;
+            return;
+        }
+        // Blocks before the window's first: the current one, if any.
+        let window_first = self.next_block - self.window.len();
+        let base = if self.current.is_some() {
+            self.current_block
+        } else {
+            window_first
+        };
+        let target = r.block_from(base, lo).max(base);
+        if self.current.is_some() && target != self.current_block {
+            self.current = None;
+        }
+        if self.current.is_none() {
+            // Drop the window's blocks before `target`; past the window,
+            // start reading at `target`.
+            let mut first = window_first;
+            while first < target && self.window.pop_front().is_some() {
+                first += 1;
+            }
+            if self.window.is_empty() {
+                self.next_block = self.next_block.max(target);
+            }
+        }
+        self.lo = lo;
+        self.hi = hi;
+        self.end_block = r.block_from(target, hi) + 1;
+        self.done = false;
+        if let Some((block, at)) = &mut self.current {
+            *at = block.search(lo).unwrap_or_else(|i| i);
+        }
+    }
+
     /// Calls `visit(key, value, or None for a tombstone)` for each entry
     /// left, in key order, with the value borrowed from its block (no copy
     /// and no allocation per entry, which the iterator pays for each
@@ -846,10 +916,12 @@ impl RunFileRange<'_> {
             }
             self.fill_window();
         }
+        let block_index = self.next_block - self.window.len();
         match self.window.pop_front() {
             Some(Ok(block)) => {
                 let at = block.search(self.lo).unwrap_or_else(|i| i);
                 self.current = Some((block, at));
+                self.current_block = block_index;
                 Ok(true)
             }
             Some(Err(e)) => {
@@ -892,10 +964,12 @@ impl Iterator for RunFileRange<'_> {
                 }
                 self.fill_window();
             }
+            let block_index = self.next_block - self.window.len();
             match self.window.pop_front()? {
                 Ok(block) => {
                     let at = block.search(self.lo).unwrap_or_else(|i| i);
                     self.current = Some((block, at));
+                    self.current_block = block_index;
                 }
                 Err(e) => {
                     self.done = true;

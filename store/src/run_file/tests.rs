@@ -15,6 +15,7 @@ use crate::storage::{RealDisk, Storage};
 
 mod filter;
 mod lazy;
+mod seek;
 mod writer_memory;
 
 type Model = BTreeMap<u128, Option<Vec<u8>>>;
