@@ -41,13 +41,18 @@ impl Checkpointer {
         let (tx, rx) = bounded::<Request>(16);
         let poll = store.config.poll_interval;
         store.merges_in_flight = Some(Arc::clone(&stats));
+        store.start_merge_thread()?;
         let thread = thread::Builder::new()
             .name("cube-checkpoint".into())
             .spawn(move || {
                 crate::thread_priority::lower_this_thread(crate::thread_priority::BACKGROUND_NICE);
                 let mut retry = Retry::new(poll);
                 loop {
-                    match rx.recv_timeout(poll) {
+                    let request = rx.recv_timeout(poll);
+                    // A merge finished on the merge thread is installed
+                    // between folds; then the next one due starts.
+                    settle_background_merge(&mut store, &stats, &mut retry);
+                    match request {
                         Ok(Request::Backup { dest, reply }) => {
                             let result = roller
                                 .roll()
@@ -118,7 +123,17 @@ impl Checkpointer {
                                 retry.after(&store, &result, false);
                             }
                         }
-                        Err(RecvTimeoutError::Disconnected) => return store,
+                        Err(RecvTimeoutError::Disconnected) => {
+                            // Shutdown: a merge in flight is cancelled (the
+                            // next start merges again) rather than waited
+                            // for, which could take minutes.
+                            if let Err(e) = store.stop_merges() {
+                                let result = Err(e);
+                                record(&stats, &store, &result);
+                                retry.after(&store, &result, false);
+                            }
+                            return store;
+                        }
                     }
                 }
             })?;
@@ -156,6 +171,29 @@ impl Checkpointer {
     pub(crate) fn stop(&mut self) -> Option<CheckpointStore> {
         drop(self.tx.take());
         self.thread.take().and_then(|t| t.join().ok())
+    }
+}
+
+/// Installs the background merge if it has finished (a failure counts as
+/// a failed checkpoint, retried like one), then starts the next one due
+/// unless failures are being waited out.
+fn settle_background_merge(store: &mut CheckpointStore, stats: &StoreStats, retry: &mut Retry) {
+    if let Some(settled) = store.poll_merge() {
+        let result = settled.map(|compaction| CheckpointReport {
+            checkpoint_lsn: store.checkpoint_lsn(),
+            compaction: Some(compaction),
+            ..CheckpointReport::default()
+        });
+        record(stats, store, &result);
+        retry.after(store, &result, false);
+    }
+    if store.merge_in_flight() || store.check_usable().is_err() || !retry.due() {
+        return;
+    }
+    if let Err(e) = store.start_due_merge() {
+        let result = Err(e);
+        record(stats, store, &result);
+        retry.after(store, &result, false);
     }
 }
 
