@@ -24,6 +24,10 @@ fn ns() -> NamespaceName {
     NamespaceName::new("default").unwrap()
 }
 
+fn write(engine: &Engine, mutation: Mutation) {
+    engine.session().unwrap().write(mutation).unwrap();
+}
+
 fn config(data: &Path, hold: Option<MergeHold>) -> EngineConfig {
     let mut c = EngineConfig::new(data);
     // Folds only when asked; installs are looked for often.
@@ -87,7 +91,10 @@ fn assert_cells(engine: &Engine, model: &Model, upto: i32) {
 fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let started = Instant::now();
     while !done() {
-        assert!(started.elapsed() < HANG_BOUND, "timed out waiting for {what}");
+        assert!(
+            started.elapsed() < HANG_BOUND,
+            "timed out waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
 }
@@ -192,4 +199,41 @@ fn shutdown_with_a_merge_in_flight_leaves_no_stray_file() {
     let mut after = files_ending(&data, ".run");
     after.sort();
     assert_eq!(runs, after);
+}
+
+/// A namespace dropped while its merge is in flight: the fold that drops
+/// it cancels the merge (or, finished, installs it first) and removes its
+/// runs, so no run of it is left, listed or not.
+#[test]
+fn a_namespace_dropped_during_its_merge_leaves_no_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = data_dir(tmp.path());
+    let (hold, reached, release) = hold();
+    let mut model = Model::new();
+    let engine = Engine::open(config(&data, Some(hold))).unwrap();
+    start_held_merge(&engine, &mut model, &reached);
+    write(&engine, Mutation::NamespaceDrop { ns: ns() });
+    write(
+        &engine,
+        Mutation::NamespaceCreate {
+            ns: ns(),
+            meta: cube_store::namespace::NamespaceMeta::implicit_default(1000),
+        },
+    );
+    model.clear();
+    put(&engine, &mut model, 5, 4);
+    drop(release);
+    engine.checkpoint().unwrap();
+    wait_until("no merge in flight", || {
+        engine.stats().merges_in_flight == 0
+    });
+    // The new namespace's one run only.
+    assert_eq!(files_ending(&data, ".run").len(), 1);
+    assert!(files_ending(&data, ".tmp").is_empty());
+    assert_cells(&engine, &model, 320);
+    engine.shutdown().unwrap();
+    drop(engine);
+    let engine = Engine::open(config(&data, None)).unwrap();
+    assert_cells(&engine, &model, 320);
+    engine.close_without_checkpoint();
 }

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{RecvTimeoutError, Sender, bounded};
+use crossbeam_channel::{RecvTimeoutError, Select, Sender, TryRecvError, bounded};
 
 use super::backup::BackupReport;
 use super::{CheckpointReport, CheckpointStore};
@@ -47,11 +47,24 @@ impl Checkpointer {
             .spawn(move || {
                 crate::thread_priority::lower_this_thread(crate::thread_priority::BACKGROUND_NICE);
                 let mut retry = Retry::new(poll);
+                let merged = store.merge_results();
                 loop {
-                    let request = rx.recv_timeout(poll);
-                    // A merge finished on the merge thread is installed
-                    // between folds; then the next one due starts.
+                    // Wakes for a request, a merge that has finished on
+                    // the merge thread, or the poll.
+                    let mut ready = Select::new();
+                    ready.recv(&rx);
+                    if let Some(merged) = &merged {
+                        ready.recv(merged);
+                    }
+                    let _ = ready.ready_timeout(poll);
+                    // A finished merge is installed between folds; then
+                    // the next one due starts.
                     settle_background_merge(&mut store, &stats, &mut retry);
+                    let request = match rx.try_recv() {
+                        Ok(request) => Ok(request),
+                        Err(TryRecvError::Empty) => Err(RecvTimeoutError::Timeout),
+                        Err(TryRecvError::Disconnected) => Err(RecvTimeoutError::Disconnected),
+                    };
                     match request {
                         Ok(Request::Backup { dest, reply }) => {
                             let result = roller
@@ -175,8 +188,9 @@ impl Checkpointer {
 }
 
 /// Installs the background merge if it has finished (a failure counts as
-/// a failed checkpoint, retried like one), then starts the next one due
-/// unless failures are being waited out.
+/// a failed checkpoint, retried like one; a success leaves the retry state
+/// to the folds), then starts the next one due unless failures are being
+/// waited out.
 fn settle_background_merge(store: &mut CheckpointStore, stats: &StoreStats, retry: &mut Retry) {
     if let Some(settled) = store.poll_merge() {
         let result = settled.map(|compaction| CheckpointReport {
@@ -185,7 +199,9 @@ fn settle_background_merge(store: &mut CheckpointStore, stats: &StoreStats, retr
             ..CheckpointReport::default()
         });
         record(stats, store, &result);
-        retry.after(store, &result, false);
+        if result.is_err() {
+            retry.after(store, &result, false);
+        }
     }
     if store.merge_in_flight() || store.check_usable().is_err() || !retry.due() {
         return;

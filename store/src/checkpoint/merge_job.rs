@@ -159,7 +159,11 @@ fn merge_namespace(
     if part.scope == MergeScope::All
         && (summary.entries, value_bytes) != (entry.live_cells, entry.value_bytes)
     {
-        return Err(count_mismatch(&job.dir, entry, (summary.entries, value_bytes)));
+        return Err(count_mismatch(
+            &job.dir,
+            entry,
+            (summary.entries, value_bytes),
+        ));
     }
     Ok(Some(summary))
 }

@@ -14,6 +14,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::thread::{self, JoinHandle};
+use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError, bounded};
 
@@ -22,9 +23,14 @@ use super::runs::{MergeInFlight, MergeWhen};
 use super::{CheckpointStore, CompactionReport, Merges};
 use crate::error::StoreError;
 
+/// How a merge job ended.
+pub(super) type JobResult = Result<Vec<MergedNamespace>, MergeFailure>;
+
 /// A merge job on the `cube-merge` thread, until its result is taken.
 pub(super) struct InFlight {
     pub(super) stop: Arc<AtomicBool>,
+    /// When it was handed over (its duration in the stats runs from here).
+    pub(super) started: Instant,
     pub(super) ns_ids: Vec<u64>,
     /// Counts the merge in the stats until it is settled.
     pub(super) _counted: Option<MergeInFlight>,
@@ -34,7 +40,7 @@ pub(super) struct InFlight {
 /// checkpointer's lowered priority.
 pub(super) struct MergeWorker {
     jobs: Option<Sender<MergeJob>>,
-    pub(super) done: Receiver<Result<Vec<MergedNamespace>, MergeFailure>>,
+    pub(super) done: Receiver<JobResult>,
     thread: Option<JoinHandle<()>>,
     pub(super) in_flight: Option<InFlight>,
 }
@@ -71,6 +77,7 @@ impl MergeWorker {
     ) -> Result<(), StoreError> {
         let in_flight = InFlight {
             stop: Arc::clone(&job.stop),
+            started: Instant::now(),
             ns_ids: job.parts.iter().map(|p| p.entry.ns_id).collect(),
             _counted: counted,
         };
@@ -119,6 +126,15 @@ impl CheckpointStore {
         }
     }
 
+    /// Where the merge thread hands back finished jobs (for waking on
+    /// them; `poll_merge` takes them).
+    pub(super) fn merge_results(&self) -> Option<Receiver<JobResult>> {
+        match &self.merges {
+            Merges::Background(worker) => Some(worker.done.clone()),
+            Merges::Inline | Merges::Deferred => None,
+        }
+    }
+
     /// Whether a merge is in flight on the merge thread.
     pub(crate) fn merge_in_flight(&self) -> bool {
         matches!(&self.merges, Merges::Background(w) if w.in_flight.is_some())
@@ -144,13 +160,12 @@ impl CheckpointStore {
     /// has. An error is a failed merge, reported as a failed checkpoint.
     pub(crate) fn poll_merge(&mut self) -> Option<Result<CompactionReport, StoreError>> {
         let worker = self.worker()?;
-        worker.in_flight.as_ref()?;
+        let started = worker.in_flight.as_ref()?.started;
         let result = match worker.done.try_recv() {
             Ok(result) => result,
             Err(TryRecvError::Empty) => return None,
             Err(TryRecvError::Disconnected) => Err(MergeFailure::Failed(stopped())),
         };
-        let started = std::time::Instant::now();
         let mut report = CompactionReport::default();
         let settled = self.take_merge_result(result, &mut report);
         report.duration = started.elapsed();
@@ -184,7 +199,7 @@ impl CheckpointStore {
     /// stops counting as in flight once this returns.
     fn take_merge_result(
         &mut self,
-        result: Result<Vec<MergedNamespace>, MergeFailure>,
+        result: JobResult,
         report: &mut CompactionReport,
     ) -> Result<(), StoreError> {
         let in_flight = self.worker().and_then(|w| w.in_flight.take());
@@ -199,7 +214,7 @@ impl CheckpointStore {
     /// them).
     pub(super) fn settle_job(
         &mut self,
-        result: Result<Vec<MergedNamespace>, MergeFailure>,
+        result: JobResult,
         report: &mut CompactionReport,
     ) -> Result<(), StoreError> {
         match result {

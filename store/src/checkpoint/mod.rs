@@ -57,9 +57,9 @@ use file::{
     file_mac,
 };
 use fold::Fold;
+use manifest::{MAX_DELTAS, Manifest, ManifestAuth, base_file_name, delta_file_name};
 pub use merge_job::MergeHold;
 use merge_worker::MergeWorker;
-use manifest::{MAX_DELTAS, Manifest, ManifestAuth, base_file_name, delta_file_name};
 use runs::{FoldedCells, MergeWhen};
 use state_key::{TAG_NAMESPACE, cell_key_parts, entry_ns_id, entry_to_mutation, namespace_key};
 
@@ -687,11 +687,10 @@ impl CheckpointStore {
         // A merge reading a namespace this fold drops is cancelled (or,
         // finished, installed) before the switch is prepared: the fold then
         // removes the runs it read.
-        let dropping = self
-            .manifest
-            .namespaces
-            .iter()
-            .any(|entry| catalog.meta_of(entry.ns_id).is_none() && self.merge_reads(entry.ns_id));
+        let dropping =
+            self.manifest.namespaces.iter().any(|entry| {
+                catalog.meta_of(entry.ns_id).is_none() && self.merge_reads(entry.ns_id)
+            });
         if dropping {
             let mut merged = CompactionReport::default();
             self.settle_merge(true, &mut merged)?;

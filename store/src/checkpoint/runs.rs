@@ -565,10 +565,14 @@ impl CheckpointStore {
             let live = Self::encrypted(&self.catalog, m.entry.ns_id).is_some();
             let current = next.namespace(m.entry.ns_id).filter(|_| live).cloned();
             let Some((mut current, at)) = current.and_then(|current| {
-                let at = current
-                    .runs
-                    .windows(read.len())
-                    .position(|window| window == read)?;
+                let at = if read.is_empty() {
+                    0
+                } else {
+                    current
+                        .runs
+                        .windows(read.len())
+                        .position(|window| window == read)?
+                };
                 Some((current, at))
             }) else {
                 discarded.push(m.file_id);
