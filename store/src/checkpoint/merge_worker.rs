@@ -96,6 +96,18 @@ impl MergeWorker {
     }
 }
 
+impl Drop for MergeWorker {
+    /// A store dropped without `stop_merges` (an error path) still stops
+    /// the thread: a merge in flight is cancelled, its files left for the
+    /// next start to remove.
+    fn drop(&mut self) {
+        if let Some(in_flight) = &self.in_flight {
+            in_flight.stop.store(true, Relaxed);
+        }
+        self.join();
+    }
+}
+
 fn stopped() -> StoreError {
     StoreError::WritesDisabled("the merge thread has stopped".into())
 }
