@@ -99,6 +99,18 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// No temp file is left; the cells match the model before a clean
+/// shutdown and after a restart.
+fn shut_down_and_restart(engine: Engine, data: &Path, model: &Model) {
+    assert!(files_ending(data, ".tmp").is_empty());
+    assert_cells(&engine, model, 320);
+    engine.shutdown().unwrap();
+    drop(engine);
+    let engine = Engine::open(config(data, None)).unwrap();
+    assert_cells(&engine, model, 320);
+    engine.close_without_checkpoint();
+}
+
 fn data_dir(tmp: &Path) -> std::path::PathBuf {
     let data = tmp.join("data");
     fs::DirBuilder::new().mode(0o700).create(&data).unwrap();
@@ -132,14 +144,27 @@ fn start_held_merge(engine: &Engine, model: &mut Model, reached: &crossbeam_chan
     assert_eq!(engine.stats().merges_in_flight, 1);
 }
 
-#[test]
-fn a_fold_completes_while_a_merge_is_in_flight() {
+/// A data dir whose engine has a merge held mid-way (see
+/// [`start_held_merge`]); dropping the sender releases it.
+fn held_merge() -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    Engine,
+    Model,
+    Sender<()>,
+) {
     let tmp = tempfile::tempdir().unwrap();
     let data = data_dir(tmp.path());
     let (hold, reached, release) = hold();
     let mut model = Model::new();
     let engine = Engine::open(config(&data, Some(hold))).unwrap();
     start_held_merge(&engine, &mut model, &reached);
+    (tmp, data, engine, model, release)
+}
+
+#[test]
+fn a_fold_completes_while_a_merge_is_in_flight() {
+    let (_tmp, data, engine, mut model, release) = held_merge();
     let compactions = engine.stats().compactions;
 
     // The merge is held: this fold must not wait for it.
@@ -159,24 +184,12 @@ fn a_fold_completes_while_a_merge_is_in_flight() {
     });
     // The merged run replaced the two it read; the fold's run stays above.
     assert_eq!(files_ending(&data, ".run").len(), 2);
-    assert!(files_ending(&data, ".tmp").is_empty());
-    assert_cells(&engine, &model, 320);
-    engine.shutdown().unwrap();
-    drop(engine);
-
-    let engine = Engine::open(config(&data, None)).unwrap();
-    assert_cells(&engine, &model, 320);
-    engine.close_without_checkpoint();
+    shut_down_and_restart(engine, &data, &model);
 }
 
 #[test]
 fn shutdown_with_a_merge_in_flight_leaves_no_stray_file() {
-    let tmp = tempfile::tempdir().unwrap();
-    let data = data_dir(tmp.path());
-    let (hold, reached, release) = hold();
-    let mut model = Model::new();
-    let engine = Engine::open(config(&data, Some(hold))).unwrap();
-    start_held_merge(&engine, &mut model, &reached);
+    let (_tmp, data, engine, model, release) = held_merge();
     // Released while shutdown is on its way: the merge is cancelled or, if
     // it finishes first, installed; either way nothing is left behind.
     let stopping = std::thread::spawn(move || {
@@ -206,12 +219,7 @@ fn shutdown_with_a_merge_in_flight_leaves_no_stray_file() {
 /// runs, so no run of it is left, listed or not.
 #[test]
 fn a_namespace_dropped_during_its_merge_leaves_no_run() {
-    let tmp = tempfile::tempdir().unwrap();
-    let data = data_dir(tmp.path());
-    let (hold, reached, release) = hold();
-    let mut model = Model::new();
-    let engine = Engine::open(config(&data, Some(hold))).unwrap();
-    start_held_merge(&engine, &mut model, &reached);
+    let (_tmp, data, engine, mut model, release) = held_merge();
     write(&engine, Mutation::NamespaceDrop { ns: ns() });
     write(
         &engine,
@@ -229,11 +237,5 @@ fn a_namespace_dropped_during_its_merge_leaves_no_run() {
     });
     // The new namespace's one run only.
     assert_eq!(files_ending(&data, ".run").len(), 1);
-    assert!(files_ending(&data, ".tmp").is_empty());
-    assert_cells(&engine, &model, 320);
-    engine.shutdown().unwrap();
-    drop(engine);
-    let engine = Engine::open(config(&data, None)).unwrap();
-    assert_cells(&engine, &model, 320);
-    engine.close_without_checkpoint();
+    shut_down_and_restart(engine, &data, &model);
 }
