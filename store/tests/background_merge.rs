@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Sender, bounded};
 use cube_protocol::{Coord, NamespaceName};
-use cube_store::{Engine, EngineConfig, MergeHold, Mutation};
+use cube_store::{CrashPoint, Engine, EngineConfig, MergeHold, Mutation};
 
 /// Generous: only catches a hang.
 const HANG_BOUND: Duration = Duration::from_secs(120);
@@ -29,10 +29,19 @@ fn write(engine: &Engine, mutation: Mutation) {
 }
 
 fn config(data: &Path, hold: Option<MergeHold>) -> EngineConfig {
+    crashing_config(data, hold, None)
+}
+
+fn crashing_config(
+    data: &Path,
+    hold: Option<MergeHold>,
+    crash_at: Option<CrashPoint>,
+) -> EngineConfig {
     let mut c = EngineConfig::new(data);
     // Folds only when asked; installs are looked for often.
     c.checkpoint.poll_interval = Duration::from_millis(10);
     c.checkpoint.merge_hold = hold;
+    c.checkpoint.crash_at = crash_at;
     c
 }
 
@@ -238,4 +247,37 @@ fn a_namespace_dropped_during_its_merge_leaves_no_run() {
     // The new namespace's one run only.
     assert_eq!(files_ending(&data, ".run").len(), 1);
     shut_down_and_restart(engine, &data, &model);
+}
+
+/// A merge that fails on the merge thread is reported as a failed fold is
+/// (`checkpoint_failures`, the failure's message) and loses nothing: its
+/// runs stay listed, and a restart reads every cell.
+#[test]
+fn a_failed_background_merge_is_reported_and_loses_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = data_dir(tmp.path());
+    let mut model = Model::new();
+    let failing = crashing_config(&data, None, Some(CrashPoint::MergeTempWritten));
+    let engine = Engine::open(failing).unwrap();
+    // Two similar folds: a merge is due, and fails at its temp file.
+    for round in 1..=2 {
+        for i in 0..200 {
+            put(&engine, &mut model, i + 100 * round as i32 - 100, round);
+        }
+        engine.checkpoint().unwrap();
+    }
+    wait_until("the merge's failure", || {
+        engine.stats().checkpoint_failures > 0
+    });
+    let stats = engine.stats();
+    let message = stats.last_checkpoint_failure.unwrap_or_default();
+    assert!(message.contains("MergeTempWritten"), "{message}");
+    assert_eq!(files_ending(&data, ".run").len(), 2);
+    assert_cells(&engine, &model, 320);
+    engine.close_without_checkpoint();
+    drop(engine);
+    let engine = Engine::open(config(&data, None)).unwrap();
+    assert!(files_ending(&data, ".tmp").is_empty());
+    assert_cells(&engine, &model, 320);
+    engine.close_without_checkpoint();
 }
