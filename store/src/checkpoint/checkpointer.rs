@@ -56,12 +56,17 @@ impl Checkpointer {
                     if let Some(merged) = &merged {
                         ready.recv(merged);
                     }
-                    let _ = ready.ready_timeout(poll);
+                    let woken = ready.ready_timeout(poll).is_ok();
                     // A finished merge is installed between folds; then
                     // the next one due starts.
                     settle_background_merge(&mut store, &stats, &mut retry);
                     let request = match rx.try_recv() {
                         Ok(request) => Ok(request),
+                        // Woken by a merge alone: the WAL is looked at
+                        // after a quiet poll only, as before (a fold
+                        // started then could ask a writer being shut
+                        // down to roll).
+                        Err(TryRecvError::Empty) if woken => continue,
                         Err(TryRecvError::Empty) => Err(RecvTimeoutError::Timeout),
                         Err(TryRecvError::Disconnected) => Err(RecvTimeoutError::Disconnected),
                     };
