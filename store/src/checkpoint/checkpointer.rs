@@ -208,7 +208,12 @@ fn settle_background_merge(store: &mut CheckpointStore, stats: &StoreStats, retr
             retry.after(store, &result, false);
         }
     }
-    if store.merge_in_flight() || store.check_usable().is_err() || !retry.due() {
+    // Waited-for merges (a test's) start in folds only.
+    if store.merge_in_flight()
+        || store.config.wait_for_merges
+        || store.check_usable().is_err()
+        || !retry.due()
+    {
         return;
     }
     if let Err(e) = store.start_due_merge() {

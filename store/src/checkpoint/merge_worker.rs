@@ -238,6 +238,16 @@ impl CheckpointStore {
         }
     }
 
+    /// Waits for the merge in flight and installs it, then for each merge
+    /// due after it, until none is (`CheckpointConfig::wait_for_merges`).
+    pub(super) fn drain_merges(&mut self, report: &mut CompactionReport) -> Result<(), StoreError> {
+        while self.merge_in_flight() {
+            self.settle_merge(false, report)?;
+            self.start_due_merge()?;
+        }
+        Ok(())
+    }
+
     /// Cancels the merge in flight, stops the merge thread, and leaves the
     /// merges due to the next start (shutdown).
     pub(crate) fn stop_merges(&mut self) -> Result<(), StoreError> {

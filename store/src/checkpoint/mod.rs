@@ -78,6 +78,11 @@ pub struct CheckpointConfig {
     /// Test hook: holds each merge job after its first entry.
     #[doc(hidden)]
     pub merge_hold: Option<MergeHold>,
+    /// Test hook: a fold waits for the merges it starts (still run on the
+    /// merge thread, installed as ever), so that a simulated disk sees one
+    /// order of I/O and `make sim` replays a seed.
+    #[doc(hidden)]
+    pub wait_for_merges: bool,
 }
 
 impl Default for CheckpointConfig {
@@ -88,6 +93,7 @@ impl Default for CheckpointConfig {
             poll_interval: Duration::from_millis(200),
             crash_at: None,
             merge_hold: None,
+            wait_for_merges: false,
         }
     }
 }
@@ -780,7 +786,12 @@ impl CheckpointStore {
         let mut merged = CompactionReport::default();
         match self.merges {
             Merges::Inline => self.merge_runs(MergeWhen::Due, &mut merged)?,
-            Merges::Background(_) => self.start_due_merge()?,
+            Merges::Background(_) => {
+                self.start_due_merge()?;
+                if self.config.wait_for_merges {
+                    self.drain_merges(&mut merged)?;
+                }
+            }
             Merges::Deferred => {}
         }
         if merged.runs_merged > 0 {
