@@ -87,5 +87,5 @@ pub use wal::{RecoveryOptions, RecoveryReport};
 
 mod engine;
 pub use checkpoint::backup::BackupReport;
-pub use checkpoint::{CheckpointConfig, CheckpointReport, CompactionReport, CrashPoint};
+pub use checkpoint::{CheckpointConfig, CheckpointReport, CompactionReport, CrashPoint, MergeHold};
 pub use engine::{CheckpointLoad, Engine, EngineConfig};

@@ -424,6 +424,19 @@ fn run_files(dir: &Path) -> usize {
         .count()
 }
 
+/// Waits until no merge is in flight (the merge thread's last one
+/// installed); the bound only catches a hang.
+fn merges_settled(engine: &Engine) {
+    let started = std::time::Instant::now();
+    while engine.stats().merges_in_flight > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "a merge hangs"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// A fold writes one run per namespace that has cells; a namespace's runs
 /// are deleted with it at the next fold; folds keep a namespace's runs
 /// few (merging when they grow) and a compaction merges them into one.
@@ -462,6 +475,8 @@ fn runs_are_per_namespace_deleted_with_it_and_kept_few() {
     for round in 0..12 {
         put(0, round % KEYS, 10);
         engine.checkpoint().unwrap();
+        // A merge the fold found due runs on the merge thread.
+        merges_settled(&engine);
         let runs = run_files(&dir);
         assert!(runs <= 5, "round {round}: {runs} runs");
         // Small runs over a large one: only the small ones are merged;

@@ -136,6 +136,8 @@ fn config(disk: &SimDisk, key_file: &Path) -> EngineConfig {
     c.group_commit.segment_bytes = 2048;
     c.checkpoint.poll_interval = Duration::from_secs(3600);
     c.checkpoint.delta_compact_bytes = 4096;
+    // Merges on the merge thread, but waited for: one order of I/O per seed.
+    c.checkpoint.wait_for_merges = true;
     c
 }
 

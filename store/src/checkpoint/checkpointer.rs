@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{RecvTimeoutError, Sender, bounded};
+use crossbeam_channel::{RecvTimeoutError, Select, Sender, TryRecvError, bounded};
 
 use super::backup::BackupReport;
 use super::{CheckpointReport, CheckpointStore};
@@ -41,13 +41,36 @@ impl Checkpointer {
         let (tx, rx) = bounded::<Request>(16);
         let poll = store.config.poll_interval;
         store.merges_in_flight = Some(Arc::clone(&stats));
+        store.start_merge_thread()?;
         let thread = thread::Builder::new()
             .name("cube-checkpoint".into())
             .spawn(move || {
                 crate::thread_priority::lower_this_thread(crate::thread_priority::BACKGROUND_NICE);
                 let mut retry = Retry::new(poll);
+                let merged = store.merge_results();
                 loop {
-                    match rx.recv_timeout(poll) {
+                    // Wakes for a request, a merge that has finished on
+                    // the merge thread, or the poll.
+                    let mut ready = Select::new();
+                    ready.recv(&rx);
+                    if let Some(merged) = &merged {
+                        ready.recv(merged);
+                    }
+                    let woken = ready.ready_timeout(poll).is_ok();
+                    // A finished merge is installed between folds; then
+                    // the next one due starts.
+                    settle_background_merge(&mut store, &stats, &mut retry);
+                    let request = match rx.try_recv() {
+                        Ok(request) => Ok(request),
+                        // Woken by a merge alone: the WAL is looked at
+                        // after a quiet poll only, as before (a fold
+                        // started then could ask a writer being shut
+                        // down to roll).
+                        Err(TryRecvError::Empty) if woken => continue,
+                        Err(TryRecvError::Empty) => Err(RecvTimeoutError::Timeout),
+                        Err(TryRecvError::Disconnected) => Err(RecvTimeoutError::Disconnected),
+                    };
+                    match request {
                         Ok(Request::Backup { dest, reply }) => {
                             let result = roller
                                 .roll()
@@ -118,7 +141,17 @@ impl Checkpointer {
                                 retry.after(&store, &result, false);
                             }
                         }
-                        Err(RecvTimeoutError::Disconnected) => return store,
+                        Err(RecvTimeoutError::Disconnected) => {
+                            // Shutdown: a merge in flight is cancelled (the
+                            // next start merges again) rather than waited
+                            // for, which could take minutes.
+                            if let Err(e) = store.stop_merges() {
+                                let result = Err(e);
+                                record(&stats, &store, &result);
+                                retry.after(&store, &result, false);
+                            }
+                            return store;
+                        }
                     }
                 }
             })?;
@@ -156,6 +189,37 @@ impl Checkpointer {
     pub(crate) fn stop(&mut self) -> Option<CheckpointStore> {
         drop(self.tx.take());
         self.thread.take().and_then(|t| t.join().ok())
+    }
+}
+
+/// Installs the background merge if it has finished (a failure counts as
+/// a failed checkpoint, retried like one; a success leaves the retry state
+/// to the folds), then starts the next one due unless failures are being
+/// waited out.
+fn settle_background_merge(store: &mut CheckpointStore, stats: &StoreStats, retry: &mut Retry) {
+    if let Some(settled) = store.poll_merge() {
+        let result = settled.map(|compaction| CheckpointReport {
+            checkpoint_lsn: store.checkpoint_lsn(),
+            compaction: Some(compaction),
+            ..CheckpointReport::default()
+        });
+        record(stats, store, &result);
+        if result.is_err() {
+            retry.after(store, &result, false);
+        }
+    }
+    // Waited-for merges (a test's) start in folds only.
+    if store.merge_in_flight()
+        || store.config.wait_for_merges
+        || store.check_usable().is_err()
+        || !retry.due()
+    {
+        return;
+    }
+    if let Err(e) = store.start_due_merge() {
+        let result = Err(e);
+        record(stats, store, &result);
+        retry.after(store, &result, false);
     }
 }
 

@@ -25,6 +25,8 @@ pub(crate) mod checkpointer;
 pub(crate) mod file;
 mod fold;
 pub(crate) mod manifest;
+mod merge_job;
+mod merge_worker;
 mod runs;
 pub(crate) mod state_key;
 
@@ -56,6 +58,8 @@ use file::{
 };
 use fold::Fold;
 use manifest::{MAX_DELTAS, Manifest, ManifestAuth, base_file_name, delta_file_name};
+pub use merge_job::MergeHold;
+use merge_worker::MergeWorker;
 use runs::{FoldedCells, MergeWhen};
 use state_key::{TAG_NAMESPACE, cell_key_parts, entry_ns_id, entry_to_mutation, namespace_key};
 
@@ -71,6 +75,14 @@ pub struct CheckpointConfig {
     /// Test hook: stop the protocol at this step as a crash would.
     #[doc(hidden)]
     pub crash_at: Option<CrashPoint>,
+    /// Test hook: holds each merge job after its first entry.
+    #[doc(hidden)]
+    pub merge_hold: Option<MergeHold>,
+    /// Test hook: a fold waits for the merges it starts (still run on the
+    /// merge thread, installed as ever), so that a simulated disk sees one
+    /// order of I/O and `make sim` replays a seed.
+    #[doc(hidden)]
+    pub wait_for_merges: bool,
 }
 
 impl Default for CheckpointConfig {
@@ -80,6 +92,8 @@ impl Default for CheckpointConfig {
             delta_compact_bytes: 64 * 1024 * 1024,
             poll_interval: Duration::from_millis(200),
             crash_at: None,
+            merge_hold: None,
+            wait_for_merges: false,
         }
     }
 }
@@ -185,6 +199,20 @@ pub(crate) struct CheckpointStore {
     serving: Option<Arc<crate::memstore::MemStore>>,
     /// Where merges in flight are counted (the daemon's stats).
     pub(crate) merges_in_flight: Option<Arc<crate::stats::StoreStats>>,
+    /// Who runs the merges a fold finds due.
+    merges: Merges,
+}
+
+/// Who runs the merges a fold finds due (`CheckpointStore::compact_if_needed`).
+enum Merges {
+    /// The fold itself, before it returns (offline, model tests).
+    Inline,
+    /// The `cube-merge` thread, while the checkpointer goes on folding
+    /// (the daemon); the checkpointer installs what it wrote.
+    Background(MergeWorker),
+    /// Nobody: the merge thread has stopped (shutdown), so a final fold
+    /// does not wait on a merge that the next start can do.
+    Deferred,
 }
 
 impl CheckpointStore {
@@ -226,6 +254,7 @@ impl CheckpointStore {
             new_dir_id: None,
             serving: None,
             merges_in_flight: None,
+            merges: Merges::Inline,
         })
     }
 
@@ -661,6 +690,17 @@ impl CheckpointStore {
                 None => state.push((key, value)),
             }
         }
+        // A merge reading a namespace this fold drops is cancelled (or,
+        // finished, installed) before the switch is prepared: the fold then
+        // removes the runs it read.
+        let dropping =
+            self.manifest.namespaces.iter().any(|entry| {
+                catalog.meta_of(entry.ns_id).is_none() && self.merge_reads(entry.ns_id)
+            });
+        if dropping {
+            let mut merged = CompactionReport::default();
+            self.settle_merge(true, &mut merged)?;
+        }
         let mut next = self.manifest.clone();
         next.checkpoint_lsn = lsn_to;
         report.entries_written = self.write_fold_runs(&catalog, cells, &mut next)?;
@@ -744,7 +784,16 @@ impl CheckpointStore {
             Some(self.compact_files()?)
         };
         let mut merged = CompactionReport::default();
-        self.merge_runs(MergeWhen::Due, &mut merged)?;
+        match self.merges {
+            Merges::Inline => self.merge_runs(MergeWhen::Due, &mut merged)?,
+            Merges::Background(_) => {
+                self.start_due_merge()?;
+                if self.config.wait_for_merges {
+                    self.drain_merges(&mut merged)?;
+                }
+            }
+            Merges::Deferred => {}
+        }
         if merged.runs_merged > 0 {
             let total = report.get_or_insert_with(CompactionReport::default);
             total.runs_merged += merged.runs_merged;
@@ -764,6 +813,10 @@ impl CheckpointStore {
         self.check_usable()?;
         let started = Instant::now();
         let mut report = CompactionReport::default();
+        // A merge in flight is cancelled: this compaction rewrites what it
+        // reads anyway, and waiting would write it twice. One that has
+        // already finished is installed.
+        self.settle_merge(true, &mut report)?;
         // Plain runs in a data dir being authenticated are rewritten with
         // MACs first, in the switch that authenticates the manifest: a
         // manifest switched by the base's compaction first would be

@@ -25,10 +25,15 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use cube_protocol::NamespaceName;
 
 use super::manifest::{Manifest, NamespaceRuns, RunRef, run_file_name};
+use super::merge_job::{
+    MergeFailure, MergeJob, MergedNamespace, NamespaceMerge, count_mismatch, discard_outputs,
+    run_merge_job,
+};
 use super::{CheckpointStore, CompactionReport, CrashPoint, SortedCells};
 use crate::cell_value::CellValue;
 use crate::crypto::{DIR_ID_BYTES, MAC_BYTES};
@@ -365,7 +370,7 @@ impl CheckpointStore {
             }
             let counted = (cells.values.len() as u64, cells.value_bytes);
             if counted != (entry.live_cells, entry.value_bytes) {
-                return Err(self.count_mismatch(&entry, counted));
+                return Err(count_mismatch(&self.dir, &entry, counted));
             }
             loaded += counted.0;
             mem.load_curve_cells(&ns, cells);
@@ -454,18 +459,6 @@ impl CheckpointStore {
         self.serving = Some(mem);
     }
 
-    fn count_mismatch(&self, entry: &NamespaceRuns, counted: (u64, u64)) -> StoreError {
-        StoreError::Corruption {
-            path: self.dir.join(super::manifest::MANIFEST_NAME),
-            offset: 0,
-            reason: format!(
-                "the manifest counts {} cells ({} value bytes) in namespace id {}, its runs \
-                 hold {} ({})",
-                entry.live_cells, entry.value_bytes, entry.ns_id, counted.0, counted.1
-            ),
-        }
-    }
-
     /// What merge namespace `entry` is due after a fold: all its runs
     /// once the newer ones outgrow half its oldest (the namespace
     /// rewritten, as rarely as its growth allows), else its newer runs
@@ -485,13 +478,12 @@ impl CheckpointStore {
         (entry.runs.len() > MERGE_AT_RUNS).then_some(MergeScope::Newer)
     }
 
-    /// Merges the runs of the namespaces `when` picks, each into one run,
-    /// then switches the manifest once and removes the old runs.
-    pub(super) fn merge_runs(
-        &mut self,
-        when: MergeWhen,
-        report: &mut CompactionReport,
-    ) -> Result<(), StoreError> {
+    /// Picks the namespaces `when` asks for and makes their merge job:
+    /// their runs opened now, a new run's file id reserved for each (in
+    /// the manifest in memory, stored by the next switch; a crash before
+    /// leaves an unlisted file that the next start removes). `None` when
+    /// no namespace needs one.
+    pub(super) fn pick_merge(&mut self, when: MergeWhen) -> Result<Option<MergeJob>, StoreError> {
         let picked: Vec<(NamespaceRuns, MergeScope)> = self
             .manifest
             .namespaces
@@ -505,102 +497,119 @@ impl CheckpointStore {
                 Some((entry.clone(), scope))
             })
             .collect();
-        if picked.is_empty() {
-            return Ok(());
-        }
-        let _in_flight = self.merges_in_flight.clone().map(MergeInFlight::start);
-        let mut next = self.manifest.clone();
-        let mut old = Vec::new();
+        let mut parts = Vec::with_capacity(picked.len());
         for (entry, scope) in picked {
             let Some(encrypted) = Self::encrypted(&self.catalog, entry.ns_id) else {
                 continue;
             };
-            let (merged, unlisted) =
-                self.merge_namespace(&entry, encrypted, scope, &mut next, report)?;
-            let replaced = match scope {
-                MergeScope::All => &entry.runs[..],
-                MergeScope::Newer => &entry.runs[..entry.runs.len() - 1],
+            let runs = self.open_runs(&entry, encrypted)?;
+            let protection = self.write_protection(encrypted)?;
+            let file_id = self.manifest.next_file_id;
+            self.manifest.next_file_id += 1;
+            parts.push(NamespaceMerge {
+                entry,
+                scope,
+                runs,
+                file_id,
+                protection,
+            });
+        }
+        if parts.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(MergeJob {
+            storage: Arc::clone(&self.storage),
+            dir: self.dir.clone(),
+            parts,
+            crash_at: self.config.crash_at,
+            hold: self.config.merge_hold.clone(),
+            stop: Arc::new(AtomicBool::new(false)),
+        }))
+    }
+
+    /// Merges the runs of the namespaces `when` picks, each into one run,
+    /// on this thread, then installs them (one manifest switch).
+    pub(super) fn merge_runs(
+        &mut self,
+        when: MergeWhen,
+        report: &mut CompactionReport,
+    ) -> Result<(), StoreError> {
+        let Some(job) = self.pick_merge(when)? else {
+            return Ok(());
+        };
+        let _in_flight = self.merges_in_flight.clone().map(MergeInFlight::start);
+        match run_merge_job(job) {
+            Ok(merged) => self.install_merge(merged, report),
+            Err(MergeFailure::Failed(e)) => Err(e),
+            Err(MergeFailure::Cancelled { output_ids }) => {
+                discard_outputs(self.storage.as_ref(), &self.dir, &output_ids)
+            }
+        }
+    }
+
+    /// Installs a finished merge with one manifest switch: each merged run
+    /// replaces exactly the runs it read (runs folded meanwhile stay above
+    /// it), the namespace's counts stay its current ones (a merge changes
+    /// no cell); then the runs replaced are removed. A merged run whose
+    /// namespace was dropped, or whose inputs are no longer listed (a
+    /// compaction rewrote them), is discarded instead.
+    pub(super) fn install_merge(
+        &mut self,
+        merged: Vec<MergedNamespace>,
+        report: &mut CompactionReport,
+    ) -> Result<(), StoreError> {
+        self.check_usable()?;
+        let mut next = self.manifest.clone();
+        let mut old = Vec::new();
+        let mut discarded = Vec::new();
+        let mut installed = 0;
+        for m in merged {
+            let read = match m.scope {
+                MergeScope::All => &m.entry.runs[..],
+                MergeScope::Newer => &m.entry.runs[..m.entry.runs.len() - 1],
             };
-            old.extend(replaced.iter().map(|run| run.file_id));
-            // A merged run that holds nothing is listed by no one.
-            old.extend(unlisted);
-            next.set_namespace(merged);
+            let live = Self::encrypted(&self.catalog, m.entry.ns_id).is_some();
+            let current = next.namespace(m.entry.ns_id).filter(|_| live).cloned();
+            let Some((mut current, at)) = current.and_then(|current| {
+                let at = if read.is_empty() {
+                    0
+                } else {
+                    current
+                        .runs
+                        .windows(read.len())
+                        .position(|window| window == read)?
+                };
+                Some((current, at))
+            }) else {
+                discarded.push(m.file_id);
+                continue;
+            };
+            let mut runs = current.runs[..at].to_vec();
+            if m.summary.entries == 0 {
+                // A merged run that holds nothing is listed by no one.
+                old.push(m.file_id);
+            } else {
+                runs.push(run_ref(m.file_id, &m.summary));
+            }
+            runs.extend_from_slice(&current.runs[at + read.len()..]);
+            current.runs = runs;
+            old.extend(read.iter().map(|run| run.file_id));
+            next.set_namespace(current);
+            installed += 1;
+            report.runs_merged += read.len();
+            report.entries_written += m.summary.entries;
+            report.base_bytes += m.summary.file_bytes;
+        }
+        if installed == 0 {
+            return discard_outputs(self.storage.as_ref(), &self.dir, &discarded);
         }
         self.crash_check(CrashPoint::MergeRenamed)?;
         let next = self.authenticate(next, None)?;
         self.switch_manifest(next)?;
         self.publish_runs();
         self.crash_check(CrashPoint::MergeManifestSwitched)?;
-        self.remove_runs(&old)
-    }
-
-    /// Writes namespace `entry`'s runs (`scope`: all, or all but the
-    /// oldest) merged into one new run (its id taken from `next`); returns
-    /// the namespace's entry listing it in their place, and the new run's
-    /// id when it holds nothing (every cell deleted) and so is not listed.
-    fn merge_namespace(
-        &mut self,
-        entry: &NamespaceRuns,
-        encrypted: bool,
-        scope: MergeScope,
-        next: &mut Manifest,
-        report: &mut CompactionReport,
-    ) -> Result<(NamespaceRuns, Option<u64>), StoreError> {
-        let runs = self.open_runs(entry, encrypted)?;
-        let (file_id, path, protection) = self.new_run(next, encrypted)?;
-        let storage = Arc::clone(&self.storage);
-        let mut writer = RunFileWriter::create(
-            storage.as_ref(),
-            &path,
-            file_id,
-            entry.ns_id,
-            &protection,
-            runs.readers.iter().map(|r| r.entry_count()).sum(),
-        )?;
-        let mut value_bytes = 0u64;
-        let mut sources = runs.sources();
-        if scope == MergeScope::Newer {
-            // The oldest stays; tombstones stay too, for what it holds.
-            sources.pop();
-        }
-        for item in Merge::new(sources, scope == MergeScope::All)? {
-            let (key, value) = item?;
-            value_bytes += value.as_ref().map_or(0, |v| v.len() as u64);
-            writer.push(key, value.as_deref())?;
-        }
-        if self.config.crash_at == Some(CrashPoint::MergeTempWritten) {
-            drop(writer);
-            return Err(StoreError::SimulatedCrash("MergeTempWritten".into()));
-        }
-        let summary = writer.finish()?;
-        let merged_runs = match scope {
-            MergeScope::All => {
-                if (summary.entries, value_bytes) != (entry.live_cells, entry.value_bytes) {
-                    return Err(self.count_mismatch(entry, (summary.entries, value_bytes)));
-                }
-                entry.runs.len()
-            }
-            // Tombstones and hidden values included: no live count to check.
-            MergeScope::Newer => entry.runs.len() - 1,
-        };
-        report.runs_merged += merged_runs;
-        report.entries_written += summary.entries;
-        report.base_bytes += summary.file_bytes;
-        let (mut runs, unlisted) = if summary.entries == 0 {
-            (Vec::new(), Some(file_id))
-        } else {
-            (vec![run_ref(file_id, &summary)], None)
-        };
-        if scope == MergeScope::Newer {
-            runs.extend(entry.runs.last().cloned());
-        }
-        Ok((
-            NamespaceRuns {
-                runs,
-                ..entry.clone()
-            },
-            unlisted,
-        ))
+        self.remove_runs(&old)?;
+        discard_outputs(self.storage.as_ref(), &self.dir, &discarded)
     }
 
     /// Writes one namespace's cells (curve key order, no deletes) as its
@@ -677,10 +686,10 @@ impl CheckpointStore {
 }
 
 /// Counts a merge in the stats while it lives (an error path included).
-struct MergeInFlight(Arc<crate::stats::StoreStats>);
+pub(super) struct MergeInFlight(Arc<crate::stats::StoreStats>);
 
 impl MergeInFlight {
-    fn start(stats: Arc<crate::stats::StoreStats>) -> MergeInFlight {
+    pub(super) fn start(stats: Arc<crate::stats::StoreStats>) -> MergeInFlight {
         stats
             .merges_in_flight
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -698,15 +707,15 @@ impl Drop for MergeInFlight {
 
 /// A namespace's runs, open while this lives; their blocks leave the
 /// cache when it is dropped.
-struct OpenRuns {
+pub(super) struct OpenRuns {
     /// Newest first.
-    readers: Vec<RunFileReader>,
+    pub(super) readers: Vec<RunFileReader>,
     cache: Arc<BlockCache>,
 }
 
 impl OpenRuns {
     /// Each run's whole range, newest first: the sources of a [`Merge`].
-    fn sources(&self) -> Vec<Source<'_>> {
+    pub(super) fn sources(&self) -> Vec<Source<'_>> {
         self.readers
             .iter()
             .map(|r| Box::new(r.range(0, MAX_KEY)) as Source<'_>)

@@ -15,6 +15,8 @@ pub fn sim_config(disk: &SimDisk) -> EngineConfig {
     c.storage = Arc::new(disk.clone());
     c.group_commit.segment_bytes = 4096;
     c.checkpoint.poll_interval = Duration::from_secs(3600);
+    // Merges on the merge thread, but waited for: one order of I/O per seed.
+    c.checkpoint.wait_for_merges = true;
     c
 }
 
