@@ -842,14 +842,7 @@ fn cell_storage_entries(
     s: &StoreStatsSnapshot,
     tiers: &cube_store::disk_tier::TierStats,
 ) -> Vec<StatsEntry> {
-    let hit_rate = |hits: u64, misses: u64| {
-        if hits + misses == 0 {
-            0.0
-        } else {
-            hits as f64 / (hits + misses) as f64
-        }
-    };
-    vec![
+    let mut entries = vec![
         count(
             "storage.disk_bytes",
             s.wal_disk_bytes + s.base_bytes + s.delta_bytes,
@@ -859,23 +852,6 @@ fn cell_storage_entries(
         count("storage.namespaces_on_disk", tiers.namespaces_on_disk),
         count("storage.resident_bytes", tiers.resident_bytes),
         count("storage.resident_limit_bytes", tiers.resident_limit_bytes),
-        count("storage.cache_bytes", tiers.cache.bytes),
-        count("storage.cache_limit_bytes", tiers.cache.budget_bytes),
-        count("storage.cache_hits", tiers.cache.hits),
-        count("storage.cache_misses", tiers.cache.misses),
-        float(
-            "storage.cache_hit_rate",
-            hit_rate(tiers.cache.hits, tiers.cache.misses),
-        ),
-        count("storage.row_cache_bytes", tiers.rows.bytes),
-        count("storage.row_cache_limit_bytes", tiers.rows.budget_bytes),
-        count("storage.row_cache_rows", tiers.rows.entries),
-        count("storage.row_cache_hits", tiers.rows.hits),
-        count("storage.row_cache_misses", tiers.rows.misses),
-        float(
-            "storage.row_cache_hit_rate",
-            hit_rate(tiers.rows.hits, tiers.rows.misses),
-        ),
         count("storage.run_index_bytes", tiers.run_index_bytes),
         count("storage.memtable_bytes", tiers.memtable_bytes),
         count("storage.memtable_limit_bytes", tiers.memtable_limit_bytes),
@@ -884,6 +860,41 @@ fn cell_storage_entries(
         count("storage.merges_in_flight", s.merges_in_flight),
         count("storage.migrations", tiers.migrations),
         count("storage.lookup_failures", tiers.lookup_failures),
+    ];
+    let (blocks, rows) = (&tiers.cache, &tiers.rows);
+    entries.extend(cache_entries(
+        "storage.cache",
+        (
+            blocks.bytes,
+            blocks.budget_bytes,
+            blocks.hits,
+            blocks.misses,
+        ),
+    ));
+    entries.extend(cache_entries(
+        "storage.row_cache",
+        (rows.bytes, rows.budget_bytes, rows.hits, rows.misses),
+    ));
+    entries.push(count("storage.row_cache_rows", rows.entries));
+    entries
+}
+
+/// A cache's bytes against its budget, hits, misses and hit rate.
+fn cache_entries(
+    prefix: &str,
+    (bytes, limit, hits, misses): (u64, u64, u64, u64),
+) -> [StatsEntry; 5] {
+    let rate = if hits + misses == 0 {
+        0.0
+    } else {
+        hits as f64 / (hits + misses) as f64
+    };
+    [
+        count(&format!("{prefix}_bytes"), bytes),
+        count(&format!("{prefix}_limit_bytes"), limit),
+        count(&format!("{prefix}_hits"), hits),
+        count(&format!("{prefix}_misses"), misses),
+        float(&format!("{prefix}_hit_rate"), rate),
     ]
 }
 
