@@ -467,6 +467,29 @@ impl Engine {
         lock(&self.checkpointer).backup(dest)
     }
 
+    /// Waits until `done` holds of the stats, checking them again each time
+    /// a checkpoint's outcome is recorded or a background merge settles;
+    /// false if `timeout` passed first. For tests and tools that wait on
+    /// the background threads without polling.
+    pub fn wait_for_stats(
+        &self,
+        timeout: Duration,
+        mut done: impl FnMut(&StoreStatsSnapshot) -> bool,
+    ) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut held = self.stats.background_guard();
+        loop {
+            if done(&self.stats()) {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            held = self.stats.wait_background(held, deadline - now);
+        }
+    }
+
     pub fn stats(&self) -> StoreStatsSnapshot {
         let mut snapshot = self.stats.snapshot();
         snapshot.wal_disk_bytes =

@@ -1,7 +1,7 @@
 //! Counters the writer and recovery keep, read lock-free by `stats`.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 
 use hdrhistogram::Histogram;
 
@@ -54,6 +54,40 @@ pub struct StoreStats {
     pub(crate) folds_in_flight: AtomicU64,
     /// 1 while the checkpointer merges a namespace's runs, else 0.
     pub(crate) merges_in_flight: AtomicU64,
+    /// Signalled, under `background_lock`, after the counters of a
+    /// checkpoint's outcome or of a merge settling changed: what
+    /// [`crate::Engine::wait_for_stats`] waits on.
+    background_changed: Condvar,
+    background_lock: Mutex<()>,
+}
+
+impl StoreStats {
+    /// Wakes the waiters of [`crate::Engine::wait_for_stats`]; called after
+    /// the counters changed, so a waiter that checks them holding the lock
+    /// misses no change.
+    pub(crate) fn notify_background(&self) {
+        let _held = self.background_guard();
+        self.background_changed.notify_all();
+    }
+
+    pub(crate) fn background_guard(&self) -> MutexGuard<'_, ()> {
+        self.background_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits on the next [`StoreStats::notify_background`], at most
+    /// `timeout`.
+    pub(crate) fn wait_background<'a>(
+        &self,
+        held: MutexGuard<'a, ()>,
+        timeout: std::time::Duration,
+    ) -> MutexGuard<'a, ()> {
+        self.background_changed
+            .wait_timeout(held, timeout)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0
+    }
 }
 
 /// A consistent-enough copy of the counters (each read is atomic; the set

@@ -9,11 +9,11 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crossbeam_channel::{Sender, bounded};
 use cube_protocol::{Coord, NamespaceName};
-use cube_store::{CrashPoint, Engine, EngineConfig, MergeHold, Mutation};
+use cube_store::{CrashPoint, Engine, EngineConfig, MergeHold, Mutation, StoreStatsSnapshot};
 
 /// Generous: only catches a hang.
 const HANG_BOUND: Duration = Duration::from_secs(120);
@@ -97,15 +97,13 @@ fn assert_cells(engine: &Engine, model: &Model, upto: i32) {
     }
 }
 
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !done() {
-        assert!(
-            started.elapsed() < HANG_BOUND,
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+/// Waits until the stats show `done` (woken by the checkpointer and the
+/// merge thread, not by a clock); the bound only catches a hang.
+fn wait_until(engine: &Engine, what: &str, done: impl FnMut(&StoreStatsSnapshot) -> bool) {
+    assert!(
+        engine.wait_for_stats(HANG_BOUND, done),
+        "timed out waiting for {what}"
+    );
 }
 
 /// No temp file is left; the cells match the model before a clean
@@ -187,8 +185,7 @@ fn a_fold_completes_while_a_merge_is_in_flight() {
     assert_eq!(files_ending(&data, ".run").len(), 3);
 
     drop(release);
-    wait_until("the merge to be installed", || {
-        let stats = engine.stats();
+    wait_until(&engine, "the merge to be installed", |stats| {
         stats.merges_in_flight == 0 && stats.compactions > compactions
     });
     // The merged run replaced the two it read; the fold's run stays above.
@@ -241,8 +238,8 @@ fn a_namespace_dropped_during_its_merge_leaves_no_run() {
     put(&engine, &mut model, 5, 4);
     drop(release);
     engine.checkpoint().unwrap();
-    wait_until("no merge in flight", || {
-        engine.stats().merges_in_flight == 0
+    wait_until(&engine, "no merge in flight", |stats| {
+        stats.merges_in_flight == 0
     });
     // The new namespace's one run only.
     assert_eq!(files_ending(&data, ".run").len(), 1);
@@ -266,8 +263,8 @@ fn a_failed_background_merge_is_reported_and_loses_nothing() {
         }
         engine.checkpoint().unwrap();
     }
-    wait_until("the merge's failure", || {
-        engine.stats().checkpoint_failures > 0
+    wait_until(&engine, "the merge's failure", |stats| {
+        stats.checkpoint_failures > 0
     });
     let stats = engine.stats();
     let message = stats.last_checkpoint_failure.unwrap_or_default();

@@ -427,14 +427,11 @@ fn run_files(dir: &Path) -> usize {
 /// Waits until no merge is in flight (the merge thread's last one
 /// installed); the bound only catches a hang.
 fn merges_settled(engine: &Engine) {
-    let started = std::time::Instant::now();
-    while engine.stats().merges_in_flight > 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "a merge hangs"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    assert!(
+        engine.wait_for_stats(Duration::from_secs(120), |stats| stats.merges_in_flight
+            == 0),
+        "a merge hangs"
+    );
 }
 
 /// A fold writes one run per namespace that has cells; a namespace's runs

@@ -258,6 +258,7 @@ pub(crate) fn record(
     stats.delta_bytes.store(deltas, Relaxed);
     stats.delta_files.store(store.delta_count() as u64, Relaxed);
     stats.checkpoint_lsn.store(store.checkpoint_lsn(), Relaxed);
+    stats.notify_background();
 }
 
 /// The longest wait between two automatic checkpoint attempts while they

@@ -702,6 +702,7 @@ impl Drop for MergeInFlight {
         self.0
             .merges_in_flight
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        self.0.notify_background();
     }
 }
 
