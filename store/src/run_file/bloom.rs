@@ -28,6 +28,9 @@
 //! Mitzenmacher): probe i is `h1 + i * h2`, mapped onto the filter's bits by
 //! a multiply-shift, which needs no division and no power-of-two size.
 
+use crate::huge_pages::huge_vec;
+use crate::prefetch::prefetch;
+
 /// Filter bits per entry.
 pub const BITS_PER_KEY: u64 = 10;
 /// Bits set, and tested, per key.
@@ -94,6 +97,19 @@ pub fn key_hash(key: u128) -> u64 {
     fmix64(low ^ fmix64(high ^ SEED_HIGH))
 }
 
+/// A filter's bits in memory of their own, on huge pages when large
+/// (`crate::huge_pages`): its probes land anywhere in it, and with 4 KiB
+/// pages nearly every one was a TLB miss too.
+fn on_huge_pages(bits: &[u8]) -> Vec<u8> {
+    let mut bytes = huge_vec(bits.len());
+    bytes.extend_from_slice(bits);
+    bytes
+}
+
+/// How far ahead [`BloomFilter::may_contain_each`] asks for the lines it
+/// will probe: enough misses in flight to cover a memory latency.
+const PREFETCH_AHEAD_KEYS: usize = 16;
+
 /// The bit a probe value `g` maps to in a filter of `bits` bits.
 fn bit_of(g: u64, bits: u64) -> u64 {
     ((u128::from(g) * u128::from(bits)) >> 64) as u64
@@ -117,7 +133,7 @@ impl BloomFilter {
     /// An empty filter of `bits` bits, allocated at once.
     pub fn with_bits(bits: u64) -> BloomFilter {
         let len = usize::try_from(bits.div_ceil(8)).unwrap_or(usize::MAX);
-        let mut bytes = Vec::with_capacity(len.saturating_add(STORE_SPARE_BYTES));
+        let mut bytes = huge_vec(len.saturating_add(STORE_SPARE_BYTES));
         bytes.resize(len, 0);
         BloomFilter { bytes, bits }
     }
@@ -191,7 +207,8 @@ impl BloomFilter {
                 want.map_or_else(|| "an overflow".to_string(), |w| w.to_string())
             ));
         }
-        let bytes = payload.split_off(FILTER_HEADER_BYTES);
+        let bytes = on_huge_pages(&payload[FILTER_HEADER_BYTES..]);
+        payload.truncate(FILTER_HEADER_BYTES);
         check_index_crc(&payload, index_crc)?;
         let bits = bytes.len() as u64 * 8;
         Ok(BloomFilter { bytes, bits })
@@ -210,7 +227,8 @@ impl BloomFilter {
         if payload.len() < FILTER_V3_HEADER_BYTES {
             return Err(format!("a filter of {} bytes", payload.len()));
         }
-        let bytes = payload.split_off(FILTER_V3_HEADER_BYTES);
+        let bytes = on_huge_pages(&payload[FILTER_V3_HEADER_BYTES..]);
+        payload.truncate(FILTER_V3_HEADER_BYTES);
         let mut count = [0u8; 8];
         count.copy_from_slice(&payload[4..12]);
         let bits = u64::from_le_bytes(count);
@@ -257,6 +275,41 @@ impl BloomFilter {
         self.bits > 0 && probes(key_hash(key), self.bits).all(|b| self.is_set(b))
     }
 
+    /// [`Self::may_contain`] of each of `keys`, in their order. In a
+    /// large filter every probe is a cache miss, and one key's probes
+    /// wait on each other; asking for the lines of the keys
+    /// [`PREFETCH_AHEAD_KEYS`] further on before probing this one's lets
+    /// the misses of a batch overlap. (The writer's lookups of an
+    /// import's batches spent a quarter of the daemon's time in single
+    /// probes at 60 M cells.)
+    pub fn may_contain_each(&self, keys: &[u128]) -> Vec<bool> {
+        if self.bits == 0 {
+            return vec![false; keys.len()];
+        }
+        let hashes: Vec<u64> = keys.iter().map(|&key| key_hash(key)).collect();
+        // The first two probes: half the absent keys stop at the first,
+        // most of the rest at the second.
+        let ask = |hash: u64| {
+            for b in probes(hash, self.bits).take(2) {
+                prefetch(self.bytes.as_ptr().wrapping_add((b / 8) as usize));
+            }
+        };
+        hashes
+            .iter()
+            .take(PREFETCH_AHEAD_KEYS)
+            .for_each(|&h| ask(h));
+        hashes
+            .iter()
+            .enumerate()
+            .map(|(i, &hash)| {
+                if let Some(&later) = hashes.get(i + PREFETCH_AHEAD_KEYS) {
+                    ask(later);
+                }
+                probes(hash, self.bits).all(|b| self.is_set(b))
+            })
+            .collect()
+    }
+
     /// Memory the filter takes.
     pub fn heap_bytes(&self) -> usize {
         self.bytes.capacity()
@@ -278,6 +331,26 @@ fn check_index_crc(header: &[u8], index_crc: u32) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn probing_a_batch_answers_as_probing_each_key() {
+        let mut filter = BloomFilter::with_bits(10 * 1000);
+        for k in (0..1000u128).map(|k| k * 3) {
+            filter.insert(key_hash(k));
+        }
+        // Present, absent and a few false positives, in a batch longer
+        // than the prefetch distance and in one shorter.
+        let keys: Vec<u128> = (0..3000).collect();
+        let each: Vec<bool> = keys.iter().map(|&k| filter.may_contain(k)).collect();
+        assert_eq!(filter.may_contain_each(&keys), each);
+        assert_eq!(filter.may_contain_each(&keys[..5]), each[..5]);
+        assert!(each.iter().step_by(3).all(|&maybe| maybe));
+        assert!(each.iter().filter(|&&maybe| maybe).count() < 1100);
+        assert_eq!(
+            BloomFilter::default().may_contain_each(&keys[..3]),
+            [false; 3]
+        );
+    }
 
     /// The worked example of docs/storage-format.md, "Bloom filter".
     #[test]

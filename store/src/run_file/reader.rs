@@ -431,7 +431,20 @@ impl RunFileReader {
     /// The block that may hold `key`: none if the key is outside the
     /// file's key range or the filter rules it out.
     fn block_for_lookup(&self, key: u128) -> Option<usize> {
-        self.index.block_for(key).filter(|_| self.may_contain(key))
+        // The filter first: it rules most absent keys out in a probe or
+        // two, where the index's binary search costs a miss a level.
+        self.may_contain(key)
+            .then(|| self.index.block_for(key))
+            .flatten()
+    }
+
+    /// [`Self::may_contain`] of each of `keys`, their filter probes
+    /// overlapped ([`BloomFilter::may_contain_each`]).
+    fn may_contain_each(&self, keys: &[u128]) -> Vec<bool> {
+        match self.filter.as_ref().and_then(|slot| slot.loaded()) {
+            Some(filter) => filter.may_contain_each(keys),
+            None => vec![true; keys.len()],
+        }
     }
 
     /// The cache id of this file's blocks ([`BlockCache::forget_file`]).
@@ -463,7 +476,11 @@ impl RunFileReader {
     /// none is read for keys the filter rules out. A bad block fails the
     /// keys it holds, and only those.
     pub fn get_many(&self, keys: &[u128]) -> Vec<Result<Option<Slot>, RunFileError>> {
-        let places: Vec<Option<usize>> = keys.iter().map(|k| self.block_for_lookup(*k)).collect();
+        let places: Vec<Option<usize>> = keys
+            .iter()
+            .zip(self.may_contain_each(keys))
+            .map(|(&key, maybe)| maybe.then(|| self.index.block_for(key)).flatten())
+            .collect();
         let mut wanted: Vec<usize> = places.iter().flatten().copied().collect();
         wanted.sort_unstable();
         wanted.dedup();
