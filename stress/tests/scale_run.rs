@@ -13,7 +13,7 @@ use common::{field, int, number, parse_json};
 use cube_stress::json::Json;
 
 /// Every figure the report promises (docs/benchmarks.md, "Scale").
-const FIGURES: [&str; 12] = [
+const FIGURES: [&str; 13] = [
     "import_rate",
     "import_slowest_10s",
     "import_peak_rss",
@@ -25,6 +25,7 @@ const FIGURES: [&str; 12] = [
     "pread_floor",
     "box_scan_cold",
     "box_scan_cached",
+    "socket_floor",
     "in_cache_rss",
 ];
 
