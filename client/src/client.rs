@@ -273,14 +273,8 @@ impl Client {
     }
 
     fn call_once(&mut self, request: &Request) -> Result<Response, ClientError> {
-        let request_id = self.take_request_id();
-        self.out.clear();
-        request.encode(request_id, &mut self.out);
-        self.check_frame_size(request, self.out.len())?;
-        if let Err(write_error) = self.stream.write_all(&self.out) {
-            return Err(self.explain_write_failure(write_error));
-        }
-        let (header, outcome) = self.read_response()?;
+        let (header, request_id) = self.send_and_read_frame(request)?;
+        let outcome = self.decode_answer(&header)?;
         answer_to(request, request_id, &header, outcome)
     }
 
@@ -424,9 +418,17 @@ impl Client {
         &mut self,
     ) -> Result<(FrameHeader, Result<Response, ServerError>), ClientError> {
         let header = self.read_checked_frame()?;
-        let outcome = Response::decode(&header, &self.body, &self.answer_limits())
-            .map_err(|e| ClientError::Protocol(ProtocolError::Decode(e)))?;
+        let outcome = self.decode_answer(&header)?;
         Ok((header, outcome))
+    }
+
+    /// The answer in the body buffer, decoded.
+    fn decode_answer(
+        &self,
+        header: &FrameHeader,
+    ) -> Result<Result<Response, ServerError>, ClientError> {
+        Response::decode(header, &self.body, &self.answer_limits())
+            .map_err(|e| ClientError::Protocol(ProtocolError::Decode(e)))
     }
 
     /// Reads the next frame into the body buffer and checks its CRC.
@@ -454,12 +456,17 @@ impl Client {
         request: &Request,
     ) -> Result<(FrameHeader, u64), ClientError> {
         self.check_in_step()?;
-        let result = self.call_in_place_once(request);
+        let result = self.send_and_read_frame(request);
         self.note_failure(&result);
         result
     }
 
-    fn call_in_place_once(&mut self, request: &Request) -> Result<(FrameHeader, u64), ClientError> {
+    /// Writes `request` and reads one frame into the body buffer, CRC
+    /// checked; returns its header and the request's id.
+    fn send_and_read_frame(
+        &mut self,
+        request: &Request,
+    ) -> Result<(FrameHeader, u64), ClientError> {
         let request_id = self.take_request_id();
         self.out.clear();
         request.encode(request_id, &mut self.out);

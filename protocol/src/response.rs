@@ -21,7 +21,7 @@ use crate::program::{
     read_run_reply, read_step_reply,
 };
 use crate::request::MAX_MGET_CELLS;
-use crate::scan_cells::{ScanResultRef, read_scan_page_ref};
+use crate::scan_cells::read_scan_page_ref;
 use crate::watch::{WatchFrame, put_watch_frame, read_watch_frame};
 use crate::wire::{
     BodyReader, MAX_MESSAGE_BYTES, MAX_NAME_BYTES, put_blob, put_coord, put_optional_coord,
@@ -607,24 +607,7 @@ pub(crate) fn read_status(r: &mut BodyReader<'_>) -> Result<Option<ServerError>,
 /// A scan page, owned: the cells checked in place
 /// ([`crate::scan_cells::read_scan_page_ref`]), then each value copied.
 fn read_scan_page(r: &mut BodyReader<'_>, max_value_bytes: usize) -> Result<Response, DecodeError> {
-    let page = read_scan_page_ref(r, max_value_bytes)?;
-    let result = match page.result {
-        ScanResultRef::Count(count) => ScanResult::Count(count),
-        ScanResultRef::Cells(cells) => ScanResult::Cells(
-            cells
-                .iter()
-                .map(|(coord, value)| ScanCell {
-                    coord,
-                    value: value.to_vec(),
-                })
-                .collect(),
-        ),
-    };
-    Ok(Response::Scan {
-        result,
-        resume_after: page.resume_after,
-        lsn: page.lsn,
-    })
+    Ok(read_scan_page_ref(r, max_value_bytes)?.to_response())
 }
 
 fn read_graph(

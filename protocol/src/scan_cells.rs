@@ -8,11 +8,9 @@ use crate::edge::read_count;
 use crate::error::DecodeError;
 use crate::frame::{FrameHeader, Limits, Opcode, RESPONSE_BIT};
 use crate::model::Coord;
-#[cfg(doc)]
-use crate::response::Response;
 use crate::response::{
-    MAX_SCAN_PAGE_CELLS, MIN_SCAN_CELL_BYTES, SCAN_KIND_CELLS, SCAN_KIND_COUNT, SCAN_KIND_WITH_LSN,
-    ServerError, read_status,
+    MAX_SCAN_PAGE_CELLS, MIN_SCAN_CELL_BYTES, Response, SCAN_KIND_CELLS, SCAN_KIND_COUNT,
+    SCAN_KIND_WITH_LSN, ScanCell, ScanResult, ServerError, read_status,
 };
 use crate::wire::BodyReader;
 
@@ -40,6 +38,29 @@ pub struct ScanPageRef<'a> {
     pub resume_after: Option<Coord>,
     /// The LSN the page is at, when the request asked for it.
     pub lsn: Option<u64>,
+}
+
+impl ScanPageRef<'_> {
+    /// The page as an owned [`Response::Scan`], each value copied.
+    pub fn to_response(&self) -> Response {
+        let result = match self.result {
+            ScanResultRef::Count(count) => ScanResult::Count(count),
+            ScanResultRef::Cells(cells) => ScanResult::Cells(
+                cells
+                    .iter()
+                    .map(|(coord, value)| ScanCell {
+                        coord,
+                        value: value.to_vec(),
+                    })
+                    .collect(),
+            ),
+        };
+        Response::Scan {
+            result,
+            resume_after: self.resume_after,
+            lsn: self.lsn,
+        }
+    }
 }
 
 impl<'a> ScanCells<'a> {
@@ -208,7 +229,6 @@ mod tests {
     use super::*;
     use crate::error::ErrorCode;
     use crate::frame::split_frame;
-    use crate::response::{Response, ScanCell, ScanResult};
 
     fn limits(max_value_bytes: u32) -> Limits {
         Limits {
@@ -224,27 +244,6 @@ mod tests {
                 value: vec![i as u8; i % 5],
             })
             .collect()
-    }
-
-    /// The borrowed page as owned cells, to compare with `Response::decode`.
-    fn owned(page: ScanPageRef<'_>) -> Response {
-        let result = match page.result {
-            ScanResultRef::Count(n) => ScanResult::Count(n),
-            ScanResultRef::Cells(cells) => ScanResult::Cells(
-                cells
-                    .iter()
-                    .map(|(coord, value)| ScanCell {
-                        coord,
-                        value: value.to_vec(),
-                    })
-                    .collect(),
-            ),
-        };
-        Response::Scan {
-            result,
-            resume_after: page.resume_after,
-            lsn: page.lsn,
-        }
     }
 
     #[test]
@@ -271,7 +270,7 @@ mod tests {
                     assert_eq!(cells.iter().len(), cells.len());
                     assert_eq!(cells.iter().count(), cells.len());
                 }
-                assert_eq!(owned(page), response);
+                assert_eq!(page.to_response(), response);
             }
         }
     }
@@ -295,7 +294,7 @@ mod tests {
                     Some(a)
                 }
                 (Ok(Ok(a)), Ok(Ok(b))) => {
-                    assert_eq!(a, owned(b));
+                    assert_eq!(a, b.to_response());
                     None
                 }
                 (a, b) => panic!("decoders disagree: {a:?} / {b:?}"),
