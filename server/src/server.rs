@@ -860,6 +860,10 @@ fn cell_storage_entries(
         count("storage.merges_in_flight", s.merges_in_flight),
         count("storage.migrations", tiers.migrations),
         count("storage.lookup_failures", tiers.lookup_failures),
+        count(
+            "storage.filter_loads_pending",
+            cube_store::run_file::filter_loads_pending(),
+        ),
     ];
     let (blocks, rows) = (&tiers.cache, &tiers.rows);
     entries.extend(cache_entries(

@@ -336,6 +336,11 @@ fn a_damaged_filter_is_served_without_and_reported() {
     let path = run.display().to_string();
     let said = |log: &str| log.contains("without its Bloom filter") && log.contains(&path);
     common::wait_for("the damaged filter reported", || said(&daemon.log_text()));
+    // A filter that failed its checks still counts as loaded: the loader
+    // is done with it.
+    common::wait_for("no filter load pending", || {
+        stat(&mut c, "storage.filter_loads_pending") == 0
+    });
     let log = daemon.log_text();
     assert!(
         log.contains(&format!("offset {filter_at}")) && log.contains("--verify"),

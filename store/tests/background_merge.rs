@@ -278,3 +278,50 @@ fn a_failed_background_merge_is_reported_and_loses_nothing() {
     assert_cells(&engine, &model, 320);
     engine.close_without_checkpoint();
 }
+
+/// Folds go on while a merge is held, far past the manifest's 64 runs a
+/// namespace: the fold that finds 24 runs (`FOLD_WAITS_AT_RUNS`) waits
+/// for the merge in flight, then merges, so every fold succeeds, the run
+/// count stays under the cap, and no cell is lost.
+#[test]
+fn folds_past_the_run_cap_wait_for_the_merge_in_flight() {
+    const FOLDS: i32 = 70;
+    const FOLD_WAITS_AT_RUNS: i32 = 24;
+    let (_tmp, data, engine, mut model, release) = held_merge();
+    let engine = std::sync::Arc::new(engine);
+    let (asked, asked_rx) = bounded(FOLDS as usize);
+    let folding = {
+        let engine = std::sync::Arc::clone(&engine);
+        let data = data.clone();
+        std::thread::spawn(move || {
+            let mut model = Model::new();
+            for fold in 0..FOLDS {
+                for i in 0..10 {
+                    put(&engine, &mut model, 1000 + fold * 10 + i, 5);
+                }
+                asked.send(fold).unwrap();
+                engine.checkpoint().unwrap();
+                // Listed runs, and at most a merged one not yet listed.
+                let runs = files_ending(&data, ".run").len();
+                assert!(runs <= FOLD_WAITS_AT_RUNS as usize + 1, "{runs} runs");
+            }
+            model
+        })
+    };
+    // The two held runs and one per fold: the fold that finds 24 runs is
+    // the 23rd (0-based 22). Released once it has been asked for.
+    while asked_rx.recv_timeout(HANG_BOUND).unwrap() < FOLD_WAITS_AT_RUNS - 2 {}
+    drop(release);
+    model.extend(folding.join().unwrap());
+    let engine = std::sync::Arc::into_inner(engine).unwrap();
+    // The last fold may have started a merge: its temp file goes when it
+    // is installed.
+    wait_until(&engine, "no merge in flight", |stats| {
+        stats.merges_in_flight == 0
+    });
+    for (i, value) in model.range(1000..) {
+        let got = engine.get(&ns(), coord(*i)).unwrap().unwrap();
+        assert_eq!(got.map(|v| v.to_vec()).as_ref(), Some(value), "cell {i}");
+    }
+    shut_down_and_restart(engine, &data, &model);
+}

@@ -15,6 +15,7 @@
 mod daemon;
 mod dataset;
 mod floor;
+mod page_cache;
 mod report;
 mod socket_floor;
 
@@ -47,6 +48,8 @@ const BOX_CACHED_TARGET_MS: f64 = 1.0;
 /// The box: 40 × 40 × 40 cells.
 const BOX_SIDE: i32 = 40;
 const BOX_CELLS: u64 = 64_000;
+/// Clients of the cold gets, and the floor's reads in flight beside them.
+const COLD_CLIENTS: usize = 16;
 /// Keys per `mget` when warming the hot range, and per Redis pipeline.
 const WARM_BATCH: usize = 1024;
 
@@ -159,7 +162,11 @@ pub fn scale(args: &ScaleArgs) -> Result<ScaleReport, StressError> {
         "measuring the pread floor on a {} MiB file",
         floor_bytes >> 20
     ));
-    let floor = floor::measure(&args.dir.join("floor.bin"), floor_bytes, 1)?;
+    let floor_path = args.dir.join("floor.bin");
+    let floors = Floors {
+        alone: floor::measure(&floor_path, floor_bytes, 1, 1)?,
+        queued: floor::measure(&floor_path, floor_bytes, 2, COLD_CLIENTS)?,
+    };
 
     say(format!(
         "restarting {} on {}",
@@ -183,7 +190,7 @@ pub fn scale(args: &ScaleArgs) -> Result<ScaleReport, StressError> {
         serving_peak,
     ));
     figures.push(restart_figure(restart));
-    figures.extend(serving.figures(&floor));
+    figures.extend(serving.figures(&floors));
     figures.push(socket_floor.figure());
     figures.push(in_cache_figure(args, rss_after_hot, &redis));
     let dataset = json::object([
@@ -271,6 +278,41 @@ fn daemon_version(socket: &Path) -> String {
         .unwrap_or_else(|| "cubed, version unknown".to_owned())
 }
 
+/// The `pread` floor one read at a time, and with as many in flight as
+/// the cold gets have clients.
+struct Floors {
+    alone: floor::Floor,
+    queued: floor::Floor,
+}
+
+/// Longest wait for the restarted daemon's Bloom filters.
+const FILTER_WAIT: Duration = Duration::from_secs(300);
+
+/// Waits until the daemon has loaded every run file's filter
+/// (`storage.filter_loads_pending` is 0; a daemon without that stat has
+/// none to load), so cold gets measure block reads, not the filters'
+/// load beside them; returns the milliseconds waited.
+fn wait_for_filters(client: &mut Client) -> Result<f64, StressError> {
+    let began = Instant::now();
+    loop {
+        let pending = client.stats()?.into_iter().find_map(|e| match e.value {
+            StatsValue::Count(n) if e.name == "storage.filter_loads_pending" => Some(n),
+            _ => None,
+        });
+        if pending.unwrap_or(0) == 0 {
+            return Ok(began.elapsed().as_secs_f64() * 1000.0);
+        }
+        if began.elapsed() > FILTER_WAIT {
+            return Err(StressError::Usage(format!(
+                "cubed still had {} Bloom filters to load {} s after its restart",
+                pending.unwrap_or(0),
+                FILTER_WAIT.as_secs()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// What the serving phases measured.
 struct Serving {
     box_shape: String,
@@ -302,6 +344,17 @@ fn serve_phases(
     let mut problems = Vec::new();
     let region = scan_box(args.cells).map_err(StressError::Usage)?;
     let mut client = Client::connect(daemon.socket())?;
+    let filters_ms = wait_for_filters(&mut client)?;
+    say(format!(
+        "filters loaded {filters_ms:.0} ms after the first answer; dropping the data set's \
+         pages from the page cache"
+    ));
+    let evicted = page_cache::evict(&args.dir.join("data"))?;
+    say(format!(
+        "asked the kernel to drop {} MiB of {} files",
+        evicted.bytes >> 20,
+        evicted.files
+    ));
     let (box_cold_ms, box_cells) = scan_once(&mut client, &region, args, &mut problems)?;
     say(format!(
         "box scanned cold: {box_cells} cells in {box_cold_ms:.2} ms"
@@ -310,7 +363,7 @@ fn serve_phases(
         "cold gets: 16 clients over all {} cells",
         args.cells
     ));
-    let cold = get_phase(args, daemon, args.cells, 16, &mut problems)?;
+    let cold = get_phase(args, daemon, args.cells, COLD_CLIENTS, &mut problems)?;
     let (box_cached_ms, _) = scan_once(&mut client, &region, args, &mut problems)?;
     say(format!("box scanned from the cache: {box_cached_ms:.2} ms"));
     say(format!(
@@ -559,7 +612,7 @@ fn restart_figure(restart: Duration) -> Figure {
 }
 
 impl Serving {
-    fn figures(&self, floor: &floor::Floor) -> Vec<Figure> {
+    fn figures(&self, floors: &Floors) -> Vec<Figure> {
         let hot = |name, label: &str, g: GetFigures| {
             Figure::new(name, label, "gets/s")
                 .value(g.ops_per_sec)
@@ -568,8 +621,9 @@ impl Serving {
                 .target(">= 0.9x the build before, p99 <= 1.2x", None)
                 .note("a ratio to the build before: see the reference in docs/benchmarks.md")
         };
-        // "Within one disk read": at most a cached get plus the floor.
-        let cold_p50_bound = self.hot_16.p50_us + floor.p50_us;
+        // "Within one disk read": at most a cached get plus a read of the
+        // device with as many reads in flight as the gets have clients.
+        let cold_p50_bound = self.hot_16.p50_us + floors.queued.p50_us;
         let cold_met =
             self.cold.ops_per_sec >= COLD_GETS_TARGET_PER_SEC && self.cold.p50_us <= cold_p50_bound;
         let full_box = self.box_cells == BOX_CELLS;
@@ -599,21 +653,23 @@ impl Serving {
                 .detail("p50_us", self.cold.p50_us)
                 .detail("p99_us", self.cold.p99_us)
                 .target(
-                    format!(">= 10000 gets/s, p50 <= {cold_p50_bound} µs (hot p50 + floor p50)"),
+                    format!(
+                        ">= 10000 gets/s, p50 <= {cold_p50_bound} µs (hot p50 + floor p50 at \
+                         {COLD_CLIENTS} in flight)"
+                    ),
                     Some(cold_met),
                 ),
-            Figure::new("pread_floor", "pread floor, one 4 KiB block", "reads/s")
-                .value(floor.reads_per_sec)
-                .detail("p50_us", floor.p50_us)
-                .detail("p99_us", floor.p99_us)
-                .detail("reads", floor.reads)
-                .detail("file_bytes", floor.file_bytes)
-                .detail("direct", floor.direct)
-                .target("the machine's floor (no target)", None)
-                .note(format!(
-                    "{} reads, one at a time, {}",
-                    floor.reads, floor.mode
-                )),
+            floor_figure(
+                ("pread_floor", "pread floor, one 4 KiB block"),
+                &floors.alone,
+            ),
+            floor_figure(
+                (
+                    "pread_floor_queued",
+                    "pread floor, 4 KiB blocks, 16 in flight",
+                ),
+                &floors.queued,
+            ),
             box_figure(
                 ("box_scan_cold", "64 k-cell box, cold scan"),
                 self.box_cold_ms,
@@ -628,6 +684,22 @@ impl Serving {
             ),
         ]
     }
+}
+
+fn floor_figure((name, label): (&'static str, &str), floor: &floor::Floor) -> Figure {
+    Figure::new(name, label, "reads/s")
+        .value(floor.reads_per_sec)
+        .detail("p50_us", floor.p50_us)
+        .detail("p99_us", floor.p99_us)
+        .detail("reads", floor.reads)
+        .detail("in_flight", floor.in_flight as u64)
+        .detail("file_bytes", floor.file_bytes)
+        .detail("direct", floor.direct)
+        .target("the machine's floor (no target)", None)
+        .note(format!(
+            "{} reads, {} in flight, {}",
+            floor.reads, floor.in_flight, floor.mode
+        ))
 }
 
 fn in_cache_figure(

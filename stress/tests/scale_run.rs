@@ -13,7 +13,7 @@ use common::{field, int, number, parse_json};
 use cube_stress::json::Json;
 
 /// Every figure the report promises (docs/benchmarks.md, "Scale").
-const FIGURES: [&str; 13] = [
+const FIGURES: [&str; 14] = [
     "import_rate",
     "import_slowest_10s",
     "import_peak_rss",
@@ -23,6 +23,7 @@ const FIGURES: [&str; 13] = [
     "hot_get_64",
     "cold_get_16",
     "pread_floor",
+    "pread_floor_queued",
     "box_scan_cold",
     "box_scan_cached",
     "socket_floor",
@@ -66,10 +67,23 @@ fn check_figures(report: &Json, cells: u64) {
             assert!(value > 0.0, "{name} is {value}");
         }
     }
-    for name in ["hot_get_16", "hot_get_64", "cold_get_16", "pread_floor"] {
+    for name in [
+        "hot_get_16",
+        "hot_get_64",
+        "cold_get_16",
+        "pread_floor",
+        "pread_floor_queued",
+    ] {
         let figure = field(figures, name);
         assert!(int(field(figure, "p99_us")) >= int(field(figure, "p50_us")));
     }
+    // The second floor reads with as many in flight as the cold gets'
+    // clients.
+    let in_flight = |name| int(field(field(figures, name), "in_flight"));
+    assert_eq!(
+        (in_flight("pread_floor"), in_flight("pread_floor_queued")),
+        (1, 16)
+    );
     // 20 000 cells fill 19 rows and part of a 20th of plane z = 0.
     assert_eq!(
         int(field(field(figures, "box_scan_cold"), "cells")),
@@ -94,6 +108,10 @@ fn a_scale_run_builds_its_data_set_once_and_reuses_it() {
         stderr.contains("building the data set: no complete data set"),
         "{stderr}"
     );
+    // The cold phases start with the filters loaded and the data set's
+    // files out of the page cache.
+    assert!(stderr.contains("filters loaded"), "{stderr}");
+    assert!(stderr.contains("asked the kernel to drop"), "{stderr}");
 
     let (again, stderr) = scale(dir.path(), 20_000);
     check_figures(&again, 20_000);

@@ -82,7 +82,8 @@ pub(crate) const MANIFEST_NAME: &str = "MANIFEST";
 /// Deltas beyond this force a compaction, whatever their size.
 pub(crate) const MAX_DELTAS: usize = 64;
 /// Runs of one namespace beyond this are refused by the decoder; the
-/// checkpointer merges them long before (`runs::MERGE_AT_RUNS`).
+/// checkpointer merges them long before (`runs::MAX_UNMERGED_RUNS`; a
+/// fold waits at `runs::FOLD_WAITS_AT_RUNS`).
 pub(crate) const MAX_RUNS: usize = 64;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

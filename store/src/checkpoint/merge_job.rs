@@ -111,7 +111,7 @@ pub(super) fn run_merge_job(job: MergeJob) -> Result<Vec<MergedNamespace>, Merge
     Ok(merged)
 }
 
-/// Writes `part`'s runs (all, or all but the oldest) merged into its new
+/// Writes `part`'s runs (the window of its scope) merged into its new
 /// run; `None` when the job was cancelled meanwhile.
 fn merge_namespace(
     job: &MergeJob,
@@ -120,12 +120,10 @@ fn merge_namespace(
 ) -> Result<Option<RunSummary>, StoreError> {
     let entry = &part.entry;
     let path = job.dir.join(run_file_name(part.file_id));
-    // The filter is sized for every entry of the runs merged (the oldest
-    // is not merged when only the newer are).
-    let merged = match part.scope {
-        MergeScope::All => &part.runs.readers[..],
-        MergeScope::Newer => &part.runs.readers[..part.runs.readers.len().saturating_sub(1)],
-    };
+    // The filter is sized for every entry of the runs merged (the runs
+    // opened are the window's).
+    let merged = &part.runs.readers[..];
+    let run_count = entry.runs.len();
     let mut writer = RunFileWriter::create(
         job.storage.as_ref(),
         &path,
@@ -135,13 +133,10 @@ fn merge_namespace(
         merged.iter().map(|r| r.entry_count()).sum(),
     )?;
     let mut value_bytes = 0u64;
-    let mut sources = part.runs.sources();
-    if part.scope == MergeScope::Newer {
-        // The oldest stays; tombstones stay too, for what it holds.
-        sources.pop();
-    }
+    // Short of the oldest run, tombstones stay, for what older runs hold.
+    let drop_tombstones = part.scope.reaches_oldest(run_count);
     let mut written = 0u64;
-    for item in Merge::new(sources, part.scope == MergeScope::All)? {
+    for item in Merge::new(part.runs.sources(), drop_tombstones)? {
         let (key, value) = item?;
         value_bytes += value.as_ref().map_or(0, |v| v.len() as u64);
         writer.push(key, value.as_deref())?;
@@ -163,7 +158,7 @@ fn merge_namespace(
         return Ok(None);
     }
     let summary = writer.finish()?;
-    if part.scope == MergeScope::All
+    if part.scope.is_all(run_count)
         && (summary.entries, value_bytes) != (entry.live_cells, entry.value_bytes)
     {
         return Err(count_mismatch(

@@ -659,7 +659,10 @@ impl CheckpointStore {
             self.write_delta(fold, from_lsn, keyring.as_deref(), &mut report)?;
         }
         self.remove_folded(&closed)?;
-        report.compaction = self.compact_if_needed()?.or(rewritten);
+        // A merge the fold waited for (`make_room_for_runs`) is reported
+        // when nothing later is.
+        let merged_first = report.compaction.take();
+        report.compaction = self.compact_if_needed()?.or(rewritten).or(merged_first);
         report.duration = started.elapsed();
         Ok(Some(report))
     }
@@ -700,6 +703,12 @@ impl CheckpointStore {
         if dropping {
             let mut merged = CompactionReport::default();
             self.settle_merge(true, &mut merged)?;
+        }
+        let folded_ids: Vec<u64> = cells.keys().copied().collect();
+        let mut merged = CompactionReport::default();
+        self.make_room_for_runs(&folded_ids, &mut merged)?;
+        if merged.runs_merged > 0 {
+            report.compaction = Some(merged);
         }
         let mut next = self.manifest.clone();
         next.checkpoint_lsn = lsn_to;

@@ -11,12 +11,12 @@
 //! - A restart loads each namespace's runs into memory through a [`Merge`]
 //!   of their ranges, tombstones dropped ([`CheckpointStore::load_runs`]),
 //!   and checks the result against the manifest's counts.
-//! - A merge ([`CheckpointStore::merge_runs`]) streams a namespace's runs
-//!   into one: all of them (tombstones dropped: it covers the oldest run)
-//!   when its newer runs outgrow half its oldest, else only the newer ones
-//!   (tombstones kept) when it has more than [`MERGE_AT_RUNS`] runs, so a
-//!   namespace is rewritten whole only as often as it grows by half; a
-//!   compaction asked for merges each namespace to one run.
+//! - A merge ([`CheckpointStore::merge_runs`]) streams a window of a
+//!   namespace's runs into one ([`merge_due`]: all of them as it doubles,
+//!   else runs of like size four or more at a time; tombstones dropped
+//!   when the window reaches the oldest run); a compaction asked for
+//!   merges each namespace to one run. A fold of a namespace with
+//!   [`FOLD_WAITS_AT_RUNS`] runs first waits for the merge in flight.
 //!
 //! Runs of an encrypted namespace are sealed, those of a data dir with a
 //! master key authenticated (their footer MAC is in the manifest), others
@@ -47,9 +47,6 @@ use crate::run_file::{
     BlockCache, Merge, Protection, RunFileError, RunFileReader, RunFileWriter, RunSummary, Source,
 };
 use crate::wal::sealing_rule::must_seal;
-
-/// A namespace with more runs than this is merged at the next fold.
-pub(crate) const MERGE_AT_RUNS: usize = 4;
 
 /// The checkpointer's block cache: folds look folded keys up in older
 /// runs, merges and loads stream them.
@@ -98,21 +95,99 @@ impl From<RunFileError> for StoreError {
     }
 }
 
-/// What a merge of one namespace's runs rewrites.
+/// Which of a namespace's runs (newest first) a merge rewrites into one:
+/// `runs[start..end]`, next to each other, so the merged run takes their
+/// place in the order. Tombstones are dropped only when the window
+/// reaches the oldest run (no run older than the window may hold what
+/// they hide).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum MergeScope {
-    /// Its runs but the oldest, into one that keeps tombstones (the oldest
-    /// may hold what they hide).
-    Newer,
-    /// All its runs, into one without tombstones.
-    All,
+pub(super) struct MergeScope {
+    pub(super) start: usize,
+    pub(super) end: usize,
+}
+
+impl MergeScope {
+    /// Every run of a namespace that has `run_count`.
+    pub(super) fn all(run_count: usize) -> MergeScope {
+        MergeScope {
+            start: 0,
+            end: run_count,
+        }
+    }
+
+    pub(super) fn window(self) -> std::ops::Range<usize> {
+        self.start..self.end
+    }
+
+    /// Whether the window ends with the oldest of `run_count` runs.
+    pub(super) fn reaches_oldest(self, run_count: usize) -> bool {
+        self.end == run_count
+    }
+
+    /// Whether the window is all of `run_count` runs.
+    pub(super) fn is_all(self, run_count: usize) -> bool {
+        self == MergeScope::all(run_count)
+    }
+}
+
+/// Runs of like size merged at once: a window of fewer waits for more.
+pub(crate) const MERGE_WIDTH_RUNS: usize = 4;
+
+/// A namespace with more runs than this merges all but its oldest at the
+/// next chance, whatever their sizes.
+pub(crate) const MAX_UNMERGED_RUNS: usize = 12;
+
+/// From this many runs a fold of the namespace waits for the merge in
+/// flight, then merges on its own thread, before adding its run: the
+/// manifest lists at most `manifest::MAX_RUNS` a namespace, and a long
+/// merge must not let folds pile runs up to it.
+pub(crate) const FOLD_WAITS_AT_RUNS: usize = 2 * MAX_UNMERGED_RUNS;
+const _: () = assert!(FOLD_WAITS_AT_RUNS < super::manifest::MAX_RUNS);
+
+/// The merge a namespace whose run files (newest first) are `sizes`
+/// bytes is due, if any (universal, or size-tiered, compaction):
+///
+/// 1. all of them once the newer together outgrow the oldest: the
+///    namespace is rewritten whole (tombstones and overwritten values
+///    dropped) as it doubles, no more often;
+/// 2. else the newest window of at least [`MERGE_WIDTH_RUNS`] runs in
+///    which each run is no larger than the newer ones of the window
+///    together (plus 1 %): runs of like size, so a cell is rewritten
+///    about once per fourfold growth of its run, never once per fold;
+/// 3. else, past [`MAX_UNMERGED_RUNS`] runs, all but the oldest.
+///
+/// The policy it replaced merged all the newer runs into one every third
+/// fold: its cost grew with the square of the data between full merges
+/// (docs/benchmarks.md, "200 M cells on disk").
+pub(super) fn merge_due(sizes: &[u64]) -> Option<MergeScope> {
+    let (&oldest, newer) = sizes.split_last()?;
+    if newer.is_empty() {
+        return None;
+    }
+    if newer.iter().sum::<u64>() >= oldest {
+        return Some(MergeScope::all(sizes.len()));
+    }
+    for start in 0..sizes.len() {
+        let mut together = sizes[start];
+        let mut end = start + 1;
+        while end < sizes.len() && sizes[end] <= together + together / 100 {
+            together += sizes[end];
+            end += 1;
+        }
+        if end - start >= MERGE_WIDTH_RUNS {
+            return Some(MergeScope { start, end });
+        }
+    }
+    (sizes.len() > MAX_UNMERGED_RUNS).then_some(MergeScope {
+        start: 0,
+        end: sizes.len() - 1,
+    })
 }
 
 /// Which namespaces' runs a merge rewrites.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum MergeWhen {
-    /// Those past [`MERGE_AT_RUNS`] runs or whose newer runs outgrow half
-    /// their oldest (after a fold).
+    /// Those with a merge due ([`merge_due`], after a fold).
     Due,
     /// Every namespace with more than one run (a compaction asked for).
     ManyRuns,
@@ -189,26 +264,42 @@ impl CheckpointStore {
     /// manifest). They stay open only while the result lives: a data dir
     /// with many namespaces must not hold a descriptor per run.
     fn open_runs(&self, entry: &NamespaceRuns, encrypted: bool) -> Result<OpenRuns, StoreError> {
+        self.open_run_refs(entry.ns_id, &entry.runs, encrypted, &[])
+    }
+
+    /// [`Self::open_runs`] of some of namespace `ns_id`'s runs, taking
+    /// those in `held` (readers open already, by file id) as they are.
+    fn open_run_refs(
+        &self,
+        ns_id: u64,
+        refs: &[RunRef],
+        encrypted: bool,
+        held: &[Arc<RunFileReader>],
+    ) -> Result<OpenRuns, StoreError> {
         let mut runs = OpenRuns {
-            readers: Vec::with_capacity(entry.runs.len()),
+            readers: Vec::with_capacity(refs.len()),
             cache: Arc::clone(&self.run_cache),
         };
-        if entry.runs.is_empty() {
+        if refs.is_empty() {
             // A namespace's first run: no protection to ask for yet (a
             // data dir's first keyed fold has no authenticated manifest).
             return Ok(runs);
         }
         let dir_id = self.manifest.auth.as_ref().map(|a| a.dir_id);
         let protection = self.protection(encrypted, dir_id)?;
-        for run in &entry.runs {
+        for run in refs {
+            if let Some(open) = held.iter().find(|r| r.file_id() == run.file_id) {
+                runs.readers.push(Arc::clone(open));
+                continue;
+            }
             let reader = RunFileReader::open_storage(
                 self.storage.as_ref(),
                 &self.run_path(run.file_id),
                 &protection,
                 Arc::clone(&self.run_cache),
             )?;
-            reader.expect(run.file_id, entry.ns_id, dir_id.map(|_| &run.mac))?;
-            runs.readers.push(reader);
+            reader.expect(run.file_id, ns_id, dir_id.map(|_| &run.mac))?;
+            runs.readers.push(Arc::new(reader));
         }
         Ok(runs)
     }
@@ -301,7 +392,16 @@ impl CheckpointStore {
         entries: &[(u128, Option<Vec<u8>>)],
         encrypted: bool,
     ) -> Result<(), StoreError> {
-        let runs = self.open_runs(entry, encrypted)?;
+        // The runs the daemon serves are open already (their index read,
+        // their filter loaded or on its way): opening the namespace's
+        // largest run again on every fold read and checked its whole
+        // index and filter each time.
+        let held = self
+            .serving
+            .as_ref()
+            .and_then(|mem| mem.serving_runs(entry.ns_id))
+            .unwrap_or_default();
+        let runs = self.open_run_refs(entry.ns_id, &entry.runs, encrypted, &held)?;
         let keys: Vec<u128> = entries.iter().map(|(key, _)| *key).collect();
         // Each key's newest slot in the older runs: `None` if none holds it.
         let mut older: Vec<Option<Option<CellValue>>> = vec![None; keys.len()];
@@ -459,23 +559,42 @@ impl CheckpointStore {
         self.serving = Some(mem);
     }
 
-    /// What merge namespace `entry` is due after a fold: all its runs
-    /// once the newer ones outgrow half its oldest (the namespace
-    /// rewritten, as rarely as its growth allows), else its newer runs
-    /// alone once it has more than [`MERGE_AT_RUNS`] (the cost of the
-    /// recent writes, not of the namespace: at 63 M cells, merging all of
-    /// them every fifth fold took 37 s a time and stalled the import;
-    /// docs/benchmarks.md, "Scale").
+    /// The merge namespace `entry` is due after a fold ([`merge_due`]).
     fn merge_due(&self, entry: &NamespaceRuns) -> Option<MergeScope> {
-        let size = |run: &RunRef| self.run_bytes(run);
-        let (oldest, newer) = entry.runs.split_last()?;
-        if newer.is_empty() {
-            return None;
+        let sizes: Vec<u64> = entry.runs.iter().map(|run| self.run_bytes(run)).collect();
+        merge_due(&sizes)
+    }
+
+    /// Before a fold adds a run to each of namespaces `ns_ids`: if one
+    /// has [`FOLD_WAITS_AT_RUNS`] runs, waits for the merge in flight
+    /// (installing it), then, if one still has as many, merges on this
+    /// thread what is due ([`merge_due`] always picks a namespace with
+    /// more than [`MAX_UNMERGED_RUNS`]).
+    pub(super) fn make_room_for_runs(
+        &mut self,
+        ns_ids: &[u64],
+        report: &mut CompactionReport,
+    ) -> Result<(), StoreError> {
+        let crowded = |store: &Self| {
+            ns_ids.iter().any(|&id| {
+                store
+                    .manifest
+                    .namespace(id)
+                    .is_some_and(|entry| entry.runs.len() >= FOLD_WAITS_AT_RUNS)
+            })
+        };
+        if !crowded(self) {
+            return Ok(());
         }
-        if newer.iter().map(size).sum::<u64>() > size(oldest) / 2 {
-            return Some(MergeScope::All);
+        self.settle_merge(false, report)?;
+        if crowded(self) {
+            self.merge_runs(MergeWhen::Due, report)?;
         }
-        (entry.runs.len() > MERGE_AT_RUNS).then_some(MergeScope::Newer)
+        assert!(
+            !crowded(self),
+            "a merge due leaves fewer than {FOLD_WAITS_AT_RUNS} runs"
+        );
+        Ok(())
     }
 
     /// Picks the namespaces `when` asks for and makes their merge job:
@@ -491,8 +610,10 @@ impl CheckpointStore {
             .filter_map(|entry| {
                 let scope = match when {
                     MergeWhen::Due => self.merge_due(entry)?,
-                    MergeWhen::ManyRuns => (entry.runs.len() > 1).then_some(MergeScope::All)?,
-                    MergeWhen::All => MergeScope::All,
+                    MergeWhen::ManyRuns => {
+                        (entry.runs.len() > 1).then_some(MergeScope::all(entry.runs.len()))?
+                    }
+                    MergeWhen::All => MergeScope::all(entry.runs.len()),
                 };
                 Some((entry.clone(), scope))
             })
@@ -502,7 +623,10 @@ impl CheckpointStore {
             let Some(encrypted) = Self::encrypted(&self.catalog, entry.ns_id) else {
                 continue;
             };
-            let runs = self.open_runs(&entry, encrypted)?;
+            // Opened afresh even when served: a merge streams its runs
+            // through the checkpointer's cache, not the serving one.
+            let window = &entry.runs[scope.window()];
+            let runs = self.open_run_refs(entry.ns_id, window, encrypted, &[])?;
             let protection = self.write_protection(encrypted)?;
             let file_id = self.manifest.next_file_id;
             self.manifest.next_file_id += 1;
@@ -564,10 +688,7 @@ impl CheckpointStore {
         let mut discarded = Vec::new();
         let mut installed = 0;
         for m in merged {
-            let read = match m.scope {
-                MergeScope::All => &m.entry.runs[..],
-                MergeScope::Newer => &m.entry.runs[..m.entry.runs.len() - 1],
-            };
+            let read = &m.entry.runs[m.scope.window()];
             let live = Self::encrypted(&self.catalog, m.entry.ns_id).is_some();
             let current = next.namespace(m.entry.ns_id).filter(|_| live).cloned();
             let Some((mut current, at)) = current.and_then(|current| {
@@ -710,7 +831,7 @@ impl Drop for MergeInFlight {
 /// cache when it is dropped.
 pub(super) struct OpenRuns {
     /// Newest first.
-    pub(super) readers: Vec<RunFileReader>,
+    pub(super) readers: Vec<Arc<RunFileReader>>,
     cache: Arc<BlockCache>,
 }
 
@@ -744,6 +865,8 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use std::fs;
+
+    use super::MergeScope;
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     use std::path::Path;
 
@@ -763,6 +886,52 @@ mod tests {
 
     /// A run file's read error keeps its offset and kind as a store error
     /// (the message a refused start or a failed fold reports).
+    #[test]
+    fn merge_due_rewrites_a_namespace_whole_as_it_doubles() {
+        assert_eq!(super::merge_due(&[]), None);
+        assert_eq!(super::merge_due(&[100]), None);
+        assert_eq!(super::merge_due(&[99, 100]), None);
+        assert_eq!(super::merge_due(&[100, 100]), Some(MergeScope::all(2)));
+        assert_eq!(
+            super::merge_due(&[30, 30, 40, 100]),
+            Some(MergeScope::all(4))
+        );
+    }
+
+    #[test]
+    fn merge_due_merges_four_runs_of_like_size_in_their_place() {
+        let scope = |start, end| Some(MergeScope { start, end });
+        // Three like runs wait for a fourth.
+        assert_eq!(super::merge_due(&[10, 10, 10, 1000]), None);
+        assert_eq!(super::merge_due(&[10, 10, 10, 10, 1000]), scope(0, 4));
+        // A run larger than the newer ones together ends the window.
+        assert_eq!(super::merge_due(&[10, 10, 10, 40, 1000]), None);
+        assert_eq!(super::merge_due(&[10, 10, 10, 10, 40, 1000]), scope(0, 5));
+        // A small newest run does not hold back like runs behind it.
+        assert_eq!(super::merge_due(&[1, 10, 10, 10, 10, 1000]), scope(1, 5));
+        // The newest window that qualifies.
+        assert_eq!(
+            super::merge_due(&[5, 5, 5, 5, 100, 100, 100, 100, 10_000]),
+            scope(0, 4)
+        );
+    }
+
+    #[test]
+    fn merge_due_bounds_the_runs_whatever_their_sizes() {
+        // Each run twice the next newer: no like sizes, never a window.
+        let growing: Vec<u64> = (0..11).map(|i| 1u64 << i).chain([1 << 40]).collect();
+        assert_eq!(growing.len(), super::MAX_UNMERGED_RUNS);
+        assert_eq!(super::merge_due(&growing), None);
+        let more: Vec<u64> = (0..12).map(|i| 1u64 << i).chain([1 << 40]).collect();
+        assert_eq!(
+            super::merge_due(&more),
+            Some(MergeScope { start: 0, end: 12 })
+        );
+        assert_eq!(MergeScope::all(3).window(), 0..3);
+        assert!(MergeScope { start: 1, end: 3 }.reaches_oldest(3));
+        assert!(!MergeScope { start: 0, end: 2 }.reaches_oldest(3));
+    }
+
     #[test]
     fn a_run_file_io_error_names_its_file_and_offset() {
         let e = crate::StoreError::from(crate::run_file::RunFileError::Io {

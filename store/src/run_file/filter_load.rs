@@ -10,6 +10,7 @@
 //! stderr, and the reader's `verify` reports it.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
@@ -133,7 +134,22 @@ fn loader() -> Option<&'static Mutex<Sender<Job>>> {
         .as_ref()
 }
 
+/// Filters queued and not yet read (or skipped), in this process.
+static PENDING: AtomicU64 = AtomicU64::new(0);
+
+/// How many queued filters the loader has yet to read: 0 once every run
+/// file served so far answers absent keys from its filter
+/// (`storage.filter_loads_pending`).
+pub fn filter_loads_pending() -> u64 {
+    PENDING.load(Ordering::Relaxed)
+}
+
 fn run(job: Job) {
+    load(job);
+    PENDING.fetch_sub(1, Ordering::Relaxed);
+}
+
+fn load(job: Job) {
     let (Some(slot), Some(source)) = (job.slot.upgrade(), job.source.upgrade()) else {
         return;
     };
@@ -153,6 +169,7 @@ pub(super) fn queue_filter_load(slot: &Arc<FilterSlot>, source: &Arc<dyn BlockSo
         slot: Arc::downgrade(slot),
         source: Arc::downgrade(source),
     };
+    PENDING.fetch_add(1, Ordering::Relaxed);
     let unsent = match loader() {
         Some(tx) => tx
             .lock()

@@ -42,6 +42,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use block_cache::{BlockCache, CacheStats};
+pub use filter_load::filter_loads_pending;
 pub use format::{
     DecodedBlock, FOOTER_BYTES, FORMAT_VERSION, FORMAT_VERSION_FIXED_FILTER,
     FORMAT_VERSION_NO_FILTER, MAX_BLOCK_BYTES, MAX_VALUE_BYTES, TARGET_BLOCK_BYTES,

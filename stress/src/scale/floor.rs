@@ -1,7 +1,9 @@
 //! The machine's floor for a cold read: `pread` of one 4 KiB block at a
-//! random aligned offset of a large file, one at a time, with `O_DIRECT`
-//! where the file system allows it (so the page cache does not answer);
-//! where it does not, the figure says it measured buffered reads.
+//! random aligned offset of a large file, with `O_DIRECT` where the file
+//! system allows it (so the page cache does not answer); where it does
+//! not, the figure says it measured buffered reads. Measured one read at
+//! a time and with as many reads in flight as the cold gets have clients
+//! (a device's read takes longer with others queued beside it).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -14,7 +16,8 @@ use crate::latency::new_histogram;
 use crate::rng::Rng;
 
 pub const BLOCK_BYTES: u64 = 4096;
-/// Reads measured, unless [`MAX_TIME`] runs out first.
+/// Reads measured (all threads together), unless [`MAX_TIME`] runs out
+/// first.
 const READS: u64 = 4000;
 const MAX_TIME: Duration = Duration::from_secs(10);
 const WRITE_CHUNK_BYTES: usize = 1 << 20;
@@ -22,6 +25,8 @@ const WRITE_CHUNK_BYTES: usize = 1 << 20;
 /// What the floor measurement found.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Floor {
+    /// Reads in flight: threads each reading one block at a time.
+    pub in_flight: usize,
     pub reads: u64,
     pub p50_us: u64,
     pub p99_us: u64,
@@ -39,8 +44,8 @@ pub fn file_bytes_for(data_bytes: u64) -> u64 {
 }
 
 /// Makes `path` (`bytes` of incompressible data, synced) unless it is
-/// already that size, then measures reads of it.
-pub fn measure(path: &Path, bytes: u64, seed: u64) -> Result<Floor, StressError> {
+/// already that size, then measures reads of it, `in_flight` at a time.
+pub fn measure(path: &Path, bytes: u64, seed: u64, in_flight: usize) -> Result<Floor, StressError> {
     ensure_file(path, bytes)?;
     let (file, direct, mode) = match OpenOptions::new()
         .read(true)
@@ -55,7 +60,7 @@ pub fn measure(path: &Path, bytes: u64, seed: u64) -> Result<Floor, StressError>
             format!("buffered, through the page cache (O_DIRECT refused: {e})"),
         ),
     };
-    match read_blocks(&file, bytes, seed) {
+    match read_blocks(&file, bytes, seed, in_flight) {
         Ok(floor) => Ok(Floor {
             direct,
             mode,
@@ -66,7 +71,7 @@ pub fn measure(path: &Path, bytes: u64, seed: u64) -> Result<Floor, StressError>
         Err(e) if direct => {
             let file = File::open(path)
                 .map_err(|e| StressError::io(format!("cannot open {}", path.display()), e))?;
-            let floor = read_blocks(&file, bytes, seed)
+            let floor = read_blocks(&file, bytes, seed, in_flight)
                 .map_err(|e| StressError::io(format!("cannot read {}", path.display()), e))?;
             Ok(Floor {
                 direct: false,
@@ -102,8 +107,52 @@ fn ensure_file(path: &Path, bytes: u64) -> Result<(), StressError> {
     file.sync_all().map_err(io)
 }
 
-/// Reads random aligned blocks one at a time into an aligned buffer.
-fn read_blocks(file: &File, bytes: u64, seed: u64) -> std::io::Result<Floor> {
+/// Reads random aligned blocks on `in_flight` threads, each one at a
+/// time into its own aligned buffer.
+fn read_blocks(file: &File, bytes: u64, seed: u64, in_flight: usize) -> std::io::Result<Floor> {
+    let in_flight = in_flight.max(1);
+    let began = Instant::now();
+    let per_thread = READS.div_ceil(in_flight as u64);
+    let histograms = std::thread::scope(|scope| {
+        let readers: Vec<_> = (0..in_flight as u64)
+            .map(|thread| {
+                scope.spawn(move || read_on_thread(file, bytes, seed ^ thread, per_thread))
+            })
+            .collect();
+        readers
+            .into_iter()
+            .map(|reader| {
+                reader
+                    .join()
+                    .unwrap_or_else(|e| std::panic::resume_unwind(e))
+            })
+            .collect::<std::io::Result<Vec<_>>>()
+    })?;
+    let seconds = began.elapsed().as_secs_f64();
+    let mut histogram = new_histogram();
+    for h in &histograms {
+        let _ = histogram.add(h);
+    }
+    let reads = histogram.len();
+    Ok(Floor {
+        in_flight,
+        reads,
+        p50_us: histogram.value_at_quantile(0.5),
+        p99_us: histogram.value_at_quantile(0.99),
+        reads_per_sec: reads as f64 / seconds.max(1e-9),
+        file_bytes: bytes,
+        mode: String::new(),
+        direct: true,
+    })
+}
+
+/// One thread's reads: `reads` blocks, or fewer if [`MAX_TIME`] runs out.
+fn read_on_thread(
+    file: &File,
+    bytes: u64,
+    seed: u64,
+    reads: u64,
+) -> std::io::Result<hdrhistogram::Histogram<u64>> {
     // O_DIRECT needs a block-aligned buffer: the aligned block inside a
     // buffer twice its size.
     let mut buffer = vec![0u8; 2 * BLOCK_BYTES as usize];
@@ -113,23 +162,12 @@ fn read_blocks(file: &File, bytes: u64, seed: u64) -> std::io::Result<Floor> {
     let blocks = (bytes / BLOCK_BYTES).max(1);
     let mut histogram = new_histogram();
     let began = Instant::now();
-    let mut reads = 0;
-    while reads < READS && began.elapsed() < MAX_TIME {
+    while histogram.len() < reads && began.elapsed() < MAX_TIME {
         let offset = rng.below(blocks) * BLOCK_BYTES;
         let at = Instant::now();
         file.read_exact_at(block, offset)?;
         let us = at.elapsed().as_micros().max(1) as u64;
         let _ = histogram.record(us.min(histogram.high()));
-        reads += 1;
     }
-    let seconds = began.elapsed().as_secs_f64();
-    Ok(Floor {
-        reads,
-        p50_us: histogram.value_at_quantile(0.5),
-        p99_us: histogram.value_at_quantile(0.99),
-        reads_per_sec: reads as f64 / seconds.max(1e-9),
-        file_bytes: bytes,
-        mode: String::new(),
-        direct: true,
-    })
+    Ok(histogram)
 }
