@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use cube_protocol::frame::{self, RESPONSE_BIT};
 use cube_protocol::{
-    CellBox, Coord, FrameHeader, Limits, MAX_MGET_CELLS, MAX_SCAN_PAGE_CELLS, NamespaceName,
-    PROTOCOL_VERSION, ProtocolError, Request, Response, ScanCell, ScanResult, ServerError,
-    StatsEntry,
+    Coord, FrameHeader, Limits, MAX_MGET_CELLS, NamespaceName, PROTOCOL_VERSION, ProtocolError,
+    Request, Response, ServerError, StatsEntry,
 };
 
 use crate::error::ClientError;
@@ -232,93 +231,6 @@ impl Client {
         }
     }
 
-    /// One page of the cells inside `region`, in the namespace's curve
-    /// order: at most `limit` cells (the server caps pages at
-    /// [`MAX_SCAN_PAGE_CELLS`]), starting strictly after `after` (a previous
-    /// page's [`ScanPage::resume_after`]) or at the start of the box.
-    pub fn scan_page(
-        &mut self,
-        ns: &str,
-        region: &CellBox,
-        limit: u32,
-        after: Option<Coord>,
-    ) -> Result<ScanPage, ClientError> {
-        match self.scan_request(ns, region, limit.max(1), false, after)? {
-            (ScanResult::Cells(cells), resume_after) => Ok(ScanPage {
-                cells,
-                resume_after,
-            }),
-            (ScanResult::Count(_), _) => Err(ClientError::UnexpectedResponse(
-                "a count answer to a scan for values".to_owned(),
-            )),
-        }
-    }
-
-    /// Every cell inside `region`, following cursors page by page (pages of
-    /// `page_cells`; memory stays one page however large the box).
-    pub fn scan(&mut self, ns: &str, region: CellBox, page_cells: u32) -> ScanIter<'_> {
-        ScanIter {
-            client: self,
-            ns: ns.to_owned(),
-            region,
-            page_cells: page_cells.clamp(1, MAX_SCAN_PAGE_CELLS),
-            page: Vec::new().into_iter(),
-            after: None,
-            finished: false,
-        }
-    }
-
-    /// How many cells `region` holds, summing pages until the box is done.
-    /// Work on the server is proportional to the cells present, so this is
-    /// cheap even for the whole coordinate space of a small store.
-    pub fn scan_count(&mut self, ns: &str, region: &CellBox) -> Result<u64, ClientError> {
-        let mut total = 0u64;
-        let mut after = None;
-        loop {
-            match self.scan_request(ns, region, 1, true, after)? {
-                (ScanResult::Count(n), resume_after) => {
-                    total += n;
-                    match resume_after {
-                        None => return Ok(total),
-                        Some(next) => after = Some(check_progress(after, next)?),
-                    }
-                }
-                (ScanResult::Cells(_), _) => {
-                    return Err(ClientError::UnexpectedResponse(
-                        "cells in answer to a count-only scan".to_owned(),
-                    ));
-                }
-            }
-        }
-    }
-
-    fn scan_request(
-        &mut self,
-        ns: &str,
-        region: &CellBox,
-        limit: u32,
-        count_only: bool,
-        after: Option<Coord>,
-    ) -> Result<(ScanResult, Option<Coord>), ClientError> {
-        let request = Request::Scan {
-            ns: namespace(ns)?,
-            lo: region.lo(),
-            hi: region.hi(),
-            limit,
-            count_only,
-            after,
-            with_lsn: false,
-        };
-        match self.call(&request)? {
-            Response::Scan {
-                result,
-                resume_after,
-                ..
-            } => Ok((result, resume_after)),
-            other => Err(unexpected("scan", &other)),
-        }
-    }
-
     pub fn stats(&mut self) -> Result<Vec<StatsEntry>, ClientError> {
         match self.call(&Request::Stats)? {
             Response::Stats(entries) => Ok(entries),
@@ -361,14 +273,8 @@ impl Client {
     }
 
     fn call_once(&mut self, request: &Request) -> Result<Response, ClientError> {
-        let request_id = self.take_request_id();
-        self.out.clear();
-        request.encode(request_id, &mut self.out);
-        self.check_frame_size(request, self.out.len())?;
-        if let Err(write_error) = self.stream.write_all(&self.out) {
-            return Err(self.explain_write_failure(write_error));
-        }
-        let (header, outcome) = self.read_response()?;
+        let (header, request_id) = self.send_and_read_frame(request)?;
+        let outcome = self.decode_answer(&header)?;
         answer_to(request, request_id, &header, outcome)
     }
 
@@ -407,16 +313,10 @@ impl Client {
         }
     }
 
-    /// Marks the connection out of step after any error but a refusal by
-    /// the server (a whole answer, read in step) or a request refused
-    /// before anything was sent.
+    /// Marks the connection out of step after most errors
+    /// ([`FailureMark::note`]).
     fn note_failure<T>(&mut self, result: &Result<T, ClientError>) {
-        if let Err(e) = result
-            && !matches!(e, ClientError::Server(_) | ClientError::BadArgument(_))
-            && self.broken.is_none()
-        {
-            self.broken = Some(e.to_string());
-        }
+        FailureMark(&mut self.broken).note(result);
     }
 
     fn pipeline_once(
@@ -517,17 +417,76 @@ impl Client {
     pub(crate) fn read_response(
         &mut self,
     ) -> Result<(FrameHeader, Result<Response, ServerError>), ClientError> {
+        let header = self.read_checked_frame()?;
+        let outcome = self.decode_answer(&header)?;
+        Ok((header, outcome))
+    }
+
+    /// The answer in the body buffer, decoded.
+    fn decode_answer(
+        &self,
+        header: &FrameHeader,
+    ) -> Result<Result<Response, ServerError>, ClientError> {
+        Response::decode(header, &self.body, &self.answer_limits())
+            .map_err(|e| ClientError::Protocol(ProtocolError::Decode(e)))
+    }
+
+    /// Reads the next frame into the body buffer and checks its CRC.
+    fn read_checked_frame(&mut self) -> Result<FrameHeader, ClientError> {
         let header = frame::read_frame(&mut self.reader, &self.limits, &mut self.body)?;
         header.verify_body(&self.body)?;
-        // A stored value may be longer than today's value limit (stored
-        // before the limit was lowered): answers are bounded by the frame.
-        let answer_limits = Limits {
+        Ok(header)
+    }
+
+    /// The limits answers are decoded with: a stored value may be longer
+    /// than today's value limit (stored before the limit was lowered), so
+    /// answers are bounded by the frame.
+    pub(crate) fn answer_limits(&self) -> Limits {
+        Limits {
             max_frame_bytes: self.limits.max_frame_bytes,
             max_value_bytes: self.limits.max_frame_bytes,
-        };
-        let outcome = Response::decode(&header, &self.body, &answer_limits)
-            .map_err(|e| ClientError::Protocol(ProtocolError::Decode(e)))?;
-        Ok((header, outcome))
+        }
+    }
+
+    /// Sends `request` and reads its answer's frame, CRC checked but not
+    /// decoded, for an answer read in place ([`Self::answer_in_place`]);
+    /// returns its header and the request's id.
+    pub(crate) fn call_in_place(
+        &mut self,
+        request: &Request,
+    ) -> Result<(FrameHeader, u64), ClientError> {
+        self.check_in_step()?;
+        let result = self.send_and_read_frame(request);
+        self.note_failure(&result);
+        result
+    }
+
+    /// Writes `request` and reads one frame into the body buffer, CRC
+    /// checked; returns its header and the request's id.
+    fn send_and_read_frame(
+        &mut self,
+        request: &Request,
+    ) -> Result<(FrameHeader, u64), ClientError> {
+        let request_id = self.take_request_id();
+        self.out.clear();
+        request.encode(request_id, &mut self.out);
+        self.check_frame_size(request, self.out.len())?;
+        if let Err(write_error) = self.stream.write_all(&self.out) {
+            return Err(self.explain_write_failure(write_error));
+        }
+        Ok((self.read_checked_frame()?, request_id))
+    }
+
+    /// The body [`Self::call_in_place`] read.
+    pub(crate) fn answer_body(&self) -> &[u8] {
+        &self.body
+    }
+
+    /// The body [`Self::call_in_place`] read, with a way to mark the
+    /// connection out of step if decoding it fails (the two borrowed
+    /// apart, so the decoded answer can borrow the body).
+    pub(crate) fn answer_in_place(&mut self) -> (&[u8], FailureMark<'_>) {
+        (&self.body, FailureMark(&mut self.broken))
     }
 
     /// A server that refuses a connection (too many connections, shutting
@@ -555,82 +514,21 @@ impl std::fmt::Debug for Client {
     }
 }
 
-/// One page of a region read.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ScanPage {
-    /// Cells in the namespace's curve order.
-    pub cells: Vec<ScanCell>,
-    /// `None` when the box is finished; otherwise pass it as `after` to get
-    /// the next page (which may be short, even empty).
-    pub resume_after: Option<Coord>,
-}
+/// Where a connection records the error that left it out of step.
+pub(crate) struct FailureMark<'a>(&'a mut Option<String>);
 
-/// The cells of a box, fetched a page at a time as the iteration goes; see
-/// [`Client::scan`]. Yields an error (once) if a page fails, then ends.
-pub struct ScanIter<'a> {
-    client: &'a mut Client,
-    ns: String,
-    region: CellBox,
-    page_cells: u32,
-    page: std::vec::IntoIter<ScanCell>,
-    after: Option<Coord>,
-    finished: bool,
-}
-
-impl ScanIter<'_> {
-    /// Where the next page would start: `None` before the first page, or
-    /// after the last one.
-    pub fn cursor(&self) -> Option<Coord> {
-        self.after
-    }
-}
-
-impl Iterator for ScanIter<'_> {
-    type Item = Result<ScanCell, ClientError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            if let Some(cell) = self.page.next() {
-                return Some(Ok(cell));
-            }
-            if self.finished {
-                return None;
-            }
-            let page =
-                match self
-                    .client
-                    .scan_page(&self.ns, &self.region, self.page_cells, self.after)
-                {
-                    Ok(page) => page,
-                    Err(e) => {
-                        self.finished = true;
-                        return Some(Err(e));
-                    }
-                };
-            match page.resume_after {
-                None => self.finished = true,
-                Some(next) => match check_progress(self.after, next) {
-                    Ok(next) => self.after = Some(next),
-                    Err(e) => {
-                        self.finished = true;
-                        return Some(Err(e));
-                    }
-                },
-            }
-            self.page = page.cells.into_iter();
+impl FailureMark<'_> {
+    /// Marks the connection out of step after any error but a refusal by
+    /// the server (a whole answer, read in step) or a request refused
+    /// before anything was sent.
+    pub(crate) fn note<T>(&mut self, result: &Result<T, ClientError>) {
+        if let Err(e) = result
+            && !matches!(e, ClientError::Server(_) | ClientError::BadArgument(_))
+            && self.0.is_none()
+        {
+            *self.0 = Some(e.to_string());
         }
     }
-}
-
-/// A server that hands back the same cursor twice would make a client loop
-/// forever; say so instead.
-fn check_progress(previous: Option<Coord>, next: Coord) -> Result<Coord, ClientError> {
-    if previous == Some(next) {
-        return Err(ClientError::UnexpectedResponse(format!(
-            "scan cursor did not move past {next}"
-        )));
-    }
-    Ok(next)
 }
 
 /// An error the server sends on its own, about the whole connection, right
@@ -643,7 +541,7 @@ pub(crate) fn namespace(name: &str) -> Result<NamespaceName, ClientError> {
     NamespaceName::new(name).map_err(|e| ClientError::BadArgument(e.to_string()))
 }
 
-fn unexpected(what: &str, response: &Response) -> ClientError {
+pub(crate) fn unexpected(what: &str, response: &Response) -> ClientError {
     ClientError::UnexpectedResponse(format!(
         "{} answer to a {what} request",
         response.opcode().name()
@@ -661,7 +559,7 @@ pub const MAX_PIPELINE_BYTES: usize = 64 * 1024;
 /// an error answer becomes [`ClientError::Server`]; an answer to some
 /// other request (wrong id or opcode) becomes
 /// [`ClientError::UnexpectedResponse`].
-fn answer_to(
+pub(crate) fn answer_to(
     request: &Request,
     request_id: u64,
     header: &FrameHeader,

@@ -20,12 +20,13 @@ pub mod json;
 pub mod local_daemon;
 mod namespaces;
 mod programs;
+mod scan;
 mod watch;
 
 pub use bulk::{BatchAck, failed_op_index};
 pub use client::{
     Client, DEFAULT_SOCKET_PATH, MAX_PIPELINE_BYTES, MAX_PIPELINE_REQUESTS, SOCKET_ENV_VAR,
-    ScanIter, ScanPage, default_socket_path,
+    default_socket_path,
 };
 pub use cube_protocol::{
     BatchOp, EdgePage, ListedEdge, ListedProgram, MAX_BATCH_BYTES, MAX_BATCH_OPS, MAX_EDGE_PAGE,
@@ -41,10 +42,12 @@ pub use cube_protocol::{
 };
 pub use cube_protocol::{CurveChoice, MAX_GRANTS, NamespaceGrant, NamespaceInfo, NamespaceSpec};
 pub use cube_protocol::{ResyncReason, WatchChange, WatchOp};
+pub use cube_protocol::{ScanCells, ScanCellsIter};
 pub use duration::{parse_millis, parse_seconds};
 pub use edges::{Detached, Linked, PathAnswer, WalkOptions};
 pub use error::ClientError;
 #[cfg(feature = "local-daemon")]
 pub use local_daemon::LocalDaemon;
 pub use programs::Stored;
+pub use scan::{ScanIter, ScanPage, ScanPages};
 pub use watch::{Watch, WatchGroup, describe_resync};

@@ -6,8 +6,9 @@ use cube_protocol::{
     frame::RESPONSE_BIT,
 };
 
-use crate::client::{Client, ScanPage};
+use crate::client::Client;
 use crate::error::ClientError;
+use crate::scan::ScanPage;
 
 /// The changes of one commit group inside the box, in LSN order (all of a
 /// program run's or a batch's writes there, never part of them).

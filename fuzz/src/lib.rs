@@ -33,7 +33,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cube_protocol::frame::read_frame;
-use cube_protocol::{HEADER_BYTES, Limits, PROTOCOL_VERSION, Request, Response};
+use cube_protocol::frame::RESPONSE_BIT;
+use cube_protocol::{
+    FrameHeader, HEADER_BYTES, Limits, Opcode, PROTOCOL_VERSION, Request, Response, ScanResult,
+    ScanResultRef, decode_scan_page,
+};
 use cube_server::{HarnessLimits, HarnessOutcome, ProgramHarness};
 use cube_store::sim_disk::{FaultPlan, SimDisk};
 use cube_store::wal::recover;
@@ -135,6 +139,7 @@ fn frames(mut stream: &[u8]) {
                 "a decoded request did not survive encode + decode"
             );
         }
+        scan_decoders_agree(&header, &body);
         match Response::decode(&header, &body, &FUZZ_LIMITS) {
             Ok(Ok(response)) => {
                 let mut out = Vec::new();
@@ -162,6 +167,41 @@ fn frames(mut stream: &[u8]) {
             }
             Err(_) => {}
         }
+    }
+}
+
+/// A scan answer read in place (`decode_scan_page`) is accepted exactly
+/// when `Response::decode` accepts it, with the same cells and cursor.
+fn scan_decoders_agree(header: &FrameHeader, body: &[u8]) {
+    if header.opcode != Opcode::Scan as u16 | RESPONSE_BIT {
+        return;
+    }
+    let owned = Response::decode(header, body, &FUZZ_LIMITS);
+    let borrowed = decode_scan_page(header, body, &FUZZ_LIMITS);
+    match (owned, borrowed) {
+        (Err(a), Err(b)) => assert_eq!(a, b),
+        (Ok(Err(a)), Ok(Err(b))) => assert_eq!(a, b),
+        (
+            Ok(Ok(Response::Scan {
+                result,
+                resume_after,
+                lsn,
+            })),
+            Ok(Ok(page)),
+        ) => {
+            assert_eq!((resume_after, lsn), (page.resume_after, page.lsn));
+            match (result, page.result) {
+                (ScanResult::Count(a), ScanResultRef::Count(b)) => assert_eq!(a, b),
+                (ScanResult::Cells(a), ScanResultRef::Cells(b)) => assert!(
+                    a.iter()
+                        .map(|c| (c.coord, c.value.as_slice()))
+                        .eq(b.iter()),
+                    "the scan page decoders read different cells"
+                ),
+                (a, b) => panic!("the scan page decoders disagree: {a:?} / {b:?}"),
+            }
+        }
+        (a, b) => panic!("the scan page decoders disagree: {a:?} / {b:?}"),
     }
 }
 

@@ -20,6 +20,7 @@ mod page_encoder;
 pub mod program;
 mod request;
 mod response;
+mod scan_cells;
 pub mod watch;
 mod wire;
 
@@ -47,6 +48,9 @@ pub use request::{MAX_MGET_CELLS, Request};
 pub use response::{
     MAX_SCAN_PAGE_CELLS, MAX_STATS_ENTRIES, Response, ScanCell, ScanResult, ServerError,
     StatsEntry, StatsValue,
+};
+pub use scan_cells::{
+    ScanCells, ScanCellsIter, ScanPageRef, ScanResultRef, decode_scan_page, split_scan_cell,
 };
 
 pub use watch::{

@@ -11,7 +11,7 @@ use crate::request::MAX_MGET_CELLS;
 #[cfg(doc)]
 use crate::response::{MAX_SCAN_PAGE_CELLS, Response};
 use crate::response::{SCAN_KIND_CELLS, SCAN_KIND_WITH_LSN, STATUS_OK};
-use crate::wire::{put_blob, put_coord, put_optional_coord, put_u32, put_u64};
+use crate::wire::{put_blob, put_optional_coord, put_u32, put_u64};
 
 /// Builds a scan response frame with values cell by cell, straight from
 /// the store, so a page of thousands of cells costs no per-cell allocation.
@@ -65,11 +65,33 @@ impl<'a> ScanPageEncoder<'a> {
         self.cells
     }
 
+    /// Makes room, once, for `cells` more cells with values of `value_len`
+    /// bytes, but never for a frame over `max_frame_bytes`: a page grown
+    /// by doubling copies itself several times and touches fresh pages of
+    /// memory at each step (a third of a 64 k-cell page's time).
+    pub fn reserve(&mut self, cells: usize, value_len: usize, max_frame_bytes: usize) {
+        let frame = self.out.len() - self.frame.start;
+        let wanted = frame
+            .saturating_add(cells.saturating_mul(Self::cell_bytes(value_len)))
+            .saturating_add(1 + 12)
+            .min(max_frame_bytes);
+        self.out.reserve(wanted.saturating_sub(frame));
+    }
+
     /// Appends one cell. Callers keep pages within [`MAX_SCAN_PAGE_CELLS`]
     /// and the frame limit (see [`Self::frame_bytes`]).
+    #[inline]
     pub fn push(&mut self, coord: Coord, value: &[u8]) {
-        put_coord(self.out, coord);
-        put_blob(self.out, value);
+        // The coordinate and the length as one 16-byte write: one capacity
+        // check instead of four.
+        let mut head = [0u8; 16];
+        head[0..4].copy_from_slice(&coord.x.to_le_bytes());
+        head[4..8].copy_from_slice(&coord.y.to_le_bytes());
+        head[8..12].copy_from_slice(&coord.z.to_le_bytes());
+        head[12..16].copy_from_slice(&(value.len() as u32).to_le_bytes());
+        self.out.reserve(head.len() + value.len());
+        self.out.extend_from_slice(&head);
+        self.out.extend_from_slice(value);
         self.cells += 1;
     }
 
@@ -229,6 +251,8 @@ mod tests {
             response.encode(77, &mut expected);
             let mut streamed = vec![9u8; 5];
             let mut encoder = ScanPageEncoder::begin_at(&mut streamed, 77, lsn);
+            // Room made up front changes nothing in the bytes.
+            encoder.reserve(cells.len(), 3, 1 << 20);
             for cell in &cells {
                 encoder.push(cell.coord, &cell.value);
             }

@@ -21,6 +21,7 @@ use crate::program::{
     read_run_reply, read_step_reply,
 };
 use crate::request::MAX_MGET_CELLS;
+use crate::scan_cells::read_scan_page_ref;
 use crate::watch::{WatchFrame, put_watch_frame, read_watch_frame};
 use crate::wire::{
     BodyReader, MAX_MESSAGE_BYTES, MAX_NAME_BYTES, put_blob, put_coord, put_optional_coord,
@@ -37,10 +38,10 @@ pub const MAX_SCAN_PAGE_CELLS: u32 = 65_536;
 /// Set in a scan response's `kind` when a `u64` LSN follows the kind byte.
 pub(crate) const SCAN_KIND_WITH_LSN: u8 = 0x80;
 /// A scan response's `kind`: a count, or cells with their values.
-const SCAN_KIND_COUNT: u8 = 0;
+pub(crate) const SCAN_KIND_COUNT: u8 = 0;
 pub(crate) const SCAN_KIND_CELLS: u8 = 1;
 /// The smallest encoded scan cell: a coordinate and an empty blob.
-const MIN_SCAN_CELL_BYTES: usize = 12 + 4;
+pub(crate) const MIN_SCAN_CELL_BYTES: usize = 12 + 4;
 /// The smallest encoded `mget` answer cell: the presence byte of a missing one.
 const MIN_MGET_CELL_BYTES: usize = 1;
 
@@ -336,18 +337,8 @@ impl Response {
         limits: &Limits,
     ) -> Result<Result<Response, ServerError>, DecodeError> {
         let mut r = BodyReader::new(body);
-        let status = r.u8()?;
-        if status == STATUS_ERROR {
-            let code = r.u16()?;
-            let message = r.short_string("error message", MAX_MESSAGE_BYTES)?;
-            r.finish()?;
-            return Ok(Err(ServerError { code, message }));
-        }
-        if status != STATUS_OK {
-            return Err(DecodeError::BadField {
-                what: "response status",
-                got: u64::from(status),
-            });
+        if let Some(error) = read_status(&mut r)? {
+            return Ok(Err(error));
         }
         let raw = header.opcode & !RESPONSE_BIT;
         if header.opcode & RESPONSE_BIT == 0 {
@@ -594,43 +585,29 @@ fn read_cells(
     })
 }
 
+/// The status byte; for an error answer (`Some`), its code and message,
+/// which must end the body.
+pub(crate) fn read_status(r: &mut BodyReader<'_>) -> Result<Option<ServerError>, DecodeError> {
+    let status = r.u8()?;
+    if status == STATUS_ERROR {
+        let code = r.u16()?;
+        let message = r.short_string("error message", MAX_MESSAGE_BYTES)?;
+        r.check_finished()?;
+        return Ok(Some(ServerError { code, message }));
+    }
+    if status != STATUS_OK {
+        return Err(DecodeError::BadField {
+            what: "response status",
+            got: u64::from(status),
+        });
+    }
+    Ok(None)
+}
+
+/// A scan page, owned: the cells checked in place
+/// ([`crate::scan_cells::read_scan_page_ref`]), then each value copied.
 fn read_scan_page(r: &mut BodyReader<'_>, max_value_bytes: usize) -> Result<Response, DecodeError> {
-    let kind = r.u8()?;
-    let lsn = if kind & SCAN_KIND_WITH_LSN != 0 {
-        Some(r.u64()?)
-    } else {
-        None
-    };
-    let result = match kind & !SCAN_KIND_WITH_LSN {
-        SCAN_KIND_COUNT => ScanResult::Count(r.u64()?),
-        SCAN_KIND_CELLS => {
-            let count = read_count(
-                r,
-                "scan page cell count",
-                MAX_SCAN_PAGE_CELLS,
-                MIN_SCAN_CELL_BYTES,
-            )?;
-            let mut cells = Vec::with_capacity(count);
-            for _ in 0..count {
-                cells.push(ScanCell {
-                    coord: r.coord()?,
-                    value: r.blob("value", max_value_bytes)?,
-                });
-            }
-            ScanResult::Cells(cells)
-        }
-        other => {
-            return Err(DecodeError::BadField {
-                what: "scan result kind",
-                got: u64::from(other),
-            });
-        }
-    };
-    Ok(Response::Scan {
-        result,
-        resume_after: r.optional_coord()?,
-        lsn,
-    })
+    Ok(read_scan_page_ref(r, max_value_bytes)?.to_response())
 }
 
 fn read_graph(

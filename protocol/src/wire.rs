@@ -134,6 +134,15 @@ impl<'a> BodyReader<'a> {
         what: &'static str,
         limit: usize,
     ) -> Result<Vec<u8>, DecodeError> {
+        Ok(self.blob_ref(what, limit)?.to_vec())
+    }
+
+    /// Like [`Self::blob`], the bytes borrowed rather than copied.
+    pub(crate) fn blob_ref(
+        &mut self,
+        what: &'static str,
+        limit: usize,
+    ) -> Result<&'a [u8], DecodeError> {
         let len = self.u32()? as usize;
         if len > limit {
             return Err(DecodeError::TooLarge {
@@ -142,7 +151,25 @@ impl<'a> BodyReader<'a> {
                 limit: limit as u64,
             });
         }
-        Ok(self.take(len)?.to_vec())
+        self.take(len)
+    }
+
+    /// How many bytes have been read.
+    pub(crate) fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// The bytes read since offset `start` (an earlier [`Self::offset`]).
+    pub(crate) fn since(&self, start: usize) -> &'a [u8] {
+        self.bytes.get(start..self.offset).unwrap_or_default()
+    }
+
+    /// [`Self::finish`] without giving up the reader.
+    pub(crate) fn check_finished(&self) -> Result<(), DecodeError> {
+        match self.remaining() {
+            0 => Ok(()),
+            trailing => Err(DecodeError::TrailingBytes { trailing }),
+        }
     }
 
     pub(crate) fn remaining(&self) -> usize {
@@ -150,10 +177,7 @@ impl<'a> BodyReader<'a> {
     }
 
     pub(crate) fn finish(self) -> Result<(), DecodeError> {
-        match self.remaining() {
-            0 => Ok(()),
-            trailing => Err(DecodeError::TrailingBytes { trailing }),
-        }
+        self.check_finished()
     }
 }
 

@@ -42,6 +42,11 @@ const KEEP_BUFFER_BYTES: usize = 1024 * 1024;
 /// What they keep while clients hold over half `--max-client-memory`.
 const KEEP_UNDER_PRESSURE_BYTES: usize = 64 * 1024;
 
+/// The most a scan page reserves up front, guessing from its first value
+/// (a sparse box of big values would otherwise be charged a whole frame
+/// for a few cells); a bigger page still grows as it fills.
+const SCAN_RESERVE_MAX_BYTES: usize = 8 * 1024 * 1024;
+
 /// A connection that has waited this long for its next frame lets go of
 /// its namespace memo, whose base reader may hold a run that a merge or a
 /// drop has since replaced (`NamespaceMemo::forget`); a busy connection
@@ -707,12 +712,22 @@ impl Connection {
             max_steps: ScanLimits::MAX_STEPS,
         };
         let max_frame = self.shared.args.limits().max_frame_bytes as usize;
+        // The most cells the page can hold: its limit, or the box's volume.
+        let page_cells = usize::try_from(region.volume().min(u128::from(limits.max_cells)))
+            .unwrap_or(usize::MAX);
         let mut page = ScanPageEncoder::begin_at(&mut self.out, request_id, lsn);
         let outcome = mem.scan(ns, &region, after, limits, |coord, value| {
             // The first cell always goes in (a value fits a frame), so
             // every page makes progress.
             let bytes = page.frame_bytes() + ScanPageEncoder::cell_bytes(value.len());
-            if page.cells() > 0 && bytes > max_frame {
+            if page.cells() == 0 {
+                // Room for a full page of values like the first, at once.
+                page.reserve(
+                    page_cells,
+                    value.len(),
+                    max_frame.min(SCAN_RESERVE_MAX_BYTES),
+                );
+            } else if bytes > max_frame {
                 return Visit::Stop;
             }
             page.push(coord, value);

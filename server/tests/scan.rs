@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use cube_client::{CellBox, Client, Coord, ErrorCode, LocalDaemon, Request, Response, ScanResult};
+use cube_client::{
+    CellBox, Client, ClientError, Coord, ErrorCode, LocalDaemon, Request, Response, ScanResult,
+};
 use cube_store::Curve;
 
 fn cube_box(lo: i32, hi: i32) -> CellBox {
@@ -72,6 +74,57 @@ fn pages_return_every_cell_once_in_curve_order() {
         .scan_page("default", &region, 5, first.resume_after)
         .unwrap();
     assert_eq!(second.cells[0].coord, expected[5].0);
+}
+
+#[test]
+fn scan_pages_lend_every_cell_once_in_curve_order() {
+    let daemon = LocalDaemon::start_fresh(&[]).unwrap();
+    let mut client = daemon.client().unwrap();
+    let mut expected = Vec::new();
+    for x in 0..10 {
+        for y in 0..6 {
+            for z in 0..5 {
+                let c = Coord::new(x, y, z);
+                // Values of varied length, empty ones included.
+                let value = vec![(x + y + z) as u8; ((x * y + z) % 9) as usize];
+                client.put("default", c, &value).unwrap();
+                expected.push((c, value));
+            }
+        }
+    }
+    client
+        .put("default", Coord::new(50, 0, 0), b"outside")
+        .unwrap();
+    expected.sort_by_key(|(c, _)| Curve::DEFAULT.key(*c));
+    let region = CellBox::new(Coord::new(0, 0, 0), Coord::new(9, 5, 4)).unwrap();
+    for page_cells in [1, 7, 64, 1000] {
+        let mut got = Vec::new();
+        let mut pages = 0;
+        let mut scan = client.scan_pages("default", region, page_cells);
+        while let Some(cells) = scan.next_page().unwrap() {
+            pages += 1;
+            assert!(cells.len() <= page_cells as usize);
+            got.extend(cells.iter().map(|(c, v)| (c, v.to_vec())));
+        }
+        assert_eq!(scan.cursor(), None);
+        assert!(scan.next_page().unwrap().is_none());
+        assert_eq!(got, expected, "pages of {page_cells}");
+        assert!(pages >= expected.len().div_ceil(page_cells as usize));
+        assert_eq!(scan_all(&mut client, region, page_cells), expected);
+    }
+    // A refusal is the server's error, once; the connection stays usable.
+    let mut scan = client.scan_pages("nowhere", region, 10);
+    match scan.next_page() {
+        Err(ClientError::Server(e)) => assert_eq!(e.code, ErrorCode::NoSuchNamespace as u16),
+        other => panic!("expected no_such_namespace, got {other:?}"),
+    }
+    assert!(scan.next_page().unwrap().is_none());
+    let mut scan = client.scan_pages("Bad Name", region, 10);
+    assert!(matches!(scan.next_page(), Err(ClientError::BadArgument(_))));
+    assert_eq!(
+        client.get("default", Coord::new(50, 0, 0)).unwrap(),
+        Some(b"outside".to_vec())
+    );
 }
 
 #[test]

@@ -17,6 +17,7 @@ mod dataset;
 mod floor;
 mod page_cache;
 mod report;
+mod socket_floor;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -177,6 +178,9 @@ pub fn scale(args: &ScaleArgs) -> Result<ScaleReport, StressError> {
     let rss_after_hot = serving.rss_after_hot_bytes;
     let serving_peak = daemon.peak_rss_bytes();
     daemon.stop()?;
+    // With the daemon stopped: the floor beside the box from the cache.
+    say("measuring the socket floor for one box page".to_owned());
+    let socket_floor = socket_floor::measure(socket_floor::page_bytes(BOX_CELLS, args.value_size))?;
     let redis = redis_rss(args.hot_keys(), args.value_size, &say);
 
     let mut figures = import_figures(&description.import, imported);
@@ -187,6 +191,7 @@ pub fn scale(args: &ScaleArgs) -> Result<ScaleReport, StressError> {
     ));
     figures.push(restart_figure(restart));
     figures.extend(serving.figures(&floors));
+    figures.push(socket_floor.figure());
     figures.push(in_cache_figure(args, rss_after_hot, &redis));
     let dataset = json::object([
         ("dir", Json::from(args.dir.display().to_string())),

@@ -13,7 +13,7 @@ use common::{field, int, number, parse_json};
 use cube_stress::json::Json;
 
 /// Every figure the report promises (docs/benchmarks.md, "Scale").
-const FIGURES: [&str; 13] = [
+const FIGURES: [&str; 14] = [
     "import_rate",
     "import_slowest_10s",
     "import_peak_rss",
@@ -26,6 +26,7 @@ const FIGURES: [&str; 13] = [
     "pread_floor_queued",
     "box_scan_cold",
     "box_scan_cached",
+    "socket_floor",
     "in_cache_rss",
 ];
 
