@@ -280,9 +280,10 @@ fn a_failed_background_merge_is_reported_and_loses_nothing() {
 }
 
 /// Folds go on while a merge is held, far past the manifest's 64 runs a
-/// namespace: the fold that finds 24 runs (`FOLD_WAITS_AT_RUNS`) waits
-/// for the merge in flight, then merges, so every fold succeeds, the run
-/// count stays under the cap, and no cell is lost.
+/// namespace: a fold that finds 16 runs merges those folded since the
+/// held merge began (`merge_newest_inline`), and one that still finds 24
+/// (`FOLD_WAITS_AT_RUNS`) waits for the merge in flight, so every fold
+/// succeeds, the run count stays under the cap, and no cell is lost.
 #[test]
 fn folds_past_the_run_cap_wait_for_the_merge_in_flight() {
     const FOLDS: i32 = 70;
@@ -324,4 +325,63 @@ fn folds_past_the_run_cap_wait_for_the_merge_in_flight() {
         assert_eq!(got.map(|v| v.to_vec()).as_ref(), Some(value), "cell {i}");
     }
     shut_down_and_restart(engine, &data, &model);
+}
+
+/// While the merge thread is held on a merge of the older runs, folds
+/// merge the runs folded since on their own (from 16 runs), so none of
+/// them waits for the held merge and the run count stays low; the held
+/// merge is installed afterwards below them, and nothing is lost.
+#[test]
+fn folds_during_a_long_merge_merge_their_own_runs() {
+    const FOLDS: i32 = 40;
+    const INLINE_AT_RUNS: usize = 16;
+    let (_tmp, data, engine, mut model, release) = held_merge();
+    let compactions = engine.stats().compactions;
+    let engine = std::sync::Arc::new(engine);
+    let (folded, folded_rx) = bounded(FOLDS as usize);
+    let folding = {
+        let engine = std::sync::Arc::clone(&engine);
+        let data = data.clone();
+        std::thread::spawn(move || {
+            let mut model = Model::new();
+            for fold in 0..FOLDS {
+                for i in 0..10 {
+                    put(&engine, &mut model, 1000 + fold * 10 + i, 6);
+                }
+                engine.checkpoint().unwrap();
+                folded.send(files_ending(&data, ".run").len()).unwrap();
+            }
+            model
+        })
+    };
+    // Every fold completes with the merge still held.
+    for fold in 0..FOLDS {
+        let runs = folded_rx
+            .recv_timeout(HANG_BOUND)
+            .unwrap_or_else(|e| panic!("fold {fold} did not complete: {e}"));
+        assert!(runs <= INLINE_AT_RUNS, "{runs} runs after fold {fold}");
+    }
+    assert_eq!(engine.stats().merges_in_flight, 1);
+    model.extend(folding.join().unwrap());
+    drop(release);
+    wait_until(&engine, "the held merge to be installed", |stats| {
+        stats.merges_in_flight == 0 && stats.compactions > compactions
+    });
+    let engine = std::sync::Arc::into_inner(engine).unwrap();
+    for (i, value) in model.range(1000..) {
+        let got = engine.get(&ns(), coord(*i)).unwrap().unwrap();
+        assert_eq!(got.map(|v| v.to_vec()).as_ref(), Some(value), "cell {i}");
+    }
+    // Another merge may start once the held one is in: shutdown cancels
+    // it and removes its file.
+    engine.shutdown().unwrap();
+    drop(engine);
+    assert!(files_ending(&data, ".tmp").is_empty());
+    let engine = Engine::open(config(&data, None)).unwrap();
+    assert_cells(&engine, &model, 320);
+    for (i, value) in model.range(1000..) {
+        let got = engine.get(&ns(), coord(*i)).unwrap().unwrap();
+        assert_eq!(got.map(|v| v.to_vec()).as_ref(), Some(value), "cell {i}");
+    }
+    engine.close_without_checkpoint();
 }

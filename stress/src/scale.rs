@@ -158,15 +158,13 @@ pub fn scale(args: &ScaleArgs) -> Result<ScaleReport, StressError> {
     let (description, imported) = ensure_dataset(args, &binary, &data, &say)?;
 
     let floor_bytes = floor::file_bytes_for(args.cells * args.value_size as u64);
-    say(format!(
-        "measuring the pread floor on a {} MiB file",
-        floor_bytes >> 20
-    ));
     let floor_path = args.dir.join("floor.bin");
-    let floors = Floors {
-        alone: floor::measure(&floor_path, floor_bytes, 1, 1)?,
-        queued: floor::measure(&floor_path, floor_bytes, 2, COLD_CLIENTS)?,
-    };
+    say(format!(
+        "the pread floor's file: {} MiB ({})",
+        floor_bytes >> 20,
+        floor_path.display()
+    ));
+    floor::ensure_file(&floor_path, floor_bytes)?;
 
     say(format!(
         "restarting {} on {}",
@@ -174,7 +172,7 @@ pub fn scale(args: &ScaleArgs) -> Result<ScaleReport, StressError> {
         data.data_dir().display()
     ));
     let (daemon, restart) = ScaleDaemon::start(&binary, &args.dir, &args.daemon_args, true)?;
-    let serving = serve_phases(args, &daemon, &say)?;
+    let serving = serve_phases(args, &daemon, (&floor_path, floor_bytes), &say)?;
     let rss_after_hot = serving.rss_after_hot_bytes;
     let serving_peak = daemon.peak_rss_bytes();
     daemon.stop()?;
@@ -190,7 +188,7 @@ pub fn scale(args: &ScaleArgs) -> Result<ScaleReport, StressError> {
         serving_peak,
     ));
     figures.push(restart_figure(restart));
-    figures.extend(serving.figures(&floors));
+    figures.extend(serving.figures());
     figures.push(socket_floor.figure());
     figures.push(in_cache_figure(args, rss_after_hot, &redis));
     let dataset = json::object([
@@ -244,10 +242,16 @@ fn ensure_dataset(
     data.prepare_empty()?;
     let (daemon, _) = ScaleDaemon::start(binary, &args.dir, &args.daemon_args, false)?;
     let writer = format!("{} ({})", binary.display(), daemon_version(daemon.socket()));
-    let figures = dataset::import(&daemon, args.cells, args.value_size, !args.quiet)?;
+    let mut figures = dataset::import(&daemon, args.cells, args.value_size, !args.quiet)?;
     say(format!(
-        "imported {} cells in {:.1} s ({:.0} cells/s); stopping cubed cleanly",
+        "imported {} cells in {:.1} s ({:.0} cells/s); waiting for its merges",
         args.cells, figures.seconds, figures.cells_per_sec
+    ));
+    let settled_s = settle_merges(daemon.socket())?;
+    // The high-water mark covers the merges after the import too.
+    figures.peak_rss_bytes = daemon.peak_rss_bytes();
+    say(format!(
+        "merges settled {settled_s:.0} s after the import; stopping cubed cleanly"
     ));
     daemon.stop()?;
     let description = Description {
@@ -285,31 +289,65 @@ struct Floors {
     queued: floor::Floor,
 }
 
-/// Longest wait for the restarted daemon's Bloom filters.
-const FILTER_WAIT: Duration = Duration::from_secs(300);
+/// Longest wait for the restarted daemon's Bloom filters, or for the
+/// imported data set's merges.
+const BACKGROUND_WAIT: Duration = Duration::from_secs(1800);
 
-/// Waits until the daemon has loaded every run file's filter
-/// (`storage.filter_loads_pending` is 0; a daemon without that stat has
-/// none to load), so cold gets measure block reads, not the filters'
-/// load beside them; returns the milliseconds waited.
-fn wait_for_filters(client: &mut Client) -> Result<f64, StressError> {
+/// A count from cubed's stats; `None` if this cubed has no such stat.
+fn stat_count(client: &mut Client, name: &str) -> Result<Option<u64>, StressError> {
+    Ok(client.stats()?.into_iter().find_map(|e| match e.value {
+        StatsValue::Count(n) if e.name == name => Some(n),
+        _ => None,
+    }))
+}
+
+/// Waits until stat `name` is 0 (a cubed without it counts as 0); what
+/// the wait was for names it in the error after [`BACKGROUND_WAIT`].
+fn wait_for_zero(client: &mut Client, name: &str, what: &str) -> Result<(), StressError> {
     let began = Instant::now();
     loop {
-        let pending = client.stats()?.into_iter().find_map(|e| match e.value {
-            StatsValue::Count(n) if e.name == "storage.filter_loads_pending" => Some(n),
-            _ => None,
-        });
-        if pending.unwrap_or(0) == 0 {
-            return Ok(began.elapsed().as_secs_f64() * 1000.0);
+        let left = stat_count(client, name)?.unwrap_or(0);
+        if left == 0 {
+            return Ok(());
         }
-        if began.elapsed() > FILTER_WAIT {
+        if began.elapsed() > BACKGROUND_WAIT {
             return Err(StressError::Usage(format!(
-                "cubed still had {} Bloom filters to load {} s after its restart",
-                pending.unwrap_or(0),
-                FILTER_WAIT.as_secs()
+                "cubed still had {left} {what} after {} s ({name})",
+                BACKGROUND_WAIT.as_secs()
             )));
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until the daemon has loaded every run file's filter
+/// (`storage.filter_loads_pending`), so cold gets measure block reads,
+/// not the filters' load beside them; returns the milliseconds waited.
+fn wait_for_filters(client: &mut Client) -> Result<f64, StressError> {
+    let began = Instant::now();
+    wait_for_zero(
+        client,
+        "storage.filter_loads_pending",
+        "Bloom filters to load",
+    )?;
+    Ok(began.elapsed().as_secs_f64() * 1000.0)
+}
+
+/// After the import: folds the log's tail and waits for the merges that
+/// follow, until a fold starts none, so that the data set is stored as
+/// the daemon leaves it and a serving run does not measure a merge left
+/// over from the import (a clean shutdown cancels one in flight, and the
+/// next start does it again). Returns the seconds it took.
+fn settle_merges(socket: &Path) -> Result<f64, StressError> {
+    let began = Instant::now();
+    let mut client = Client::connect(socket)?;
+    loop {
+        client.checkpoint(false)?;
+        // A merge a fold starts is counted before the fold returns.
+        if stat_count(&mut client, "storage.merges_in_flight")?.unwrap_or(0) == 0 {
+            return Ok(began.elapsed().as_secs_f64());
+        }
+        wait_for_zero(&mut client, "storage.merges_in_flight", "merges in flight")?;
     }
 }
 
@@ -323,6 +361,7 @@ struct Serving {
     hot_16: GetFigures,
     hot_64: GetFigures,
     rss_after_hot_bytes: u64,
+    floors: Floors,
     problems: Vec<String>,
 }
 
@@ -334,11 +373,14 @@ struct GetFigures {
 }
 
 /// The phases against the restarted daemon, in the order that keeps
-/// "cold" cold: box cold, gets over every cell, box from the cache, the
-/// hot range warmed, hot gets at 16 and 64 clients.
+/// "cold" cold: filters loaded and pages dropped, the `pread` floors
+/// (right before the cold reads: the device's speed varies, after an
+/// import's writes most), box cold, gets over every cell, box from the
+/// cache, the hot range warmed, hot gets at 16 and 64 clients.
 fn serve_phases(
     args: &ScaleArgs,
     daemon: &ScaleDaemon,
+    (floor_path, floor_bytes): (&Path, u64),
     say: &dyn Fn(String),
 ) -> Result<Serving, StressError> {
     let mut problems = Vec::new();
@@ -355,6 +397,11 @@ fn serve_phases(
         evicted.bytes >> 20,
         evicted.files
     ));
+    say("measuring the pread floor, one read at a time and 16 in flight".to_owned());
+    let floors = Floors {
+        alone: floor::measure(floor_path, floor_bytes, 1, 1)?,
+        queued: floor::measure(floor_path, floor_bytes, 2, COLD_CLIENTS)?,
+    };
     let (box_cold_ms, box_cells) = scan_once(&mut client, &region, args, &mut problems)?;
     say(format!(
         "box scanned cold: {box_cells} cells in {box_cold_ms:.2} ms"
@@ -382,6 +429,7 @@ fn serve_phases(
         hot_16,
         hot_64,
         rss_after_hot_bytes: daemon.rss_bytes(),
+        floors,
         problems,
     })
 }
@@ -415,33 +463,43 @@ fn cells_in(region: &CellBox, cells: u64) -> u64 {
 }
 
 /// Scans `region` once, checking every value; returns the milliseconds
-/// and the cells.
+/// and the cells. Timed: the pages (`Client::scan_pages`, cells read in
+/// place) with every cell copied out into one buffer, as a client that
+/// keeps a box's values would; the checks come after the clock stops.
 fn scan_once(
     client: &mut Client,
     region: &CellBox,
     args: &ScaleArgs,
     problems: &mut Vec<String>,
 ) -> Result<(f64, u64), StressError> {
-    let started = Instant::now();
-    let cells: Vec<_> = client
-        .scan(NAMESPACE, *region, cube_client::MAX_SCAN_PAGE_CELLS)
-        .collect::<Result<_, _>>()?;
-    let ms = started.elapsed().as_secs_f64() * 1000.0;
     let expected = cells_in(region, args.cells);
-    if cells.len() as u64 != expected {
+    let mut coords: Vec<(Coord, usize)> = Vec::with_capacity(expected as usize);
+    let mut values: Vec<u8> = Vec::with_capacity(expected as usize * args.value_size);
+    let started = Instant::now();
+    let mut pages = client.scan_pages(NAMESPACE, *region, cube_client::MAX_SCAN_PAGE_CELLS);
+    while let Some(cells) = pages.next_page()? {
+        for (coord, value) in cells {
+            values.extend_from_slice(value);
+            coords.push((coord, values.len()));
+        }
+    }
+    let ms = started.elapsed().as_secs_f64() * 1000.0;
+    if coords.len() as u64 != expected {
         problems.push(format!(
             "scan of {} .. {} found {} cells, the data set has {expected} there",
             region.lo(),
             region.hi(),
-            cells.len()
+            coords.len()
         ));
     }
-    for cell in &cells {
-        if let Err(problem) = check_value(cell.coord, Some(&cell.value), args.value_size) {
+    let mut start = 0;
+    for &(coord, end) in &coords {
+        if let Err(problem) = check_value(coord, Some(&values[start..end]), args.value_size) {
             problems.push(format!("scan: {problem}"));
         }
+        start = end;
     }
-    Ok((ms, cells.len() as u64))
+    Ok((ms, coords.len() as u64))
 }
 
 /// Whether the value at `coord` is its key's version 1.
@@ -612,7 +670,8 @@ fn restart_figure(restart: Duration) -> Figure {
 }
 
 impl Serving {
-    fn figures(&self, floors: &Floors) -> Vec<Figure> {
+    fn figures(&self) -> Vec<Figure> {
+        let floors = &self.floors;
         let hot = |name, label: &str, g: GetFigures| {
             Figure::new(name, label, "gets/s")
                 .value(g.ops_per_sec)

@@ -108,8 +108,10 @@ fn a_scale_run_builds_its_data_set_once_and_reuses_it() {
         stderr.contains("building the data set: no complete data set"),
         "{stderr}"
     );
-    // The cold phases start with the filters loaded and the data set's
-    // files out of the page cache.
+    // The import's merges settle before the data set is kept; the cold
+    // phases start with the filters loaded and the data set's files out
+    // of the page cache.
+    assert!(stderr.contains("merges settled"), "{stderr}");
     assert!(stderr.contains("filters loaded"), "{stderr}");
     assert!(stderr.contains("asked the kernel to drop"), "{stderr}");
 

@@ -32,6 +32,8 @@ pub(super) struct InFlight {
     /// When it was handed over (its duration in the stats runs from here).
     pub(super) started: Instant,
     pub(super) ns_ids: Vec<u64>,
+    /// The file ids of the runs it reads.
+    pub(super) file_ids: Vec<u64>,
     /// Counts the merge in the stats until it is settled.
     pub(super) _counted: Option<MergeInFlight>,
 }
@@ -79,6 +81,11 @@ impl MergeWorker {
             stop: Arc::clone(&job.stop),
             started: Instant::now(),
             ns_ids: job.parts.iter().map(|p| p.entry.ns_id).collect(),
+            file_ids: job
+                .parts
+                .iter()
+                .flat_map(|p| p.entry.runs[p.scope.window()].iter().map(|r| r.file_id))
+                .collect(),
             _counted: counted,
         };
         let jobs = self.jobs.as_ref().ok_or_else(stopped)?;
@@ -135,6 +142,15 @@ impl CheckpointStore {
                 .as_ref()
                 .is_some_and(|f| f.ns_ids.contains(&ns_id)),
             Merges::Inline | Merges::Deferred => false,
+        }
+    }
+
+    /// The file ids of the runs the merge in flight reads (none if none
+    /// is in flight).
+    pub(super) fn runs_merging(&self) -> &[u64] {
+        match &self.merges {
+            Merges::Background(worker) => worker.in_flight.as_ref().map_or(&[], |f| &f.file_ids),
+            Merges::Inline | Merges::Deferred => &[],
         }
     }
 

@@ -142,6 +142,16 @@ pub(crate) const MAX_UNMERGED_RUNS: usize = 12;
 /// manifest lists at most `manifest::MAX_RUNS` a namespace, and a long
 /// merge must not let folds pile runs up to it.
 pub(crate) const FOLD_WAITS_AT_RUNS: usize = 2 * MAX_UNMERGED_RUNS;
+
+/// A run this process wrote with at most this many entries (a fold's; a
+/// filter of at most 10 MiB) is served with its filter loaded.
+const FILTER_LOADED_AT_INSTALL_MAX_ENTRIES: u64 = 8 << 20;
+
+/// From this many runs, while the merge thread merges older ones, a fold
+/// first merges the runs folded since on its own thread
+/// (`CheckpointStore::merge_newest_inline`).
+pub(crate) const FOLD_MERGES_INLINE_AT_RUNS: usize = 16;
+const _: () = assert!(FOLD_MERGES_INLINE_AT_RUNS < FOLD_WAITS_AT_RUNS);
 const _: () = assert!(FOLD_WAITS_AT_RUNS < super::manifest::MAX_RUNS);
 
 /// The merge a namespace whose run files (newest first) are `sizes`
@@ -538,7 +548,24 @@ impl CheckpointStore {
                     ..NamespaceRuns::default()
                 });
             match self.open_serving_runs(&entry, encrypted, &held, &mem.tiering.cache) {
-                Ok(runs) => mem.install_runs(ns_id, runs, lsn),
+                Ok(runs) => {
+                    // A small run this process just wrote (a fold's) goes
+                    // in with its filter (read back from the page cache
+                    // here, off the writer): until a filter is loaded every
+                    // lookup its key range covers reads a block, and the
+                    // writer looks up each new cell. A merge's large run
+                    // loads after, in the background, so its filter and
+                    // those of the runs it replaces are not all held at
+                    // once. A filter that fails is reported by the
+                    // background loader; the run is served without it.
+                    let new = |r: &&Arc<RunFileReader>| !held.iter().any(|h| Arc::ptr_eq(h, r));
+                    for run in runs.iter().filter(new) {
+                        if run.entry_count() <= FILTER_LOADED_AT_INSTALL_MAX_ENTRIES {
+                            let _ = run.load_filter();
+                        }
+                    }
+                    mem.install_runs(ns_id, runs, lsn)
+                }
                 Err(e) => eprintln!(
                     "cubed: namespace id {ns_id} goes on reading its earlier run files, since \
                      opening the ones checkpoint LSN {lsn} lists failed: {e}"
@@ -565,8 +592,10 @@ impl CheckpointStore {
         merge_due(&sizes)
     }
 
-    /// Before a fold adds a run to each of namespaces `ns_ids`: if one
-    /// has [`FOLD_WAITS_AT_RUNS`] runs, waits for the merge in flight
+    /// Before a fold adds a run to each of namespaces `ns_ids`: merges
+    /// the runs folded since the merge in flight began, if there are
+    /// many ([`Self::merge_newest_inline`]); then, if one still has
+    /// [`FOLD_WAITS_AT_RUNS`] runs, waits for the merge in flight
     /// (installing it), then, if one still has as many, merges on this
     /// thread what is due ([`merge_due`] always picks a namespace with
     /// more than [`MAX_UNMERGED_RUNS`]).
@@ -583,6 +612,9 @@ impl CheckpointStore {
                     .is_some_and(|entry| entry.runs.len() >= FOLD_WAITS_AT_RUNS)
             })
         };
+        for &ns_id in ns_ids {
+            self.merge_newest_inline(ns_id, report)?;
+        }
         if !crowded(self) {
             return Ok(());
         }
@@ -595,6 +627,54 @@ impl CheckpointStore {
             "a merge due leaves fewer than {FOLD_WAITS_AT_RUNS} runs"
         );
         Ok(())
+    }
+
+    /// While the merge thread is busy with a long merge of namespace
+    /// `ns_id`'s older runs, folds keep adding runs above them: once it
+    /// has [`FOLD_MERGES_INLINE_AT_RUNS`], the runs folded since that
+    /// merge began are merged here, on the checkpointer's thread ([`merge_due`]
+    /// on them alone, or all of them; tombstones kept: older runs lie
+    /// below), so the fold waits seconds for runs of its own size instead
+    /// of minutes for the merge in flight, and the writer's lookups (each
+    /// new cell asks every run) stay cheap.
+    fn merge_newest_inline(
+        &mut self,
+        ns_id: u64,
+        report: &mut CompactionReport,
+    ) -> Result<(), StoreError> {
+        let Some(entry) = self.manifest.namespace(ns_id).cloned() else {
+            return Ok(());
+        };
+        let merging = self.runs_merging();
+        let free = entry
+            .runs
+            .iter()
+            .take_while(|run| !merging.contains(&run.file_id))
+            .count();
+        if entry.runs.len() < FOLD_MERGES_INLINE_AT_RUNS
+            || free == entry.runs.len()
+            || free < MERGE_WIDTH_RUNS
+        {
+            return Ok(());
+        }
+        let sizes: Vec<u64> = entry.runs[..free]
+            .iter()
+            .map(|run| self.run_bytes(run))
+            .collect();
+        let scope = merge_due(&sizes).unwrap_or(MergeScope::all(free));
+        let Some(mut job) = self.merge_job(vec![(entry, scope)])? else {
+            return Ok(());
+        };
+        // The test hook holds the merge thread's jobs, not this one.
+        job.hold = None;
+        let _in_flight = self.merges_in_flight.clone().map(MergeInFlight::start);
+        match run_merge_job(job) {
+            Ok(merged) => self.install_merge(merged, report),
+            Err(MergeFailure::Failed(e)) => Err(e),
+            Err(MergeFailure::Cancelled { output_ids }) => {
+                discard_outputs(self.storage.as_ref(), &self.dir, &output_ids)
+            }
+        }
     }
 
     /// Picks the namespaces `when` asks for and makes their merge job:
@@ -618,6 +698,15 @@ impl CheckpointStore {
                 Some((entry.clone(), scope))
             })
             .collect();
+        self.merge_job(picked)
+    }
+
+    /// The merge job of `picked` namespaces' windows: their runs opened
+    /// now, a new run's file id reserved for each.
+    fn merge_job(
+        &mut self,
+        picked: Vec<(NamespaceRuns, MergeScope)>,
+    ) -> Result<Option<MergeJob>, StoreError> {
         let mut parts = Vec::with_capacity(picked.len());
         for (entry, scope) in picked {
             let Some(encrypted) = Self::encrypted(&self.catalog, entry.ns_id) else {

@@ -43,8 +43,8 @@ pub fn file_bytes_for(data_bytes: u64) -> u64 {
     data_bytes.clamp(64 << 20, 4 << 30) / BLOCK_BYTES * BLOCK_BYTES
 }
 
-/// Makes `path` (`bytes` of incompressible data, synced) unless it is
-/// already that size, then measures reads of it, `in_flight` at a time.
+/// Makes `path` ([`ensure_file`]), then measures reads of it,
+/// `in_flight` at a time.
 pub fn measure(path: &Path, bytes: u64, seed: u64, in_flight: usize) -> Result<Floor, StressError> {
     ensure_file(path, bytes)?;
     let (file, direct, mode) = match OpenOptions::new()
@@ -87,7 +87,9 @@ pub fn measure(path: &Path, bytes: u64, seed: u64, in_flight: usize) -> Result<F
     }
 }
 
-fn ensure_file(path: &Path, bytes: u64) -> Result<(), StressError> {
+/// Makes `path`, `bytes` of incompressible data, synced, unless it is
+/// already that size.
+pub fn ensure_file(path: &Path, bytes: u64) -> Result<(), StressError> {
     if fs::metadata(path).is_ok_and(|m| m.len() == bytes) {
         return Ok(());
     }
