@@ -280,7 +280,7 @@ fn a_failed_background_merge_is_reported_and_loses_nothing() {
 }
 
 /// Folds go on while a merge is held, far past the manifest's 64 runs a
-/// namespace: a fold that finds 16 runs merges those folded since the
+/// namespace: a fold that finds 8 runs merges those folded since the
 /// held merge began (`merge_newest_inline`), and one that still finds 24
 /// (`FOLD_WAITS_AT_RUNS`) waits for the merge in flight, so every fold
 /// succeeds, the run count stays under the cap, and no cell is lost.
@@ -328,7 +328,7 @@ fn folds_past_the_run_cap_wait_for_the_merge_in_flight() {
 }
 
 /// While the merge thread is held on a merge of the older runs, folds
-/// merge the runs folded since on their own (from 16 runs), so none of
+/// merge the runs folded since on their own (from 8 runs), so none of
 /// them waits for the held merge and the run count stays low; the held
 /// merge is installed afterwards below them, and nothing is lost.
 #[test]
