@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::{Sender, bounded};
@@ -279,6 +280,56 @@ fn a_failed_background_merge_is_reported_and_loses_nothing() {
     engine.close_without_checkpoint();
 }
 
+/// Folds `folds` times on another thread, 10 new cells each (keys from
+/// 1000 on, `round`), sending the run files on disk after each fold;
+/// returns the cells it wrote.
+fn fold_on_a_thread(
+    engine: &Arc<Engine>,
+    data: &Path,
+    folds: i32,
+    round: u32,
+) -> (
+    std::thread::JoinHandle<Model>,
+    crossbeam_channel::Receiver<usize>,
+) {
+    let (folded, folded_rx) = bounded(folds as usize);
+    let engine = Arc::clone(engine);
+    let data = data.to_path_buf();
+    let folding = std::thread::spawn(move || {
+        let mut model = Model::new();
+        for fold in 0..folds {
+            for i in 0..10 {
+                put(&engine, &mut model, 1000 + fold * 10 + i, round);
+            }
+            engine.checkpoint().unwrap();
+            folded.send(files_ending(&data, ".run").len()).unwrap();
+        }
+        model
+    });
+    (folding, folded_rx)
+}
+
+/// The cells from key 1000 on read as `model` has them.
+fn assert_folded_cells(engine: &Engine, model: &Model) {
+    for (i, value) in model.range(1000..) {
+        let got = engine.get(&ns(), coord(*i)).unwrap().unwrap();
+        assert_eq!(got.map(|v| v.to_vec()).as_ref(), Some(value), "cell {i}");
+    }
+}
+
+/// Shuts `engine` down while merges may still start or run (shutdown
+/// cancels one in flight and removes its file), then checks that no temp
+/// file is left and a restart reads every cell of `model`.
+fn shut_down_during_merges_and_restart(engine: Engine, data: &Path, model: &Model) {
+    engine.shutdown().unwrap();
+    drop(engine);
+    assert!(files_ending(data, ".tmp").is_empty());
+    let engine = Engine::open(config(data, None)).unwrap();
+    assert_cells(&engine, model, 320);
+    assert_folded_cells(&engine, model);
+    engine.close_without_checkpoint();
+}
+
 /// Folds go on while a merge is held, far past the manifest's 64 runs a
 /// namespace: a fold that finds 8 runs merges those folded since the
 /// held merge began (`merge_newest_inline`), and one that still finds 24
@@ -287,44 +338,27 @@ fn a_failed_background_merge_is_reported_and_loses_nothing() {
 #[test]
 fn folds_past_the_run_cap_wait_for_the_merge_in_flight() {
     const FOLDS: i32 = 70;
-    const FOLD_WAITS_AT_RUNS: i32 = 24;
+    const FOLD_WAITS_AT_RUNS: usize = 24;
     let (_tmp, data, engine, mut model, release) = held_merge();
-    let engine = std::sync::Arc::new(engine);
-    let (asked, asked_rx) = bounded(FOLDS as usize);
-    let folding = {
-        let engine = std::sync::Arc::clone(&engine);
-        let data = data.clone();
-        std::thread::spawn(move || {
-            let mut model = Model::new();
-            for fold in 0..FOLDS {
-                for i in 0..10 {
-                    put(&engine, &mut model, 1000 + fold * 10 + i, 5);
-                }
-                asked.send(fold).unwrap();
-                engine.checkpoint().unwrap();
-                // Listed runs, and at most a merged one not yet listed.
-                let runs = files_ending(&data, ".run").len();
-                assert!(runs <= FOLD_WAITS_AT_RUNS as usize + 1, "{runs} runs");
-            }
-            model
-        })
-    };
-    // The two held runs and one per fold: the fold that finds 24 runs is
-    // the 23rd (0-based 22). Released once it has been asked for.
-    while asked_rx.recv_timeout(HANG_BOUND).unwrap() < FOLD_WAITS_AT_RUNS - 2 {}
+    let engine = Arc::new(engine);
+    let (folding, folded) = fold_on_a_thread(&engine, &data, FOLDS, 5);
+    let mut release = Some(release);
+    for fold in 0..FOLDS {
+        let runs = folded
+            .recv_timeout(HANG_BOUND)
+            .unwrap_or_else(|e| panic!("fold {fold} did not complete: {e}"));
+        // Listed runs, and at most a merged one not yet listed.
+        assert!(runs <= FOLD_WAITS_AT_RUNS + 1, "{runs} runs");
+        // The two held runs and one per fold: the next fold may wait.
+        if runs + 1 >= FOLD_WAITS_AT_RUNS {
+            drop(release.take());
+        }
+    }
     drop(release);
     model.extend(folding.join().unwrap());
-    let engine = std::sync::Arc::into_inner(engine).unwrap();
-    // The last fold may have started a merge: its temp file goes when it
-    // is installed.
-    wait_until(&engine, "no merge in flight", |stats| {
-        stats.merges_in_flight == 0
-    });
-    for (i, value) in model.range(1000..) {
-        let got = engine.get(&ns(), coord(*i)).unwrap().unwrap();
-        assert_eq!(got.map(|v| v.to_vec()).as_ref(), Some(value), "cell {i}");
-    }
-    shut_down_and_restart(engine, &data, &model);
+    let engine = Arc::into_inner(engine).unwrap();
+    assert_folded_cells(&engine, &model);
+    shut_down_during_merges_and_restart(engine, &data, &model);
 }
 
 /// While the merge thread is held on a merge of the older runs, folds
@@ -337,26 +371,11 @@ fn folds_during_a_long_merge_merge_their_own_runs() {
     const INLINE_AT_RUNS: usize = 16;
     let (_tmp, data, engine, mut model, release) = held_merge();
     let compactions = engine.stats().compactions;
-    let engine = std::sync::Arc::new(engine);
-    let (folded, folded_rx) = bounded(FOLDS as usize);
-    let folding = {
-        let engine = std::sync::Arc::clone(&engine);
-        let data = data.clone();
-        std::thread::spawn(move || {
-            let mut model = Model::new();
-            for fold in 0..FOLDS {
-                for i in 0..10 {
-                    put(&engine, &mut model, 1000 + fold * 10 + i, 6);
-                }
-                engine.checkpoint().unwrap();
-                folded.send(files_ending(&data, ".run").len()).unwrap();
-            }
-            model
-        })
-    };
+    let engine = Arc::new(engine);
+    let (folding, folded) = fold_on_a_thread(&engine, &data, FOLDS, 6);
     // Every fold completes with the merge still held.
     for fold in 0..FOLDS {
-        let runs = folded_rx
+        let runs = folded
             .recv_timeout(HANG_BOUND)
             .unwrap_or_else(|e| panic!("fold {fold} did not complete: {e}"));
         assert!(runs <= INLINE_AT_RUNS, "{runs} runs after fold {fold}");
@@ -367,21 +386,7 @@ fn folds_during_a_long_merge_merge_their_own_runs() {
     wait_until(&engine, "the held merge to be installed", |stats| {
         stats.merges_in_flight == 0 && stats.compactions > compactions
     });
-    let engine = std::sync::Arc::into_inner(engine).unwrap();
-    for (i, value) in model.range(1000..) {
-        let got = engine.get(&ns(), coord(*i)).unwrap().unwrap();
-        assert_eq!(got.map(|v| v.to_vec()).as_ref(), Some(value), "cell {i}");
-    }
-    // Another merge may start once the held one is in: shutdown cancels
-    // it and removes its file.
-    engine.shutdown().unwrap();
-    drop(engine);
-    assert!(files_ending(&data, ".tmp").is_empty());
-    let engine = Engine::open(config(&data, None)).unwrap();
-    assert_cells(&engine, &model, 320);
-    for (i, value) in model.range(1000..) {
-        let got = engine.get(&ns(), coord(*i)).unwrap().unwrap();
-        assert_eq!(got.map(|v| v.to_vec()).as_ref(), Some(value), "cell {i}");
-    }
-    engine.close_without_checkpoint();
+    let engine = Arc::into_inner(engine).unwrap();
+    assert_folded_cells(&engine, &model);
+    shut_down_during_merges_and_restart(engine, &data, &model);
 }
