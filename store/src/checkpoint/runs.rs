@@ -31,8 +31,7 @@ use cube_protocol::NamespaceName;
 
 use super::manifest::{Manifest, NamespaceRuns, RunRef, run_file_name};
 use super::merge_job::{
-    MergeFailure, MergeJob, MergedNamespace, NamespaceMerge, count_mismatch, discard_outputs,
-    run_merge_job,
+    MergeJob, MergedNamespace, NamespaceMerge, count_mismatch, discard_outputs, run_merge_job,
 };
 use super::{CheckpointStore, CompactionReport, CrashPoint, SortedCells};
 use crate::cell_value::CellValue;
@@ -760,13 +759,7 @@ impl CheckpointStore {
         report: &mut CompactionReport,
     ) -> Result<(), StoreError> {
         let _in_flight = self.merges_in_flight.clone().map(MergeInFlight::start);
-        match run_merge_job(job) {
-            Ok(merged) => self.install_merge(merged, report),
-            Err(MergeFailure::Failed(e)) => Err(e),
-            Err(MergeFailure::Cancelled { output_ids }) => {
-                discard_outputs(self.storage.as_ref(), &self.dir, &output_ids)
-            }
-        }
+        self.settle_job(run_merge_job(job), report)
     }
 
     /// Installs a finished merge with one manifest switch: each merged run
