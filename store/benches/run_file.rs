@@ -23,6 +23,9 @@
 //!
 //! `filter`: 4096 absent keys against a 60 MiB filter, probed one key at
 //! a time and as a batch whose probes overlap (`may_contain_each`).
+//!
+//! `filter fill`: a writer's filter (60 MiB) filled with 4096 keys, one
+//! key's bits at a time and through `FilterFill` (lines asked for ahead).
 #![allow(clippy::unwrap_used)]
 
 use std::hint::black_box;
@@ -277,5 +280,55 @@ fn filter_probes(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, point_reads, absent_reads, opens, filter_probes);
+/// A writer's filter filled with 4096 keys in key order (a merge's
+/// stream) within a filter far larger than the CPU's caches (50 M keys,
+/// 60 MiB), one key's bits at a time and with `FilterFill` (the lines of
+/// the keys ahead asked for first).
+fn filter_fills(c: &mut Criterion) {
+    use cube_store::run_file::bloom::{BITS_PER_KEY, BloomFilter, FilterFill, key_hash};
+    const KEYS: u64 = 50_000_000;
+    const BATCH: u64 = 4096;
+    let mut group = c.benchmark_group("run_file filter fill");
+    group.measurement_time(Duration::from_secs(3));
+    group.warm_up_time(Duration::from_secs(1));
+    group.throughput(Throughput::Elements(BATCH));
+    let mut filter = Some(BloomFilter::with_bits(KEYS * BITS_PER_KEY));
+    let mut next = 0u64;
+    let mut batch = move || -> Vec<u64> {
+        // Keys spread over the whole key space: each lands anywhere.
+        next += 1;
+        (0..BATCH)
+            .map(|i| key_hash(key(next * BATCH + i)))
+            .collect()
+    };
+    group.bench_function("4096 keys, insert one at a time", |b| {
+        let f = filter.as_mut().unwrap();
+        b.iter_batched(
+            &mut batch,
+            |hashes| hashes.iter().for_each(|&h| f.insert(h)),
+            criterion::BatchSize::SmallInput,
+        )
+    });
+    group.bench_function("4096 keys, FilterFill", |b| {
+        b.iter_batched(
+            &mut batch,
+            |hashes| {
+                let mut fill = FilterFill::new(filter.take().unwrap());
+                hashes.iter().for_each(|&h| fill.add(h));
+                filter = Some(fill.finish());
+            },
+            criterion::BatchSize::SmallInput,
+        )
+    });
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    point_reads,
+    absent_reads,
+    opens,
+    filter_probes,
+    filter_fills
+);
 criterion_main!(benches);

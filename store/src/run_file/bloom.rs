@@ -28,6 +28,8 @@
 //! Mitzenmacher): probe i is `h1 + i * h2`, mapped onto the filter's bits by
 //! a multiply-shift, which needs no division and no power-of-two size.
 
+use std::collections::VecDeque;
+
 use crate::huge_pages::huge_vec;
 use crate::prefetch::prefetch;
 
@@ -316,6 +318,56 @@ impl BloomFilter {
     }
 }
 
+/// A filter being filled in key order by a writer: each key's probe
+/// lines are asked for when it is added and its bits set
+/// [`PREFETCH_AHEAD_KEYS`] keys later, so that the cache misses of a
+/// filter larger than the caches overlap instead of each of a key's
+/// [`PROBES`] waiting on the one before. (Setting bits one key at a time
+/// was half of the checkpointer's samples during a 200 M-cell import:
+/// merges write filters of hundreds of MiB.) The filter it gives back
+/// holds exactly the bits [`BloomFilter::insert`] of each key would set.
+#[derive(Debug)]
+pub struct FilterFill {
+    filter: BloomFilter,
+    /// Hashes added whose bits are not set yet, oldest first; at most
+    /// [`PREFETCH_AHEAD_KEYS`].
+    pending: VecDeque<u64>,
+}
+
+impl FilterFill {
+    pub fn new(filter: BloomFilter) -> FilterFill {
+        FilterFill {
+            filter,
+            pending: VecDeque::with_capacity(PREFETCH_AHEAD_KEYS),
+        }
+    }
+
+    /// Adds the key whose [`key_hash`] is `hash`.
+    pub fn add(&mut self, hash: u64) {
+        let bits = self.filter.bits;
+        if bits == 0 {
+            return;
+        }
+        if self.pending.len() == PREFETCH_AHEAD_KEYS
+            && let Some(oldest) = self.pending.pop_front()
+        {
+            self.filter.insert(oldest);
+        }
+        for b in probes(hash, bits) {
+            prefetch(self.filter.bytes.as_ptr().wrapping_add((b / 8) as usize));
+        }
+        self.pending.push_back(hash);
+    }
+
+    /// The filter, every key added in it.
+    pub fn finish(mut self) -> BloomFilter {
+        for hash in self.pending.drain(..) {
+            self.filter.insert(hash);
+        }
+        self.filter
+    }
+}
+
 /// Checks that a filter header's first 4 bytes name `index_crc`.
 fn check_index_crc(header: &[u8], index_crc: u32) -> Result<(), String> {
     let named = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
@@ -331,6 +383,24 @@ fn check_index_crc(header: &[u8], index_crc: u32) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn filling_in_order_sets_the_bits_inserting_each_key_sets() {
+        for keys in [0u64, 1, 15, 16, 17, 1000] {
+            let bits = (keys + 1) * BITS_PER_KEY;
+            let mut one_by_one = BloomFilter::with_bits(bits);
+            let mut fill = FilterFill::new(BloomFilter::with_bits(bits));
+            for k in 0..keys {
+                let hash = key_hash(u128::from(k * 7 + 3));
+                one_by_one.insert(hash);
+                fill.add(hash);
+            }
+            assert_eq!(fill.finish(), one_by_one, "{keys} keys");
+        }
+        let mut empty = FilterFill::new(BloomFilter::with_bits(0));
+        empty.add(key_hash(5));
+        assert_eq!(empty.finish(), BloomFilter::with_bits(0));
+    }
 
     #[test]
     fn probing_a_batch_answers_as_probing_each_key() {

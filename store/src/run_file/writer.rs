@@ -24,7 +24,9 @@ use std::sync::Arc;
 use crate::crypto::{Keyring, MAC_BYTES};
 use crate::storage::{OpenMode, Storage, StorageFile};
 
-use super::bloom::{BITS_PER_KEY, BloomFilter, MAX_OVERSIZE, key_hash, max_bits, min_bits};
+use super::bloom::{
+    BITS_PER_KEY, BloomFilter, FilterFill, MAX_OVERSIZE, key_hash, max_bits, min_bits,
+};
 use super::format::{
     BlockIndex, FORMAT_VERSION, FORMAT_VERSION_NO_FILTER, Footer, Identity, IndexEntry,
     MAX_VALUE_BYTES, Mode, Piece, Pieces, finish_payload, push_entry, start_payload,
@@ -66,7 +68,7 @@ pub struct RunFileWriter<'a> {
     index: Vec<IndexEntry>,
     /// The filter, sized for `expected_entries` and filled by `push`;
     /// `None` when writing version 1.
-    filter: Option<BloomFilter>,
+    filter: Option<FilterFill>,
     /// At most this many entries are pushed (the filter is sized for them).
     expected_entries: u64,
     /// [`FORMAT_VERSION`], or [`FORMAT_VERSION_NO_FILTER`] (no filter).
@@ -126,7 +128,7 @@ impl<'a> RunFileWriter<'a> {
             pending: Vec::with_capacity(IO_CHUNK_BYTES + TARGET_BLOCK_BYTES * 2),
             written: 0,
             index: Vec::new(),
-            filter: Some(BloomFilter::with_bits(bits)),
+            filter: Some(FilterFill::new(BloomFilter::with_bits(bits))),
             expected_entries,
             version: FORMAT_VERSION,
             last_key: None,
@@ -175,7 +177,7 @@ impl<'a> RunFileWriter<'a> {
         }
         push_entry(&mut self.payload, key, value);
         if let Some(filter) = &mut self.filter {
-            filter.insert(key_hash(key));
+            filter.add(key_hash(key));
         }
         self.payload_entries += 1;
         self.entries += 1;
@@ -253,7 +255,7 @@ impl<'a> RunFileWriter<'a> {
         index_offset: u64,
         index_stored: &[u8],
     ) -> Result<Vec<u8>, RunFileError> {
-        let Some(mut filter) = self.filter.take() else {
+        let Some(mut filter) = self.filter.take().map(FilterFill::finish) else {
             return Ok(Vec::new());
         };
         // Far fewer entries than expected (a merge that dropped most of
