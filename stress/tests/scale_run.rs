@@ -13,7 +13,7 @@ use common::{field, int, number, parse_json};
 use cube_stress::json::Json;
 
 /// Every figure the report promises (docs/benchmarks.md, "Scale").
-const FIGURES: [&str; 14] = [
+const FIGURES: [&str; 15] = [
     "import_rate",
     "import_slowest_10s",
     "import_peak_rss",
@@ -24,6 +24,7 @@ const FIGURES: [&str; 14] = [
     "cold_get_16",
     "pread_floor",
     "pread_floor_queued",
+    "pread_floor_sustained",
     "box_scan_cold",
     "box_scan_cached",
     "socket_floor",
@@ -73,16 +74,21 @@ fn check_figures(report: &Json, cells: u64) {
         "cold_get_16",
         "pread_floor",
         "pread_floor_queued",
+        "pread_floor_sustained",
     ] {
         let figure = field(figures, name);
         assert!(int(field(figure, "p99_us")) >= int(field(figure, "p50_us")));
     }
-    // The second floor reads with as many in flight as the cold gets'
-    // clients.
+    // The second and third floors read with as many in flight as the
+    // cold gets' clients.
     let in_flight = |name| int(field(field(figures, name), "in_flight"));
     assert_eq!(
-        (in_flight("pread_floor"), in_flight("pread_floor_queued")),
-        (1, 16)
+        (
+            in_flight("pread_floor"),
+            in_flight("pread_floor_queued"),
+            in_flight("pread_floor_sustained")
+        ),
+        (1, 16, 16)
     );
     // 20 000 cells fill 19 rows and part of a 20th of plane z = 0.
     assert_eq!(
