@@ -1,4 +1,5 @@
-//! Merges run on the `cube-merge` thread, off the fold path: a fold (and so
+//! Merges run on the merge threads (`cube-merge`, and `cube-merge-new` for
+//! the runs folded during a long merge), off the fold path: a fold (and so
 //! the writer, which waits on folds when memory is full) completes while a
 //! merge is in flight, the merge is installed afterwards under the run the
 //! fold wrote, and a restart reads the same cells. A merge held mid-way is
@@ -331,10 +332,11 @@ fn shut_down_during_merges_and_restart(engine: Engine, data: &Path, model: &Mode
 }
 
 /// Folds go on while a merge is held, far past the manifest's 64 runs a
-/// namespace: a fold that finds 8 runs merges those folded since the
-/// held merge began (`merge_newest_inline`), and one that still finds 24
-/// (`FOLD_WAITS_AT_RUNS`) waits for the merge in flight, so every fold
-/// succeeds, the run count stays under the cap, and no cell is lost.
+/// namespace: from 8 runs those folded since the held merge began are
+/// merged on the second merge thread (`start_merge_of_folded_runs`), and
+/// a fold that still finds 24 (`FOLD_WAITS_AT_RUNS`) waits for the merges
+/// in flight, so every fold succeeds, the run count stays under the cap,
+/// and no cell is lost.
 #[test]
 fn folds_past_the_run_cap_wait_for_the_merge_in_flight() {
     const FOLDS: i32 = 70;
@@ -361,14 +363,15 @@ fn folds_past_the_run_cap_wait_for_the_merge_in_flight() {
     shut_down_during_merges_and_restart(engine, &data, &model);
 }
 
-/// While the merge thread is held on a merge of the older runs, folds
-/// merge the runs folded since on their own (from 8 runs), so none of
-/// them waits for the held merge and the run count stays low; the held
-/// merge is installed afterwards below them, and nothing is lost.
+/// While the merge thread is held on a merge of the older runs, the runs
+/// folded since are merged on the second merge thread (from 8 runs), so
+/// no fold waits for the held merge and the run count stays under the
+/// folds' wait; the held merge is installed afterwards below them, and
+/// nothing is lost.
 #[test]
 fn folds_during_a_long_merge_merge_their_own_runs() {
     const FOLDS: i32 = 40;
-    const INLINE_AT_RUNS: usize = 16;
+    const FOLD_WAITS_AT_RUNS: usize = 24;
     let (_tmp, data, engine, mut model, release) = held_merge();
     let compactions = engine.stats().compactions;
     let engine = Arc::new(engine);
@@ -378,9 +381,10 @@ fn folds_during_a_long_merge_merge_their_own_runs() {
         let runs = folded
             .recv_timeout(HANG_BOUND)
             .unwrap_or_else(|e| panic!("fold {fold} did not complete: {e}"));
-        assert!(runs <= INLINE_AT_RUNS, "{runs} runs after fold {fold}");
+        assert!(runs <= FOLD_WAITS_AT_RUNS, "{runs} runs after fold {fold}");
     }
-    assert_eq!(engine.stats().merges_in_flight, 1);
+    // The held merge, and perhaps one of the runs folded meanwhile.
+    assert!(engine.stats().merges_in_flight >= 1);
     model.extend(folding.join().unwrap());
     drop(release);
     wait_until(&engine, "the held merge to be installed", |stats| {

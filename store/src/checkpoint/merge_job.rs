@@ -5,9 +5,9 @@
 //! checkpointer keeps folding; the checkpointer installs what it wrote
 //! (`CheckpointStore::install_merge`, one manifest switch).
 //!
-//! In the daemon the jobs run on the `cube-merge` thread
+//! In the daemon the jobs run on the merge threads
 //! (`super::merge_worker::MergeWorker`,
-//! one job at a time); offline and in the model tests, which drive
+//! one job at a time each); offline and in the model tests, which drive
 //! `CheckpointStore` without threads, the checkpointer runs the same
 //! [`run_merge_job`] inline.
 

@@ -207,9 +207,9 @@ pub(crate) struct CheckpointStore {
 enum Merges {
     /// The fold itself, before it returns (offline, model tests).
     Inline,
-    /// The `cube-merge` thread, while the checkpointer goes on folding
+    /// The merge threads, while the checkpointer goes on folding
     /// (the daemon); the checkpointer installs what it wrote.
-    Background(MergeWorker),
+    Background(Box<MergeWorker>),
     /// Nobody: the merge thread has stopped (shutdown), so a final fold
     /// does not wait on a merge that the next start can do.
     Deferred,

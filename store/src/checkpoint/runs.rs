@@ -15,8 +15,10 @@
 //!   namespace's runs into one ([`merge_due`]: all of them as it doubles,
 //!   else runs of like size four or more at a time; tombstones dropped
 //!   when the window reaches the oldest run); a compaction asked for
-//!   merges each namespace to one run. A fold of a namespace with
-//!   [`FOLD_WAITS_AT_RUNS`] runs first waits for the merge in flight.
+//!   merges each namespace to one run. While the merge thread rewrites a
+//!   namespace, the runs folded since are merged on a second merge thread
+//!   ([`FOLDED_MERGE_AT_RUNS`]); a fold of a namespace with
+//!   [`FOLD_WAITS_AT_RUNS`] runs first waits for the merges in flight.
 //!
 //! Runs of an encrypted namespace are sealed, those of a data dir with a
 //! master key authenticated (their footer MAC is in the manifest), others
@@ -136,21 +138,21 @@ pub(crate) const MERGE_WIDTH_RUNS: usize = 4;
 /// next chance, whatever their sizes.
 pub(crate) const MAX_UNMERGED_RUNS: usize = 12;
 
-/// From this many runs a fold of the namespace waits for the merge in
-/// flight, then merges on its own thread, before adding its run: the
-/// manifest lists at most `manifest::MAX_RUNS` a namespace, and a long
-/// merge must not let folds pile runs up to it.
+/// From this many runs a fold of the namespace waits for the merges in
+/// flight (the folded lane's first), then merges on its own thread, before
+/// adding its run: the manifest lists at most `manifest::MAX_RUNS` a
+/// namespace, and a long merge must not let folds pile runs up to it.
 pub(crate) const FOLD_WAITS_AT_RUNS: usize = 2 * MAX_UNMERGED_RUNS;
 
 /// A run this process wrote with at most this many entries (a fold's; a
 /// filter of at most 10 MiB) is served with its filter loaded.
 const FILTER_LOADED_AT_INSTALL_MAX_ENTRIES: u64 = 8 << 20;
 
-/// From this many runs, while the merge thread merges older ones, a fold
-/// first merges the runs folded since on its own thread
-/// (`CheckpointStore::merge_newest_inline`).
-pub(crate) const FOLD_MERGES_INLINE_AT_RUNS: usize = 8;
-const _: () = assert!(FOLD_MERGES_INLINE_AT_RUNS < FOLD_WAITS_AT_RUNS);
+/// From this many runs, while the merge thread merges older ones, the
+/// runs folded since are merged on the folded lane's thread
+/// (`CheckpointStore::start_merge_of_folded_runs`).
+pub(crate) const FOLDED_MERGE_AT_RUNS: usize = 8;
+const _: () = assert!(FOLDED_MERGE_AT_RUNS < FOLD_WAITS_AT_RUNS);
 const _: () = assert!(FOLD_WAITS_AT_RUNS < super::manifest::MAX_RUNS);
 
 /// The merge a namespace whose run files (newest first) are `sizes`
@@ -591,11 +593,12 @@ impl CheckpointStore {
         merge_due(&sizes)
     }
 
-    /// Before a fold adds a run to each of namespaces `ns_ids`: merges
-    /// the runs folded since the merge in flight began, if there are
-    /// many ([`Self::merge_newest_inline`]); then, if one still has
-    /// [`FOLD_WAITS_AT_RUNS`] runs, waits for the merge in flight
-    /// (installing it), then, if one still has as many, merges on this
+    /// Before a fold adds a run to each of namespaces `ns_ids`: hands the
+    /// folded lane a merge of the runs folded since the merge in flight
+    /// began, if there are many ([`Self::start_merge_of_folded_runs`]);
+    /// then, if one still has [`FOLD_WAITS_AT_RUNS`] runs, waits for the
+    /// folded lane's merge (seconds), then for every merge in flight
+    /// (installing them), then, if one still has as many, merges on this
     /// thread what is due ([`merge_due`] always picks a namespace with
     /// more than [`MAX_UNMERGED_RUNS`]).
     pub(super) fn make_room_for_runs(
@@ -612,8 +615,12 @@ impl CheckpointStore {
             })
         };
         for &ns_id in ns_ids {
-            self.merge_newest_inline(ns_id, report)?;
+            self.start_merge_of_folded_runs(ns_id)?;
         }
+        if !crowded(self) {
+            return Ok(());
+        }
+        self.settle_folded_merge(report)?;
         if !crowded(self) {
             return Ok(());
         }
@@ -627,20 +634,19 @@ impl CheckpointStore {
 
     /// While the merge thread is busy with a long merge of namespace
     /// `ns_id`'s older runs, folds keep adding runs above them: once it
-    /// has [`FOLD_MERGES_INLINE_AT_RUNS`], the runs folded since that
-    /// merge began are merged here, on the checkpointer's thread: what
+    /// has [`FOLDED_MERGE_AT_RUNS`], the runs folded since that merge
+    /// began are handed to the folded lane's thread (if it is idle): what
     /// [`merge_due`] finds due among them alone (four like runs as they
     /// come, seconds each), or all of them past twice as many runs;
-    /// tombstones kept (older runs lie below). So the fold waits seconds
-    /// for runs of its own size instead of minutes for the merge in
-    /// flight, and the writer's lookups (each new cell asks every run)
-    /// stay cheap. (Merging all of them at 16 runs took ten seconds at
-    /// 160 M cells, and the memtable overflowed meanwhile.)
-    fn merge_newest_inline(
-        &mut self,
-        ns_id: u64,
-        report: &mut CompactionReport,
-    ) -> Result<(), StoreError> {
+    /// tombstones kept (older runs lie below). So folds neither wait
+    /// minutes for the merge in flight nor merge themselves (a fold that
+    /// merged on the checkpointer's thread took 7-10 s at 100-200 M cells,
+    /// and the writer slowed meanwhile), and the writer's lookups (each
+    /// new cell asks every run) stay cheap.
+    fn start_merge_of_folded_runs(&mut self, ns_id: u64) -> Result<(), StoreError> {
+        if !self.folded_lane_free() {
+            return Ok(());
+        }
         let Some(entry) = self.manifest.namespace(ns_id).cloned() else {
             return Ok(());
         };
@@ -650,7 +656,7 @@ impl CheckpointStore {
             .iter()
             .take_while(|run| !merging.contains(&run.file_id))
             .count();
-        if entry.runs.len() < FOLD_MERGES_INLINE_AT_RUNS
+        if entry.runs.len() < FOLDED_MERGE_AT_RUNS
             || free == entry.runs.len()
             || free < MERGE_WIDTH_RUNS
         {
@@ -664,15 +670,15 @@ impl CheckpointStore {
         // them only once there are many.
         let scope = match merge_due(&sizes) {
             Some(scope) => scope,
-            None if entry.runs.len() >= 2 * FOLD_MERGES_INLINE_AT_RUNS => MergeScope::all(free),
+            None if entry.runs.len() >= 2 * FOLDED_MERGE_AT_RUNS => MergeScope::all(free),
             None => return Ok(()),
         };
         let Some(mut job) = self.merge_job(vec![(entry, scope)])? else {
             return Ok(());
         };
-        // The test hook holds the merge thread's jobs, not this one.
+        // The test hook holds the due lane's jobs, not these.
         job.hold = None;
-        self.merge_here(job, report)
+        self.start_folded_merge(job)
     }
 
     /// Picks the namespaces `when` asks for and makes their merge job:
