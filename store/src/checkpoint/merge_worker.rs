@@ -270,24 +270,19 @@ impl CheckpointStore {
         Some(settled.map(|()| report))
     }
 
-    /// Waits for `lane`'s merge in flight, if any (cancelling it first
-    /// with `cancel`), installing or discarding what any merge that
-    /// finishes meanwhile wrote.
+    /// Waits for `lane`'s merge in flight, if any, installing or
+    /// discarding what any merge that finishes meanwhile wrote.
     fn settle_lane(
         &mut self,
         lane: usize,
-        cancel: bool,
         report: &mut CompactionReport,
     ) -> Result<(), StoreError> {
         loop {
             let Some(worker) = self.worker() else {
                 return Ok(());
             };
-            let Some(in_flight) = &worker.lanes[lane].in_flight else {
+            if worker.idle(lane) {
                 return Ok(());
-            };
-            if cancel {
-                in_flight.stop.store(true, Relaxed);
             }
             let (done_lane, result) = worker
                 .done
@@ -303,7 +298,7 @@ impl CheckpointStore {
         &mut self,
         report: &mut CompactionReport,
     ) -> Result<(), StoreError> {
-        self.settle_lane(FOLDED_LANE, false, report)
+        self.settle_lane(FOLDED_LANE, report)
     }
 
     /// Waits for every merge in flight (cancelling them first with
@@ -322,7 +317,7 @@ impl CheckpointStore {
         // must not be left behind for the next merge's wait.
         let mut outcome = Ok(());
         for lane in 0..LANES {
-            let settled = self.settle_lane(lane, cancel, report);
+            let settled = self.settle_lane(lane, report);
             if outcome.is_ok() {
                 outcome = settled;
             }
