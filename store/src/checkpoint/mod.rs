@@ -31,7 +31,7 @@ mod runs;
 pub(crate) mod state_key;
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BinaryHeap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -60,7 +60,7 @@ use fold::Fold;
 use manifest::{MAX_DELTAS, Manifest, ManifestAuth, base_file_name, delta_file_name};
 pub use merge_job::MergeHold;
 use merge_worker::MergeWorker;
-use runs::{FoldedCells, MergeWhen};
+use runs::MergeWhen;
 use state_key::{TAG_NAMESPACE, cell_key_parts, entry_ns_id, entry_to_mutation, namespace_key};
 
 #[derive(Clone, Debug)]
@@ -672,27 +672,20 @@ impl CheckpointStore {
     /// manifest to them.
     fn write_delta(
         &mut self,
-        fold: Fold,
+        mut fold: Fold,
         from_lsn: u64,
         keyring: Option<&Keyring>,
         report: &mut CheckpointReport,
     ) -> Result<(), StoreError> {
         let lsn_to = fold.last_lsn();
+        let cells = fold.cells_by_namespace();
         let Fold {
-            folded,
+            folded: state,
             catalog,
             encrypted_ids,
             chain,
             ..
         } = fold;
-        let mut cells: BTreeMap<u64, FoldedCells> = BTreeMap::new();
-        let mut state = Vec::new();
-        for (key, value) in folded {
-            match cell_key_parts(&key) {
-                Some((ns_id, morton)) => cells.entry(ns_id).or_default().push((morton, value)),
-                None => state.push((key, value)),
-            }
-        }
         // A merge reading a namespace this fold drops is cancelled (or,
         // finished, installed) before the switch is prepared: the fold then
         // removes the runs it read.
