@@ -160,22 +160,16 @@ pub fn scale(args: &ScaleArgs) -> Result<ScaleReport, StressError> {
     let data = DataSet::new(&args.dir);
     let (description, imported) = ensure_dataset(args, &binary, &data, &say)?;
 
-    let floor_bytes = floor::file_bytes_for(args.cells * args.value_size as u64);
-    let floor_path = args.dir.join("floor.bin");
-    say(format!(
-        "the pread floor's file: {} MiB ({})",
-        floor_bytes >> 20,
-        floor_path.display()
-    ));
-    floor::ensure_file(&floor_path, floor_bytes)?;
-
+    // Earlier versions measured the floor on a file of their own; the
+    // floor now reads the data set's run files (`scale/floor.rs`).
+    let _ = std::fs::remove_file(args.dir.join("floor.bin"));
     say(format!(
         "restarting {} on {}",
         binary.display(),
         data.data_dir().display()
     ));
     let (daemon, restart) = ScaleDaemon::start(&binary, &args.dir, &args.daemon_args, true)?;
-    let serving = serve_phases(args, &daemon, (&floor_path, floor_bytes), &say)?;
+    let serving = serve_phases(args, &daemon, &data.data_dir(), &say)?;
     let rss_after_hot = serving.rss_after_hot_bytes;
     let serving_peak = daemon.peak_rss_bytes();
     daemon.stop()?;
@@ -386,7 +380,7 @@ struct GetFigures {
 fn serve_phases(
     args: &ScaleArgs,
     daemon: &ScaleDaemon,
-    (floor_path, floor_bytes): (&Path, u64),
+    data_dir: &Path,
     say: &dyn Fn(String),
 ) -> Result<Serving, StressError> {
     let mut problems = Vec::new();
@@ -397,16 +391,23 @@ fn serve_phases(
         "filters loaded {filters_ms:.0} ms after the first answer; dropping the data set's \
          pages from the page cache"
     ));
-    let evicted = page_cache::evict(&args.dir.join("data"))?;
+    let evicted = page_cache::evict(data_dir)?;
     say(format!(
         "asked the kernel to drop {} MiB of {} files",
         evicted.bytes >> 20,
         evicted.files
     ));
-    say("measuring the pread floor, one read at a time and 16 in flight".to_owned());
+    // The run files cubed keeps its cells in (`CheckpointStore`'s
+    // directory): the floor reads the blocks the cold gets read.
+    let floor_files = floor::FloorFiles::open(&data_dir.join("checkpoint"))?;
+    say(format!(
+        "measuring the pread floor on the data set's run files ({} MiB), one read at a time \
+         and 16 in flight",
+        floor_files.bytes() >> 20
+    ));
     let burst = floor::Budget::BURST;
-    let alone = floor::measure(floor_path, floor_bytes, 1, 1, burst)?;
-    let queued = floor::measure(floor_path, floor_bytes, 2, COLD_CLIENTS, burst)?;
+    let alone = floor::measure(&floor_files, 1, 1, burst)?;
+    let queued = floor::measure(&floor_files, 2, COLD_CLIENTS, burst)?;
     let mut scanner = BoxScanner::new(&region, args);
     let box_cold_ms = scanner.scan(&mut client, &mut problems)?;
     let box_cells = scanner.cells();
@@ -426,8 +427,7 @@ fn serve_phases(
         alone,
         queued,
         sustained: floor::measure(
-            floor_path,
-            floor_bytes,
+            &floor_files,
             3,
             COLD_CLIENTS,
             floor::Budget::sustained(phase),
