@@ -179,6 +179,12 @@ impl<K: Hash + Eq + Copy, V: Clone> ClockCache<K, V> {
         found
     }
 
+    /// Whether `key` is cached, without marking it referenced or counting
+    /// a hit or a miss (a look ahead, not a read).
+    pub fn contains(&self, key: &K) -> bool {
+        read(&self.slot(key).shard).map.contains_key(key)
+    }
+
     /// Keeps `value` at a cost of `charge` bytes, evicting others as
     /// needed. A key already there (another reader read it too) keeps the
     /// value it has: callers only ever insert what the key reads.

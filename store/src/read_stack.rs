@@ -37,6 +37,7 @@ use std::path::Path;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::cell_value::CellValue;
+use crate::curve::region::KeyRange;
 use crate::row_cache::{RowCache, next_row_id};
 use crate::run_file::{
     BlockCache, Merge, Protection, RunFileError, RunFileRange, RunFileReader, RunFileWriter,
@@ -459,6 +460,44 @@ impl ReadStack {
             }
         }
         Ok(())
+    }
+
+    /// Asks the kernel to start reading the blocks of `ranges`
+    /// (increasing, disjoint) that the cache lacks, in every run, from
+    /// the first range on until about `budget_bytes` of blocks have been
+    /// looked at ([`RunFileReader::will_read`]). Returns the key through
+    /// which every run's blocks were looked at: at least the first range's
+    /// first key, so a caller that goes on from the key after it always
+    /// moves forward.
+    pub(crate) fn read_ahead(&self, ranges: &[KeyRange], budget_bytes: u64) -> u128 {
+        let Some(first) = ranges.first() else {
+            return u128::MAX;
+        };
+        // Per run, the end of the blocks looked at so far: ranges that
+        // share a block look at it once.
+        let mut looked_to = vec![0usize; self.runs.len()];
+        let mut looked_bytes = 0u64;
+        for range in ranges {
+            let mut through = range.end;
+            for (run, looked_to) in self.runs.iter().zip(&mut looked_to) {
+                let blocks = run.blocks_of(range.start, range.end);
+                let from = blocks.start.max(*looked_to);
+                if from >= blocks.end {
+                    continue;
+                }
+                let left = budget_bytes.saturating_sub(looked_bytes);
+                let (bytes, end) = run.will_read(from..blocks.end, left);
+                looked_bytes += bytes;
+                *looked_to = end;
+                if end < blocks.end {
+                    through = through.min(run.last_key_of_block(end - 1));
+                }
+            }
+            if through < range.end || looked_bytes >= budget_bytes {
+                return through.max(first.start);
+            }
+        }
+        ranges[ranges.len() - 1].end
     }
 
     /// The smallest key above `after` that any layer holds: a live cell,

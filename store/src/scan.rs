@@ -25,6 +25,10 @@ use crate::curve::{Curve, MAX_KEY, hilbert};
 use crate::read_stack::ReadStack;
 use crate::run_file::RunFileError;
 
+mod read_ahead;
+
+use read_ahead::ReadAhead;
+
 /// What one scan call may do before it hands back a cursor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ScanLimits {
@@ -99,6 +103,8 @@ pub(crate) struct ScanState {
     pub(crate) outcome: ScanOutcome,
     run: Option<KeyRange>,
     last_taken: Option<u128>,
+    /// A namespace on disk: the kernel asked for blocks ahead of the scan.
+    read_ahead: ReadAhead,
 }
 
 impl ScanState {
@@ -109,6 +115,7 @@ impl ScanState {
             outcome: ScanOutcome::default(),
             run: None,
             last_taken: None,
+            read_ahead: ReadAhead::new(curve, region),
         }
     }
 
@@ -216,7 +223,9 @@ impl ScanState {
     /// would); after an empty one the stack's next stored key picks the
     /// next run, as the seeker's does in memory, so a sparse box skips its
     /// empty runs. A block that cannot be read ends the scan with its
-    /// error.
+    /// error. The blocks of the runs ahead are asked of the kernel a
+    /// window at a time ([`ReadAhead`]), so that a cold box is read from the
+    /// device many blocks at once, not one read after another.
     pub(crate) fn chunk_stack<V>(
         &mut self,
         stack: &ReadStack,
@@ -235,6 +244,7 @@ impl ScanState {
                 return Ok(ChunkEnd::Done);
             };
             let start = run.start.max(self.next_key);
+            self.read_ahead.before(stack, start);
             let mut end = None;
             let mut held_cells = false;
             stack.visit_range_seeking(&mut cursor, start, run.end, |key, value| {

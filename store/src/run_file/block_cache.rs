@@ -65,6 +65,11 @@ impl BlockCache {
         self.blocks.get(&(cache_id, offset))
     }
 
+    /// Whether the block is cached; counts nothing (a look ahead).
+    pub fn contains(&self, cache_id: u64, offset: u64) -> bool {
+        self.blocks.contains(&(cache_id, offset))
+    }
+
     /// Keeps `block`, evicting others as needed. A block already there
     /// (another reader read it too) stays as it is.
     pub fn insert(&self, cache_id: u64, offset: u64, block: &Arc<DecodedBlock>) {

@@ -34,6 +34,8 @@ mod filter_load;
 pub mod format;
 mod merge;
 mod reader;
+#[cfg(test)]
+pub(crate) mod recording_source;
 mod writer;
 
 use std::fmt;

@@ -24,6 +24,7 @@
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -529,6 +530,24 @@ impl RunFileReader {
     /// The entries with keys in `lo..=hi`, in key order. (Not filtered:
     /// a Bloom filter answers for single keys only.)
     pub fn range(&self, lo: u128, hi: u128) -> RunFileRange<'_> {
+        let blocks = self.blocks_of(lo, hi);
+        RunFileRange {
+            reader: self,
+            lo,
+            hi,
+            next_block: blocks.start,
+            end_block: blocks.end,
+            window: VecDeque::new(),
+            ahead_blocks: 1,
+            current: None,
+            current_block: 0,
+            done: false,
+        }
+    }
+
+    /// The blocks that may hold keys in `lo..=hi`, the ones a
+    /// [`RunFileReader::range`] walks (empty if none may).
+    pub fn blocks_of(&self, lo: u128, hi: u128) -> Range<usize> {
         let first = if lo > hi {
             self.index.len()
         } else {
@@ -542,17 +561,53 @@ impl RunFileReader {
         } else {
             self.index.first_keys.partition_point(|k| *k <= hi)
         };
-        RunFileRange {
-            reader: self,
-            lo,
-            hi,
-            next_block: first,
-            end_block: end,
-            window: VecDeque::new(),
-            ahead_blocks: 1,
-            current: None,
-            current_block: 0,
-            done: false,
+        first..end
+    }
+
+    /// Asks the kernel to start reading, in the background, those of
+    /// `blocks` the cache lacks ([`BlockSource::will_need`], one hint per
+    /// stretch of them contiguous in the file), looking at blocks from the
+    /// first until their bytes (cached or not) pass `budget_bytes`; at
+    /// least one block is looked at. Returns the bytes looked at and the
+    /// end of the blocks looked at. A walk of the blocks that follows finds
+    /// them in the page cache, read by the device many at a time, instead
+    /// of waiting on each read in turn.
+    pub fn will_read(&self, blocks: Range<usize>, budget_bytes: u64) -> (u64, usize) {
+        let end = blocks.end.min(self.index.len());
+        let mut looked_bytes = 0u64;
+        let mut stretch: Option<(u64, u64)> = None;
+        let mut i = blocks.start;
+        while i < end && (i == blocks.start || looked_bytes < budget_bytes) {
+            let (offset, len) = (self.index.offsets[i], u64::from(self.index.lens[i]));
+            looked_bytes += len;
+            i += 1;
+            if self.cache.contains(self.cache_id, offset) {
+                if let Some((at, len)) = stretch.take() {
+                    self.source.will_need(at, len);
+                }
+                continue;
+            }
+            stretch = match stretch {
+                Some((at, so_far)) if at + so_far == offset => Some((at, so_far + len)),
+                Some((at, so_far)) => {
+                    self.source.will_need(at, so_far);
+                    Some((offset, len))
+                }
+                None => Some((offset, len)),
+            };
+        }
+        if let Some((at, len)) = stretch {
+            self.source.will_need(at, len);
+        }
+        (looked_bytes, i)
+    }
+
+    /// The largest key block `i` may hold: one below the next block's
+    /// first key, or the file's last key.
+    pub fn last_key_of_block(&self, i: usize) -> u128 {
+        match self.index.bounds(i) {
+            (_, Some(next_first)) => next_first - 1,
+            (_, None) => self.index.last_key,
         }
     }
 
