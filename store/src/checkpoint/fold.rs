@@ -240,12 +240,10 @@ impl Fold {
 /// Sorts `cells` by namespace and Morton key and keeps each cell's last
 /// write (renumbered in that order, so later writes still come after).
 fn keep_last_writes(cells: &mut Vec<CellWrite>) {
-    cells.sort_unstable_by_key(|cell| (cell.ns_id, cell.morton, cell.order));
-    // Of each run of one cell's writes, the last: dedup keeps the first of
-    // equal neighbours, so it runs over the list reversed.
-    cells.reverse();
+    // Each cell's writes newest first, so that dedup, which keeps the
+    // first of equal neighbours, keeps the last write.
+    cells.sort_unstable_by_key(|cell| (cell.ns_id, cell.morton, std::cmp::Reverse(cell.order)));
     cells.dedup_by(|next, kept| next.ns_id == kept.ns_id && next.morton == kept.morton);
-    cells.reverse();
     for (order, cell) in cells.iter_mut().enumerate() {
         cell.order = order as u64;
     }
