@@ -225,7 +225,9 @@ impl ScanState {
     /// empty runs. A block that cannot be read ends the scan with its
     /// error. The blocks of the runs ahead are asked of the kernel a
     /// window at a time ([`ReadAhead`]), so that a cold box is read from the
-    /// device many blocks at once, not one read after another.
+    /// device many blocks at once, not one read after another; a run is
+    /// walked no further than the window reaches before the next is asked
+    /// for.
     pub(crate) fn chunk_stack<V>(
         &mut self,
         stack: &ReadStack,
@@ -244,10 +246,12 @@ impl ScanState {
                 return Ok(ChunkEnd::Done);
             };
             let start = run.start.max(self.next_key);
-            self.read_ahead.before(stack, start);
+            // A run longer than the window asked for is walked a window
+            // at a time.
+            let visit_end = run.end.min(self.read_ahead.before(stack, start));
             let mut end = None;
             let mut held_cells = false;
-            stack.visit_range_seeking(&mut cursor, start, run.end, |key, value| {
+            stack.visit_range_seeking(&mut cursor, start, visit_end, |key, value| {
                 held_cells = true;
                 end = self.take(key, &value, &mut budget, max_cells, &mut |k, v: &&[u8]| {
                     visit(k, v)
@@ -256,6 +260,13 @@ impl ScanState {
             })?;
             if let Some(end) = end {
                 return Ok(end);
+            }
+            if visit_end < run.end {
+                self.next_key = visit_end + 1;
+                if budget == 0 {
+                    return Ok(self.pause());
+                }
+                continue;
             }
             if run.end >= MAX_KEY {
                 return Ok(ChunkEnd::Done);
