@@ -86,8 +86,8 @@ impl ReadAhead {
             self.through = Some(MAX_KEY);
             return MAX_KEY;
         }
-        let ranges: Vec<KeyRange> = self.queued.iter().copied().collect();
-        let through = stack.read_ahead(&ranges, self.window_bytes);
+        let window_bytes = self.window_bytes;
+        let through = stack.read_ahead(self.queued.make_contiguous(), window_bytes);
         assert!(through >= start, "a window moves forward");
         self.through = Some(through);
         if through < MAX_KEY {
