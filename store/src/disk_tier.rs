@@ -33,6 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering::Re
 use std::sync::{Arc, Mutex};
 
 use crate::ClockStats;
+use crate::count_marks::CountMarks;
 use crate::row_cache::RowCache;
 use crate::run_file::{BlockCache, CacheStats, RunFileReader};
 
@@ -133,6 +134,8 @@ pub(crate) struct Tiering {
     /// that failed (their counts may be off until the next restart).
     pub(crate) migrations: AtomicU64,
     pub(crate) lookup_failures: AtomicU64,
+    /// The writer's counts at its segment rolls, for folds.
+    pub(crate) count_marks: CountMarks,
 }
 
 impl Tiering {
@@ -152,6 +155,7 @@ impl Tiering {
             has_pending: AtomicBool::new(false),
             migrations: AtomicU64::new(0),
             lookup_failures: AtomicU64::new(0),
+            count_marks: CountMarks::default(),
         }
     }
 

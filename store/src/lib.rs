@@ -22,6 +22,7 @@ mod cells;
 pub mod checkpoint;
 mod clock_cache;
 mod coord_hash;
+mod count_marks;
 pub mod crypto;
 pub mod curve;
 mod data_dir;

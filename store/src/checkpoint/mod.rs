@@ -145,6 +145,10 @@ pub struct CheckpointReport {
     pub segments_folded: usize,
     pub records_folded: u64,
     pub entries_written: u64,
+    /// Namespaces written by the fold whose counts came from the writer's
+    /// mark at the fold's last record (`crate::count_marks`); the others'
+    /// were moved by looking their folded keys up in their older runs.
+    pub namespaces_counted_by_writer: usize,
     pub delta_bytes: u64,
     pub checkpoint_lsn: u64,
     pub compaction: Option<CompactionReport>,
@@ -705,7 +709,13 @@ impl CheckpointStore {
         }
         let mut next = self.manifest.clone();
         next.checkpoint_lsn = lsn_to;
-        report.entries_written = self.write_fold_runs(&catalog, cells, &mut next)?;
+        let marked = self
+            .serving
+            .as_ref()
+            .and_then(|mem| mem.take_count_mark(lsn_to));
+        let folded = self.write_fold_runs(&catalog, cells, marked, &mut next)?;
+        report.entries_written = folded.entries;
+        report.namespaces_counted_by_writer = folded.counted_by_writer;
         let id = next.next_file_id;
         next.next_file_id = id + 1;
         next.delta_file_ids.push(id);

@@ -37,6 +37,7 @@ use super::merge_job::{
 };
 use super::{CheckpointStore, CompactionReport, CrashPoint, SortedCells};
 use crate::cell_value::CellValue;
+use crate::count_marks::CountMark;
 use crate::crypto::{DIR_ID_BYTES, MAC_BYTES};
 use crate::curve::{Curve, MAX_KEY, morton_decode};
 use crate::data_dir::sync_dir;
@@ -60,6 +61,15 @@ const LOOKUP_SLICE_KEYS: usize = 256;
 /// A fold's cells of one namespace: Morton key and value (`None` deletes),
 /// in Morton order.
 pub(super) type FoldedCells = Vec<(u128, Option<Vec<u8>>)>;
+
+/// What [`CheckpointStore::write_fold_runs`] did.
+#[derive(Default)]
+pub(super) struct FoldRunsWritten {
+    /// Entries written to runs.
+    pub(super) entries: u64,
+    /// Namespaces whose counts came from the writer's mark.
+    pub(super) counted_by_writer: usize,
+}
 
 impl From<RunFileError> for StoreError {
     fn from(e: RunFileError) -> StoreError {
@@ -334,16 +344,18 @@ impl CheckpointStore {
     }
 
     /// Writes each namespace's folded cells as its newest run, and sets
-    /// `next`'s entries (runs, exact counts). `catalog`: the namespaces at
-    /// the fold's end (cells of others are not written). Returns the
-    /// entries written.
+    /// `next`'s entries (runs, exact counts: from `marked`, the writer's
+    /// counts at the fold's last record, where it has them). `catalog`:
+    /// the namespaces at the fold's end (cells of others are not
+    /// written).
     pub(super) fn write_fold_runs(
         &mut self,
         catalog: &NamespaceCatalog,
         cells: BTreeMap<u64, FoldedCells>,
+        marked: Option<CountMark>,
         next: &mut Manifest,
-    ) -> Result<u64, StoreError> {
-        let mut written = 0;
+    ) -> Result<FoldRunsWritten, StoreError> {
+        let mut written = FoldRunsWritten::default();
         for (ns_id, folded) in cells {
             let Some(meta) = catalog.meta_of(ns_id) else {
                 continue;
@@ -360,7 +372,16 @@ impl CheckpointStore {
                 ns_id,
                 ..NamespaceRuns::default()
             });
-            self.count_over_older(&mut entry, &entries, encrypted)?;
+            match marked.as_ref().and_then(|mark| mark.get(ns_id)) {
+                Some(count) => {
+                    #[cfg(debug_assertions)]
+                    self.assert_marked_count(&entry, &entries, encrypted, count)?;
+                    entry.live_cells = count.live_cells;
+                    entry.value_bytes = count.value_bytes;
+                    written.counted_by_writer += 1;
+                }
+                None => self.count_over_older(&mut entry, &entries, encrypted)?,
+            }
             // With no older run, a delete hides nothing.
             if entry.runs.is_empty() {
                 entries.retain(|(_, value)| value.is_some());
@@ -387,12 +408,33 @@ impl CheckpointStore {
                 return Err(StoreError::SimulatedCrash("RunTempWritten".into()));
             }
             let summary = writer.finish()?;
-            written += summary.entries;
+            written.entries += summary.entries;
             entry.runs.insert(0, run_ref(file_id, &summary));
             next.set_namespace(entry);
         }
         self.crash_check(CrashPoint::RunRenamed)?;
         Ok(written)
+    }
+
+    /// Tests and debug builds check every count a fold takes from the
+    /// writer against the lookups it stands in for.
+    #[cfg(debug_assertions)]
+    fn assert_marked_count(
+        &mut self,
+        entry: &NamespaceRuns,
+        entries: &[(u128, Option<Vec<u8>>)],
+        encrypted: bool,
+        marked: crate::count_marks::NamespaceCount,
+    ) -> Result<(), StoreError> {
+        let mut looked_up = entry.clone();
+        self.count_over_older(&mut looked_up, entries, encrypted)?;
+        assert_eq!(
+            (marked.live_cells, marked.value_bytes),
+            (looked_up.live_cells, looked_up.value_bytes),
+            "namespace {}: the writer's counts (left) differ from the runs' (right)",
+            entry.ns_id
+        );
+        Ok(())
     }
 
     /// Moves `entry`'s counts from the state of its runs to that state

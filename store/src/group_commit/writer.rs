@@ -297,6 +297,9 @@ impl Writer {
             };
             (kind, format!("{what}: {e}"))
         };
+        // Every record before `first_lsn` is applied, none after: the fold
+        // of the segment closing now takes its counts from here.
+        self.mem.mark_counts(first_lsn - 1);
         self.segment.sync().map_err(|e| {
             failure(
                 format!("fdatasync of {}", self.segment.path().display()),
