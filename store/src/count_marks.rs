@@ -7,8 +7,8 @@
 //! bytes. A fold used to move them by finding every key it folds in the
 //! older runs (a filter probe per key per run, a block read per hit):
 //! measured over the last 80 s of a 200 M-cell import, at least 30 % of
-//! the checkpointer's samples (docs/benchmarks.md, "Where the import's
-//! last folds spend"). The writer already knows each write's previous
+//! the checkpointer's samples (docs/benchmarks.md, "200 M cells on disk,
+//! this session's VM"). The writer already knows each write's previous
 //! value (it looks it up as it applies the write, for counts and
 //! quotas), so its counts at the last LSN a fold holds are the fold's.
 //!
@@ -16,8 +16,9 @@
 //! first record of the next one (every record up to `through_lsn` is
 //! applied then, and no later one). A fold's records end at the last LSN
 //! of its closed segments, so it finds the mark of exactly that LSN, or
-//! none (segments written before a restart, marks dropped past
-//! [`MAX_COUNT_MARKS`]) and looks the keys up as before.
+//! none (a fold that ends where a segment begun before a restart begins,
+//! marks dropped past [`MAX_COUNT_MARKS`]) and looks the keys up as
+//! before.
 //!
 //! When no mark is taken: once any previous-value lookup has failed
 //! (`Tiering::lookup_failures`), the writer's counts may be off, and only
