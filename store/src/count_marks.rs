@@ -28,7 +28,7 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::sync::atomic::Ordering::Relaxed;
 
-use crate::memstore::MemStore;
+use crate::memstore::{MemStore, lock};
 
 /// One namespace's counts at a mark.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -135,12 +135,6 @@ impl MemStore {
     pub(crate) fn take_count_mark(&self, through_lsn: u64) -> Option<CountMark> {
         self.tiering.count_marks.take(through_lsn)
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]

@@ -34,6 +34,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::ClockStats;
 use crate::count_marks::CountMarks;
+use crate::memstore::lock;
 use crate::row_cache::RowCache;
 use crate::run_file::{BlockCache, CacheStats, RunFileReader};
 
@@ -239,7 +240,7 @@ impl Tiering {
     }
 
     pub(crate) fn park(&self, install: PendingInstall) {
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pending = lock(&self.pending);
         // One per namespace, the newest: it lists the runs that replaced
         // an older install's.
         if pending
@@ -259,7 +260,7 @@ impl Tiering {
             return Vec::new();
         }
         let applied = self.applied_lsn();
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pending = lock(&self.pending);
         let (ready, waiting): (Vec<_>, Vec<_>) =
             pending.drain(..).partition(|p| p.through_lsn <= applied);
         *pending = waiting;

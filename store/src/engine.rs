@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cube_protocol::{Coord, NamespaceName};
@@ -20,7 +20,7 @@ use crate::data_dir::sync_dir;
 use crate::disk_tier::TierConfig;
 use crate::error::StoreError;
 use crate::group_commit::{GroupCommit, GroupCommitConfig, WriteSession};
-use crate::memstore::{MemStore, NamespaceMemo};
+use crate::memstore::{MemStore, NamespaceMemo, lock};
 use crate::mutation::Mutation;
 use crate::stats::{StoreStats, StoreStatsSnapshot};
 use crate::storage::{RealDisk, Storage};
@@ -84,10 +84,6 @@ pub struct Engine {
     recovery: RecoveryReport,
     /// For reading sealed history back (`read_history`).
     keyring: Option<Arc<Keyring>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Applies replayed mutations to the store in batches. Cell puts and

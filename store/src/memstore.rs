@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use cube_protocol::{CellBox, Coord, NamespaceName};
 
@@ -282,6 +282,13 @@ pub(crate) fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
 
 pub(crate) fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     lock.write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A `Mutex`'s lock, by the same rule as [`read`] and [`write`].
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 

@@ -16,7 +16,7 @@ mod writer;
 
 use std::io;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::Instant;
 
@@ -25,7 +25,7 @@ use std::collections::HashMap;
 
 use crate::crypto::Keyring;
 use crate::error::{WriteError, WriteErrorKind};
-use crate::memstore::MemStore;
+use crate::memstore::{MemStore, lock};
 use crate::mutation::Mutation;
 use crate::stats::StoreStats;
 use crate::storage::Storage;
@@ -186,9 +186,4 @@ impl Drop for GroupCommit {
     fn drop(&mut self) {
         self.shutdown();
     }
-}
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
