@@ -205,22 +205,18 @@ impl Mutation {
     /// Decodes a payload whose CRC already matched. A failure here means the
     /// log was written by something else, so the caller reports corruption.
     pub(crate) fn decode(kind: u8, payload: &[u8]) -> Result<Mutation, String> {
-        let mut at = 0usize;
-        let mut take = |n: usize| -> Result<&[u8], String> {
-            let end = at
-                .checked_add(n)
-                .filter(|end| *end <= payload.len())
-                .ok_or_else(|| format!("payload of kind {kind} truncated at byte {at}"))?;
-            let slice = &payload[at..end];
-            at = end;
-            Ok(slice)
+        let mut reader = PayloadReader {
+            payload,
+            at: 0,
+            kind,
         };
-        let ns_len = usize::from(take(1)?[0]);
-        let ns_text = std::str::from_utf8(take(ns_len)?).map_err(|_| "namespace not UTF-8")?;
+        let ns_len = usize::from(reader.take(1)?[0]);
+        let ns_text =
+            std::str::from_utf8(reader.take(ns_len)?).map_err(|_| "namespace not UTF-8")?;
         let ns = NamespaceName::new(ns_text).map_err(|e| e.to_string())?;
         match kind {
             KIND_NAMESPACE_CREATE | KIND_NAMESPACE_ALTER => {
-                let meta = NamespaceMeta::decode(take(payload.len().saturating_sub(1 + ns_len))?)?;
+                let meta = NamespaceMeta::decode(reader.rest())?;
                 return Ok(if kind == KIND_NAMESPACE_CREATE {
                     Mutation::NamespaceCreate { ns, meta }
                 } else {
@@ -233,70 +229,122 @@ impl Mutation {
             KIND_NAMESPACE_DROP => return Err("trailing bytes in a namespace drop record".into()),
             _ => {}
         }
-        let c = take(12)?;
-        let coord = Coord::new(
-            LittleEndian::read_i32(&c[0..4]),
-            LittleEndian::read_i32(&c[4..8]),
-            LittleEndian::read_i32(&c[8..12]),
-        );
-        let mutation = match kind {
-            KIND_PUT => {
-                let len = LittleEndian::read_u32(take(4)?) as usize;
-                let value = take(len)?.to_vec();
-                Mutation::Put { ns, coord, value }
-            }
-            KIND_DEL => Mutation::Del { ns, coord },
-            KIND_LINK => {
-                let edge = take_edge_rest(&mut take, coord)?;
-                let bits = LittleEndian::read_u64(take(8)?);
-                let weight = EdgeWeight::new(f64::from_bits(bits))?;
-                Mutation::Link { ns, edge, weight }
-            }
-            KIND_UNLINK => Mutation::Unlink {
-                edge: take_edge_rest(&mut take, coord)?,
-                ns,
-            },
-            KIND_DETACH => {
-                let count = LittleEndian::read_u32(take(4)?) as usize;
-                // Each listed edge is at least 25 bytes; never reserve more
-                // than the payload could hold.
-                let mut edges = Vec::with_capacity(count.min(payload.len() / 25));
-                for _ in 0..count {
-                    let c = take(12)?;
-                    let from = Coord::new(
-                        LittleEndian::read_i32(&c[0..4]),
-                        LittleEndian::read_i32(&c[4..8]),
-                        LittleEndian::read_i32(&c[8..12]),
-                    );
-                    edges.push(take_edge_rest(&mut take, from)?);
-                }
-                Mutation::Detach { ns, coord, edges }
-            }
-            KIND_PROGRAM_PUT => {
-                let len = LittleEndian::read_u32(take(4)?) as usize;
-                let source = take(len)?.to_vec();
-                Mutation::ProgramPut { ns, coord, source }
-            }
-            KIND_PROGRAM_DEL => Mutation::ProgramDel { ns, coord },
-            KIND_TELEMETRY => {
-                // The rest of the payload, after `ns` and `coord`.
-                let rest = take(payload.len().saturating_sub(1 + ns.as_str().len() + 12))?;
-                Mutation::Telemetry {
-                    ns,
-                    coord,
-                    change: read_telemetry_payload(rest)?,
-                }
-            }
-            other => return Err(format!("unknown record kind {other}")),
-        };
-        if at != payload.len() {
+        let coord = reader.coord()?;
+        let mutation = decode_cell_change(&mut reader, ns, coord)?;
+        if reader.at != payload.len() {
             return Err(format!(
                 "{} trailing bytes in a kind {kind} payload",
-                payload.len() - at
+                payload.len() - reader.at
             ));
         }
         Ok(mutation)
     }
+}
+
+/// A payload read front to back; every read past its end is an error
+/// naming the record kind and the byte.
+struct PayloadReader<'a> {
+    payload: &'a [u8],
+    at: usize,
+    kind: u8,
+}
+
+impl<'a> PayloadReader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|end| *end <= self.payload.len())
+            .ok_or_else(|| {
+                format!(
+                    "payload of kind {} truncated at byte {}",
+                    self.kind, self.at
+                )
+            })?;
+        let slice = &self.payload[self.at..end];
+        self.at = end;
+        Ok(slice)
+    }
+
+    /// Everything not read yet.
+    fn rest(&mut self) -> &'a [u8] {
+        let rest = &self.payload[self.at..];
+        self.at = self.payload.len();
+        rest
+    }
+
+    fn u32(&mut self) -> Result<u32, String> {
+        Ok(LittleEndian::read_u32(self.take(4)?))
+    }
+
+    fn coord(&mut self) -> Result<Coord, String> {
+        let c = self.take(12)?;
+        Ok(Coord::new(
+            LittleEndian::read_i32(&c[0..4]),
+            LittleEndian::read_i32(&c[4..8]),
+            LittleEndian::read_i32(&c[8..12]),
+        ))
+    }
+
+    /// An edge from `from`: its other end and its label.
+    fn edge_from(&mut self, from: Coord) -> Result<EdgeKey, String> {
+        let to = self.coord()?;
+        let len = usize::from(self.take(1)?[0]);
+        let text = std::str::from_utf8(self.take(len)?).map_err(|_| "edge label not UTF-8")?;
+        let label = EdgeLabel::new(text)?;
+        Ok(EdgeKey::new(from, to, label))
+    }
+}
+
+/// The change of a record about one cell (its kind is the reader's), read
+/// after its namespace and coordinate.
+fn decode_cell_change(
+    reader: &mut PayloadReader<'_>,
+    ns: NamespaceName,
+    coord: Coord,
+) -> Result<Mutation, String> {
+    Ok(match reader.kind {
+        KIND_PUT => {
+            let len = reader.u32()? as usize;
+            let value = reader.take(len)?.to_vec();
+            Mutation::Put { ns, coord, value }
+        }
+        KIND_DEL => Mutation::Del { ns, coord },
+        KIND_LINK => {
+            let edge = reader.edge_from(coord)?;
+            let bits = LittleEndian::read_u64(reader.take(8)?);
+            let weight = EdgeWeight::new(f64::from_bits(bits))?;
+            Mutation::Link { ns, edge, weight }
+        }
+        KIND_UNLINK => Mutation::Unlink {
+            edge: reader.edge_from(coord)?,
+            ns,
+        },
+        KIND_DETACH => {
+            let count = reader.u32()? as usize;
+            // Each listed edge is at least 25 bytes; never reserve more
+            // than the payload could hold.
+            let mut edges = Vec::with_capacity(count.min(reader.payload.len() / 25));
+            for _ in 0..count {
+                let from = reader.coord()?;
+                edges.push(reader.edge_from(from)?);
+            }
+            Mutation::Detach { ns, coord, edges }
+        }
+        KIND_PROGRAM_PUT => {
+            let len = reader.u32()? as usize;
+            let source = reader.take(len)?.to_vec();
+            Mutation::ProgramPut { ns, coord, source }
+        }
+        KIND_PROGRAM_DEL => Mutation::ProgramDel { ns, coord },
+        KIND_TELEMETRY => Mutation::Telemetry {
+            ns,
+            coord,
+            // The rest of the payload, after `ns` and `coord`.
+            change: read_telemetry_payload(reader.rest())?,
+        },
+        other => return Err(format!("unknown record kind {other}")),
+    })
 }
 
 fn put_ns(out: &mut Vec<u8>, ns: &NamespaceName) {
@@ -326,22 +374,6 @@ fn put_edge_rest(out: &mut Vec<u8>, edge: &EdgeKey) {
 /// `from` + [`put_edge_rest`].
 fn edge_key_len(edge: &EdgeKey) -> usize {
     12 + 12 + 1 + edge.label.as_str().len()
-}
-
-fn take_edge_rest<'a>(
-    take: &mut impl FnMut(usize) -> Result<&'a [u8], String>,
-    from: Coord,
-) -> Result<EdgeKey, String> {
-    let c = take(12)?;
-    let to = Coord::new(
-        LittleEndian::read_i32(&c[0..4]),
-        LittleEndian::read_i32(&c[4..8]),
-        LittleEndian::read_i32(&c[8..12]),
-    );
-    let len = usize::from(take(1)?[0]);
-    let text = std::str::from_utf8(take(len)?).map_err(|_| "edge label not UTF-8")?;
-    let label = EdgeLabel::new(text)?;
-    Ok(EdgeKey::new(from, to, label))
 }
 
 #[cfg(test)]

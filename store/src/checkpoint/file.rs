@@ -451,6 +451,71 @@ fn block_aad(
     aad
 }
 
+fn corruption(path: &Path, offset: u64, reason: String) -> StoreError {
+    StoreError::Corruption {
+        path: path.to_path_buf(),
+        offset,
+        reason,
+    }
+}
+
+/// The file's header, as read and decoded; `authenticated_manifest` says
+/// whether the manifest that names the file is authenticated (a file of
+/// an authenticated data dir must be named by one).
+fn read_header(
+    file: &dyn StorageFile,
+    path: &Path,
+    authenticated_manifest: bool,
+) -> Result<([u8; HEADER_BYTES], FileHeader), StoreError> {
+    let mut header_bytes = [0u8; HEADER_BYTES];
+    file.read_exact_at(&mut header_bytes, 0)
+        .map_err(|e| StoreError::io(path, e))?;
+    let header = FileHeader::decode(&header_bytes).map_err(|reason| corruption(path, 0, reason))?;
+    if header.authenticated && !authenticated_manifest {
+        return Err(corruption(
+            path,
+            0,
+            "a checkpoint file of an authenticated data dir (format 3), named by a manifest \
+             that is not authenticated: the manifest was replaced"
+                .into(),
+        ));
+    }
+    Ok((header_bytes, header))
+}
+
+/// The footer at `footer_at`, checked: its magic, its CRC, and the length
+/// of the blocks it says lie between the header and itself.
+fn read_footer(
+    file: &dyn StorageFile,
+    path: &Path,
+    footer_at: u64,
+) -> Result<[u8; FOOTER_BYTES], StoreError> {
+    let mut footer = [0u8; FOOTER_BYTES];
+    file.read_exact_at(&mut footer, footer_at)
+        .map_err(|e| StoreError::io(path, e))?;
+    if &footer[0..8] != FOOTER_MAGIC
+        || LittleEndian::read_u32(&footer[36..40]) != crc32c::crc32c(&footer[0..36])
+    {
+        return Err(corruption(
+            path,
+            footer_at,
+            "checkpoint footer is missing or damaged (a truncated file?)".into(),
+        ));
+    }
+    let blocks_bytes = LittleEndian::read_u64(&footer[24..32]);
+    if blocks_bytes != footer_at - HEADER_BYTES as u64 {
+        return Err(corruption(
+            path,
+            footer_at,
+            format!(
+                "footer says {blocks_bytes} bytes of blocks, the file holds {}",
+                footer_at - HEADER_BYTES as u64
+            ),
+        ));
+    }
+    Ok(footer)
+}
+
 impl<'k> CheckpointReader<'k> {
     /// `auth`: the file's binding from an authenticated manifest (`None`
     /// for a manifest that is not authenticated).
@@ -460,35 +525,20 @@ impl<'k> CheckpointReader<'k> {
         keyring: Option<&'k Keyring>,
         auth: Option<ReadAuth<'_>>,
     ) -> Result<CheckpointReader<'k>, StoreError> {
-        let corrupt = |offset: u64, reason: String| StoreError::Corruption {
-            path: path.to_path_buf(),
-            offset,
-            reason,
-        };
         let file = storage
             .open(path, OpenMode::ReadOnly)
             .map_err(|e| StoreError::io(path, e))?;
         let len = file.len().map_err(|e| StoreError::io(path, e))?;
         if len < (HEADER_BYTES + FOOTER_BYTES) as u64 {
-            return Err(corrupt(
+            return Err(corruption(
+                path,
                 0,
                 format!(
                     "checkpoint file of {len} bytes is too short to hold a header and a footer"
                 ),
             ));
         }
-        let mut header_bytes = [0u8; HEADER_BYTES];
-        file.read_exact_at(&mut header_bytes, 0)
-            .map_err(|e| StoreError::io(path, e))?;
-        let header = FileHeader::decode(&header_bytes).map_err(|reason| corrupt(0, reason))?;
-        if header.authenticated && auth.is_none() {
-            return Err(corrupt(
-                0,
-                "a checkpoint file of an authenticated data dir (format 3), named by a manifest \
-                 that is not authenticated: the manifest was replaced"
-                    .into(),
-            ));
-        }
+        let (header_bytes, header) = read_header(file.as_ref(), path, auth.is_some())?;
         let mac = match auth {
             Some(ReadAuth {
                 keyring: Some(keyring),
@@ -503,27 +553,7 @@ impl<'k> CheckpointReader<'k> {
         };
         let dir_id = auth.filter(|_| header.authenticated).map(|a| a.dir_id);
         let footer_at = len - FOOTER_BYTES as u64;
-        let mut footer = [0u8; FOOTER_BYTES];
-        file.read_exact_at(&mut footer, footer_at)
-            .map_err(|e| StoreError::io(path, e))?;
-        if &footer[0..8] != FOOTER_MAGIC
-            || LittleEndian::read_u32(&footer[36..40]) != crc32c::crc32c(&footer[0..36])
-        {
-            return Err(corrupt(
-                footer_at,
-                "checkpoint footer is missing or damaged (a truncated file?)".into(),
-            ));
-        }
-        let blocks_bytes = LittleEndian::read_u64(&footer[24..32]);
-        if blocks_bytes != footer_at - HEADER_BYTES as u64 {
-            return Err(corrupt(
-                footer_at,
-                format!(
-                    "footer says {blocks_bytes} bytes of blocks, the file holds {}",
-                    footer_at - HEADER_BYTES as u64
-                ),
-            ));
-        }
+        let footer = read_footer(file.as_ref(), path, footer_at)?;
         Ok(CheckpointReader {
             path: path.to_path_buf(),
             keyring,

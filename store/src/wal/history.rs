@@ -25,7 +25,7 @@ use crate::wal::record::{
     MAX_RECORD_PAYLOAD_BYTES, RECORD_HEADER_BYTES, RecordOpenError, decode_record, parse_record,
 };
 use crate::wal::recovery::list_segments;
-use crate::wal::segment::parse_segment_header;
+use crate::wal::segment::{SegmentHeader, parse_segment_header};
 
 /// What [`read_history`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -164,6 +164,93 @@ impl ChunkReader {
     }
 }
 
+/// One record of a segment, read and checked by [`next_record`].
+struct HistoryRecord {
+    lsn: u64,
+    /// The MAC that closes a chained group: no change of its own.
+    is_chain: bool,
+    group_end: bool,
+    /// The change, `None` for a chain record or one before `from`.
+    mutation: Option<Mutation>,
+}
+
+/// The segment being read: what every record of it is checked against.
+struct SegmentRead<'a> {
+    path: &'a Path,
+    header: SegmentHeader,
+    keyring: Option<&'a Keyring>,
+    from: u64,
+}
+
+impl SegmentRead<'_> {
+    fn corrupt(&self, offset: u64, reason: String) -> StoreError {
+        StoreError::Corruption {
+            path: self.path.to_path_buf(),
+            offset,
+            reason,
+        }
+    }
+
+    fn io_error(&self, e: io::Error) -> StoreError {
+        StoreError::io(self.path, e)
+    }
+
+    /// The record at the reader's position, which must have LSN
+    /// `expected`, and the reader moved past it; `None` at the
+    /// preallocated zeros that end a closed segment.
+    fn next_record(
+        &self,
+        reader: &mut ChunkReader,
+        expected: u64,
+    ) -> Result<Option<HistoryRecord>, StoreError> {
+        let offset = reader.offset();
+        let whole = reader.fill_record().map_err(|e| self.io_error(e))?;
+        let parsed = parse_record(reader.rest(), self.header.crc_seed).map_err(|d| d.to_string());
+        let record = match parsed {
+            Ok(record) => record,
+            Err(damage) => {
+                // Preallocated zeros: the end of a closed segment.
+                if reader.rest_is_zero().map_err(|e| self.io_error(e))? {
+                    return Ok(None);
+                }
+                let reason = if whole {
+                    damage
+                } else {
+                    format!("{damage} (the segment ends inside the record)")
+                };
+                return Err(self.corrupt(offset, reason));
+            }
+        };
+        if record.lsn != expected {
+            return Err(self.corrupt(
+                offset,
+                format!("record has LSN {}, expected {expected}", record.lsn),
+            ));
+        }
+        let mutation = if record.kind == KIND_CHAIN || record.lsn < self.from {
+            None
+        } else {
+            let dir_id = self.header.chain.as_ref().map(|chain| &chain.dir_id);
+            Some(
+                decode_record(&record, self.keyring, dir_id).map_err(|e| match e {
+                    RecordOpenError::Damage(reason) => {
+                        self.corrupt(offset + record.total_bytes as u64, reason)
+                    }
+                    RecordOpenError::Key(reason) => StoreError::Key(reason),
+                })?,
+            )
+        };
+        let read = HistoryRecord {
+            lsn: record.lsn,
+            is_chain: record.kind == KIND_CHAIN,
+            group_end: record.group_end,
+            mutation,
+        };
+        reader.pos += record.total_bytes;
+        Ok(Some(read))
+    }
+}
+
 /// One segment's records; `false` once past `until` or stopped.
 fn read_segment(
     path: &Path,
@@ -173,62 +260,29 @@ fn read_segment(
     until: u64,
     each: &mut impl FnMut(u64, Mutation, bool) -> bool,
 ) -> Result<bool, StoreError> {
-    let corrupt = |offset: u64, reason: String| StoreError::Corruption {
+    reader
+        .fill(HISTORY_CHUNK_BYTES)
+        .map_err(|e| StoreError::io(path, e))?;
+    let header = parse_segment_header(reader.rest()).map_err(|reason| StoreError::Corruption {
         path: path.to_path_buf(),
-        offset,
+        offset: 0,
         reason,
+    })?;
+    let segment = SegmentRead {
+        path,
+        header,
+        keyring,
+        from,
     };
-    let io_error = |e: io::Error| StoreError::io(path, e);
-    reader.fill(HISTORY_CHUNK_BYTES).map_err(io_error)?;
-    let header = parse_segment_header(reader.rest()).map_err(|reason| corrupt(0, reason))?;
-    let dir_id = header.chain.as_ref().map(|chain| &chain.dir_id);
     let mut held: Option<(u64, Mutation)> = None;
     reader.pos = header.header_bytes;
     let mut expected = header.first_lsn;
     while reader.offset() < reader.len && expected <= until {
-        let offset = reader.offset();
-        let whole = reader.fill_record().map_err(io_error)?;
-        let parsed = parse_record(reader.rest(), header.crc_seed).map_err(|d| d.to_string());
-        let record = match parsed {
-            Ok(record) => record,
-            Err(damage) => {
-                // Preallocated zeros: the end of a closed segment.
-                if reader.rest_is_zero().map_err(io_error)? {
-                    return Ok(true);
-                }
-                let reason = if whole {
-                    damage
-                } else {
-                    format!("{damage} (the segment ends inside the record)")
-                };
-                return Err(corrupt(offset, reason));
-            }
+        let Some(record) = segment.next_record(&mut reader, expected)? else {
+            return Ok(true);
         };
-        if record.lsn != expected {
-            return Err(corrupt(
-                offset,
-                format!("record has LSN {}, expected {expected}", record.lsn),
-            ));
-        }
-        let (lsn, kind, group_end, total_bytes) = (
-            record.lsn,
-            record.kind,
-            record.group_end,
-            record.total_bytes,
-        );
-        let mutation = if kind == KIND_CHAIN || lsn < from {
-            None
-        } else {
-            Some(
-                decode_record(&record, keyring, dir_id).map_err(|e| match e {
-                    RecordOpenError::Damage(reason) => corrupt(offset + total_bytes as u64, reason),
-                    RecordOpenError::Key(reason) => StoreError::Key(reason),
-                })?,
-            )
-        };
-        reader.pos += total_bytes;
         expected += 1;
-        if kind == KIND_CHAIN {
+        if record.is_chain {
             // The MAC that closes a chained group (recovery checked it):
             // no change of its own, the end of the group before it.
             if let Some((lsn, mutation)) = held.take()
@@ -238,7 +292,7 @@ fn read_segment(
             }
             continue;
         }
-        let Some(mutation) = mutation else {
+        let Some(mutation) = record.mutation else {
             continue;
         };
         if let Some((lsn, previous)) = held.take()
@@ -248,9 +302,9 @@ fn read_segment(
         }
         // In a chained segment the group ends at its chain record, so the
         // last change is held until that record shows.
-        if header.chain.is_some() && !group_end {
-            held = Some((lsn, mutation));
-        } else if !each(lsn, mutation, group_end) {
+        if header.chain.is_some() && !record.group_end {
+            held = Some((record.lsn, mutation));
+        } else if !each(record.lsn, mutation, record.group_end) {
             return Ok(false);
         }
     }
