@@ -386,25 +386,7 @@ fn serve_phases(
     let mut problems = Vec::new();
     let region = scan_box(args.cells).map_err(StressError::Usage)?;
     let mut client = Client::connect(daemon.socket())?;
-    let filters_ms = wait_for_filters(&mut client)?;
-    say(format!(
-        "filters loaded {filters_ms:.0} ms after the first answer; dropping the data set's \
-         pages from the page cache"
-    ));
-    let evicted = page_cache::evict(data_dir)?;
-    say(format!(
-        "asked the kernel to drop {} MiB of {} files",
-        evicted.bytes >> 20,
-        evicted.files
-    ));
-    // The run files cubed keeps its cells in (`CheckpointStore`'s
-    // directory): the floor reads the blocks the cold gets read.
-    let floor_files = floor::FloorFiles::open(&data_dir.join("checkpoint"))?;
-    say(format!(
-        "measuring the pread floor on the data set's run files ({} MiB), one read at a time \
-         and 16 in flight",
-        floor_files.bytes() >> 20
-    ));
+    let floor_files = make_cold(&mut client, data_dir, say)?;
     let burst = floor::Budget::BURST;
     let alone = floor::measure(&floor_files, 1, 1, burst)?;
     let queued = floor::measure(&floor_files, 2, COLD_CLIENTS, burst)?;
@@ -433,17 +415,7 @@ fn serve_phases(
             floor::Budget::sustained(phase),
         )?,
     };
-    let mut cached_ms = (0..BOX_CACHED_SCANS)
-        .map(|_| scanner.scan(&mut client, &mut problems))
-        .collect::<Result<Vec<f64>, StressError>>()?;
-    cached_ms.sort_by(f64::total_cmp);
-    let box_cached_ms = cached_ms[cached_ms.len() / 2];
-    say(format!(
-        "box scanned from the cache: median {box_cached_ms:.2} ms of {BOX_CACHED_SCANS} \
-         (fastest {:.2}, slowest {:.2})",
-        cached_ms[0],
-        cached_ms[cached_ms.len() - 1]
-    ));
+    let box_cached_ms = scan_cached(&mut scanner, &mut client, &mut problems, say)?;
     say(format!(
         "warming the hot range: keys 0..{}",
         args.hot_keys()
@@ -463,6 +435,56 @@ fn serve_phases(
         floors,
         problems,
     })
+}
+
+/// Makes the data set cold once every run's filter is loaded: its pages
+/// dropped from the page cache; the run files the floor reads, opened.
+fn make_cold(
+    client: &mut Client,
+    data_dir: &Path,
+    say: &dyn Fn(String),
+) -> Result<floor::FloorFiles, StressError> {
+    let filters_ms = wait_for_filters(client)?;
+    say(format!(
+        "filters loaded {filters_ms:.0} ms after the first answer; dropping the data set's \
+         pages from the page cache"
+    ));
+    let evicted = page_cache::evict(data_dir)?;
+    say(format!(
+        "asked the kernel to drop {} MiB of {} files",
+        evicted.bytes >> 20,
+        evicted.files
+    ));
+    // The run files cubed keeps its cells in (`CheckpointStore`'s
+    // directory): the floor reads the blocks the cold gets read.
+    let floor_files = floor::FloorFiles::open(&data_dir.join("checkpoint"))?;
+    say(format!(
+        "measuring the pread floor on the data set's run files ({} MiB), one read at a time \
+         and 16 in flight",
+        floor_files.bytes() >> 20
+    ));
+    Ok(floor_files)
+}
+
+/// The box scanned [`BOX_CACHED_SCANS`] times from the cache: the median.
+fn scan_cached(
+    scanner: &mut BoxScanner,
+    client: &mut Client,
+    problems: &mut Vec<String>,
+    say: &dyn Fn(String),
+) -> Result<f64, StressError> {
+    let mut cached_ms = (0..BOX_CACHED_SCANS)
+        .map(|_| scanner.scan(client, problems))
+        .collect::<Result<Vec<f64>, StressError>>()?;
+    cached_ms.sort_by(f64::total_cmp);
+    let box_cached_ms = cached_ms[cached_ms.len() / 2];
+    say(format!(
+        "box scanned from the cache: median {box_cached_ms:.2} ms of {BOX_CACHED_SCANS} \
+         (fastest {:.2}, slowest {:.2})",
+        cached_ms[0],
+        cached_ms[cached_ms.len() - 1]
+    ));
+    Ok(box_cached_ms)
 }
 
 /// The 40 × 40 × 40 box at the origin when the data set fills it; else
@@ -745,6 +767,37 @@ impl Serving {
                 .target(">= 0.9x the build before, p99 <= 1.2x", None)
                 .note("a ratio to the build before: see the reference in docs/benchmarks.md")
         };
+        let [box_cold, box_cached] = self.box_figures();
+        vec![
+            hot("hot_get_16", "hot gets, 16 clients", self.hot_16),
+            hot("hot_get_64", "hot gets, 64 clients", self.hot_64),
+            self.cold_get_figure(),
+            floor_figure(
+                ("pread_floor", "pread floor, one 4 KiB block"),
+                &floors.alone,
+            ),
+            floor_figure(
+                (
+                    "pread_floor_queued",
+                    "pread floor, 4 KiB blocks, 16 in flight",
+                ),
+                &floors.queued,
+            ),
+            floor_figure(
+                (
+                    "pread_floor_sustained",
+                    "pread floor, 16 in flight, sustained",
+                ),
+                &floors.sustained,
+            ),
+            box_cold,
+            box_cached,
+        ]
+    }
+
+    /// Cold gets, held to the target rate and to "within one disk read".
+    fn cold_get_figure(&self) -> Figure {
+        let floors = &self.floors;
         // "Within one disk read": at most a cached get plus a read of the
         // device with as many reads in flight as the gets have clients,
         // for as long as they ran (a rate-limited device answers slower
@@ -753,6 +806,25 @@ impl Serving {
         let burst_bound = self.hot_16.p50_us + floors.queued.p50_us;
         let cold_met =
             self.cold.ops_per_sec >= COLD_GETS_TARGET_PER_SEC && self.cold.p50_us <= cold_p50_bound;
+        Figure::new("cold_get_16", "cold gets (all cells), 16 clients", "gets/s")
+            .value(self.cold.ops_per_sec)
+            .detail("p50_us", self.cold.p50_us)
+            .detail("p99_us", self.cold.p99_us)
+            .target(
+                format!(
+                    ">= 10000 gets/s, p50 <= {cold_p50_bound} µs (hot p50 + floor p50 at \
+                     {COLD_CLIENTS} in flight, sustained)"
+                ),
+                Some(cold_met),
+            )
+            .note(format!(
+                "against the floor's burst ({} reads) the p50 bound would be {burst_bound} µs",
+                floors.queued.reads
+            ))
+    }
+
+    /// The box cold and from the cache; decided only for a full box.
+    fn box_figures(&self) -> [Figure; 2] {
         let full_box = self.box_cells == BOX_CELLS;
         let box_figure = |(name, label), ms: f64, bound_ms: f64, note: String| {
             Figure::new(name, label, "ms")
@@ -772,42 +844,7 @@ impl Serving {
                 self.box_shape, self.box_cells
             )
         };
-        vec![
-            hot("hot_get_16", "hot gets, 16 clients", self.hot_16),
-            hot("hot_get_64", "hot gets, 64 clients", self.hot_64),
-            Figure::new("cold_get_16", "cold gets (all cells), 16 clients", "gets/s")
-                .value(self.cold.ops_per_sec)
-                .detail("p50_us", self.cold.p50_us)
-                .detail("p99_us", self.cold.p99_us)
-                .target(
-                    format!(
-                        ">= 10000 gets/s, p50 <= {cold_p50_bound} µs (hot p50 + floor p50 at \
-                         {COLD_CLIENTS} in flight, sustained)"
-                    ),
-                    Some(cold_met),
-                )
-                .note(format!(
-                    "against the floor's burst ({} reads) the p50 bound would be {burst_bound} µs",
-                    floors.queued.reads
-                )),
-            floor_figure(
-                ("pread_floor", "pread floor, one 4 KiB block"),
-                &floors.alone,
-            ),
-            floor_figure(
-                (
-                    "pread_floor_queued",
-                    "pread floor, 4 KiB blocks, 16 in flight",
-                ),
-                &floors.queued,
-            ),
-            floor_figure(
-                (
-                    "pread_floor_sustained",
-                    "pread floor, 16 in flight, sustained",
-                ),
-                &floors.sustained,
-            ),
+        [
             box_figure(
                 ("box_scan_cold", "64 k-cell box, cold scan"),
                 self.box_cold_ms,
