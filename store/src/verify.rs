@@ -103,33 +103,12 @@ pub fn verify_data_dir_with_key(
         ));
     }
     let _lock = lock_data_dir(root)?;
-    let disk = RealDisk;
     let mut report = VerifyReport::default();
     let checkpoint_dir = root.join("checkpoint");
     let wal_dir = root.join("wal");
 
-    let mut manifest_tag_ok = true;
-    let manifest = if checkpoint_dir.is_dir() {
-        match Manifest::load(&disk, &checkpoint_dir, keyring.as_deref()) {
-            Ok((m, bad_tag)) => {
-                manifest_tag_ok = bad_tag.is_none();
-                if let Some(reason) = bad_tag {
-                    report.problems.push(Problem {
-                        path: checkpoint_dir.join(MANIFEST_NAME),
-                        offset: 0,
-                        reason,
-                    });
-                }
-                m
-            }
-            Err(e) => {
-                report.problems.push(problem(e));
-                Manifest::fresh()
-            }
-        }
-    } else {
-        Manifest::fresh()
-    };
+    let (manifest, manifest_tag_ok) =
+        load_manifest(&mut report, &checkpoint_dir, keyring.as_deref());
     let has_key = keyring.as_ref().is_some_and(|k| k.has_key());
     if let Some(auth) = &manifest.auth
         && !has_key
@@ -140,57 +119,127 @@ pub fn verify_data_dir_with_key(
         ));
     }
     report.checkpoint_lsn = manifest.checkpoint_lsn;
+    verify_checkpoint_files(&mut report, &manifest, &checkpoint_dir, keyring.as_deref());
+    verify_run_files(&mut report, &manifest, &checkpoint_dir, keyring.as_ref());
+    let key_confirmed = has_key && manifest_tag_ok;
+    verify_wal(
+        &mut report,
+        &wal_dir,
+        &manifest,
+        keyring.as_deref(),
+        key_confirmed,
+    )?;
+
+    if report.is_clean() {
+        match count_cells(root, keyring) {
+            Ok(cells) => report.cells = Some(cells),
+            Err(StoreError::Key(reason)) => report.notes.push(reason),
+            // What only the whole state shows: a record that contradicts
+            // a namespace of the checkpoint, say.
+            Err(e @ StoreError::Corruption { .. }) => report.problems.push(problem(e)),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(report)
+}
+
+/// The manifest in `checkpoint_dir` (a fresh one if there is none or it
+/// cannot be read), and whether its tag verified; a manifest that cannot
+/// be read, or whose tag fails, is a problem.
+fn load_manifest(
+    report: &mut VerifyReport,
+    checkpoint_dir: &Path,
+    keyring: Option<&Keyring>,
+) -> (Manifest, bool) {
+    if !checkpoint_dir.is_dir() {
+        return (Manifest::fresh(), true);
+    }
+    match Manifest::load(&RealDisk, checkpoint_dir, keyring) {
+        Ok((m, bad_tag)) => {
+            let tag_ok = bad_tag.is_none();
+            if let Some(reason) = bad_tag {
+                report.problems.push(Problem {
+                    path: checkpoint_dir.join(MANIFEST_NAME),
+                    offset: 0,
+                    reason,
+                });
+            }
+            (m, tag_ok)
+        }
+        Err(e) => {
+            report.problems.push(problem(e));
+            (Manifest::fresh(), true)
+        }
+    }
+}
+
+/// Reads every checkpoint file the manifest names to its end (or its
+/// first problem), counting its entries.
+fn verify_checkpoint_files(
+    report: &mut VerifyReport,
+    manifest: &Manifest,
+    checkpoint_dir: &Path,
+    keyring: Option<&Keyring>,
+) {
     for (id, path) in manifest
         .file_ids()
         .into_iter()
-        .zip(manifest.files(&checkpoint_dir))
+        .zip(manifest.files(checkpoint_dir))
     {
         report.checkpoint_files += 1;
         let auth = manifest.auth.as_ref().map(|auth| ReadAuth {
-            keyring: keyring.as_deref(),
+            keyring,
             dir_id: auth.dir_id,
             mac: manifest.file_mac(id).unwrap_or([0; MAC_BYTES]),
         });
-        let result = CheckpointReader::open(&disk, &path, keyring.as_deref(), auth).and_then(
-            |mut reader| {
+        let result =
+            CheckpointReader::open(&RealDisk, &path, keyring, auth).and_then(|mut reader| {
                 let mut n = 0u64;
                 while reader.next_entry()?.is_some() {
                     n += 1;
                 }
                 Ok(n)
-            },
-        );
+            });
         match result {
             Ok(n) => report.checkpoint_entries += n,
             Err(StoreError::Key(reason)) => report.notes.push(reason),
             Err(e) => report.problems.push(problem(e)),
         }
     }
+}
+
+/// Checks every run file the manifest names, namespace by namespace
+/// ([`verify_run`]).
+fn verify_run_files(
+    report: &mut VerifyReport,
+    manifest: &Manifest,
+    checkpoint_dir: &Path,
+    keyring: Option<&Arc<Keyring>>,
+) {
     let dir_id = manifest.auth.as_ref().map(|auth| auth.dir_id);
     for entry in &manifest.namespaces {
         for run in &entry.runs {
             let path = checkpoint_dir.join(crate::checkpoint::manifest::run_file_name(run.file_id));
-            verify_run(
-                &mut report,
-                &path,
-                entry.ns_id,
-                run,
-                dir_id,
-                keyring.as_ref(),
-            );
+            verify_run(report, &path, entry.ns_id, run, dir_id, keyring);
         }
     }
+}
 
+/// Checks the log's segments in order, then that the oldest goes on from
+/// the checkpoint; errors only when the segments cannot be listed.
+fn verify_wal(
+    report: &mut VerifyReport,
+    wal_dir: &Path,
+    manifest: &Manifest,
+    keyring: Option<&Keyring>,
+    key_confirmed: bool,
+) -> Result<(), StoreError> {
     let segments = if wal_dir.is_dir() {
-        list_segments(&disk, &wal_dir, false)?
+        list_segments(&RealDisk, wal_dir, false)?
     } else {
         Vec::new()
     };
     report.wal_segments = segments.len();
-    let mut expected: Option<u64> = None;
-    // Judges the namespaces the log creates; those of the checkpoint are
-    // judged when the cells are counted (`count_cells`).
-    let mut rule = SealingRule::default();
     let anchor = match &manifest.auth {
         Some(auth) => ChainAnchor {
             at: Some((
@@ -200,70 +249,22 @@ pub fn verify_data_dir_with_key(
                     prev: auth.chain,
                 },
             )),
-            key_confirmed: has_key && manifest_tag_ok,
+            key_confirmed,
         },
         None => ChainAnchor::default(),
     };
-    let mut chain = ChainCheck::new(keyring.as_deref(), anchor);
+    let mut walk = SegmentWalk {
+        keyring,
+        expected: None,
+        rule: SealingRule::default(),
+        chain: ChainCheck::new(keyring, anchor),
+    };
     for (i, (first_lsn, path)) in segments.iter().enumerate() {
-        let is_last = i + 1 == segments.len();
-        let bytes = match disk.read_file(path) {
-            Ok(b) => b,
-            Err(e) => {
-                report.problems.push(problem(StoreError::io(path, e)));
-                expected = None;
-                continue;
-            }
-        };
-        if is_last && is_torn_creation(&bytes) {
-            report.notes.push(format!(
-                "{}: a segment whose creation a crash cut before its header was written (recovery removes it)",
-                path.display()
-            ));
-            continue;
-        }
-        let mut counts = RecoveryReport::starting_at(0);
-        match replay_segment(
-            &bytes,
-            *first_lsn,
-            expected,
-            is_last,
-            0,
-            keyring.as_deref(),
-            Some(&mut rule),
-            &mut chain,
-            &mut |_, _| {},
-            &mut counts,
-        ) {
-            Ok(SegmentEnd::Clean { next_lsn, .. }) => expected = Some(next_lsn),
-            Ok(SegmentEnd::TornAt { offset, next_lsn }) => {
-                report.notes.push(format!(
-                    "{}: torn tail at offset {offset} (an unacknowledged write cut by a crash; recovery drops it)",
-                    path.display()
-                ));
-                expected = Some(next_lsn);
-            }
-            Err(ReplayStop::Damage(offset, reason, _)) => {
-                report.problems.push(Problem {
-                    path: path.clone(),
-                    offset,
-                    reason,
-                });
-                expected = None;
-            }
-            Err(ReplayStop::Key(reason)) => {
-                report.notes.push(format!(
-                    "{}: {reason}; its checksums were checked, its sealed records were not opened",
-                    path.display()
-                ));
-                expected = None;
-            }
-        }
-        report.wal_records += counts.records_replayed;
+        walk.segment(report, *first_lsn, path, i + 1 == segments.len());
     }
-    if let Some(reason) = chain.suspect_key.take() {
+    if let Some(reason) = walk.chain.suspect_key.take() {
         report.problems.push(Problem {
-            path: wal_dir.clone(),
+            path: wal_dir.to_path_buf(),
             offset: 0,
             reason,
         });
@@ -280,18 +281,93 @@ pub fn verify_data_dir_with_key(
             ),
         });
     }
+    Ok(())
+}
 
-    if report.is_clean() {
-        match count_cells(root, keyring) {
-            Ok(cells) => report.cells = Some(cells),
-            Err(StoreError::Key(reason)) => report.notes.push(reason),
-            // What only the whole state shows: a record that contradicts
-            // a namespace of the checkpoint, say.
-            Err(e @ StoreError::Corruption { .. }) => report.problems.push(problem(e)),
-            Err(e) => return Err(e),
+/// The log's segments checked one after another, each against where the
+/// one before it ended.
+struct SegmentWalk<'k> {
+    keyring: Option<&'k Keyring>,
+    /// The LSN the next segment must start at; `None` when the one before
+    /// could not be read to its end.
+    expected: Option<u64>,
+    /// Judges the namespaces the log creates; those of the checkpoint are
+    /// judged when the cells are counted (`count_cells`).
+    rule: SealingRule,
+    chain: ChainCheck<'k>,
+}
+
+impl SegmentWalk<'_> {
+    /// Reads one segment and checks it, unless it is the last and a crash
+    /// cut its creation (a note: recovery removes it).
+    fn segment(&mut self, report: &mut VerifyReport, first_lsn: u64, path: &Path, is_last: bool) {
+        let bytes = match RealDisk.read_file(path) {
+            Ok(b) => b,
+            Err(e) => {
+                report.problems.push(problem(StoreError::io(path, e)));
+                self.expected = None;
+                return;
+            }
+        };
+        if is_last && is_torn_creation(&bytes) {
+            report.notes.push(format!(
+                "{}: a segment whose creation a crash cut before its header was written (recovery removes it)",
+                path.display()
+            ));
+            return;
         }
+        self.replay(report, &bytes, first_lsn, path, is_last);
     }
-    Ok(report)
+
+    /// Replays a segment's records without applying them, counting them:
+    /// a torn tail is a note, damage a problem.
+    fn replay(
+        &mut self,
+        report: &mut VerifyReport,
+        bytes: &[u8],
+        first_lsn: u64,
+        path: &Path,
+        is_last: bool,
+    ) {
+        let mut counts = RecoveryReport::starting_at(0);
+        match replay_segment(
+            bytes,
+            first_lsn,
+            self.expected,
+            is_last,
+            0,
+            self.keyring,
+            Some(&mut self.rule),
+            &mut self.chain,
+            &mut |_, _| {},
+            &mut counts,
+        ) {
+            Ok(SegmentEnd::Clean { next_lsn, .. }) => self.expected = Some(next_lsn),
+            Ok(SegmentEnd::TornAt { offset, next_lsn }) => {
+                report.notes.push(format!(
+                    "{}: torn tail at offset {offset} (an unacknowledged write cut by a crash; recovery drops it)",
+                    path.display()
+                ));
+                self.expected = Some(next_lsn);
+            }
+            Err(ReplayStop::Damage(offset, reason, _)) => {
+                report.problems.push(Problem {
+                    path: path.to_path_buf(),
+                    offset,
+                    reason,
+                });
+                self.expected = None;
+            }
+            Err(ReplayStop::Key(reason)) => {
+                report.notes.push(format!(
+                    "{}: {reason}; its checksums were checked, its sealed records were not opened",
+                    path.display()
+                ));
+                self.expected = None;
+            }
+        }
+        report.wal_records += counts.records_replayed;
+    }
 }
 
 /// Checks every block of a run file the manifest lists, and that it is
