@@ -2,7 +2,7 @@
 //! thread and the checkpointer, opened and closed as one.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -223,126 +223,33 @@ impl Engine {
         let storage = Arc::clone(&config.storage);
         let data_dir = DataDir::open(storage.as_ref(), &config.data_dir)?;
         let wal_dir = data_dir.wal_dir();
-        let keyring = match &config.key_file {
-            Some(path) => {
-                let master = load_key_file(path).map_err(|e| StoreError::Key(e.to_string()))?;
-                // A random start id before anything is sealed: this run's
-                // keys are its own, unlike any earlier run's or a copy's
-                // (crypto.rs).
-                let keyring =
-                    Keyring::for_new_start(master).map_err(|e| StoreError::Key(e.to_string()))?;
-                Some(Arc::new(keyring))
-            }
-            None => None,
-        };
+        let keyring = start_keyring(config.key_file.as_deref())?;
         let mem = Arc::new(MemStore::with_tiers(config.tiers.clone()));
         let mut applier = BatchApplier::new(&mem);
-
-        let load_started = Instant::now();
-        let mut checkpoints = CheckpointStore::open(
-            Arc::clone(&storage),
-            &data_dir.checkpoint_dir(),
+        let (mut checkpoints, checkpoint_load) =
+            load_checkpoint(&config, &data_dir, keyring.clone(), &mut applier)?;
+        let recovery = replay_log(
+            &config,
             &wal_dir,
-            config.checkpoint.clone(),
-            keyring.clone(),
-        )?;
-        let entries = checkpoints.load(
-            |mutation| applier.push(0, mutation),
-            |ns, cells| {
-                mem.load_sorted_cells(ns, cells);
-            },
-        )?;
-        applier.flush();
-        let entries = entries + checkpoints.load_runs(&mem)?;
-        let (base_bytes, delta_bytes) = checkpoints.sizes();
-        let checkpoint_load = CheckpointLoad {
-            entries,
-            checkpoint_lsn: checkpoints.checkpoint_lsn(),
-            base_bytes,
-            delta_bytes,
-            delta_files: checkpoints.delta_count(),
-            duration: load_started.elapsed(),
-        };
-
-        // The log must seal exactly the records of the namespaces that are
-        // encrypted at each point, starting from the checkpoint's.
-        let mut sealing = SealingRule::new(mem.namespace_list());
-        let recovery = recover_with(
-            storage.as_ref(),
-            &wal_dir,
-            checkpoints.checkpoint_lsn(),
-            &config.recovery,
             keyring.as_deref(),
-            &mut sealing,
-            checkpoints.chain_anchor(),
-            |lsn, mutation| applier.push(lsn, mutation),
+            &checkpoints,
+            &mut applier,
         )?;
-        applier.flush();
-        // Every record up to here is applied, the chain records after the
-        // last mutation included (they change nothing): runs a fold writes
-        // through them may be installed.
-        mem.recovered_through(recovery.next_lsn.saturating_sub(1));
-        mem.index_after_recovery();
 
         // Secret per start: a client's value can never hold a record that
         // recovery would take for one of this start's (wal/crc_seed.rs).
         let seeds = SegmentSeeds::from_system_rng()?;
         // With a key, the log is chained (wal/chain.rs): it goes on from
         // where recovery left the chain, or starts it in this data dir.
-        let chain = match (keyring.as_deref().filter(|k| k.has_key()), recovery.chain) {
-            (None, _) => None,
-            (Some(_), Some(state)) => {
-                checkpoints.adopt_dir_id(state.dir_id);
-                Some(state)
-            }
-            (Some(_), None) => {
-                let dir_id = checkpoints
-                    .writing_dir_id()?
-                    .ok_or_else(|| StoreError::Key("no data dir id".into()))?;
-                let prev = checkpoints
-                    .chain_anchor()
-                    .at
-                    .map_or([0; crate::crypto::MAC_BYTES], |(_, at)| at.prev);
-                Some(ChainState { dir_id, prev })
-            }
-        };
-        let new_segment = |storage: &dyn Storage| {
-            WalSegment::create(
-                storage,
-                &wal_dir,
-                recovery.next_lsn,
-                seeds.for_segment(recovery.next_lsn),
-                chain.as_ref(),
-                config.group_commit.segment_bytes,
-            )
-        };
-        let segment = match &recovery.tail {
-            // A version-1 tail has plain CRCs: appending to it would leave
-            // the forged-record hole open until it fills; an unchained tail
-            // cannot take chained groups. It stays as it is (recovery left
-            // it ending on a whole group) and the log goes on in a new
-            // segment; one that holds no record is removed, since the new
-            // one takes its name.
-            Some(tail)
-                if tail.header.crc_seed == CrcSeed::UNSEEDED
-                    || tail.header.chain.is_some() != chain.is_some() =>
-            {
-                if tail.len_bytes == tail.header.header_bytes as u64 {
-                    storage
-                        .remove_file(&tail.path)
-                        .map_err(|e| StoreError::io(&tail.path, e))?;
-                    sync_dir(storage.as_ref(), &wal_dir)?;
-                }
-                new_segment(storage.as_ref())?
-            }
-            Some(tail) => WalSegment::open_for_append(
-                storage.as_ref(),
-                &tail.path,
-                tail.header,
-                tail.len_bytes,
-            )?,
-            None => new_segment(storage.as_ref())?,
-        };
+        let chain = chain_to_continue(keyring.as_deref(), recovery.chain, &mut checkpoints)?;
+        let segment = open_log_segment(
+            storage.as_ref(),
+            &wal_dir,
+            &recovery,
+            &seeds,
+            chain.as_ref(),
+            config.group_commit.segment_bytes,
+        )?;
         let stats = Arc::new(StoreStats::default());
         stats.last_lsn.store(recovery.next_lsn - 1, Relaxed);
         record(&stats, &checkpoints, &Ok(CheckpointReport::default()));
@@ -529,5 +436,158 @@ impl Engine {
     pub fn close_without_checkpoint(&self) {
         self.writer.shutdown();
         let _ = lock(&self.checkpointer).stop();
+    }
+}
+
+/// This start's keyring, from the master key in `key_file` (`None`
+/// without one).
+fn start_keyring(key_file: Option<&Path>) -> Result<Option<Arc<Keyring>>, StoreError> {
+    let Some(path) = key_file else {
+        return Ok(None);
+    };
+    let master = load_key_file(path).map_err(|e| StoreError::Key(e.to_string()))?;
+    // A random start id before anything is sealed: this run's keys are its
+    // own, unlike any earlier run's or a copy's (crypto.rs).
+    let keyring = Keyring::for_new_start(master).map_err(|e| StoreError::Key(e.to_string()))?;
+    Ok(Some(Arc::new(keyring)))
+}
+
+/// The data dir's checkpoint store, its files loaded into the store
+/// through `applier`, and what the load took.
+fn load_checkpoint(
+    config: &EngineConfig,
+    data_dir: &DataDir,
+    keyring: Option<Arc<Keyring>>,
+    applier: &mut BatchApplier<'_>,
+) -> Result<(CheckpointStore, CheckpointLoad), StoreError> {
+    let mem = applier.mem;
+    let load_started = Instant::now();
+    let mut checkpoints = CheckpointStore::open(
+        Arc::clone(&config.storage),
+        &data_dir.checkpoint_dir(),
+        &data_dir.wal_dir(),
+        config.checkpoint.clone(),
+        keyring,
+    )?;
+    let entries = checkpoints.load(
+        |mutation| applier.push(0, mutation),
+        |ns, cells| {
+            mem.load_sorted_cells(ns, cells);
+        },
+    )?;
+    applier.flush();
+    let entries = entries + checkpoints.load_runs(mem)?;
+    let (base_bytes, delta_bytes) = checkpoints.sizes();
+    let checkpoint_load = CheckpointLoad {
+        entries,
+        checkpoint_lsn: checkpoints.checkpoint_lsn(),
+        base_bytes,
+        delta_bytes,
+        delta_files: checkpoints.delta_count(),
+        duration: load_started.elapsed(),
+    };
+    Ok((checkpoints, checkpoint_load))
+}
+
+/// Replays the log past the checkpoint into the store through `applier`,
+/// and marks the store recovered through its last record.
+fn replay_log(
+    config: &EngineConfig,
+    wal_dir: &Path,
+    keyring: Option<&Keyring>,
+    checkpoints: &CheckpointStore,
+    applier: &mut BatchApplier<'_>,
+) -> Result<RecoveryReport, StoreError> {
+    let mem = applier.mem;
+    // The log must seal exactly the records of the namespaces that are
+    // encrypted at each point, starting from the checkpoint's.
+    let mut sealing = SealingRule::new(mem.namespace_list());
+    let recovery = recover_with(
+        config.storage.as_ref(),
+        wal_dir,
+        checkpoints.checkpoint_lsn(),
+        &config.recovery,
+        keyring,
+        &mut sealing,
+        checkpoints.chain_anchor(),
+        |lsn, mutation| applier.push(lsn, mutation),
+    )?;
+    applier.flush();
+    // Every record up to here is applied, the chain records after the
+    // last mutation included (they change nothing): runs a fold writes
+    // through them may be installed.
+    mem.recovered_through(recovery.next_lsn.saturating_sub(1));
+    mem.index_after_recovery();
+    Ok(recovery)
+}
+
+/// The chain state the log goes on from: `None` without a key, else the
+/// one recovery reached (`recovered`) or the chain's start in this data
+/// dir.
+fn chain_to_continue(
+    keyring: Option<&Keyring>,
+    recovered: Option<ChainState>,
+    checkpoints: &mut CheckpointStore,
+) -> Result<Option<ChainState>, StoreError> {
+    Ok(match (keyring.filter(|k| k.has_key()), recovered) {
+        (None, _) => None,
+        (Some(_), Some(state)) => {
+            checkpoints.adopt_dir_id(state.dir_id);
+            Some(state)
+        }
+        (Some(_), None) => {
+            let dir_id = checkpoints
+                .writing_dir_id()?
+                .ok_or_else(|| StoreError::Key("no data dir id".into()))?;
+            let prev = checkpoints
+                .chain_anchor()
+                .at
+                .map_or([0; crate::crypto::MAC_BYTES], |(_, at)| at.prev);
+            Some(ChainState { dir_id, prev })
+        }
+    })
+}
+
+/// The segment the writer appends to: the log's tail as recovery left it,
+/// or a new segment at `recovery.next_lsn`.
+fn open_log_segment(
+    storage: &dyn Storage,
+    wal_dir: &Path,
+    recovery: &RecoveryReport,
+    seeds: &SegmentSeeds,
+    chain: Option<&ChainState>,
+    segment_bytes: u64,
+) -> Result<WalSegment, StoreError> {
+    let new_segment = || {
+        WalSegment::create(
+            storage,
+            wal_dir,
+            recovery.next_lsn,
+            seeds.for_segment(recovery.next_lsn),
+            chain,
+            segment_bytes,
+        )
+    };
+    match &recovery.tail {
+        // A version-1 tail has plain CRCs: appending to it would leave
+        // the forged-record hole open until it fills; an unchained tail
+        // cannot take chained groups. It stays as it is (recovery left
+        // it ending on a whole group) and the log goes on in a new
+        // segment; one that holds no record is removed, since the new
+        // one takes its name.
+        Some(tail)
+            if tail.header.crc_seed == CrcSeed::UNSEEDED
+                || tail.header.chain.is_some() != chain.is_some() =>
+        {
+            if tail.len_bytes == tail.header.header_bytes as u64 {
+                storage
+                    .remove_file(&tail.path)
+                    .map_err(|e| StoreError::io(&tail.path, e))?;
+                sync_dir(storage, wal_dir)?;
+            }
+            new_segment()
+        }
+        Some(tail) => WalSegment::open_for_append(storage, &tail.path, tail.header, tail.len_bytes),
+        None => new_segment(),
     }
 }
