@@ -53,8 +53,8 @@ use crate::wal::sealing_rule::{check_meta_change, must_seal};
 use crate::wal::{list_segments, read_closed_segment};
 use cube_protocol::NamespaceName;
 use file::{
-    BlockSealer, CheckpointReader, CheckpointWriter, FileAuth, FileHeader, FileKind, ReadAuth,
-    file_mac,
+    BlockSealer, CheckpointReader, CheckpointWriter, Entry, FileAuth, FileHeader, FileKind,
+    ReadAuth, file_mac,
 };
 use fold::Fold;
 use manifest::{MAX_DELTAS, Manifest, ManifestAuth, base_file_name, delta_file_name};
@@ -484,101 +484,40 @@ impl CheckpointStore {
                 self.read_auth(ids[i]),
             )?;
             let expected_kind = self.check_file_header(path, &reader.header, i, i == last)?;
-            let bad_entry = |reason: String| StoreError::Corruption {
-                path: path.to_path_buf(),
-                offset: 0,
-                reason: format!("bad state entry: {reason}"),
+            let file = FileLoad {
+                path,
+                catalog: &mut catalog,
+                keyring,
+                is_base: expected_kind == FileKind::Base,
+                legacy_cells: self.manifest.legacy_cells,
+                run: None,
+                failure: None,
+                entries: 0,
             };
-            let mut run: Option<NamespaceRun> = None;
-            let mut failure: Option<StoreError> = None;
-            let is_base = expected_kind == FileKind::Base;
-            let legacy_cells = self.manifest.legacy_cells;
-            let read = reader.for_each_entry(|key, value, sealed| {
-                if failure.is_some() {
-                    return;
-                }
-                entries += 1;
-                if let Some(reason) = seal_mismatch(&catalog, key, sealed) {
-                    failure = Some(bad_entry(reason));
-                    return;
-                }
-                if !legacy_cells && cell_key_parts(key).is_some() {
-                    failure = Some(bad_entry(
-                        "a cell entry in a checkpoint file of a version-3 manifest, whose \
-                         cells are in run files"
-                            .into(),
-                    ));
-                    return;
-                }
-                if is_base
-                    && let (Some((ns_id, morton)), Some(value)) = (cell_key_parts(key), value)
-                {
-                    if run.as_ref().is_none_or(|(id, _, _)| *id != ns_id) {
-                        if let Some((_, ns, cells)) = run.take() {
-                            bulk_cells(&ns, cells);
-                        }
-                        run = catalog
-                            .name_of(ns_id)
-                            .map(|ns| (ns_id, ns, SortedCells::default()));
-                    }
-                    if let Some((id, _, cells)) = run.as_mut()
-                        && *id == ns_id
-                    {
-                        cells.keys.push(morton);
-                        cells.values.push(CellValue::from(value));
-                        cells.value_bytes += value.len() as u64;
-                    }
-                    return;
-                }
-                let name_of = |id: u64| catalog.name_of(id);
-                match entry_to_mutation(key, value.map(<[u8]>::to_vec), &name_of) {
-                    Ok(Some(mutation)) => {
-                        if let Mutation::NamespaceCreate { ns, meta } = &mutation {
-                            if let Err(e) = check_namespace_key(ns, meta, keyring) {
-                                failure = Some(e);
-                                return;
-                            }
-                            // An entry for a namespace the earlier files
-                            // hold, under the same id, is an alter folded.
-                            if let Some(old) = catalog.get(ns)
-                                && let Err(reason) = check_meta_change(ns, old, meta, false)
-                            {
-                                failure = Some(bad_entry(reason));
-                                return;
-                            }
-                        }
-                        catalog.apply(&mutation);
-                        apply(mutation);
-                    }
-                    Ok(None) => {}
-                    Err(reason) => failure = Some(bad_entry(reason)),
-                }
-            });
-            // A problem found in an entry (a key check that failed, say)
-            // explains what the reader hit after it: report it first.
-            if let Some(failure) = failure {
-                return Err(failure);
-            }
-            read?;
-            if let Some((_, ns, cells)) = run.take() {
-                bulk_cells(&ns, cells);
-            }
+            entries += file.read(&mut reader, &mut apply, &mut bulk_cells)?;
         }
+        self.check_loaded_auth()?;
+        self.catalog = catalog;
+        Ok(entries)
+    }
+
+    /// Refuses a load whose authenticated manifest's tag did not verify, or
+    /// that had no key for it.
+    fn check_loaded_auth(&self) -> Result<(), StoreError> {
         if let Some(reason) = &self.bad_tag {
             return Err(StoreError::Key(format!(
                 "{}: {reason}",
                 self.dir.join(manifest::MANIFEST_NAME).display()
             )));
         }
-        if self.manifest.auth.is_some() && !keyring.is_some_and(Keyring::has_key) {
+        if self.manifest.auth.is_some() && !self.keyring.as_deref().is_some_and(Keyring::has_key) {
             return Err(StoreError::Key(format!(
                 "{} is authenticated with a master key (its checkpoint files and log are bound \
                  to this data dir); start cubed with --key-file PATH (the key it was written with)",
                 self.dir.display()
             )));
         }
-        self.catalog = catalog;
-        Ok(entries)
+        Ok(())
     }
 
     /// Refuses to go on after a manifest store failed (`manifest_failure`).
@@ -877,24 +816,13 @@ impl CheckpointStore {
             .map(|(keyring, dir_id)| FileAuth { keyring, dir_id });
         let mut writer =
             CheckpointWriter::create(storage.as_ref(), &path, header, sealer.as_ref(), auth)?;
-        let ids = self.manifest.file_ids();
-        let mut readers = inputs
-            .iter()
-            .zip(&ids)
-            .map(|(p, id)| {
-                CheckpointReader::open(storage.as_ref(), p, keyring.as_deref(), self.read_auth(*id))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let readers = self.open_inputs(storage.as_ref(), keyring.as_deref(), &inputs)?;
         // The catalog as of `checkpoint_lsn` is exactly the live namespaces:
         // write it first (namespace keys sort first), then keep only
         // entries of those namespaces' ids. That drops what dropped and
         // replaced namespaces left behind, and writes `default` explicitly.
         let mut entries = self.write_catalog(&mut writer)?;
         let catalog = self.catalog.clone();
-        let live = |key: &[u8]| {
-            key.first() != Some(&TAG_NAMESPACE)
-                && entry_ns_id(key).is_some_and(|id| catalog.meta_of(id).is_some())
-        };
         let mut next = Manifest {
             checkpoint_lsn: self.manifest.checkpoint_lsn,
             next_file_id: id + 1,
@@ -904,54 +832,7 @@ impl CheckpointStore {
             namespaces: self.manifest.namespaces.clone(),
             legacy_cells: false,
         };
-        let mut legacy: LegacyCells = None;
-        // Min-heap on key; among equal keys the newest input (highest index) wins.
-        let mut heap: BinaryHeap<Reverse<(Vec<u8>, Reverse<usize>)>> = BinaryHeap::new();
-        let mut current: Vec<Option<Option<Vec<u8>>>> = vec![None; readers.len()];
-        for (i, reader) in readers.iter_mut().enumerate() {
-            if let Some((key, value)) = reader.next_entry()? {
-                current[i] = Some(value);
-                heap.push(Reverse((key, Reverse(i))));
-            }
-        }
-        while let Some(Reverse((key, Reverse(newest)))) = heap.pop() {
-            let mut winner = current[newest].take().flatten();
-            let mut advance = vec![newest];
-            while let Some(Reverse((next_key, _))) = heap.peek() {
-                if *next_key != key {
-                    break;
-                }
-                if let Some(Reverse((_, Reverse(older)))) = heap.pop() {
-                    current[older] = None;
-                    advance.push(older);
-                }
-            }
-            if let Some(value) = winner.take()
-                && live(&key)
-            {
-                if let Some((ns_id, morton)) = cell_key_parts(&key) {
-                    // Only a version-1/2 data dir's files hold cells.
-                    if legacy.as_ref().is_none_or(|(id, _)| *id != ns_id) {
-                        self.flush_legacy_cells(legacy.take(), &mut next)?;
-                        legacy = Some((ns_id, Vec::new()));
-                    }
-                    if let Some((_, cells)) = legacy.as_mut() {
-                        let curve = catalog.meta_of(ns_id).map_or(Curve::DEFAULT, |m| m.curve);
-                        cells.push((curve.key(morton_decode(morton)), value));
-                    }
-                } else {
-                    writer.add(&key, Some(&value))?;
-                }
-                entries += 1;
-            }
-            for i in advance {
-                if let Some((k, v)) = readers[i].next_entry()? {
-                    current[i] = Some(v);
-                    heap.push(Reverse((k, Reverse(i))));
-                }
-            }
-        }
-        self.flush_legacy_cells(legacy.take(), &mut next)?;
+        entries += self.merge_into_base(readers, &catalog, &mut writer, &mut next)?;
         if self.config.crash_at == Some(CrashPoint::BaseTempWritten) {
             drop(writer);
             return Err(StoreError::SimulatedCrash("BaseTempWritten".into()));
@@ -970,6 +851,63 @@ impl CheckpointStore {
         })
     }
 
+    /// A reader for each checkpoint file the manifest names (`inputs`,
+    /// base first).
+    fn open_inputs<'k>(
+        &self,
+        storage: &dyn Storage,
+        keyring: Option<&'k Keyring>,
+        inputs: &[PathBuf],
+    ) -> Result<Vec<CheckpointReader<'k>>, StoreError> {
+        let ids = self.manifest.file_ids();
+        inputs
+            .iter()
+            .zip(&ids)
+            .map(|(p, id)| CheckpointReader::open(storage, p, keyring, self.read_auth(*id)))
+            .collect()
+    }
+
+    /// Writes the newest entry per key of `readers` to the new base, the
+    /// entries of live namespaces only (`catalog`); a version-1/2 data
+    /// dir's cells go to runs instead, which `next` lists. Returns how many
+    /// entries were kept.
+    fn merge_into_base(
+        &mut self,
+        readers: Vec<CheckpointReader<'_>>,
+        catalog: &NamespaceCatalog,
+        writer: &mut CheckpointWriter<'_>,
+        next: &mut Manifest,
+    ) -> Result<u64, StoreError> {
+        let live = |key: &[u8]| {
+            key.first() != Some(&TAG_NAMESPACE)
+                && entry_ns_id(key).is_some_and(|id| catalog.meta_of(id).is_some())
+        };
+        let mut entries = 0;
+        let mut legacy: LegacyCells = None;
+        let mut merge = NewestWins::start(readers)?;
+        while let Some((key, winner)) = merge.next_entry()? {
+            if let Some(value) = winner
+                && live(&key)
+            {
+                if let Some((ns_id, morton)) = cell_key_parts(&key) {
+                    // Only a version-1/2 data dir's files hold cells.
+                    if legacy.as_ref().is_none_or(|(id, _)| *id != ns_id) {
+                        self.flush_legacy_cells(legacy.take(), next)?;
+                        legacy = Some((ns_id, Vec::new()));
+                    }
+                    if let Some((_, cells)) = legacy.as_mut() {
+                        let curve = catalog.meta_of(ns_id).map_or(Curve::DEFAULT, |m| m.curve);
+                        cells.push((curve.key(morton_decode(morton)), value));
+                    }
+                } else {
+                    writer.add(&key, Some(&value))?;
+                }
+                entries += 1;
+            }
+        }
+        self.flush_legacy_cells(legacy.take(), next)?;
+        Ok(entries)
+    }
     /// Writes the catalog's namespace entries, in key order, to a new
     /// base; returns how many.
     fn write_catalog(&self, writer: &mut CheckpointWriter<'_>) -> Result<u64, StoreError> {
@@ -1025,6 +963,199 @@ impl CheckpointStore {
         };
         cells.sort_unstable_by_key(|(key, _)| *key);
         self.write_base_run(ns_id, &cells, next)
+    }
+}
+
+/// One checkpoint file's entries on their way into the store
+/// (`CheckpointStore::load`).
+struct FileLoad<'a> {
+    path: &'a Path,
+    /// The namespaces as of the entries taken so far.
+    catalog: &'a mut NamespaceCatalog,
+    keyring: Option<&'a Keyring>,
+    /// A base's cells go to the store a namespace at a time (`run`).
+    is_base: bool,
+    /// Cells are in checkpoint files (a version-1/2 manifest).
+    legacy_cells: bool,
+    /// The namespace whose base cells are being gathered, and them.
+    run: Option<NamespaceRun>,
+    /// The first problem met in an entry; the entries after it are skipped.
+    failure: Option<StoreError>,
+    entries: u64,
+}
+
+impl FileLoad<'_> {
+    /// Takes every entry `reader` holds; returns how many it took.
+    fn read(
+        mut self,
+        reader: &mut CheckpointReader<'_>,
+        apply: &mut impl FnMut(Mutation),
+        bulk_cells: &mut impl FnMut(&NamespaceName, SortedCells),
+    ) -> Result<u64, StoreError> {
+        let read = reader.for_each_entry(|key, value, sealed| {
+            if self.failure.is_some() {
+                return;
+            }
+            self.entries += 1;
+            if let Err(e) = self.entry(key, value, sealed, apply, bulk_cells) {
+                self.failure = Some(e);
+            }
+        });
+        // A problem found in an entry (a key check that failed, say)
+        // explains what the reader hit after it: report it first.
+        if let Some(failure) = self.failure.take() {
+            return Err(failure);
+        }
+        read?;
+        if let Some((_, ns, cells)) = self.run.take() {
+            bulk_cells(&ns, cells);
+        }
+        Ok(self.entries)
+    }
+
+    /// Takes one entry: a base's cell into `run`, anything else to `apply`
+    /// as a mutation, once its sealing and its namespace check out.
+    fn entry(
+        &mut self,
+        key: &[u8],
+        value: Option<&[u8]>,
+        sealed: bool,
+        apply: &mut impl FnMut(Mutation),
+        bulk_cells: &mut impl FnMut(&NamespaceName, SortedCells),
+    ) -> Result<(), StoreError> {
+        if let Some(reason) = seal_mismatch(self.catalog, key, sealed) {
+            return Err(self.bad_entry(reason));
+        }
+        if !self.legacy_cells && cell_key_parts(key).is_some() {
+            return Err(self.bad_entry(
+                "a cell entry in a checkpoint file of a version-3 manifest, whose \
+                 cells are in run files"
+                    .into(),
+            ));
+        }
+        if self.is_base
+            && let (Some((ns_id, morton)), Some(value)) = (cell_key_parts(key), value)
+        {
+            self.base_cell(ns_id, morton, value, bulk_cells);
+            return Ok(());
+        }
+        let name_of = |id: u64| self.catalog.name_of(id);
+        let mutation = match entry_to_mutation(key, value.map(<[u8]>::to_vec), &name_of) {
+            Ok(Some(mutation)) => mutation,
+            Ok(None) => return Ok(()),
+            Err(reason) => return Err(self.bad_entry(reason)),
+        };
+        if let Mutation::NamespaceCreate { ns, meta } = &mutation {
+            check_namespace_key(ns, meta, self.keyring)?;
+            // An entry for a namespace the earlier files hold, under the
+            // same id, is an alter folded.
+            if let Some(old) = self.catalog.get(ns)
+                && let Err(reason) = check_meta_change(ns, old, meta, false)
+            {
+                return Err(self.bad_entry(reason));
+            }
+        }
+        self.catalog.apply(&mutation);
+        apply(mutation);
+        Ok(())
+    }
+
+    /// Adds a base's cell to its namespace's run, handing the run before
+    /// (another namespace's) to `bulk_cells`; a namespace that is no
+    /// longer live gathers none.
+    fn base_cell(
+        &mut self,
+        ns_id: u64,
+        morton: u128,
+        value: &[u8],
+        bulk_cells: &mut impl FnMut(&NamespaceName, SortedCells),
+    ) {
+        if self.run.as_ref().is_none_or(|(id, _, _)| *id != ns_id) {
+            if let Some((_, ns, cells)) = self.run.take() {
+                bulk_cells(&ns, cells);
+            }
+            self.run = self
+                .catalog
+                .name_of(ns_id)
+                .map(|ns| (ns_id, ns, SortedCells::default()));
+        }
+        if let Some((id, _, cells)) = self.run.as_mut()
+            && *id == ns_id
+        {
+            cells.keys.push(morton);
+            cells.values.push(CellValue::from(value));
+            cells.value_bytes += value.len() as u64;
+        }
+    }
+
+    /// A damaged entry of this file.
+    fn bad_entry(&self, reason: String) -> StoreError {
+        StoreError::Corruption {
+            path: self.path.to_path_buf(),
+            offset: 0,
+            reason: format!("bad state entry: {reason}"),
+        }
+    }
+}
+
+/// Checkpoint files merged by key: each key once, with the value of the
+/// newest file that holds it (`None`: a tombstone).
+struct NewestWins<'k> {
+    readers: Vec<CheckpointReader<'k>>,
+    /// Min-heap on key; among equal keys the newest input (highest index) wins.
+    heap: BinaryHeap<Reverse<(Vec<u8>, Reverse<usize>)>>,
+    /// The value of each input's entry in `heap`.
+    current: Vec<Option<Option<Vec<u8>>>>,
+    /// The inputs whose entries the last key took: read on at the next
+    /// call, so that the caller handles a key before the next is read.
+    advance: Vec<usize>,
+}
+
+impl<'k> NewestWins<'k> {
+    /// Reads each input's first entry.
+    fn start(readers: Vec<CheckpointReader<'k>>) -> Result<NewestWins<'k>, StoreError> {
+        let mut merge = NewestWins {
+            heap: BinaryHeap::new(),
+            current: vec![None; readers.len()],
+            readers,
+            advance: Vec::new(),
+        };
+        for i in 0..merge.readers.len() {
+            merge.read_on(i)?;
+        }
+        Ok(merge)
+    }
+
+    /// The next key and its newest value, once the inputs the key before
+    /// it took have been read on.
+    fn next_entry(&mut self) -> Result<Option<Entry>, StoreError> {
+        for i in std::mem::take(&mut self.advance) {
+            self.read_on(i)?;
+        }
+        let Some(Reverse((key, Reverse(newest)))) = self.heap.pop() else {
+            return Ok(None);
+        };
+        let winner = self.current[newest].take().flatten();
+        self.advance.push(newest);
+        while let Some(Reverse((next_key, _))) = self.heap.peek() {
+            if *next_key != key {
+                break;
+            }
+            if let Some(Reverse((_, Reverse(older)))) = self.heap.pop() {
+                self.current[older] = None;
+                self.advance.push(older);
+            }
+        }
+        Ok(Some((key, winner)))
+    }
+
+    /// Reads input `i`'s next entry, if it has one, into the heap.
+    fn read_on(&mut self, i: usize) -> Result<(), StoreError> {
+        if let Some((key, value)) = self.readers[i].next_entry()? {
+            self.current[i] = Some(value);
+            self.heap.push(Reverse((key, Reverse(i))));
+        }
+        Ok(())
     }
 }
 
