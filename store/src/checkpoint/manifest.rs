@@ -316,28 +316,17 @@ impl Manifest {
 
     /// A version-3 manifest, `body` without its CRC (already checked).
     fn decode_v3(body: &[u8]) -> Result<Manifest, (u64, String)> {
-        let at = std::cell::Cell::new(0usize);
-        let take = |n: usize, what: &str| -> Result<&[u8], (u64, String)> {
-            let from = at.get();
-            let piece = body.get(from..from + n).ok_or_else(|| {
-                (
-                    from as u64,
-                    format!("the manifest ends inside its {what} ({} bytes)", body.len()),
-                )
-            })?;
-            at.set(from + n);
-            Ok(piece)
-        };
-        take(12, "header")?;
-        let flags = LittleEndian::read_u32(take(4, "flags")?);
+        let mut fields = Fields { body, at: 0 };
+        fields.take(12, "header")?;
+        let flags = fields.u32("flags")?;
         if flags & !FLAG_AUTHENTICATED != 0 {
             return Err((12, format!("unknown manifest flags {flags:#x}")));
         }
-        let checkpoint_lsn = LittleEndian::read_u64(take(8, "header")?);
-        let next_file_id = LittleEndian::read_u64(take(8, "header")?);
-        let base = LittleEndian::read_u64(take(8, "header")?);
-        let delta_count = LittleEndian::read_u32(take(4, "header")?) as usize;
-        let ns_count = LittleEndian::read_u32(take(4, "header")?) as usize;
+        let checkpoint_lsn = fields.u64("header")?;
+        let next_file_id = fields.u64("header")?;
+        let base = fields.u64("header")?;
+        let delta_count = fields.u32("header")? as usize;
+        let ns_count = fields.u32("header")? as usize;
         if delta_count > MAX_DELTAS {
             return Err((40, format!("manifest lists {delta_count} deltas")));
         }
@@ -348,63 +337,17 @@ impl Manifest {
             ..Manifest::fresh()
         };
         for _ in 0..delta_count {
-            let id = LittleEndian::read_u64(take(8, "delta list")?);
+            let id = fields.u64("delta list")?;
             manifest.delta_file_ids.push(id);
         }
         for _ in 0..ns_count {
-            let entry_at = at.get() as u64;
-            let fixed = take(NAMESPACE_ENTRY_BYTES, "namespace list")?;
-            let ns_id = LittleEndian::read_u64(&fixed[0..8]);
-            let run_count = LittleEndian::read_u32(&fixed[24..28]) as usize;
-            if !(1..=MAX_RUNS).contains(&run_count)
-                || manifest
-                    .namespaces
-                    .last()
-                    .is_some_and(|ns| ns.ns_id >= ns_id)
-            {
-                return Err((
-                    entry_at,
-                    format!(
-                        "namespace entry {ns_id} with {run_count} runs (1 to {MAX_RUNS}, \
-                         namespaces in increasing id order)"
-                    ),
-                ));
-            }
-            let mut entry = NamespaceRuns {
-                ns_id,
-                live_cells: LittleEndian::read_u64(&fixed[8..16]),
-                value_bytes: LittleEndian::read_u64(&fixed[16..24]),
-                runs: Vec::with_capacity(run_count),
-            };
-            for _ in 0..run_count {
-                let run = take(RUN_ENTRY_BYTES, "run list")?;
-                let mut mac = [0u8; MAC_BYTES];
-                mac.copy_from_slice(&run[8..]);
-                entry.runs.push(RunRef {
-                    file_id: LittleEndian::read_u64(&run[0..8]),
-                    mac,
-                });
-            }
+            let entry = fields.namespace_runs(manifest.namespaces.last())?;
             manifest.namespaces.push(entry);
         }
         if flags & FLAG_AUTHENTICATED != 0 {
-            let mut auth = ManifestAuth {
-                dir_id: [0; DIR_ID_BYTES],
-                chain: [0; MAC_BYTES],
-                file_macs: Default::default(),
-            };
-            auth.dir_id
-                .copy_from_slice(take(DIR_ID_BYTES, "data dir id")?);
-            auth.chain.copy_from_slice(take(MAC_BYTES, "chain value")?);
-            for id in manifest.file_ids() {
-                let mut mac = [0u8; MAC_BYTES];
-                mac.copy_from_slice(take(MAC_BYTES, "file MACs")?);
-                auth.file_macs.insert(id, mac);
-            }
-            take(MAC_BYTES, "tag")?;
-            manifest.auth = Some(auth);
+            manifest.auth = Some(fields.auth(&manifest.file_ids())?);
         }
-        let end = at.get();
+        let end = fields.at;
         if end != body.len() {
             return Err((
                 end as u64,
@@ -564,6 +507,100 @@ impl Manifest {
             sync_dir(storage, dir)?;
         }
         Ok(removed)
+    }
+}
+
+/// A version-3 manifest's body read front to back, a field at a time.
+struct Fields<'b> {
+    body: &'b [u8],
+    /// Where the next field starts.
+    at: usize,
+}
+
+impl<'b> Fields<'b> {
+    /// The next `n` bytes; `what` names them when the body ends first.
+    fn take(&mut self, n: usize, what: &str) -> Result<&'b [u8], (u64, String)> {
+        let from = self.at;
+        let piece = self.body.get(from..from + n).ok_or_else(|| {
+            (
+                from as u64,
+                format!(
+                    "the manifest ends inside its {what} ({} bytes)",
+                    self.body.len()
+                ),
+            )
+        })?;
+        self.at = from + n;
+        Ok(piece)
+    }
+
+    /// The next field, a little-endian u32.
+    fn u32(&mut self, what: &str) -> Result<u32, (u64, String)> {
+        Ok(LittleEndian::read_u32(self.take(4, what)?))
+    }
+
+    /// The next field, a little-endian u64.
+    fn u64(&mut self, what: &str) -> Result<u64, (u64, String)> {
+        Ok(LittleEndian::read_u64(self.take(8, what)?))
+    }
+
+    /// A namespace's entry and its runs; its id must exceed that of the
+    /// entry before it (`previous`).
+    fn namespace_runs(
+        &mut self,
+        previous: Option<&NamespaceRuns>,
+    ) -> Result<NamespaceRuns, (u64, String)> {
+        let entry_at = self.at as u64;
+        let fixed = self.take(NAMESPACE_ENTRY_BYTES, "namespace list")?;
+        let ns_id = LittleEndian::read_u64(&fixed[0..8]);
+        let run_count = LittleEndian::read_u32(&fixed[24..28]) as usize;
+        if !(1..=MAX_RUNS).contains(&run_count) || previous.is_some_and(|ns| ns.ns_id >= ns_id) {
+            return Err((
+                entry_at,
+                format!(
+                    "namespace entry {ns_id} with {run_count} runs (1 to {MAX_RUNS}, \
+                     namespaces in increasing id order)"
+                ),
+            ));
+        }
+        let mut entry = NamespaceRuns {
+            ns_id,
+            live_cells: LittleEndian::read_u64(&fixed[8..16]),
+            value_bytes: LittleEndian::read_u64(&fixed[16..24]),
+            runs: Vec::with_capacity(run_count),
+        };
+        for _ in 0..run_count {
+            let run = self.take(RUN_ENTRY_BYTES, "run list")?;
+            let mut mac = [0u8; MAC_BYTES];
+            mac.copy_from_slice(&run[8..]);
+            entry.runs.push(RunRef {
+                file_id: LittleEndian::read_u64(&run[0..8]),
+                mac,
+            });
+        }
+        Ok(entry)
+    }
+
+    /// What an authenticated manifest adds: the data dir's id, the chain
+    /// value and a MAC per checkpoint file (`file_ids`), then the tag
+    /// (skipped: [`Manifest::check_tag`] checks it).
+    fn auth(&mut self, file_ids: &[u64]) -> Result<ManifestAuth, (u64, String)> {
+        let mut auth = ManifestAuth {
+            dir_id: [0; DIR_ID_BYTES],
+            chain: [0; MAC_BYTES],
+            file_macs: Default::default(),
+        };
+        auth.dir_id
+            .copy_from_slice(self.take(DIR_ID_BYTES, "data dir id")?);
+        auth.chain
+            .copy_from_slice(self.take(MAC_BYTES, "chain value")?);
+        for &id in file_ids {
+            let mut mac = [0u8; MAC_BYTES];
+            mac.copy_from_slice(self.take(MAC_BYTES, "file MACs")?);
+            auth.file_macs.insert(id, mac);
+        }
+        self.take(MAC_BYTES, "tag")?;
+        Ok(auth)
     }
 }
 
