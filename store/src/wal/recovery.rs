@@ -30,7 +30,7 @@ use byteorder::{ByteOrder, LittleEndian};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::crypto::{Keyring, MAC_BYTES, tags_equal};
+use crate::crypto::{DIR_ID_BYTES, Keyring, MAC_BYTES, tags_equal};
 use crate::data_dir::sync_dir;
 use crate::error::StoreError;
 use crate::mutation::{
@@ -43,8 +43,8 @@ use crate::storage::{OpenMode, Storage};
 use crate::wal::chain::{ChainState, KIND_CHAIN, group_mac};
 use crate::wal::crc_seed::CrcSeed;
 use crate::wal::record::{
-    GROUP_END_BIT, MAX_RECORD_PAYLOAD_BYTES, RECORD_HEADER_BYTES, RecordOpenError, SEALED_BIT,
-    decode_record, parse_record,
+    GROUP_END_BIT, MAX_RECORD_PAYLOAD_BYTES, RECORD_HEADER_BYTES, RawRecord, RecordDamage,
+    RecordOpenError, SEALED_BIT, decode_record, parse_record,
 };
 use crate::wal::sealing_rule::SealingRule;
 use crate::wal::segment::{
@@ -646,18 +646,50 @@ pub(crate) fn replay_segment(
     is_last: bool,
     checkpoint_lsn: u64,
     keyring: Option<&Keyring>,
-    mut rule: Option<&mut SealingRule>,
+    rule: Option<&mut SealingRule>,
     chain: &mut ChainCheck<'_>,
     apply: &mut impl FnMut(u64, Mutation),
     report: &mut RecoveryReport,
 ) -> Result<SegmentEnd, ReplayStop> {
+    let header = check_segment_header(bytes, name_lsn, expected_lsn, chain)?;
+    let mut replay = SegmentReplay {
+        bytes,
+        seed: header.crc_seed,
+        is_last,
+        chained: header.chain.is_some(),
+        dir_id: header.chain.map(|c| c.dir_id),
+        checkpoint_lsn,
+        keyring,
+        rule,
+        chain,
+        apply,
+        report,
+        offset: header.header_bytes,
+        next_lsn: header.first_lsn,
+        pending: Vec::new(),
+        committed: Cut {
+            offset: header.header_bytes as u64,
+            next_lsn: header.first_lsn,
+        },
+    };
+    replay.records()
+}
+
+/// Parses a segment's header and checks that it starts where its file
+/// name and the previous segment say, and continues the log's chain.
+fn check_segment_header(
+    bytes: &[u8],
+    name_lsn: u64,
+    expected_lsn: Option<u64>,
+    chain: &mut ChainCheck<'_>,
+) -> Result<SegmentHeader, ReplayStop> {
     let whole = |next_lsn| Cut {
         offset: 0,
         next_lsn,
     };
     let header = parse_segment_header(bytes)
         .map_err(|reason| ReplayStop::Damage(0, reason, whole(name_lsn)))?;
-    let (first_lsn, seed) = (header.first_lsn, header.crc_seed);
+    let first_lsn = header.first_lsn;
     if first_lsn != name_lsn {
         return Err(ReplayStop::Damage(
             0,
@@ -679,123 +711,171 @@ pub(crate) fn replay_segment(
     chain
         .enter_segment(&header)
         .map_err(|reason| ReplayStop::Damage(0, reason, whole(first_lsn)))?;
-    let chained = header.chain.is_some();
-    let dir_id = header.chain.map(|c| c.dir_id);
-    let mut offset = header.header_bytes;
-    let mut next_lsn = first_lsn;
+    Ok(header)
+}
+
+/// [`replay_segment`]'s state past the header: where it stands in the
+/// segment, and what each record is checked against and applied to.
+struct SegmentReplay<'a, 'k, F> {
+    bytes: &'a [u8],
+    seed: CrcSeed,
+    is_last: bool,
+    chained: bool,
+    dir_id: Option<[u8; DIR_ID_BYTES]>,
+    checkpoint_lsn: u64,
+    keyring: Option<&'a Keyring>,
+    rule: Option<&'a mut SealingRule>,
+    chain: &'a mut ChainCheck<'k>,
+    apply: &'a mut F,
+    report: &'a mut RecoveryReport,
+    /// Where the next record starts, and the LSN it must have.
+    offset: usize,
+    next_lsn: u64,
     // Records are applied a whole commit group at a time: `pending` holds
     // the group being read, `committed` where the last whole group ended.
-    let mut pending: Vec<(u64, Mutation)> = Vec::new();
-    let mut committed = Cut {
-        offset: offset as u64,
-        next_lsn: first_lsn,
-    };
-    while offset < bytes.len() {
-        match parse_record(&bytes[offset..], seed) {
-            Ok(record) => {
-                if record.lsn != next_lsn {
-                    return Err(ReplayStop::Damage(
-                        offset as u64,
-                        format!("record has LSN {}, expected {next_lsn}", record.lsn),
-                        committed,
-                    ));
-                }
-                let ends_group = if record.kind == KIND_CHAIN || (chained && record.group_end) {
-                    if record.kind != KIND_CHAIN || !record.group_end {
-                        return Err(ReplayStop::Damage(
-                            offset as u64,
-                            "a commit group that does not end with its MAC in a chained segment"
-                                .into(),
-                            committed,
-                        ));
-                    }
-                    let group = &bytes[committed.offset as usize..offset];
-                    chain
-                        .close_group(group, record.lsn, record.payload)
-                        .map_err(|stop| match stop {
-                            ReplayStop::Damage(_, reason, _) => {
-                                ReplayStop::Damage(offset as u64, reason, committed)
-                            }
-                            key => key,
-                        })?;
-                    true
-                } else {
-                    let mutation =
-                        decode_record(&record, keyring, dir_id.as_ref()).map_err(|e| match e {
-                            RecordOpenError::Damage(reason) => {
-                                ReplayStop::Damage(offset as u64, reason, committed)
-                            }
-                            RecordOpenError::Key(reason) => ReplayStop::Key(reason),
-                        })?;
-                    if let Mutation::NamespaceCreate { ns, meta }
-                    | Mutation::NamespaceAlter { ns, meta } = &mutation
-                    {
-                        check_namespace_key(ns, meta, keyring)
-                            .map_err(|e| ReplayStop::Key(e.to_string()))?;
-                    }
-                    // Only past the checkpoint: the rule starts from its state.
-                    if record.lsn > checkpoint_lsn
-                        && let Some(rule) = rule.as_deref_mut()
-                    {
-                        rule.check(&mutation, record.kind & SEALED_BIT != 0)
-                            .map_err(|reason| {
-                                ReplayStop::Damage(offset as u64, reason, committed)
-                            })?;
-                    }
-                    pending.push((record.lsn, mutation));
-                    record.group_end
-                };
-                next_lsn += 1;
-                offset += record.total_bytes;
-                if ends_group {
-                    for (lsn, mutation) in pending.drain(..) {
-                        if lsn > checkpoint_lsn {
-                            apply(lsn, mutation);
-                            report.records_replayed += 1;
-                        }
-                    }
-                    committed = Cut {
-                        offset: offset as u64,
-                        next_lsn,
-                    };
-                }
-            }
-            Err(_) if is_zero(&bytes[offset..]) => break,
-            Err(damage) => {
-                if is_last && !later_group_follows(bytes, offset + 1, next_lsn, seed) {
-                    // A torn write of the last group, which was never
-                    // acknowledged: drop the whole group.
-                    return Ok(SegmentEnd::TornAt {
-                        offset: committed.offset,
-                        next_lsn: committed.next_lsn,
-                    });
-                }
-                let why = if is_last {
-                    format!("{damage}, and a later commit group follows it")
-                } else {
-                    format!("{damage} in a segment that is not the last")
-                };
-                return Err(ReplayStop::Damage(offset as u64, why, committed));
+    pending: Vec<(u64, Mutation)>,
+    committed: Cut,
+}
+
+impl<F: FnMut(u64, Mutation)> SegmentReplay<'_, '_, F> {
+    /// Reads the records up to the end of the file or the zeros after the
+    /// last one, and says where the segment's whole groups end.
+    fn records(&mut self) -> Result<SegmentEnd, ReplayStop> {
+        let bytes = self.bytes;
+        while self.offset < bytes.len() {
+            match parse_record(&bytes[self.offset..], self.seed) {
+                Ok(record) => self.record(&record)?,
+                Err(_) if is_zero(&bytes[self.offset..]) => break,
+                Err(damage) => return self.damaged(&damage),
             }
         }
+        if !self.pending.is_empty() {
+            if self.is_last {
+                return Ok(SegmentEnd::TornAt {
+                    offset: self.committed.offset,
+                    next_lsn: self.committed.next_lsn,
+                });
+            }
+            return Err(ReplayStop::Damage(
+                self.committed.offset,
+                "the segment ends inside a commit group, and it is not the last".into(),
+                self.committed,
+            ));
+        }
+        Ok(SegmentEnd::Clean {
+            next_lsn: self.next_lsn,
+            end: self.offset as u64,
+        })
     }
-    if !pending.is_empty() {
-        if is_last {
+
+    /// Checks one valid record and adds it to its group; the group's last
+    /// record applies the group.
+    fn record(&mut self, record: &RawRecord<'_>) -> Result<(), ReplayStop> {
+        if record.lsn != self.next_lsn {
+            return Err(self.damage(format!(
+                "record has LSN {}, expected {}",
+                record.lsn, self.next_lsn
+            )));
+        }
+        let ends_group = if record.kind == KIND_CHAIN || (self.chained && record.group_end) {
+            self.close_chained_group(record)?;
+            true
+        } else {
+            let mutation = self.open_record(record)?;
+            self.pending.push((record.lsn, mutation));
+            record.group_end
+        };
+        self.next_lsn += 1;
+        self.offset += record.total_bytes;
+        if ends_group {
+            self.apply_group();
+        }
+        Ok(())
+    }
+
+    /// Verifies the chain record that must end a group of a chained
+    /// segment against the group's other records.
+    fn close_chained_group(&mut self, record: &RawRecord<'_>) -> Result<(), ReplayStop> {
+        if record.kind != KIND_CHAIN || !record.group_end {
+            return Err(self.damage(
+                "a commit group that does not end with its MAC in a chained segment".into(),
+            ));
+        }
+        let group = &self.bytes[self.committed.offset as usize..self.offset];
+        self.chain
+            .close_group(group, record.lsn, record.payload)
+            .map_err(|stop| match stop {
+                ReplayStop::Damage(_, reason, _) => self.damage(reason),
+                key => key,
+            })
+    }
+
+    /// Decodes a data record (opening it if sealed) and checks it against
+    /// its namespace's key and the sealing rule.
+    fn open_record(&mut self, record: &RawRecord<'_>) -> Result<Mutation, ReplayStop> {
+        let mutation =
+            decode_record(record, self.keyring, self.dir_id.as_ref()).map_err(|e| match e {
+                RecordOpenError::Damage(reason) => self.damage(reason),
+                RecordOpenError::Key(reason) => ReplayStop::Key(reason),
+            })?;
+        if let Mutation::NamespaceCreate { ns, meta } | Mutation::NamespaceAlter { ns, meta } =
+            &mutation
+        {
+            check_namespace_key(ns, meta, self.keyring)
+                .map_err(|e| ReplayStop::Key(e.to_string()))?;
+        }
+        // Only past the checkpoint: the rule starts from its state.
+        if record.lsn > self.checkpoint_lsn
+            && let Some(rule) = self.rule.as_deref_mut()
+        {
+            rule.check(&mutation, record.kind & SEALED_BIT != 0)
+                .map_err(|reason| self.damage(reason))?;
+        }
+        Ok(mutation)
+    }
+
+    /// Applies the group just read (its records past the checkpoint) and
+    /// moves the last whole group's end past it.
+    fn apply_group(&mut self) {
+        for (lsn, mutation) in self.pending.drain(..) {
+            if lsn > self.checkpoint_lsn {
+                (self.apply)(lsn, mutation);
+                self.report.records_replayed += 1;
+            }
+        }
+        self.committed = Cut {
+            offset: self.offset as u64,
+            next_lsn: self.next_lsn,
+        };
+    }
+
+    /// Bytes at the next record's place that are not a record: a torn
+    /// tail in the last segment unless a later group follows, otherwise
+    /// corruption.
+    fn damaged(&self, damage: &RecordDamage) -> Result<SegmentEnd, ReplayStop> {
+        if self.is_last
+            && !later_group_follows(self.bytes, self.offset + 1, self.next_lsn, self.seed)
+        {
+            // A torn write of the last group, which was never
+            // acknowledged: drop the whole group.
             return Ok(SegmentEnd::TornAt {
-                offset: committed.offset,
-                next_lsn: committed.next_lsn,
+                offset: self.committed.offset,
+                next_lsn: self.committed.next_lsn,
             });
         }
-        return Err(ReplayStop::Damage(
-            committed.offset,
-            "the segment ends inside a commit group, and it is not the last".into(),
-            committed,
-        ));
+        let why = if self.is_last {
+            format!("{damage}, and a later commit group follows it")
+        } else {
+            format!("{damage} in a segment that is not the last")
+        };
+        Err(self.damage(why))
     }
-    Ok(SegmentEnd::Clean {
-        next_lsn,
-        end: offset as u64,
-    })
+
+    /// Damage at the record being read: `--repair` would cut at the start
+    /// of its group.
+    fn damage(&self, reason: String) -> ReplayStop {
+        ReplayStop::Damage(self.offset as u64, reason, self.committed)
+    }
 }
 
 fn is_zero(bytes: &[u8]) -> bool {
