@@ -7,13 +7,14 @@ use std::collections::HashMap;
 use cube_protocol::NamespaceName;
 
 use super::MAX_TXN_MUTATIONS;
+use super::answer::{Responder, TxnAck};
 use super::session::NamespaceGuard;
 use super::writer::{Prepared, Queued, Writer};
 use crate::error::{WriteError, WriteErrorKind};
 use crate::memstore::MemStore;
 use crate::mutation::Mutation;
 use crate::namespace::{UsageDelta, check_quota};
-use crate::transaction::TxnView;
+use crate::transaction::{TxnFn, TxnView};
 
 /// [`Writer::check_quota`], callable while a transaction borrows the overlay.
 pub(crate) fn quota_check(
@@ -137,114 +138,147 @@ impl Writer {
                     reply,
                     guard,
                 } => {
-                    if let Some(error) = self.guard_refusal(guard.as_ref()) {
-                        reply.answer(Err(error));
-                        continue;
+                    match self.check_write(&mutation, guard.as_ref(), &prepared, &mut overlay_live)
+                    {
+                        Ok(()) => prepared.push(Prepared::Write {
+                            mutation,
+                            reply,
+                            lsn: 0,
+                        }),
+                        Err(error) => reply.answer(Err(error)),
                     }
-                    let ns = mutation.namespace();
-                    if mutation.is_namespace_change() {
-                        if let Err(error) = self.check_namespace_change(&mutation) {
-                            reply.answer(Err(error));
-                            continue;
-                        }
-                    } else if !self.mem.has_namespace(ns) {
-                        reply.answer(Err(no_such_namespace(ns)));
-                        continue;
-                    }
-                    if !overlay_live && self.namespace_limited(ns) {
-                        // Quotas need the group's earlier writes to judge
-                        // this one: build the overlay now.
-                        for entry in &prepared {
-                            for earlier in entry.mutations() {
-                                self.overlay.record(&self.mem, earlier);
-                            }
-                        }
-                        overlay_live = true;
-                    }
-                    if overlay_live && self.namespace_limited(ns) {
-                        let delta = match self.overlay.usage_change(&self.mem, &mutation) {
-                            Ok(delta) => delta,
-                            Err(e) => {
-                                reply.answer(Err(WriteError::new(
-                                    WriteErrorKind::StorageIo,
-                                    format!(
-                                        "the cell this write replaces could not be read to \
-                                         check the namespace's quota; nothing was written: {e}"
-                                    ),
-                                )));
-                                continue;
-                            }
-                        };
-                        if let Err(error) = self.check_quota(ns, delta) {
-                            reply.answer(Err(error));
-                            continue;
-                        }
-                        self.group_usage.entry(ns.clone()).or_default().add(delta);
-                    }
-                    if overlay_live {
-                        self.overlay.record(&self.mem, &mutation);
-                    }
-                    prepared.push(Prepared::Write {
-                        mutation,
-                        reply,
-                        lsn: 0,
-                    });
                 }
                 Queued::Txn { txn, reply, guard } => {
-                    if let Some(error) = self.guard_refusal(guard.as_ref()) {
-                        reply.answer(Err(error));
-                        continue;
+                    if let Some(entry) =
+                        self.prepare_txn(txn, reply, guard.as_ref(), &prepared, &mut overlay_live)
+                    {
+                        prepared.push(entry);
                     }
-                    if !overlay_live {
-                        for entry in &prepared {
-                            for mutation in entry.mutations() {
-                                self.overlay.record(&self.mem, mutation);
-                            }
-                        }
-                        overlay_live = true;
-                    }
-                    let mut view = TxnView::new(&self.mem, &mut self.overlay);
-                    view.set_earlier_usage(&self.group_usage);
-                    let output = txn(&mut view);
-                    let refusal = if view.emitted() > MAX_TXN_MUTATIONS {
-                        Some(WriteError::new(
-                            WriteErrorKind::Invalid,
-                            format!(
-                                "the transaction wrote {} cells, over the limit of {MAX_TXN_MUTATIONS}; nothing was applied",
-                                view.emitted()
-                            ),
-                        ))
-                    } else {
-                        None
-                    };
-                    let refusal = refusal.or_else(|| view.read_refusal());
-                    let refusal = refusal.or_else(|| {
-                        view.pending_namespaces()
-                            .find(|ns| !self.mem.has_namespace(ns))
-                            .map(no_such_namespace)
-                    });
-                    let refusal = refusal.or_else(|| {
-                        view.usage_changes().iter().find_map(|(ns, delta)| {
-                            quota_check(&self.mem, &self.group_usage, ns, *delta).err()
-                        })
-                    });
-                    if let Some(error) = refusal {
-                        view.rollback();
-                        reply.answer(Err(error));
-                        continue;
-                    }
-                    for (ns, delta) in view.usage_changes() {
-                        self.group_usage.entry(ns.clone()).or_default().add(*delta);
-                    }
-                    prepared.push(Prepared::Txn {
-                        mutations: view.into_mutations(),
-                        output,
-                        reply,
-                        first_lsn: 0,
-                    });
                 }
             }
         }
         prepared
     }
+
+    /// Builds the overlay from the group's earlier entries, unless it is
+    /// built already.
+    fn build_overlay(&mut self, overlay_live: &mut bool, prepared: &[Prepared]) {
+        if *overlay_live {
+            return;
+        }
+        for entry in prepared {
+            for earlier in entry.mutations() {
+                self.overlay.record(&self.mem, earlier);
+            }
+        }
+        *overlay_live = true;
+    }
+
+    /// Checks one write (guard, namespace, quota) against the store plus
+    /// the group's earlier writes, and counts it in the group's usage.
+    fn check_write(
+        &mut self,
+        mutation: &Mutation,
+        guard: Option<&NamespaceGuard>,
+        prepared: &[Prepared],
+        overlay_live: &mut bool,
+    ) -> Result<(), WriteError> {
+        if let Some(error) = self.guard_refusal(guard) {
+            return Err(error);
+        }
+        let ns = mutation.namespace();
+        if mutation.is_namespace_change() {
+            self.check_namespace_change(mutation)?;
+        } else if !self.mem.has_namespace(ns) {
+            return Err(no_such_namespace(ns));
+        }
+        if self.namespace_limited(ns) {
+            // Quotas need the group's earlier writes to judge this one:
+            // build the overlay now.
+            self.build_overlay(overlay_live, prepared);
+            let delta = self
+                .overlay
+                .usage_change(&self.mem, mutation)
+                .map_err(|e| {
+                    WriteError::new(
+                        WriteErrorKind::StorageIo,
+                        format!(
+                            "the cell this write replaces could not be read to \
+                             check the namespace's quota; nothing was written: {e}"
+                        ),
+                    )
+                })?;
+            self.check_quota(ns, delta)?;
+            self.group_usage.entry(ns.clone()).or_default().add(delta);
+        }
+        if *overlay_live {
+            self.overlay.record(&self.mem, mutation);
+        }
+        Ok(())
+    }
+
+    /// Runs a transaction against the store plus the group's earlier
+    /// writes and returns its entry, or answers its refusal (rolled back).
+    fn prepare_txn(
+        &mut self,
+        txn: TxnFn,
+        reply: Responder<TxnAck>,
+        guard: Option<&NamespaceGuard>,
+        prepared: &[Prepared],
+        overlay_live: &mut bool,
+    ) -> Option<Prepared> {
+        if let Some(error) = self.guard_refusal(guard) {
+            reply.answer(Err(error));
+            return None;
+        }
+        self.build_overlay(overlay_live, prepared);
+        let mut view = TxnView::new(&self.mem, &mut self.overlay);
+        view.set_earlier_usage(&self.group_usage);
+        let output = txn(&mut view);
+        if let Some(error) = txn_refusal(&view, &self.mem, &self.group_usage) {
+            view.rollback();
+            reply.answer(Err(error));
+            return None;
+        }
+        for (ns, delta) in view.usage_changes() {
+            self.group_usage.entry(ns.clone()).or_default().add(*delta);
+        }
+        Some(Prepared::Txn {
+            mutations: view.into_mutations(),
+            output,
+            reply,
+            first_lsn: 0,
+        })
+    }
+}
+
+/// Why a transaction that ran is refused: too many writes, a refused
+/// read, a namespace that does not exist, or a quota it would exceed.
+fn txn_refusal(
+    view: &TxnView<'_>,
+    mem: &MemStore,
+    group_usage: &HashMap<NamespaceName, UsageDelta>,
+) -> Option<WriteError> {
+    let refusal = if view.emitted() > MAX_TXN_MUTATIONS {
+        Some(WriteError::new(
+            WriteErrorKind::Invalid,
+            format!(
+                "the transaction wrote {} cells, over the limit of {MAX_TXN_MUTATIONS}; nothing was applied",
+                view.emitted()
+            ),
+        ))
+    } else {
+        None
+    };
+    let refusal = refusal.or_else(|| view.read_refusal());
+    let refusal = refusal.or_else(|| {
+        view.pending_namespaces()
+            .find(|ns| !mem.has_namespace(ns))
+            .map(no_such_namespace)
+    });
+    refusal.or_else(|| {
+        view.usage_changes()
+            .iter()
+            .find_map(|(ns, delta)| quota_check(mem, group_usage, ns, *delta).err())
+    })
 }
