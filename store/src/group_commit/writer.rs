@@ -154,6 +154,34 @@ pub(super) struct Writer {
     pub(super) answer_batch: Option<Box<dyn AnswerBatch>>,
 }
 
+/// How sealing a group's payloads went.
+#[derive(Default)]
+struct GroupSealing {
+    /// Why a payload (or the group's MAC) could not be sealed: the group
+    /// is then refused.
+    failure: Option<String>,
+    /// Whether a payload was sealed under (this start, an LSN of this
+    /// group): those LSNs must then never be handed out again.
+    sealed_any: bool,
+}
+
+/// Refuses every queued command of a group: the writer is latched after
+/// a storage failure.
+fn refuse_while_failed(group: &mut Vec<Queued>, reason: &str) {
+    let error = WriteError::new(
+        WriteErrorKind::WritesDisabled,
+        format!(
+            "writes are disabled after an earlier storage failure: {reason}; restart cubed to recover from the log"
+        ),
+    );
+    for queued in group.drain(..) {
+        match queued {
+            Queued::Write { reply, .. } => reply.answer(Err(error.clone())),
+            Queued::Txn { reply, .. } => reply.answer(Err(error.clone())),
+        }
+    }
+}
+
 /// Whether a queued command creates or drops a namespace: those commit in
 /// a group of their own, so no other entry of a group ever sees a
 /// namespace appear or vanish under it.
@@ -337,20 +365,11 @@ impl Writer {
         }
     }
 
+    /// Prepares the group, logs it (one append, then a sync as the policy
+    /// says), then applies it to the store and answers it.
     fn commit(&mut self, group: &mut Vec<Queued>) {
         if let Some(reason) = &self.failed {
-            let error = WriteError::new(
-                WriteErrorKind::WritesDisabled,
-                format!(
-                    "writes are disabled after an earlier storage failure: {reason}; restart cubed to recover from the log"
-                ),
-            );
-            for queued in group.drain(..) {
-                match queued {
-                    Queued::Write { reply, .. } => reply.answer(Err(error.clone())),
-                    Queued::Txn { reply, .. } => reply.answer(Err(error.clone())),
-                }
-            }
+            refuse_while_failed(group, reason);
             return;
         }
         let mut prepared = self.prepare(group);
@@ -361,13 +380,54 @@ impl Writer {
             self.answer(prepared, &[]);
             return;
         }
-        self.buf.clear();
         let first_lsn = self.next_lsn;
+        let mut sealing = self.encode_group(&mut prepared, records);
+        let chain_mac = match self.end_group_with_chain() {
+            Ok(mac) => mac,
+            Err(reason) => {
+                sealing.failure.get_or_insert(reason);
+                None
+            }
+        };
+        if let Some(reason) = sealing.failure {
+            self.refuse_unsealable(prepared, first_lsn, sealing.sealed_any, &reason);
+            return;
+        }
+        let last_lsn = self.next_lsn - 1;
+        assert_eq!(
+            last_lsn - first_lsn + 1,
+            records as u64 + u64::from(chain_mac.is_some()),
+            "LSNs in a group are contiguous"
+        );
+
+        if let Err(failure) = self.write_group(first_lsn, records as u64) {
+            self.fail(prepared, &failure);
+            return;
+        }
+        if let (Some(chain), Some(mac)) = (self.chain.as_mut(), chain_mac) {
+            chain.prev = mac;
+        }
+        self.stats
+            .record_group(records as u64, self.buf.len() as u64, last_lsn);
+        self.apply_and_answer(prepared, first_lsn, last_lsn, records);
+        // Memtables of namespaces on disk past their budget: a pause that
+        // grows with the excess slows writers smoothly until a fold frees
+        // memory (never a wait for it; `crate::disk_tier`).
+        let pause_us = self.mem.write_pause_us(records);
+        if pause_us > 0 {
+            self.stats
+                .write_pause_us
+                .fetch_add(pause_us, std::sync::atomic::Ordering::Relaxed);
+            std::thread::sleep(std::time::Duration::from_micros(pause_us));
+        }
+    }
+
+    /// Encodes the group's records into `buf`, giving each entry its LSNs
+    /// and each namespace create its id (and key check).
+    fn encode_group(&mut self, prepared: &mut [Prepared], records: usize) -> GroupSealing {
+        self.buf.clear();
+        let mut sealing = GroupSealing::default();
         let mut written = 0usize;
-        let mut seal_failure = None;
-        // Whether a payload was sealed under (this start, an LSN of this
-        // group): those LSNs must then never be handed out again.
-        let mut sealed_any = false;
         for entry in prepared.iter_mut() {
             let entry_lsn = self.next_lsn;
             match entry {
@@ -396,75 +456,71 @@ impl Writer {
                                 meta.key_check = check;
                                 keyring.mark_verified(lsn);
                             }
-                            Err(e) => seal_failure = Some(e.to_string()),
+                            Err(e) => sealing.failure = Some(e.to_string()),
                         }
                     }
                 }
-                let sealed_id = match self.keyring.as_deref() {
-                    Some(keyring) if keyring.has_key() && !mutation.is_namespace_change() => {
-                        self.mem.sealed_id(mutation.namespace())
-                    }
-                    _ => None,
-                };
-                match (sealed_id, self.keyring.as_deref()) {
-                    // After a failure nothing more is sealed: the group is
-                    // refused anyway.
-                    (Some(_), Some(_)) if seal_failure.is_some() => {}
-                    (Some(ns_id), Some(keyring)) => {
-                        sealed_any = true;
-                        if let Err(e) = encode_sealed_record(
-                            &mut self.buf,
-                            &mut self.scratch,
-                            lsn,
-                            mutation,
-                            written == records && self.chain.is_none(),
-                            keyring,
-                            ns_id,
-                            self.segment.crc_seed(),
-                            self.chain.as_ref().map(|c| &c.dir_id),
-                        ) {
-                            seal_failure = Some(e.to_string());
-                        }
-                    }
-                    _ => encode_record(
-                        &mut self.buf,
-                        lsn,
-                        mutation,
-                        written == records && self.chain.is_none(),
-                        self.segment.crc_seed(),
-                    ),
-                }
+                let group_end = written == records && self.chain.is_none();
+                self.encode_mutation(mutation, lsn, group_end, &mut sealing);
                 self.next_lsn += 1;
             }
         }
-        let chain_mac = match self.end_group_with_chain() {
-            Ok(mac) => mac,
-            Err(reason) => {
-                seal_failure.get_or_insert(reason);
-                None
+        sealing
+    }
+
+    /// Encodes one record into `buf`, sealed if its namespace is encrypted.
+    fn encode_mutation(
+        &mut self,
+        mutation: &Mutation,
+        lsn: u64,
+        group_end: bool,
+        sealing: &mut GroupSealing,
+    ) {
+        let sealed_id = match self.keyring.as_deref() {
+            Some(keyring) if keyring.has_key() && !mutation.is_namespace_change() => {
+                self.mem.sealed_id(mutation.namespace())
             }
+            _ => None,
         };
-        if let Some(reason) = seal_failure {
-            self.refuse_unsealable(prepared, first_lsn, sealed_any, &reason);
-            return;
+        match (sealed_id, self.keyring.as_deref()) {
+            // After a failure nothing more is sealed: the group is
+            // refused anyway.
+            (Some(_), Some(_)) if sealing.failure.is_some() => {}
+            (Some(ns_id), Some(keyring)) => {
+                sealing.sealed_any = true;
+                if let Err(e) = encode_sealed_record(
+                    &mut self.buf,
+                    &mut self.scratch,
+                    lsn,
+                    mutation,
+                    group_end,
+                    keyring,
+                    ns_id,
+                    self.segment.crc_seed(),
+                    self.chain.as_ref().map(|c| &c.dir_id),
+                ) {
+                    sealing.failure = Some(e.to_string());
+                }
+            }
+            _ => encode_record(
+                &mut self.buf,
+                lsn,
+                mutation,
+                group_end,
+                self.segment.crc_seed(),
+            ),
         }
-        let last_lsn = self.next_lsn - 1;
-        assert_eq!(
-            last_lsn - first_lsn + 1,
-            records as u64 + u64::from(chain_mac.is_some()),
-            "LSNs in a group are contiguous"
-        );
+    }
 
-        if let Err(failure) = self.write_group(first_lsn, records as u64) {
-            self.fail(prepared, &failure);
-            return;
-        }
-        if let (Some(chain), Some(mac)) = (self.chain.as_mut(), chain_mac) {
-            chain.prev = mac;
-        }
-        self.stats
-            .record_group(records as u64, self.buf.len() as u64, last_lsn);
-
+    /// Applies a durable group to the store, hands its mutations to the
+    /// commit listener, and answers it.
+    fn apply_and_answer(
+        &mut self,
+        mut prepared: Vec<Prepared>,
+        first_lsn: u64,
+        last_lsn: u64,
+        records: usize,
+    ) {
         let mutations: Vec<&Mutation> = prepared.iter().flat_map(|p| p.mutations()).collect();
         let mut existed = Vec::with_capacity(records);
         self.mem.apply_group(&mutations, last_lsn, &mut existed);
@@ -473,16 +529,6 @@ impl Writer {
             listener.applied(first_lsn, last_lsn, &mut || take_mutations(&mut prepared));
         }
         self.answer(prepared, &existed);
-        // Memtables of namespaces on disk past their budget: a pause that
-        // grows with the excess slows writers smoothly until a fold frees
-        // memory (never a wait for it; `crate::disk_tier`).
-        let pause_us = self.mem.write_pause_us(records);
-        if pause_us > 0 {
-            self.stats
-                .write_pause_us
-                .fetch_add(pause_us, std::sync::atomic::Ordering::Relaxed);
-            std::thread::sleep(std::time::Duration::from_micros(pause_us));
-        }
     }
 
     /// In a chained log, appends the chain record that ends the group in
