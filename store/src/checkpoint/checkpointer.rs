@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{RecvTimeoutError, Select, Sender, TryRecvError, bounded};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Select, Sender, TryRecvError, bounded};
 
 use super::backup::BackupReport;
 use super::{CheckpointReport, CheckpointStore};
@@ -46,114 +46,14 @@ impl Checkpointer {
             .name("cube-checkpoint".into())
             .spawn(move || {
                 crate::thread_priority::lower_this_thread(crate::thread_priority::BACKGROUND_NICE);
-                let mut retry = Retry::new(poll);
-                let merged = store.merge_results();
-                loop {
-                    // Wakes for a request, a merge that has finished on
-                    // the merge thread, or the poll.
-                    let mut ready = Select::new();
-                    ready.recv(&rx);
-                    if let Some(merged) = &merged {
-                        ready.recv(merged);
-                    }
-                    let woken = ready.ready_timeout(poll).is_ok();
-                    // A finished merge is installed between folds; then
-                    // the next one due starts.
-                    settle_background_merge(&mut store, &stats, &mut retry);
-                    let request = match rx.try_recv() {
-                        Ok(request) => Ok(request),
-                        // Woken by a merge alone: the WAL is looked at
-                        // after a quiet poll only, as before (a fold
-                        // started then could ask a writer being shut
-                        // down to roll).
-                        Err(TryRecvError::Empty) if woken => continue,
-                        Err(TryRecvError::Empty) => Err(RecvTimeoutError::Timeout),
-                        Err(TryRecvError::Disconnected) => Err(RecvTimeoutError::Disconnected),
-                    };
-                    match request {
-                        Ok(Request::Backup { dest, reply }) => {
-                            let result = roller
-                                .roll()
-                                .map_err(|e| StoreError::WritesDisabled(e.message))
-                                .and_then(|boundary| store.backup(boundary, &dest));
-                            let _ = reply.send(result);
-                        }
-                        Ok(Request::Checkpoint { compact, reply }) => {
-                            let result = roller
-                                .roll()
-                                .map_err(|e| StoreError::WritesDisabled(e.message))
-                                .and_then(|boundary| {
-                                    stats.folds_in_flight.store(1, Relaxed);
-                                    let folded = store.fold(boundary);
-                                    stats.folds_in_flight.store(0, Relaxed);
-                                    folded
-                                })
-                                .map(|report| {
-                                    report.unwrap_or_else(|| CheckpointReport {
-                                        checkpoint_lsn: store.checkpoint_lsn(),
-                                        ..CheckpointReport::default()
-                                    })
-                                })
-                                .and_then(|mut report| {
-                                    // A fold may have compacted as due; one
-                                    // asked for also merges every
-                                    // namespace's runs into one.
-                                    if compact {
-                                        report.compaction = Some(store.compact()?);
-                                    }
-                                    Ok(report)
-                                });
-                            record(&stats, &store, &result);
-                            retry.after(&store, &result, true);
-                            let _ = reply.send(result);
-                        }
-                        Err(RecvTimeoutError::Timeout) => {
-                            // Latched (it said why once): nothing to retry.
-                            // Failing: wait out the back-off first.
-                            if store.check_usable().is_err() || !retry.due() {
-                                continue;
-                            }
-                            // Memory waiting on a fold (namespaces on disk):
-                            // the current segment is closed and folded now.
-                            let pressure = store.wants_fold();
-                            // Closed segments are all but the newest: the
-                            // writer syncs a segment before starting the next.
-                            let boundary = if pressure {
-                                match roller.roll() {
-                                    Ok(boundary) => boundary,
-                                    Err(_) => continue,
-                                }
-                            } else {
-                                match list_segments(store.storage(), &wal_dir, false) {
-                                    Ok(segments) => segments.last().map_or(0, |(first, _)| *first),
-                                    Err(_) => continue,
-                                }
-                            };
-                            let due = pressure
-                                || store
-                                    .closed_wal_bytes(boundary)
-                                    .is_ok_and(|bytes| bytes >= store.config.checkpoint_wal_bytes);
-                            if due {
-                                stats.folds_in_flight.store(1, Relaxed);
-                                let result = store.fold(boundary).map(Option::unwrap_or_default);
-                                stats.folds_in_flight.store(0, Relaxed);
-                                record(&stats, &store, &result);
-                                retry.after(&store, &result, false);
-                            }
-                        }
-                        Err(RecvTimeoutError::Disconnected) => {
-                            // Shutdown: a merge in flight is cancelled (the
-                            // next start merges again) rather than waited
-                            // for, which could take minutes.
-                            if let Err(e) = store.stop_merges() {
-                                let result = Err(e);
-                                record(&stats, &store, &result);
-                                retry.after(&store, &result, false);
-                            }
-                            return store;
-                        }
-                    }
-                }
+                let worker = Worker {
+                    retry: Retry::new(poll),
+                    store,
+                    roller,
+                    wal_dir,
+                    stats,
+                };
+                worker.run(&rx, poll)
             })?;
         Ok(Checkpointer {
             tx: Some(tx),
@@ -189,6 +89,147 @@ impl Checkpointer {
     pub(crate) fn stop(&mut self) -> Option<CheckpointStore> {
         drop(self.tx.take());
         self.thread.take().and_then(|t| t.join().ok())
+    }
+}
+
+/// What the checkpointer thread owns: the checkpoint files, and what it
+/// rolls the WAL and reports its attempts with.
+struct Worker {
+    store: CheckpointStore,
+    roller: SegmentRoller,
+    wal_dir: std::path::PathBuf,
+    stats: Arc<StoreStats>,
+    retry: Retry,
+}
+
+impl Worker {
+    /// The thread's body: serves requests and folds when due until the
+    /// checkpointer is dropped, then hands back the checkpoint files' owner.
+    fn run(mut self, rx: &Receiver<Request>, poll: Duration) -> CheckpointStore {
+        let merged = self.store.merge_results();
+        loop {
+            // Wakes for a request, a merge that has finished on the merge
+            // thread, or the poll.
+            let mut ready = Select::new();
+            ready.recv(rx);
+            if let Some(merged) = &merged {
+                ready.recv(merged);
+            }
+            let woken = ready.ready_timeout(poll).is_ok();
+            // A finished merge is installed between folds; then the next
+            // one due starts.
+            settle_background_merge(&mut self.store, &self.stats, &mut self.retry);
+            let request = match rx.try_recv() {
+                Ok(request) => Ok(request),
+                // Woken by a merge alone: the WAL is looked at after a quiet
+                // poll only, as before (a fold started then could ask a
+                // writer being shut down to roll).
+                Err(TryRecvError::Empty) if woken => continue,
+                Err(TryRecvError::Empty) => Err(RecvTimeoutError::Timeout),
+                Err(TryRecvError::Disconnected) => Err(RecvTimeoutError::Disconnected),
+            };
+            match request {
+                Ok(Request::Backup { dest, reply }) => {
+                    let _ = reply.send(self.backup(&dest));
+                }
+                Ok(Request::Checkpoint { compact, reply }) => {
+                    let _ = reply.send(self.checkpoint_asked_for(compact));
+                }
+                Err(RecvTimeoutError::Timeout) => self.fold_if_due(),
+                Err(RecvTimeoutError::Disconnected) => return self.shut_down(),
+            }
+        }
+    }
+
+    /// A backup someone asked for, of the WAL up to a segment rolled now.
+    fn backup(&mut self, dest: &std::path::Path) -> Result<BackupReport, StoreError> {
+        self.roller
+            .roll()
+            .map_err(|e| StoreError::WritesDisabled(e.message))
+            .and_then(|boundary| self.store.backup(boundary, dest))
+    }
+
+    /// A checkpoint someone asked for: the current segment is rolled and
+    /// folded now, and with `compact` everything compacted after.
+    fn checkpoint_asked_for(&mut self, compact: bool) -> Result<CheckpointReport, StoreError> {
+        let store = &mut self.store;
+        let stats = &self.stats;
+        let result = self
+            .roller
+            .roll()
+            .map_err(|e| StoreError::WritesDisabled(e.message))
+            .and_then(|boundary| {
+                stats.folds_in_flight.store(1, Relaxed);
+                let folded = store.fold(boundary);
+                stats.folds_in_flight.store(0, Relaxed);
+                folded
+            })
+            .map(|report| {
+                report.unwrap_or_else(|| CheckpointReport {
+                    checkpoint_lsn: store.checkpoint_lsn(),
+                    ..CheckpointReport::default()
+                })
+            })
+            .and_then(|mut report| {
+                // A fold may have compacted as due; one asked for also
+                // merges every namespace's runs into one.
+                if compact {
+                    report.compaction = Some(store.compact()?);
+                }
+                Ok(report)
+            });
+        record(stats, store, &result);
+        self.retry.after(store, &result, true);
+        result
+    }
+
+    /// After a quiet poll: folds the closed segments if they have grown
+    /// past the threshold, or everything if memory waits on a fold.
+    fn fold_if_due(&mut self) {
+        // Latched (it said why once): nothing to retry. Failing: wait out
+        // the back-off first.
+        if self.store.check_usable().is_err() || !self.retry.due() {
+            return;
+        }
+        // Memory waiting on a fold (namespaces on disk): the current
+        // segment is closed and folded now.
+        let pressure = self.store.wants_fold();
+        // Closed segments are all but the newest: the writer syncs a
+        // segment before starting the next.
+        let boundary = if pressure {
+            match self.roller.roll() {
+                Ok(boundary) => boundary,
+                Err(_) => return,
+            }
+        } else {
+            match list_segments(self.store.storage(), &self.wal_dir, false) {
+                Ok(segments) => segments.last().map_or(0, |(first, _)| *first),
+                Err(_) => return,
+            }
+        };
+        let due = pressure
+            || self
+                .store
+                .closed_wal_bytes(boundary)
+                .is_ok_and(|bytes| bytes >= self.store.config.checkpoint_wal_bytes);
+        if due {
+            self.stats.folds_in_flight.store(1, Relaxed);
+            let result = self.store.fold(boundary).map(Option::unwrap_or_default);
+            self.stats.folds_in_flight.store(0, Relaxed);
+            record(&self.stats, &self.store, &result);
+            self.retry.after(&self.store, &result, false);
+        }
+    }
+
+    /// Shutdown: a merge in flight is cancelled (the next start merges
+    /// again) rather than waited for, which could take minutes.
+    fn shut_down(mut self) -> CheckpointStore {
+        if let Err(e) = self.store.stop_merges() {
+            let result = Err(e);
+            record(&self.stats, &self.store, &result);
+            self.retry.after(&self.store, &result, false);
+        }
+        self.store
     }
 }
 

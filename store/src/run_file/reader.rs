@@ -211,23 +211,7 @@ impl RunFileReader {
         eager_filter: bool,
     ) -> Result<RunFileReader, RunFileError> {
         let (mode, keyring, dir_id) = protection.parts();
-        let io = |offset, source| RunFileError::Io {
-            path: path.to_path_buf(),
-            offset,
-            source,
-        };
-        let corrupt = |offset, reason| RunFileError::Corrupt {
-            path: path.to_path_buf(),
-            offset,
-            reason,
-        };
-        let file_len = source.len().map_err(|e| io(0, e))?;
-        let footer_at = file_len.saturating_sub(FOOTER_BYTES as u64);
-        let mut raw = vec![0u8; (file_len - footer_at) as usize];
-        source
-            .read_exact_at(&mut raw, footer_at)
-            .map_err(|e| io(footer_at, e))?;
-        let footer = Footer::decode(&raw, file_len).map_err(|r| corrupt(footer_at, r))?;
+        let (footer, footer_at) = read_footer(&*source, path)?;
         check_mode(path, footer.mode, mode)?;
         let id = Identity {
             file_id: footer.file_id,
@@ -242,10 +226,8 @@ impl RunFileReader {
         } else {
             footer.filter_offset()
         };
-        let mut stored = vec![0u8; (read_end - footer.index_offset) as usize];
-        source
-            .read_exact_at(&mut stored, footer.index_offset)
-            .map_err(|e| io(footer.index_offset, e))?;
+        let read_len = (read_end - footer.index_offset) as usize;
+        let mut stored = read_piece(&*source, path, footer.index_offset, read_len)?;
         let filter_stored = stored.split_off(footer.index_len as usize);
         let index_crc = super::format::stored_crc(&stored);
         // What of the filter the file MAC covers, read now if the filter
@@ -253,38 +235,16 @@ impl RunFileReader {
         let mut trailer = None;
         if keyring.is_some() && !eager_filter {
             let len = filter_trailer_bytes(footer.mode).min(footer.filter_stored_len as usize);
-            let mut tail = vec![0u8; len];
-            let at = footer_at - len as u64;
-            source.read_exact_at(&mut tail, at).map_err(|e| io(at, e))?;
-            trailer = Some(tail);
+            trailer = Some(read_piece(&*source, path, footer_at - len as u64, len)?);
         }
         if let Some(k) = keyring {
-            let fields = footer.encode_fields();
             let covered = match &trailer {
                 Some(tail) => tail.as_slice(),
                 None => footer.mac_filter_part(&filter_stored),
             };
-            let mac = file_mac(k, &dir_id, &stored, covered, &fields)
-                .map_err(|reason| key_error(path, reason))?;
-            if !tags_equal(&mac, &footer.mac) {
-                return Err(corrupt(
-                    footer_at,
-                    "the index, filter and footer do not match their MAC: changed, or not of \
-                     this data dir"
-                        .into(),
-                ));
-            }
+            check_file_mac(path, k, &id, &footer, footer_at, &stored, covered)?;
         }
-        let pieces = Pieces {
-            mode,
-            keyring: keyring.map(|k| &**k),
-            id: &id,
-        };
-        let payload = pieces
-            .open(Piece::Index, footer.index_offset, stored)
-            .map_err(|r| corrupt(footer.index_offset, format!("block index: {r}")))?;
-        let index = BlockIndex::decode(&payload, &footer)
-            .map_err(|r| corrupt(footer.index_offset, format!("block index: {r}")))?;
+        let index = decode_index(path, mode, keyring.map(|k| &**k), &id, &footer, stored)?;
         let filter = (footer.version != FORMAT_VERSION_NO_FILTER).then(|| {
             Arc::new(FilterSlot::new(
                 path,
@@ -761,6 +721,64 @@ pub(super) fn read_piece(
     Ok(stored)
 }
 
+/// The run's footer, checked against the file's length, and where it
+/// starts.
+fn read_footer(source: &dyn BlockSource, path: &Path) -> Result<(Footer, u64), RunFileError> {
+    let file_len = source.len().map_err(|source| RunFileError::Io {
+        path: path.to_path_buf(),
+        offset: 0,
+        source,
+    })?;
+    let footer_at = file_len.saturating_sub(FOOTER_BYTES as u64);
+    let raw = read_piece(source, path, footer_at, (file_len - footer_at) as usize)?;
+    let footer = Footer::decode(&raw, file_len).map_err(|r| corrupt(path, footer_at, r))?;
+    Ok((footer, footer_at))
+}
+
+/// Checks the file MAC over the stored index, what of the filter it
+/// covers (`filter_part`) and the footer's fields.
+fn check_file_mac(
+    path: &Path,
+    keyring: &Keyring,
+    id: &Identity,
+    footer: &Footer,
+    footer_at: u64,
+    index_stored: &[u8],
+    filter_part: &[u8],
+) -> Result<(), RunFileError> {
+    let fields = footer.encode_fields();
+    let mac = file_mac(keyring, &id.dir_id, index_stored, filter_part, &fields)
+        .map_err(|reason| key_error(path, reason))?;
+    if !tags_equal(&mac, &footer.mac) {
+        return Err(corrupt(
+            path,
+            footer_at,
+            "the index, filter and footer do not match their MAC: changed, or not of \
+             this data dir"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The block index, its stored piece checked (and, sealed, decrypted)
+/// before it is decoded against the footer.
+fn decode_index(
+    path: &Path,
+    mode: Mode,
+    keyring: Option<&Keyring>,
+    id: &Identity,
+    footer: &Footer,
+    stored: Vec<u8>,
+) -> Result<BlockIndex, RunFileError> {
+    let pieces = Pieces { mode, keyring, id };
+    let payload = pieces
+        .open(Piece::Index, footer.index_offset, stored)
+        .map_err(|r| corrupt(path, footer.index_offset, format!("block index: {r}")))?;
+    BlockIndex::decode(&payload, footer)
+        .map_err(|r| corrupt(path, footer.index_offset, format!("block index: {r}")))
+}
+
 /// Opens a file of the real file system for reading, privately (no
 /// symbolic link followed, owned by the daemon's user).
 fn open_private(path: &Path) -> Result<File, RunFileError> {
@@ -776,6 +794,15 @@ fn open_private(path: &Path) -> Result<File, RunFileError> {
 fn key_error(path: &Path, reason: String) -> RunFileError {
     RunFileError::Key {
         path: path.to_path_buf(),
+        reason,
+    }
+}
+
+/// A file found malformed at `offset`.
+fn corrupt(path: &Path, offset: u64, reason: String) -> RunFileError {
+    RunFileError::Corrupt {
+        path: path.to_path_buf(),
+        offset,
         reason,
     }
 }
