@@ -53,33 +53,12 @@ impl KillMode {
 pub fn torture(args: &CrashArgs) -> Result<TortureReport, StressError> {
     args.validate()?;
     let started = Instant::now();
-    let say = |text: String| {
-        if !args.quiet {
-            eprintln!("cube-stress crash: {text}");
-        }
-    };
     let dir = tempfile::Builder::new()
         .prefix("cube-crash-")
         .tempdir()
         .map_err(|e| StressError::io("cannot create a temporary directory", e))?;
-    let data_dir = dir.path().join("data");
     let socket = dir.path().join("cubed.sock");
-    let daemon_args: Vec<&str> = TORTURE_DAEMON_ARGS
-        .iter()
-        .copied()
-        .chain(args.daemon_args.iter().map(String::as_str))
-        .collect();
-    let mut daemon = LocalDaemon::start_in(&data_dir, &socket, &daemon_args)?;
-    say(format!(
-        "{} cycles, {} clients x {} keys{}, seed {}; data in {}",
-        args.cycles,
-        args.clients,
-        args.keys,
-        if args.no_edges { "" } else { " with edges" },
-        args.seed,
-        dir.path().display()
-    ));
-
+    let mut daemon = start_first_daemon(args, dir.path(), &socket)?;
     let mut report = TortureReport {
         seed: args.seed,
         replay_command: args.replay_command(),
@@ -94,24 +73,93 @@ pub fn torture(args: &CrashArgs) -> Result<TortureReport, StressError> {
         // Nothing is written yet: the box is empty up to the first sync.
         sync_watcher(watcher, daemon.socket(), 1, &mut clients, &mut report);
     }
+    run_cycles(
+        args,
+        &mut daemon,
+        &socket,
+        &mut clients,
+        watcher.as_mut(),
+        &mut report,
+    )?;
+    if report.violations.is_empty() && report.cycles_run == args.cycles {
+        final_clean_restart(
+            args,
+            &mut daemon,
+            &mut clients,
+            watcher.as_mut(),
+            &mut report,
+        );
+    }
+    let _ = daemon.kill9();
+    report.watch = watcher.map(|w| w.figures);
+    report.duration = started.elapsed();
+    if !report.passed() || args.keep_data {
+        let kept = dir.keep();
+        report.kept = Some(kept);
+    }
+    Ok(report)
+}
+
+/// Starts the daemon on a new data dir in `dir`, then says what the run
+/// will do.
+fn start_first_daemon(
+    args: &CrashArgs,
+    dir: &Path,
+    socket: &Path,
+) -> Result<LocalDaemon, StressError> {
+    let say = |text: String| {
+        if !args.quiet {
+            eprintln!("cube-stress crash: {text}");
+        }
+    };
+    let data_dir = dir.join("data");
+    let daemon_args: Vec<&str> = TORTURE_DAEMON_ARGS
+        .iter()
+        .copied()
+        .chain(args.daemon_args.iter().map(String::as_str))
+        .collect();
+    let daemon = LocalDaemon::start_in(&data_dir, socket, &daemon_args)?;
+    say(format!(
+        "{} cycles, {} clients x {} keys{}, seed {}; data in {}",
+        args.cycles,
+        args.clients,
+        args.keys,
+        if args.no_edges { "" } else { " with edges" },
+        args.seed,
+        dir.display()
+    ));
+    Ok(daemon)
+}
+
+/// The cycles of the schedule: each a load ended as its kill mode says,
+/// then the restart and the read-back; up to the first cycle whose
+/// restart fails or that finds a violation.
+fn run_cycles(
+    args: &CrashArgs,
+    daemon: &mut LocalDaemon,
+    socket: &Path,
+    clients: &mut [ClientRun],
+    mut watcher: Option<&mut Watcher>,
+    report: &mut TortureReport,
+) -> Result<(), StressError> {
     let mut schedule = Rng::for_stream(args.seed, 0);
     for cycle in 1..=args.cycles {
         let mode = KillMode::pick(&mut schedule);
         let run_ms = args.min_run_ms + schedule.below(args.max_run_ms - args.min_run_ms + 1);
         let kill_delay_us = schedule.below(3001);
         let outcome = run_one_cycle(
-            &mut daemon,
-            &socket,
-            &mut clients,
+            daemon,
+            socket,
+            clients,
             cycle,
             mode,
             Duration::from_millis(run_ms),
             Duration::from_micros(kill_delay_us),
-            watcher.as_mut(),
-            &mut report,
+            watcher.as_deref_mut(),
+            report,
         )?;
         *report.kills.entry(mode).or_default() += 1;
-        let restarted = restart_and_verify(&mut daemon, &mut clients, args, cycle, &mut report);
+        let restarted = restart_and_verify(daemon, clients, args, cycle, report);
         if let Some(ms) = report.restart_ms.last().filter(|_| !args.quiet) {
             eprintln!(
                 "cube-stress crash: cycle {cycle}/{}: {} after {run_ms} ms, {} ops acked; restarted in {ms:.0} ms",
@@ -123,45 +171,47 @@ pub fn torture(args: &CrashArgs) -> Result<TortureReport, StressError> {
         if restarted && mode == KillMode::CleanShutdown {
             report.nothing_replayed(cycle);
         }
-        if let (true, Some(watcher)) = (restarted, watcher.as_mut()) {
-            sync_watcher(watcher, daemon.socket(), cycle, &mut clients, &mut report);
+        if let (true, Some(watcher)) = (restarted, watcher.as_deref_mut()) {
+            sync_watcher(watcher, daemon.socket(), cycle, clients, report);
         }
         if !restarted || !report.violations.is_empty() {
             break;
         }
         report.cycles_run = cycle;
     }
-    if report.violations.is_empty() && report.cycles_run == args.cycles {
-        // A clean shutdown folds the whole WAL: the next start replays
-        // nothing and finds everything.
-        match daemon.terminate() {
-            Ok(status) if status.success() => {
-                if restart_and_verify(&mut daemon, &mut clients, args, 0, &mut report) {
-                    report.nothing_replayed(0);
-                    if let Some(watcher) = watcher.as_mut() {
-                        sync_watcher(watcher, daemon.socket(), 0, &mut clients, &mut report);
-                    }
+    Ok(())
+}
+
+/// After the last cycle: a clean shutdown, then the restart and the
+/// read-back after it (cycle 0 in the report).
+fn final_clean_restart(
+    args: &CrashArgs,
+    daemon: &mut LocalDaemon,
+    clients: &mut [ClientRun],
+    watcher: Option<&mut Watcher>,
+    report: &mut TortureReport,
+) {
+    // A clean shutdown folds the whole WAL: the next start replays
+    // nothing and finds everything.
+    match daemon.terminate() {
+        Ok(status) if status.success() => {
+            if restart_and_verify(daemon, clients, args, 0, report) {
+                report.nothing_replayed(0);
+                if let Some(watcher) = watcher {
+                    sync_watcher(watcher, daemon.socket(), 0, clients, report);
                 }
             }
-            Ok(status) => report.bad_exit(0, status, &daemon),
-            Err(e) => report.violations.push(Violation {
-                cycle: 0,
-                client: None,
-                coord: None,
-                what: format!("clean shutdown failed: {e}"),
-                expected: String::new(),
-                found: String::new(),
-            }),
         }
+        Ok(status) => report.bad_exit(0, status, daemon),
+        Err(e) => report.violations.push(Violation {
+            cycle: 0,
+            client: None,
+            coord: None,
+            what: format!("clean shutdown failed: {e}"),
+            expected: String::new(),
+            found: String::new(),
+        }),
     }
-    let _ = daemon.kill9();
-    report.watch = watcher.map(|w| w.figures);
-    report.duration = started.elapsed();
-    if !report.passed() || args.keep_data {
-        let kept = dir.keep();
-        report.kept = Some(kept);
-    }
-    Ok(report)
 }
 
 /// Runs the load, ends it as `mode` says, and collects the clients.

@@ -105,6 +105,16 @@ impl TortureReport {
     /// The summary people read.
     pub fn to_text(&self) -> String {
         let mut out = String::new();
+        self.write_kills(&mut out);
+        self.write_checks(&mut out);
+        self.write_recovery(&mut out);
+        self.write_verdict(&mut out);
+        out
+    }
+
+    /// The run's first lines: its seed and cycles, and how the cycles
+    /// ended.
+    fn write_kills(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "crash torture, seed {}: {} of {} cycles in {:.1} s",
@@ -127,6 +137,11 @@ impl TortureReport {
             "  folds / compactions done by the daemon before the kills: {} / {}",
             self.folds_before_kills, self.compactions_before_kills
         );
+    }
+
+    /// What was checked: the operations acknowledged, those in flight at
+    /// a kill, what was read back, and what the watcher saw.
+    fn write_checks(&self, out: &mut String) {
         let by_command: Vec<String> = self
             .acked
             .iter()
@@ -174,6 +189,10 @@ impl TortureReport {
                 w.resyncs_too_slow
             );
         }
+    }
+
+    /// How long the restarts took and how much WAL they replayed.
+    fn write_recovery(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "recovery: restart to ready {}; daemon's own (checkpoint load + replay) {}; at most {} records replayed",
@@ -188,6 +207,11 @@ impl TortureReport {
             ),
             self.records_replayed_max
         );
+    }
+
+    /// Passed, or the violations and how to replay the schedule; and
+    /// where the data dir was kept.
+    fn write_verdict(&self, out: &mut String) {
         if self.violations.is_empty() {
             if self.cycles_run == self.cycles_planned {
                 let _ = writeln!(
@@ -220,7 +244,6 @@ impl TortureReport {
                 kept.display()
             );
         }
-        out
     }
 }
 
