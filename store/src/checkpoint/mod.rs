@@ -31,7 +31,7 @@ mod runs;
 pub(crate) mod state_key;
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -60,7 +60,7 @@ use fold::Fold;
 use manifest::{MAX_DELTAS, Manifest, ManifestAuth, base_file_name, delta_file_name};
 pub use merge_job::MergeHold;
 use merge_worker::MergeWorker;
-use runs::MergeWhen;
+use runs::{FoldedCells, MergeWhen};
 use state_key::{TAG_NAMESPACE, cell_key_parts, entry_ns_id, entry_to_mutation, namespace_key};
 
 #[derive(Clone, Debug)]
@@ -629,21 +629,7 @@ impl CheckpointStore {
             chain,
             ..
         } = fold;
-        // A merge reading a namespace this fold drops is cancelled (or,
-        // finished, installed) before the switch is prepared: the fold then
-        // removes the runs it read.
-        let dropping =
-            self.manifest.namespaces.iter().any(|entry| {
-                catalog.meta_of(entry.ns_id).is_none() && self.merge_reads(entry.ns_id)
-            });
-        if dropping {
-            let mut merged = CompactionReport::default();
-            self.settle_merge(true, &mut merged)?;
-        }
-        let folded_ids: Vec<u64> = cells.keys().copied().collect();
-        let mut merged = CompactionReport::default();
-        self.make_room_for_runs(&folded_ids, &mut merged)?;
-        if merged.runs_merged > 0 {
+        if let Some(merged) = self.make_room_for_fold(&catalog, &cells)? {
             report.compaction = Some(merged);
         }
         let mut next = self.manifest.clone();
@@ -655,35 +641,15 @@ impl CheckpointStore {
         let folded = self.write_fold_runs(&catalog, cells, marked, &mut next)?;
         report.entries_written = folded.entries;
         report.namespaces_counted_by_writer = folded.counted_by_writer;
-        let id = next.next_file_id;
-        next.next_file_id = id + 1;
-        next.delta_file_ids.push(id);
-        let path = self.dir.join(delta_file_name(id));
-        let header = FileHeader {
-            kind: FileKind::Delta,
-            file_id: id,
-            lsn_from: from_lsn,
-            lsn_to,
-            authenticated: false,
-        };
         let sealer = Self::sealer(keyring, &catalog, encrypted_ids);
-        let dir_id = self.writing_dir_id()?;
-        let auth = keyring
-            .zip(dir_id)
-            .map(|(keyring, dir_id)| FileAuth { keyring, dir_id });
-        let mut writer =
-            CheckpointWriter::create(self.storage.as_ref(), &path, header, sealer.as_ref(), auth)?;
-        for (key, value) in &state {
-            writer.add(key, value.as_deref())?;
-        }
-        report.entries_written += state.len() as u64;
-        if self.config.crash_at == Some(CrashPoint::DeltaTempWritten) {
-            // The temp file stays behind, as after a real crash.
-            drop(writer);
-            return Err(StoreError::SimulatedCrash("DeltaTempWritten".into()));
-        }
-        let (bytes, mac) = writer.finish()?;
-        report.delta_bytes = bytes;
+        let (id, mac) = self.write_delta_file(
+            &mut next,
+            from_lsn,
+            &state,
+            sealer.as_ref(),
+            keyring,
+            report,
+        )?;
         self.crash_check(CrashPoint::DeltaRenamed)?;
         // A namespace dropped during the fold: its runs go with it.
         let gone = Self::drop_gone_namespaces(&catalog, &mut next);
@@ -696,6 +662,72 @@ impl CheckpointStore {
         self.publish_runs();
         self.crash_check(CrashPoint::DeltaManifestSwitched)?;
         self.remove_runs(&gone)
+    }
+
+    /// Before a fold's runs are written: a merge reading a namespace the
+    /// fold drops is cancelled (or, finished, installed), so the fold then
+    /// removes the runs it read; and namespaces with too many runs for one
+    /// more are merged first. What was merged, if anything.
+    fn make_room_for_fold(
+        &mut self,
+        catalog: &NamespaceCatalog,
+        cells: &BTreeMap<u64, FoldedCells>,
+    ) -> Result<Option<CompactionReport>, StoreError> {
+        let dropping =
+            self.manifest.namespaces.iter().any(|entry| {
+                catalog.meta_of(entry.ns_id).is_none() && self.merge_reads(entry.ns_id)
+            });
+        if dropping {
+            let mut merged = CompactionReport::default();
+            self.settle_merge(true, &mut merged)?;
+        }
+        let folded_ids: Vec<u64> = cells.keys().copied().collect();
+        let mut merged = CompactionReport::default();
+        self.make_room_for_runs(&folded_ids, &mut merged)?;
+        Ok((merged.runs_merged > 0).then_some(merged))
+    }
+
+    /// Writes the fold's other state (`state`: namespaces, edges,
+    /// programs) as the next delta file, numbered in `next`. Its id and,
+    /// authenticated, its MAC.
+    fn write_delta_file(
+        &mut self,
+        next: &mut Manifest,
+        from_lsn: u64,
+        state: &BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+        sealer: Option<&BlockSealer<'_>>,
+        keyring: Option<&Keyring>,
+        report: &mut CheckpointReport,
+    ) -> Result<(u64, Option<[u8; MAC_BYTES]>), StoreError> {
+        let id = next.next_file_id;
+        next.next_file_id = id + 1;
+        next.delta_file_ids.push(id);
+        let path = self.dir.join(delta_file_name(id));
+        let header = FileHeader {
+            kind: FileKind::Delta,
+            file_id: id,
+            lsn_from: from_lsn,
+            lsn_to: next.checkpoint_lsn,
+            authenticated: false,
+        };
+        let dir_id = self.writing_dir_id()?;
+        let auth = keyring
+            .zip(dir_id)
+            .map(|(keyring, dir_id)| FileAuth { keyring, dir_id });
+        let mut writer =
+            CheckpointWriter::create(self.storage.as_ref(), &path, header, sealer, auth)?;
+        for (key, value) in state {
+            writer.add(key, value.as_deref())?;
+        }
+        report.entries_written += state.len() as u64;
+        if self.config.crash_at == Some(CrashPoint::DeltaTempWritten) {
+            // The temp file stays behind, as after a real crash.
+            drop(writer);
+            return Err(StoreError::SimulatedCrash("DeltaTempWritten".into()));
+        }
+        let (bytes, mac) = writer.finish()?;
+        report.delta_bytes = bytes;
+        Ok((id, mac))
     }
 
     /// Removes the folded segments (the manifest no longer needs them).
