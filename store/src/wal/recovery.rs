@@ -1030,45 +1030,10 @@ fn repair_at(
     bad: &BadPoint,
     bytes: &[u8],
 ) -> Result<RepairReport, StoreError> {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let saved_to = wal_dir.join(format!("repair-{secs}"));
-    storage
-        .create_dir_all(&saved_to)
-        .map_err(|e| StoreError::io(&saved_to, e))?;
+    let saved = save_what_is_cut(storage, wal_dir, segments, bad, bytes)?;
     let (_, bad_path) = &segments[bad.segment];
-    let file_name = bad_path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
     let at = bad.cut.offset;
-    let cut = (at as usize).min(bytes.len());
-    let tail_path = saved_to.join(format!("{file_name}.from-{at}"));
-    storage
-        .open(&tail_path, OpenMode::CreateTruncate)
-        .and_then(|mut f| {
-            f.write_all_at(&bytes[cut..], 0)?;
-            f.sync_data()
-        })
-        .map_err(|e| StoreError::io(&tail_path, e))?;
-    let mut bytes_dropped = (bytes.len() as u64).saturating_sub(at);
-    let mut segments_dropped = 0;
-    for (_, later) in &segments[bad.segment + 1..] {
-        bytes_dropped += storage
-            .file_len(later)
-            .map_err(|e| StoreError::io(later, e))?;
-        let target = saved_to.join(later.file_name().unwrap_or_default());
-        storage
-            .rename(later, &target)
-            .map_err(|e| StoreError::io(later, e))?;
-        segments_dropped += 1;
-    }
-    // What is cut is saved durably (its file, the moves of later segments,
-    // the folder itself) before anything is cut: a power loss in between
-    // must never keep the cut and lose the copy.
-    sync_dir(storage, &saved_to)?;
-    sync_dir(storage, wal_dir)?;
+    let mut segments_dropped = saved.segments_moved;
     if at == 0 {
         storage
             .remove_file(bad_path)
@@ -1089,10 +1054,76 @@ fn repair_at(
                 bad.reason, bad.offset
             )
         },
-        bytes_dropped,
+        bytes_dropped: saved.bytes,
         segments_dropped,
-        saved_to,
+        saved_to: saved.folder,
     })
+}
+
+/// What a repair saved before it cut the log.
+struct SavedTail {
+    /// The repair folder, `repair-<unix seconds>` in the WAL directory.
+    folder: PathBuf,
+    /// The bytes dropped from the log: the damaged segment's from the cut
+    /// on, and every later segment's.
+    bytes: u64,
+    /// The later segments moved into the folder.
+    segments_moved: usize,
+}
+
+/// Saves what a repair at `bad` drops, durably, before anything is cut:
+/// the damaged segment's bytes from the cut on (`bytes` is the segment as
+/// recovery read it) as a file, and the later segments moved whole.
+fn save_what_is_cut(
+    storage: &dyn Storage,
+    wal_dir: &Path,
+    segments: &[(u64, PathBuf)],
+    bad: &BadPoint,
+    bytes: &[u8],
+) -> Result<SavedTail, StoreError> {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let folder = wal_dir.join(format!("repair-{secs}"));
+    storage
+        .create_dir_all(&folder)
+        .map_err(|e| StoreError::io(&folder, e))?;
+    let (_, bad_path) = &segments[bad.segment];
+    let file_name = bad_path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let at = bad.cut.offset;
+    let cut = (at as usize).min(bytes.len());
+    let tail_path = folder.join(format!("{file_name}.from-{at}"));
+    storage
+        .open(&tail_path, OpenMode::CreateTruncate)
+        .and_then(|mut f| {
+            f.write_all_at(&bytes[cut..], 0)?;
+            f.sync_data()
+        })
+        .map_err(|e| StoreError::io(&tail_path, e))?;
+    let mut saved = SavedTail {
+        folder,
+        bytes: (bytes.len() as u64).saturating_sub(at),
+        segments_moved: 0,
+    };
+    for (_, later) in &segments[bad.segment + 1..] {
+        saved.bytes += storage
+            .file_len(later)
+            .map_err(|e| StoreError::io(later, e))?;
+        let target = saved.folder.join(later.file_name().unwrap_or_default());
+        storage
+            .rename(later, &target)
+            .map_err(|e| StoreError::io(later, e))?;
+        saved.segments_moved += 1;
+    }
+    // What is cut is saved durably (its file, the moves of later segments,
+    // the folder itself) before anything is cut: a power loss in between
+    // must never keep the cut and lose the copy.
+    sync_dir(storage, &saved.folder)?;
+    sync_dir(storage, wal_dir)?;
+    Ok(saved)
 }
 
 /// A record of a closed segment, as the fold sees it.
