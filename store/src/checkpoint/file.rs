@@ -580,41 +580,15 @@ impl<'k> CheckpointReader<'k> {
     }
 
     fn corrupt(&self, offset: u64, reason: impl Into<String>) -> StoreError {
-        StoreError::Corruption {
-            path: self.path.clone(),
-            offset,
-            reason: reason.into(),
-        }
+        corruption(&self.path, offset, reason.into())
     }
 
+    /// Reads the next block into `self.block`, checking its checksum
+    /// (and, sealed, opening it); `false` past the last block, once the
+    /// footer's counts and the file's MAC have been checked.
     fn next_block(&mut self) -> Result<bool, StoreError> {
         if self.offset >= self.blocks_end {
-            if self.entries != self.footer_entries
-                || self.blocks != self.footer_blocks
-                || self.blocks_crc != self.footer_blocks_crc
-            {
-                return Err(self.corrupt(
-                    self.blocks_end,
-                    format!(
-                        "footer says {} entries in {} blocks, read {} in {} (or the block checksums disagree)",
-                        self.footer_entries, self.footer_blocks, self.entries, self.blocks
-                    ),
-                ));
-            }
-            if let Some((mut mac, expected)) = self.mac.take() {
-                mac.update(&self.footer);
-                if !tags_equal(&mac.finish(), &expected) {
-                    return Err(self.corrupt(
-                        0,
-                        format!(
-                            "checkpoint file {} does not match the MAC the authenticated manifest \
-                             holds for it: a block was removed, replaced or reordered, or the file \
-                             comes from another copy of the data dir",
-                            self.header.file_id
-                        ),
-                    ));
-                }
-            }
+            self.check_blocks_read()?;
             return Ok(false);
         }
         let at = self.offset;
@@ -657,6 +631,38 @@ impl<'k> CheckpointReader<'k> {
         self.block_offset = at;
         self.block_pos = 0;
         Ok(true)
+    }
+
+    /// After the last block: what was read must match the footer's
+    /// counts and checksum, and an authenticated file its MAC.
+    fn check_blocks_read(&mut self) -> Result<(), StoreError> {
+        if self.entries != self.footer_entries
+            || self.blocks != self.footer_blocks
+            || self.blocks_crc != self.footer_blocks_crc
+        {
+            return Err(self.corrupt(
+                self.blocks_end,
+                format!(
+                    "footer says {} entries in {} blocks, read {} in {} (or the block checksums disagree)",
+                    self.footer_entries, self.footer_blocks, self.entries, self.blocks
+                ),
+            ));
+        }
+        if let Some((mut mac, expected)) = self.mac.take() {
+            mac.update(&self.footer);
+            if !tags_equal(&mac.finish(), &expected) {
+                return Err(self.corrupt(
+                    0,
+                    format!(
+                        "checkpoint file {} does not match the MAC the authenticated manifest \
+                         holds for it: a block was removed, replaced or reordered, or the file \
+                         comes from another copy of the data dir",
+                        self.header.file_id
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Replaces the sealed block in `self.block` (its checksum already
