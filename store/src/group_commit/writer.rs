@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use cube_protocol::NamespaceName;
 
@@ -154,6 +154,24 @@ pub(super) struct Writer {
     pub(super) answer_batch: Option<Box<dyn AnswerBatch>>,
 }
 
+/// What the writer found waiting for the next group.
+enum Waited {
+    Command(WriterCommand),
+    /// Nothing came before a relaxed sync fell due.
+    SyncDue,
+    /// Every sender is gone.
+    Closed,
+}
+
+/// Why gathering a group stopped short of its limits, if it did.
+#[derive(Default)]
+struct GroupEnd {
+    /// A stop: the writer ends after this group.
+    stopping: bool,
+    /// A roll: answered after this group is committed.
+    roll_reply: Option<Sender<Result<u64, WriteError>>>,
+}
+
 /// How sealing a group's payloads went.
 #[derive(Default)]
 struct GroupSealing {
@@ -222,77 +240,99 @@ impl Writer {
 
     pub(super) fn run(mut self, rx: &Receiver<WriterCommand>) {
         let mut group: Vec<Queued> = Vec::with_capacity(self.config.max_group_records);
-        let mut stopping = false;
         // Whether the last group held a single request: one client at a
         // time, the case where polling pays (see `WRITER_SPIN`).
         let mut lone_request = false;
-        while !stopping {
-            let first = match self.sync_deadline() {
-                None if lone_request => match spin_for_next(rx) {
-                    Some(command) => Some(command),
-                    None => rx.recv().ok(),
-                },
-                None => rx.recv().ok(),
-                Some(deadline) => {
-                    match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                        Ok(command) => Some(command),
-                        Err(RecvTimeoutError::Timeout) => {
-                            self.sync_relaxed();
-                            continue;
-                        }
-                        Err(RecvTimeoutError::Disconnected) => None,
-                    }
+        loop {
+            let first = match self.next_command(rx, lone_request) {
+                Waited::Command(command) => command,
+                Waited::SyncDue => {
+                    self.sync_relaxed();
+                    continue;
                 }
+                Waited::Closed => break,
             };
-            let Some(first) = first else { break };
-            let mut group_bytes = 0usize;
-            let mut next = Some(first);
-            let mut roll_reply = None;
-            while let Some(command) = next.take() {
-                match command {
-                    WriterCommand::Stop => {
-                        stopping = true;
-                        break;
-                    }
-                    WriterCommand::Roll { reply } => {
-                        // Writes queued before the roll go into the old segment.
-                        roll_reply = Some(reply);
-                        break;
-                    }
-                    WriterCommand::Write {
-                        mutation,
-                        reply,
-                        guard,
-                    } => {
-                        group_bytes += mutation.payload_len();
-                        group.push(Queued::Write {
-                            mutation,
-                            reply,
-                            guard,
-                        });
-                    }
-                    WriterCommand::Transact { txn, reply, guard } => {
-                        group.push(Queued::Txn { txn, reply, guard });
-                    }
-                }
-                if group.len() < self.config.max_group_records
-                    && group_bytes < self.config.max_group_bytes
-                {
-                    next = rx.try_recv().ok();
-                }
-            }
+            let end = self.gather_group(first, rx, &mut group);
             lone_request = group.len() == 1;
             if !group.is_empty() {
                 self.commit_split(&mut group);
             }
-            if let Some(reply) = roll_reply {
+            if let Some(reply) = end.roll_reply {
                 let _ = reply.send(self.roll());
+            }
+            if end.stopping {
+                break;
             }
         }
         // Whatever was acknowledged under a relaxed policy gets its sync now.
         if self.unsynced_writes > 0 && self.failed.is_none() {
             self.sync_relaxed();
         }
+    }
+
+    /// Waits for the first command of the next group: spinning a while
+    /// after a lone request, and no later than a relaxed sync falls due.
+    fn next_command(&self, rx: &Receiver<WriterCommand>, lone_request: bool) -> Waited {
+        let received = match self.sync_deadline() {
+            None if lone_request => match spin_for_next(rx) {
+                Some(command) => Ok(command),
+                None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            },
+            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            Some(deadline) => rx.recv_timeout(deadline.saturating_duration_since(Instant::now())),
+        };
+        match received {
+            Ok(command) => Waited::Command(command),
+            Err(RecvTimeoutError::Timeout) => Waited::SyncDue,
+            Err(RecvTimeoutError::Disconnected) => Waited::Closed,
+        }
+    }
+
+    /// Queues `first` and whatever is already waiting into `group`, up to
+    /// the group's record and byte limits, a roll or a stop.
+    fn gather_group(
+        &self,
+        first: WriterCommand,
+        rx: &Receiver<WriterCommand>,
+        group: &mut Vec<Queued>,
+    ) -> GroupEnd {
+        let mut end = GroupEnd::default();
+        let mut group_bytes = 0usize;
+        let mut next = Some(first);
+        while let Some(command) = next.take() {
+            match command {
+                WriterCommand::Stop => {
+                    end.stopping = true;
+                    break;
+                }
+                WriterCommand::Roll { reply } => {
+                    // Writes queued before the roll go into the old segment.
+                    end.roll_reply = Some(reply);
+                    break;
+                }
+                WriterCommand::Write {
+                    mutation,
+                    reply,
+                    guard,
+                } => {
+                    group_bytes += mutation.payload_len();
+                    group.push(Queued::Write {
+                        mutation,
+                        reply,
+                        guard,
+                    });
+                }
+                WriterCommand::Transact { txn, reply, guard } => {
+                    group.push(Queued::Txn { txn, reply, guard });
+                }
+            }
+            if group.len() < self.config.max_group_records
+                && group_bytes < self.config.max_group_bytes
+            {
+                next = rx.try_recv().ok();
+            }
+        }
+        end
     }
 
     fn roll(&mut self) -> Result<u64, WriteError> {
