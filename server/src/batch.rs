@@ -60,6 +60,15 @@ fn op_error(code: ErrorCode, index: usize, op: &'static str, why: &str) -> Serve
 /// Checks the batch's limits and every operation that can be checked
 /// without the writer, and turns the operations into mutations.
 fn check(ns: &NamespaceName, ops: Vec<BatchOp>) -> Result<Vec<Mutation>, ServerError> {
+    check_limits(&ops)?;
+    ops.into_iter()
+        .enumerate()
+        .map(|(index, op)| to_mutation(ns, index, op))
+        .collect()
+}
+
+/// The batch's limits: how many operations, and their bytes.
+fn check_limits(ops: &[BatchOp]) -> Result<(), ServerError> {
     if ops.len() > MAX_BATCH_OPS as usize {
         return Err(ServerError::new(
             ErrorCode::LimitExceeded,
@@ -80,55 +89,57 @@ fn check(ns: &NamespaceName, ops: Vec<BatchOp>) -> Result<Vec<Mutation>, ServerE
             ),
         ));
     }
-    let mut mutations = Vec::with_capacity(ops.len());
-    for (index, op) in ops.into_iter().enumerate() {
-        let name = op.name();
-        let mutation = match op {
-            BatchOp::Put { coord, value } => Mutation::Put {
+    Ok(())
+}
+
+/// Operation `index` of a batch in `ns` as its mutation, once what can be
+/// checked without the writer (a weight, a program's syntax) is.
+fn to_mutation(ns: &NamespaceName, index: usize, op: BatchOp) -> Result<Mutation, ServerError> {
+    let name = op.name();
+    let mutation = match op {
+        BatchOp::Put { coord, value } => Mutation::Put {
+            ns: ns.clone(),
+            coord,
+            value,
+        },
+        BatchOp::Link {
+            from,
+            to,
+            label,
+            weight,
+        } => {
+            let weight = EdgeWeight::new(weight)
+                .map_err(|why| op_error(ErrorCode::BadWeight, index, name, &why))?;
+            Mutation::Link {
                 ns: ns.clone(),
-                coord,
-                value,
-            },
-            BatchOp::Link {
-                from,
-                to,
-                label,
+                edge: EdgeKey::new(from, to, label),
                 weight,
-            } => {
-                let weight = EdgeWeight::new(weight)
-                    .map_err(|why| op_error(ErrorCode::BadWeight, index, name, &why))?;
-                Mutation::Link {
-                    ns: ns.clone(),
-                    edge: EdgeKey::new(from, to, label),
-                    weight,
-                }
             }
-            BatchOp::Prog { coord, source } if source.is_empty() => Mutation::ProgramDel {
+        }
+        BatchOp::Prog { coord, source } if source.is_empty() => Mutation::ProgramDel {
+            ns: ns.clone(),
+            coord,
+        },
+        BatchOp::Prog { coord, source } => {
+            crate::programs::sandbox::check_syntax(&source).map_err(|e| {
+                let at = e
+                    .line
+                    .map_or(String::new(), |line| format!("line {line}: "));
+                op_error(
+                    ErrorCode::ProgramSyntax,
+                    index,
+                    name,
+                    &format!("program at {coord}: {at}{}", e.message),
+                )
+            })?;
+            Mutation::ProgramPut {
                 ns: ns.clone(),
                 coord,
-            },
-            BatchOp::Prog { coord, source } => {
-                crate::programs::sandbox::check_syntax(&source).map_err(|e| {
-                    let at = e
-                        .line
-                        .map_or(String::new(), |line| format!("line {line}: "));
-                    op_error(
-                        ErrorCode::ProgramSyntax,
-                        index,
-                        name,
-                        &format!("program at {coord}: {at}{}", e.message),
-                    )
-                })?;
-                Mutation::ProgramPut {
-                    ns: ns.clone(),
-                    coord,
-                    source,
-                }
+                source,
             }
-        };
-        mutations.push(mutation);
-    }
-    Ok(mutations)
+        }
+    };
+    Ok(mutation)
 }
 
 fn apply(
