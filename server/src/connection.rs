@@ -688,25 +688,11 @@ impl Connection {
                 "scan limit is 0; ask for at least 1 cell per page",
             ));
         }
-        let mem = self.shared.engine.memstore();
         self.out.clear();
         if count_only {
-            let limits = ScanLimits {
-                max_cells: u64::MAX,
-                max_steps: ScanLimits::MAX_STEPS,
-            };
-            let outcome = mem
-                .count(ns, &region, after, limits)
-                .ok_or_else(|| no_such_namespace(ns))?
-                .map_err(|e| read_failed(&e))?;
-            Response::Scan {
-                result: ScanResult::Count(outcome.cells),
-                resume_after: outcome.resume_after,
-                lsn,
-            }
-            .encode(request_id, &mut self.out);
-            return Ok(());
+            return self.count(request_id, ns, &region, after, lsn);
         }
+        let mem = self.shared.engine.memstore();
         let limits = ScanLimits {
             max_cells: u64::from(limit.min(MAX_SCAN_PAGE_CELLS)),
             max_steps: ScanLimits::MAX_STEPS,
@@ -744,6 +730,36 @@ impl Connection {
             }
             None => Err(no_such_namespace(ns)),
         }
+    }
+
+    /// One page of a region count (`scan --count`), encoded into
+    /// `self.out`: bounded by keys examined only.
+    fn count(
+        &mut self,
+        request_id: u64,
+        ns: &NamespaceName,
+        region: &CellBox,
+        after: Option<Coord>,
+        lsn: Option<u64>,
+    ) -> Result<(), ServerError> {
+        let limits = ScanLimits {
+            max_cells: u64::MAX,
+            max_steps: ScanLimits::MAX_STEPS,
+        };
+        let outcome = self
+            .shared
+            .engine
+            .memstore()
+            .count(ns, region, after, limits)
+            .ok_or_else(|| no_such_namespace(ns))?
+            .map_err(|e| read_failed(&e))?;
+        Response::Scan {
+            result: ScanResult::Count(outcome.cells),
+            resume_after: outcome.resume_after,
+            lsn,
+        }
+        .encode(request_id, &mut self.out);
+        Ok(())
     }
 
     /// Hands a put, del, prog or run to the writer; its answer is sent by
