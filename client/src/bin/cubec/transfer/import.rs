@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use cube_client::{
-    BatchOp, Client, ClientError, ErrorCode, MAX_BATCH_BYTES, MAX_BATCH_OPS, NamespaceName,
+    BatchOp, Client, ClientError, ErrorCode, Limits, MAX_BATCH_BYTES, MAX_BATCH_OPS, NamespaceName,
     failed_op_index, json,
 };
 use indicatif::{ProgressBar, ProgressStyle};
@@ -513,30 +513,11 @@ pub(crate) fn import(
 ) -> Result<u8, Failure> {
     let format = input_format(args);
     let (input, size) = open_input(&args.file)?;
-    let limits = client.limits();
-    let max_value_bytes = limits.max_value_bytes as usize;
     let progress = Progress {
         bar: progress_bar(size),
         started: Instant::now(),
     };
-    let shape = BatchShape {
-        bar: progress.bar.clone(),
-        max_ops: args.batch as usize,
-        max_bytes: MAX_BATCH_BYTES
-            .min(u64::from(limits.max_frame_bytes).saturating_sub(BATCH_FRAME_OVERHEAD)),
-        skip_bad: args.skip_bad,
-    };
-    let reader = RecordReader::new(
-        input,
-        format,
-        max_value_bytes,
-        max_record_bytes(max_value_bytes),
-    );
-    let (tx, rx) = sync_channel(BATCHES_AHEAD);
-    let reading = thread::Builder::new()
-        .name("cubec-import-read".to_owned())
-        .spawn(move || read_batches(reader, shape, tx))
-        .map_err(|e| Failure::usage(format!("cannot start the reading thread: {e}")))?;
+    let (rx, reading) = start_reading(args, client.limits(), format, input, &progress)?;
     let mut applied = Applied::default();
     let mut send_skipped = ReadOutcome::default();
     let sent = send_batches(
@@ -583,6 +564,37 @@ pub(crate) fn import(
             reported_as_json: as_json,
         }),
     }
+}
+
+/// Starts the thread that reads `input` and cuts its records into
+/// batches the server's limits allow; the batches come on the receiver.
+fn start_reading(
+    args: &ImportArgs,
+    limits: Limits,
+    format: Format,
+    input: Box<dyn Read + Send>,
+    progress: &Progress,
+) -> Result<(Receiver<Batch>, thread::JoinHandle<ReadOutcome>), Failure> {
+    let max_value_bytes = limits.max_value_bytes as usize;
+    let shape = BatchShape {
+        bar: progress.bar.clone(),
+        max_ops: args.batch as usize,
+        max_bytes: MAX_BATCH_BYTES
+            .min(u64::from(limits.max_frame_bytes).saturating_sub(BATCH_FRAME_OVERHEAD)),
+        skip_bad: args.skip_bad,
+    };
+    let reader = RecordReader::new(
+        input,
+        format,
+        max_value_bytes,
+        max_record_bytes(max_value_bytes),
+    );
+    let (tx, rx) = sync_channel(BATCHES_AHEAD);
+    let reading = thread::Builder::new()
+        .name("cubec-import-read".to_owned())
+        .spawn(move || read_batches(reader, shape, tx))
+        .map_err(|e| Failure::usage(format!("cannot start the reading thread: {e}")))?;
+    Ok((rx, reading))
 }
 
 /// `--format`, or else the file's extension: `.csv` is CSV, anything else
