@@ -6,7 +6,9 @@ use std::os::unix::ffi::OsStringExt;
 use std::path::PathBuf;
 
 use clap::{ArgGroup, Args};
-use cube_client::{CellBox, Client, Coord, MAX_SCAN_PAGE_CELLS, base64, json, parse_coord};
+use cube_client::{
+    CellBox, Client, Coord, MAX_SCAN_PAGE_CELLS, ScanPage, base64, json, parse_coord,
+};
 use serde_json::json;
 
 use crate::EXIT_NOT_FOUND;
@@ -178,19 +180,7 @@ pub(crate) fn scan(
     let region = CellBox::new(args.region.lo, args.region.hi)
         .map_err(|why| Failure::usage(format!("{why}; see `cubec help scan`")))?;
     if args.count {
-        let count = client.scan_count(args.region.ns.as_str(), &region)?;
-        let line = if as_json {
-            json::to_string(&json!({
-                "ns": args.region.ns.as_str(),
-                "lo": coord_json(args.region.lo),
-                "hi": coord_json(args.region.hi),
-                "count": count,
-            }))
-        } else {
-            count.to_string()
-        };
-        emit_line(out, &line)?;
-        return Ok(0);
+        return scan_count(client, args, &region, as_json, out);
     }
     let limit = args.limit.unwrap_or(u64::MAX);
     let mut printed = 0u64;
@@ -199,21 +189,7 @@ pub(crate) fn scan(
     while printed < limit {
         let want = (limit - printed).min(u64::from(args.page_size)) as u32;
         let page = if args.lsn && printed == 0 && after == args.after {
-            let (page, lsn) =
-                client.scan_page_with_lsn(args.region.ns.as_str(), &region, want, after)?;
-            if as_json {
-                emit_line(out, &json::to_string(&json!({"lsn": lsn})))?;
-            } else {
-                eprintln!(
-                    "cubec: the cells are at LSN {lsn} (every change up to it is in them); \
-                     follow on with `cubec watch {} {} {} --from {}`",
-                    args.region.ns,
-                    args.region.lo,
-                    args.region.hi,
-                    lsn + 1
-                );
-            }
-            page
+            first_page_with_lsn(client, args, &region, want, as_json, out)?
         } else {
             client.scan_page(args.region.ns.as_str(), &region, want, after)?
         };
@@ -241,6 +217,56 @@ pub(crate) fn scan(
         );
     }
     Ok(0)
+}
+
+/// `scan --count`: the number of cells in the box.
+fn scan_count(
+    client: &mut Client,
+    args: &ScanArgs,
+    region: &CellBox,
+    as_json: bool,
+    out: &mut impl Write,
+) -> Result<u8, Failure> {
+    let count = client.scan_count(args.region.ns.as_str(), region)?;
+    let line = if as_json {
+        json::to_string(&json!({
+            "ns": args.region.ns.as_str(),
+            "lo": coord_json(args.region.lo),
+            "hi": coord_json(args.region.hi),
+            "count": count,
+        }))
+    } else {
+        count.to_string()
+    };
+    emit_line(out, &line)?;
+    Ok(0)
+}
+
+/// `scan --lsn`'s first page, and the LSN its cells are at: a JSON line
+/// before the cells, or a note on stderr saying how to follow on.
+fn first_page_with_lsn(
+    client: &mut Client,
+    args: &ScanArgs,
+    region: &CellBox,
+    want: u32,
+    as_json: bool,
+    out: &mut impl Write,
+) -> Result<ScanPage, Failure> {
+    let (page, lsn) =
+        client.scan_page_with_lsn(args.region.ns.as_str(), region, want, args.after)?;
+    if as_json {
+        emit_line(out, &json::to_string(&json!({"lsn": lsn})))?;
+    } else {
+        eprintln!(
+            "cubec: the cells are at LSN {lsn} (every change up to it is in them); \
+             follow on with `cubec watch {} {} {} --from {}`",
+            args.region.ns,
+            args.region.lo,
+            args.region.hi,
+            lsn + 1
+        );
+    }
+    Ok(page)
 }
 
 fn scan_cell_json(coord: Coord, value: &[u8]) -> String {
