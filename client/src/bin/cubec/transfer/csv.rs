@@ -171,6 +171,40 @@ impl CsvReader {
             return Ok(None);
         }
         let line = self.newlines + 1;
+        let read = self.read_fields(input, total, max_record_bytes)?;
+        let parsed = if read.overlong {
+            Err(format!(
+                "the record is longer than {max_record_bytes} bytes, more than any value the \
+                 server takes (max_value_bytes) could need"
+            ))
+        } else if read.too_many_fields {
+            Err(format!(
+                "more than {MAX_FIELDS} fields; a record is x,y,z,value (quote a value that \
+                 holds a comma)"
+            ))
+        } else if let Some(why) = quoting_error(&self.raw) {
+            Err(why)
+        } else {
+            let mut fields = Vec::with_capacity(read.ends);
+            let mut start = 0;
+            for &end in &self.ends[..read.ends] {
+                fields.push(&self.fields[start..end]);
+                start = end;
+            }
+            parse_fields(&fields, max_value_bytes, line == 1)
+        };
+        Ok(Some(Record { line, parsed }))
+    }
+
+    /// Reads one record's fields into `self.fields` and their ends into
+    /// `self.ends`, and its raw bytes into `self.raw` (up to
+    /// `max_record_bytes`), growing the buffers as far as the limits allow.
+    fn read_fields(
+        &mut self,
+        input: &mut BufReader<Box<dyn Read + Send>>,
+        total: &mut u64,
+        max_record_bytes: usize,
+    ) -> io::Result<FieldsRead> {
         self.raw.clear();
         let (mut out, mut ends) = (0usize, 0usize);
         let (mut overlong, mut too_many_fields) = (false, false);
@@ -212,29 +246,22 @@ impl CsvReader {
                 csv_core::ReadRecordResult::Record | csv_core::ReadRecordResult::End => break,
             }
         }
-        let parsed = if overlong {
-            Err(format!(
-                "the record is longer than {max_record_bytes} bytes, more than any value the \
-                 server takes (max_value_bytes) could need"
-            ))
-        } else if too_many_fields {
-            Err(format!(
-                "more than {MAX_FIELDS} fields; a record is x,y,z,value (quote a value that \
-                 holds a comma)"
-            ))
-        } else if let Some(why) = quoting_error(&self.raw) {
-            Err(why)
-        } else {
-            let mut fields = Vec::with_capacity(ends);
-            let mut start = 0;
-            for &end in &self.ends[..ends] {
-                fields.push(&self.fields[start..end]);
-                start = end;
-            }
-            parse_fields(&fields, max_value_bytes, line == 1)
-        };
-        Ok(Some(Record { line, parsed }))
+        Ok(FieldsRead {
+            ends,
+            overlong,
+            too_many_fields,
+        })
     }
+}
+
+/// What reading a record's fields found.
+struct FieldsRead {
+    /// How many field ends `self.ends` holds.
+    ends: usize,
+    /// The record ran past `max_record_bytes`: nothing of it was kept.
+    overlong: bool,
+    /// The record has more than `MAX_FIELDS` fields.
+    too_many_fields: bool,
 }
 
 /// Where a record's quoting breaks RFC 4180 in a way `csv-core` would read
