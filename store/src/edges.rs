@@ -271,6 +271,48 @@ struct Node {
     inc: SmallEdges<InEdge, INLINE_EDGES>,
 }
 
+impl Node {
+    /// The nodes one edge away in `direction` (outgoing edges first), each
+    /// with the label of the edge leading there.
+    #[inline]
+    fn neighbours(&self, direction: Direction) -> impl Iterator<Item = (NodeId, LabelId)> + '_ {
+        let outs = self
+            .out
+            .iter()
+            .filter(move |_| direction.includes_out())
+            .map(|e| (e.to, e.label));
+        let ins = self
+            .inc
+            .iter()
+            .filter(move |_| direction.includes_in())
+            .map(|e| (e.from, e.label));
+        outs.chain(ins)
+    }
+}
+
+/// Records `cost` (by way of `via`) as the best known to `node` if it is
+/// cheaper than any known; whether it was. One hash per edge: most edges
+/// of a path search lead to nodes already reached at least as cheaply.
+#[inline]
+fn improve(
+    best: &mut HashMap<NodeId, (f64, NodeId), CoordHashBuilder>,
+    node: NodeId,
+    cost: f64,
+    via: NodeId,
+) -> bool {
+    match best.entry(node) {
+        Entry::Occupied(mut known) if cost < known.get().0 => {
+            known.insert((cost, via));
+            true
+        }
+        Entry::Occupied(_) => false,
+        Entry::Vacant(slot) => {
+            slot.insert((cost, via));
+            true
+        }
+    }
+}
+
 /// Edges a [`EdgeGraph::unlink_all`] removes one at a time (cheaper than
 /// its set when there are few).
 const UNLINK_ONE_AT_A_TIME: usize = 16;
@@ -757,18 +799,7 @@ impl EdgeGraph {
                 break;
             }
             for i in level_start..level_end {
-                let node = &self.nodes[order[i] as usize];
-                let outs = node
-                    .out
-                    .iter()
-                    .filter(|_| direction.includes_out())
-                    .map(|e| (e.to, e.label));
-                let ins = node
-                    .inc
-                    .iter()
-                    .filter(|_| direction.includes_in())
-                    .map(|e| (e.from, e.label));
-                for (next, edge_label) in outs.chain(ins) {
+                for (next, edge_label) in self.nodes[order[i] as usize].neighbours(direction) {
                     if examined == limits.max_work {
                         return (WalkStop::MaxWork, examined, nodes);
                     }
@@ -820,20 +851,32 @@ impl EdgeGraph {
             });
         }
         let filter = self.filter(label);
-        let mut examined = 0u64;
-        let none = |examined| {
-            Ok(PathOutcome {
-                edges_examined: examined,
-                path: None,
-            })
-        };
-        let (Some(&source), Some(&target), false) = (
+        match (
             self.ids.get(&from),
             self.ids.get(&to),
             matches!(filter, LabelFilter::Nothing),
-        ) else {
-            return none(examined);
-        };
+        ) {
+            (Some(&source), Some(&target), false) => {
+                self.cheapest_path(source, target, filter, max_cost, limits)
+            }
+            _ => Ok(PathOutcome {
+                edges_examined: 0,
+                path: None,
+            }),
+        }
+    }
+
+    /// Dijkstra from `source` to `target` (distinct nodes) along outgoing
+    /// edges `filter` accepts, for [`EdgeGraph::path`].
+    fn cheapest_path(
+        &self,
+        source: NodeId,
+        target: NodeId,
+        filter: LabelFilter,
+        max_cost: f64,
+        limits: WalkLimits,
+    ) -> Result<PathOutcome, PathError> {
+        let mut examined = 0u64;
         // Best known cost to each node and the node before it.
         let mut best: HashMap<NodeId, (f64, NodeId), CoordHashBuilder> =
             HashMap::with_capacity_and_hasher(PATH_INITIAL_CAPACITY, self.ids.hasher().to_owned());
@@ -864,16 +907,8 @@ impl EdgeGraph {
                 if !next_cost.is_finite() || next_cost > max_cost {
                     continue;
                 }
-                // One hash per edge: most edges lead to nodes already
-                // reached at least as cheaply.
-                match best.entry(e.to) {
-                    Entry::Occupied(mut known) if next_cost < known.get().0 => {
-                        known.insert((next_cost, node));
-                    }
-                    Entry::Occupied(_) => continue,
-                    Entry::Vacant(slot) => {
-                        slot.insert((next_cost, node));
-                    }
+                if !improve(&mut best, e.to, next_cost, node) {
+                    continue;
                 }
                 queue.push(Frontier {
                     cost: next_cost,
@@ -881,7 +916,10 @@ impl EdgeGraph {
                 });
             }
         }
-        none(examined)
+        Ok(PathOutcome {
+            edges_examined: examined,
+            path: None,
+        })
     }
 
     fn trace(

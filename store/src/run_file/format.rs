@@ -577,6 +577,37 @@ pub struct DecodedBlock {
     payload: Vec<u8>,
 }
 
+/// Entry `i` of a block payload, at `*at` (moved past it): its key, and
+/// where its value starts in the payload and how long it is (a tombstone
+/// starts at `TOMBSTONE`).
+#[inline]
+fn decode_entry(payload: &[u8], at: &mut usize, i: usize) -> Result<(u128, u32, u32), String> {
+    let head = payload
+        .get(*at..*at + KEY_BYTES + 1)
+        .ok_or_else(|| format!("entry {i} runs past the block"))?;
+    let key = read_u128(head);
+    *at += KEY_BYTES + 1;
+    match head[KEY_BYTES] {
+        KIND_TOMBSTONE => Ok((key, TOMBSTONE, 0)),
+        KIND_VALUE => {
+            let len = payload
+                .get(*at..*at + 4)
+                .map(LittleEndian::read_u32)
+                .ok_or_else(|| format!("entry {i} runs past the block"))?;
+            *at += 4;
+            if len as usize > MAX_VALUE_BYTES || *at + len as usize > payload.len() {
+                return Err(format!(
+                    "entry {i}: a value of {len} bytes runs past the block"
+                ));
+            }
+            let start = *at as u32;
+            *at += len as usize;
+            Ok((key, start, len))
+        }
+        other => Err(format!("entry {i}: unknown kind {other}")),
+    }
+}
+
 impl DecodedBlock {
     /// Parses a block payload and checks it against its place in the
     /// index: at least one entry, keys strictly increasing from exactly
@@ -606,10 +637,7 @@ impl DecodedBlock {
         };
         let mut at = BLOCK_HEADER_BYTES;
         for i in 0..count {
-            let head = payload
-                .get(at..at + KEY_BYTES + 1)
-                .ok_or_else(|| format!("entry {i} runs past the block"))?;
-            let key = read_u128(head);
+            let (key, start, len) = decode_entry(&payload, &mut at, i)?;
             let ordered = match block.keys.last() {
                 None => key == first_key,
                 Some(prev) => *prev < key,
@@ -619,26 +647,6 @@ impl DecodedBlock {
                     "entry {i}: key out of order or not the block's fence"
                 ));
             }
-            at += KEY_BYTES + 1;
-            let (start, len) = match head[KEY_BYTES] {
-                KIND_TOMBSTONE => (TOMBSTONE, 0),
-                KIND_VALUE => {
-                    let len = payload
-                        .get(at..at + 4)
-                        .map(LittleEndian::read_u32)
-                        .ok_or_else(|| format!("entry {i} runs past the block"))?;
-                    at += 4;
-                    if len as usize > MAX_VALUE_BYTES || at + len as usize > payload.len() {
-                        return Err(format!(
-                            "entry {i}: a value of {len} bytes runs past the block"
-                        ));
-                    }
-                    let start = at as u32;
-                    at += len as usize;
-                    (start, len)
-                }
-                other => return Err(format!("entry {i}: unknown kind {other}")),
-            };
             block.keys.push(key);
             block.starts.push(start);
             block.lens.push(len);
