@@ -277,46 +277,55 @@ fn answer_run(slot: &RefCell<RunState>, call: &Call<'_>) -> Answer {
             None => Answer::Nil,
             Some(bytes) => parse_number(bytes).map_or(Answer::Declined, Answer::number),
         }),
-        OP_INCR => {
-            let delta = match (d, call.fourth_nil) {
-                (Some(i), _) => Number::Int(i),
-                (None, true) => Number::Int(1),
-                (None, false) => return Answer::Declined,
-            };
-            let current = context.with_value(at, |value| match value {
-                None => Some(Number::Int(0)),
-                Some(bytes) => parse_number(bytes),
-            });
-            let Some(next) = current.and_then(|current| current.add(delta)) else {
-                return Answer::Declined;
-            };
-            match context.write_within_caps(at, Some(next.to_text().into_bytes())) {
-                Ok(_) => Answer::number(next),
-                Err(_) => Answer::Declined,
-            }
-        }
-        OP_COUNT => {
-            let Some(hi) = context.fast_coord([d, e, f], relative) else {
-                return Answer::Declined;
-            };
-            let Ok(region) = CellBox::new(at, hi) else {
-                return Answer::Declined;
-            };
-            let volume = region.volume();
-            if volume > POINT_READ_VOLUME || !try_charge(volume as u64 * REGION_CELL_FUEL) {
-                return Answer::Declined;
-            }
-            let mut count = 0i64;
-            let counted: Result<(), std::convert::Infallible> =
-                context.visit_points(&region, |_, _| {
-                    count += 1;
-                    Ok(())
-                });
-            match counted {
-                Ok(()) => Answer::Int(count),
-            }
-        }
+        OP_INCR => incr(&mut context, at, d, call.fourth_nil),
+        OP_COUNT => match context.fast_coord([d, e, f], relative) {
+            Some(hi) => count(&context, at, hi),
+            None => Answer::Declined,
+        },
         _ => Answer::Declined,
+    }
+}
+
+/// `incr(at, delta)`: adds `delta` (an integer; nil or absent: 1) to the
+/// number at `at` (none: 0) and writes the sum back.
+#[inline]
+fn incr(context: &mut RunContext<'_>, at: Coord, delta: Option<i64>, delta_nil: bool) -> Answer {
+    let delta = match (delta, delta_nil) {
+        (Some(i), _) => Number::Int(i),
+        (None, true) => Number::Int(1),
+        (None, false) => return Answer::Declined,
+    };
+    let current = context.with_value(at, |value| match value {
+        None => Some(Number::Int(0)),
+        Some(bytes) => parse_number(bytes),
+    });
+    let Some(next) = current.and_then(|current| current.add(delta)) else {
+        return Answer::Declined;
+    };
+    match context.write_within_caps(at, Some(next.to_text().into_bytes())) {
+        Ok(_) => Answer::number(next),
+        Err(_) => Answer::Declined,
+    }
+}
+
+/// `count(lo, hi)` over a box small enough to read point by point, its
+/// fuel charged first.
+#[inline]
+fn count(context: &RunContext<'_>, lo: Coord, hi: Coord) -> Answer {
+    let Ok(region) = CellBox::new(lo, hi) else {
+        return Answer::Declined;
+    };
+    let volume = region.volume();
+    if volume > POINT_READ_VOLUME || !try_charge(volume as u64 * REGION_CELL_FUEL) {
+        return Answer::Declined;
+    }
+    let mut count = 0i64;
+    let counted: Result<(), std::convert::Infallible> = context.visit_points(&region, |_, _| {
+        count += 1;
+        Ok(())
+    });
+    match counted {
+        Ok(()) => Answer::Int(count),
     }
 }
 
