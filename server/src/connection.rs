@@ -592,15 +592,7 @@ impl Connection {
             Request::Hello { client_version, .. } => self.hello(client_version),
             Request::Ping => Ok(Response::Pong),
             Request::Stats => Ok(Response::Stats(self.stats_entries())),
-            Request::Checkpoint { compact } => {
-                let result = if compact {
-                    engine.compact()
-                } else {
-                    engine.checkpoint()
-                };
-                let report = result.map_err(|e| store_error(&e))?;
-                Ok(Response::Checkpoint(checkpoint_report(&report)))
-            }
+            Request::Checkpoint { compact } => checkpoint(engine, compact),
             Request::Backup { dest } => backup(engine, dest),
             Request::Get { ns, coord } => {
                 match engine.get_copy(&mut self.namespace_memo, &ns, coord) {
@@ -630,20 +622,7 @@ impl Connection {
             | Request::NsList
             | Request::NsInfo { .. }
             | Request::NsGrant { .. }
-            | Request::NsRevoke { .. }) => {
-                // Namespace changes are rare: a session of their own.
-                let mut session = engine.session();
-                if let Some(session) = session.as_mut() {
-                    session.set_guard(self.guard.clone());
-                }
-                crate::namespaces::handle(
-                    ns_request,
-                    &self.shared.args,
-                    &self.peer,
-                    engine.memstore(),
-                    session.as_ref(),
-                )
-            }
+            | Request::NsRevoke { .. }) => self.namespace_request(ns_request),
             program_request @ Request::CellStats { .. } => {
                 crate::programs::handle(&self.shared, program_request)
             }
@@ -662,6 +641,23 @@ impl Connection {
                 "put, del, prog, run, step, scan and mget are served before the generic handler",
             )),
         }
+    }
+
+    /// A namespace request (create, drop, list, info, grant, revoke).
+    fn namespace_request(&self, request: Request) -> Result<Response, ServerError> {
+        let engine = &self.shared.engine;
+        // Namespace changes are rare: a session of their own.
+        let mut session = engine.session();
+        if let Some(session) = session.as_mut() {
+            session.set_guard(self.guard.clone());
+        }
+        crate::namespaces::handle(
+            request,
+            &self.shared.args,
+            &self.peer,
+            engine.memstore(),
+            session.as_ref(),
+        )
     }
 
     /// One page of a region read, encoded into `self.out`. Served from the
@@ -872,6 +868,18 @@ fn store_error(e: &cube_store::StoreError) -> ServerError {
         _ => ErrorCode::StorageIo,
     };
     ServerError::new(code, e.to_string())
+}
+
+/// A checkpoint now (`compact`: and every namespace's runs merged into
+/// one), and its report.
+fn checkpoint(engine: &cube_store::Engine, compact: bool) -> Result<Response, ServerError> {
+    let result = if compact {
+        engine.compact()
+    } else {
+        engine.checkpoint()
+    };
+    let report = result.map_err(|e| store_error(&e))?;
+    Ok(Response::Checkpoint(checkpoint_report(&report)))
 }
 
 /// Copies the data dir to `dest` (absolute) and reports what was copied.

@@ -529,37 +529,41 @@ impl RunContext<'_> {
                     OP_NUM => Ok(self
                         .number_at(lua, op, coord)?
                         .map_or(Value::Nil, Number::into_lua)),
-                    OP_INCR => {
-                        let delta = match d {
-                            Value::Nil => Number::Int(1),
-                            Value::Integer(i) => Number::Int(i),
-                            Value::Number(f) if f.is_finite() => Number::Float(f),
-                            other => {
-                                return Err(api_error(
-                                    lua,
-                                    op,
-                                    format!(
-                                        "the increment must be a finite number, got {}",
-                                        other.type_name()
-                                    ),
-                                ));
-                            }
-                        };
-                        let current = self.number_at(lua, op, coord)?.unwrap_or(Number::Int(0));
-                        let next = current.add(delta).ok_or_else(|| {
-                            api_error(
-                                lua,
-                                op,
-                                format!("{current:?} + {delta:?} at {coord} overflows"),
-                            )
-                        })?;
-                        self.write(lua, op, coord, Some(next.to_text().into_bytes()))?;
-                        Ok(next.into_lua())
-                    }
+                    OP_INCR => self.incr(lua, op, coord, d),
                     _ => Err(api_error(lua, op, format!("unknown operation {op}"))),
                 }
             }
         }
+    }
+
+    /// `incr(coord, delta)`: adds `delta` (nil: 1) to the number at
+    /// `coord` (none: 0), writes the sum back and returns it.
+    fn incr(&mut self, lua: &Lua, op: i64, coord: Coord, delta: Value) -> mlua::Result<Value> {
+        let delta = match delta {
+            Value::Nil => Number::Int(1),
+            Value::Integer(i) => Number::Int(i),
+            Value::Number(f) if f.is_finite() => Number::Float(f),
+            other => {
+                return Err(api_error(
+                    lua,
+                    op,
+                    format!(
+                        "the increment must be a finite number, got {}",
+                        other.type_name()
+                    ),
+                ));
+            }
+        };
+        let current = self.number_at(lua, op, coord)?.unwrap_or(Number::Int(0));
+        let next = current.add(delta).ok_or_else(|| {
+            api_error(
+                lua,
+                op,
+                format!("{current:?} + {delta:?} at {coord} overflows"),
+            )
+        })?;
+        self.write(lua, op, coord, Some(next.to_text().into_bytes()))?;
+        Ok(next.into_lua())
     }
 
     fn integer(lua: &Lua, op: i64, axis: &str, value: &Value) -> mlua::Result<i64> {
