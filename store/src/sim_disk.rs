@@ -99,6 +99,63 @@ struct Dir {
     ops: u64,
 }
 
+impl Inode {
+    /// The file as it comes back after a power loss: what was synced, and
+    /// of the sectors written since, those `reached(sector)` says got to
+    /// the disk.
+    fn after_crash(&self, reached: impl Fn(u64) -> bool) -> Inode {
+        let mut bytes = self.durable.clone();
+        for &sector in &self.dirty {
+            if !reached(sector) {
+                continue; // this sector never reached the disk
+            }
+            let from = (sector * SECTOR_BYTES) as usize;
+            if from >= self.current.len() {
+                continue;
+            }
+            let to = (from + SECTOR_BYTES as usize).min(self.current.len());
+            if bytes.len() < to {
+                bytes.resize(to, 0);
+            }
+            bytes[from..to].copy_from_slice(&self.current[from..to]);
+        }
+        Inode {
+            current: bytes.clone(),
+            durable: bytes,
+            ..Inode::default()
+        }
+    }
+}
+
+impl Dir {
+    /// The directory as it comes back after a power loss: what was synced,
+    /// and the first `keep` of the changes made since, in order.
+    fn after_crash(&self, keep: usize) -> Dir {
+        let mut entries = self.durable.clone();
+        for op in self.pending.iter().take(keep) {
+            match op {
+                DirOp::Link(name, inode) => {
+                    entries.insert(name.clone(), *inode);
+                }
+                DirOp::Unlink(name) => {
+                    entries.remove(name);
+                }
+                DirOp::Rename(from, to) => {
+                    if let Some(inode) = entries.remove(from) {
+                        entries.insert(to.clone(), inode);
+                    }
+                }
+            }
+        }
+        Dir {
+            current: entries.clone(),
+            durable: entries,
+            pending: Vec::new(),
+            ops: 0,
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct SimState {
     inodes: HashMap<u64, Inode>,
@@ -263,31 +320,9 @@ impl SimDisk {
         for (path, dir) in &old.dirs {
             let dir_hash = hash_str(&path.to_string_lossy());
             let keep = decide(seed, &[crash_no, dir_hash, 1]) % (dir.pending.len() as u64 + 1);
-            let mut entries = dir.durable.clone();
-            for op in dir.pending.iter().take(keep as usize) {
-                match op {
-                    DirOp::Link(name, inode) => {
-                        entries.insert(name.clone(), *inode);
-                    }
-                    DirOp::Unlink(name) => {
-                        entries.remove(name);
-                    }
-                    DirOp::Rename(from, to) => {
-                        if let Some(inode) = entries.remove(from) {
-                            entries.insert(to.clone(), inode);
-                        }
-                    }
-                }
-            }
-            image.dirs.insert(
-                path.clone(),
-                Dir {
-                    current: entries.clone(),
-                    durable: entries,
-                    pending: Vec::new(),
-                    ops: 0,
-                },
-            );
+            image
+                .dirs
+                .insert(path.clone(), dir.after_crash(keep as usize));
         }
         let linked: BTreeSet<u64> = image
             .dirs
@@ -299,29 +334,9 @@ impl SimDisk {
                 continue;
             };
             let name_hash = hash_str(old.names.get(&inode_id).map_or("", String::as_str));
-            let mut bytes = inode.durable.clone();
-            for sector in &inode.dirty {
-                if decide(seed, &[crash_no, name_hash, *sector, 2]).is_multiple_of(2) {
-                    continue; // this sector never reached the disk
-                }
-                let from = (sector * SECTOR_BYTES) as usize;
-                if from >= inode.current.len() {
-                    continue;
-                }
-                let to = (from + SECTOR_BYTES as usize).min(inode.current.len());
-                if bytes.len() < to {
-                    bytes.resize(to, 0);
-                }
-                bytes[from..to].copy_from_slice(&inode.current[from..to]);
-            }
-            image.inodes.insert(
-                inode_id,
-                Inode {
-                    current: bytes.clone(),
-                    durable: bytes,
-                    ..Inode::default()
-                },
-            );
+            let reached =
+                |sector: u64| !decide(seed, &[crash_no, name_hash, sector, 2]).is_multiple_of(2);
+            image.inodes.insert(inode_id, inode.after_crash(reached));
             if let Some(name) = old.names.get(&inode_id) {
                 image.names.insert(inode_id, name.clone());
             }
