@@ -252,70 +252,92 @@ impl ClientRun {
             }
         };
         while !shared.stop.load(Ordering::SeqCst) {
-            match self.next_step(shared.cycle) {
-                Step::Get(key) => match client.get(NAMESPACE, coord(self.id, key)) {
-                    Ok(found) => {
-                        self.reads_checked += 1;
-                        let expected = self.acked.cells.get(&key);
-                        if found.as_ref() != expected {
-                            self.problem(
-                                shared.cycle,
-                                Some(coord(self.id, key)),
-                                "a live read disagrees with the acknowledged state".to_owned(),
-                                show_cell(expected),
-                                show_cell(found.as_ref()),
-                            );
-                            return;
-                        }
-                    }
-                    Err(e) => {
-                        self.failed(shared.cycle, "get", &e);
-                        return;
-                    }
-                },
+            let carry_on = match self.next_step(shared.cycle) {
+                Step::Get(key) => self.get_and_check(&mut client, shared.cycle, key),
                 Step::Checkpoint { compact } => match client.checkpoint(compact) {
-                    Ok(_) if compact => self.compactions += 1,
-                    Ok(_) => self.checkpoints += 1,
+                    Ok(_) if compact => {
+                        self.compactions += 1;
+                        true
+                    }
+                    Ok(_) => {
+                        self.checkpoints += 1;
+                        true
+                    }
                     Err(e) => {
                         self.failed(shared.cycle, "checkpoint", &e);
-                        return;
+                        false
                     }
                 },
-                Step::Mutate(op) => {
-                    self.in_flight = Some(op.clone());
-                    match send(&mut client, self.id, &op) {
-                        Ok(reply) => {
-                            let agrees = match &reply {
-                                Answer::Done => true,
-                                Answer::Put(lsn) => {
-                                    if let (true, Op::Put { key, value }) = (self.watched, &op) {
-                                        self.acked_puts.push((*lsn, *key, value.clone()));
-                                    }
-                                    true
-                                }
-                                Answer::Run(reply) => self.check_run_reply(shared.cycle, reply),
-                                Answer::Step(reply) => self.check_step_reply(shared.cycle, reply),
-                            };
-                            if !agrees {
-                                return;
-                            }
-                            op.apply(&mut self.acked);
-                            self.in_flight = None;
-                            *self.counts.entry(op.name()).or_default() += 1;
-                            shared.acked.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(e) if e.server_code() == Some(ErrorCode::ShuttingDown) => {
-                            // "The write was not stored": checked absent.
-                            self.in_flight = None;
-                            self.refused_shutting_down += 1;
-                            return;
-                        }
-                        Err(e) => {
-                            self.failed(shared.cycle, op.name(), &e);
-                            return;
-                        }
-                    }
+                Step::Mutate(op) => self.mutate(&mut client, shared, op),
+            };
+            if !carry_on {
+                return;
+            }
+        }
+    }
+
+    /// Reads `key` and checks it against the acknowledged state; whether
+    /// the cycle's operations go on.
+    fn get_and_check(&mut self, client: &mut Client, cycle: usize, key: u32) -> bool {
+        match client.get(NAMESPACE, coord(self.id, key)) {
+            Ok(found) => {
+                self.reads_checked += 1;
+                let expected = self.acked.cells.get(&key);
+                if found.as_ref() != expected {
+                    self.problem(
+                        cycle,
+                        Some(coord(self.id, key)),
+                        "a live read disagrees with the acknowledged state".to_owned(),
+                        show_cell(expected),
+                        show_cell(found.as_ref()),
+                    );
+                    return false;
                 }
+                true
+            }
+            Err(e) => {
+                self.failed(cycle, "get", &e);
+                false
+            }
+        }
+    }
+
+    /// Sends `op` (in flight until its answer) and, acknowledged and as
+    /// expected, applies it to the model; whether the cycle's operations
+    /// go on.
+    fn mutate(&mut self, client: &mut Client, shared: &CycleShared<'_>, op: Op) -> bool {
+        self.in_flight = Some(op.clone());
+        match send(client, self.id, &op) {
+            Ok(reply) => {
+                let agrees = match &reply {
+                    Answer::Done => true,
+                    Answer::Put(lsn) => {
+                        if let (true, Op::Put { key, value }) = (self.watched, &op) {
+                            self.acked_puts.push((*lsn, *key, value.clone()));
+                        }
+                        true
+                    }
+                    Answer::Run(reply) => self.check_run_reply(shared.cycle, reply),
+                    Answer::Step(reply) => self.check_step_reply(shared.cycle, reply),
+                };
+                if !agrees {
+                    return false;
+                }
+                op.apply(&mut self.acked);
+                self.in_flight = None;
+                *self.counts.entry(op.name()).or_default() += 1;
+                shared.acked.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Err(e) if e.server_code() == Some(ErrorCode::ShuttingDown) => {
+                // "The write was not stored": checked absent.
+                self.in_flight = None;
+                self.refused_shutting_down += 1;
+                false
+            }
+            Err(e) => {
+                self.failed(shared.cycle, op.name(), &e);
+                false
             }
         }
     }
