@@ -160,51 +160,7 @@ pub(super) fn restart_and_verify(
     report
         .restart_ms
         .push(restart_started.elapsed().as_secs_f64() * 1000.0);
-    let outcome = (|| -> Result<(), ClientError> {
-        let mut conn = connect(daemon.socket())?;
-        let figures = conn.stats()?;
-        report.note_recovery(&figures);
-        let mut present = 0u64;
-        for client in clients.iter_mut() {
-            let (found, strays) = read_state(&mut conn, client.id, args)?;
-            report.keys_verified += u64::from(args.keys);
-            if !args.no_edges {
-                report.edge_lists_verified += u64::from(args.keys);
-            }
-            if !args.no_programs {
-                report.program_planes_verified += 1;
-            }
-            present += (found.cells.len() + found.prog_cells.len()) as u64;
-            for stray in strays {
-                report.violations.push(Violation {
-                    cycle,
-                    client: Some(client.id),
-                    coord: None,
-                    what: stray,
-                    expected: String::new(),
-                    found: String::new(),
-                });
-            }
-            judge(client, found, cycle, report);
-        }
-        let everything = CellBox::new(
-            Coord::new(i32::MIN, i32::MIN, i32::MIN),
-            Coord::new(i32::MAX, i32::MAX, i32::MAX),
-        )
-        .map_err(ClientError::BadArgument)?;
-        let total = conn.scan_count(NAMESPACE, &everything)?;
-        if total != present {
-            report.violations.push(Violation {
-                cycle,
-                client: None,
-                coord: None,
-                what: "cells exist outside the clients' keys".to_owned(),
-                expected: format!("{present} cells in the namespace"),
-                found: format!("{total} cells"),
-            });
-        }
-        Ok(())
-    })();
+    let outcome = read_back(daemon.socket(), clients, args, cycle, report);
     if let Err(e) = outcome {
         report.violations.push(Violation {
             cycle,
@@ -216,6 +172,60 @@ pub(super) fn restart_and_verify(
         });
     }
     true
+}
+
+/// After a restart: reads every client's state back and judges it, then
+/// checks that no cell exists outside the clients' keys.
+fn read_back(
+    socket: &Path,
+    clients: &mut [ClientRun],
+    args: &CrashArgs,
+    cycle: usize,
+    report: &mut TortureReport,
+) -> Result<(), ClientError> {
+    let mut conn = connect(socket)?;
+    let figures = conn.stats()?;
+    report.note_recovery(&figures);
+    let mut present = 0u64;
+    for client in clients.iter_mut() {
+        let (found, strays) = read_state(&mut conn, client.id, args)?;
+        report.keys_verified += u64::from(args.keys);
+        if !args.no_edges {
+            report.edge_lists_verified += u64::from(args.keys);
+        }
+        if !args.no_programs {
+            report.program_planes_verified += 1;
+        }
+        present += (found.cells.len() + found.prog_cells.len()) as u64;
+        for stray in strays {
+            report.violations.push(Violation {
+                cycle,
+                client: Some(client.id),
+                coord: None,
+                what: stray,
+                expected: String::new(),
+                found: String::new(),
+            });
+        }
+        judge(client, found, cycle, report);
+    }
+    let everything = CellBox::new(
+        Coord::new(i32::MIN, i32::MIN, i32::MIN),
+        Coord::new(i32::MAX, i32::MAX, i32::MAX),
+    )
+    .map_err(ClientError::BadArgument)?;
+    let total = conn.scan_count(NAMESPACE, &everything)?;
+    if total != present {
+        report.violations.push(Violation {
+            cycle,
+            client: None,
+            coord: None,
+            what: "cells exist outside the clients' keys".to_owned(),
+            expected: format!("{present} cells in the namespace"),
+            found: format!("{total} cells"),
+        });
+    }
+    Ok(())
 }
 
 /// Compares what was found with the two states the client allows, and
@@ -292,39 +302,21 @@ pub(super) fn differences(
     found: &ClientState,
 ) -> Vec<String> {
     let mut out = Vec::new();
-    let keys: std::collections::BTreeSet<u32> = expected
-        .cells
-        .keys()
-        .chain(found.cells.keys())
-        .copied()
-        .collect();
-    for key in keys {
-        let (e, f) = (expected.cells.get(&key), found.cells.get(&key));
-        if e != f {
-            out.push(format!(
-                "{}: value {} instead of {}",
-                coord(client, key),
-                show_cell(f),
-                show_cell(e)
-            ));
-        }
+    for (key, e, f) in differing(&expected.cells, &found.cells) {
+        out.push(format!(
+            "{}: value {} instead of {}",
+            coord(client, key),
+            show_cell(f),
+            show_cell(e)
+        ));
     }
-    let prog_cells: std::collections::BTreeSet<u32> = expected
-        .prog_cells
-        .keys()
-        .chain(found.prog_cells.keys())
-        .copied()
-        .collect();
-    for cell in prog_cells {
-        let (e, f) = (expected.prog_cells.get(&cell), found.prog_cells.get(&cell));
-        if e != f {
-            out.push(format!(
-                "program plane {}: value {} instead of {}",
-                Coord::new(client as i32, cell as i32, PROGRAM_Z),
-                show_cell(f),
-                show_cell(e)
-            ));
-        }
+    for (cell, e, f) in differing(&expected.prog_cells, &found.prog_cells) {
+        out.push(format!(
+            "program plane {}: value {} instead of {}",
+            Coord::new(client as i32, cell as i32, PROGRAM_Z),
+            show_cell(f),
+            show_cell(e)
+        ));
     }
     if expected.program != found.program {
         let show = |p: Option<u8>| p.map_or_else(|| "none".to_owned(), |v| format!("variant {v}"));
@@ -345,28 +337,29 @@ pub(super) fn differences(
             expected.failures
         ));
     }
-    let edges: std::collections::BTreeSet<(u32, u32)> = expected
-        .edges
-        .keys()
-        .chain(found.edges.keys())
-        .copied()
-        .collect();
-    for (from, to) in edges {
-        let (e, f) = (
-            expected.edges.get(&(from, to)),
-            found.edges.get(&(from, to)),
-        );
-        if e != f {
-            let show =
-                |w: Option<&f64>| w.map_or_else(|| "absent".to_owned(), |w| format!("weight {w}"));
-            out.push(format!(
-                "edge {} -> {}: {} instead of {}",
-                coord(client, from),
-                coord(client, to),
-                show(f),
-                show(e)
-            ));
-        }
+    let show = |w: Option<&f64>| w.map_or_else(|| "absent".to_owned(), |w| format!("weight {w}"));
+    for ((from, to), e, f) in differing(&expected.edges, &found.edges) {
+        out.push(format!(
+            "edge {} -> {}: {} instead of {}",
+            coord(client, from),
+            coord(client, to),
+            show(f),
+            show(e)
+        ));
     }
     out
+}
+
+/// Every key whose value differs between two maps (present in one only
+/// counts), in key order, with its value in each.
+fn differing<'m, K: Ord + Copy, V: PartialEq>(
+    expected: &'m BTreeMap<K, V>,
+    found: &'m BTreeMap<K, V>,
+) -> Vec<(K, Option<&'m V>, Option<&'m V>)> {
+    let keys: std::collections::BTreeSet<K> =
+        expected.keys().chain(found.keys()).copied().collect();
+    keys.into_iter()
+        .map(|key| (key, expected.get(&key), found.get(&key)))
+        .filter(|(_, e, f)| e != f)
+        .collect()
 }
