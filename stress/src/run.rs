@@ -110,6 +110,14 @@ impl RunConfig {
                 "--rate {rate} must be a positive number of requests per second"
             )));
         }
+        self.check_workload_on_target()?;
+        self.check_hostile_and_crashes()?;
+        Ok(keys)
+    }
+
+    /// The workload against the target: edges and programs are cube's
+    /// only; a preloaded key space holds cells only.
+    fn check_workload_on_target(&self) -> Result<(), StressError> {
         if self.workload.kind.needs_edges() && self.target.kind != TargetKind::Cube {
             return Err(StressError::Usage(format!(
                 "the {} workload needs edges (link, walk, path), which only cube has; \
@@ -124,6 +132,23 @@ impl RunConfig {
                     .to_owned(),
             ));
         }
+        if self.preloaded
+            && !matches!(
+                self.workload.kind,
+                WorkloadKind::Get | WorkloadKind::Mget | WorkloadKind::Mixed | WorkloadKind::Put
+            )
+        {
+            return Err(StressError::Usage(format!(
+                "the {} workload does not run on a preloaded key space (cells only)",
+                self.workload.name()
+            )));
+        }
+        Ok(())
+    }
+
+    /// `--hostile` and `--crash-every`: cube's only, within their limits,
+    /// and not together.
+    fn check_hostile_and_crashes(&self) -> Result<(), StressError> {
         if self.hostile > 0 {
             if self.target.kind != TargetKind::Cube {
                 return Err(StressError::Usage(
@@ -145,17 +170,6 @@ impl RunConfig {
                 ));
             }
         }
-        if self.preloaded
-            && !matches!(
-                self.workload.kind,
-                WorkloadKind::Get | WorkloadKind::Mget | WorkloadKind::Mixed | WorkloadKind::Put
-            )
-        {
-            return Err(StressError::Usage(format!(
-                "the {} workload does not run on a preloaded key space (cells only)",
-                self.workload.name()
-            )));
-        }
         if let Some(every) = self.crash_every {
             if every.is_zero() {
                 return Err(StressError::Usage(
@@ -170,7 +184,7 @@ impl RunConfig {
                 ));
             }
         }
-        Ok(keys)
+        Ok(())
     }
 }
 
