@@ -828,15 +828,16 @@ fn client_loop(shared: &Shared<'_>, client: usize) -> ClientOutcome {
     let mut rng = Rng::for_stream(config.seed, client as u64);
     let mut connection: Option<Box<dyn Connection>> = None;
     let mut value = Vec::with_capacity(config.value_size);
-    let interval = config
-        .rate
-        .map(|rate| Duration::from_secs_f64(config.clients as f64 / rate));
-    let mut due = Instant::now();
+    let mut pacer = Pacer::new(
+        config
+            .rate
+            .map(|rate| Duration::from_secs_f64(config.clients as f64 / rate)),
+    );
     while !control.stopping() {
         if control.paused() {
             connection = None;
             control.park();
-            due = Instant::now();
+            pacer.restart();
             continue;
         }
         let live = match &mut connection {
@@ -851,55 +852,98 @@ fn client_loop(shared: &Shared<'_>, client: usize) -> ClientOutcome {
             },
         };
         let op = config.workload.next_op(&mut rng, &shared.keys, client);
-        // Open loop: a request sent late because earlier answers were slow
-        // is timed from when it was due, so the wait counts (no coordinated
-        // omission). One sent on time is timed from when it was sent, so
-        // the sleep's own overshoot is not blamed on the target.
-        let started = match interval {
-            Some(interval) => {
-                let now = Instant::now();
-                let scheduled = due;
-                due += interval;
-                if scheduled > now {
-                    thread::sleep(scheduled - now);
-                    Instant::now()
-                } else {
-                    scheduled
-                }
-            }
-            None => Instant::now(),
-        };
+        let started = pacer.wait_turn();
         let recording = control.recording.load(Ordering::Relaxed);
-        match execute(shared, client, live.as_mut(), op, &mut value) {
-            Ok(()) => {
-                if recording {
-                    let elapsed = started.elapsed();
-                    outcome.recorder.record(op.command(), elapsed);
-                    // A pipelined pair is a prog and a run, both answered
-                    // in one round trip.
-                    if let Op::ProgRun { .. } = op {
-                        outcome.recorder.record(Command::Run, elapsed);
-                    }
-                }
-            }
-            Err(Failure::Op(OpError::Disconnected(_))) if control.paused() => {
-                connection = None;
-                outcome.reconnects += 1;
-            }
-            Err(Failure::Op(e)) => {
-                if matches!(e, OpError::Disconnected(_)) {
-                    connection = None;
-                }
-                outcome.error(format!("client {client}: {}: {e}", describe(op)));
-            }
-            Err(Failure::Mismatch(problem)) => outcome.mismatches.add_mismatch(problem),
-            Err(Failure::Mismatches(problems)) => problems
-                .into_iter()
-                .for_each(|problem| outcome.mismatches.add_mismatch(problem)),
+        let result = execute(shared, client, live.as_mut(), op, &mut value);
+        let connected = outcome.note(client, op, result, started, recording, control.paused());
+        if !connected {
+            connection = None;
         }
     }
     control.exited();
     outcome
+}
+
+/// When each request of a client is due at `--rate`: one every
+/// `interval`, or as fast as answers come without a rate.
+struct Pacer {
+    interval: Option<Duration>,
+    due: Instant,
+}
+
+impl Pacer {
+    fn new(interval: Option<Duration>) -> Pacer {
+        Pacer {
+            interval,
+            due: Instant::now(),
+        }
+    }
+
+    /// After a pause: the next request is due now.
+    fn restart(&mut self) {
+        self.due = Instant::now();
+    }
+
+    /// Waits until the next request is due; the instant it is timed from.
+    /// Open loop: a request sent late because earlier answers were slow
+    /// is timed from when it was due, so the wait counts (no coordinated
+    /// omission). One sent on time is timed from when it was sent, so the
+    /// sleep's own overshoot is not blamed on the target.
+    fn wait_turn(&mut self) -> Instant {
+        let Some(interval) = self.interval else {
+            return Instant::now();
+        };
+        let now = Instant::now();
+        let scheduled = self.due;
+        self.due += interval;
+        if scheduled > now {
+            thread::sleep(scheduled - now);
+            Instant::now()
+        } else {
+            scheduled
+        }
+    }
+}
+
+impl ClientOutcome {
+    /// Records how `op` (timed from `started`) went: its latency while
+    /// `recording`, or its error. Whether the connection is still usable.
+    fn note(
+        &mut self,
+        client: usize,
+        op: Op,
+        result: Result<(), Failure>,
+        started: Instant,
+        recording: bool,
+        paused: bool,
+    ) -> bool {
+        match result {
+            Ok(()) => {
+                if recording {
+                    let elapsed = started.elapsed();
+                    self.recorder.record(op.command(), elapsed);
+                    // A pipelined pair is a prog and a run, both answered
+                    // in one round trip.
+                    if let Op::ProgRun { .. } = op {
+                        self.recorder.record(Command::Run, elapsed);
+                    }
+                }
+            }
+            Err(Failure::Op(OpError::Disconnected(_))) if paused => {
+                self.reconnects += 1;
+                return false;
+            }
+            Err(Failure::Op(e)) => {
+                self.error(format!("client {client}: {}: {e}", describe(op)));
+                return !matches!(e, OpError::Disconnected(_));
+            }
+            Err(Failure::Mismatch(problem)) => self.mismatches.add_mismatch(problem),
+            Err(Failure::Mismatches(problems)) => problems
+                .into_iter()
+                .for_each(|problem| self.mismatches.add_mismatch(problem)),
+        }
+        true
+    }
 }
 
 fn describe(op: Op) -> String {
