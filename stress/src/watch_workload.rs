@@ -88,21 +88,7 @@ pub struct WatchSetup<'a> {
 }
 
 pub fn run(setup: &WatchSetup<'_>, args: &WatchArgs) -> Result<WatchReport, StressError> {
-    let mut daemon_args: Vec<&str> = setup.daemon_args.iter().map(String::as_str).collect();
-    if !setup
-        .daemon_args
-        .iter()
-        .any(|a| a.starts_with("--checkpoint-wal-bytes"))
-    {
-        // The replay reads history from the log: keep it all there.
-        daemon_args.extend(["--checkpoint-wal-bytes", "17179869184"]);
-    }
-    if !daemon_args
-        .iter()
-        .any(|a| a.starts_with("--max-connections"))
-    {
-        daemon_args.extend(["--max-connections", "4096"]);
-    }
+    let daemon_args = daemon_args(setup);
     let say = |text: String| {
         if setup.progress {
             eprintln!("cube-stress: {text}");
@@ -133,25 +119,14 @@ pub fn run(setup: &WatchSetup<'_>, args: &WatchArgs) -> Result<WatchReport, Stre
     let written = write_for(&daemon, setup, &tiles)?;
     let rss_growth_kib = rss_kib(daemon.pid()) as i64 - rss_before as i64;
     drop(stalled);
-    let mut failures = Vec::new();
-    let mut latency = new_histogram();
-    let mut delivered = 0u64;
     let seen_by_watcher = watchers
         .join()
         .map_err(|_| StressError::Usage("a watcher thread panicked".into()))?;
-    for (index, seen) in seen_by_watcher.into_iter().enumerate() {
-        let seen = match seen {
-            Ok(seen) => seen,
-            Err(e) => {
-                failures.push(format!("watcher {index}: {e}"));
-                continue;
-            }
-        };
-        delivered += seen.len() as u64;
-        if let Err(e) = check(index, &seen, &written, &mut latency) {
-            failures.push(e);
-        }
-    }
+    let Deliveries {
+        failures,
+        latency,
+        delivered,
+    } = check_all(seen_by_watcher, &written);
     let (replay_changes, replay_secs) = if args.replay_changes > 0 {
         say(format!("watch: replaying {} changes", args.replay_changes));
         replay(&daemon, args.replay_changes)?
@@ -169,6 +144,57 @@ pub fn run(setup: &WatchSetup<'_>, args: &WatchArgs) -> Result<WatchReport, Stre
         replay_secs,
         failures,
     })
+}
+
+/// The daemon's flags: the setup's, with the whole log kept (the replay
+/// reads history from it) and room for every watcher's connection unless
+/// the setup says otherwise.
+fn daemon_args<'s>(setup: &'s WatchSetup<'_>) -> Vec<&'s str> {
+    let mut daemon_args: Vec<&str> = setup.daemon_args.iter().map(String::as_str).collect();
+    if !daemon_args
+        .iter()
+        .any(|a| a.starts_with("--checkpoint-wal-bytes"))
+    {
+        daemon_args.extend(["--checkpoint-wal-bytes", "17179869184"]);
+    }
+    if !daemon_args
+        .iter()
+        .any(|a| a.starts_with("--max-connections"))
+    {
+        daemon_args.extend(["--max-connections", "4096"]);
+    }
+    daemon_args
+}
+
+/// What the watchers were delivered, checked against what was written.
+struct Deliveries {
+    failures: Vec<String>,
+    /// Commit-to-delivery latency of every change delivered.
+    latency: Histogram<u64>,
+    delivered: u64,
+}
+
+/// Checks each watcher's changes against the writes of its tile.
+fn check_all(seen_by_watcher: Vec<Result<Seen, String>>, written: &Written) -> Deliveries {
+    let mut deliveries = Deliveries {
+        failures: Vec::new(),
+        latency: new_histogram(),
+        delivered: 0,
+    };
+    for (index, seen) in seen_by_watcher.into_iter().enumerate() {
+        let seen = match seen {
+            Ok(seen) => seen,
+            Err(e) => {
+                deliveries.failures.push(format!("watcher {index}: {e}"));
+                continue;
+            }
+        };
+        deliveries.delivered += seen.len() as u64;
+        if let Err(e) = check(index, &seen, written, &mut deliveries.latency) {
+            deliveries.failures.push(e);
+        }
+    }
+    deliveries
 }
 
 fn start(args: &[&str]) -> Result<LocalDaemon, StressError> {
