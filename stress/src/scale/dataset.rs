@@ -233,10 +233,12 @@ pub fn import(
     progress: bool,
 ) -> Result<ImportFigures, StressError> {
     let batches = cells.div_ceil(IMPORT_BATCH_CELLS);
-    let next = AtomicU64::new(0);
-    let done = AtomicU64::new(0);
-    let stop = AtomicBool::new(false);
-    let running = AtomicUsize::new(IMPORT_CONNECTIONS);
+    let shared = ImportShared {
+        next: AtomicU64::new(0),
+        done: AtomicU64::new(0),
+        stop: AtomicBool::new(false),
+        running: AtomicUsize::new(IMPORT_CONNECTIONS),
+    };
     let started = Instant::now();
     let mut watch = ImportWatch::new(started);
     let mut out_of_memory = None;
@@ -246,33 +248,22 @@ pub fn import(
                 scope.spawn(|| {
                     let outcome = import_batches(
                         daemon.socket(),
-                        &next,
-                        &done,
-                        &stop,
+                        &shared.next,
+                        &shared.done,
+                        &shared.stop,
                         batches,
                         cells,
                         value_size,
                     );
                     if outcome.is_err() {
-                        stop.store(true, Ordering::Relaxed);
+                        shared.stop.store(true, Ordering::Relaxed);
                     }
-                    running.fetch_sub(1, Ordering::Relaxed);
+                    shared.running.fetch_sub(1, Ordering::Relaxed);
                     outcome
                 })
             })
             .collect();
-        while running.load(Ordering::Relaxed) > 0 {
-            thread::sleep(Duration::from_millis(100));
-            if let Some(short) = memory_short() {
-                stop.store(true, Ordering::Relaxed);
-                out_of_memory = Some(short);
-            }
-            let cells_done = done.load(Ordering::Relaxed);
-            let line = watch.tick(cells_done, cells, daemon.rss_bytes());
-            if let Some(line) = line.filter(|_| progress) {
-                eprintln!("cube-stress: import: {line}");
-            }
-        }
+        out_of_memory = watch_import(daemon, &shared, cells, &mut watch, progress);
         workers
             .into_iter()
             .filter_map(|w| match w.join() {
@@ -288,7 +279,7 @@ pub fn import(
             format!(
                 "the import stopped at {} of {cells} cells: {short}; this cubed does not fit \
                  the data set in this machine's memory, so ask for fewer --cells",
-                done.load(Ordering::Relaxed)
+                shared.done.load(Ordering::Relaxed)
             ),
         ));
     }
@@ -305,6 +296,41 @@ pub fn import(
         slowest_interval_cells_per_sec: watch.slowest_interval(),
         peak_rss_bytes: daemon.peak_rss_bytes(),
     })
+}
+
+/// What the import's connections share: the next batch to send, the
+/// cells acknowledged, whether to stop, and how many are still running.
+struct ImportShared {
+    next: AtomicU64,
+    done: AtomicU64,
+    stop: AtomicBool,
+    running: AtomicUsize,
+}
+
+/// Samples the import until its connections have all ended: prints a
+/// progress line every few seconds, and stops the import if the machine
+/// runs short of memory (then says why).
+fn watch_import(
+    daemon: &ScaleDaemon,
+    shared: &ImportShared,
+    cells: u64,
+    watch: &mut ImportWatch,
+    progress: bool,
+) -> Option<String> {
+    let mut out_of_memory = None;
+    while shared.running.load(Ordering::Relaxed) > 0 {
+        thread::sleep(Duration::from_millis(100));
+        if let Some(short) = memory_short() {
+            shared.stop.store(true, Ordering::Relaxed);
+            out_of_memory = Some(short);
+        }
+        let cells_done = shared.done.load(Ordering::Relaxed);
+        let line = watch.tick(cells_done, cells, daemon.rss_bytes());
+        if let Some(line) = line.filter(|_| progress) {
+            eprintln!("cube-stress: import: {line}");
+        }
+    }
+    out_of_memory
 }
 
 /// The share of the machine's memory under which the import stops
