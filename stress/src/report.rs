@@ -222,6 +222,39 @@ impl RunReport {
     /// figures, crashes, the read-back, and a closing verdict.
     pub fn to_table(&self) -> String {
         let mut out = String::new();
+        self.write_what_ran(&mut out);
+        out.push('\n');
+        out.push_str(&latency_table(&self.summaries()));
+        if let Some(cells) = self.cells_per_sec() {
+            let _ = writeln!(
+                out,
+                "cells/s  {cells:.0} ({} keys per mget x mget/s; latency is per mget request)",
+                self.workload.batch
+            );
+        }
+        self.write_server_highlights(&mut out);
+        if let Some(e) = &self.server_error {
+            let _ = writeln!(out, "\nserver figures unavailable: {e}");
+        }
+        if !self.crashes.is_empty() {
+            out.push_str(&self.crash_lines());
+        }
+        if let Some(hostile) = &self.hostile {
+            let _ = writeln!(
+                out,
+                "\nhostile   {} threads beside the clients, from warmup to the end:",
+                hostile.total_threads()
+            );
+            out.push_str(&hostile.to_lines());
+        }
+        out.push('\n');
+        out.push_str(&self.verdict_lines());
+        out
+    }
+
+    /// The run's first lines: target, workload, what was measured, and
+    /// what the latencies mean (closed or open loop).
+    fn write_what_ran(&self, out: &mut String) {
         let _ = writeln!(out, "target    {}", self.target_detail);
         let _ = writeln!(
             out,
@@ -252,15 +285,11 @@ impl RunReport {
                  is timed from when it was due,\n          so that wait counts (no coordinated omission)"
             ),
         };
-        out.push('\n');
-        out.push_str(&latency_table(&self.summaries()));
-        if let Some(cells) = self.cells_per_sec() {
-            let _ = writeln!(
-                out,
-                "cells/s  {cells:.0} ({} keys per mget x mget/s; latency is per mget request)",
-                self.workload.batch
-            );
-        }
+    }
+
+    /// The server's own figures for the commands measured, with how they
+    /// differ from the clients'.
+    fn write_server_highlights(&self, out: &mut String) {
         let figures = self.server_highlights();
         if !figures.is_empty() {
             let _ = writeln!(
@@ -281,23 +310,6 @@ impl RunReport {
                 let _ = writeln!(out, "  {name:<width$}  {value}");
             }
         }
-        if let Some(e) = &self.server_error {
-            let _ = writeln!(out, "\nserver figures unavailable: {e}");
-        }
-        if !self.crashes.is_empty() {
-            out.push_str(&self.crash_lines());
-        }
-        if let Some(hostile) = &self.hostile {
-            let _ = writeln!(
-                out,
-                "\nhostile   {} threads beside the clients, from warmup to the end:",
-                hostile.total_threads()
-            );
-            out.push_str(&hostile.to_lines());
-        }
-        out.push('\n');
-        out.push_str(&self.verdict_lines());
-        out
     }
 
     fn server_highlights(&self) -> Vec<(String, String)> {
