@@ -256,73 +256,91 @@ impl Comparison {
         if self.args.value_size != 64 {
             return Vec::new();
         }
-        let ops = |w, clients, t| self.cell(w, clients, t).and_then(Cell::ops_per_sec);
-        let p50 = |w, clients, t| self.cell(w, clients, t).and_then(Cell::p50_us);
-        let ratio =
-            |w, clients, peer| Some(ops(w, clients, TargetKind::Cube)? / ops(w, clients, peer)?);
+        let mut goals = self.put_goals();
+        goals.extend(self.get_goals());
+        goals.push(Goal::at_least(
+            "put, 16 clients: cube / sqlite",
+            self.ratio(WorkloadKind::Put, 16, TargetKind::Sqlite),
+            15.0,
+        ));
+        goals
+    }
+
+    fn ops(&self, workload: WorkloadKind, clients: usize, target: TargetKind) -> Option<f64> {
+        self.cell(workload, clients, target)
+            .and_then(Cell::ops_per_sec)
+    }
+
+    fn p50(&self, workload: WorkloadKind, clients: usize, target: TargetKind) -> Option<u64> {
+        self.cell(workload, clients, target).and_then(Cell::p50_us)
+    }
+
+    /// cube's throughput over `peer`'s.
+    fn ratio(&self, workload: WorkloadKind, clients: usize, peer: TargetKind) -> Option<f64> {
+        Some(self.ops(workload, clients, TargetKind::Cube)? / self.ops(workload, clients, peer)?)
+    }
+
+    /// Durable puts against Redis (sqlite's goal comes last).
+    fn put_goals(&self) -> Vec<Goal> {
+        let put = WorkloadKind::Put;
+        vec![
+            Goal::at_least(
+                "put, 64 clients: cube / redis-always",
+                self.ratio(put, 64, TargetKind::RedisAlways),
+                1.5,
+            ),
+            Goal::at_least(
+                "put, 64 clients: cube / redis-none",
+                self.ratio(put, 64, TargetKind::RedisNone),
+                0.9,
+            ),
+            Goal::at_least(
+                "put, 16 clients: cube / redis-always",
+                self.ratio(put, 16, TargetKind::RedisAlways),
+                2.0,
+            ),
+            Goal::at_most_us(
+                "put, 1 client: cube p50 vs redis-always p50",
+                self.p50(put, 1, TargetKind::Cube),
+                self.p50(put, 1, TargetKind::RedisAlways),
+            ),
+        ]
+    }
+
+    /// Reads do not depend on Redis's fsync setting: cube is held to the
+    /// best of the three.
+    fn get_goals(&self) -> Vec<Goal> {
+        let get = WorkloadKind::Get;
         let redis = [
             TargetKind::RedisAlways,
             TargetKind::RedisEverysec,
             TargetKind::RedisNone,
         ];
-        // Reads do not depend on Redis's fsync setting: hold cube to the
-        // best of the three.
-        let best_redis_get_ops = |clients| {
-            redis
+        let over_best_redis = |clients| {
+            let best = redis
                 .iter()
-                .filter_map(|&t| ops(WorkloadKind::Get, clients, t))
-                .reduce(f64::max)
+                .filter_map(|&t| self.ops(get, clients, t))
+                .reduce(f64::max);
+            self.ops(get, clients, TargetKind::Cube)
+                .zip(best)
+                .map(|(c, r)| c / r)
         };
-        let best_redis_get_p50 = redis
-            .iter()
-            .filter_map(|&t| p50(WorkloadKind::Get, 1, t))
-            .min();
-        let put = WorkloadKind::Put;
-        let get = WorkloadKind::Get;
+        let best_redis_p50 = redis.iter().filter_map(|&t| self.p50(get, 1, t)).min();
         vec![
             Goal::at_least(
-                "put, 64 clients: cube / redis-always",
-                ratio(put, 64, TargetKind::RedisAlways),
-                1.5,
-            ),
-            Goal::at_least(
-                "put, 64 clients: cube / redis-none",
-                ratio(put, 64, TargetKind::RedisNone),
-                0.9,
-            ),
-            Goal::at_least(
-                "put, 16 clients: cube / redis-always",
-                ratio(put, 16, TargetKind::RedisAlways),
-                2.0,
-            ),
-            Goal::at_most_us(
-                "put, 1 client: cube p50 vs redis-always p50",
-                p50(put, 1, TargetKind::Cube),
-                p50(put, 1, TargetKind::RedisAlways),
-            ),
-            Goal::at_least(
                 "get, 16 clients: cube / best redis",
-                ops(get, 16, TargetKind::Cube)
-                    .zip(best_redis_get_ops(16))
-                    .map(|(c, r)| c / r),
+                over_best_redis(16),
                 1.2,
             ),
             Goal::at_least(
                 "get, 64 clients: cube / best redis",
-                ops(get, 64, TargetKind::Cube)
-                    .zip(best_redis_get_ops(64))
-                    .map(|(c, r)| c / r),
+                over_best_redis(64),
                 1.2,
             ),
             Goal::at_most_us(
                 "get, 1 client: cube p50 vs best redis p50",
-                p50(get, 1, TargetKind::Cube),
-                best_redis_get_p50,
-            ),
-            Goal::at_least(
-                "put, 16 clients: cube / sqlite",
-                ratio(put, 16, TargetKind::Sqlite),
-                15.0,
+                self.p50(get, 1, TargetKind::Cube),
+                best_redis_p50,
             ),
         ]
     }
