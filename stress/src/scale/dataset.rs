@@ -246,15 +246,8 @@ pub fn import(
         let workers: Vec<_> = (0..IMPORT_CONNECTIONS)
             .map(|_| {
                 scope.spawn(|| {
-                    let outcome = import_batches(
-                        daemon.socket(),
-                        &shared.next,
-                        &shared.done,
-                        &shared.stop,
-                        batches,
-                        cells,
-                        value_size,
-                    );
+                    let outcome =
+                        import_batches(daemon.socket(), &shared, batches, cells, value_size);
                     if outcome.is_err() {
                         shared.stop.store(true, Ordering::Relaxed);
                     }
@@ -361,9 +354,7 @@ fn memory_short() -> Option<String> {
 /// One import connection's loop: claim the next batch, write it.
 fn import_batches(
     socket: &Path,
-    next: &AtomicU64,
-    done: &AtomicU64,
-    stop: &AtomicBool,
+    shared: &ImportShared,
     batches: u64,
     cells: u64,
     value_size: usize,
@@ -371,8 +362,8 @@ fn import_batches(
     let mut client = Client::connect(socket).map_err(|e| e.to_string())?;
     let mut ops = Vec::with_capacity(IMPORT_BATCH_CELLS as usize);
     let mut value = Vec::with_capacity(value_size);
-    while !stop.load(Ordering::Relaxed) {
-        let batch = next.fetch_add(1, Ordering::Relaxed);
+    while !shared.stop.load(Ordering::Relaxed) {
+        let batch = shared.next.fetch_add(1, Ordering::Relaxed);
         if batch >= batches {
             break;
         }
@@ -389,7 +380,7 @@ fn import_batches(
         client
             .batch(NAMESPACE, &mut ops)
             .map_err(|e| format!("batch of keys {first}..{end}: {e}"))?;
-        done.fetch_add(end - first, Ordering::Relaxed);
+        shared.done.fetch_add(end - first, Ordering::Relaxed);
     }
     Ok(())
 }
