@@ -125,6 +125,21 @@ fn walk_block(
     short: &Short,
     table: &WordTable,
 ) {
+    let (lo, hi) = load_block(io);
+    let walked = if strides >= 10 {
+        walk_with_top(&lo, &hi, top, table)
+    } else {
+        walk_with_short_cut(&lo, &hi, strides, short, table)
+    };
+    store_block(io, &walked);
+}
+
+/// A block's inputs split into their low and high 64 bits, one vector of
+/// eight lanes per field (bits above 96 dropped: keys to decode may have
+/// them).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn load_block(io: &[u128; LANES]) -> (Lanes, Lanes) {
     let zero = _mm512_setzero_si512();
     let (mut lo, mut hi) = ([zero; VECTORS], [zero; VECTORS]);
     let (quads, _) = io.as_chunks::<4>();
@@ -141,92 +156,138 @@ fn walk_block(
             )
         };
         lo[v] = _mm512_permutex2var_epi64(a, even, b);
-        // Bits above 96 are ignored (keys to decode may have them).
         hi[v] = _mm512_and_si512(_mm512_permutex2var_epi64(a, odd, b), low_32);
     }
+    (lo, hi)
+}
+
+/// A walk's output so far: the high and low bits placed, and each lane's
+/// word (its state in the low five bits).
+struct Walked {
+    out_lo: Lanes,
+    out_hi: Lanes,
+    word: Lanes,
+}
+
+/// Ten or eleven strides: the top stride looked up in `top`, then four
+/// and six strides walked.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn walk_with_top(lo: &Lanes, hi: &Lanes, top: &[u16; 64], table: &WordTable) -> Walked {
+    let zero = _mm512_setzero_si512();
     let (mut out_lo, mut out_hi, mut word) = ([zero; VECTORS], [zero; VECTORS], [zero; VECTORS]);
     let state_mask = _mm512_set1_epi64(31);
-    if strides >= 10 {
-        let (top_lo, top_hi) = top.split_at(32);
-        // SAFETY: 64 bytes each, the two halves of `top`.
-        #[allow(unsafe_code)]
-        let (top_lo, top_hi) = unsafe {
-            (
-                _mm512_loadu_si512(top_lo.as_ptr().cast()),
-                _mm512_loadu_si512(top_hi.as_ptr().cast()),
-            )
-        };
+    let (top_lo, top_hi) = top.split_at(32);
+    // SAFETY: 64 bytes each, the two halves of `top`.
+    #[allow(unsafe_code)]
+    let (top_lo, top_hi) = unsafe {
+        (
+            _mm512_loadu_si512(top_lo.as_ptr().cast()),
+            _mm512_loadu_si512(top_hi.as_ptr().cast()),
+        )
+    };
+    for v in 0..VECTORS {
+        // The index in each lane's low 16-bit word: the words above it
+        // look up entry 0, masked off after.
+        let index = _mm512_and_si512(_mm512_srli_epi64::<26>(hi[v]), _mm512_set1_epi64(63));
+        let entry = _mm512_and_si512(
+            _mm512_permutex2var_epi16(top_lo, index, top_hi),
+            _mm512_set1_epi64(0xffff),
+        );
+        out_hi[v] = _mm512_slli_epi64::<26>(_mm512_and_si512(entry, _mm512_set1_epi64(63)));
+        word[v] = _mm512_or_si512(
+            _mm512_or_si512(
+                _mm512_slli_epi64::<38>(hi[v]),
+                _mm512_slli_epi64::<28>(_mm512_srli_epi64::<54>(lo[v])),
+            ),
+            _mm512_srli_epi64::<6>(entry),
+        );
+    }
+    walk(&mut word, 4, table);
+    for v in 0..VECTORS {
+        let digits = _mm512_srli_epi64::<5>(word[v]);
+        out_lo[v] = _mm512_slli_epi64::<54>(digits);
+        out_hi[v] = _mm512_or_si512(out_hi[v], _mm512_srli_epi64::<10>(digits));
+        word[v] = _mm512_or_si512(
+            _mm512_slli_epi64::<10>(lo[v]),
+            _mm512_and_si512(word[v], state_mask),
+        );
+    }
+    walk(&mut word, 6, table);
+    Walked {
+        out_lo,
+        out_hi,
+        word,
+    }
+}
+
+/// Fewer than ten strides: the top digit's short cut from `short`, then
+/// the strides above the low six, then the low six (or fewer).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn walk_with_short_cut(
+    lo: &Lanes,
+    hi: &Lanes,
+    strides: u32,
+    short: &Short,
+    table: &WordTable,
+) -> Walked {
+    let zero = _mm512_setzero_si512();
+    let (mut out_lo, mut out_hi, mut word) = ([zero; VECTORS], [zero; VECTORS], [zero; VECTORS]);
+    let state_mask = _mm512_set1_epi64(31);
+    let j = strides as usize;
+    let states = load_u64x8(&short.state[j]);
+    let top_lo = load_u64x8(&short.lo[j]);
+    let top_hi = load_u64x8(&short.hi[j]);
+    for v in 0..VECTORS {
+        let digit = _mm512_srli_epi64::<29>(hi[v]);
+        word[v] = _mm512_permutexvar_epi64(digit, states);
+        out_lo[v] = _mm512_permutexvar_epi64(digit, top_lo);
+        out_hi[v] = _mm512_permutexvar_epi64(digit, top_hi);
+    }
+    if strides > 6 {
+        let shift = _mm512_set1_epi64(i64::from(64 - 9 * (strides - 6)));
         for v in 0..VECTORS {
-            // The index in each lane's low 16-bit word: the words
-            // above it look up entry 0, masked off after.
-            let index = _mm512_and_si512(_mm512_srli_epi64::<26>(hi[v]), _mm512_set1_epi64(63));
-            let entry = _mm512_and_si512(
-                _mm512_permutex2var_epi16(top_lo, index, top_hi),
-                _mm512_set1_epi64(0xffff),
+            let input = _mm512_or_si512(
+                _mm512_slli_epi64::<10>(hi[v]),
+                _mm512_srli_epi64::<54>(lo[v]),
             );
-            out_hi[v] = _mm512_slli_epi64::<26>(_mm512_and_si512(entry, _mm512_set1_epi64(63)));
-            word[v] = _mm512_or_si512(
-                _mm512_or_si512(
-                    _mm512_slli_epi64::<38>(hi[v]),
-                    _mm512_slli_epi64::<28>(_mm512_srli_epi64::<54>(lo[v])),
-                ),
-                _mm512_srli_epi64::<6>(entry),
-            );
+            word[v] = _mm512_or_si512(word[v], _mm512_sllv_epi64(input, shift));
         }
-        walk(&mut word, 4, table);
+        walk(&mut word, strides - 6, table);
         for v in 0..VECTORS {
             let digits = _mm512_srli_epi64::<5>(word[v]);
-            out_lo[v] = _mm512_slli_epi64::<54>(digits);
+            out_lo[v] = _mm512_or_si512(out_lo[v], _mm512_slli_epi64::<54>(digits));
             out_hi[v] = _mm512_or_si512(out_hi[v], _mm512_srli_epi64::<10>(digits));
-            word[v] = _mm512_or_si512(
-                _mm512_slli_epi64::<10>(lo[v]),
-                _mm512_and_si512(word[v], state_mask),
-            );
+            word[v] = _mm512_and_si512(word[v], state_mask);
         }
-        walk(&mut word, 6, table);
-    } else {
-        let j = strides as usize;
-        let states = load_u64x8(&short.state[j]);
-        let top_lo = load_u64x8(&short.lo[j]);
-        let top_hi = load_u64x8(&short.hi[j]);
-        for v in 0..VECTORS {
-            let digit = _mm512_srli_epi64::<29>(hi[v]);
-            word[v] = _mm512_permutexvar_epi64(digit, states);
-            out_lo[v] = _mm512_permutexvar_epi64(digit, top_lo);
-            out_hi[v] = _mm512_permutexvar_epi64(digit, top_hi);
-        }
-        if strides > 6 {
-            let shift = _mm512_set1_epi64(i64::from(64 - 9 * (strides - 6)));
-            for v in 0..VECTORS {
-                let input = _mm512_or_si512(
-                    _mm512_slli_epi64::<10>(hi[v]),
-                    _mm512_srli_epi64::<54>(lo[v]),
-                );
-                word[v] = _mm512_or_si512(word[v], _mm512_sllv_epi64(input, shift));
-            }
-            walk(&mut word, strides - 6, table);
-            for v in 0..VECTORS {
-                let digits = _mm512_srli_epi64::<5>(word[v]);
-                out_lo[v] = _mm512_or_si512(out_lo[v], _mm512_slli_epi64::<54>(digits));
-                out_hi[v] = _mm512_or_si512(out_hi[v], _mm512_srli_epi64::<10>(digits));
-                word[v] = _mm512_and_si512(word[v], state_mask);
-            }
-        }
-        let lo_strides = strides.min(6);
-        // A count of 64 (no strides) shifts everything out.
-        let shift = _mm512_set1_epi64(i64::from(64 - 9 * lo_strides));
-        for v in 0..VECTORS {
-            word[v] = _mm512_or_si512(word[v], _mm512_sllv_epi64(lo[v], shift));
-        }
-        walk(&mut word, lo_strides, table);
     }
+    let lo_strides = strides.min(6);
+    // A count of 64 (no strides) shifts everything out.
+    let shift = _mm512_set1_epi64(i64::from(64 - 9 * lo_strides));
+    for v in 0..VECTORS {
+        word[v] = _mm512_or_si512(word[v], _mm512_sllv_epi64(lo[v], shift));
+    }
+    walk(&mut word, lo_strides, table);
+    Walked {
+        out_lo,
+        out_hi,
+        word,
+    }
+}
+
+/// Writes the walk's outputs (their last digits still in the words) back
+/// over the block's inputs.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn store_block(io: &mut [u128; LANES], walked: &Walked) {
     let first = _mm512_set_epi64(11, 3, 10, 2, 9, 1, 8, 0);
     let second = _mm512_set_epi64(15, 7, 14, 6, 13, 5, 12, 4);
     let (quads, _) = io.as_chunks_mut::<4>();
     for v in 0..VECTORS {
-        let lo = _mm512_or_si512(out_lo[v], _mm512_srli_epi64::<5>(word[v]));
-        let a = _mm512_permutex2var_epi64(lo, first, out_hi[v]);
-        let b = _mm512_permutex2var_epi64(lo, second, out_hi[v]);
+        let lo = _mm512_or_si512(walked.out_lo[v], _mm512_srli_epi64::<5>(walked.word[v]));
+        let a = _mm512_permutex2var_epi64(lo, first, walked.out_hi[v]);
+        let b = _mm512_permutex2var_epi64(lo, second, walked.out_hi[v]);
         // SAFETY: 64 bytes each, the whole of one `[u128; 4]`.
         #[allow(unsafe_code)]
         unsafe {
