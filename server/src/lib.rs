@@ -10,6 +10,9 @@
 //!
 //! A panic on any of them aborts the process ([`panic_policy`]).
 #![cfg_attr(test, allow(clippy::unwrap_used))]
+// A function past a screen is split into its steps (clippy counts lines
+// of code; the limit is in clippy.toml). Tests may run longer.
+#![cfg_attr(not(test), deny(clippy::too_many_lines))]
 
 mod access;
 mod batch;

@@ -1,5 +1,9 @@
 //! The `cubed` binary: parse flags, run the server, map failure to exit 1.
 
+// A function past a screen is split into its steps (clippy counts lines
+// of code; the limit is in clippy.toml). Tests may run longer.
+#![cfg_attr(not(test), deny(clippy::too_many_lines))]
+
 use clap::{CommandFactory, Parser};
 
 #[cfg(all(feature = "mimalloc", feature = "jemalloc"))]
