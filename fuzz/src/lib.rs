@@ -774,7 +774,7 @@ fn read_run_file_lazily(bytes: Vec<u8>, protection: &cube_store::run_file::Prote
 
 /// Makes the input a plain run file as far as it can: footer magic,
 /// version (1 stays 1, anything else becomes the current version) and
-/// flags, an index and (version 3) a Bloom filter of 10 bits an entry
+/// flags, an index and (versions 2 on) a Bloom filter of 10 bits an entry
 /// placed before the footer as its fields allow, every block's checksum
 /// where the index puts it, the filter's index CRC, bit count and unused
 /// bits, and the index's, filter's and footer's checksums. A plain file

@@ -15,7 +15,8 @@
 //!   files of `fuzz/fixtures/checkpoint/`, written here too.
 //! - `run_file/`: run files, plain, authenticated and sealed (with
 //!   `cube_fuzz::RUN_FILE_KEY`, so the target's reader opens them), and an
-//!   empty one, in the current format (version 3, with a Bloom filter);
+//!   empty one, in the current format (version 4: a Bloom filter, blocks
+//!   placed within pages);
 //!   `v1-plain` in version 1 (no filter), as data dirs written before
 //!   filters hold them.
 //!

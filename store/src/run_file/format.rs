@@ -3,7 +3,9 @@
 //! panic on any input; every decoder accepts exactly one encoding.
 //!
 //! ```text
-//! blocks, back to back from offset 0, each as stored:
+//! blocks from offset 0, each as stored (version 4: a block that would
+//!   cross a 4 KiB page starts at the next page when at most 512 zero
+//!   bytes get it there, [`block_offset`]; versions 1-3: back to back):
 //!   Plain:          payload | crc32c u32
 //!   Authenticated:  payload | mac (32) | crc32c u32
 //!   Sealed:         start u64 | counter u64 | AES-256-GCM(payload) | tag (16) | crc32c u32
@@ -20,8 +22,8 @@
 //!   version 2: index_crc u32 | ceil(entry_count x 10 / 8) bytes of bits
 //! footer (FOOTER_BYTES, the last bytes of the file)
 //!   0   8  magic "CUBERUNF"
-//!   8   4  version: 3 (1: a file written before filters, 2: a filter
-//!           sized by entry_count; both still read)
+//!   8   4  version: 4 (1: a file written before filters, 2: a filter
+//!           sized by entry_count, 3: blocks back to back; all still read)
 //!   12  4  flags: 0 plain, 2 authenticated, 3 sealed (and authenticated)
 //!   16  8  file_id
 //!   24  8  ns_id
@@ -52,9 +54,14 @@ use super::bloom::{
 use crate::crypto::{DIR_ID_BYTES, Keyring, MAC_BYTES, TAG_BYTES, tags_equal};
 
 pub const MAGIC: &[u8; 8] = b"CUBERUNF";
-/// Bumped on any change to this layout. What this build writes: a filter
-/// whose size its header records (sized before the entries are known).
-pub const FORMAT_VERSION: u32 = 3;
+/// Bumped on any change to this layout. What this build writes: blocks
+/// placed so that a block of up to a page never crosses one
+/// ([`block_offset`]), so a cold point read is one page from the device.
+pub const FORMAT_VERSION: u32 = 4;
+/// The version of files whose blocks lie back to back (a 4 KiB block
+/// crossing a page boundary as often as not), with a filter whose size
+/// its header records; still read.
+pub const FORMAT_VERSION_PACKED_BLOCKS: u32 = 3;
 /// The version of files whose filter's size follows from the entry count
 /// alone; still read.
 pub const FORMAT_VERSION_FIXED_FILTER: u32 = 2;
@@ -62,13 +69,23 @@ pub const FORMAT_VERSION_FIXED_FILTER: u32 = 2;
 /// still read (every lookup reads its block).
 pub const FORMAT_VERSION_NO_FILTER: u32 = 1;
 pub const FOOTER_BYTES: usize = 108;
-/// Blocks are closed once their payload reaches this size. Chosen by
-/// measurement (`store/benches/run_file.rs`, docs/benchmarks.md "Run
-/// files"): a 4 KiB block costs about as much to `pread` and check as an
-/// 8 KiB one, a cache holds twice as many hot cells as with 8 KiB blocks,
-/// and the index (28 bytes per block, always in memory) stays under 1% of
-/// the data with 64-byte values.
+/// A block is closed before an entry would take its stored size past
+/// this (a single larger entry makes a block of its own), so that it fits
+/// in one page ([`PAGE_BYTES`]). Chosen by measurement
+/// (`store/benches/run_file.rs`, docs/benchmarks.md "Run files"): a 4 KiB
+/// block costs about as much to `pread` and check as an 8 KiB one, a
+/// cache holds twice as many hot cells as with 8 KiB blocks, and the index
+/// (28 bytes per block, always in memory) stays under 1% of the data with
+/// 64-byte values.
 pub const TARGET_BLOCK_BYTES: usize = 4096;
+/// The page a version-4 file's blocks avoid crossing: the unit the page
+/// cache reads from the device.
+pub const PAGE_BYTES: u64 = 4096;
+/// The most zero bytes a version-4 file spends to start a block at the
+/// next page (an eighth of it): blocks of 64-byte values waste about 8
+/// bytes a page; a block that would waste more (values of about 1 KiB,
+/// three to a page) lies right after the one before, crossing the page.
+pub const MAX_PAD_BYTES: u64 = 512;
 /// The largest value a run file holds (the store's largest record).
 pub const MAX_VALUE_BYTES: usize = 64 * 1024 * 1024;
 /// No block payload is larger: a full block plus one largest entry.
@@ -402,6 +419,27 @@ pub fn index_stored_len(mode: Mode, blocks: u64) -> Option<u64> {
     payload.checked_add(mode.overhead_bytes() as u64)
 }
 
+/// Where a block of `len` stored bytes goes when the one before it ends
+/// at `end` (0 for the first): in a version-4 file, at the next page
+/// boundary when it would otherwise cross one and at most
+/// [`MAX_PAD_BYTES`] get it there (the bytes between are zeros); else,
+/// and in every older version, at `end`. `None` if it overflows.
+pub fn block_offset(version: u32, end: u64, len: u64) -> Option<u64> {
+    if version < FORMAT_VERSION {
+        return Some(end);
+    }
+    let in_page = end % PAGE_BYTES;
+    if in_page == 0 || in_page.checked_add(len)? <= PAGE_BYTES {
+        return Some(end);
+    }
+    let pad = PAGE_BYTES - in_page;
+    if pad <= MAX_PAD_BYTES {
+        end.checked_add(pad)
+    } else {
+        Some(end)
+    }
+}
+
 /// One block's place in the file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IndexEntry {
@@ -437,7 +475,8 @@ impl BlockIndex {
     }
 
     /// Decodes an index payload and checks it against the footer: blocks
-    /// back to back from offset 0 up to the index, fence keys strictly
+    /// from offset 0 up to the index, each where [`block_offset`] places
+    /// it after the one before, fence keys strictly
     /// increasing, each block long enough to hold one entry and no longer
     /// than [`MAX_BLOCK_BYTES`] allows. The reason names the bad entry.
     pub fn decode(payload: &[u8], footer: &Footer) -> Result<BlockIndex, String> {
@@ -469,18 +508,22 @@ impl BlockIndex {
             let key = read_u128(&e[0..16]);
             let offset = LittleEndian::read_u64(&e[16..24]);
             let len = LittleEndian::read_u32(&e[24..28]);
-            if offset != next_offset {
-                return Err(format!(
-                    "index entry {i}: block at {offset}, expected {next_offset}"
-                ));
-            }
             if u64::from(len) < min_len || u64::from(len) > max_len {
                 return Err(format!("index entry {i}: a block of {len} bytes"));
+            }
+            let expected = block_offset(footer.version, next_offset, u64::from(len))
+                .ok_or_else(|| format!("index entry {i}: the offsets overflow"))?;
+            if offset != expected {
+                return Err(format!(
+                    "index entry {i}: block at {offset}, expected {expected}"
+                ));
             }
             if index.first_keys.last().is_some_and(|prev| *prev >= key) {
                 return Err(format!("index entry {i}: fence keys out of order"));
             }
-            next_offset = offset + u64::from(len);
+            next_offset = offset
+                .checked_add(u64::from(len))
+                .ok_or_else(|| format!("index entry {i}: the offsets overflow"))?;
             index.first_keys.push(key);
             index.offsets.push(offset);
             index.lens.push(len);
@@ -538,6 +581,14 @@ pub fn stored_crc(stored: &[u8]) -> u32 {
 
 fn read_u128(b: &[u8]) -> u128 {
     LittleEndian::read_u128(b)
+}
+
+/// The bytes [`push_entry`] appends for this entry.
+pub fn entry_bytes(value: Option<&[u8]>) -> usize {
+    match value {
+        None => MIN_ENTRY_BYTES,
+        Some(v) => MIN_ENTRY_BYTES + 4 + v.len(),
+    }
 }
 
 /// Appends one entry to a block payload being built.

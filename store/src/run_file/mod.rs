@@ -47,7 +47,8 @@ pub use block_cache::{BlockCache, CacheStats};
 pub use filter_load::filter_loads_pending;
 pub use format::{
     DecodedBlock, FOOTER_BYTES, FORMAT_VERSION, FORMAT_VERSION_FIXED_FILTER,
-    FORMAT_VERSION_NO_FILTER, MAX_BLOCK_BYTES, MAX_VALUE_BYTES, TARGET_BLOCK_BYTES,
+    FORMAT_VERSION_NO_FILTER, FORMAT_VERSION_PACKED_BLOCKS, MAX_BLOCK_BYTES, MAX_PAD_BYTES,
+    MAX_VALUE_BYTES, PAGE_BYTES, TARGET_BLOCK_BYTES,
 };
 pub use merge::{Entry, Merge, Source, write_all};
 pub use reader::{BlockSource, RunFileRange, RunFileReader};

@@ -547,12 +547,11 @@ impl RunFileReader {
                 }
                 continue;
             }
+            // A stretch is of the blocks right before this one (a cached
+            // block ends it), so it grows to this block's end, over any
+            // padding between them.
             stretch = match stretch {
-                Some((at, so_far)) if at + so_far == offset => Some((at, so_far + len)),
-                Some((at, so_far)) => {
-                    self.source.will_need(at, so_far);
-                    Some((offset, len))
-                }
+                Some((at, _)) => Some((at, offset + len - at)),
                 None => Some((offset, len)),
             };
         }
@@ -602,6 +601,9 @@ impl RunFileReader {
         let (mut entries, mut tombstones) = (0u64, 0u64);
         let mut unfiltered = None;
         for i in 0..self.index.len() {
+            if let Err(e) = self.check_padding(i) {
+                problems.push(e);
+            }
             match self.read_block(i) {
                 Ok(block) => {
                     entries += block.len() as u64;
@@ -640,6 +642,29 @@ impl RunFileReader {
             });
         }
         problems
+    }
+
+    /// The bytes a version-4 file spends before block `i` to start it at a
+    /// page must be zeros: one encoding of each file (`verify` only; no
+    /// read uses them).
+    fn check_padding(&self, i: usize) -> Result<(), RunFileError> {
+        let end = match i {
+            0 => 0,
+            _ => self.index.offsets[i - 1] + u64::from(self.index.lens[i - 1]),
+        };
+        let gap = (self.index.offsets[i] - end) as usize;
+        if gap == 0 {
+            return Ok(());
+        }
+        let padding = read_piece(self.source.as_ref(), &self.path, end, gap)?;
+        match padding.iter().position(|b| *b != 0) {
+            None => Ok(()),
+            Some(at) => Err(RunFileError::Corrupt {
+                path: self.path.clone(),
+                offset: end + at as u64,
+                reason: format!("the padding before block {i} is not all zeros"),
+            }),
+        }
     }
 
     /// Block `i`, from the cache or read from the file (and cached).

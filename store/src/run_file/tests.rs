@@ -15,6 +15,7 @@ use crate::storage::{RealDisk, Storage};
 
 mod filter;
 mod lazy;
+mod page_layout;
 mod read_ahead;
 mod seek;
 mod writer_memory;

@@ -29,7 +29,8 @@ use super::bloom::{
 };
 use super::format::{
     BlockIndex, FORMAT_VERSION, FORMAT_VERSION_NO_FILTER, Footer, Identity, IndexEntry,
-    MAX_VALUE_BYTES, Mode, Piece, Pieces, finish_payload, push_entry, start_payload,
+    MAX_VALUE_BYTES, Mode, Piece, Pieces, block_offset, entry_bytes, finish_payload, push_entry,
+    start_payload,
 };
 use super::{Protection, RunFileError, TARGET_BLOCK_BYTES};
 
@@ -172,6 +173,17 @@ impl<'a> RunFileWriter<'a> {
                 v.len()
             )));
         }
+        // Version 4 closes a block before this entry would take it past
+        // the target stored, so that a block of up to a page fits in one;
+        // older versions (`without_filter`) after its payload reached it,
+        // as their writers did.
+        let stored_with = self.payload.len() + entry_bytes(value) + self.mode.overhead_bytes();
+        if self.version == FORMAT_VERSION
+            && self.payload_entries > 0
+            && stored_with > self.target_block_bytes
+        {
+            self.flush_block()?;
+        }
         if self.payload_entries == 0 {
             self.payload_first = key;
         }
@@ -183,7 +195,7 @@ impl<'a> RunFileWriter<'a> {
         self.entries += 1;
         self.tombstones += u64::from(value.is_none());
         self.last_key = Some(key);
-        if self.payload.len() >= self.target_block_bytes {
+        if self.version != FORMAT_VERSION && self.payload.len() >= self.target_block_bytes {
             self.flush_block()?;
         }
         Ok(())
@@ -195,13 +207,22 @@ impl<'a> RunFileWriter<'a> {
             return Ok(());
         }
         finish_payload(&mut self.payload, self.payload_entries);
-        let offset = self.written + self.pending.len() as u64;
+        let end = self.written + self.pending.len() as u64;
+        // The stored length, known before sealing: where the block goes
+        // depends on it, and a sealed block's position names its offset.
+        let stored_len = (self.payload.len() + self.mode.overhead_bytes()) as u64;
+        let offset = block_offset(self.version, end, stored_len)
+            .ok_or_else(|| self.refused(format!("a block at {end} overflows the file")))?;
         let mut next = Vec::with_capacity(self.target_block_bytes * 2);
         start_payload(&mut next);
         let payload = std::mem::replace(&mut self.payload, next);
         let stored = self.store(Piece::Block, offset, payload)?;
+        assert_eq!(stored.len() as u64, stored_len, "a stored block's overhead");
         let len = u32::try_from(stored.len())
             .map_err(|_| self.refused(format!("a block of {} bytes", stored.len())))?;
+        // The zeros that start it at the next page (version 4).
+        self.pending
+            .resize(self.pending.len() + (offset - end) as usize, 0);
         self.index.push(IndexEntry {
             first_key: self.payload_first,
             offset,

@@ -22,7 +22,12 @@ fn expected_hints(
             continue;
         }
         match hints.last_mut() {
-            Some(SourceCall::Hint { len: so_far, .. }) if open => *so_far += len,
+            Some(SourceCall::Hint {
+                offset: at,
+                len: so_far,
+            }) if open => {
+                *so_far = offset + len - *at;
+            }
             _ => hints.push(SourceCall::Hint { offset, len }),
         }
         open = true;
