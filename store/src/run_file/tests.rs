@@ -886,6 +886,27 @@ fn expect_refuses_a_file_the_manifest_does_not_list() {
     );
 }
 
+/// A stored fixture file's bytes, from `testdata/`.
+fn fixture(name: &str) -> Vec<u8> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("src/run_file/testdata")
+        .join(name);
+    std::fs::read(path).unwrap()
+}
+
+/// Opens a fixture's bytes with its filter read at the open, or
+/// (`lazy`) as the daemon opens the runs it serves.
+fn open_fixture(bytes: &[u8], name: &str, mode: Mode, lazy: bool) -> RunFileReader {
+    let cache = Arc::new(BlockCache::new(2 * 400));
+    let (source, path) = (Box::new(bytes.to_vec()), Path::new(name));
+    if lazy {
+        RunFileReader::open_source_lazy(source, path, &read_protection(mode), cache)
+    } else {
+        RunFileReader::open_source(source, path, &read_protection(mode), cache)
+    }
+    .unwrap()
+}
+
 /// The model of the stored version-1 fixtures.
 fn v1_fixture_model() -> Model {
     let mut rng = Rng(0x5eed_0001);

@@ -20,13 +20,6 @@ const V1_FIXTURES: [(Mode, &str); 3] = [
     (Mode::Sealed, "v1_sealed.run"),
 ];
 
-fn v1_fixture(name: &str) -> Vec<u8> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("src/run_file/testdata")
-        .join(name);
-    std::fs::read(path).unwrap()
-}
-
 /// Block lookups a reader's cache saw (hits and misses): every lookup
 /// the filter let through.
 fn block_lookups(cache: &BlockCache) -> u64 {
@@ -180,7 +173,7 @@ fn a_lookup_of_an_absent_key_reads_no_block() {
     let (mode, name) = V1_FIXTURES[0];
     let cache = Arc::new(BlockCache::new(0));
     let reader = RunFileReader::open_source(
-        Box::new(v1_fixture(name)),
+        Box::new(fixture(name)),
         Path::new(name),
         &read_protection(mode),
         Arc::clone(&cache),
@@ -204,7 +197,7 @@ fn a_lookup_of_an_absent_key_reads_no_block() {
 fn version_1_files_open_and_read() {
     let model = v1_fixture_model();
     for (mode, name) in V1_FIXTURES {
-        let bytes = v1_fixture(name);
+        let bytes = fixture(name);
         let footer = Footer::decode(&bytes[bytes.len() - FOOTER_BYTES..], bytes.len() as u64);
         assert_eq!(footer.unwrap().version, FORMAT_VERSION_NO_FILTER, "{name}");
         let reader = open_bytes(bytes, mode).unwrap();
@@ -233,7 +226,7 @@ const V2_FIXTURES: [(Mode, &str); 3] = [
 fn version_2_files_open_and_read() {
     let model = v1_fixture_model();
     for (mode, name) in V2_FIXTURES {
-        let bytes = v1_fixture(name);
+        let bytes = fixture(name);
         let footer = Footer::decode(&bytes[bytes.len() - FOOTER_BYTES..], bytes.len() as u64);
         assert_eq!(
             footer.unwrap().version,
@@ -242,14 +235,7 @@ fn version_2_files_open_and_read() {
         );
         for lazy in [false, true] {
             let what = format!("{name} lazy {lazy}");
-            let cache = Arc::new(BlockCache::new(2 * 400));
-            let (source, path) = (Box::new(bytes.clone()), Path::new(name));
-            let reader = if lazy {
-                RunFileReader::open_source_lazy(source, path, &read_protection(mode), cache)
-            } else {
-                RunFileReader::open_source(source, path, &read_protection(mode), cache)
-            }
-            .unwrap();
+            let reader = open_fixture(&bytes, name, mode, lazy);
             // A protected version-2 file's MAC covers its filter: read at open.
             assert_eq!(
                 reader.filter_loaded(),
@@ -542,5 +528,5 @@ fn without_filter_writes_the_version_1_format() {
         w.push(*k, v.as_deref()).unwrap();
     }
     w.finish().unwrap();
-    assert!(std::fs::read(&path).unwrap() == v1_fixture(V1_FIXTURES[0].1));
+    assert!(std::fs::read(&path).unwrap() == fixture(V1_FIXTURES[0].1));
 }

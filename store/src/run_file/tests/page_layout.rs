@@ -16,13 +16,6 @@ const V3_FIXTURES: [(Mode, &str); 3] = [
     (Mode::Sealed, "v3_sealed.run"),
 ];
 
-fn fixture(name: &str) -> Vec<u8> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("src/run_file/testdata")
-        .join(name);
-    std::fs::read(path).unwrap()
-}
-
 fn footer_of(bytes: &[u8]) -> Footer {
     Footer::decode(&bytes[bytes.len() - FOOTER_BYTES..], bytes.len() as u64).unwrap()
 }
@@ -189,14 +182,7 @@ fn version_3_files_open_and_read() {
         );
         for lazy in [false, true] {
             let what = format!("{name} lazy {lazy}");
-            let cache = Arc::new(BlockCache::new(2 * 400));
-            let (source, path) = (Box::new(bytes.clone()), Path::new(name));
-            let reader = if lazy {
-                RunFileReader::open_source_lazy(source, path, &read_protection(mode), cache)
-            } else {
-                RunFileReader::open_source(source, path, &read_protection(mode), cache)
-            }
-            .unwrap();
+            let reader = open_fixture(&bytes, name, mode, lazy);
             reader.load_filter().unwrap();
             assert!(model.keys().all(|k| reader.may_contain(*k)), "{what}");
             let mut rng = Rng(43);
